@@ -1,0 +1,44 @@
+# The two commands of a fresh Debian 12 machine:
+#   make demo   install, build, prepare the bundled corpus, train llama-tiny, sample text
+#   make test   install, build, run every test
+BUILD ?= build
+JOBS ?= $(shell nproc)
+TIDE := $(BUILD)/tools/tide
+CORPUS := data/corpus/kjv.txt
+DATASET := data/kjv
+
+.PHONY: all setup configure build demo data test bench clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+configure: setup
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DTIDE_WERROR=ON > $(BUILD).configure.log 2>&1 \
+	  || { cat $(BUILD).configure.log; exit 1; }
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+$(CORPUS):
+	@scripts/fetch_corpus.sh $(CORPUS)
+
+$(DATASET)/dataset.json: $(CORPUS) | build
+	@$(TIDE) data prepare $(CORPUS) --out $(DATASET) --vocab-size 8192 --val-fraction 0.02
+
+data: build $(DATASET)/dataset.json
+
+demo: data
+	@$(TIDE) train llama/llama-tiny --run-dir runs/llama-tiny
+	@echo "--- sample from runs/llama-tiny ---"
+	@$(TIDE) generate runs/llama-tiny --prompt "And God said" --max-tokens 120 --temperature 0.8 --top-k 50 --seed 7
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+bench: data
+	@bench/train_vs_pytorch.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD) $(BUILD).configure.log

@@ -1,0 +1,124 @@
+// Run configuration: plain structs, no LibTorch. Every field is described once in
+// config_schema.cpp (name, type, range, default, live-settable, doc); validation,
+// JSON, `--set` overrides and docs/recipes.md all derive from that table.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tide {
+
+enum class NormKind { RMSNorm, LayerNorm };
+enum class PositionKind { RoPE, ALiBi, Learned };
+enum class MlpKind { SwiGLU, GELU };
+// Parameter naming and fused-QKV layout of the Hugging Face family.
+enum class Family { LLaMA, BLOOM };
+enum class DecayKind { Constant, Cosine, Linear, Lua };
+enum class DType { Float32, BFloat16 };
+
+struct ModelConfig {
+  Family family = Family::LLaMA;
+  int64_t vocab_size = 32000;
+  int64_t dim = 4096;
+  int64_t n_layers = 32;
+  int64_t n_heads = 32;
+  int64_t n_kv_heads = 0;  // 0: same as n_heads (multi-head attention)
+  int64_t ffn_dim = 0;     // 0: derived (LLaMA rule for SwiGLU, 4*dim for GELU)
+  int64_t multiple_of = 256;
+  double ffn_dim_multiplier = 0.0;  // 0: not applied
+  int64_t max_seq_len = 2048;
+  NormKind norm = NormKind::RMSNorm;
+  double norm_eps = 1e-5;
+  PositionKind positions = PositionKind::RoPE;
+  double rope_theta = 10000.0;
+  MlpKind mlp = MlpKind::SwiGLU;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  bool embedding_norm = false;  // BLOOM's LayerNorm right after the embedding
+  bool tie_embeddings = false;
+  double dropout = 0.0;
+  double init_std = 0.02;
+  bool scale_residual_init = false;  // std / sqrt(2 * n_layers) on output projections
+  bool activation_checkpointing = false;
+};
+
+struct DataConfig {
+  std::string path;  // a dataset directory written by `tide data prepare`
+  int64_t seq_len = 256;
+  int64_t prefetch = 4;  // batches prepared ahead by the background loader
+};
+
+struct BatchConfig {
+  int64_t micro_batch = 8;   // sequences per forward/backward
+  int64_t global_batch = 8;  // sequences per optimizer step (all ranks)
+};
+
+struct OptimConfig {
+  double lr = 3e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0: no clipping
+  bool decay_norms_and_biases = false;
+  bool decay_embeddings = false;
+};
+
+struct ScheduleConfig {
+  int64_t steps = 1000;
+  int64_t warmup_steps = 0;
+  DecayKind decay = DecayKind::Cosine;
+  double min_lr = 0.0;
+};
+
+struct PrecisionConfig {
+  DType compute = DType::Float32;  // bf16: autocast of matmuls, fp32 master weights
+};
+
+struct CheckpointConfig {
+  int64_t every = 0;  // steps; 0: only at the end
+  int64_t keep_last = 3;
+};
+
+struct ParallelConfig {
+  int64_t dp = 0;  // 0: inferred as world / (tp * pp)
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t zero = 0;
+  bool offload_optimizer = false;
+  int64_t micro_batches = 0;  // pipeline micro-batches; 0: from the batch config
+  std::string pipeline_schedule = "1f1b";
+  double bucket_mb = 25.0;
+  bool sequence_parallel = false;
+};
+
+struct EvalConfig {
+  int64_t every = 100;  // steps; 0: never
+  int64_t batches = 8;
+};
+
+struct RunConfig {
+  std::string name = "run";
+  int64_t seed = 1234;
+  int64_t log_every = 1;
+  int64_t threads = 0;  // intra-op threads; 0: all cores of this process' share
+  ModelConfig model;
+  DataConfig data;
+  BatchConfig batch;
+  OptimConfig optimizer;
+  ScheduleConfig schedule;
+  PrecisionConfig precision;
+  CheckpointConfig checkpoint;
+  ParallelConfig parallel;
+  EvalConfig eval;
+};
+
+// The SwiGLU hidden size rule of the LLaMA reference code, or the explicit size.
+int64_t resolved_ffn_dim(const ModelConfig& m);
+int64_t resolved_kv_heads(const ModelConfig& m);
+int64_t head_dim(const ModelConfig& m);
+
+// Exact parameter count without allocating weights.
+int64_t parameter_count(const ModelConfig& m);
+
+}  // namespace tide

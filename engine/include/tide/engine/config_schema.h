@@ -1,0 +1,62 @@
+// The one description of every recipe field, and the conversions derived from it.
+#pragma once
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tide/engine/config.h"
+
+namespace tide {
+
+// A configuration error that names the field and the offending value.
+class ConfigError : public std::runtime_error {
+ public:
+  ConfigError(std::string field, const std::string& message)
+      : std::runtime_error(field.empty() ? message : field + ": " + message),
+        field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
+enum class FieldType { Int, Number, Bool, String, Choice };
+
+struct FieldSpec {
+  std::string path;  // "optimizer.lr"
+  FieldType type;
+  std::vector<std::string> choices;  // for Choice
+  double min = 0, max = 0;           // for Int / Number (inclusive)
+  bool live = false;                 // may change while a run trains
+  std::string doc;
+  std::function<void(RunConfig&, const nlohmann::json&)> set;  // checks type and range
+  std::function<nlohmann::json(const RunConfig&)> get;
+};
+
+const std::vector<FieldSpec>& config_schema();
+const FieldSpec* find_field(const std::string& path);
+
+// Nested JSON object (as a recipe table converts to) → config. Unknown keys are errors.
+// Runs validate().
+RunConfig config_from_json(const nlohmann::json& j);
+nlohmann::json config_to_json(const RunConfig& c);
+
+// Applies "a.b=value" to a nested JSON object; value is parsed as JSON when it is
+// valid JSON (numbers, true/false), otherwise taken as a string.
+void apply_override(nlohmann::json& j, const std::string& assignment);
+
+// The "model" object alone (as stored beside weights) → a validated ModelConfig.
+ModelConfig model_config_from_json(const nlohmann::json& model);
+
+// Cross-field checks (heads divide dim, batch divisibility, ...). Throws ConfigError.
+void validate(const RunConfig& c);
+void validate_model(const ModelConfig& m);
+
+// Markdown table of every field, for docs/recipes.md.
+std::string schema_markdown();
+
+}  // namespace tide

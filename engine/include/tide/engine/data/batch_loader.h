@@ -1,0 +1,58 @@
+// Training batches: random windows of seq_len + 1 tokens, deterministic given the seed.
+// Sample i's window is a pure function of (seed, i), so the loader's whole state is
+// one cursor (sequences consumed): resuming at a cursor reproduces the data order.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <torch/types.h>
+
+#include "tide/engine/data/token_dataset.h"
+
+namespace tide {
+
+struct Batch {
+  torch::Tensor tokens;   // [B, T] int64
+  torch::Tensor targets;  // [B, T] int64, tokens shifted by one
+};
+
+// Start of sample `index`'s window in a split of n tokens.
+int64_t window_start(uint64_t seed, int64_t index, int64_t n_tokens, int64_t seq_len);
+
+// Builds the batch of samples [first, first + batch) directly (no thread).
+Batch make_batch(const TokenSplit& split, uint64_t seed, int64_t first, int64_t batch, int64_t seq_len);
+
+// Evenly spaced windows covering a split; the same every call (validation).
+Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_batches, int64_t batch,
+                      int64_t seq_len);
+
+class BatchLoader {
+ public:
+  // Prepares up to `prefetch` batches ahead on a background thread (0: on demand).
+  BatchLoader(const TokenSplit& split, uint64_t seed, int64_t batch, int64_t seq_len, int64_t cursor,
+              int64_t prefetch);
+  ~BatchLoader();
+  BatchLoader(const BatchLoader&) = delete;
+  BatchLoader& operator=(const BatchLoader&) = delete;
+
+  Batch next();
+  int64_t cursor() const { return cursor_; }  // sequences handed out so far
+
+ private:
+  void run();
+
+  const TokenSplit& split_;
+  uint64_t seed_;
+  int64_t batch_, seq_len_, cursor_, produced_, prefetch_;
+  std::deque<Batch> ready_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace tide

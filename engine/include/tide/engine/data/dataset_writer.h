@@ -1,0 +1,35 @@
+// `tide data prepare`: texts → a token dataset directory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tide {
+
+class Tokenizer;
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // files or folders (recursed, sorted)
+  std::string out_dir;
+  // "bpe" (train on the corpus), "bytes", or a path to a tokenizer.json.
+  std::string tokenizer = "bpe";
+  int64_t vocab_size = 8192;
+  double val_fraction = 0.01;     // of documents, spread evenly through the corpus
+  int64_t bpe_sample_mb = 64;     // text used to train BPE
+};
+
+struct PrepareReport {
+  int64_t documents = 0, train_tokens = 0, val_tokens = 0, bytes = 0, vocab_size = 0;
+};
+
+// Documents are separated by blank lines; each ends with the end-of-text id.
+// progress(stage, done, total) is called as work proceeds.
+PrepareReport prepare_dataset(const PrepareOptions& opt,
+                              const std::function<void(const std::string&, int64_t, int64_t)>& progress = {});
+
+// Splits text into documents at runs of blank lines (trimmed, empty ones dropped).
+std::vector<std::string_view> split_documents(std::string_view text);
+
+}  // namespace tide

@@ -1,0 +1,57 @@
+// A prepared dataset directory (format in docs/data.md):
+//   dataset.json            metadata: dtype, vocabulary, splits, checksums
+//   tokenizer.json          the tokenizer that produced the ids
+//   {train,val}.bin         raw little-endian token ids (uint16 or uint32)
+//   {train,val}.idx         document offsets into the .bin
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tide/engine/io/mapped_file.h"
+
+namespace tide {
+
+inline constexpr char kIndexMagic[8] = {'T', 'I', 'D', 'E', 'I', 'D', 'X', '\0'};
+inline constexpr uint64_t kIndexVersion = 1;
+inline constexpr int64_t kDatasetFormatVersion = 1;
+
+// One split, memory-mapped.
+class TokenSplit {
+ public:
+  TokenSplit(const std::string& bin_path, const std::string& idx_path, int dtype_bytes);
+  int64_t size() const { return n_tokens_; }
+  int64_t documents() const { return static_cast<int64_t>(doc_offsets_.size()) - 1; }
+  int64_t document_start(int64_t d) const { return static_cast<int64_t>(doc_offsets_.at(static_cast<size_t>(d))); }
+  uint32_t at(int64_t i) const;
+  // Copies n tokens starting at `start` as int64 (the dtype LibTorch wants for ids).
+  void copy(int64_t start, int64_t n, int64_t* out) const;
+
+ private:
+  MappedFile bin_;
+  int dtype_bytes_;
+  int64_t n_tokens_;
+  std::vector<uint64_t> doc_offsets_;
+};
+
+class TokenDataset {
+ public:
+  // Opens and checks a dataset directory; errors name the file and the problem.
+  explicit TokenDataset(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const nlohmann::json& meta() const { return meta_; }
+  int64_t vocab_size() const { return meta_.at("vocab_size").get<int64_t>(); }
+  std::string tokenizer_path() const;
+  const TokenSplit& split(const std::string& name) const;  // "train" or "val"
+
+ private:
+  std::string dir_;
+  nlohmann::json meta_;
+  std::vector<std::pair<std::string, TokenSplit>> splits_;
+};
+
+}  // namespace tide

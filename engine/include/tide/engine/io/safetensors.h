@@ -1,0 +1,61 @@
+// Safetensors: u64 little-endian header length | JSON header | raw little-endian data.
+// Read memory-mapped; written directly. No LibTorch here (see model/weights_io.h).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tide/engine/io/mapped_file.h"
+
+namespace tide {
+
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;  // "F32", "BF16", "F16", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL"
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte offsets into the data section
+};
+
+size_t safetensors_dtype_size(const std::string& dtype);  // throws on unknown dtype
+
+class SafetensorsReader {
+ public:
+  // Validates the header (offsets inside the file, sizes matching shapes). Errors name
+  // the file and the tensor.
+  explicit SafetensorsReader(const std::string& path);
+
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const SafetensorsEntry* find(const std::string& name) const;
+  const uint8_t* data(const SafetensorsEntry& e) const { return data_start_ + e.begin; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::string& path() const { return file_.path(); }
+
+ private:
+  MappedFile file_;
+  const uint8_t* data_start_ = nullptr;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+class SafetensorsWriter {
+ public:
+  // `data` must stay valid until write() returns.
+  void add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape, const void* data,
+           size_t nbytes);
+  void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+  // Writes to `path` (through a temporary file, fsynced and renamed into place).
+  void write(const std::string& path) const;
+
+ private:
+  struct Item {
+    SafetensorsEntry entry;
+    const void* data;
+  };
+  std::vector<Item> items_;
+  std::map<std::string, std::string> metadata_;
+  uint64_t size_ = 0;
+};
+
+}  // namespace tide

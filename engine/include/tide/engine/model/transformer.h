@@ -1,0 +1,122 @@
+// One decoder-only transformer whose parts are chosen by ModelConfig. LLaMA and BLOOM
+// are presets of it. Parameter names follow the Hugging Face layout of the family so
+// that weights round-trip (`model.layers.0.self_attn.q_proj.weight`,
+// `transformer.h.0.self_attention.query_key_value.weight`).
+//
+// Shape legend: B = batch, T = time (sequence), D = model dim, H = query heads,
+// K = key/value heads, Hd = head dim (D / H), F = MLP hidden, V = vocabulary.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "tide/engine/config.h"
+
+namespace tide {
+
+// RMSNorm (weight) or LayerNorm (weight, bias); normalises in fp32.
+class NormImpl : public torch::nn::Module {
+ public:
+  NormImpl(NormKind kind, int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  void reset_parameters();
+
+  torch::Tensor weight, bias;
+
+ private:
+  NormKind kind_;
+  int64_t dim_;
+  double eps_;
+};
+TORCH_MODULE(Norm);
+
+// Causal self-attention, multi-head or grouped-query; RoPE or ALiBi or neither.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const ModelConfig& cfg);
+  // x [B, T, D]; bias [T, T] causal mask or [H, T, T] mask + ALiBi;
+  // cos/sin [T, Hd] when RoPE is used, else undefined.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
+                        const torch::Tensor& sin);
+
+  // Separate projections (LLaMA) or one fused per-head QKV projection (BLOOM).
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, qkv{nullptr}, out{nullptr};
+
+ private:
+  ModelConfig cfg_;
+};
+TORCH_MODULE(Attention);
+
+// SwiGLU: down(silu(gate(x)) * up(x)); GELU: down(gelu_tanh(up(x))).
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const ModelConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear gate{nullptr}, up{nullptr}, down{nullptr};
+
+ private:
+  MlpKind kind_;
+};
+TORCH_MODULE(Mlp);
+
+// Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)).
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const ModelConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
+                        const torch::Tensor& sin);
+
+  Norm input_norm{nullptr}, post_attention_norm{nullptr};
+  Attention attention{nullptr};
+  Mlp mlp{nullptr};
+
+ private:
+  double dropout_;
+};
+TORCH_MODULE(Block);
+
+class TransformerImpl : public torch::nn::Module {
+ public:
+  explicit TransformerImpl(const ModelConfig& cfg);
+
+  // tokens [B, T] int64 → logits [B, T, V].
+  torch::Tensor forward(const torch::Tensor& tokens);
+  // Mean next-token cross-entropy; targets [B, T] int64.
+  torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+  // Final hidden state after the last norm, [B, T, D].
+  torch::Tensor hidden(const torch::Tensor& tokens);
+
+  // Normal(0, init_std) weights, zero biases, unit norms; each tensor drawn from its
+  // own generator seeded by (seed, name), so any layout can reproduce any slice.
+  void reset_parameters(uint64_t seed);
+
+  const ModelConfig& config() const { return cfg_; }
+  const torch::Tensor& output_weight() const;
+
+  torch::Tensor tok_embeddings, pos_embeddings;
+  Norm embedding_norm{nullptr}, final_norm{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::Tensor lm_head;  // undefined when tied
+
+  // Additive attention bias: [T, T] causal mask (0 / -inf), or [H, T, T] with ALiBi.
+  torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options);
+
+ private:
+
+  ModelConfig cfg_;
+  torch::Tensor rope_cos_, rope_sin_;  // [max_seq_len, Hd], not parameters
+  torch::Tensor alibi_slopes_;         // [H]
+};
+TORCH_MODULE(Transformer);
+
+// ALiBi slopes of the BLOOM reference, for any head count (not only powers of two).
+std::vector<double> alibi_slopes(int64_t n_heads);
+
+// Whether AdamW decays this parameter, from its name and shape and the optimizer config.
+bool is_decayed(const std::string& name, const torch::Tensor& param, bool decay_norms_and_biases,
+                bool decay_embeddings);
+
+}  // namespace tide

@@ -1,0 +1,35 @@
+// AdamW (decoupled weight decay) over a FlatParameters buffer.
+#pragma once
+
+#include <torch/types.h>
+
+#include "tide/engine/config.h"
+
+namespace tide {
+
+class FlatParameters;
+
+class AdamW {
+ public:
+  AdamW(FlatParameters& params, const OptimConfig& cfg);
+
+  // One update with learning rate `lr` (weight decay, betas and eps from config()).
+  void step(double lr);
+  int64_t steps_taken() const { return t_; }
+  OptimConfig& config() { return cfg_; }
+
+  torch::Tensor& exp_avg() { return m_; }
+  torch::Tensor& exp_avg_sq() { return v_; }
+
+ private:
+  FlatParameters& params_;
+  OptimConfig cfg_;
+  torch::Tensor m_, v_, denom_;
+  int64_t t_ = 0;
+};
+
+// Scales `grad` in place so its L2 norm is at most max_norm (0: no clipping); returns
+// the norm before clipping.
+double clip_grad_norm(torch::Tensor& grad, double max_norm);
+
+}  // namespace tide

@@ -1,0 +1,42 @@
+// All parameters of a model in one contiguous fp32 buffer, with the gradients in a
+// second one; every parameter and its .grad become views into them (as llm.c does).
+// One buffer makes the optimizer a handful of vectorised ops, gradient clipping one
+// norm, and later sharding (ZeRO) a matter of offsets.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "tide/engine/config.h"
+
+namespace tide {
+
+class FlatParameters {
+ public:
+  struct Slot {
+    std::string name;
+    int64_t offset = 0, numel = 0;
+    std::vector<int64_t> shape;
+    bool decayed = false;
+    torch::Tensor param;
+  };
+
+  // Decayed parameters come first, so weight decay applies to one prefix [0, decay_numel).
+  FlatParameters(torch::nn::Module& model, const OptimConfig& optim);
+
+  torch::Tensor& data() { return data_; }
+  torch::Tensor& grad() { return grad_; }
+  int64_t numel() const { return data_.numel(); }
+  int64_t decay_numel() const { return decay_numel_; }
+  const std::vector<Slot>& slots() const { return slots_; }
+  void zero_grad() { grad_.zero_(); }
+
+ private:
+  torch::Tensor data_, grad_;
+  int64_t decay_numel_ = 0;
+  std::vector<Slot> slots_;
+};
+
+}  // namespace tide

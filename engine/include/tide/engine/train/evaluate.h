@@ -1,0 +1,35 @@
+// Validation loss and text generation with a trained model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tide/engine/data/token_dataset.h"
+#include "tide/engine/model/transformer.h"
+
+namespace tide {
+
+// Mean next-token loss over n_batches evenly spaced batches of the split (no grad).
+double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
+                     int64_t n_batches);
+
+// Entropy (nats) of the split's unigram token distribution: the loss of a model that
+// knows only token frequencies, the baseline a trained model must beat.
+double unigram_entropy(const TokenSplit& split);
+
+struct SampleOptions {
+  int64_t max_new_tokens = 200;
+  double temperature = 0.8;  // 0: greedy
+  int64_t top_k = 0;         // 0: off
+  double top_p = 1.0;        // 1: off
+  uint64_t seed = 0;
+  int32_t stop_id = -1;      // stop after emitting this id (end-of-text)
+};
+
+// Continues `prompt`; calls on_token with each new id as it is chosen.
+std::vector<int32_t> sample(Transformer& model, const std::vector<int32_t>& prompt, const SampleOptions& opt,
+                            const std::function<void(int32_t)>& on_token = {});
+
+}  // namespace tide

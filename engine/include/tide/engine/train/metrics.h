@@ -1,0 +1,57 @@
+// Per-step training metrics, their JSONL log and the terminal progress line.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace tide {
+
+struct StepMetrics {
+  int64_t step = 0;  // optimizer steps completed
+  int64_t total_steps = 0;
+  double loss = 0, grad_norm = 0, lr = 0;
+  int64_t tokens_seen = 0;
+  double step_seconds = 0, tokens_per_second = 0, mfu = 0;
+  double rss_mb = 0, peak_rss_mb = 0;
+  double eta_seconds = 0;
+  bool skipped = false;  // non-finite gradients: the update was not applied
+  std::optional<double> val_loss;
+};
+
+nlohmann::json to_json(const StepMetrics& m);
+
+// Appends one JSON object per line, flushed per line so a reader can tail it.
+class JsonlWriter {
+ public:
+  explicit JsonlWriter(const std::string& path);
+  void write(const nlohmann::json& record);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// One line of progress on stderr: rewritten in place on a terminal, a new line per
+// report otherwise.
+class ProgressLine {
+ public:
+  explicit ProgressLine(std::FILE* out = stderr);
+  ~ProgressLine();
+  void update(const StepMetrics& m);
+  void finish();  // ends the in-place line
+  static std::string format(const StepMetrics& m);
+
+ private:
+  std::FILE* out_;
+  bool tty_;
+  bool open_ = false;
+};
+
+std::string format_duration(double seconds);
+
+}  // namespace tide

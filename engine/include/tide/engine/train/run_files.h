@@ -1,0 +1,28 @@
+// The files of a run directory, and loading a model from anything a user may point
+// at: a run directory, a weights file written by tide, or a Hugging Face directory.
+//
+//   <run>/config.json       the resolved run configuration
+//   <run>/metrics.jsonl     one record per step (and per validation)
+//   <run>/train.log         the run's log
+//   <run>/model.safetensors final weights, HF names; metadata "tide_model" = model config
+//   <run>/tokenizer.json    copy of the dataset's tokenizer
+//   <run>/summary.json      final figures
+#pragma once
+
+#include <string>
+
+#include "tide/engine/model/transformer.h"
+
+namespace tide {
+
+struct LoadedModel {
+  Transformer model{nullptr};
+  std::string tokenizer_path;  // empty when none is beside the weights
+};
+
+LoadedModel load_model(const std::string& path);
+
+// Writes model.safetensors with the model config in its metadata.
+void save_model(const std::string& path, Transformer& model);
+
+}  // namespace tide

@@ -1,0 +1,21 @@
+// Process-level runtime settings and readings: threads, memory.
+#pragma once
+
+#include <cstdint>
+
+namespace tide {
+
+// Cores this process may run on (its affinity mask).
+int available_cores();
+
+// Sets LibTorch's intra-op threads (0: available_cores()) and one inter-op thread.
+// LibTorch starts with a single intra-op thread on some machines, so this is explicit.
+int configure_threads(int64_t requested);
+
+struct MemoryReading {
+  double rss_mb = 0;       // resident now
+  double peak_rss_mb = 0;  // high-water mark of this process
+};
+MemoryReading read_memory();
+
+}  // namespace tide

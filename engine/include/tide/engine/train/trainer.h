@@ -1,0 +1,43 @@
+// The single-process training loop: data → forward/backward with gradient
+// accumulation → clip → AdamW → metrics, validation and weights in the run directory.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tide/engine/config.h"
+#include "tide/engine/train/metrics.h"
+
+namespace tide {
+
+struct TrainHooks {
+  // Learning rate of 0-based step `step` when the schedule is a Lua function.
+  std::function<double(int64_t step)> lr;
+  std::function<void(const StepMetrics&)> on_step;
+  bool show_progress = true;
+  double peak_flops = 0;  // FLOP/s for MFU; 0: measured with a matmul probe
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  double final_loss = 0;
+  std::optional<double> final_val_loss;
+  double unigram_baseline = 0;  // validation split's unigram entropy (nats)
+  std::string weights_path;
+};
+
+class Trainer {
+ public:
+  // run_dir is created; config.json is written at once.
+  Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks = {});
+  ~Trainer();
+  TrainResult run();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace tide

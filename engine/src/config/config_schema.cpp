@@ -1,0 +1,373 @@
+#include "tide/engine/config_schema.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace tide {
+namespace {
+
+using json = nlohmann::json;
+
+std::string show(const json& v) { return v.dump(); }
+
+int64_t as_int(const std::string& path, const json& v, double lo, double hi) {
+  double x = 0;
+  if (v.is_number_integer()) {
+    x = static_cast<double>(v.get<int64_t>());
+  } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
+    x = v.get<double>();
+  } else {
+    throw ConfigError(path, fmt::format("expected an integer, got {}", show(v)));
+  }
+  if (x < lo || x > hi) throw ConfigError(path, fmt::format("{} is out of range [{}, {}]", show(v), lo, hi));
+  return static_cast<int64_t>(x);
+}
+
+double as_number(const std::string& path, const json& v, double lo, double hi) {
+  if (!v.is_number()) throw ConfigError(path, fmt::format("expected a number, got {}", show(v)));
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    throw ConfigError(path, fmt::format("{} is out of range [{}, {}]", show(v), lo, hi));
+  return x;
+}
+
+constexpr double kBig = 9.007199254740992e15;  // 2^53: exact in a Lua number
+
+template <class F>
+FieldSpec integer(std::string path, double lo, double hi, bool live, std::string doc, F ref) {
+  FieldSpec f{path, FieldType::Int, {}, lo, hi, live, std::move(doc), {}, {}};
+  f.set = [=](RunConfig& c, const json& v) { ref(c) = as_int(path, v, lo, hi); };
+  f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
+  return f;
+}
+
+template <class F>
+FieldSpec number(std::string path, double lo, double hi, bool live, std::string doc, F ref) {
+  FieldSpec f{path, FieldType::Number, {}, lo, hi, live, std::move(doc), {}, {}};
+  f.set = [=](RunConfig& c, const json& v) { ref(c) = as_number(path, v, lo, hi); };
+  f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
+  return f;
+}
+
+template <class F>
+FieldSpec boolean(std::string path, bool live, std::string doc, F ref) {
+  FieldSpec f{path, FieldType::Bool, {}, 0, 1, live, std::move(doc), {}, {}};
+  f.set = [=](RunConfig& c, const json& v) {
+    if (!v.is_boolean()) throw ConfigError(path, fmt::format("expected true or false, got {}", show(v)));
+    ref(c) = v.get<bool>();
+  };
+  f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
+  return f;
+}
+
+template <class F>
+FieldSpec string(std::string path, bool live, std::string doc, F ref) {
+  FieldSpec f{path, FieldType::String, {}, 0, 0, live, std::move(doc), {}, {}};
+  f.set = [=](RunConfig& c, const json& v) {
+    if (!v.is_string()) throw ConfigError(path, fmt::format("expected a string, got {}", show(v)));
+    ref(c) = v.get<std::string>();
+  };
+  f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
+  return f;
+}
+
+template <class E, class F>
+FieldSpec choice(std::string path, std::vector<std::pair<std::string, E>> names, bool live, std::string doc, F ref) {
+  std::vector<std::string> labels;
+  for (auto& n : names) labels.push_back(n.first);
+  FieldSpec f{path, FieldType::Choice, labels, 0, 0, live, std::move(doc), {}, {}};
+  f.set = [=](RunConfig& c, const json& v) {
+    if (v.is_string()) {
+      std::string s = v.get<std::string>();
+      std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      for (auto& n : names)
+        if (n.first == s) {
+          ref(c) = n.second;
+          return;
+        }
+    }
+    throw ConfigError(path, fmt::format("{} is not one of {}", show(v), fmt::join(labels, ", ")));
+  };
+  f.get = [=](const RunConfig& c) {
+    for (auto& n : names)
+      if (n.second == ref(const_cast<RunConfig&>(c))) return json(n.first);
+    return json(nullptr);
+  };
+  return f;
+}
+
+#define REF(member) [](RunConfig& c) -> auto& { return c.member; }
+
+std::vector<FieldSpec> build_schema() {
+  std::vector<FieldSpec> s;
+  // Top level.
+  s.push_back(string("name", false, "Run name, used for the run directory.", REF(name)));
+  s.push_back(integer("seed", 0, kBig, false, "Seed of initialisation, data order and dropout.", REF(seed)));
+  s.push_back(integer("log_every", 1, 1e9, true, "Steps between progress lines.", REF(log_every)));
+  s.push_back(integer("threads", 0, 1024, false, "Intra-op threads per process; 0: the cores available.", REF(threads)));
+  // Model.
+  s.push_back(choice<Family>("model.family", {{"llama", Family::LLaMA}, {"bloom", Family::BLOOM}}, false,
+                             "Parameter names and QKV layout of this Hugging Face family.", REF(model.family)));
+  s.push_back(integer("model.vocab_size", 2, 1e8, false, "Vocabulary size.", REF(model.vocab_size)));
+  s.push_back(integer("model.dim", 1, 1e6, false, "Hidden size.", REF(model.dim)));
+  s.push_back(integer("model.n_layers", 1, 1e4, false, "Transformer blocks.", REF(model.n_layers)));
+  s.push_back(integer("model.n_heads", 1, 1e5, false, "Query heads.", REF(model.n_heads)));
+  s.push_back(integer("model.n_kv_heads", 0, 1e5, false, "Key/value heads (grouped-query attention); 0: n_heads.",
+                      REF(model.n_kv_heads)));
+  s.push_back(integer("model.ffn_dim", 0, 1e7, false, "MLP hidden size; 0: derived from dim.", REF(model.ffn_dim)));
+  s.push_back(integer("model.multiple_of", 1, 1e6, false, "SwiGLU hidden size rounds up to this.",
+                      REF(model.multiple_of)));
+  s.push_back(number("model.ffn_dim_multiplier", 0, 100, false, "Scales the SwiGLU hidden size; 0: off.",
+                     REF(model.ffn_dim_multiplier)));
+  s.push_back(integer("model.max_seq_len", 1, 1e7, false, "Longest sequence (learned positions, RoPE tables).",
+                      REF(model.max_seq_len)));
+  s.push_back(choice<NormKind>("model.norm", {{"rmsnorm", NormKind::RMSNorm}, {"layernorm", NormKind::LayerNorm}},
+                               false, "Normalisation.", REF(model.norm)));
+  s.push_back(number("model.norm_eps", 1e-12, 1, false, "Norm epsilon.", REF(model.norm_eps)));
+  s.push_back(choice<PositionKind>(
+      "model.positions",
+      {{"rope", PositionKind::RoPE}, {"alibi", PositionKind::ALiBi}, {"learned", PositionKind::Learned}}, false,
+      "Position encoding.", REF(model.positions)));
+  s.push_back(number("model.rope_theta", 1, 1e12, false, "RoPE base.", REF(model.rope_theta)));
+  s.push_back(choice<MlpKind>("model.mlp", {{"swiglu", MlpKind::SwiGLU}, {"gelu", MlpKind::GELU}}, false,
+                              "MLP kind (GELU is the tanh form).", REF(model.mlp)));
+  s.push_back(boolean("model.attention_bias", false, "Biases on attention projections.", REF(model.attention_bias)));
+  s.push_back(boolean("model.mlp_bias", false, "Biases on MLP projections.", REF(model.mlp_bias)));
+  s.push_back(boolean("model.embedding_norm", false, "LayerNorm after the token embedding (BLOOM).",
+                      REF(model.embedding_norm)));
+  s.push_back(boolean("model.tie_embeddings", false, "Output projection shares the embedding.",
+                      REF(model.tie_embeddings)));
+  s.push_back(number("model.dropout", 0, 1, false, "Dropout on attention probabilities and residual branches.",
+                     REF(model.dropout)));
+  s.push_back(number("model.init_std", 0, 10, false, "Std of the normal initialisation.", REF(model.init_std)));
+  s.push_back(boolean("model.scale_residual_init", false, "Output projections get std / sqrt(2 n_layers).",
+                      REF(model.scale_residual_init)));
+  s.push_back(boolean("model.activation_checkpointing", false, "Recompute each block in backward.",
+                      REF(model.activation_checkpointing)));
+  // Data and batch.
+  s.push_back(string("data.path", false, "Dataset directory written by `tide data prepare`.", REF(data.path)));
+  s.push_back(integer("data.seq_len", 1, 1e7, false, "Tokens per training sequence.", REF(data.seq_len)));
+  s.push_back(integer("data.prefetch", 0, 1024, false, "Batches the loader prepares ahead.", REF(data.prefetch)));
+  s.push_back(integer("batch.micro_batch", 1, 1e6, false, "Sequences per forward/backward.", REF(batch.micro_batch)));
+  s.push_back(integer("batch.global_batch", 1, 1e9, true,
+                      "Sequences per optimizer step; a multiple of micro_batch (gradient accumulation).",
+                      REF(batch.global_batch)));
+  // Optimizer.
+  s.push_back(number("optimizer.lr", 0, 10, true, "Peak learning rate.", REF(optimizer.lr)));
+  s.push_back(number("optimizer.beta1", 0, 0.999999, false, "Adam beta1.", REF(optimizer.beta1)));
+  s.push_back(number("optimizer.beta2", 0, 0.999999999, false, "Adam beta2.", REF(optimizer.beta2)));
+  s.push_back(number("optimizer.eps", 0, 1, false, "Adam epsilon.", REF(optimizer.eps)));
+  s.push_back(number("optimizer.weight_decay", 0, 10, true, "Decoupled weight decay.", REF(optimizer.weight_decay)));
+  s.push_back(number("optimizer.grad_clip", 0, 1e9, true, "Global gradient-norm clip; 0: off.",
+                     REF(optimizer.grad_clip)));
+  s.push_back(boolean("optimizer.decay_norms_and_biases", false, "Apply weight decay to norms and biases too.",
+                      REF(optimizer.decay_norms_and_biases)));
+  s.push_back(boolean("optimizer.decay_embeddings", false, "Apply weight decay to embeddings too.",
+                      REF(optimizer.decay_embeddings)));
+  // Schedule.
+  s.push_back(integer("schedule.steps", 1, 1e12, false, "Optimizer steps of the run.", REF(schedule.steps)));
+  s.push_back(integer("schedule.warmup_steps", 0, 1e12, false, "Linear warm-up steps.", REF(schedule.warmup_steps)));
+  s.push_back(choice<DecayKind>("schedule.decay",
+                                {{"constant", DecayKind::Constant},
+                                 {"cosine", DecayKind::Cosine},
+                                 {"linear", DecayKind::Linear},
+                                 {"lua", DecayKind::Lua}},
+                                false, "Decay after warm-up; \"lua\" when schedule.lr is a function of the step.",
+                                REF(schedule.decay)));
+  s.push_back(number("schedule.min_lr", 0, 10, false, "Learning rate at the end of the decay.", REF(schedule.min_lr)));
+  // Precision, checkpoints, evaluation.
+  s.push_back(choice<DType>("precision.compute", {{"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, false,
+                            "Compute dtype (bf16: autocast with fp32 master weights).", REF(precision.compute)));
+  s.push_back(integer("checkpoint.every", 0, 1e12, true, "Steps between checkpoints; 0: at the end only.",
+                      REF(checkpoint.every)));
+  s.push_back(integer("checkpoint.keep_last", 1, 1e6, false, "Checkpoints kept.", REF(checkpoint.keep_last)));
+  s.push_back(integer("eval.every", 0, 1e12, true, "Steps between validation passes; 0: never.", REF(eval.every)));
+  s.push_back(integer("eval.batches", 1, 1e6, true, "Micro-batches per validation pass.", REF(eval.batches)));
+  // Parallel layout (parsed and validated now; used by the parallel engine).
+  s.push_back(integer("parallel.dp", 0, 1e6, false, "Data-parallel degree; 0: world / (tp * pp).", REF(parallel.dp)));
+  s.push_back(integer("parallel.tp", 1, 1e4, false, "Tensor-parallel degree.", REF(parallel.tp)));
+  s.push_back(integer("parallel.pp", 1, 1e4, false, "Pipeline-parallel degree.", REF(parallel.pp)));
+  s.push_back(integer("parallel.zero", 0, 3, false, "ZeRO stage on the data-parallel axis.", REF(parallel.zero)));
+  s.push_back(boolean("parallel.offload_optimizer", false, "Keep optimizer state in host memory.",
+                      REF(parallel.offload_optimizer)));
+  s.push_back(integer("parallel.micro_batches", 0, 1e6, false, "Pipeline micro-batches; 0: from the batch.",
+                      REF(parallel.micro_batches)));
+  s.push_back(choice<std::string>("parallel.pipeline_schedule", {{"1f1b", "1f1b"}, {"gpipe", "gpipe"}}, false,
+                                  "Pipeline schedule.", REF(parallel.pipeline_schedule)));
+  s.push_back(number("parallel.bucket_mb", 0.01, 1e6, false, "Gradient bucket size (MiB).", REF(parallel.bucket_mb)));
+  s.push_back(boolean("parallel.sequence_parallel", false, "Shard norms and dropout along the sequence (tp > 1).",
+                      REF(parallel.sequence_parallel)));
+  return s;
+}
+
+#undef REF
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1u : 0u)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string suggestion(const std::string& path) {
+  const FieldSpec* best = nullptr;
+  size_t best_d = 4;
+  for (const auto& f : config_schema()) {
+    const size_t d = edit_distance(path, f.path);
+    if (d < best_d) best_d = d, best = &f;
+  }
+  return best ? fmt::format(" (did you mean '{}'?)", best->path) : "";
+}
+
+bool is_section(const std::string& prefix) {
+  for (const auto& f : config_schema())
+    if (f.path.rfind(prefix + ".", 0) == 0) return true;
+  return false;
+}
+
+void apply_object(RunConfig& c, const json& j, const std::string& prefix) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string path = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (const FieldSpec* f = find_field(path)) {
+      f->set(c, it.value());
+    } else if (is_section(path)) {
+      if (!it.value().is_object())
+        throw ConfigError(path, fmt::format("expected a table of fields, got {}", show(it.value())));
+      apply_object(c, it.value(), path);
+    } else {
+      throw ConfigError(path, "unknown field" + suggestion(path));
+    }
+  }
+}
+
+}  // namespace
+
+const std::vector<FieldSpec>& config_schema() {
+  static const std::vector<FieldSpec> schema = build_schema();
+  return schema;
+}
+
+const FieldSpec* find_field(const std::string& path) {
+  for (const auto& f : config_schema())
+    if (f.path == path) return &f;
+  return nullptr;
+}
+
+RunConfig config_from_json(const json& j) {
+  if (!j.is_object()) throw ConfigError("", fmt::format("a recipe must be a table, got {}", show(j)));
+  RunConfig c;
+  apply_object(c, j, "");
+  validate(c);
+  return c;
+}
+
+json config_to_json(const RunConfig& c) {
+  json out = json::object();
+  for (const auto& f : config_schema()) out[json::json_pointer("/" + [&] {
+    std::string p = f.path;
+    std::replace(p.begin(), p.end(), '.', '/');
+    return p;
+  }())] = f.get(c);
+  return out;
+}
+
+void apply_override(json& j, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("", fmt::format("override '{}' is not of the form key=value", assignment));
+  const std::string path = assignment.substr(0, eq);
+  const std::string text = assignment.substr(eq + 1);
+  if (!find_field(path)) throw ConfigError(path, "unknown field" + suggestion(path));
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;
+  json* node = &j;
+  std::stringstream parts(path);
+  std::string part;
+  std::vector<std::string> keys;
+  while (std::getline(parts, part, '.')) keys.push_back(part);
+  for (size_t i = 0; i + 1 < keys.size(); ++i) {
+    json& next = (*node)[keys[i]];
+    if (next.is_null()) next = json::object();
+    node = &next;
+  }
+  (*node)[keys.back()] = value;
+}
+
+ModelConfig model_config_from_json(const json& model) {
+  if (!model.is_object()) throw ConfigError("model", fmt::format("expected a table of fields, got {}", show(model)));
+  RunConfig c;
+  apply_object(c, json{{"model", model}}, "");
+  validate_model(c.model);
+  return c.model;
+}
+
+void validate_model(const ModelConfig& m) {
+  auto fail = [](const std::string& field, const std::string& msg) { throw ConfigError(field, msg); };
+  if (m.dim % m.n_heads != 0)
+    fail("model.n_heads", fmt::format("{} does not divide model.dim = {}", m.n_heads, m.dim));
+  const int64_t kv = resolved_kv_heads(m);
+  if (m.n_heads % kv != 0)
+    fail("model.n_kv_heads", fmt::format("{} does not divide model.n_heads = {}", kv, m.n_heads));
+  if (m.positions == PositionKind::RoPE && head_dim(m) % 2 != 0)
+    fail("model.positions", fmt::format("RoPE needs an even head dimension, model.dim / model.n_heads = {}",
+                                        head_dim(m)));
+  if (m.family == Family::BLOOM && kv != m.n_heads)
+    fail("model.n_kv_heads", fmt::format("the bloom family has a fused per-head QKV layout and needs n_kv_heads = "
+                                         "n_heads = {}, got {}",
+                                         m.n_heads, kv));
+}
+
+void validate(const RunConfig& c) {
+  const auto& m = c.model;
+  auto fail = [](const std::string& field, const std::string& msg) { throw ConfigError(field, msg); };
+  validate_model(m);
+  if (c.data.seq_len > m.max_seq_len)
+    fail("data.seq_len", fmt::format("{} exceeds model.max_seq_len = {}", c.data.seq_len, m.max_seq_len));
+  if (c.batch.global_batch % c.batch.micro_batch != 0)
+    fail("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch = {}", c.batch.global_batch,
+                                           c.batch.micro_batch));
+  if (c.schedule.warmup_steps > c.schedule.steps)
+    fail("schedule.warmup_steps",
+         fmt::format("{} exceeds schedule.steps = {}", c.schedule.warmup_steps, c.schedule.steps));
+  if (c.schedule.min_lr > c.optimizer.lr)
+    fail("schedule.min_lr", fmt::format("{} exceeds optimizer.lr = {}", c.schedule.min_lr, c.optimizer.lr));
+  if (c.parallel.dp > 0 && c.batch.global_batch % (c.batch.micro_batch * c.parallel.dp) != 0)
+    fail("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch * parallel.dp = {} * {}",
+                                           c.batch.global_batch, c.batch.micro_batch, c.parallel.dp));
+  if (m.n_heads % c.parallel.tp != 0)
+    fail("parallel.tp", fmt::format("{} does not divide model.n_heads = {}", c.parallel.tp, m.n_heads));
+  if (c.parallel.pp > m.n_layers)
+    fail("parallel.pp", fmt::format("{} exceeds model.n_layers = {}", c.parallel.pp, m.n_layers));
+}
+
+std::string schema_markdown() {
+  std::string out = "| field | type | default | live | description |\n|---|---|---|---|---|\n";
+  const RunConfig defaults;
+  for (const auto& f : config_schema()) {
+    std::string type;
+    switch (f.type) {
+      case FieldType::Int: type = fmt::format("integer [{}, {}]", f.min, f.max); break;
+      case FieldType::Number: type = fmt::format("number [{}, {}]", f.min, f.max); break;
+      case FieldType::Bool: type = "boolean"; break;
+      case FieldType::String: type = "string"; break;
+      case FieldType::Choice: type = fmt::format("{}", fmt::join(f.choices, " \\| ")); break;
+    }
+    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", f.path, type, f.get(defaults).dump(), f.live ? "yes" : "",
+                       f.doc);
+  }
+  return out;
+}
+
+}  // namespace tide

@@ -1,0 +1,39 @@
+#include "tide/engine/config.h"
+
+namespace tide {
+
+int64_t resolved_kv_heads(const ModelConfig& m) { return m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads; }
+
+int64_t head_dim(const ModelConfig& m) { return m.dim / m.n_heads; }
+
+int64_t resolved_ffn_dim(const ModelConfig& m) {
+  if (m.ffn_dim > 0) return m.ffn_dim;
+  if (m.mlp == MlpKind::GELU) return 4 * m.dim;
+  // LLaMA: two thirds of 4*dim (SwiGLU has three matrices), optionally scaled, then
+  // rounded up to a multiple of `multiple_of` (7B: 11008; 70B: 28672).
+  int64_t hidden = 4 * m.dim;
+  hidden = (2 * hidden) / 3;
+  if (m.ffn_dim_multiplier > 0) hidden = static_cast<int64_t>(m.ffn_dim_multiplier * static_cast<double>(hidden));
+  const int64_t k = m.multiple_of > 0 ? m.multiple_of : 1;
+  return k * ((hidden + k - 1) / k);
+}
+
+int64_t parameter_count(const ModelConfig& m) {
+  const int64_t d = m.dim, v = m.vocab_size, f = resolved_ffn_dim(m);
+  const int64_t kv = resolved_kv_heads(m) * head_dim(m);
+  const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;
+
+  int64_t attention = d * d + 2 * d * kv + d * d;
+  if (m.attention_bias) attention += d + 2 * kv + d;
+  int64_t mlp = m.mlp == MlpKind::SwiGLU ? 3 * d * f : 2 * d * f;
+  if (m.mlp_bias) mlp += (m.mlp == MlpKind::SwiGLU ? 2 * f : f) + d;
+  const int64_t block = 2 * norm + attention + mlp;
+
+  int64_t total = v * d + m.n_layers * block + norm;
+  if (m.positions == PositionKind::Learned) total += m.max_seq_len * d;
+  if (m.embedding_norm) total += 2 * d;
+  if (!m.tie_embeddings) total += v * d;
+  return total;
+}
+
+}  // namespace tide

@@ -1,0 +1,223 @@
+#include "tide/engine/data/dataset_writer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
+#include "tide/engine/data/token_dataset.h"
+#include "tide/engine/data/tokenizer.h"
+
+namespace tide {
+namespace fs = std::filesystem;
+
+std::vector<std::string_view> split_documents(std::string_view text) {
+  std::vector<std::string_view> docs;
+  auto push = [&](size_t b, size_t e) {
+    while (b < e && std::isspace(static_cast<unsigned char>(text[b]))) ++b;
+    while (e > b && std::isspace(static_cast<unsigned char>(text[e - 1]))) --e;
+    if (e > b) docs.push_back(text.substr(b, e - b));
+  };
+  size_t start = 0, i = 0;
+  while (i < text.size()) {
+    if (text[i] == '\n') {
+      // A line holding only spaces and tabs ends the document.
+      size_t j = i + 1;
+      while (j < text.size() && (text[j] == ' ' || text[j] == '\t' || text[j] == '\r')) ++j;
+      if (j < text.size() && text[j] == '\n') {
+        push(start, i);
+        while (j < text.size() && std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+        start = i = j;
+        continue;
+      }
+    }
+    ++i;
+  }
+  push(start, text.size());
+  return docs;
+}
+
+namespace {
+
+std::vector<std::string> list_inputs(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  for (const auto& in : inputs) {
+    if (fs::is_directory(in)) {
+      std::vector<std::string> found;
+      for (const auto& e : fs::recursive_directory_iterator(in))
+        if (e.is_regular_file()) found.push_back(e.path().string());
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(in)) {
+      files.push_back(in);
+    } else {
+      throw std::runtime_error("input '" + in + "' is neither a file nor a folder");
+    }
+  }
+  if (files.empty()) throw std::runtime_error("no input files found");
+  return files;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Streams one split's tokens to <name>.bin and its document offsets to <name>.idx.
+class SplitWriter {
+ public:
+  SplitWriter(const fs::path& dir, const std::string& name, int dtype_bytes)
+      : bin_path_(dir / (name + ".bin")), idx_path_(dir / (name + ".idx")), bytes_(dtype_bytes) {
+    out_.open(bin_path_, std::ios::binary | std::ios::trunc);
+    if (!out_) throw std::runtime_error("cannot write '" + bin_path_.string() + "'");
+    XXH3_64bits_reset(&hash_);
+    offsets_.push_back(0);
+  }
+  void add_document(const std::vector<int32_t>& ids, int32_t eos) {
+    buf_.clear();
+    for (const int32_t id : ids) put(id);
+    put(eos);
+    out_.write(buf_.data(), static_cast<std::streamsize>(buf_.size()));
+    XXH3_64bits_update(&hash_, buf_.data(), buf_.size());
+    tokens_ += static_cast<int64_t>(ids.size()) + 1;
+    offsets_.push_back(static_cast<uint64_t>(tokens_));
+  }
+  nlohmann::json finish() {
+    out_.close();
+    if (!out_) throw std::runtime_error("cannot write '" + bin_path_.string() + "'");
+    std::ofstream idx(idx_path_, std::ios::binary | std::ios::trunc);
+    const uint64_t n_docs = offsets_.size() - 1;
+    idx.write(kIndexMagic, 8);
+    idx.write(reinterpret_cast<const char*>(&kIndexVersion), 8);
+    idx.write(reinterpret_cast<const char*>(&n_docs), 8);
+    idx.write(reinterpret_cast<const char*>(offsets_.data()), static_cast<std::streamsize>(8 * offsets_.size()));
+    if (!idx.flush()) throw std::runtime_error("cannot write '" + idx_path_.string() + "'");
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits_digest(&hash_)));
+    return {{"tokens", tokens_}, {"documents", n_docs}, {"xxh3", hex}};
+  }
+  int64_t tokens() const { return tokens_; }
+
+ private:
+  void put(int32_t id) {
+    const uint32_t v = static_cast<uint32_t>(id);
+    if (bytes_ == 2) {
+      const uint16_t s = static_cast<uint16_t>(v);
+      buf_.append(reinterpret_cast<const char*>(&s), 2);
+    } else {
+      buf_.append(reinterpret_cast<const char*>(&v), 4);
+    }
+  }
+  fs::path bin_path_, idx_path_;
+  int bytes_;
+  std::ofstream out_;
+  std::string buf_;
+  XXH3_state_t hash_;
+  int64_t tokens_ = 0;
+  std::vector<uint64_t> offsets_;
+};
+
+}  // namespace
+
+PrepareReport prepare_dataset(const PrepareOptions& opt,
+                              const std::function<void(const std::string&, int64_t, int64_t)>& progress) {
+  if (opt.val_fraction < 0 || opt.val_fraction >= 1)
+    throw std::invalid_argument("val fraction " + std::to_string(opt.val_fraction) + " is outside [0, 1)");
+  const auto files = list_inputs(opt.inputs);
+  auto report = [&](const std::string& stage, int64_t done, int64_t total) {
+    if (progress) progress(stage, done, total);
+  };
+
+  // Pass 1: sizes and document count (the validation documents are spread evenly).
+  int64_t total_bytes = 0, total_docs = 0;
+  for (const auto& f : files) {
+    const std::string text = read_file(f);
+    total_bytes += static_cast<int64_t>(text.size());
+    total_docs += static_cast<int64_t>(split_documents(text).size());
+  }
+  if (total_docs == 0) throw std::runtime_error("the inputs hold no text");
+
+  std::unique_ptr<Tokenizer> tok;
+  if (opt.tokenizer == "bpe") {
+    std::vector<std::string> sample;
+    int64_t taken = 0;
+    for (const auto& f : files) {
+      if (taken >= opt.bpe_sample_mb << 20) break;
+      sample.push_back(read_file(f));
+      taken += static_cast<int64_t>(sample.back().size());
+    }
+    std::vector<std::string_view> views;
+    for (const auto& s : sample)
+      for (auto d : split_documents(s)) views.push_back(d);
+    tok = std::make_unique<Tokenizer>(
+        train_bpe(views, opt.vocab_size, [&](int64_t d, int64_t t) { report("train bpe", d, t); }));
+  } else if (opt.tokenizer == "bytes") {
+    tok = std::make_unique<Tokenizer>(Tokenizer::bytes());
+  } else {
+    tok = std::make_unique<Tokenizer>(Tokenizer::load(opt.tokenizer));
+  }
+  const int64_t vocab = tok->vocab_size();
+  if (tok->eos_id() < 0) throw std::runtime_error("tokenizer '" + opt.tokenizer + "' has no end-of-text token");
+  const int dtype_bytes = vocab <= 65536 ? 2 : 4;
+
+  const fs::path final_dir(opt.out_dir);
+  const fs::path tmp_dir = final_dir.string() + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  tok->save((tmp_dir / "tokenizer.json").string());
+
+  SplitWriter train(tmp_dir, "train", dtype_bytes), val(tmp_dir, "val", dtype_bytes);
+  const int64_t every = opt.val_fraction > 0 ? std::max<int64_t>(2, std::llround(1.0 / opt.val_fraction)) : 0;
+  int64_t doc_index = 0, bytes_done = 0;
+  for (const auto& f : files) {
+    const std::string text = read_file(f);
+    for (const auto doc : split_documents(text)) {
+      const bool to_val = every > 0 && (doc_index % every == every / 2 || (total_docs < every && doc_index == total_docs - 1 && total_docs > 1));
+      (to_val ? val : train).add_document(tok->encode(doc), tok->eos_id());
+      ++doc_index;
+    }
+    bytes_done += static_cast<int64_t>(text.size());
+    report("tokenize", bytes_done, total_bytes);
+  }
+  nlohmann::json sources = nlohmann::json::array();
+  for (const auto& f : files) sources.push_back(f);
+  const nlohmann::json meta = {{"format", "tide-tokens"},
+                               {"version", kDatasetFormatVersion},
+                               {"dtype", dtype_bytes == 2 ? "uint16" : "uint32"},
+                               {"vocab_size", vocab},
+                               {"eos_id", tok->eos_id()},
+                               {"tokenizer", "tokenizer.json"},
+                               {"document_separator", "blank line"},
+                               {"splits", {{"train", train.finish()}, {"val", val.finish()}}},
+                               {"sources", sources},
+                               {"bytes", total_bytes}};
+  {
+    std::ofstream out(tmp_dir / "dataset.json", std::ios::trunc);
+    out << meta.dump(2) << "\n";
+    if (!out.flush()) throw std::runtime_error("cannot write dataset.json in '" + tmp_dir.string() + "'");
+  }
+  fs::remove_all(final_dir);
+  fs::rename(tmp_dir, final_dir);
+
+  PrepareReport r;
+  r.documents = total_docs;
+  r.train_tokens = train.tokens();
+  r.val_tokens = val.tokens();
+  r.bytes = total_bytes;
+  r.vocab_size = vocab;
+  return r;
+}
+
+}  // namespace tide

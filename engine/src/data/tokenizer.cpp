@@ -1,0 +1,239 @@
+#include "tide/engine/data/tokenizer.h"
+
+#include <fstream>
+#include <stdexcept>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+namespace tide {
+namespace {
+
+using json = nlohmann::json;
+const char* const kEndOfText = "<|endoftext|>";
+
+// Byte string → the tokenizer.json spelling in GPT-2's byte alphabet.
+std::string to_unicode(const std::string& bytes) {
+  std::string out;
+  for (unsigned char b : bytes) out += byte_to_unicode()[b];
+  return out;
+}
+
+std::string from_unicode(const std::string& text, const std::string& file) {
+  static const std::unordered_map<std::string, unsigned char> inverse = [] {
+    std::unordered_map<std::string, unsigned char> m;
+    for (int b = 0; b < 256; ++b) m[byte_to_unicode()[b]] = static_cast<unsigned char>(b);
+    return m;
+  }();
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : 4;
+    const auto it = inverse.find(text.substr(i, n));
+    if (it == inverse.end())
+      throw std::runtime_error(file + ": token '" + text + "' is not in the byte-level alphabet");
+    out += static_cast<char>(it->second);
+    i += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(std::vector<std::string> tokens, std::vector<std::pair<int32_t, int32_t>> merges,
+                     std::vector<std::string> special)
+    : tokens_(std::move(tokens)), merges_(std::move(merges)) {
+  special_.assign(tokens_.size(), false);
+  for (auto& s : special) {
+    tokens_.push_back(s);
+    special_.push_back(true);
+  }
+  index();
+}
+
+void Tokenizer::index() {
+  merge_rank_.clear();
+  std::map<std::string, int32_t> by_bytes;
+  for (size_t i = 0; i < tokens_.size(); ++i)
+    if (!special_[i]) by_bytes.emplace(tokens_[i], static_cast<int32_t>(i));
+  for (size_t r = 0; r < merges_.size(); ++r) {
+    const auto [a, b] = merges_[r];
+    const auto it = by_bytes.find(tokens_.at(a) + tokens_.at(b));
+    if (it == by_bytes.end()) throw std::runtime_error("merge " + std::to_string(r) + " produces no vocabulary entry");
+    merge_rank_[{a, b}] = {static_cast<int32_t>(r), it->second};
+  }
+  eos_id_ = -1;
+  for (size_t i = 0; i < tokens_.size(); ++i)
+    if (special_[i] && (tokens_[i] == kEndOfText || tokens_[i] == "</s>" || tokens_[i] == "<|end_of_text|>"))
+      eos_id_ = static_cast<int32_t>(i);
+}
+
+Tokenizer Tokenizer::bytes() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.emplace_back(1, static_cast<char>(b));
+  return Tokenizer(std::move(tokens), {}, {kEndOfText});
+}
+
+void Tokenizer::save(const std::string& path) const {
+  json vocab = json::object();
+  json added = json::array();
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    if (special_[i]) {
+      added.push_back({{"id", i}, {"content", tokens_[i]}, {"single_word", false}, {"lstrip", false},
+                       {"rstrip", false}, {"normalized", false}, {"special", true}});
+      vocab[tokens_[i]] = i;
+    } else {
+      vocab[to_unicode(tokens_[i])] = i;
+    }
+  }
+  json merges = json::array();
+  for (const auto& [a, b] : merges_) merges.push_back(to_unicode(tokens_[a]) + " " + to_unicode(tokens_[b]));
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  const json doc = {{"version", "1.0"},
+                    {"truncation", nullptr},
+                    {"padding", nullptr},
+                    {"added_tokens", added},
+                    {"normalizer", nullptr},
+                    {"pre_tokenizer", byte_level},
+                    {"post_processor", nullptr},
+                    {"decoder", byte_level},
+                    {"model",
+                     {{"type", "BPE"},
+                      {"dropout", nullptr},
+                      {"unk_token", nullptr},
+                      {"continuing_subword_prefix", nullptr},
+                      {"end_of_word_suffix", nullptr},
+                      {"fuse_unk", false},
+                      {"byte_fallback", false},
+                      {"vocab", vocab},
+                      {"merges", merges}}}};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw std::runtime_error("cannot write tokenizer '" + path + "'");
+  out << doc.dump() << "\n";
+  if (!out.flush()) throw std::runtime_error("cannot write tokenizer '" + path + "'");
+}
+
+Tokenizer Tokenizer::load(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open tokenizer '" + path + "'");
+  json doc = json::parse(in, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) throw std::runtime_error(path + ": not a JSON tokenizer file");
+  const json& model = doc.value("model", json::object());
+  if (model.value("type", "") != "BPE")
+    throw std::runtime_error(path + ": model.type is '" + model.value("type", std::string("?")) +
+                             "', only byte-level BPE tokenizer.json files are supported");
+  if (!model.contains("vocab") || !model["vocab"].is_object()) throw std::runtime_error(path + ": model.vocab missing");
+  std::vector<bool> special_ids;
+  std::map<int64_t, std::string> special;
+  for (const auto& t : doc.value("added_tokens", json::array()))
+    special[t.at("id").get<int64_t>()] = t.at("content").get<std::string>();
+  int64_t n = 0;
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) n = std::max(n, it.value().get<int64_t>() + 1);
+  for (const auto& [id, text] : special) n = std::max(n, id + 1);
+  std::vector<std::string> tokens(static_cast<size_t>(n));
+  std::vector<bool> is_special(static_cast<size_t>(n), false);
+  std::unordered_map<std::string, int32_t> by_text;
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+    const int64_t id = it.value().get<int64_t>();
+    by_text[it.key()] = static_cast<int32_t>(id);
+    if (special.count(id)) continue;
+    tokens[static_cast<size_t>(id)] = from_unicode(it.key(), path);
+  }
+  for (const auto& [id, text] : special) {
+    tokens[static_cast<size_t>(id)] = text;
+    is_special[static_cast<size_t>(id)] = true;
+  }
+  std::vector<std::pair<int32_t, int32_t>> merges;
+  for (const auto& m : model.value("merges", json::array())) {
+    std::string a, b;
+    if (m.is_string()) {
+      const std::string s = m.get<std::string>();
+      const auto sp = s.find(' ');
+      if (sp == std::string::npos) throw std::runtime_error(path + ": malformed merge '" + s + "'");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (m.is_array() && m.size() == 2) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    } else {
+      throw std::runtime_error(path + ": malformed merge " + m.dump());
+    }
+    const auto ia = by_text.find(a), ib = by_text.find(b);
+    if (ia == by_text.end() || ib == by_text.end())
+      throw std::runtime_error(path + ": merge '" + a + " " + b + "' names a token missing from the vocabulary");
+    merges.emplace_back(ia->second, ib->second);
+  }
+  Tokenizer t({}, {}, {});
+  t.tokens_ = std::move(tokens);
+  t.special_ = std::move(is_special);
+  t.merges_ = std::move(merges);
+  t.index();
+  return t;
+}
+
+void Tokenizer::encode_chunk(std::string_view chunk, std::vector<int32_t>& out) const {
+  std::vector<int32_t> syms;
+  syms.reserve(chunk.size());
+  for (unsigned char c : chunk) syms.push_back(static_cast<int32_t>(c));
+  // Repeatedly apply the lowest-ranked merge present (the BPE reference algorithm).
+  while (syms.size() > 1) {
+    int32_t best_rank = INT32_MAX, best_id = -1;
+    size_t best_at = 0;
+    for (size_t i = 0; i + 1 < syms.size(); ++i) {
+      const auto it = merge_rank_.find({syms[i], syms[i + 1]});
+      if (it != merge_rank_.end() && it->second.first < best_rank) {
+        best_rank = it->second.first;
+        best_id = it->second.second;
+        best_at = i;
+      }
+    }
+    if (best_id < 0) break;
+    const auto pair = std::make_pair(syms[best_at], syms[best_at + 1]);
+    std::vector<int32_t> merged;
+    merged.reserve(syms.size());
+    for (size_t i = 0; i < syms.size(); ++i) {
+      if (i + 1 < syms.size() && syms[i] == pair.first && syms[i + 1] == pair.second) {
+        merged.push_back(best_id);
+        ++i;
+      } else {
+        merged.push_back(syms[i]);
+      }
+    }
+    syms.swap(merged);
+  }
+  out.insert(out.end(), syms.begin(), syms.end());
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 1);
+  for (const auto chunk : pretokenize(text)) {
+    if (merges_.empty()) {
+      for (unsigned char c : chunk) ids.push_back(static_cast<int32_t>(c));
+      continue;
+    }
+    auto it = cache_.find(std::string(chunk));
+    if (it == cache_.end()) {
+      std::vector<int32_t> piece;
+      encode_chunk(chunk, piece);
+      if (cache_.size() > (1u << 20)) cache_.clear();
+      it = cache_.emplace(std::string(chunk), std::move(piece)).first;
+    }
+    ids.insert(ids.end(), it->second.begin(), it->second.end());
+  }
+  return ids;
+}
+
+std::string Tokenizer::decode_one(int32_t id) const {
+  if (id < 0 || id >= static_cast<int32_t>(tokens_.size())) return "\xEF\xBF\xBD";  // U+FFFD
+  return tokens_[static_cast<size_t>(id)];
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (const int32_t id : ids) out += decode_one(id);
+  return out;
+}
+
+}  // namespace tide

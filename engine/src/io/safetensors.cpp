@@ -1,0 +1,124 @@
+#include "tide/engine/io/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace tide {
+
+size_t safetensors_dtype_size(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL") return 1;
+  throw std::invalid_argument("unknown safetensors dtype '" + dtype + "'");
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) {
+  auto fail = [&](const std::string& what) { throw std::runtime_error(path + ": " + what); };
+  if (file_.size() < 8) fail("too small to be a safetensors file");
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, file_.data(), 8);
+  if (header_len > file_.size() - 8) fail("header length " + std::to_string(header_len) + " exceeds the file");
+  const auto* h = reinterpret_cast<const char*>(file_.data() + 8);
+  const auto header = nlohmann::json::parse(h, h + header_len, nullptr, false);
+  if (header.is_discarded() || !header.is_object()) fail("header is not a JSON object");
+  data_start_ = file_.data() + 8 + header_len;
+  const uint64_t data_size = file_.size() - 8 - header_len;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      for (auto m = it.value().begin(); m != it.value().end(); ++m)
+        if (m.value().is_string()) metadata_[m.key()] = m.value().get<std::string>();
+      continue;
+    }
+    const auto& v = it.value();
+    SafetensorsEntry e;
+    e.name = it.key();
+    try {
+      e.dtype = v.at("dtype").get<std::string>();
+      e.shape = v.at("shape").get<std::vector<int64_t>>();
+      const auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
+      if (offs.size() != 2) fail("tensor '" + e.name + "' data_offsets must have two entries");
+      e.begin = offs[0];
+      e.end = offs[1];
+    } catch (const nlohmann::json::exception& ex) {
+      fail("tensor '" + e.name + "' has a malformed entry: " + ex.what());
+    }
+    uint64_t numel = 1;
+    for (const int64_t d : e.shape) {
+      if (d < 0) fail("tensor '" + e.name + "' has a negative dimension");
+      numel *= static_cast<uint64_t>(d);
+    }
+    if (e.begin > e.end || e.end > data_size) fail("tensor '" + e.name + "' lies outside the data section");
+    if (e.end - e.begin != numel * safetensors_dtype_size(e.dtype))
+      fail("tensor '" + e.name + "' holds " + std::to_string(e.end - e.begin) + " bytes, its shape needs " +
+           std::to_string(numel * safetensors_dtype_size(e.dtype)));
+    entries_.push_back(std::move(e));
+  }
+}
+
+const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+void SafetensorsWriter::add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+                            const void* data, size_t nbytes) {
+  uint64_t numel = 1;
+  for (const int64_t d : shape) numel *= static_cast<uint64_t>(d);
+  if (numel * safetensors_dtype_size(dtype) != nbytes)
+    throw std::invalid_argument("tensor '" + name + "': " + std::to_string(nbytes) + " bytes do not match its shape");
+  SafetensorsEntry e{name, dtype, std::move(shape), size_, size_ + nbytes};
+  size_ += nbytes;
+  items_.push_back({std::move(e), data});
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  for (const auto& it : items_)
+    header[it.entry.name] = {{"dtype", it.entry.dtype}, {"shape", it.entry.shape},
+                             {"data_offsets", {it.entry.begin, it.entry.end}}};
+  std::string text = header.dump();
+  while ((8 + text.size()) % 8 != 0) text += ' ';  // keep the data 8-byte aligned
+  const uint64_t len = text.size();
+
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create '" + tmp + "': " + std::strerror(errno));
+  auto put = [&](const void* p, size_t n) {
+    const auto* c = static_cast<const char*>(p);
+    while (n > 0) {
+      const ssize_t w = ::write(fd, c, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int e = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw std::runtime_error("cannot write '" + tmp + "': " + std::strerror(e));
+      }
+      c += w;
+      n -= static_cast<size_t>(w);
+    }
+  };
+  put(&len, 8);
+  put(text.data(), text.size());
+  for (const auto& it : items_) put(it.data, it.entry.end - it.entry.begin);
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot flush '" + tmp + "': " + std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
+  }
+}
+
+}  // namespace tide

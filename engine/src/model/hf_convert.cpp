@@ -1,0 +1,202 @@
+#include "tide/engine/model/hf_convert.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/model/weights_io.h"
+
+namespace tide {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+void require(bool ok, const std::string& field, const std::string& why) {
+  if (!ok) throw ConfigError(field, why + " (not expressible in the Hugging Face architecture)");
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw std::runtime_error("cannot open '" + p.string() + "'");
+  json j = json::parse(in, nullptr, false);
+  if (j.is_discarded()) throw std::runtime_error("'" + p.string() + "' is not valid JSON");
+  return j;
+}
+
+void write_json(const fs::path& p, const json& j) {
+  std::ofstream out(p, std::ios::trunc);
+  out << j.dump(2) << "\n";
+  if (!out.flush()) throw std::runtime_error("cannot write '" + p.string() + "'");
+}
+}  // namespace
+
+json hf_config(const ModelConfig& m) {
+  json j;
+  if (m.family == Family::LLaMA) {
+    require(m.norm == NormKind::RMSNorm, "model.norm", "LLaMA uses RMSNorm");
+    require(m.positions == PositionKind::RoPE, "model.positions", "LLaMA uses RoPE");
+    require(m.mlp == MlpKind::SwiGLU, "model.mlp", "LLaMA uses SwiGLU");
+    require(!m.embedding_norm, "model.embedding_norm", "LLaMA has no embedding norm");
+    j = {{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"hidden_size", m.dim},
+         {"intermediate_size", resolved_ffn_dim(m)},
+         {"num_attention_heads", m.n_heads},
+         {"num_hidden_layers", m.n_layers},
+         {"num_key_value_heads", resolved_kv_heads(m)},
+         {"hidden_act", "silu"},
+         {"max_position_embeddings", m.max_seq_len},
+         {"rms_norm_eps", m.norm_eps},
+         {"rope_theta", m.rope_theta},
+         {"vocab_size", m.vocab_size},
+         {"tie_word_embeddings", m.tie_embeddings},
+         {"attention_bias", m.attention_bias},
+         {"mlp_bias", m.mlp_bias},
+         {"initializer_range", m.init_std},
+         {"torch_dtype", "float32"}};
+  } else {
+    require(m.norm == NormKind::LayerNorm, "model.norm", "BLOOM uses LayerNorm");
+    require(m.positions == PositionKind::ALiBi, "model.positions", "BLOOM uses ALiBi");
+    require(m.mlp == MlpKind::GELU && resolved_ffn_dim(m) == 4 * m.dim, "model.mlp", "BLOOM uses a 4*dim GELU MLP");
+    require(m.attention_bias && m.mlp_bias, "model.attention_bias", "BLOOM has biases everywhere");
+    require(m.embedding_norm, "model.embedding_norm", "BLOOM normalises its embeddings");
+    j = {{"architectures", {"BloomForCausalLM"}},
+         {"model_type", "bloom"},
+         {"hidden_size", m.dim},
+         {"n_head", m.n_heads},
+         {"n_layer", m.n_layers},
+         {"vocab_size", m.vocab_size},
+         {"layer_norm_epsilon", m.norm_eps},
+         {"apply_residual_connection_post_layernorm", false},
+         {"tie_word_embeddings", m.tie_embeddings},
+         {"initializer_range", m.init_std},
+         {"torch_dtype", "float32"}};
+  }
+  // tide's own resolution of the model, so a round trip restores every field.
+  RunConfig rc;
+  rc.model = m;
+  j["tide"] = config_to_json(rc)["model"];
+  return j;
+}
+
+ModelConfig model_config_from_hf(const json& hf) {
+  if (hf.contains("tide") && hf["tide"].is_object()) return model_config_from_json(hf["tide"]);
+  const std::string type = hf.value("model_type", "");
+  auto get = [&](std::initializer_list<const char*> keys) -> json {
+    for (const char* k : keys)
+      if (hf.contains(k)) return hf[k];
+    throw ConfigError(*keys.begin(), "missing from the Hugging Face config.json");
+  };
+  ModelConfig m;
+  if (type == "llama") {
+    m.family = Family::LLaMA;
+    m.dim = get({"hidden_size"}).get<int64_t>();
+    m.ffn_dim = get({"intermediate_size"}).get<int64_t>();
+    m.n_heads = get({"num_attention_heads"}).get<int64_t>();
+    m.n_layers = get({"num_hidden_layers"}).get<int64_t>();
+    m.n_kv_heads = hf.value("num_key_value_heads", m.n_heads);
+    m.max_seq_len = hf.value("max_position_embeddings", int64_t{2048});
+    m.norm_eps = hf.value("rms_norm_eps", 1e-6);
+    m.rope_theta = hf.value("rope_theta", 10000.0);
+    m.vocab_size = get({"vocab_size"}).get<int64_t>();
+    m.tie_embeddings = hf.value("tie_word_embeddings", false);
+    m.attention_bias = hf.value("attention_bias", false);
+    m.mlp_bias = hf.value("mlp_bias", false);
+    if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null())
+      throw ConfigError("rope_scaling", "RoPE scaling " + hf["rope_scaling"].dump() + " is not supported yet");
+  } else if (type == "bloom") {
+    m.family = Family::BLOOM;
+    m.dim = get({"hidden_size", "n_embed"}).get<int64_t>();
+    m.n_heads = get({"n_head", "num_attention_heads"}).get<int64_t>();
+    m.n_layers = get({"n_layer", "num_hidden_layers"}).get<int64_t>();
+    m.vocab_size = get({"vocab_size"}).get<int64_t>();
+    m.norm_eps = hf.value("layer_norm_epsilon", 1e-5);
+    m.tie_embeddings = hf.value("tie_word_embeddings", true);
+    m.norm = NormKind::LayerNorm;
+    m.positions = PositionKind::ALiBi;
+    m.mlp = MlpKind::GELU;
+    m.attention_bias = m.mlp_bias = m.embedding_norm = true;
+    m.max_seq_len = hf.value("seq_length", int64_t{2048});
+    if (hf.value("apply_residual_connection_post_layernorm", false))
+      throw ConfigError("apply_residual_connection_post_layernorm", "true is not supported");
+  } else {
+    throw ConfigError("model_type", fmt::format("'{}' is not a supported family (llama, bloom)", type));
+  }
+  m.init_std = hf.value("initializer_range", 0.02);
+  validate_model(m);
+  return m;
+}
+
+void export_hf(const std::string& dir, Transformer& model, int64_t max_shard_bytes, const std::string& dtype) {
+  torch::NoGradGuard no_grad;
+  fs::create_directories(dir);
+  write_json(fs::path(dir) / "config.json", hf_config(model->config()));
+  if (max_shard_bytes <= 0) {
+    save_weights((fs::path(dir) / "model.safetensors").string(), *model, {{"format", "pt"}}, dtype);
+    return;
+  }
+  // Greedy shards in parameter order, as transformers' save_pretrained does.
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (const auto& item : model->named_parameters()) {
+    auto t = item.value().detach().to(torch::kCPU, dtype == "BF16" ? torch::kBFloat16 : dtype == "F16" ? torch::kFloat16 : torch::kFloat32).contiguous();
+    const int64_t bytes = static_cast<int64_t>(t.nbytes());
+    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().emplace_back(item.key(), t);
+    in_shard += bytes;
+    total += bytes;
+  }
+  json weight_map = json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    for (const auto& [name, t] : shards[i]) {
+      w.add(name, dtype, t.sizes().vec(), t.data_ptr(), static_cast<size_t>(t.nbytes()));
+      weight_map[name] = file;
+    }
+    w.write((fs::path(dir) / file).string());
+  }
+  write_json(fs::path(dir) / "model.safetensors.index.json",
+             {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+}
+
+std::vector<std::string> hf_weight_files(const std::string& dir) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    const json j = read_json(index);
+    std::set<std::string> files;
+    for (auto it = j.at("weight_map").begin(); it != j.at("weight_map").end(); ++it)
+      files.insert(it.value().get<std::string>());
+    std::vector<std::string> out;
+    for (const auto& f : files) out.push_back((fs::path(dir) / f).string());
+    return out;
+  }
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (!fs::exists(single))
+    throw std::runtime_error("'" + dir + "' has neither model.safetensors nor model.safetensors.index.json");
+  return {single.string()};
+}
+
+Transformer import_hf(const std::string& dir) {
+  const ModelConfig m = model_config_from_hf(read_json(fs::path(dir) / "config.json"));
+  Transformer model(m);
+  const std::string prefix = m.family == Family::BLOOM ? "transformer." : "";
+  load_weights(hf_weight_files(dir), *model, [&](const std::string& name) -> std::string {
+    // BLOOM files saved from BloomModel lack the "transformer." prefix; tied output
+    // weights are sometimes stored anyway.
+    if (m.tie_embeddings && name == "lm_head.weight") return "";
+    if (!prefix.empty() && name.rfind(prefix, 0) != 0 && name != "lm_head.weight") return prefix + name;
+    return name;
+  });
+  return model;
+}
+
+}  // namespace tide

@@ -1,0 +1,16 @@
+// Activation checkpointing: run a function without keeping its activations, and
+// recompute it (with the same RNG state) when backward reaches it.
+#pragma once
+
+#include <functional>
+
+#include <ATen/core/Tensor.h>
+
+namespace tide {
+
+using BlockFn = std::function<at::Tensor(const at::Tensor&)>;
+
+// Returns fn(x); fn's parameters receive their gradients during the recomputation.
+at::Tensor recompute_in_backward(BlockFn fn, const at::Tensor& x);
+
+}  // namespace tide

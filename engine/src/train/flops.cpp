@@ -1,0 +1,36 @@
+#include "tide/engine/train/flops.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <torch/torch.h>
+
+namespace tide {
+
+double train_flops_per_token(const ModelConfig& m, int64_t seq_len) {
+  int64_t matmul_params = parameter_count(m) - m.vocab_size * m.dim;  // minus the lookup table
+  if (m.tie_embeddings) matmul_params += m.vocab_size * m.dim;        // it is also the output projection
+  if (m.positions == PositionKind::Learned) matmul_params -= m.max_seq_len * m.dim;
+  return 6.0 * static_cast<double>(matmul_params) +
+         12.0 * static_cast<double>(m.n_layers) * static_cast<double>(m.dim) * static_cast<double>(seq_len);
+}
+
+double measure_matmul_peak(const char* device) {
+  torch::NoGradGuard no_grad;
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(torch::Device(device));
+  double best = 0;
+  for (const int64_t n : {1024, 2048}) {
+    const auto a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts);
+    auto c = torch::mm(a, b);  // warm-up
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      torch::mm_out(c, a, b);
+      if (c.is_cuda()) c.cpu();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s);
+    }
+  }
+  return best;
+}
+
+}  // namespace tide

@@ -1,0 +1,37 @@
+#include <cmath>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include "tide/engine/train/metrics.h"
+
+namespace tide {
+
+nlohmann::json to_json(const StepMetrics& m) {
+  auto finite = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", finite(m.loss)},
+                      {"grad_norm", finite(m.grad_norm)},
+                      {"lr", m.lr},
+                      {"tokens", m.tokens_seen},
+                      {"step_seconds", m.step_seconds},
+                      {"tokens_per_second", m.tokens_per_second},
+                      {"mfu", m.mfu},
+                      {"rss_mb", m.rss_mb},
+                      {"peak_rss_mb", m.peak_rss_mb}};
+  if (m.skipped) j["skipped"] = true;
+  if (m.val_loss) j["val_loss"] = finite(*m.val_loss);
+  return j;
+}
+
+JsonlWriter::JsonlWriter(const std::string& path) : path_(path), out_(path, std::ios::app) {
+  if (!out_) throw std::runtime_error("cannot open '" + path + "' for writing");
+}
+
+void JsonlWriter::write(const nlohmann::json& record) {
+  out_ << record.dump() << '\n';
+  out_.flush();
+  if (!out_) throw std::runtime_error("cannot write to '" + path_ + "'");
+}
+
+}  // namespace tide

@@ -1,0 +1,63 @@
+#include "tide/engine/train/run_files.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/model/hf_convert.h"
+#include "tide/engine/model/weights_io.h"
+
+namespace tide {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+ModelConfig model_from_metadata(const std::string& file) {
+  const SafetensorsReader r(file);
+  const auto it = r.metadata().find("tide_model");
+  if (it == r.metadata().end())
+    throw std::runtime_error(file + ": no 'tide_model' metadata; point at a run or Hugging Face directory instead");
+  const json j = json::parse(it->second, nullptr, false);
+  if (j.is_discarded()) throw std::runtime_error(file + ": 'tide_model' metadata is not valid JSON");
+  return model_config_from_json(j);
+}
+}  // namespace
+
+void save_model(const std::string& path, Transformer& model) {
+  RunConfig rc;
+  rc.model = model->config();
+  save_weights(path, *model, {{"format", "pt"}, {"tide_model", config_to_json(rc)["model"].dump()}});
+}
+
+LoadedModel load_model(const std::string& path) {
+  LoadedModel out;
+  const fs::path p(path);
+  std::string weights;
+  if (fs::is_directory(p)) {
+    const fs::path config = p / "config.json";
+    if (fs::exists(config)) {
+      std::ifstream in(config);
+      const json j = json::parse(in, nullptr, false);
+      if (!j.is_discarded() && j.contains("model_type")) {
+        out.model = import_hf(path);
+        if (fs::exists(p / "tokenizer.json")) out.tokenizer_path = (p / "tokenizer.json").string();
+        return out;
+      }
+    }
+    weights = (p / "model.safetensors").string();
+    if (!fs::exists(weights)) throw std::runtime_error("'" + path + "' holds no model.safetensors");
+  } else if (fs::exists(p)) {
+    weights = path;
+  } else {
+    throw std::runtime_error("'" + path + "' does not exist");
+  }
+  out.model = Transformer(model_from_metadata(weights));
+  load_weights({weights}, *out.model);
+  const fs::path tok = fs::path(weights).parent_path() / "tokenizer.json";
+  if (fs::exists(tok)) out.tokenizer_path = tok.string();
+  return out;
+}
+
+}  // namespace tide

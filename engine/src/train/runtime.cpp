@@ -1,0 +1,49 @@
+#include "tide/engine/train/runtime.h"
+
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+#include <ATen/Parallel.h>
+
+namespace tide {
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+int configure_threads(int64_t requested) {
+  const int n = requested > 0 ? static_cast<int>(requested) : available_cores();
+  at::set_num_threads(n);
+  static bool interop_set = false;  // LibTorch allows setting it once per process
+  if (!interop_set) {
+    interop_set = true;
+    try {
+      at::set_num_interop_threads(1);
+    } catch (...) {
+    }
+  }
+  return n;
+}
+
+MemoryReading read_memory() {
+  MemoryReading r;
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  r.rss_mb = static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  r.peak_rss_mb = static_cast<double>(u.ru_maxrss) / 1024.0;
+  return r;
+}
+
+}  // namespace tide

@@ -1,0 +1,169 @@
+#include "tide/engine/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <ATen/autocast_mode.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/data/batch_loader.h"
+#include "tide/engine/data/token_dataset.h"
+#include "tide/engine/model/transformer.h"
+#include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/optim/lr_schedule.h"
+#include "tide/engine/train/evaluate.h"
+#include "tide/engine/train/flops.h"
+#include "tide/engine/train/run_files.h"
+#include "tide/engine/train/runtime.h"
+
+namespace tide {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Trainer::State {
+  RunConfig cfg;
+  fs::path dir;
+  TrainHooks hooks;
+  std::shared_ptr<spdlog::logger> log;
+  std::unique_ptr<TokenDataset> data;
+  Transformer model{nullptr};
+  std::unique_ptr<FlatParameters> flat;
+  std::unique_ptr<AdamW> optim;
+};
+
+Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks) : s_(std::make_unique<State>()) {
+  validate(cfg);
+  s_->cfg = cfg;
+  s_->dir = run_dir;
+  s_->hooks = std::move(hooks);
+  fs::create_directories(s_->dir);
+  {
+    std::ofstream out(s_->dir / "config.json", std::ios::trunc);
+    out << config_to_json(cfg).dump(2) << "\n";
+  }
+  auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((s_->dir / "train.log").string(), false);
+  s_->log = std::make_shared<spdlog::logger>("train", file_sink);
+  s_->log->set_level(spdlog::level::info);
+  s_->log->flush_on(spdlog::level::info);
+
+  const int threads = configure_threads(cfg.threads);
+  torch::manual_seed(static_cast<uint64_t>(cfg.seed));
+  s_->data = std::make_unique<TokenDataset>(cfg.data.path);
+  if (s_->data->vocab_size() > cfg.model.vocab_size)
+    throw ConfigError("model.vocab_size", fmt::format("{} is smaller than the dataset's vocabulary of {} ids ({})",
+                                                      cfg.model.vocab_size, s_->data->vocab_size(), cfg.data.path));
+  s_->model = Transformer(cfg.model);
+  s_->model->reset_parameters(static_cast<uint64_t>(cfg.seed));
+  s_->model->train();
+  s_->flat = std::make_unique<FlatParameters>(*s_->model, cfg.optimizer);
+  s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer);
+  if (fs::exists(s_->data->tokenizer_path()))
+    fs::copy_file(s_->data->tokenizer_path(), s_->dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const std::string intro =
+      fmt::format("run '{}': {} parameters, {} threads, {} sequences of {} tokens per step ({} micro-batches of {})",
+                  cfg.name, parameter_count(cfg.model), threads, cfg.batch.global_batch, cfg.data.seq_len,
+                  cfg.batch.global_batch / cfg.batch.micro_batch, cfg.batch.micro_batch);
+  s_->log->info("{}", intro);
+  spdlog::info("{}", intro);
+}
+
+Trainer::~Trainer() = default;
+
+TrainResult Trainer::run() {
+  auto& s = *s_;
+  const auto& cfg = s.cfg;
+  const int64_t accum = cfg.batch.global_batch / cfg.batch.micro_batch;
+  const int64_t tokens_per_step = cfg.batch.global_batch * cfg.data.seq_len;
+  const double peak = s.hooks.peak_flops > 0 ? s.hooks.peak_flops : measure_matmul_peak();
+  const double flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
+  s.log->info("matmul peak {:.1f} GFLOP/s; {:.3g} FLOPs per token", peak / 1e9, flops_per_token);
+
+  const TokenSplit& train = s.data->split("train");
+  const TokenSplit& val = s.data->split("val");
+  const bool can_eval = val.size() > cfg.data.seq_len;
+  TrainResult result;
+  result.unigram_baseline = can_eval ? unigram_entropy(val) : 0.0;
+  BatchLoader loader(train, static_cast<uint64_t>(cfg.seed), cfg.batch.micro_batch, cfg.data.seq_len, 0,
+                     cfg.data.prefetch);
+  JsonlWriter metrics((s.dir / "metrics.jsonl").string());
+  ProgressLine progress;
+  const bool bf16 = cfg.precision.compute == DType::BFloat16;
+  double ema_step = 0;
+
+  for (int64_t step = 0; step < cfg.schedule.steps; ++step) {
+    const auto t0 = Clock::now();
+    const double lr = s.hooks.lr ? s.hooks.lr(step) : scheduled_lr(cfg.schedule, cfg.optimizer.lr, step);
+    s.flat->zero_grad();
+    double loss_sum = 0;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      const Batch b = loader.next();
+      torch::Tensor loss;
+      if (bf16) {
+        at::autocast::set_cpu_enabled(true);
+        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+        loss = s.model->loss(b.tokens, b.targets);
+        at::autocast::set_cpu_enabled(false);
+        at::autocast::clear_cache();
+      } else {
+        loss = s.model->loss(b.tokens, b.targets);
+      }
+      (loss / static_cast<double>(accum)).backward();
+      loss_sum += loss.item<double>();
+    }
+    const double gnorm = clip_grad_norm(s.flat->grad(), cfg.optimizer.grad_clip);
+    StepMetrics m;
+    m.skipped = !std::isfinite(gnorm);
+    if (!m.skipped) s.optim->step(lr);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    ema_step = step == 0 ? dt : 0.9 * ema_step + 0.1 * dt;
+
+    m.step = step + 1;
+    m.total_steps = cfg.schedule.steps;
+    m.loss = loss_sum / static_cast<double>(accum);
+    m.grad_norm = gnorm;
+    m.lr = lr;
+    m.tokens_seen = (step + 1) * tokens_per_step;
+    m.step_seconds = dt;
+    m.tokens_per_second = static_cast<double>(tokens_per_step) / dt;
+    m.mfu = m.tokens_per_second * flops_per_token / peak;
+    const auto mem = read_memory();
+    m.rss_mb = mem.rss_mb;
+    m.peak_rss_mb = mem.peak_rss_mb;
+    m.eta_seconds = ema_step * static_cast<double>(cfg.schedule.steps - step - 1);
+    const bool last = step + 1 == cfg.schedule.steps;
+    if (can_eval && ((cfg.eval.every > 0 && (step + 1) % cfg.eval.every == 0) || last)) {
+      m.val_loss = evaluate_loss(s.model, val, cfg.data.seq_len, cfg.batch.micro_batch, cfg.eval.batches);
+      result.final_val_loss = m.val_loss;
+    }
+    metrics.write(to_json(m));
+    if (s.hooks.show_progress && ((step + 1) % cfg.log_every == 0 || last || m.val_loss)) progress.update(m);
+    if ((step + 1) % cfg.log_every == 0 || last || m.val_loss) s.log->info("{}", ProgressLine::format(m));
+    if (m.skipped) s.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
+    if (s.hooks.on_step) s.hooks.on_step(m);
+    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0 && !last)
+      save_model((s.dir / "model.safetensors").string(), s.model);
+    result.steps = m.step;
+    result.final_loss = m.loss;
+  }
+  progress.finish();
+  result.weights_path = (s.dir / "model.safetensors").string();
+  save_model(result.weights_path, s.model);
+  nlohmann::json summary = {{"steps", result.steps},
+                            {"final_loss", result.final_loss},
+                            {"unigram_baseline", result.unigram_baseline},
+                            {"weights", "model.safetensors"}};
+  if (result.final_val_loss) summary["final_val_loss"] = *result.final_val_loss;
+  std::ofstream(s.dir / "summary.json", std::ios::trunc) << summary.dump(2) << "\n";
+  s.log->info("done: {}", summary.dump());
+  return result;
+}
+
+}  // namespace tide

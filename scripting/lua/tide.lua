@@ -1,0 +1,48 @@
+-- The `tide` module every recipe sees. Presets fill a family's defaults; any field
+-- given by the recipe wins. Called with the C helper `where(level)` as its argument.
+local where = ...
+local tide = { version = "0.1" }
+
+local function copy(t)
+  local out = {}
+  for k, v in pairs(t) do
+    if type(v) == "table" then out[k] = copy(v) else out[k] = v end
+  end
+  return out
+end
+
+local function with_defaults(name, defaults, t)
+  if t == nil then t = {} end
+  if type(t) ~= "table" then error(name .. " expects a table, got " .. type(t), 3) end
+  local out = copy(defaults)
+  for k, v in pairs(t) do out[k] = v end
+  out.__where = where(3)
+  return out
+end
+
+local LLAMA = {
+  family = "llama", norm = "rmsnorm", norm_eps = 1e-5, positions = "rope", rope_theta = 10000,
+  mlp = "swiglu", multiple_of = 256, attention_bias = false, mlp_bias = false,
+  embedding_norm = false, tie_embeddings = false, init_std = 0.02,
+}
+local BLOOM = {
+  family = "bloom", norm = "layernorm", norm_eps = 1e-5, positions = "alibi", mlp = "gelu",
+  attention_bias = true, mlp_bias = true, embedding_norm = true, tie_embeddings = true,
+  init_std = 0.02,
+}
+
+-- Not tail calls: `where` must still see the recipe's frame three levels up.
+tide.models = {
+  llama = function(t) local m = with_defaults("tide.models.llama", LLAMA, t); return m end,
+  bloom = function(t) local m = with_defaults("tide.models.bloom", BLOOM, t); return m end,
+}
+
+-- Marks the table as a recipe. (`return tide.recipe{...}` is a tail call, so the
+-- recipe's own frame is gone by now: C++ finds its line in the source text.)
+function tide.recipe(t)
+  if type(t) ~= "table" then error("tide.recipe expects a table, got " .. type(t), 2) end
+  t.__recipe = true
+  return t
+end
+
+return tide

@@ -1,0 +1,78 @@
+#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
+
+#include "tide/engine/config_schema.h"
+
+namespace tide {
+namespace {
+using json = nlohmann::json;
+
+TEST(ConfigSchema, DefaultsRoundTrip) {
+  const RunConfig c;
+  EXPECT_EQ(config_to_json(config_from_json(config_to_json(c))), config_to_json(c));
+}
+
+TEST(ConfigSchema, EveryFieldIsDocumentedOnce) {
+  std::set<std::string> seen;
+  for (const auto& f : config_schema()) {
+    EXPECT_TRUE(seen.insert(f.path).second) << f.path;
+    EXPECT_FALSE(f.doc.empty()) << f.path;
+  }
+  EXPECT_NE(schema_markdown().find("`optimizer.lr`"), std::string::npos);
+}
+
+TEST(ConfigSchema, RangeErrorsNameFieldAndValue) {
+  try {
+    config_from_json(json{{"optimizer", {{"lr", -1}}}});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "optimizer.lr");
+    EXPECT_NE(std::string(e.what()).find("-1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ConfigSchema, ChoicesAreListed) {
+  try {
+    config_from_json(json{{"model", {{"norm", "batchnorm"}}}});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("rmsnorm, layernorm"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ConfigSchema, CrossFieldChecks) {
+  EXPECT_THROW(config_from_json(json{{"batch", {{"micro_batch", 3}, {"global_batch", 8}}}}), ConfigError);
+  EXPECT_THROW(config_from_json(json{{"model", {{"dim", 64}, {"n_heads", 4}, {"n_kv_heads", 3}}}}), ConfigError);
+  EXPECT_THROW(config_from_json(json{{"model", {{"family", "bloom"}, {"n_kv_heads", 8}}}}), ConfigError);
+  EXPECT_THROW(config_from_json(json{{"data", {{"seq_len", 4096}}}, {"model", {{"max_seq_len", 2048}}}}),
+               ConfigError);
+  EXPECT_THROW(config_from_json(json{{"schedule", {{"steps", 10}, {"warmup_steps", 20}}}}), ConfigError);
+}
+
+TEST(ConfigSchema, WholeFloatsAreIntegers) {
+  const RunConfig c = config_from_json(json{{"schedule", {{"steps", 1e3}}}});
+  EXPECT_EQ(c.schedule.steps, 1000);
+  EXPECT_THROW(config_from_json(json{{"schedule", {{"steps", 1.5}}}}), ConfigError);
+}
+
+TEST(ConfigSchema, OverrideParsesJsonOrString) {
+  json j = json::object();
+  apply_override(j, "optimizer.lr=0.5");
+  apply_override(j, "name=hello world");
+  apply_override(j, "model.tie_embeddings=true");
+  EXPECT_EQ(j["optimizer"]["lr"], 0.5);
+  EXPECT_EQ(j["name"], "hello world");
+  EXPECT_EQ(j["model"]["tie_embeddings"], true);
+  EXPECT_THROW(apply_override(j, "optimizer=1"), ConfigError);
+}
+
+TEST(ModelShape, ParameterCountFormula) {
+  ModelConfig m;  // LLaMA-2 7B defaults
+  EXPECT_EQ(parameter_count(m), 6'738'415'616);
+  m.n_kv_heads = 8;
+  EXPECT_LT(parameter_count(m), 6'738'415'616);
+  EXPECT_EQ(resolved_kv_heads(m), 8);
+}
+
+}  // namespace
+}  // namespace tide

@@ -1,0 +1,104 @@
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
+
+#include "tide/engine/data/dataset_writer.h"
+#include "tide/engine/data/token_dataset.h"
+#include "tide/engine/data/tokenizer.h"
+
+namespace tide {
+namespace {
+namespace fs = std::filesystem;
+
+class DatasetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("tide_dataset_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "in" / "sub");
+    write(dir_ / "in" / "a.txt", "First document, first file.\n\nSecond document\nspans two lines.\n\n\n");
+    write(dir_ / "in" / "sub" / "b.txt", "Third document here. Third document again.\n  \nFourth, the last one.");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  static void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+  fs::path dir_;
+};
+
+TEST(SplitDocuments, BlankLinesSeparate) {
+  const auto docs = split_documents("a b\n\n\n c\nd \n \t\nlast");
+  ASSERT_EQ(docs.size(), 3u);
+  EXPECT_EQ(docs[0], "a b");
+  EXPECT_EQ(docs[1], "c\nd");
+  EXPECT_EQ(docs[2], "last");
+}
+
+TEST_F(DatasetTest, ReadsBackExactlyTheTokensItWrote) {
+  PrepareOptions opt;
+  opt.inputs = {(dir_ / "in").string()};
+  opt.out_dir = (dir_ / "out").string();
+  opt.tokenizer = "bpe";
+  opt.vocab_size = 300;
+  opt.val_fraction = 0.25;  // every 4th document, spread: document 2 goes to validation
+  const PrepareReport r = prepare_dataset(opt);
+  EXPECT_EQ(r.documents, 4);
+
+  const TokenDataset ds(opt.out_dir);
+  const Tokenizer tok = Tokenizer::load(ds.tokenizer_path());
+  const std::vector<std::string> docs = {"First document, first file.", "Second document\nspans two lines.",
+                                         "Third document here. Third document again.", "Fourth, the last one."};
+  std::vector<int32_t> train, val;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    auto ids = tok.encode(docs[i]);
+    ids.push_back(tok.eos_id());
+    auto& target = (i == 2) ? val : train;
+    target.insert(target.end(), ids.begin(), ids.end());
+  }
+  auto read = [](const TokenSplit& s) {
+    std::vector<int32_t> out;
+    for (int64_t i = 0; i < s.size(); ++i) out.push_back(static_cast<int32_t>(s.at(i)));
+    return out;
+  };
+  EXPECT_EQ(read(ds.split("train")), train);
+  EXPECT_EQ(read(ds.split("val")), val);
+  EXPECT_EQ(ds.split("train").documents(), 3);
+  EXPECT_EQ(ds.split("val").documents(), 1);
+  EXPECT_EQ(ds.meta()["dtype"], "uint16");
+  EXPECT_EQ(ds.meta()["splits"]["train"]["tokens"].get<int64_t>(), static_cast<int64_t>(train.size()));
+  // Raw bytes on disk are little-endian uint16 ids, as docs/data.md says.
+  std::ifstream bin(fs::path(opt.out_dir) / "train.bin", std::ios::binary);
+  uint16_t first = 0;
+  bin.read(reinterpret_cast<char*>(&first), 2);
+  EXPECT_EQ(first, static_cast<uint16_t>(train[0]));
+}
+
+TEST_F(DatasetTest, CorruptIndexIsReportedByName) {
+  PrepareOptions opt;
+  opt.inputs = {(dir_ / "in").string()};
+  opt.out_dir = (dir_ / "out").string();
+  opt.tokenizer = "bytes";
+  prepare_dataset(opt);
+  {
+    std::fstream idx(fs::path(opt.out_dir) / "val.idx", std::ios::in | std::ios::out | std::ios::binary);
+    idx.write("XXXX", 4);
+  }
+  try {
+    TokenDataset ds(opt.out_dir);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("val.idx"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(DatasetTest, MissingDatasetSaysWhatToRun) {
+  try {
+    TokenDataset ds((dir_ / "nothing").string());
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("tide data prepare"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tide

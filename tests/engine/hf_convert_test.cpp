@@ -1,0 +1,131 @@
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/io/safetensors.h"
+#include "tide/engine/model/hf_convert.h"
+#include "tide/engine/model/weights_io.h"
+#include "tide/engine/train/run_files.h"
+#include "tiny_models.h"
+
+namespace tide {
+namespace {
+namespace fs = std::filesystem;
+using testing::tiny_bloom;
+using testing::tiny_llama;
+
+fs::path temp_dir(const std::string& name) {
+  const auto d = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+void expect_identical(Transformer& a, Transformer& b) {
+  auto pb = b->named_parameters();
+  ASSERT_EQ(a->named_parameters().size(), pb.size());
+  for (const auto& item : a->named_parameters()) {
+    ASSERT_NE(pb.find(item.key()), nullptr) << item.key();
+    EXPECT_TRUE(torch::equal(item.value(), pb[item.key()])) << item.key();
+  }
+  EXPECT_EQ(config_to_json(RunConfig{}), config_to_json(RunConfig{}));
+}
+
+class HfRoundTrip : public ::testing::TestWithParam<ModelConfig> {};
+
+TEST_P(HfRoundTrip, ExportThenImportIsBitIdentical) {
+  Transformer m(GetParam());
+  m->reset_parameters(11);
+  const auto dir = temp_dir("tide_hf");
+  export_hf(dir.string(), m);
+  EXPECT_TRUE(fs::exists(dir / "config.json"));
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
+  Transformer back = import_hf(dir.string());
+  expect_identical(m, back);
+  const auto tokens = torch::randint(0, GetParam().vocab_size, {1, 8}, torch::kInt64);
+  EXPECT_TRUE(torch::equal(m->forward(tokens), back->forward(tokens)));
+  fs::remove_all(dir);
+}
+
+TEST_P(HfRoundTrip, ShardedExportWritesAnIndex) {
+  Transformer m(GetParam());
+  m->reset_parameters(12);
+  const auto dir = temp_dir("tide_hf_sharded");
+  export_hf(dir.string(), m, /*max_shard_bytes=*/8 * 1024);
+  EXPECT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+  EXPECT_GT(hf_weight_files(dir.string()).size(), 1u);
+  Transformer back = import_hf(dir.string());
+  expect_identical(m, back);
+  fs::remove_all(dir);
+}
+
+TEST_P(HfRoundTrip, ImportWithoutTideFieldsUsesHfConfig) {
+  Transformer m(GetParam());
+  m->reset_parameters(13);
+  const auto dir = temp_dir("tide_hf_plain");
+  export_hf(dir.string(), m);
+  nlohmann::json cfg;
+  std::ifstream(dir / "config.json") >> cfg;
+  cfg.erase("tide");  // as a config.json from the Hub looks
+  std::ofstream(dir / "config.json", std::ios::trunc) << cfg.dump();
+  Transformer back = import_hf(dir.string());
+  EXPECT_EQ(parameter_count(back->config()), parameter_count(GetParam()));
+  expect_identical(m, back);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Convert, HfRoundTrip, ::testing::Values(tiny_llama(), tiny_bloom()),
+                         [](const auto& info) { return info.param.family == Family::LLaMA ? "llama" : "bloom"; });
+
+TEST(HfConvert, BloomFilesWithoutTheTransformerPrefixLoad) {
+  Transformer m(tiny_bloom());
+  m->reset_parameters(14);
+  const auto dir = temp_dir("tide_hf_bloom_prefix");
+  fs::create_directories(dir);
+  export_hf(dir.string(), m);
+  // Rewrite the weights as BloomModel.save_pretrained names them: no "transformer.".
+  const SafetensorsReader r((dir / "model.safetensors").string());
+  std::vector<torch::Tensor> keep;
+  SafetensorsWriter w;
+  for (const auto& e : r.entries()) {
+    keep.push_back(read_tensor(r, e));
+    w.add(e.name.substr(std::string("transformer.").size()), e.dtype, e.shape, keep.back().data_ptr(),
+          keep.back().nbytes());
+  }
+  w.write((dir / "model.safetensors").string());
+  Transformer back = import_hf(dir.string());
+  expect_identical(m, back);
+  fs::remove_all(dir);
+}
+
+TEST(HfConvert, RefusesWhatTheArchitectureCannotExpress) {
+  ModelConfig c = tiny_llama();
+  c.norm = NormKind::LayerNorm;
+  EXPECT_THROW(hf_config(c), ConfigError);
+}
+
+TEST(HfConvert, MissingOrMisshapenTensorsAreNamed) {
+  Transformer m(tiny_llama());
+  const auto dir = temp_dir("tide_weights");
+  fs::create_directories(dir);
+  save_model((dir / "model.safetensors").string(), m);
+  ModelConfig other = tiny_llama();
+  other.dim = 48;
+  other.n_heads = 4;
+  Transformer wrong(other);
+  try {
+    load_weights({(dir / "model.safetensors").string()}, *wrong);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("shape"), std::string::npos) << e.what();
+  }
+  // A weights file written by tide carries its model config: load_model needs nothing else.
+  LoadedModel loaded = load_model((dir / "model.safetensors").string());
+  expect_identical(m, loaded.model);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tide

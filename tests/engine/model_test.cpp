@@ -1,0 +1,177 @@
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "tide/engine/model/transformer.h"
+#include "tiny_models.h"
+
+namespace tide {
+namespace {
+using testing::tiny_bloom;
+using testing::tiny_llama;
+
+int64_t numel(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+class BothFamilies : public ::testing::TestWithParam<ModelConfig> {};
+
+TEST_P(BothFamilies, ParameterCountFormulaMatchesAllocation) {
+  Transformer m(GetParam());
+  EXPECT_EQ(numel(*m), parameter_count(GetParam()));
+}
+
+TEST_P(BothFamilies, LaterTokensNeverChangeEarlierLogits) {
+  torch::manual_seed(0);
+  Transformer m(GetParam());
+  m->eval();
+  auto tokens = torch::randint(0, GetParam().vocab_size, {2, 16}, torch::kInt64);
+  const auto before = m->forward(tokens);
+  auto changed = tokens.clone();
+  changed.narrow(1, 10, 6).random_(0, GetParam().vocab_size);
+  const auto after = m->forward(changed);
+  EXPECT_TRUE(torch::equal(before.narrow(1, 0, 10), after.narrow(1, 0, 10)));
+  EXPECT_FALSE(torch::allclose(before.narrow(1, 10, 6), after.narrow(1, 10, 6)));
+}
+
+TEST_P(BothFamilies, InitialLossIsNearLogVocab) {
+  torch::manual_seed(0);
+  Transformer m(GetParam());
+  m->reset_parameters(42);
+  const auto tokens = torch::randint(0, GetParam().vocab_size, {4, 32}, torch::kInt64);
+  const auto targets = torch::randint(0, GetParam().vocab_size, {4, 32}, torch::kInt64);
+  const double loss = m->loss(tokens, targets).item<double>();
+  EXPECT_NEAR(loss, std::log(static_cast<double>(GetParam().vocab_size)), 0.1);
+}
+
+TEST_P(BothFamilies, InitialisationIsSeededAndPerName) {
+  Transformer a(GetParam()), b(GetParam());
+  a->reset_parameters(7);
+  b->reset_parameters(7);
+  for (const auto& item : a->named_parameters())
+    EXPECT_TRUE(torch::equal(item.value(), b->named_parameters()[item.key()])) << item.key();
+  b->reset_parameters(8);
+  EXPECT_FALSE(torch::equal(a->tok_embeddings, b->tok_embeddings));
+  const double std = a->tok_embeddings.std().item<double>();
+  EXPECT_NEAR(std, 0.02, 0.002);
+}
+
+INSTANTIATE_TEST_SUITE_P(Model, BothFamilies, ::testing::Values(tiny_llama(), tiny_bloom()),
+                         [](const auto& info) { return info.param.family == Family::LLaMA ? "llama" : "bloom"; });
+
+TEST(Model, HuggingFaceParameterNames) {
+  Transformer l(tiny_llama());
+  const auto ln = l->named_parameters();
+  for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                           "model.layers.1.self_attn.k_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+                           "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                           "model.layers.0.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight",
+                           "model.layers.0.post_attention_layernorm.weight", "model.norm.weight", "lm_head.weight"})
+    EXPECT_NE(ln.find(name), nullptr) << name;
+  EXPECT_EQ(ln["model.layers.0.self_attn.k_proj.weight"].size(0), 2 * 8);  // K heads * Hd
+  Transformer b(tiny_bloom());
+  const auto bn = b->named_parameters();
+  for (const char* name : {"transformer.word_embeddings.weight", "transformer.word_embeddings_layernorm.bias",
+                           "transformer.h.0.self_attention.query_key_value.weight",
+                           "transformer.h.0.self_attention.dense.bias", "transformer.h.1.mlp.dense_h_to_4h.weight",
+                           "transformer.h.1.mlp.dense_4h_to_h.bias", "transformer.ln_f.weight"})
+    EXPECT_NE(bn.find(name), nullptr) << name;
+  EXPECT_EQ(bn.find("lm_head.weight"), nullptr);  // tied
+}
+
+TEST(Model, AlibiSlopesOfBloom) {
+  const auto s8 = alibi_slopes(8);
+  for (int i = 0; i < 8; ++i) EXPECT_DOUBLE_EQ(s8[i], std::pow(2.0, -(i + 1)));
+  // 12 heads: the 8-head sequence, then every other slope of the 16-head sequence.
+  const auto s12 = alibi_slopes(12);
+  ASSERT_EQ(s12.size(), 12u);
+  for (int i = 0; i < 8; ++i) EXPECT_DOUBLE_EQ(s12[i], std::pow(2.0, -(i + 1)));
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(s12[8 + i], std::pow(2.0, -0.5 * (1 + 2 * i)));
+  EXPECT_EQ(alibi_slopes(112).size(), 112u);
+}
+
+TEST(Model, RopeScoresDependOnlyOnRelativePosition) {
+  // With RoPE, shifting the whole sequence changes no attention score: the model's
+  // output on a sequence equals its output on the same tokens placed later when no
+  // other position signal exists (causal mask only looks back).
+  ModelConfig c = tiny_llama();
+  c.n_layers = 1;
+  Transformer m(c);
+  m->eval();
+  auto& attn = std::dynamic_pointer_cast<BlockImpl>((*m->blocks)[0])->attention;
+  const int64_t hd = head_dim(c);
+  torch::manual_seed(3);
+  const auto x = torch::randn({1, 1, c.dim});
+  // Same token at positions p and p+1 attending to itself: q·k = |q||k| cos(0) for any p.
+  const auto q = attn->q_proj(x).view({1, 1, c.n_heads, hd}).transpose(1, 2);
+  const int64_t half = hd / 2;
+  auto rotate = [&](const torch::Tensor& t, int64_t pos) {
+    auto inv = torch::pow(c.rope_theta, torch::arange(0, hd, 2, torch::kFloat64) / static_cast<double>(hd)).reciprocal();
+    auto ang = torch::cat({inv, inv}) * static_cast<double>(pos);
+    auto rh = torch::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
+    return t * ang.cos().to(torch::kFloat32) + rh * ang.sin().to(torch::kFloat32);
+  };
+  const auto s1 = (rotate(q, 3) * rotate(q, 1)).sum(-1);
+  const auto s2 = (rotate(q, 10) * rotate(q, 8)).sum(-1);
+  EXPECT_TRUE(torch::allclose(s1, s2, 1e-4, 1e-5));
+}
+
+TEST(Model, GroupedQueryEqualsMultiHeadWithRepeatedKeyValues) {
+  ModelConfig g = tiny_llama();  // 4 query heads, 2 kv heads
+  ModelConfig mha = g;
+  mha.n_kv_heads = 4;
+  Transformer a(g), b(mha);
+  a->eval();
+  b->eval();
+  const int64_t hd = head_dim(g);
+  {
+    torch::NoGradGuard ng;
+    auto pa = a->named_parameters();
+    for (auto& item : b->named_parameters()) {
+      const auto& src = pa[item.key()];
+      if (item.key().find("k_proj") != std::string::npos || item.key().find("v_proj") != std::string::npos) {
+        // Expand each kv head to the query heads that share it.
+        item.value().copy_(src.view({2, 1, hd, g.dim}).expand({2, 2, hd, g.dim}).reshape({4 * hd, g.dim}));
+      } else {
+        item.value().copy_(src);
+      }
+    }
+  }
+  const auto tokens = torch::randint(0, g.vocab_size, {2, 12}, torch::kInt64);
+  EXPECT_TRUE(torch::allclose(a->forward(tokens), b->forward(tokens), 1e-5, 1e-5));
+}
+
+TEST(Model, AlibiAttentionMatchesTheFormula) {
+  // Zero query/key weights leave only the ALiBi bias in the scores, so head h's output
+  // at position i must be sum_j softmax_j(slope_h * (j - i)) * v_j over j <= i.
+  ModelConfig c = tiny_bloom();
+  Transformer m(c);
+  auto attn = std::dynamic_pointer_cast<BlockImpl>((*m->blocks)[0])->attention;
+  const int64_t h = c.n_heads, hd = head_dim(c), t = 7;
+  torch::NoGradGuard ng;
+  auto w = attn->qkv->weight.view({h, 3, hd, c.dim});
+  w.select(1, 0).zero_();
+  w.select(1, 1).zero_();
+  attn->qkv->bias.zero_();
+  attn->out->weight.copy_(torch::eye(c.dim));
+  attn->out->bias.zero_();
+  const auto x = torch::randn({1, t, c.dim});
+  const auto y = attn->forward(x, m->attention_bias(t, x.options()), {}, {});
+  const auto v = torch::matmul(x, w.select(1, 2).reshape({h * hd, c.dim}).t()).view({t, h, hd});
+  const auto slopes = alibi_slopes(h);
+  for (int64_t head = 0; head < h; ++head)
+    for (int64_t i = 0; i < t; ++i) {
+      std::vector<double> p(static_cast<size_t>(i + 1));
+      double z = 0;
+      for (int64_t j = 0; j <= i; ++j) z += (p[j] = std::exp(slopes[head] * static_cast<double>(j - i)));
+      auto expected = torch::zeros({hd});
+      for (int64_t j = 0; j <= i; ++j) expected += v[j][head] * (p[j] / z);
+      EXPECT_TRUE(torch::allclose(y[0][i].narrow(0, head * hd, hd), expected, 1e-4, 1e-5)) << head << "," << i;
+    }
+}
+
+}  // namespace
+}  // namespace tide

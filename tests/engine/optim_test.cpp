@@ -1,0 +1,108 @@
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "tide/engine/model/transformer.h"
+#include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/optim/lr_schedule.h"
+#include "tiny_models.h"
+
+namespace tide {
+namespace {
+
+TEST(FlatParameters, ParametersAndGradsAreViewsOfTwoBuffers) {
+  Transformer m(testing::tiny_llama());
+  m->reset_parameters(1);
+  const auto before = m->named_parameters()["model.layers.0.self_attn.q_proj.weight"].clone();
+  OptimConfig o;
+  FlatParameters flat(*m, o);
+  EXPECT_EQ(flat.numel(), parameter_count(testing::tiny_llama()));
+  const torch::Tensor q = m->named_parameters()["model.layers.0.self_attn.q_proj.weight"];
+  EXPECT_TRUE(torch::equal(q, before));  // values preserved
+  // Decayed (2-D, non-embedding) parameters form the prefix.
+  for (const auto& s : flat.slots()) EXPECT_EQ(s.decayed, s.offset < flat.decay_numel()) << s.name;
+  for (const auto& s : flat.slots()) {
+    if (s.name.find("embed") != std::string::npos || s.shape.size() == 1) {
+      EXPECT_FALSE(s.decayed) << s.name;
+    }
+  }
+  // Backward writes straight into the flat gradient buffer.
+  const auto tokens = torch::randint(0, 97, {2, 8}, torch::kInt64);
+  m->loss(tokens, tokens).backward();
+  EXPECT_GT(flat.grad().abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(q.grad().data_ptr<float>(),
+            flat.grad().data_ptr<float>() + [&] {
+              for (const auto& s : flat.slots())
+                if (s.name == "model.layers.0.self_attn.q_proj.weight") return s.offset;
+              return int64_t{-1};
+            }());
+}
+
+TEST(AdamW, MatchesTorchAdamWWithParameterGroups) {
+  Transformer ours(testing::tiny_llama()), ref(testing::tiny_llama());
+  ours->reset_parameters(3);
+  ref->reset_parameters(3);
+  OptimConfig o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.eps = 1e-8;
+  FlatParameters flat(*ours, o);
+  AdamW adam(flat, o);
+
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& item : ref->named_parameters())
+    (is_decayed(item.key(), item.value(), false, false) ? decay : no_decay).push_back(item.value());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
+  torch::optim::AdamW torch_adam(groups, torch::optim::AdamWOptions(o.lr));
+
+  for (int step = 0; step < 5; ++step) {
+    const auto tokens = torch::randint(0, 97, {2, 8}, torch::kInt64);
+    flat.zero_grad();
+    ours->loss(tokens, tokens).backward();
+    adam.step(o.lr);
+    torch_adam.zero_grad();
+    ref->loss(tokens, tokens).backward();
+    torch_adam.step();
+  }
+  auto rp = ref->named_parameters();
+  for (const auto& item : ours->named_parameters())
+    EXPECT_TRUE(torch::allclose(item.value(), rp[item.key()], 1e-5, 1e-6)) << item.key();
+}
+
+TEST(ClipGradNorm, ScalesToTheMaximum) {
+  auto g = torch::full({4}, 3.0);  // norm 6
+  EXPECT_DOUBLE_EQ(clip_grad_norm(g, 1.5), 6.0);
+  EXPECT_NEAR(g.norm().item<double>(), 1.5, 1e-5);
+  auto h = torch::full({4}, 0.1);
+  clip_grad_norm(h, 1.0);
+  EXPECT_NEAR(h[0].item<double>(), 0.1, 1e-7);  // under the limit: unchanged
+}
+
+TEST(LrSchedule, WarmupThenDecay) {
+  ScheduleConfig s;
+  s.steps = 110;
+  s.warmup_steps = 10;
+  s.min_lr = 0.1;
+  s.decay = DecayKind::Cosine;
+  EXPECT_DOUBLE_EQ(scheduled_lr(s, 1.0, 0), 0.1);
+  EXPECT_DOUBLE_EQ(scheduled_lr(s, 1.0, 9), 1.0);
+  EXPECT_DOUBLE_EQ(scheduled_lr(s, 1.0, 10), 1.0);
+  EXPECT_NEAR(scheduled_lr(s, 1.0, 60), 0.55, 1e-12);  // halfway: (1 + 0.1) / 2
+  EXPECT_NEAR(scheduled_lr(s, 1.0, 110), 0.1, 1e-12);
+  s.decay = DecayKind::Linear;
+  EXPECT_NEAR(scheduled_lr(s, 1.0, 60), 0.55, 1e-12);
+  EXPECT_NEAR(scheduled_lr(s, 1.0, 35), 1.0 - 0.9 * 0.25, 1e-12);
+  s.decay = DecayKind::Constant;
+  EXPECT_DOUBLE_EQ(scheduled_lr(s, 1.0, 100), 1.0);
+}
+
+}  // namespace
+}  // namespace tide

@@ -1,0 +1,71 @@
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
+
+#include "tide/engine/io/safetensors.h"
+
+namespace tide {
+namespace {
+namespace fs = std::filesystem;
+
+TEST(Safetensors, WritesTheDocumentedLayoutAndReadsItBack) {
+  const auto path = fs::temp_directory_path() / "tide_st_test.safetensors";
+  const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f};
+  const std::vector<int64_t> b = {42, -7};
+  SafetensorsWriter w;
+  w.set_metadata("format", "pt");
+  w.add("layer.a", "F32", {2, 3}, a.data(), a.size() * 4);
+  w.add("b", "I64", {2}, b.data(), b.size() * 8);
+  w.write(path.string());
+
+  // Bytes on disk: u64 LE header length, JSON header, data 8-byte aligned.
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  EXPECT_EQ((8 + header_len) % 8, 0u);
+  const auto j = nlohmann::json::parse(header);
+  EXPECT_EQ(j["layer.a"]["dtype"], "F32");
+  EXPECT_EQ(j["layer.a"]["shape"], nlohmann::json({2, 3}));
+  EXPECT_EQ(j["__metadata__"]["format"], "pt");
+  EXPECT_EQ(fs::file_size(path), 8 + header_len + 6 * 4 + 2 * 8);
+
+  const SafetensorsReader r(path.string());
+  const auto* ea = r.find("layer.a");
+  ASSERT_NE(ea, nullptr);
+  EXPECT_EQ(std::memcmp(r.data(*ea), a.data(), 24), 0);
+  const auto* eb = r.find("b");
+  ASSERT_NE(eb, nullptr);
+  EXPECT_EQ(std::memcmp(r.data(*eb), b.data(), 16), 0);
+  fs::remove(path);
+}
+
+TEST(Safetensors, RejectsTruncatedFilesByName) {
+  const auto path = fs::temp_directory_path() / "tide_st_bad.safetensors";
+  const std::vector<float> a(100, 1.0f);
+  SafetensorsWriter w;
+  w.add("big", "F32", {100}, a.data(), 400);
+  w.write(path.string());
+  fs::resize_file(path, fs::file_size(path) - 10);
+  try {
+    SafetensorsReader r(path.string());
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'big'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
+TEST(Safetensors, RejectsShapeSizeMismatchOnWrite) {
+  const float x = 0;
+  SafetensorsWriter w;
+  EXPECT_THROW(w.add("x", "F32", {2}, &x, 4), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace tide

@@ -1,0 +1,45 @@
+// Small model shapes of both families for engine tests.
+#pragma once
+
+#include <ostream>
+
+#include "tide/engine/config.h"
+
+namespace tide::testing {
+
+inline ModelConfig tiny_llama() {
+  ModelConfig m;
+  m.family = Family::LLaMA;
+  m.vocab_size = 97;  // odd on purpose
+  m.dim = 32;
+  m.n_layers = 2;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;  // grouped-query
+  m.multiple_of = 16;
+  m.max_seq_len = 32;
+  return m;
+}
+
+inline ModelConfig tiny_bloom() {
+  ModelConfig m;
+  m.family = Family::BLOOM;
+  m.vocab_size = 97;
+  m.dim = 24;
+  m.n_layers = 2;
+  m.n_heads = 6;  // not a power of two: exercises ALiBi's extra slopes
+  m.max_seq_len = 32;
+  m.norm = NormKind::LayerNorm;
+  m.positions = PositionKind::ALiBi;
+  m.mlp = MlpKind::GELU;
+  m.attention_bias = m.mlp_bias = m.embedding_norm = m.tie_embeddings = true;
+  return m;
+}
+
+}  // namespace tide::testing
+
+namespace tide {
+// Short names in test output instead of gtest's byte dump of the struct.
+inline void PrintTo(const ModelConfig& m, std::ostream* os) {
+  *os << (m.family == Family::LLaMA ? "llama" : "bloom") << "(dim=" << m.dim << ", layers=" << m.n_layers << ")";
+}
+}  // namespace tide

@@ -1,0 +1,140 @@
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tide/engine/config_schema.h"
+#include "tide/scripting/recipe.h"
+
+namespace tide {
+namespace {
+namespace fs = std::filesystem;
+
+std::string recipe_path(const std::string& rel) { return std::string(TIDE_SOURCE_DIR) + "/recipes/" + rel; }
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    Recipe::load_string(text, "@r.lua", overrides);
+  } catch (const RecipeError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Recipes, EveryBundledRecipeValidates) {
+  int n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(std::string(TIDE_SOURCE_DIR) + "/recipes")) {
+    if (e.path().extension() != ".lua") continue;
+    SCOPED_TRACE(e.path().string());
+    EXPECT_NO_THROW(Recipe::load_file(e.path().string()));
+    ++n;
+  }
+  EXPECT_GE(n, 10);
+}
+
+TEST(Recipes, PublishedParameterCountsAreExact) {
+  const std::pair<const char*, int64_t> expected[] = {
+      {"llama/llama-2-7b.lua", 6'738'415'616},   {"llama/llama-2-13b.lua", 13'015'864'320},
+      {"llama/llama-2-70b.lua", 68'976'648'192}, {"llama/llama-3-8b.lua", 8'030'261'248},
+      {"llama/llama-3-70b.lua", 70'553'706'496}, {"bloom/bloom-560m.lua", 559'214'592},
+      {"bloom/bloom-7b1.lua", 7'069'016'064},    {"bloom/bloom-176b.lua", 176'247'271'424},
+  };
+  for (const auto& [file, count] : expected) {
+    SCOPED_TRACE(file);
+    const Recipe r = Recipe::load_file(recipe_path(file));
+    EXPECT_EQ(parameter_count(r.config().model), count);
+  }
+}
+
+TEST(Recipes, LlamaFfnRule) {
+  const Recipe r7 = Recipe::load_file(recipe_path("llama/llama-2-7b.lua"));
+  EXPECT_EQ(resolved_ffn_dim(r7.config().model), 11008);
+  const Recipe r70 = Recipe::load_file(recipe_path("llama/llama-2-70b.lua"));
+  EXPECT_EQ(resolved_ffn_dim(r70.config().model), 28672);
+  const Recipe r3 = Recipe::load_file(recipe_path("llama/llama-3-8b.lua"));
+  EXPECT_EQ(resolved_ffn_dim(r3.config().model), 14336);
+}
+
+TEST(Recipes, PresetsFillFamilyDefaults) {
+  const Recipe l = Recipe::load_string("return tide.recipe{ model = tide.models.llama{ dim = 64, n_heads = 4 } }", "@l.lua");
+  EXPECT_EQ(l.config().model.family, Family::LLaMA);
+  EXPECT_EQ(l.config().model.norm, NormKind::RMSNorm);
+  EXPECT_EQ(l.config().model.positions, PositionKind::RoPE);
+  EXPECT_FALSE(l.config().model.tie_embeddings);
+  const Recipe b = Recipe::load_string("return tide.recipe{ model = tide.models.bloom{ dim = 64, n_heads = 4 } }", "@b.lua");
+  EXPECT_EQ(b.config().model.family, Family::BLOOM);
+  EXPECT_EQ(b.config().model.positions, PositionKind::ALiBi);
+  EXPECT_TRUE(b.config().model.embedding_norm);
+  EXPECT_TRUE(b.config().model.tie_embeddings);
+  EXPECT_EQ(b.config().model.dim, 64);
+}
+
+TEST(Recipes, FieldErrorsNameTheLineTheFieldAndTheValue) {
+  const std::string e = error_of(
+      "local base = 64\n"
+      "return tide.recipe{\n"
+      "  name = 'x',\n"
+      "  model = tide.models.llama{ dim = base, n_heads = 7 },\n"
+      "}\n");
+  EXPECT_NE(e.find("r.lua:4:"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.n_heads"), std::string::npos) << e;
+  EXPECT_NE(e.find("7"), std::string::npos) << e;
+}
+
+TEST(Recipes, UnknownFieldSuggestsTheNearestOne) {
+  const std::string e = error_of("return tide.recipe{\n optimizer = { lrr = 1e-3 } }\n");
+  EXPECT_NE(e.find("r.lua:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("optimizer.lrr: unknown field (did you mean 'optimizer.lr'?)"), std::string::npos) << e;
+}
+
+TEST(Recipes, WrongTypeNamesTheValue) {
+  const std::string e = error_of("return tide.recipe{ schedule = { steps = 'many' } }\n");
+  EXPECT_NE(e.find("schedule.steps: expected an integer, got \"many\""), std::string::npos) << e;
+}
+
+TEST(Recipes, MustReturnARecipe) {
+  EXPECT_NE(error_of("return { name = 'x' }").find("must return tide.recipe"), std::string::npos);
+  EXPECT_NE(error_of("return 5").find("must return tide.recipe"), std::string::npos);
+}
+
+TEST(Recipes, FunctionsOnlyWhereAllowed) {
+  const std::string e = error_of("return tide.recipe{ optimizer = { lr = function() return 1 end } }\n");
+  EXPECT_NE(e.find("optimizer.lr: is a function"), std::string::npos) << e;
+}
+
+TEST(Recipes, OverridesWinAndAreChecked) {
+  const std::string text = "return tide.recipe{ optimizer = { lr = 1e-3 }, model = tide.models.llama{ dim = 64, n_heads = 4 } }";
+  const Recipe r = Recipe::load_string(text, "@o.lua", {"optimizer.lr=5e-4", "model.n_layers=3", "name=abc"});
+  EXPECT_DOUBLE_EQ(r.config().optimizer.lr, 5e-4);
+  EXPECT_EQ(r.config().model.n_layers, 3);
+  EXPECT_EQ(r.config().name, "abc");
+  EXPECT_NE(error_of(text, {"model.n_heads=5"}).find("model.n_heads"), std::string::npos);
+  EXPECT_NE(error_of(text, {"optimizer.lrate=1"}).find("did you mean 'optimizer.lr'"), std::string::npos);
+  EXPECT_NE(error_of(text, {"novalue"}).find("key=value"), std::string::npos);
+}
+
+TEST(Recipes, LuaScheduleFunction) {
+  Recipe r = Recipe::load_string(
+      "return tide.recipe{ optimizer = { lr = 1 }, schedule = { steps = 100, lr = function(step) return 1 / (step + 1) end } }",
+      "@s.lua");
+  EXPECT_EQ(r.config().schedule.decay, DecayKind::Lua);
+  ASSERT_TRUE(r.has_lr_function());
+  EXPECT_DOUBLE_EQ(r.lr_at(0), 1.0);
+  EXPECT_DOUBLE_EQ(r.lr_at(3), 0.25);
+  Recipe bad = Recipe::load_string("return tide.recipe{ schedule = { lr = function(step) return 'x' end } }", "@s.lua");
+  EXPECT_THROW(bad.lr_at(0), RecipeError);
+}
+
+TEST(Recipes, ResolvedConfigRoundTripsThroughJson) {
+  const Recipe r = Recipe::load_file(recipe_path("bloom/bloom-tiny.lua"));
+  const RunConfig again = config_from_json(config_to_json(r.config()));
+  EXPECT_EQ(config_to_json(again), config_to_json(r.config()));
+}
+
+TEST(Recipes, ResolveBundledName) {
+  EXPECT_EQ(resolve_recipe_path("llama/llama-tiny"), recipes_dir() + "/llama/llama-tiny.lua");
+  EXPECT_THROW(resolve_recipe_path("nope/nothing"), RecipeError);
+}
+
+}  // namespace
+}  // namespace tide

@@ -1,0 +1,23 @@
+// Shared pieces of the tide subcommands.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace tide::cli {
+
+void add_train_command(CLI::App& app);
+void add_data_command(CLI::App& app);
+void add_recipe_command(CLI::App& app);
+void add_generate_commands(CLI::App& app);  // generate, eval
+void add_convert_command(CLI::App& app);
+
+// "--set key=value" (repeatable) on a subcommand.
+void add_overrides(CLI::App& cmd, std::vector<std::string>& overrides);
+
+// Human-friendly counts: 6,738,415,616.
+std::string with_commas(int64_t n);
+
+}  // namespace tide::cli

@@ -1,0 +1,84 @@
+#include <cmath>
+#include <iostream>
+#include <memory>
+
+#include <spdlog/spdlog.h>
+
+#include "cli_common.h"
+#include "tide/engine/data/token_dataset.h"
+#include "tide/engine/data/tokenizer.h"
+#include "tide/engine/train/evaluate.h"
+#include "tide/engine/train/run_files.h"
+#include "tide/engine/train/runtime.h"
+
+namespace tide::cli {
+namespace {
+
+Tokenizer tokenizer_for(const LoadedModel& m, const std::string& explicit_path, const std::string& model_path) {
+  const std::string path = explicit_path.empty() ? m.tokenizer_path : explicit_path;
+  if (path.empty())
+    throw std::runtime_error("no tokenizer.json beside '" + model_path + "'; pass --tokenizer");
+  return Tokenizer::load(path);
+}
+
+}  // namespace
+
+void add_generate_commands(CLI::App& app) {
+  struct GenOptions {
+    std::string model, prompt, tokenizer;
+    SampleOptions sample;
+    int64_t threads = 0;
+  };
+  auto g = std::make_shared<GenOptions>();
+  auto* gen = app.add_subcommand("generate", "Sample text from a trained model");
+  gen->add_option("model", g->model, "Run directory, weights file or Hugging Face directory")->required();
+  gen->add_option("-p,--prompt", g->prompt, "Text to continue");
+  gen->add_option("-n,--max-tokens", g->sample.max_new_tokens, "Tokens to generate")->capture_default_str();
+  gen->add_option("-t,--temperature", g->sample.temperature, "Sampling temperature; 0 is greedy")->capture_default_str();
+  gen->add_option("--top-k", g->sample.top_k, "Keep the k most likely tokens; 0: all")->capture_default_str();
+  gen->add_option("--top-p", g->sample.top_p, "Nucleus sampling mass; 1: off")->capture_default_str();
+  gen->add_option("--seed", g->sample.seed, "Sampling seed")->capture_default_str();
+  gen->add_option("--tokenizer", g->tokenizer, "tokenizer.json (default: the one beside the model)");
+  gen->add_option("--threads", g->threads, "Intra-op threads; 0: all cores");
+  gen->callback([g] {
+    configure_threads(g->threads);
+    LoadedModel m = load_model(g->model);
+    const Tokenizer tok = tokenizer_for(m, g->tokenizer, g->model);
+    SampleOptions opt = g->sample;
+    opt.stop_id = tok.eos_id();
+    std::cout << g->prompt << std::flush;
+    std::string pending;  // bytes of a UTF-8 character split across tokens
+    sample(m.model, tok.encode(g->prompt), opt, [&](int32_t id) {
+      if (id == tok.eos_id()) return;
+      std::cout << tok.decode_one(id) << std::flush;
+    });
+    std::cout << std::endl;
+  });
+
+  struct EvalOptions {
+    std::string model, data, tokenizer;
+    int64_t seq_len = 0, batches = 16, micro_batch = 4, threads = 0;
+  };
+  auto e = std::make_shared<EvalOptions>();
+  auto* ev = app.add_subcommand("eval", "Loss and perplexity of a model on a dataset's validation split");
+  ev->add_option("model", e->model, "Run directory, weights file or Hugging Face directory")->required();
+  ev->add_option("--data", e->data, "Dataset directory from `tide data prepare`")->required();
+  ev->add_option("--seq-len", e->seq_len, "Tokens per sequence (default: min(512, model.max_seq_len))");
+  ev->add_option("--batches", e->batches, "Batches to average")->capture_default_str();
+  ev->add_option("--micro-batch", e->micro_batch, "Sequences per batch")->capture_default_str();
+  ev->add_option("--threads", e->threads, "Intra-op threads; 0: all cores");
+  ev->callback([e] {
+    configure_threads(e->threads);
+    LoadedModel m = load_model(e->model);
+    const TokenDataset data(e->data);
+    if (data.vocab_size() > m.model->config().vocab_size)
+      throw std::runtime_error("dataset '" + e->data + "' has " + std::to_string(data.vocab_size()) +
+                               " ids, the model only " + std::to_string(m.model->config().vocab_size));
+    const int64_t seq = e->seq_len > 0 ? e->seq_len : std::min<int64_t>(512, m.model->config().max_seq_len);
+    const double loss = evaluate_loss(m.model, data.split("val"), seq, e->micro_batch, e->batches);
+    std::cout << "{\"loss\": " << loss << ", \"perplexity\": " << std::exp(loss)
+              << ", \"unigram_baseline\": " << unigram_entropy(data.split("val")) << "}" << std::endl;
+  });
+}
+
+}  // namespace tide::cli
