@@ -45,13 +45,13 @@ TEST_F(DatasetTest, ReadsBackExactlyTheTokensItWrote) {
   EXPECT_EQ(r.documents, 4);
 
   const TokenDataset ds(opt.out_dir);
-  const Tokenizer tok = Tokenizer::load(ds.tokenizer_path());
+  const auto tok = load_tokenizer(ds.tokenizer_path());
   const std::vector<std::string> docs = {"First document, first file.", "Second document\nspans two lines.",
                                          "Third document here. Third document again.", "Fourth, the last one."};
   std::vector<int32_t> train, val;
   for (size_t i = 0; i < docs.size(); ++i) {
-    auto ids = tok.encode(docs[i]);
-    ids.push_back(tok.eos_id());
+    auto ids = tok->encode(docs[i]);
+    ids.push_back(tok->eos_id());
     auto& target = (i == 2) ? val : train;
     target.insert(target.end(), ids.begin(), ids.end());
   }

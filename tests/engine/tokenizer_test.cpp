@@ -25,7 +25,7 @@ TEST(Pretokenize, FollowsGpt2Pattern) {
 }
 
 TEST(Tokenizer, BytesRoundTripAnyBytes) {
-  const Tokenizer t = Tokenizer::bytes();
+  const ByteLevelBpe t = ByteLevelBpe::bytes();
   EXPECT_EQ(t.vocab_size(), 257);
   EXPECT_EQ(t.eos_id(), 256);
   std::string all;
@@ -37,7 +37,7 @@ TEST(Tokenizer, BytesRoundTripAnyBytes) {
 
 TEST(Tokenizer, BpeLearnsFrequentPairsAndRoundTrips) {
   const std::string corpus = "the cat sat on the mat. the cat ate the rat. the the the";
-  const Tokenizer t = train_bpe({corpus}, 300);
+  const ByteLevelBpe t = train_bpe({corpus}, 300);
   // A corpus this small runs out of pairs before 300 ids; training stops there.
   EXPECT_LE(t.vocab_size(), 300);
   EXPECT_EQ(t.vocab_size(), 257 + static_cast<int64_t>(t.merge_count()));
@@ -51,16 +51,16 @@ TEST(Tokenizer, BpeLearnsFrequentPairsAndRoundTrips) {
 
 TEST(Tokenizer, TrainingIsDeterministic) {
   const std::string corpus = "abc abd abe bcd bce cde abc abc bcd";
-  const Tokenizer a = train_bpe({corpus}, 270), b = train_bpe({corpus}, 270);
+  const ByteLevelBpe a = train_bpe({corpus}, 270), b = train_bpe({corpus}, 270);
   EXPECT_EQ(a.encode(corpus), b.encode(corpus));
 }
 
 TEST(Tokenizer, SavesAndLoadsHuggingFaceJson) {
   const std::string corpus = "In the beginning God created the heaven and the earth. And the earth was without form";
-  const Tokenizer t = train_bpe({corpus}, 290);
+  const ByteLevelBpe t = train_bpe({corpus}, 290);
   const auto path = std::filesystem::temp_directory_path() / "tide_tok_test.json";
   t.save(path.string());
-  const Tokenizer u = Tokenizer::load(path.string());
+  const ByteLevelBpe u = ByteLevelBpe::load(path.string());
   EXPECT_EQ(u.vocab_size(), t.vocab_size());
   EXPECT_EQ(u.eos_id(), t.eos_id());
   EXPECT_EQ(u.encode(corpus), t.encode(corpus));
@@ -73,7 +73,7 @@ TEST(Tokenizer, LoadRejectsOtherModelsByName) {
   std::fputs(R"({"model": {"type": "WordPiece", "vocab": {}}})", f);
   std::fclose(f);
   try {
-    Tokenizer::load(path.string());
+    ByteLevelBpe::load(path.string());
     FAIL();
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("WordPiece"), std::string::npos) << e.what();

@@ -56,4 +56,18 @@ test -s "$work/hf/config.json" && test -s "$work/hf/model.safetensors" || fail "
 $tide convert import "$work/hf" --out "$work/imported" 2> /dev/null
 $tide generate "$work/imported" --prompt "GNU" --max-tokens 10 --seed 1 > "$work/gen2.txt"
 cmp -s "$work/gen.txt" "$work/gen2.txt" || fail "imported weights generate differently"
+# A SentencePiece tokenizer.model (LLaMA-1/2 style) tokenises a dataset too.
+spm_train --input="$work/gpl.txt" --model_prefix="$work/spm" --model_type=bpe --vocab_size=400 \
+  --normalization_rule_name=identity --byte_fallback=true --minloglevel=2 > /dev/null 2>&1 || fail "spm_train failed"
+$tide data prepare "$work/gpl.txt" --out "$work/ds-spm" --tokenizer "$work/spm.model" 2> /dev/null
+grep -q '"tokenizer": "tokenizer.model"' "$work/ds-spm/dataset.json" || fail "dataset does not name tokenizer.model"
+cmp -s "$work/spm.model" "$work/ds-spm/tokenizer.model" || fail "tokenizer.model not copied unchanged"
+
+# docs/recipes.md carries the field table the schema generates.
+$tide recipe fields > "$work/fields.md"
+python3 - "$work/fields.md" "$src/docs/recipes.md" <<'PY' || fail "docs/recipes.md is out of date: regenerate its table with 'tide recipe fields'"
+import sys
+table, doc = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+sys.exit(0 if table in doc else 1)
+PY
 echo "cli end-to-end: ok"

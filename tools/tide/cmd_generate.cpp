@@ -14,11 +14,12 @@
 namespace tide::cli {
 namespace {
 
-Tokenizer tokenizer_for(const LoadedModel& m, const std::string& explicit_path, const std::string& model_path) {
+std::unique_ptr<Tokenizer> tokenizer_for(const LoadedModel& m, const std::string& explicit_path,
+                                         const std::string& model_path) {
   const std::string path = explicit_path.empty() ? m.tokenizer_path : explicit_path;
   if (path.empty())
-    throw std::runtime_error("no tokenizer.json beside '" + model_path + "'; pass --tokenizer");
-  return Tokenizer::load(path);
+    throw std::runtime_error("no tokenizer.json or tokenizer.model beside '" + model_path + "'; pass --tokenizer");
+  return load_tokenizer(path);
 }
 
 }  // namespace
@@ -38,19 +39,17 @@ void add_generate_commands(CLI::App& app) {
   gen->add_option("--top-k", g->sample.top_k, "Keep the k most likely tokens; 0: all")->capture_default_str();
   gen->add_option("--top-p", g->sample.top_p, "Nucleus sampling mass; 1: off")->capture_default_str();
   gen->add_option("--seed", g->sample.seed, "Sampling seed")->capture_default_str();
-  gen->add_option("--tokenizer", g->tokenizer, "tokenizer.json (default: the one beside the model)");
+  gen->add_option("--tokenizer", g->tokenizer, "tokenizer.json or tokenizer.model (default: the one beside the model)");
   gen->add_option("--threads", g->threads, "Intra-op threads; 0: all cores");
   gen->callback([g] {
     configure_threads(g->threads);
     LoadedModel m = load_model(g->model);
-    const Tokenizer tok = tokenizer_for(m, g->tokenizer, g->model);
+    const auto tok = tokenizer_for(m, g->tokenizer, g->model);
     SampleOptions opt = g->sample;
-    opt.stop_id = tok.eos_id();
+    opt.stop_id = tok->eos_id();
     std::cout << g->prompt << std::flush;
-    std::string pending;  // bytes of a UTF-8 character split across tokens
-    sample(m.model, tok.encode(g->prompt), opt, [&](int32_t id) {
-      if (id == tok.eos_id()) return;
-      std::cout << tok.decode_one(id) << std::flush;
+    sample(m.model, tok->encode(g->prompt), opt, [&](int32_t id) {
+      if (id != tok->eos_id()) std::cout << tok->decode_one(id) << std::flush;
     });
     std::cout << std::endl;
   });

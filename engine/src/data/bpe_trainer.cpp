@@ -27,7 +27,7 @@ struct Word {
 
 }  // namespace
 
-Tokenizer train_bpe(const std::vector<std::string_view>& texts, int64_t vocab_size,
+ByteLevelBpe train_bpe(const std::vector<std::string_view>& texts, int64_t vocab_size,
                     const std::function<void(int64_t, int64_t)>& progress) {
   if (vocab_size < 257)
     throw std::invalid_argument("vocab size " + std::to_string(vocab_size) +
@@ -108,7 +108,7 @@ Tokenizer train_bpe(const std::vector<std::string_view>& texts, int64_t vocab_si
   if (progress) progress(static_cast<int64_t>(merges.size()), target);
   // A corpus too small for the requested vocabulary stops early; the vocabulary is
   // then smaller than asked, which the caller reports.
-  return Tokenizer(std::move(tokens), std::move(merges), {"<|endoftext|>"});
+  return ByteLevelBpe(std::move(tokens), std::move(merges), {"<|endoftext|>"});
 }
 
 }  // namespace tide

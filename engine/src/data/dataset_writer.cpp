@@ -161,12 +161,12 @@ PrepareReport prepare_dataset(const PrepareOptions& opt,
     std::vector<std::string_view> views;
     for (const auto& s : sample)
       for (auto d : split_documents(s)) views.push_back(d);
-    tok = std::make_unique<Tokenizer>(
+    tok = std::make_unique<ByteLevelBpe>(
         train_bpe(views, opt.vocab_size, [&](int64_t d, int64_t t) { report("train bpe", d, t); }));
   } else if (opt.tokenizer == "bytes") {
-    tok = std::make_unique<Tokenizer>(Tokenizer::bytes());
+    tok = std::make_unique<ByteLevelBpe>(ByteLevelBpe::bytes());
   } else {
-    tok = std::make_unique<Tokenizer>(Tokenizer::load(opt.tokenizer));
+    tok = load_tokenizer(opt.tokenizer);
   }
   const int64_t vocab = tok->vocab_size();
   if (tok->eos_id() < 0) throw std::runtime_error("tokenizer '" + opt.tokenizer + "' has no end-of-text token");
@@ -176,7 +176,7 @@ PrepareReport prepare_dataset(const PrepareOptions& opt,
   const fs::path tmp_dir = final_dir.string() + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
-  tok->save((tmp_dir / "tokenizer.json").string());
+  tok->save((tmp_dir / tok->file_name()).string());
 
   SplitWriter train(tmp_dir, "train", dtype_bytes), val(tmp_dir, "val", dtype_bytes);
   const int64_t every = opt.val_fraction > 0 ? std::max<int64_t>(2, std::llround(1.0 / opt.val_fraction)) : 0;
@@ -198,7 +198,7 @@ PrepareReport prepare_dataset(const PrepareOptions& opt,
                                {"dtype", dtype_bytes == 2 ? "uint16" : "uint32"},
                                {"vocab_size", vocab},
                                {"eos_id", tok->eos_id()},
-                               {"tokenizer", "tokenizer.json"},
+                               {"tokenizer", tok->file_name()},
                                {"document_separator", "blank line"},
                                {"splits", {{"train", train.finish()}, {"val", val.finish()}}},
                                {"sources", sources},

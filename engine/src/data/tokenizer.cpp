@@ -41,7 +41,7 @@ std::string from_unicode(const std::string& text, const std::string& file) {
 
 }  // namespace
 
-Tokenizer::Tokenizer(std::vector<std::string> tokens, std::vector<std::pair<int32_t, int32_t>> merges,
+ByteLevelBpe::ByteLevelBpe(std::vector<std::string> tokens, std::vector<std::pair<int32_t, int32_t>> merges,
                      std::vector<std::string> special)
     : tokens_(std::move(tokens)), merges_(std::move(merges)) {
   special_.assign(tokens_.size(), false);
@@ -52,7 +52,7 @@ Tokenizer::Tokenizer(std::vector<std::string> tokens, std::vector<std::pair<int3
   index();
 }
 
-void Tokenizer::index() {
+void ByteLevelBpe::index() {
   merge_rank_.clear();
   std::map<std::string, int32_t> by_bytes;
   for (size_t i = 0; i < tokens_.size(); ++i)
@@ -69,13 +69,13 @@ void Tokenizer::index() {
       eos_id_ = static_cast<int32_t>(i);
 }
 
-Tokenizer Tokenizer::bytes() {
+ByteLevelBpe ByteLevelBpe::bytes() {
   std::vector<std::string> tokens;
   for (int b = 0; b < 256; ++b) tokens.emplace_back(1, static_cast<char>(b));
-  return Tokenizer(std::move(tokens), {}, {kEndOfText});
+  return ByteLevelBpe(std::move(tokens), {}, {kEndOfText});
 }
 
-void Tokenizer::save(const std::string& path) const {
+void ByteLevelBpe::save(const std::string& path) const {
   json vocab = json::object();
   json added = json::array();
   for (size_t i = 0; i < tokens_.size(); ++i) {
@@ -114,7 +114,7 @@ void Tokenizer::save(const std::string& path) const {
   if (!out.flush()) throw std::runtime_error("cannot write tokenizer '" + path + "'");
 }
 
-Tokenizer Tokenizer::load(const std::string& path) {
+ByteLevelBpe ByteLevelBpe::load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot open tokenizer '" + path + "'");
   json doc = json::parse(in, nullptr, false);
@@ -164,7 +164,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
       throw std::runtime_error(path + ": merge '" + a + " " + b + "' names a token missing from the vocabulary");
     merges.emplace_back(ia->second, ib->second);
   }
-  Tokenizer t({}, {}, {});
+  ByteLevelBpe t;
   t.tokens_ = std::move(tokens);
   t.special_ = std::move(is_special);
   t.merges_ = std::move(merges);
@@ -172,7 +172,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return t;
 }
 
-void Tokenizer::encode_chunk(std::string_view chunk, std::vector<int32_t>& out) const {
+void ByteLevelBpe::encode_chunk(std::string_view chunk, std::vector<int32_t>& out) const {
   std::vector<int32_t> syms;
   syms.reserve(chunk.size());
   for (unsigned char c : chunk) syms.push_back(static_cast<int32_t>(c));
@@ -205,7 +205,7 @@ void Tokenizer::encode_chunk(std::string_view chunk, std::vector<int32_t>& out) 
   out.insert(out.end(), syms.begin(), syms.end());
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 1);
   for (const auto chunk : pretokenize(text)) {
@@ -225,7 +225,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   return ids;
 }
 
-std::string Tokenizer::decode_one(int32_t id) const {
+std::string ByteLevelBpe::decode_one(int32_t id) const {
   if (id < 0 || id >= static_cast<int32_t>(tokens_.size())) return "\xEF\xBF\xBD";  // U+FFFD
   return tokens_[static_cast<size_t>(id)];
 }
@@ -234,6 +234,15 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
   for (const int32_t id : ids) out += decode_one(id);
   return out;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot open tokenizer '" + path + "'");
+  char first = 0;
+  in >> first;  // skips whitespace
+  if (first == '{') return std::make_unique<ByteLevelBpe>(ByteLevelBpe::load(path));
+  return std::make_unique<SentencePieceBpe>(SentencePieceBpe::load(path));
 }
 
 }  // namespace tide

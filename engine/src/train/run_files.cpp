@@ -25,6 +25,12 @@ ModelConfig model_from_metadata(const std::string& file) {
 }
 }  // namespace
 
+std::string tokenizer_beside(const std::filesystem::path& dir) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model"})
+    if (fs::exists(dir / name)) return (dir / name).string();
+  return "";
+}
+
 void save_model(const std::string& path, Transformer& model) {
   RunConfig rc;
   rc.model = model->config();
@@ -42,7 +48,7 @@ LoadedModel load_model(const std::string& path) {
       const json j = json::parse(in, nullptr, false);
       if (!j.is_discarded() && j.contains("model_type")) {
         out.model = import_hf(path);
-        if (fs::exists(p / "tokenizer.json")) out.tokenizer_path = (p / "tokenizer.json").string();
+        out.tokenizer_path = tokenizer_beside(p);
         return out;
       }
     }
@@ -55,8 +61,7 @@ LoadedModel load_model(const std::string& path) {
   }
   out.model = Transformer(model_from_metadata(weights));
   load_weights({weights}, *out.model);
-  const fs::path tok = fs::path(weights).parent_path() / "tokenizer.json";
-  if (fs::exists(tok)) out.tokenizer_path = tok.string();
+  out.tokenizer_path = tokenizer_beside(fs::path(weights).parent_path());
   return out;
 }
 

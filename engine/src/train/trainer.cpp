@@ -66,7 +66,8 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks) : 
   s_->flat = std::make_unique<FlatParameters>(*s_->model, cfg.optimizer);
   s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer);
   if (fs::exists(s_->data->tokenizer_path()))
-    fs::copy_file(s_->data->tokenizer_path(), s_->dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+    fs::copy_file(s_->data->tokenizer_path(), s_->dir / fs::path(s_->data->tokenizer_path()).filename(),
+                  fs::copy_options::overwrite_existing);
   const std::string intro =
       fmt::format("run '{}': {} parameters, {} threads, {} sequences of {} tokens per step ({} micro-batches of {})",
                   cfg.name, parameter_count(cfg.model), threads, cfg.batch.global_batch, cfg.data.seq_len,

@@ -1,6 +1,10 @@
-// Byte-level BPE tokenizer, stored in the Hugging Face `tokenizer.json` format
-// (GPT-2 byte-to-unicode alphabet, GPT-2 pre-tokenisation). A byte tokenizer is the
-// same thing with no merges: 256 byte ids plus the end-of-text id.
+// Tokenizers: text ↔ ids. Two kinds, one interface:
+//  - ByteLevelBpe: byte-level BPE stored as a Hugging Face `tokenizer.json` (GPT-2 byte
+//    alphabet and pre-tokenisation); tide trains these, and a byte tokenizer is one
+//    with no merges.
+//  - SentencePieceBpe: a SentencePiece BPE `tokenizer.model` (LLaMA-1/2), read from its
+//    protobuf bytes directly: Debian's libsentencepiece cannot share a process with
+//    LibTorch (protobuf 3.14 vs 3.21).
 #pragma once
 
 #include <cstdint>
@@ -17,27 +21,43 @@ namespace tide {
 
 class Tokenizer {
  public:
-  // 256 byte ids, then "<|endoftext|>".
-  static Tokenizer bytes();
-  // Loads a Hugging Face tokenizer.json with a byte-level BPE model. Throws naming the
-  // file and what it does not support.
-  static Tokenizer load(const std::string& path);
-  // tokens: byte strings, index = id; merges: pairs of ids in rank order.
-  Tokenizer(std::vector<std::string> tokens, std::vector<std::pair<int32_t, int32_t>> merges,
-            std::vector<std::string> special);
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  virtual std::string decode(const std::vector<int32_t>& ids) const;
+  // The bytes of one id, for streaming output.
+  virtual std::string decode_one(int32_t id) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  virtual int32_t eos_id() const = 0;
+  // The file name this kind is stored under in dataset and run directories.
+  virtual std::string file_name() const = 0;
+  virtual void save(const std::string& path) const = 0;
+};
 
-  void save(const std::string& path) const;
+// Chooses the kind by content: a JSON object is a tokenizer.json, anything else is
+// parsed as a SentencePiece model. Errors name the file and what is unsupported.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+class ByteLevelBpe : public Tokenizer {
+ public:
+  // 256 byte ids, then "<|endoftext|>".
+  static ByteLevelBpe bytes();
+  static ByteLevelBpe load(const std::string& path);
+  // tokens: byte strings, index = id; merges: pairs of ids in rank order; special
+  // tokens are appended after them.
+  ByteLevelBpe(std::vector<std::string> tokens, std::vector<std::pair<int32_t, int32_t>> merges,
+               std::vector<std::string> special);
 
   // Not thread-safe: encode memoises pre-tokenised chunks.
-  std::vector<int32_t> encode(std::string_view text) const;
-  std::string decode(const std::vector<int32_t>& ids) const;
-  std::string decode_one(int32_t id) const;
-
-  int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
-  int32_t eos_id() const { return eos_id_; }
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode_one(int32_t id) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
+  int32_t eos_id() const override { return eos_id_; }
+  std::string file_name() const override { return "tokenizer.json"; }
+  void save(const std::string& path) const override;
   size_t merge_count() const { return merges_.size(); }
 
  private:
+  ByteLevelBpe() = default;
   void index();
   void encode_chunk(std::string_view chunk, std::vector<int32_t>& out) const;
 
@@ -49,10 +69,43 @@ class Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
+class SentencePieceBpe : public Tokenizer {
+ public:
+  // Supports model_type BPE with the "identity" normaliser (as LLaMA-1/2 ship), with or
+  // without byte fallback, dummy prefix and whitespace collapsing.
+  static SentencePieceBpe load(const std::string& path);
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  std::string decode_one(int32_t id) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(pieces_.size()); }
+  int32_t eos_id() const override { return eos_id_; }
+  std::string file_name() const override { return "tokenizer.model"; }
+  void save(const std::string& path) const override;
+
+  struct Piece {
+    std::string text;
+    float score = 0;
+    int type = 1;  // 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
+  };
+
+ private:
+  SentencePieceBpe() = default;
+  std::string normalize(std::string_view text) const;
+
+  std::string raw_;  // the .model bytes, saved unchanged
+  std::vector<Piece> pieces_;
+  std::unordered_map<std::string, int32_t> by_text_;
+  int32_t byte_ids_[256] = {};
+  bool byte_fallback_ = false, add_dummy_prefix_ = true, remove_extra_whitespaces_ = true;
+  int32_t unk_id_ = 0, eos_id_ = -1;
+};
+
 // Trains a byte-level BPE vocabulary of `vocab_size` ids (256 bytes + merges + the
 // end-of-text id) on the given texts. Deterministic: ties go to the smaller pair.
-Tokenizer train_bpe(const std::vector<std::string_view>& texts, int64_t vocab_size,
-                    const std::function<void(int64_t done, int64_t total)>& progress = {});
+// A corpus too small for the vocabulary stops early with fewer ids.
+ByteLevelBpe train_bpe(const std::vector<std::string_view>& texts, int64_t vocab_size,
+                       const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 // GPT-2 pre-tokenisation: contractions, optional-space + letters / digits / other,
 // whitespace runs. Letters are ASCII letters and every non-ASCII code point (exact

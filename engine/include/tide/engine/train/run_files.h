@@ -5,10 +5,11 @@
 //   <run>/metrics.jsonl     one record per step (and per validation)
 //   <run>/train.log         the run's log
 //   <run>/model.safetensors final weights, HF names; metadata "tide_model" = model config
-//   <run>/tokenizer.json    copy of the dataset's tokenizer
+//   <run>/tokenizer.json    copy of the dataset's tokenizer (or tokenizer.model)
 //   <run>/summary.json      final figures
 #pragma once
 
+#include <filesystem>
 #include <string>
 
 #include "tide/engine/model/transformer.h"
@@ -21,6 +22,9 @@ struct LoadedModel {
 };
 
 LoadedModel load_model(const std::string& path);
+
+// tokenizer.json or tokenizer.model in `dir`; empty when neither exists.
+std::string tokenizer_beside(const std::filesystem::path& dir);
 
 // Writes model.safetensors with the model config in its metadata.
 void save_model(const std::string& path, Transformer& model);

@@ -1,0 +1,153 @@
+"""PyTorch-eager LLaMA training step, the peer of `tide train` in bench/train_vs_pytorch.py.
+
+The model is the usual eager implementation (RMSNorm, rotary embeddings in the HF
+rotate-half form, SwiGLU, causal softmax attention, untied output), trained with
+torch.optim.AdamW in fp32 on windows of the same token file tide reads.
+Run with Debian's /usr/bin/python3 (python3-torch: the same LibTorch build as tide).
+"""
+import argparse
+import json
+import math
+import resource
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def ffn_dim(dim, multiple_of):
+    hidden = int(2 * (4 * dim) / 3)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, n_heads):
+        super().__init__()
+        self.h, self.hd = n_heads, dim // n_heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, dim, bias=False)
+        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        b, t, d = x.shape
+        q = self.q_proj(x).view(b, t, self.h, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.h, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.h, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+        att = att.masked_fill(mask, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        return self.o_proj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, dim, n_heads, ffn):
+        super().__init__()
+        self.input_layernorm = RMSNorm(dim)
+        self.self_attn = Attention(dim, n_heads)
+        self.post_attention_layernorm = RMSNorm(dim)
+        self.gate_proj = nn.Linear(dim, ffn, bias=False)
+        self.up_proj = nn.Linear(dim, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, dim, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab, dim, layers, heads, ffn, seq):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList([Block(dim, heads, ffn) for _ in range(layers)])
+        self.norm = RMSNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        hd = dim // heads
+        inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+        ang = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+        emb = torch.cat((ang, ang), -1)
+        self.register_buffer("cos", emb.cos().float(), persistent=False)
+        self.register_buffer("sin", emb.sin().float(), persistent=False)
+        self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1), persistent=False)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, tokens, targets):
+        t = tokens.shape[1]
+        x = self.embed_tokens(tokens)
+        cos, sin, mask = self.cos[:t], self.sin[:t], self.mask[:t, :t]
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        logits = self.lm_head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--data", required=True, help="train.bin of a tide dataset (uint16)")
+    ap.add_argument("--dim", type=int, required=True)
+    ap.add_argument("--layers", type=int, required=True)
+    ap.add_argument("--heads", type=int, required=True)
+    ap.add_argument("--vocab", type=int, required=True)
+    ap.add_argument("--seq", type=int, required=True)
+    ap.add_argument("--batch", type=int, required=True)
+    ap.add_argument("--multiple-of", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    tokens = np.memmap(a.data, dtype=np.uint16, mode="r")
+    rng = np.random.default_rng(0)
+    model = Llama(a.vocab, a.dim, a.layers, a.heads, ffn_dim(a.dim, a.multiple_of), a.seq)
+    decay = [p for p in model.parameters() if p.dim() > 1 and p is not model.embed_tokens.weight]
+    rest = [p for p in model.parameters() if not (p.dim() > 1 and p is not model.embed_tokens.weight)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    times = []
+    for step in range(a.warmup + a.steps):
+        starts = rng.integers(0, len(tokens) - a.seq - 1, size=a.batch)
+        window = torch.from_numpy(np.stack([tokens[s:s + a.seq + 1].astype(np.int64) for s in starts]))
+        t0 = time.perf_counter()
+        loss = model(window[:, :-1], window[:, 1:])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        if step >= a.warmup:
+            times.append(dt)
+    tokens_per_step = a.batch * a.seq
+    print(json.dumps({
+        "tokens_per_second": tokens_per_step * len(times) / sum(times),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "final_loss": float(loss),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }))
+
+
+if __name__ == "__main__":
+    main()

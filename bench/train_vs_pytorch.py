@@ -1,0 +1,119 @@
+"""Trains the same LLaMA shape through tide and through PyTorch eager, side by side.
+
+Prints tokens/s of each and their ratio, peak memory, and MFU against the fp32 matmul
+peak measured here. PyTorch runs twice: as installed (glibc malloc) and with its best
+allocator settings (jemalloc preloaded with the options tide uses).
+Usage: /usr/bin/python3 bench/train_vs_pytorch.py --tide build/tools/tide [--shape tiny|small|all]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHAPES = {
+    "tiny": dict(dim=256, layers=4, heads=4, vocab=8192, seq=256, batch=8),
+    "small": dict(dim=512, layers=8, heads=8, vocab=32000, seq=512, batch=4),
+}
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+JEMALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1,background_thread:false"
+
+
+def matmul_peak(threads):
+    torch.set_num_threads(threads)
+    best = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        c = a @ b
+        for _ in range(3):
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=c)
+            best = max(best, 2 * n ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+def flops_per_token(s, ffn):
+    matmul_params = s["layers"] * (4 * s["dim"] ** 2 + 3 * s["dim"] * ffn) + s["vocab"] * s["dim"]
+    return 6 * matmul_params + 12 * s["layers"] * s["dim"] * s["seq"]
+
+
+def run_tide(tide, s, steps, warmup, threads, data):
+    run_dir = tempfile.mkdtemp(prefix="tide-bench-")
+    recipe = os.path.join(ROOT, "recipes", "llama", "llama-tiny.lua")
+    sets = {
+        "model.vocab_size": s["vocab"], "model.dim": s["dim"], "model.n_layers": s["layers"],
+        "model.n_heads": s["heads"], "model.n_kv_heads": 0, "model.multiple_of": 256,
+        "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
+        "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"],
+        "schedule.steps": warmup + steps, "schedule.warmup_steps": 0, "eval.every": 0,
+        "optimizer.lr": 3e-4, "optimizer.beta2": 0.95, "threads": threads, "log_every": 1000,
+    }
+    cmd = [tide, "train", recipe, "--run-dir", run_dir, "--quiet"]
+    for k, v in sets.items():
+        cmd += ["--set", f"{k}={v}"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    timed = rows[warmup:]
+    secs = sum(r["step_seconds"] for r in timed)
+    out = {"tokens_per_second": s["batch"] * s["seq"] * len(timed) / secs,
+           "peak_rss_mb": max(r["peak_rss_mb"] for r in rows), "final_loss": rows[-1]["loss"]}
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return out
+
+
+def run_torch(s, steps, warmup, threads, data, jemalloc):
+    env = dict(os.environ)
+    if jemalloc:
+        env["LD_PRELOAD"] = JEMALLOC
+        env["MALLOC_CONF"] = JEMALLOC_CONF
+    cmd = ["/usr/bin/python3", os.path.join(HERE, "pytorch_llama.py"), "--data", os.path.join(data, "train.bin"),
+           "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
+    for k in ("dim", "layers", "heads", "vocab", "seq", "batch"):
+        cmd += [f"--{k}", str(s[k])]
+    res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tide", default=os.path.join(ROOT, "build", "tools", "tide"))
+    ap.add_argument("--data", default=os.path.join(ROOT, "data", "kjv"))
+    ap.add_argument("--shape", default="all", choices=["tiny", "small", "all"])
+    ap.add_argument("--steps", type=int, default=0, help="timed steps (default: 30 tiny, 8 small)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    a = ap.parse_args()
+    if not os.path.exists(os.path.join(a.data, "dataset.json")):
+        sys.exit(f"bench: no dataset at {a.data}; run `make data` first")
+
+    peak = matmul_peak(a.threads)
+    print(f"fp32 matmul peak (torch.mm, {a.threads} threads): {peak / 1e9:.1f} GFLOP/s")
+    shapes = ["tiny", "small"] if a.shape == "all" else [a.shape]
+    for name in shapes:
+        s = SHAPES[name]
+        steps = a.steps or (30 if name == "tiny" else 8)
+        ffn = 256 * ((int(2 * 4 * s["dim"] / 3) + 255) // 256)
+        fpt = flops_per_token(s, ffn)
+        print(f"\n{name}: dim {s['dim']}, {s['layers']} layers, {s['heads']} heads, vocab {s['vocab']}, "
+              f"seq {s['seq']}, batch {s['batch']}; {steps} timed steps after {a.warmup}")
+        results = {
+            "tide": run_tide(a.tide, s, steps, a.warmup, a.threads, a.data),
+            "pytorch eager": run_torch(s, steps, a.warmup, a.threads, a.data, jemalloc=False),
+            "pytorch eager + jemalloc": run_torch(s, steps, a.warmup, a.threads, a.data, jemalloc=True),
+        }
+        base = results["tide"]["tokens_per_second"]
+        print(f"  {'':26s} {'tokens/s':>10s} {'tide x':>8s} {'MFU':>7s} {'peak MB':>9s}")
+        for k, r in results.items():
+            tps = r["tokens_per_second"]
+            print(f"  {k:26s} {tps:10.0f} {base / tps:8.2f} {100 * tps * fpt / peak:6.1f}% {r['peak_rss_mb']:9.0f}")
+
+
+if __name__ == "__main__":
+    main()
