@@ -100,7 +100,7 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         logits = self.lm_head(self.norm(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def main():

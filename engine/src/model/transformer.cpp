@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 #include <xxhash.h>
 
+#include "tide/engine/model/linear_cross_entropy.h"
 #include "recompute.h"
 
 namespace tide {
@@ -152,9 +153,8 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
 }
 
 torch::Tensor TransformerImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
-  auto logits = forward(tokens).view({-1, cfg_.vocab_size});
-  if (logits.scalar_type() != torch::kFloat64) logits = logits.to(torch::kFloat32);  // bf16 logits lose too much
-  return torch::cross_entropy_loss(logits, targets.reshape({-1}));
+  const auto h = hidden(tokens);
+  return linear_cross_entropy(h.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}));
 }
 
 }  // namespace tide

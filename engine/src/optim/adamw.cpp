@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include "adamw_kernel.h"
 #include "tide/engine/optim/flat_parameters.h"
 
 namespace tide {
@@ -11,7 +12,6 @@ namespace tide {
 AdamW::AdamW(FlatParameters& params, const OptimConfig& cfg) : params_(params), cfg_(cfg) {
   m_ = torch::zeros_like(params.data());
   v_ = torch::zeros_like(params.data());
-  denom_ = torch::empty_like(params.data());
 }
 
 void AdamW::step(double lr) {
@@ -21,13 +21,24 @@ void AdamW::step(double lr) {
   const auto& g = params_.grad();
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
-  if (cfg_.weight_decay > 0 && params_.decay_numel() > 0)
-    p.narrow(0, 0, params_.decay_numel()).mul_(1.0 - lr * cfg_.weight_decay);
+  const int64_t n_decay = params_.decay_numel();
+  const double decay = 1.0 - lr * cfg_.weight_decay;
+  if (p.is_cpu() && p.is_contiguous() && g.is_contiguous()) {
+    const auto run = [&](int64_t b, int64_t e, double d) {
+      adamw_update_cpu(p.data_ptr<float>(), g.data_ptr<float>(), m_.data_ptr<float>(), v_.data_ptr<float>(), b, e,
+                static_cast<float>(d), static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+                static_cast<float>(cfg_.eps), static_cast<float>(lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)));
+    };
+    run(0, n_decay, decay);
+    run(n_decay, p.numel(), 1.0);
+    return;
+  }
+  // Other devices: the same update from tensor ops.
+  if (cfg_.weight_decay > 0 && n_decay > 0) p.narrow(0, 0, n_decay).mul_(decay);
   m_.mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
   v_.mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
   // p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps), as torch.optim.AdamW computes it.
-  torch::sqrt_out(denom_, v_).div_(std::sqrt(bc2)).add_(cfg_.eps);
-  p.addcdiv_(m_, denom_, -lr / bc1);
+  p.addcdiv_(m_, v_.sqrt().div_(std::sqrt(bc2)).add_(cfg_.eps), -lr / bc1);
 }
 
 double clip_grad_norm(torch::Tensor& grad, double max_norm) {

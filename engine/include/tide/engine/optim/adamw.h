@@ -24,7 +24,7 @@ class AdamW {
  private:
   FlatParameters& params_;
   OptimConfig cfg_;
-  torch::Tensor m_, v_, denom_;
+  torch::Tensor m_, v_;
   int64_t t_ = 0;
 };
 

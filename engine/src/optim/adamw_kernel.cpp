@@ -1,0 +1,28 @@
+// Kept apart from LibTorch's headers so it can be compiled for vectorisation
+// (-O3 -fno-math-errno -fopenmp-simd, see engine/CMakeLists.txt). One pass reads
+// p, g, m, v and writes p, m, v; the composite of tensor ops makes about fifteen
+// passes and needs a parameter-sized scratch buffer.
+#include "adamw_kernel.h"
+
+#include <cmath>
+
+#include <ATen/Parallel.h>
+
+namespace tide {
+
+void adamw_update_cpu(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end, float decay, float b1,
+                      float b2, float eps, float step_size, float inv_sqrt_bc2) {
+  at::parallel_for(begin, end, int64_t{1} << 15, [&](int64_t lo, int64_t hi) {
+#pragma omp simd
+    for (int64_t i = lo; i < hi; ++i) {
+      const float gi = g[i];
+      const float mi = b1 * m[i] + (1.0f - b1) * gi;
+      const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    }
+  });
+}
+
+}  // namespace tide

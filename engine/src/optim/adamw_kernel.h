@@ -1,0 +1,13 @@
+// The AdamW update of one contiguous fp32 range on the CPU, in a single pass.
+#pragma once
+
+#include <cstdint>
+
+namespace tide {
+
+// p = p * decay - step_size * m' / (sqrt(v') * inv_sqrt_bc2 + eps), with
+// m' = b1 m + (1 - b1) g and v' = b2 v + (1 - b2) g^2, over [begin, end).
+void adamw_update_cpu(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end, float decay, float b1,
+                      float b2, float eps, float step_size, float inv_sqrt_bc2);
+
+}  // namespace tide
