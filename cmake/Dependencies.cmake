@@ -9,6 +9,9 @@ find_package(CLI11 REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LUAJIT REQUIRED IMPORTED_TARGET luajit)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# ICU's regex engine runs Hugging Face pre-tokenizer patterns (\p{L}, look-ahead,
+# nested classes) exactly.
+pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc icu-i18n)
 # jemalloc, tuned in tools/common/allocator_config.cpp: glibc malloc maps and unmaps
 # every large activation each step (measured: 16-31% of CPU time in the kernel).
 pkg_check_modules(JEMALLOC REQUIRED IMPORTED_TARGET jemalloc)

@@ -15,7 +15,7 @@ PACKAGES=(
   libcereal-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
-  libxxhash-dev libzstd-dev
+  libxxhash-dev libzstd-dev libicu-dev
   sentencepiece libsentencepiece-dev
   python3-torch python3-zmq python3-numpy
   # The bundled default corpus (King James Bible, public domain).
@@ -50,4 +50,16 @@ want=/usr/lib/x86_64-linux-gnu/openblas-openmp/liblapack.so.3
 if [[ -e $want ]] && ! update-alternatives --query "$alt" 2>/dev/null | grep -q "^Value: $want"; then
   SUDO=""; if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
   $SUDO update-alternatives --quiet --set "$alt" "$want"
+fi
+
+# Reference implementations the tests compare against (npm registry; pinned by
+# tests/js/package-lock.json). Node comes with this machine kind; Debian's otherwise.
+root=$(cd "$(dirname "$0")/.." && pwd)
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  SUDO=""; if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+if [[ ! -d $root/tests/js/node_modules/@huggingface/tokenizers ]]; then
+  echo "setup: installing test references (npm ci in tests/js)"
+  (cd "$root/tests/js" && npm ci --silent --no-audit --no-fund)
 fi

@@ -8,15 +8,19 @@
 namespace tide {
 namespace {
 
-std::vector<std::string> strs(const std::vector<std::string_view>& v) { return {v.begin(), v.end()}; }
+std::vector<std::string> pretokenize(const std::string& s) { return PreTokenizer::gpt2().split(s); }
 
 TEST(Pretokenize, FollowsGpt2Pattern) {
-  EXPECT_EQ(strs(pretokenize("Hello world")), (std::vector<std::string>{"Hello", " world"}));
-  EXPECT_EQ(strs(pretokenize("it's 2024!!")), (std::vector<std::string>{"it", "'s", " 2024", "!!"}));
-  EXPECT_EQ(strs(pretokenize("a  b")), (std::vector<std::string>{"a", " ", " b"}));
-  EXPECT_EQ(strs(pretokenize("a\n\nb")), (std::vector<std::string>{"a", "\n", "\n", "b"}));
-  EXPECT_EQ(strs(pretokenize("x   ")), (std::vector<std::string>{"x", "   "}));
-  EXPECT_EQ(strs(pretokenize("we'll go")), (std::vector<std::string>{"we", "'ll", " go"}));
+  EXPECT_EQ((pretokenize("Hello world")), (std::vector<std::string>{"Hello", " world"}));
+  EXPECT_EQ((pretokenize("it's 2024!!")), (std::vector<std::string>{"it", "'s", " 2024", "!!"}));
+  EXPECT_EQ((pretokenize("a  b")), (std::vector<std::string>{"a", " ", " b"}));
+  EXPECT_EQ((pretokenize("a\n\nb")), (std::vector<std::string>{"a", "\n", "\n", "b"}));
+  EXPECT_EQ((pretokenize("x   ")), (std::vector<std::string>{"x", "   "}));
+  EXPECT_EQ((pretokenize("we'll go")), (std::vector<std::string>{"we", "'ll", " go"}));
+  // Unicode classes are exact: curly quotes and dashes are not letters, accents are.
+  EXPECT_EQ(pretokenize("na\xC3\xAFve \xE2\x80\x9Cquoted\xE2\x80\x9D \xE2\x80\x94 ok"),
+            (std::vector<std::string>{"na\xC3\xAFve", " \xE2\x80\x9C", "quoted", "\xE2\x80\x9D", " \xE2\x80\x94",
+                                      " ok"}));
   // Pieces always cover the text exactly.
   const std::string text = "  Mixed: tabs\tand ünïcode, numbers 123abc...\n end ";
   std::string joined;

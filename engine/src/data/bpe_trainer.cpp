@@ -32,12 +32,14 @@ ByteLevelBpe train_bpe(const std::vector<std::string_view>& texts, int64_t vocab
   if (vocab_size < 257)
     throw std::invalid_argument("vocab size " + std::to_string(vocab_size) +
                                 " is below 257 (256 byte tokens + end-of-text)");
-  std::unordered_map<std::string_view, int64_t> counts;
+  // The same pre-tokenisation the trained tokenizer will use (GPT-2's).
+  const PreTokenizer pre = PreTokenizer::gpt2();
+  std::unordered_map<std::string, int64_t> counts;
   for (const auto text : texts)
-    for (const auto chunk : pretokenize(text)) ++counts[chunk];
+    for (auto& chunk : pre.split(text)) ++counts[std::move(chunk)];
 
   // Sorted for determinism regardless of hash order.
-  std::map<std::string_view, int64_t> sorted(counts.begin(), counts.end());
+  std::map<std::string, int64_t> sorted(counts.begin(), counts.end());
   std::vector<Word> words;
   words.reserve(sorted.size());
   for (const auto& [chunk, n] : sorted) {

@@ -1,5 +1,6 @@
 #include "tide/engine/data/tokenizer.h"
 
+#include <algorithm>
 #include <fstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -54,17 +55,22 @@ ByteLevelBpe::ByteLevelBpe(std::vector<std::string> tokens, std::vector<std::pai
 
 void ByteLevelBpe::index() {
   merge_rank_.clear();
-  std::map<std::string, int32_t> by_bytes;
-  for (size_t i = 0; i < tokens_.size(); ++i)
-    if (!special_[i]) by_bytes.emplace(tokens_[i], static_cast<int32_t>(i));
+  by_bytes_.clear();
+  specials_.clear();
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    if (special_[i]) specials_.emplace_back(tokens_[i], static_cast<int32_t>(i));
+    else by_bytes_.emplace(tokens_[i], static_cast<int32_t>(i));
+  }
+  std::sort(specials_.begin(), specials_.end(),
+            [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   for (size_t r = 0; r < merges_.size(); ++r) {
     const auto [a, b] = merges_[r];
-    const auto it = by_bytes.find(tokens_.at(a) + tokens_.at(b));
-    if (it == by_bytes.end()) throw std::runtime_error("merge " + std::to_string(r) + " produces no vocabulary entry");
+    const auto it = by_bytes_.find(tokens_.at(a) + tokens_.at(b));
+    if (it == by_bytes_.end()) throw std::runtime_error("merge " + std::to_string(r) + " produces no vocabulary entry");
     merge_rank_[{a, b}] = {static_cast<int32_t>(r), it->second};
   }
   eos_id_ = -1;
-  for (size_t i = 0; i < tokens_.size(); ++i)
+  for (size_t i = 0; i < tokens_.size() && eos_id_ < 0; ++i)
     if (special_[i] && (tokens_[i] == kEndOfText || tokens_[i] == "</s>" || tokens_[i] == "<|end_of_text|>"))
       eos_id_ = static_cast<int32_t>(i);
 }
@@ -90,12 +96,13 @@ void ByteLevelBpe::save(const std::string& path) const {
   json merges = json::array();
   for (const auto& [a, b] : merges_) merges.push_back(to_unicode(tokens_[a]) + " " + to_unicode(tokens_[b]));
   const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  const json pre = pre_.to_json().is_null() ? byte_level : pre_.to_json();
   const json doc = {{"version", "1.0"},
                     {"truncation", nullptr},
                     {"padding", nullptr},
                     {"added_tokens", added},
                     {"normalizer", nullptr},
-                    {"pre_tokenizer", byte_level},
+                    {"pre_tokenizer", pre},
                     {"post_processor", nullptr},
                     {"decoder", byte_level},
                     {"model",
@@ -106,6 +113,7 @@ void ByteLevelBpe::save(const std::string& path) const {
                       {"end_of_word_suffix", nullptr},
                       {"fuse_unk", false},
                       {"byte_fallback", false},
+                      {"ignore_merges", ignore_merges_},
                       {"vocab", vocab},
                       {"merges", merges}}}};
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -124,6 +132,13 @@ ByteLevelBpe ByteLevelBpe::load(const std::string& path) {
     throw std::runtime_error(path + ": model.type is '" + model.value("type", std::string("?")) +
                              "', only byte-level BPE tokenizer.json files are supported");
   if (!model.contains("vocab") || !model["vocab"].is_object()) throw std::runtime_error(path + ": model.vocab missing");
+  if (doc.contains("normalizer") && !doc["normalizer"].is_null())
+    throw std::runtime_error(path + ": normalizer " + doc["normalizer"].value("type", std::string("?")) +
+                             " is not supported (byte-level BPE files have none)");
+  for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (model.contains(field) && !model[field].is_null() && model[field] != "")
+      throw std::runtime_error(path + ": model." + field + " is not supported");
+  if (model.value("byte_fallback", false)) throw std::runtime_error(path + ": model.byte_fallback is not supported");
   std::vector<bool> special_ids;
   std::map<int64_t, std::string> special;
   for (const auto& t : doc.value("added_tokens", json::array()))
@@ -165,6 +180,8 @@ ByteLevelBpe ByteLevelBpe::load(const std::string& path) {
     merges.emplace_back(ia->second, ib->second);
   }
   ByteLevelBpe t;
+  t.pre_ = PreTokenizer::from_json(doc.value("pre_tokenizer", json()), path);
+  t.ignore_merges_ = model.value("ignore_merges", false);
   t.tokens_ = std::move(tokens);
   t.special_ = std::move(is_special);
   t.merges_ = std::move(merges);
@@ -208,19 +225,40 @@ void ByteLevelBpe::encode_chunk(std::string_view chunk, std::vector<int32_t>& ou
 std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 1);
-  for (const auto chunk : pretokenize(text)) {
-    if (merges_.empty()) {
-      for (unsigned char c : chunk) ids.push_back(static_cast<int32_t>(c));
-      continue;
+  // Special tokens in the text stand for themselves; the stretches between them are
+  // pre-tokenised and merged.
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t at = std::string_view::npos;
+    const std::pair<std::string, int32_t>* hit = nullptr;
+    for (const auto& sp : specials_) {
+      const size_t pos = text.find(sp.first, start);
+      if (pos < at) at = pos, hit = &sp;
     }
-    auto it = cache_.find(std::string(chunk));
-    if (it == cache_.end()) {
-      std::vector<int32_t> piece;
-      encode_chunk(chunk, piece);
-      if (cache_.size() > (1u << 20)) cache_.clear();
-      it = cache_.emplace(std::string(chunk), std::move(piece)).first;
+    const std::string_view stretch = text.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start);
+    for (const auto& piece : pre_.split(stretch)) {
+      if (merges_.empty()) {
+        for (unsigned char c : piece) ids.push_back(static_cast<int32_t>(c));
+        continue;
+      }
+      if (ignore_merges_) {
+        if (const auto whole = by_bytes_.find(piece); whole != by_bytes_.end()) {
+          ids.push_back(whole->second);
+          continue;
+        }
+      }
+      auto it = cache_.find(piece);
+      if (it == cache_.end()) {
+        std::vector<int32_t> out;
+        encode_chunk(piece, out);
+        if (cache_.size() > (1u << 20)) cache_.clear();
+        it = cache_.emplace(piece, std::move(out)).first;
+      }
+      ids.insert(ids.end(), it->second.begin(), it->second.end());
     }
-    ids.insert(ids.end(), it->second.begin(), it->second.end());
+    if (!hit) break;
+    ids.push_back(hit->second);
+    start = at + hit->first.size();
   }
   return ids;
 }

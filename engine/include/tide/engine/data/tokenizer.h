@@ -1,7 +1,7 @@
 // Tokenizers: text ↔ ids. Two kinds, one interface:
 //  - ByteLevelBpe: byte-level BPE stored as a Hugging Face `tokenizer.json` (GPT-2 byte
-//    alphabet and pre-tokenisation); tide trains these, and a byte tokenizer is one
-//    with no merges.
+//    alphabet; the file's pre-tokenizer, GPT-2's for those tide trains); a byte
+//    tokenizer is one with no merges.
 //  - SentencePieceBpe: a SentencePiece BPE `tokenizer.model` (LLaMA-1/2), read from its
 //    protobuf bytes directly: Debian's libsentencepiece cannot share a process with
 //    LibTorch (protobuf 3.14 vs 3.21).
@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "tide/engine/data/pretokenizer.h"
 
 namespace tide {
 
@@ -41,9 +43,11 @@ class ByteLevelBpe : public Tokenizer {
  public:
   // 256 byte ids, then "<|endoftext|>".
   static ByteLevelBpe bytes();
+  // Byte-level BPE tokenizer.json files (GPT-2, BLOOM, LLaMA-3 and the like). Special
+  // tokens found in the text encode to their ids, as the tokenizers library does.
   static ByteLevelBpe load(const std::string& path);
   // tokens: byte strings, index = id; merges: pairs of ids in rank order; special
-  // tokens are appended after them.
+  // tokens are appended after them. Pre-tokenisation is GPT-2's.
   ByteLevelBpe(std::vector<std::string> tokens, std::vector<std::pair<int32_t, int32_t>> merges,
                std::vector<std::string> special);
 
@@ -65,6 +69,10 @@ class ByteLevelBpe : public Tokenizer {
   std::vector<std::pair<int32_t, int32_t>> merges_;
   std::vector<bool> special_;
   std::map<std::pair<int32_t, int32_t>, std::pair<int32_t, int32_t>> merge_rank_;  // pair → (rank, result id)
+  std::unordered_map<std::string, int32_t> by_bytes_;  // non-special tokens
+  std::vector<std::pair<std::string, int32_t>> specials_;  // matched in text, longest first
+  PreTokenizer pre_ = PreTokenizer::gpt2();
+  bool ignore_merges_ = false;  // a piece that is itself in the vocabulary is one id
   int32_t eos_id_ = -1;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
@@ -106,11 +114,6 @@ class SentencePieceBpe : public Tokenizer {
 // A corpus too small for the vocabulary stops early with fewer ids.
 ByteLevelBpe train_bpe(const std::vector<std::string_view>& texts, int64_t vocab_size,
                        const std::function<void(int64_t done, int64_t total)>& progress = {});
-
-// GPT-2 pre-tokenisation: contractions, optional-space + letters / digits / other,
-// whitespace runs. Letters are ASCII letters and every non-ASCII code point (exact
-// for ASCII text; an approximation of \p{L} otherwise).
-std::vector<std::string_view> pretokenize(std::string_view text);
 
 // GPT-2's reversible byte ↔ printable-unicode mapping used in tokenizer.json.
 const std::vector<std::string>& byte_to_unicode();

@@ -1,0 +1,115 @@
+// Byte-level BPE tokenizer.json files with GPT-2's, LLaMA-3's and BLOOM's
+// pre-tokenizers: our ids against Hugging Face's JS implementation (tests/js).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
+
+#include "tide/engine/data/tokenizer.h"
+
+namespace tide {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const char* const kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// BLOOM's pattern has a nested class: '(', ')' and '|' are delimiters in the Rust
+// library (Oniguruma) and in ICU. JS regexes cannot nest classes, so the JS library
+// rewrites the pattern without them; the lines below avoid those three characters.
+const char* const kBloomPattern = " ?[^(\\s|[.,!?\xE2\x80\xA6\xE3\x80\x82\xEF\xBC\x8C\xE3\x80\x81\xE0\xA5\xA4\xDB\x94\xD8\x8C])]+";
+
+const std::vector<std::string> kLines = {
+    "This program is free software: you can redistribute it and/or modify it.",
+    "DON'T we'll THEY'RE it's I'M 12345 678 9, 3.14159 and 1000000 numbers",
+    "  leading spaces,\ttabs,\n\nnew lines\r\n and trailing   ",
+    "na\xC3\xAFve caf\xC3\xA9 \xE2\x80\x9Cquoted\xE2\x80\x9D \xE2\x80\x94 em dash\xE2\x80\xA6 end.",
+    "\xE4\xB8\xAD\xE6\x96\x87\xE3\x80\x82\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xEF\xBC\x8C \xF0\x9F\x98\x80 emoji",
+    "special <|endoftext|> tokens<|endoftext|>inside",
+    "",
+};
+
+class HfTokenizerReference : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("tide_hf_tok_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::ifstream in("/usr/share/common-licenses/GPL-3");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string corpus = ss.str() + "\n12345 67890 DON'T caf\xC3\xA9 na\xC3\xAFve\n";
+    train_bpe({corpus}, 700).save((dir_ / "gpt2.json").string());
+    std::ifstream base_in(dir_ / "gpt2.json");
+    const json base = json::parse(base_in);
+    auto variant = [&](const std::string& name, const std::string& pattern, bool ignore_merges) {
+      json j = base;
+      j["pre_tokenizer"] = {{"type", "Sequence"},
+                            {"pretokenizers",
+                             {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+                              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+      j["model"]["ignore_merges"] = ignore_merges;
+      std::ofstream(dir_ / (name + ".json")) << j.dump();
+    };
+    variant("llama3", kLlama3Pattern, true);
+    variant("bloom", kBloomPattern, false);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static std::vector<std::vector<int32_t>> reference(const std::string& name) {
+    const fs::path lines = dir_ / "lines.json";
+    std::ofstream(lines) << json(kLines).dump();
+    const std::string js_dir = std::string(TIDE_SOURCE_DIR) + "/tests/js";
+    const std::string cmd = "node " + js_dir + "/hf_encode.mjs " + (dir_ / (name + ".json")).string() + " < " +
+                            lines.string() + " 2>&1";
+    std::string out;
+    if (FILE* p = ::popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+      ::pclose(p);
+    }
+    const json j = json::parse(out, nullptr, false);
+    if (j.is_discarded())
+      ADD_FAILURE() << "the JS reference did not run (scripts/setup.sh installs tests/js): " << out;
+    return j.is_discarded() ? std::vector<std::vector<int32_t>>{} : j.get<std::vector<std::vector<int32_t>>>();
+  }
+
+  void check(const std::string& name) {
+    const auto ours = load_tokenizer((dir_ / (name + ".json")).string());
+    const auto ref = reference(name);
+    ASSERT_EQ(ref.size(), kLines.size());
+    for (size_t i = 0; i < kLines.size(); ++i) {
+      EXPECT_EQ(ours->encode(kLines[i]), ref[i]) << name << ": " << kLines[i];
+      EXPECT_EQ(ours->decode(ours->encode(kLines[i])), kLines[i]);
+    }
+  }
+  static fs::path dir_;
+};
+fs::path HfTokenizerReference::dir_;
+
+TEST_F(HfTokenizerReference, Gpt2ByteLevel) { check("gpt2"); }
+TEST_F(HfTokenizerReference, Llama3SplitWithIgnoreMerges) { check("llama3"); }
+TEST_F(HfTokenizerReference, BloomSplit) { check("bloom"); }
+
+TEST(HfTokenizer, UnsupportedPreTokenizerIsNamed) {
+  const auto path = fs::temp_directory_path() / ("tide_tok_meta_" + std::to_string(::getpid()) + ".json");
+  ByteLevelBpe::bytes().save(path.string());
+  std::ifstream in(path);
+  json j = json::parse(in);
+  j["pre_tokenizer"] = {{"type", "Metaspace"}};
+  std::ofstream(path, std::ios::trunc) << j.dump();
+  try {
+    load_tokenizer(path.string());
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'Metaspace'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace tide
