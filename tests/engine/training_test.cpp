@@ -110,6 +110,47 @@ TEST(Training, LuaStyleScheduleHookDrivesTheLearningRate) {
   fs::remove_all(dir);
 }
 
+TEST(Training, GradientAccumulationEqualsOneLargeBatch) {
+  // Two micro-batches of 4 and one micro-batch of 8 see the same 8 windows.
+  TrainHooks hooks;
+  hooks.show_progress = false;
+  hooks.peak_flops = 1e11;
+  RunConfig accumulated = tiny_run("accumulated"), whole = tiny_run("whole");
+  accumulated.schedule.steps = whole.schedule.steps = 2;
+  accumulated.schedule.warmup_steps = whole.schedule.warmup_steps = 0;
+  whole.batch.micro_batch = 8;
+  const fs::path a = fs::temp_directory_path() / ("tide_run_acc_" + std::to_string(::getpid()));
+  const fs::path b = fs::temp_directory_path() / ("tide_run_whole_" + std::to_string(::getpid()));
+  Trainer(accumulated, a.string(), hooks).run();
+  Trainer(whole, b.string(), hooks).run();
+  const auto la = losses_of(a), lb = losses_of(b);
+  ASSERT_EQ(la.size(), 2u);
+  ASSERT_EQ(lb.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 * std::abs(lb[i])) << i;
+  LoadedModel ma = load_model(a.string()), mb = load_model(b.string());
+  auto pb = mb.model->named_parameters();
+  for (const auto& item : ma.model->named_parameters())
+    EXPECT_TRUE(torch::allclose(item.value(), pb[item.key()], 1e-5, 1e-6)) << item.key();
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+TEST(Training, Bf16AutocastTrains) {
+  RunConfig c = tiny_run("bf16");
+  c.precision.compute = DType::BFloat16;
+  c.schedule.steps = 8;
+  TrainHooks hooks;
+  hooks.show_progress = false;
+  hooks.peak_flops = 1e11;
+  const fs::path dir = fs::temp_directory_path() / ("tide_run_bf16_" + std::to_string(::getpid()));
+  Trainer(c, dir.string(), hooks).run();
+  const auto l = losses_of(dir);
+  ASSERT_EQ(l.size(), 8u);
+  for (double x : l) EXPECT_TRUE(std::isfinite(x));
+  EXPECT_LT(l.back(), l.front());
+  fs::remove_all(dir);
+}
+
 TEST(Training, VocabularySmallerThanTheDataIsRefused) {
   RunConfig c = tiny_run("small_vocab");
   c.model.vocab_size = 100;

@@ -15,9 +15,11 @@ double train_flops_per_token(const ModelConfig& m, int64_t seq_len) {
          12.0 * static_cast<double>(m.n_layers) * static_cast<double>(m.dim) * static_cast<double>(seq_len);
 }
 
-double measure_matmul_peak(const char* device) {
+double measure_matmul_peak(const char* device, DType dtype) {
   torch::NoGradGuard no_grad;
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(torch::Device(device));
+  const auto opts = torch::TensorOptions()
+                        .dtype(dtype == DType::BFloat16 ? torch::kBFloat16 : torch::kFloat32)
+                        .device(torch::Device(device));
   double best = 0;
   for (const int64_t n : {1024, 2048}) {
     const auto a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts);

@@ -83,7 +83,8 @@ TrainResult Trainer::run() {
   const auto& cfg = s.cfg;
   const int64_t accum = cfg.batch.global_batch / cfg.batch.micro_batch;
   const int64_t tokens_per_step = cfg.batch.global_batch * cfg.data.seq_len;
-  const double peak = s.hooks.peak_flops > 0 ? s.hooks.peak_flops : measure_matmul_peak();
+  const double peak =
+      s.hooks.peak_flops > 0 ? s.hooks.peak_flops : measure_matmul_peak("cpu", cfg.precision.compute);
   const double flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
   s.log->info("matmul peak {:.1f} GFLOP/s; {:.3g} FLOPs per token", peak / 1e9, flops_per_token);
 

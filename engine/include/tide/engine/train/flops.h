@@ -12,8 +12,8 @@ namespace tide {
 // the attention scores and values (PaLM's accounting; recomputation not counted).
 double train_flops_per_token(const ModelConfig& m, int64_t seq_len);
 
-// Best fp32 matmul throughput (FLOP/s) of this process' threads on `device`
-// ("cpu" here), from a short probe of square GEMMs.
-double measure_matmul_peak(const char* device = "cpu");
+// Best matmul throughput (FLOP/s) of this process' threads on `device` ("cpu" here)
+// in the run's compute dtype, from a short probe of square GEMMs.
+double measure_matmul_peak(const char* device = "cpu", DType dtype = DType::Float32);
 
 }  // namespace tide
