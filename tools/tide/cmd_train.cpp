@@ -1,45 +1,108 @@
+#include <chrono>
+#include <cmath>
 #include <memory>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
+#include "launcher.h"
+#include "tide/engine/parallel/distributed.h"
+#include "tide/engine/parallel/launch_env.h"
+#include "tide/engine/train/runtime.h"
 #include "tide/engine/train/trainer.h"
 #include "tide/scripting/recipe.h"
 
 namespace tide::cli {
+namespace {
+
+struct Options {
+  std::string recipe, run_dir, master;
+  std::vector<std::string> overrides;
+  double peak_tflops = 0;
+  bool quiet = false;
+  int nproc = 1, nnodes = 1, node_rank = 0;
+};
+
+void run_training(const Options& opt) {
+  auto recipe = std::make_shared<Recipe>(Recipe::load_file(resolve_recipe_path(opt.recipe), opt.overrides));
+  RunConfig cfg = recipe->config();
+  const std::string dir = opt.run_dir.empty() ? "runs/" + cfg.name : opt.run_dir;
+  const auto env = launch_env_from_environment();
+
+  if (opt.nproc > 1 || opt.nnodes > 1) {  // this process launches the workers
+    LaunchSpec spec;
+    spec.nproc = opt.nproc;
+    spec.nnodes = opt.nnodes;
+    spec.node_rank = opt.node_rank;
+    if (!opt.master.empty()) {
+      const auto colon = opt.master.rfind(':');
+      if (colon == std::string::npos) throw std::invalid_argument("--master '" + opt.master + "' is not host:port");
+      spec.master_addr = opt.master.substr(0, colon);
+      spec.master_port = std::stoi(opt.master.substr(colon + 1));
+    } else if (opt.nnodes > 1) {
+      throw std::invalid_argument("--nnodes " + std::to_string(opt.nnodes) + " needs --master host:port");
+    }
+    spec.worker_args = {"train", opt.recipe, "--run-dir", dir};
+    for (const auto& o : opt.overrides) spec.worker_args.insert(spec.worker_args.end(), {"--set", o});
+    if (opt.peak_tflops > 0) spec.worker_args.insert(spec.worker_args.end(), {"--peak-tflops", fmt::format("{}", opt.peak_tflops)});
+    if (opt.quiet) spec.worker_args.push_back("--quiet");
+    if (const int rc = launch_workers(spec); rc != 0) throw std::runtime_error("training failed");
+    return;
+  }
+
+  TrainHooks hooks;
+  hooks.show_progress = !opt.quiet;
+  hooks.peak_flops = opt.peak_tflops * 1e12;
+  if (recipe->has_lr_function()) hooks.lr = [recipe](int64_t step) { return recipe->lr_at(step); };
+  std::unique_ptr<Distributed> dist;
+  if (env && env->world > 1) {
+    // One rank of a job: ranks sharing this machine share its cores.
+    if (cfg.threads == 0) {
+      const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+      const int local = lws ? std::max(1, std::atoi(lws)) : 1;
+      cfg.threads = std::max(1, available_cores() / local);
+    }
+    if (env->rank != 0) spdlog::set_level(spdlog::level::warn);
+    try {
+      dist = init_distributed(*env, cfg.parallel,
+                              std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_s * 1000)));
+      Trainer(cfg, dir, hooks, dist.get()).run();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(fmt::format("rank {}: {}", env->rank, e.what()));
+    }
+    return;
+  }
+  Trainer trainer(cfg, dir, hooks);
+  const TrainResult r = trainer.run();
+  spdlog::info("trained {} steps; final loss {:.4f}", r.steps, r.final_loss);
+  if (r.final_val_loss)
+    spdlog::info("validation loss {:.4f} (unigram baseline {:.4f}, perplexity {:.1f})", *r.final_val_loss,
+                 r.unigram_baseline, std::exp(*r.final_val_loss));
+  spdlog::info("weights: {}", r.weights_path);
+}
+
+}  // namespace
 
 void add_train_command(CLI::App& app) {
-  struct Options {
-    std::string recipe, run_dir;
-    std::vector<std::string> overrides;
-    double peak_tflops = 0;
-    bool quiet = false;
-  };
   auto opt = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("train", "Train a model from a recipe in this process");
+  auto* cmd = app.add_subcommand("train", "Train a model from a recipe, in this process or in several worker processes");
   cmd->add_option("recipe", opt->recipe, "Recipe file, or a bundled name such as llama/llama-tiny")->required();
   add_overrides(*cmd, opt->overrides);
   cmd->add_option("--run-dir", opt->run_dir, "Run directory (default: runs/<recipe name>)");
   cmd->add_option("--peak-tflops", opt->peak_tflops,
-                  "Peak FLOP/s (in TFLOP/s) for MFU; default: measured with a matmul probe");
+                  "Peak FLOP/s (in TFLOP/s) of one process for MFU; default: measured with a matmul probe");
   cmd->add_flag("--quiet", opt->quiet, "No progress line");
-  cmd->callback([opt] {
-    auto recipe = std::make_shared<Recipe>(Recipe::load_file(resolve_recipe_path(opt->recipe), opt->overrides));
-    const RunConfig& cfg = recipe->config();
-    const std::string dir = opt->run_dir.empty() ? "runs/" + cfg.name : opt->run_dir;
-    TrainHooks hooks;
-    hooks.show_progress = !opt->quiet;
-    hooks.peak_flops = opt->peak_tflops * 1e12;
-    if (recipe->has_lr_function()) hooks.lr = [recipe](int64_t step) { return recipe->lr_at(step); };
-    Trainer trainer(cfg, dir, hooks);
-    const TrainResult r = trainer.run();
-    spdlog::info("trained {} steps; final loss {:.4f}", r.steps, r.final_loss);
-    if (r.final_val_loss)
-      spdlog::info("validation loss {:.4f} (unigram baseline {:.4f}, perplexity {:.1f})", *r.final_val_loss,
-                   r.unigram_baseline, std::exp(*r.final_val_loss));
-    spdlog::info("weights: {}", r.weights_path);
-  });
+  cmd->add_option("--nproc", opt->nproc, "Worker processes on this machine (one per device)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--nnodes", opt->nnodes, "Machines in the job")->check(CLI::Range(1, 100000));
+  cmd->add_option("--node-rank", opt->node_rank, "This machine's index in [0, nnodes)")->check(CLI::Range(0, 100000));
+  cmd->add_option("--master", opt->master,
+                  "host:port of node 0's rendezvous store (default for one node: 127.0.0.1 and a free port)");
+  cmd->footer(
+      "A process started with WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in its environment (as "
+      "torchrun, Slurm scripts and Kubernetes indexed Jobs set them) runs as that rank.");
+  cmd->callback([opt] { run_training(*opt); });
 }
 
 }  // namespace tide::cli

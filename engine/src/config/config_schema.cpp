@@ -201,6 +201,9 @@ std::vector<FieldSpec> build_schema() {
   s.push_back(number("parallel.bucket_mb", 0.01, 1e6, false, "Gradient bucket size (MiB).", REF(parallel.bucket_mb)));
   s.push_back(boolean("parallel.sequence_parallel", false, "Shard norms and dropout along the sequence (tp > 1).",
                       REF(parallel.sequence_parallel)));
+  s.push_back(number("parallel.timeout_s", 1, 86400, false,
+                     "Seconds a collective or the rendezvous may take before the job fails, naming it.",
+                     REF(parallel.timeout_s)));
   return s;
 }
 

@@ -53,9 +53,9 @@ Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_ba
 }
 
 BatchLoader::BatchLoader(const TokenSplit& split, uint64_t seed, int64_t batch, int64_t seq_len, int64_t cursor,
-                         int64_t prefetch)
+                         int64_t prefetch, int64_t offset, int64_t stride)
     : split_(split), seed_(seed), batch_(batch), seq_len_(seq_len), cursor_(cursor), produced_(cursor),
-      prefetch_(prefetch) {
+      prefetch_(prefetch), offset_(offset), stride_(stride > 0 ? stride : batch) {
   check_split(split, seq_len);
   if (prefetch_ > 0) worker_ = std::thread([this] { run(); });
 }
@@ -76,8 +76,8 @@ void BatchLoader::run() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || static_cast<int64_t>(ready_.size()) < prefetch_; });
       if (stop_) return;
-      first = produced_;
-      produced_ += batch_;
+      first = produced_ + offset_;
+      produced_ += stride_;
     }
     Batch b = make_batch(split_, seed_, first, batch_, seq_len_);
     {
@@ -90,15 +90,15 @@ void BatchLoader::run() {
 
 Batch BatchLoader::next() {
   if (prefetch_ == 0) {
-    Batch b = make_batch(split_, seed_, cursor_, batch_, seq_len_);
-    cursor_ += batch_;
+    Batch b = make_batch(split_, seed_, cursor_ + offset_, batch_, seq_len_);
+    cursor_ += stride_;
     return b;
   }
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !ready_.empty(); });
   Batch b = std::move(ready_.front());
   ready_.pop_front();
-  cursor_ += batch_;
+  cursor_ += stride_;
   lock.unlock();
   cv_.notify_all();
   return b;

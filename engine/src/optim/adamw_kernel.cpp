@@ -10,9 +10,9 @@
 
 namespace tide {
 
-void adamw_update_cpu(float* p, const float* g, float* m, float* v, int64_t begin, int64_t end, float decay, float b1,
-                      float b2, float eps, float step_size, float inv_sqrt_bc2) {
-  at::parallel_for(begin, end, int64_t{1} << 15, [&](int64_t lo, int64_t hi) {
+void adamw_update_cpu(float* p, const float* g, float* m, float* v, int64_t n, float decay, float b1, float b2,
+                      float eps, float step_size, float inv_sqrt_bc2) {
+  at::parallel_for(0, n, int64_t{1} << 15, [&](int64_t lo, int64_t hi) {
 #pragma omp simd
     for (int64_t i = lo; i < hi; ++i) {
       const float gi = g[i];

@@ -6,7 +6,7 @@
 
 namespace tide {
 
-FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& optim) {
+FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& optim, int64_t pad_to) {
   std::vector<Slot> decayed, plain;
   torch::Device device(torch::kCPU);
   for (auto& item : model.named_parameters()) {
@@ -28,8 +28,10 @@ FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& opti
     s.offset = total;
     total += s.numel;
   }
+  parameter_numel_ = total;
+  if (pad_to > 1) total = (total + pad_to - 1) / pad_to * pad_to;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  data_ = torch::empty({total}, opts);
+  data_ = torch::zeros({total}, opts);
   grad_ = torch::zeros({total}, opts);
   torch::NoGradGuard no_grad;
   for (auto& s : slots_) {

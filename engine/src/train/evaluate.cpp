@@ -11,17 +11,22 @@ namespace tide {
 
 double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
                      int64_t n_batches) {
+  return evaluate_loss_sum(model, split, seq_len, micro_batch, n_batches, 0, 1) / static_cast<double>(n_batches);
+}
+
+double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
+                         int64_t n_batches, int64_t first, int64_t step) {
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();
   const auto device = model->tok_embeddings.device();
   double total = 0;
-  for (int64_t i = 0; i < n_batches; ++i) {
+  for (int64_t i = first; i < n_batches; i += step) {
     const Batch b = make_eval_batch(split, i, n_batches, micro_batch, seq_len);
     total += model->loss(b.tokens.to(device), b.targets.to(device)).item<double>();
   }
   model->train(was_training);
-  return total / static_cast<double>(n_batches);
+  return total;
 }
 
 double unigram_entropy(const TokenSplit& split) {

@@ -19,6 +19,9 @@
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
 #include "tide/engine/optim/lr_schedule.h"
+#include "tide/engine/parallel/comm.h"
+#include "tide/engine/parallel/data_parallel.h"
+#include "tide/engine/parallel/distributed.h"
 #include "tide/engine/train/evaluate.h"
 #include "tide/engine/train/flops.h"
 #include "tide/engine/train/run_files.h"
@@ -32,6 +35,10 @@ struct Trainer::State {
   RunConfig cfg;
   fs::path dir;
   TrainHooks hooks;
+  Distributed* dist = nullptr;
+  bool leader = true;  // writes the run directory and shows progress
+  int dp_size = 1, dp_rank = 0;
+  std::unique_ptr<DataParallel> data_parallel;
   std::shared_ptr<spdlog::logger> log;
   std::unique_ptr<TokenDataset> data;
   Transformer model{nullptr};
@@ -39,23 +46,42 @@ struct Trainer::State {
   std::unique_ptr<AdamW> optim;
 };
 
-Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks) : s_(std::make_unique<State>()) {
+Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Distributed* dist)
+    : s_(std::make_unique<State>()) {
   validate(cfg);
   s_->cfg = cfg;
   s_->dir = run_dir;
   s_->hooks = std::move(hooks);
+  s_->dist = dist;
+  if (dist) {
+    s_->leader = dist->world->rank() == 0;
+    s_->dp_size = dist->dp->size();
+    s_->dp_rank = dist->dp->rank();
+    if (dist->grid.tp() > 1 || dist->grid.pp() > 1)
+      throw ConfigError("parallel", "tensor and pipeline parallelism are not implemented yet (" +
+                                        dist->grid.describe() + "); use data parallelism");
+    if (cfg.parallel.zero > 1)
+      throw ConfigError("parallel.zero", fmt::format("stage {} is not implemented yet; stages 0 and 1 are",
+                                                     cfg.parallel.zero));
+    if (cfg.batch.global_batch % (cfg.batch.micro_batch * s_->dp_size) != 0)
+      throw ConfigError("batch.global_batch",
+                        fmt::format("{} is not a multiple of batch.micro_batch x dp = {} x {}", cfg.batch.global_batch,
+                                    cfg.batch.micro_batch, s_->dp_size));
+  }
   fs::create_directories(s_->dir);
-  {
+  if (s_->leader) {
     std::ofstream out(s_->dir / "config.json", std::ios::trunc);
     out << config_to_json(cfg).dump(2) << "\n";
   }
-  auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((s_->dir / "train.log").string(), false);
+  const std::string log_name = s_->leader ? "train.log" : fmt::format("train-rank{}.log", dist->world->rank());
+  auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((s_->dir / log_name).string(), false);
   s_->log = std::make_shared<spdlog::logger>("train", file_sink);
   s_->log->set_level(spdlog::level::info);
   s_->log->flush_on(spdlog::level::info);
 
   const int threads = configure_threads(cfg.threads);
-  torch::manual_seed(static_cast<uint64_t>(cfg.seed));
+  // Dropout masks differ between data-parallel ranks, as they would between batches.
+  torch::manual_seed(static_cast<uint64_t>(cfg.seed) + 1000003ull * static_cast<uint64_t>(s_->dp_rank));
   s_->data = std::make_unique<TokenDataset>(cfg.data.path);
   if (s_->data->vocab_size() > cfg.model.vocab_size)
     throw ConfigError("model.vocab_size", fmt::format("{} is smaller than the dataset's vocabulary of {} ids ({})",
@@ -63,17 +89,22 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks) : 
   s_->model = Transformer(cfg.model);
   s_->model->reset_parameters(static_cast<uint64_t>(cfg.seed));
   s_->model->train();
-  s_->flat = std::make_unique<FlatParameters>(*s_->model, cfg.optimizer);
-  s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer);
-  if (fs::exists(s_->data->tokenizer_path()))
+  s_->flat = std::make_unique<FlatParameters>(*s_->model, cfg.optimizer, s_->dp_size);
+  if (dist) s_->data_parallel = std::make_unique<DataParallel>(*dist->dp, *s_->flat, cfg.parallel);
+  const int64_t begin = s_->data_parallel ? s_->data_parallel->shard_begin() : 0;
+  const int64_t end = s_->data_parallel ? s_->data_parallel->shard_end() : -1;
+  s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer, begin, end);
+  if (s_->leader && fs::exists(s_->data->tokenizer_path()))
     fs::copy_file(s_->data->tokenizer_path(), s_->dir / fs::path(s_->data->tokenizer_path()).filename(),
                   fs::copy_options::overwrite_existing);
-  const std::string intro =
-      fmt::format("run '{}': {} parameters, {} threads, {} sequences of {} tokens per step ({} micro-batches of {})",
-                  cfg.name, parameter_count(cfg.model), threads, cfg.batch.global_batch, cfg.data.seq_len,
-                  cfg.batch.global_batch / cfg.batch.micro_batch, cfg.batch.micro_batch);
+  const std::string intro = fmt::format(
+      "run '{}': {} parameters, {} threads, {} sequences of {} tokens per step ({} micro-batches of {}{})", cfg.name,
+      parameter_count(cfg.model), threads, cfg.batch.global_batch, cfg.data.seq_len,
+      cfg.batch.global_batch / (cfg.batch.micro_batch * s_->dp_size), cfg.batch.micro_batch,
+      dist ? fmt::format(" on each of {} ranks, {}, ZeRO-{}", s_->dp_size, dist->grid.describe(), cfg.parallel.zero)
+           : "");
   s_->log->info("{}", intro);
-  spdlog::info("{}", intro);
+  if (s_->leader) spdlog::info("{}", intro);
 }
 
 Trainer::~Trainer() = default;
@@ -81,7 +112,7 @@ Trainer::~Trainer() = default;
 TrainResult Trainer::run() {
   auto& s = *s_;
   const auto& cfg = s.cfg;
-  const int64_t accum = cfg.batch.global_batch / cfg.batch.micro_batch;
+  const int64_t accum = cfg.batch.global_batch / (cfg.batch.micro_batch * s.dp_size);
   const int64_t tokens_per_step = cfg.batch.global_batch * cfg.data.seq_len;
   const double peak =
       s.hooks.peak_flops > 0 ? s.hooks.peak_flops : measure_matmul_peak("cpu", cfg.precision.compute);
@@ -94,8 +125,9 @@ TrainResult Trainer::run() {
   TrainResult result;
   result.unigram_baseline = can_eval ? unigram_entropy(val) : 0.0;
   BatchLoader loader(train, static_cast<uint64_t>(cfg.seed), cfg.batch.micro_batch, cfg.data.seq_len, 0,
-                     cfg.data.prefetch);
-  JsonlWriter metrics((s.dir / "metrics.jsonl").string());
+                     cfg.data.prefetch, s.dp_rank * cfg.batch.micro_batch, s.dp_size * cfg.batch.micro_batch);
+  std::unique_ptr<JsonlWriter> metrics;
+  if (s.leader) metrics = std::make_unique<JsonlWriter>((s.dir / "metrics.jsonl").string());
   ProgressLine progress;
   const bool bf16 = cfg.precision.compute == DType::BFloat16;
   double ema_step = 0;
@@ -120,10 +152,19 @@ TrainResult Trainer::run() {
       (loss / static_cast<double>(accum)).backward();
       loss_sum += loss.item<double>();
     }
+    if (s.data_parallel) {
+      s.data_parallel->average_gradients();
+      loss_sum = s.data_parallel->sum(loss_sum) / static_cast<double>(s.dp_size);
+    }
+    // Every rank holds the same averaged gradients, so the norm and the skip decision
+    // agree without another collective.
     const double gnorm = clip_grad_norm(s.flat->grad(), cfg.optimizer.grad_clip);
     StepMetrics m;
     m.skipped = !std::isfinite(gnorm);
-    if (!m.skipped) s.optim->step(lr);
+    if (!m.skipped) {
+      s.optim->step(lr);
+      if (s.data_parallel) s.data_parallel->gather_parameters();
+    }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     ema_step = step == 0 ? dt : 0.9 * ema_step + 0.1 * dt;
 
@@ -135,28 +176,35 @@ TrainResult Trainer::run() {
     m.tokens_seen = (step + 1) * tokens_per_step;
     m.step_seconds = dt;
     m.tokens_per_second = static_cast<double>(tokens_per_step) / dt;
-    m.mfu = m.tokens_per_second * flops_per_token / peak;
+    // Every rank measured the peak of its own share of the machine.
+    const int world = s.dist ? s.dist->world->size() : 1;
+    m.mfu = m.tokens_per_second * flops_per_token / (peak * world);
     const auto mem = read_memory();
     m.rss_mb = mem.rss_mb;
     m.peak_rss_mb = mem.peak_rss_mb;
     m.eta_seconds = ema_step * static_cast<double>(cfg.schedule.steps - step - 1);
     const bool last = step + 1 == cfg.schedule.steps;
     if (can_eval && ((cfg.eval.every > 0 && (step + 1) % cfg.eval.every == 0) || last)) {
-      m.val_loss = evaluate_loss(s.model, val, cfg.data.seq_len, cfg.batch.micro_batch, cfg.eval.batches);
+      double total = evaluate_loss_sum(s.model, val, cfg.data.seq_len, cfg.batch.micro_batch, cfg.eval.batches,
+                                       s.dp_rank, s.dp_size);
+      if (s.data_parallel) total = s.data_parallel->sum(total);
+      m.val_loss = total / static_cast<double>(cfg.eval.batches);
       result.final_val_loss = m.val_loss;
     }
-    metrics.write(to_json(m));
-    if (s.hooks.show_progress && ((step + 1) % cfg.log_every == 0 || last || m.val_loss)) progress.update(m);
+    if (metrics) metrics->write(to_json(m));
+    if (s.leader && s.hooks.show_progress && ((step + 1) % cfg.log_every == 0 || last || m.val_loss))
+      progress.update(m);
     if ((step + 1) % cfg.log_every == 0 || last || m.val_loss) s.log->info("{}", ProgressLine::format(m));
     if (m.skipped) s.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
     if (s.hooks.on_step) s.hooks.on_step(m);
-    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0 && !last)
+    if (s.leader && cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0 && !last)
       save_model((s.dir / "model.safetensors").string(), s.model);
     result.steps = m.step;
     result.final_loss = m.loss;
   }
   progress.finish();
   result.weights_path = (s.dir / "model.safetensors").string();
+  if (!s.leader) return result;
   save_model(result.weights_path, s.model);
   nlohmann::json summary = {{"steps", result.steps},
                             {"final_loss", result.final_loss},

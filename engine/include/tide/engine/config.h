@@ -90,6 +90,7 @@ struct ParallelConfig {
   std::string pipeline_schedule = "1f1b";
   double bucket_mb = 25.0;
   bool sequence_parallel = false;
+  double timeout_s = 120;  // a collective or the rendezvous that takes longer fails
 };
 
 struct EvalConfig {

@@ -33,21 +33,25 @@ Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_ba
 class BatchLoader {
  public:
   // Prepares up to `prefetch` batches ahead on a background thread (0: on demand).
+  // Data-parallel ranks share one sample sequence: each batch takes the samples
+  // [cursor + offset, + batch), then the cursor moves by `stride` (0: batch). With
+  // offset = rank * batch and stride = ranks * batch, the ranks together read exactly
+  // what one process would.
   BatchLoader(const TokenSplit& split, uint64_t seed, int64_t batch, int64_t seq_len, int64_t cursor,
-              int64_t prefetch);
+              int64_t prefetch, int64_t offset = 0, int64_t stride = 0);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
 
   Batch next();
-  int64_t cursor() const { return cursor_; }  // sequences handed out so far
+  int64_t cursor() const { return cursor_; }  // sequences consumed by all ranks so far
 
  private:
   void run();
 
   const TokenSplit& split_;
   uint64_t seed_;
-  int64_t batch_, seq_len_, cursor_, produced_, prefetch_;
+  int64_t batch_, seq_len_, cursor_, produced_, prefetch_, offset_, stride_;
   std::deque<Batch> ready_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -11,10 +11,14 @@ class FlatParameters;
 
 class AdamW {
  public:
-  AdamW(FlatParameters& params, const OptimConfig& cfg);
+  // Updates the elements [begin, end) of the flat buffers (end = -1: all of them); the
+  // moments are held for that range only (ZeRO shards it across data-parallel ranks).
+  AdamW(FlatParameters& params, const OptimConfig& cfg, int64_t begin = 0, int64_t end = -1);
 
   // One update with learning rate `lr` (weight decay, betas and eps from config()).
   void step(double lr);
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
   int64_t steps_taken() const { return t_; }
   OptimConfig& config() { return cfg_; }
 
@@ -25,6 +29,7 @@ class AdamW {
   FlatParameters& params_;
   OptimConfig cfg_;
   torch::Tensor m_, v_;
+  int64_t begin_ = 0, end_ = 0;
   int64_t t_ = 0;
 };
 

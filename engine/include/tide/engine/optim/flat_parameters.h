@@ -24,18 +24,20 @@ class FlatParameters {
   };
 
   // Decayed parameters come first, so weight decay applies to one prefix [0, decay_numel).
-  FlatParameters(torch::nn::Module& model, const OptimConfig& optim);
+  // The buffers are zero-padded to a multiple of `pad_to` elements (equal ZeRO shards).
+  FlatParameters(torch::nn::Module& model, const OptimConfig& optim, int64_t pad_to = 1);
 
   torch::Tensor& data() { return data_; }
   torch::Tensor& grad() { return grad_; }
-  int64_t numel() const { return data_.numel(); }
+  int64_t numel() const { return data_.numel(); }  // padded
+  int64_t parameter_numel() const { return parameter_numel_; }
   int64_t decay_numel() const { return decay_numel_; }
   const std::vector<Slot>& slots() const { return slots_; }
   void zero_grad() { grad_.zero_(); }
 
  private:
   torch::Tensor data_, grad_;
-  int64_t decay_numel_ = 0;
+  int64_t decay_numel_ = 0, parameter_numel_ = 0;
   std::vector<Slot> slots_;
 };
 

@@ -14,6 +14,10 @@ namespace tide {
 // Mean next-token loss over n_batches evenly spaced batches of the split (no grad).
 double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
                      int64_t n_batches);
+// The sum of the losses of batches first, first + step, ... < n_batches: data-parallel
+// ranks each take a share and add up.
+double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
+                         int64_t n_batches, int64_t first, int64_t step);
 
 // Entropy (nats) of the split's unigram token distribution: the loss of a model that
 // knows only token frequencies, the baseline a trained model must beat.

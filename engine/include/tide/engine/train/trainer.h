@@ -12,6 +12,8 @@
 
 namespace tide {
 
+struct Distributed;
+
 struct TrainHooks {
   // Learning rate of 0-based step `step` when the schedule is a Lua function.
   std::function<double(int64_t step)> lr;
@@ -30,8 +32,10 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // run_dir is created; config.json is written at once.
-  Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks = {});
+  // run_dir is created; config.json is written at once. With `dist`, this process is
+  // one rank of a data-parallel job: rank 0 writes the run directory's files, the others
+  // only their own log (train-rank<N>.log).
+  Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks = {}, Distributed* dist = nullptr);
   ~Trainer();
   TrainResult run();
 

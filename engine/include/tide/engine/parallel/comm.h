@@ -1,0 +1,54 @@
+// Collectives of one process group, over c10d (Gloo on CPU, NCCL on CUDA), with a
+// timeout on every operation. What a backend lacks is emulated here and nowhere else:
+// Gloo in LibTorch 1.13 has no reduce-scatter (done as all-to-all + local sum: the same
+// bytes on the wire as a ring) and no flat all-gather (list all-gather + copy).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace tide {
+
+// A collective that failed or timed out, naming the group, its ranks and the operation.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Comm {
+ public:
+  struct Impl;
+  explicit Comm(std::unique_ptr<Impl> impl);
+  ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  const std::string& name() const;
+  int rank() const;  // within the group
+  int size() const;
+  const std::vector<int>& ranks() const;  // global ranks, in group order
+
+  // `what` names the operation in errors ("grad bucket 3").
+  void all_reduce_sum(at::Tensor& t, const std::string& what);
+  void all_reduce_max(at::Tensor& t, const std::string& what);
+  void broadcast(at::Tensor& t, int root, const std::string& what);
+  // input: size() * n elements (chunk j goes to group rank j); output: n elements, the
+  // sum of every rank's chunk for this rank.
+  void reduce_scatter_sum(const at::Tensor& input, at::Tensor& output, const std::string& what);
+  // input: n elements; output: size() * n, rank j's input at chunk j.
+  void all_gather(const at::Tensor& input, at::Tensor& output, const std::string& what);
+  void barrier(const std::string& what);
+
+  // Bytes this rank has sent through this group (payload, by the algorithm's count).
+  int64_t bytes_sent() const;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tide

@@ -1,0 +1,40 @@
+// Data parallelism over the flat parameter and gradient buffers: gradients averaged
+// across the data-parallel group in buckets, and for ZeRO-1 the optimizer state sharded
+// (each rank updates its slice of the flat buffer, then all ranks gather the slices).
+#pragma once
+
+#include <cstdint>
+
+#include "tide/engine/config.h"
+
+namespace tide {
+
+class Comm;
+class FlatParameters;
+
+class DataParallel {
+ public:
+  // `flat` must be padded to a multiple of the group size (FlatParameters pad_to).
+  DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg);
+
+  // Gradients become the mean over the group: one all-reduce per bucket of bucket_mb.
+  void average_gradients();
+  // Sum of a scalar over the group (losses for reporting).
+  double sum(double x);
+
+  // The slice of the flat buffers this rank's optimizer owns: all of it without ZeRO.
+  int64_t shard_begin() const { return begin_; }
+  int64_t shard_end() const { return end_; }
+  // ZeRO >= 1, after the optimizer stepped this rank's slice: all ranks get all slices.
+  void gather_parameters();
+
+  int64_t bytes_sent() const;
+
+ private:
+  Comm& dp_;
+  FlatParameters& flat_;
+  ParallelConfig cfg_;
+  int64_t bucket_elems_, begin_, end_;
+};
+
+}  // namespace tide

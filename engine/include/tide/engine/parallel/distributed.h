@@ -1,0 +1,27 @@
+// A rank's view of its job: the grid and a communicator for each of its groups.
+#pragma once
+
+#include <memory>
+
+#include "tide/engine/config.h"
+#include "tide/engine/parallel/comm.h"
+#include "tide/engine/parallel/grid.h"
+#include "tide/engine/parallel/launch_env.h"
+
+namespace tide {
+
+struct Distributed {
+  Grid grid;
+  std::unique_ptr<Comm> world, dp, tp, pp;
+  struct Store;  // keeps the rendezvous store alive
+  std::shared_ptr<Store> store;
+};
+
+// Rendezvous through a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT, then one
+// process group per grid axis. Gloo for CPU tensors; NCCL when `device` is CUDA and
+// LibTorch was built with it. Every collective and the rendezvous give up after
+// `timeout`, with an error naming the group and the operation.
+std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const ParallelConfig& parallel,
+                                              std::chrono::milliseconds timeout, bool cuda = false);
+
+}  // namespace tide

@@ -1,0 +1,48 @@
+// The dp x tp x pp layout of a world of ranks. Passed explicitly (no process-wide
+// state), so two engines can live in one process.
+//
+// Rank order puts tensor-parallel neighbours next to each other (they talk the most and
+// belong on one node), then data-parallel, then pipeline stages:
+//   rank = (pp_rank * dp + dp_rank) * tp + tp_rank
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tide {
+
+struct GridCoords {
+  int dp = 0, tp = 0, pp = 0;
+};
+
+class Grid {
+ public:
+  // dp = 0 infers it as world / (tp * pp). Throws ConfigError naming every factor when
+  // dp * tp * pp != world.
+  Grid(int world, int rank, int dp, int tp, int pp);
+
+  int world() const { return world_; }
+  int rank() const { return rank_; }
+  int dp() const { return dp_; }
+  int tp() const { return tp_; }
+  int pp() const { return pp_; }
+  GridCoords coords() const { return coords_of(rank_); }
+  GridCoords coords_of(int rank) const;
+  int rank_of(const GridCoords& c) const;
+
+  // Global ranks of this rank's groups, in group-rank order.
+  std::vector<int> dp_group() const;
+  std::vector<int> tp_group() const;
+  std::vector<int> pp_group() const;
+  // A stable name for the group, used as its store prefix ("dp.tp0.pp1").
+  std::string dp_group_name() const;
+  std::string tp_group_name() const;
+  std::string pp_group_name() const;
+
+  std::string describe() const;  // "dp2 x tp1 x pp1 (rank 1 = dp1 tp0 pp0)"
+
+ private:
+  int world_, rank_, dp_, tp_, pp_;
+};
+
+}  // namespace tide

@@ -1,0 +1,125 @@
+#include "tide/engine/parallel/comm.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/torch.h>
+
+#include "comm_impl.h"
+
+namespace tide {
+
+Comm::Comm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Comm::~Comm() = default;
+
+const std::string& Comm::name() const { return impl_->name; }
+int Comm::rank() const { return impl_->group_rank; }
+int Comm::size() const { return static_cast<int>(impl_->ranks.size()); }
+const std::vector<int>& Comm::ranks() const { return impl_->ranks; }
+int64_t Comm::bytes_sent() const { return impl_->bytes_sent; }
+
+void Comm::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op, const std::string& what) {
+  try {
+    if (!work->wait(timeout))
+      throw std::runtime_error(fmt::format("did not complete within {} s", timeout.count() / 1000.0));
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{} ({}) on group {} (ranks {}) failed on rank {}: {}", op, what, name,
+                                fmt::join(ranks, ","), ranks.at(static_cast<size_t>(group_rank)), e.what()));
+  }
+}
+
+namespace {
+int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// Gloo reduces fp32/fp64 only; bf16/fp16 travel as fp32.
+at::Tensor wire(const at::Tensor& t, bool gloo) {
+  if (gloo && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf)) return t.to(at::kFloat);
+  return t;
+}
+}  // namespace
+
+void Comm::all_reduce_sum(at::Tensor& t, const std::string& what) {
+  if (size() == 1) return;
+  auto w = wire(t, impl_->gloo);
+  std::vector<at::Tensor> v{w};
+  impl_->wait(impl_->pg->allreduce(v, c10d::AllreduceOptions{c10d::ReduceOp::SUM}), "all_reduce", what);
+  if (!w.is_same(t)) t.copy_(w);
+  impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();  // ring: reduce-scatter + all-gather
+}
+
+void Comm::all_reduce_max(at::Tensor& t, const std::string& what) {
+  if (size() == 1) return;
+  auto w = wire(t, impl_->gloo);
+  std::vector<at::Tensor> v{w};
+  impl_->wait(impl_->pg->allreduce(v, c10d::AllreduceOptions{c10d::ReduceOp::MAX}), "all_reduce(max)", what);
+  if (!w.is_same(t)) t.copy_(w);
+  impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();
+}
+
+void Comm::broadcast(at::Tensor& t, int root, const std::string& what) {
+  if (size() == 1) return;
+  // Gloo cannot broadcast bool tensors; they travel as bytes.
+  at::Tensor w = t.scalar_type() == at::kBool ? t.to(at::kByte) : wire(t, impl_->gloo);
+  std::vector<at::Tensor> v{w};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  impl_->wait(impl_->pg->broadcast(v, opts), "broadcast", what);
+  if (!w.is_same(t)) t.copy_(w);
+  if (rank() == root) impl_->bytes_sent += nbytes(t);
+}
+
+void Comm::reduce_scatter_sum(const at::Tensor& input, at::Tensor& output, const std::string& what) {
+  const int n = size();
+  TORCH_CHECK(input.numel() == output.numel() * n, "reduce_scatter: input has ", input.numel(),
+              " elements, expected ", output.numel() * n);
+  if (n == 1) {
+    output.copy_(input.view_as(output));
+    return;
+  }
+  if (!impl_->gloo) {
+    auto out = output;
+    impl_->wait(impl_->pg->_reduce_scatter_base(out, const_cast<at::Tensor&>(input)), "reduce_scatter", what);
+  } else {
+    // Chunk j of every rank lands on rank j, which sums them: the bytes of a ring.
+    auto in = wire(input.contiguous(), true);
+    auto gathered = at::empty_like(in);
+    std::vector<int64_t> splits;
+    impl_->wait(impl_->pg->alltoall_base(gathered, in, splits, splits), "reduce_scatter(all_to_all)", what);
+    output.copy_(gathered.view({n, -1}).sum(0).view_as(output));
+  }
+  impl_->bytes_sent += nbytes(input) * (n - 1) / n;
+}
+
+void Comm::all_gather(const at::Tensor& input, at::Tensor& output, const std::string& what) {
+  const int n = size();
+  TORCH_CHECK(output.numel() == input.numel() * n, "all_gather: output has ", output.numel(),
+              " elements, expected ", input.numel() * n);
+  if (n == 1) {
+    output.view_as(input).copy_(input);
+    return;
+  }
+  if (!impl_->gloo) {
+    auto in = input.contiguous();
+    impl_->wait(impl_->pg->_allgather_base(output, in), "all_gather", what);
+  } else {
+    auto in = wire(input.contiguous(), true);
+    std::vector<at::Tensor> in_list{in};
+    std::vector<std::vector<at::Tensor>> out_lists(1);
+    auto flat = output.scalar_type() == in.scalar_type() ? output : at::empty({output.numel()}, in.options());
+    for (int j = 0; j < n; ++j) out_lists[0].push_back(flat.view({-1}).narrow(0, j * in.numel(), in.numel()));
+    impl_->wait(impl_->pg->allgather(out_lists, in_list), "all_gather", what);
+    // Gloo writes into its own buffers when the views are not what it expects.
+    for (int j = 0; j < n; ++j) {
+      auto dst = flat.view({-1}).narrow(0, j * in.numel(), in.numel());
+      if (!out_lists[0][j].is_same(dst)) dst.copy_(out_lists[0][j]);
+    }
+    if (!flat.is_same(output)) output.copy_(flat.view_as(output));
+  }
+  impl_->bytes_sent += nbytes(input) * (n - 1);
+}
+
+void Comm::barrier(const std::string& what) {
+  if (size() == 1) return;
+  impl_->wait(impl_->pg->barrier(), "barrier", what);
+}
+
+}  // namespace tide

@@ -1,0 +1,39 @@
+#include <gtest/gtest.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/parallel/grid.h"
+
+namespace tide {
+namespace {
+
+TEST(Grid, InfersDpAndNamesEveryFactorWhenWrong) {
+  EXPECT_EQ(Grid(8, 0, 0, 2, 2).dp(), 2);
+  try {
+    Grid(6, 0, 2, 2, 2);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("dp x tp x pp = 2 x 2 x 2 = 8 ranks, but the world has 6"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(Grid(6, 0, 0, 4, 1), ConfigError);
+  EXPECT_THROW(Grid(4, 4, 0, 1, 1), ConfigError);
+}
+
+TEST(Grid, TensorParallelNeighboursAreAdjacent) {
+  // dp2 x tp2 x pp2 = 8: rank = (pp * dp + dp_rank) * tp + tp_rank.
+  for (int r = 0; r < 8; ++r) {
+    const Grid g(8, r, 2, 2, 2);
+    EXPECT_EQ(g.rank_of(g.coords()), r);
+  }
+  const Grid g(8, 5, 2, 2, 2);  // pp1 dp0 tp1
+  EXPECT_EQ(g.coords().pp, 1);
+  EXPECT_EQ(g.coords().dp, 0);
+  EXPECT_EQ(g.coords().tp, 1);
+  EXPECT_EQ(g.tp_group(), (std::vector<int>{4, 5}));
+  EXPECT_EQ(g.dp_group(), (std::vector<int>{5, 7}));
+  EXPECT_EQ(g.pp_group(), (std::vector<int>{1, 5}));
+  EXPECT_EQ(g.dp_group_name(), "dp.tp1.pp1");
+}
+
+}  // namespace
+}  // namespace tide
