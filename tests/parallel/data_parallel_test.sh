@@ -15,11 +15,11 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 cp /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 "$work/" 2>/dev/null || true
 $tide data prepare "$work/GPL-3" "$work/Apache-2.0" --out "$work/ds" --tokenizer bytes --val-fraction 0.1 2> /dev/null
 
-cat > "$work/llama.lua" <<LUA
+write_recipe() {  # write_recipe NAME MODEL: the same run for both families
+  cat > "$work/$1.lua" <<LUA
 return tide.recipe {
-  name = "dp-llama", seed = 7, threads = 1,
-  model = tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2,
-                              multiple_of = 32, max_seq_len = 64 },
+  name = "dp-$1", seed = 7, threads = 1,
+  model = $2,
   data = { path = "$work/ds", seq_len = 64, prefetch = 2 },
   batch = { micro_batch = 2, global_batch = 8 },
   optimizer = { lr = 3e-3, weight_decay = 0.1, grad_clip = 1.0 },
@@ -28,18 +28,9 @@ return tide.recipe {
   log_every = 100,
 }
 LUA
-cat > "$work/bloom.lua" <<LUA
-return tide.recipe {
-  name = "dp-bloom", seed = 7, threads = 1,
-  model = tide.models.bloom { vocab_size = 300, dim = 48, n_layers = 2, n_heads = 4, max_seq_len = 64 },
-  data = { path = "$work/ds", seq_len = 64, prefetch = 2 },
-  batch = { micro_batch = 2, global_batch = 8 },
-  optimizer = { lr = 3e-3, weight_decay = 0.1, grad_clip = 1.0 },
-  schedule = { steps = 10, warmup_steps = 2 },
-  eval = { every = 5, batches = 4 },
-  log_every = 100,
 }
-LUA
+write_recipe llama "tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, multiple_of = 32, max_seq_len = 64 }"
+write_recipe bloom "tide.models.bloom { vocab_size = 300, dim = 48, n_layers = 2, n_heads = 4, max_seq_len = 64 }"
 
 compare() {  # compare REFERENCE_RUN OTHER_RUN EXACT(0|1)
   /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
@@ -94,6 +85,32 @@ for shape in llama bloom; do
   compare "$work/$shape-dp2" "$work/$shape-zero1" 1 || fail "$shape: ZeRO-1 differs from plain dp"
   cmp -s "$work/$shape-dp2/model.safetensors" "$work/$shape-zero1/model.safetensors" || fail "$shape: ZeRO-1 weights are not dp's bytes"
 done
+
+# Model-state bytes per rank against fp32 AdamW theory (psi parameters, N ranks):
+# dp 16 psi, ZeRO-1 8 psi + 8 psi / N, within 5%.
+$tide train "$work/llama.lua" --nproc 4 --set parallel.zero=1 --set schedule.steps=2 --set eval.every=0 \
+  --run-dir "$work/llama-zero1x4" --quiet 2> "$work/log" || { cat "$work/log"; fail "ZeRO-1 x4"; }
+$tide train "$work/llama.lua" --nproc 4 --set schedule.steps=2 --set eval.every=0 \
+  --run-dir "$work/llama-dp4" --quiet 2> "$work/log" || { cat "$work/log"; fail "dp4"; }
+psi=$($tide recipe show "$work/llama.lua" | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['model']['parameters'])")
+/usr/bin/python3 - "$psi" "$work" <<'PY' || fail "model-state bytes differ from the theory"
+import json, sys
+psi, work = int(sys.argv[1]), sys.argv[2]
+cases = [("llama-dp2", 16 * psi, 2), ("llama-zero1", 8 * psi + 8 * psi / 2, 2),
+         ("llama-dp4", 16 * psi, 4), ("llama-zero1x4", 8 * psi + 8 * psi / 4, 4)]
+for run, theory, n in cases:
+    row = json.loads(open(f"{work}/{run}/metrics.jsonl").readline())
+    held = sum(row["model_state_bytes"].values())
+    ratio = held / theory
+    # Bytes sent per step: at least one ring all-reduce of the fp32 gradients, 8 psi (N-1)/N
+    # (ZeRO-1: a reduce-scatter plus an all-gather, the same).
+    comm_min = 8 * psi * (n - 1) / n
+    comm = row["comm_bytes"] / comm_min
+    print(f"  {run}: {held} model-state bytes per rank, theory {theory:.0f} ({ratio:.3f}); "
+          f"sent {row['comm_bytes']} bytes, {comm:.3f} x the minimum")
+    assert abs(ratio - 1) <= 0.05, run
+    assert 1.0 <= comm <= 1.05, run
+PY
 
 # Layouts that do not fit the world are refused before any work, naming the factors.
 if $tide train "$work/llama.lua" --nproc 2 --set parallel.tp=3 --run-dir "$work/bad" --quiet 2> "$work/log"; then

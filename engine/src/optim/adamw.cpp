@@ -48,10 +48,14 @@ void AdamW::step(double lr) {
   }
 }
 
+double clip_factor(double norm, double max_norm) {
+  return max_norm > 0 && std::isfinite(norm) && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
 double clip_grad_norm(torch::Tensor& grad, double max_norm) {
   torch::NoGradGuard no_grad;
   const double norm = grad.norm().item<double>();
-  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) grad.mul_(max_norm / (norm + 1e-6));
+  if (const double f = clip_factor(norm, max_norm); f != 1.0) grad.mul_(f);
   return norm;
 }
 

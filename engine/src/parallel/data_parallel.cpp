@@ -1,5 +1,7 @@
 #include "tide/engine/parallel/data_parallel.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -23,16 +25,50 @@ DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig&
   }
 }
 
-void DataParallel::average_gradients() {
+double DataParallel::reduce_gradients() {
   torch::NoGradGuard no_grad;
   auto& g = flat_.grad();
-  const int64_t n = g.numel();
-  int bucket = 0;
-  for (int64_t at = 0; at < n; at += bucket_elems_, ++bucket) {
-    auto slice = g.narrow(0, at, std::min(bucket_elems_, n - at));
-    dp_.all_reduce_sum(slice, fmt::format("gradient bucket {}", bucket));
+  const int n_ranks = dp_.size();
+  const int64_t shard = g.numel() / n_ranks;
+  const double inv = 1.0 / static_cast<double>(n_ranks);
+  auto squared_norm = [](const torch::Tensor& t) {
+    const double x = t.norm().item<double>();
+    return x * x;
+  };
+  double norm2 = 0;
+  if (cfg_.zero < 1) {
+    int bucket = 0;
+    for (int64_t at = 0; at < g.numel(); at += bucket_elems_, ++bucket) {
+      auto slice = g.narrow(0, at, std::min(bucket_elems_, g.numel() - at));
+      dp_.all_reduce_sum(slice, fmt::format("gradient bucket {}", bucket));
+    }
+    if (n_ranks > 1) g.mul_(inv);
+    for (int j = 0; j < n_ranks; ++j) norm2 += squared_norm(g.narrow(0, j * shard, shard));
+  } else {
+    // Bucket k holds the k-th piece of every rank's slice: [ranks, piece] gathered
+    // into one contiguous input, reduce-scattered so each rank gets its own piece.
+    const auto by_rank = g.view({n_ranks, shard});
+    auto mine = g.narrow(0, begin_, shard);
+    const int64_t piece = std::max<int64_t>(1, bucket_elems_ / n_ranks);
+    int bucket = 0;
+    for (int64_t at = 0; at < shard; at += piece, ++bucket) {
+      const int64_t len = std::min(piece, shard - at);
+      auto out = mine.narrow(0, at, len);
+      dp_.reduce_scatter_sum(by_rank.narrow(1, at, len).contiguous().view({-1}), out,
+                             fmt::format("gradient bucket {}", bucket));
+    }
+    if (n_ranks > 1) mine.mul_(inv);
+    auto parts = torch::zeros({n_ranks}, torch::kFloat64);
+    parts[dp_.rank()] = squared_norm(mine);
+    dp_.all_reduce_sum(parts, "gradient norm");
+    for (int j = 0; j < n_ranks; ++j) norm2 += parts[j].item<double>();
   }
-  if (dp_.size() > 1) g.div_(static_cast<double>(dp_.size()));
+  return std::sqrt(norm2);
+}
+
+void DataParallel::scale_gradients(double factor) {
+  torch::NoGradGuard no_grad;
+  flat_.grad().narrow(0, begin_, end_ - begin_).mul_(factor);
 }
 
 double DataParallel::sum(double x) {

@@ -18,7 +18,10 @@ nlohmann::json to_json(const StepMetrics& m) {
                       {"tokens_per_second", m.tokens_per_second},
                       {"mfu", m.mfu},
                       {"rss_mb", m.rss_mb},
-                      {"peak_rss_mb", m.peak_rss_mb}};
+                      {"peak_rss_mb", m.peak_rss_mb},
+                      {"model_state_bytes",
+                       {{"params", m.param_bytes}, {"grads", m.grad_bytes}, {"optimizer", m.optimizer_bytes}}},
+                      {"comm_bytes", m.comm_bytes}};
   if (m.skipped) j["skipped"] = true;
   if (m.val_loss) j["val_loss"] = finite(*m.val_loss);
   return j;

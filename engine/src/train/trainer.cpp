@@ -131,6 +131,9 @@ TrainResult Trainer::run() {
   ProgressLine progress;
   const bool bf16 = cfg.precision.compute == DType::BFloat16;
   double ema_step = 0;
+  int64_t comm_before = 0;
+  const int64_t flat_bytes = s.flat->numel() * static_cast<int64_t>(sizeof(float));
+  const int64_t optimizer_bytes = 2 * (s.optim->end() - s.optim->begin()) * static_cast<int64_t>(sizeof(float));
 
   for (int64_t step = 0; step < cfg.schedule.steps; ++step) {
     const auto t0 = Clock::now();
@@ -152,13 +155,15 @@ TrainResult Trainer::run() {
       (loss / static_cast<double>(accum)).backward();
       loss_sum += loss.item<double>();
     }
+    // Every rank gets the same global norm, so clipping and the skip decision agree.
+    double gnorm;
     if (s.data_parallel) {
-      s.data_parallel->average_gradients();
       loss_sum = s.data_parallel->sum(loss_sum) / static_cast<double>(s.dp_size);
+      gnorm = s.data_parallel->reduce_gradients();
+      if (const double f = clip_factor(gnorm, cfg.optimizer.grad_clip); f != 1.0) s.data_parallel->scale_gradients(f);
+    } else {
+      gnorm = clip_grad_norm(s.flat->grad(), cfg.optimizer.grad_clip);
     }
-    // Every rank holds the same averaged gradients, so the norm and the skip decision
-    // agree without another collective.
-    const double gnorm = clip_grad_norm(s.flat->grad(), cfg.optimizer.grad_clip);
     StepMetrics m;
     m.skipped = !std::isfinite(gnorm);
     if (!m.skipped) {
@@ -182,6 +187,13 @@ TrainResult Trainer::run() {
     const auto mem = read_memory();
     m.rss_mb = mem.rss_mb;
     m.peak_rss_mb = mem.peak_rss_mb;
+    m.param_bytes = flat_bytes;
+    m.grad_bytes = flat_bytes;
+    m.optimizer_bytes = optimizer_bytes;
+    if (s.data_parallel) {
+      m.comm_bytes = s.data_parallel->bytes_sent() - comm_before;
+      comm_before = s.data_parallel->bytes_sent();
+    }
     m.eta_seconds = ema_step * static_cast<double>(cfg.schedule.steps - step - 1);
     const bool last = step + 1 == cfg.schedule.steps;
     if (can_eval && ((cfg.eval.every > 0 && (step + 1) % cfg.eval.every == 0) || last)) {

@@ -36,5 +36,7 @@ class AdamW {
 // Scales `grad` in place so its L2 norm is at most max_norm (0: no clipping); returns
 // the norm before clipping.
 double clip_grad_norm(torch::Tensor& grad, double max_norm);
+// The factor that brings a gradient of L2 norm `norm` down to max_norm (1: unchanged).
+double clip_factor(double norm, double max_norm);
 
 }  // namespace tide

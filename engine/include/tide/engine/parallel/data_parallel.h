@@ -17,8 +17,14 @@ class DataParallel {
   // `flat` must be padded to a multiple of the group size (FlatParameters pad_to).
   DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg);
 
-  // Gradients become the mean over the group: one all-reduce per bucket of bucket_mb.
-  void average_gradients();
+  // Averages gradients over the group and returns their global L2 norm. Without ZeRO:
+  // one all-reduce per bucket of bucket_mb, and every rank holds all averaged
+  // gradients. With ZeRO: reduce-scatter per bucket, and each rank holds the averaged
+  // gradients of its own slice only (the rest of its buffer is stale). The norm is
+  // summed slice by slice in both cases, so both give the same bits.
+  double reduce_gradients();
+  // Scales the gradients this rank owns (for clipping).
+  void scale_gradients(double factor);
   // Sum of a scalar over the group (losses for reporting).
   double sum(double x);
 

@@ -18,6 +18,8 @@ struct StepMetrics {
   int64_t tokens_seen = 0;
   double step_seconds = 0, tokens_per_second = 0, mfu = 0;
   double rss_mb = 0, peak_rss_mb = 0;
+  // What this rank holds of the model state, in bytes, and what it sent this step.
+  int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, comm_bytes = 0;
   double eta_seconds = 0;
   bool skipped = false;  // non-finite gradients: the update was not applied
   std::optional<double> val_loss;
