@@ -38,7 +38,8 @@ test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 bench: data
-	@bench/train_vs_pytorch.sh $(BUILD)
+	@/usr/bin/python3 bench/train_vs_pytorch.py --tide $(BUILD)/tools/tide
+	@/usr/bin/python3 bench/parallel_layouts.py --tide $(BUILD)/tools/tide
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log

@@ -80,6 +80,35 @@ TEST(AdamW, MatchesTorchAdamWWithParameterGroups) {
     EXPECT_TRUE(torch::allclose(item.value(), rp[item.key()], 1e-5, 1e-6)) << item.key();
 }
 
+TEST(AdamW, OffloadAndShardsGiveTheSameBits) {
+  // The whole range on the device, the whole range offloaded, and two offloaded
+  // halves (ZeRO-1 with offload on two ranks) must update every element identically.
+  std::vector<Transformer> models;
+  std::vector<std::unique_ptr<FlatParameters>> flats;
+  for (int i = 0; i < 3; ++i) {
+    models.emplace_back(testing::tiny_llama());
+    models.back()->reset_parameters(3);
+    flats.push_back(std::make_unique<FlatParameters>(*models.back(), OptimConfig{}, 2));
+  }
+  OptimConfig o;
+  o.lr = 1e-2;
+  const int64_t half = flats[2]->numel() / 2;
+  AdamW plain(*flats[0], o), offloaded(*flats[1], o, 0, -1, true);
+  AdamW first(*flats[2], o, 0, half, true), second(*flats[2], o, half, -1, true);
+  torch::manual_seed(12);
+  for (int step = 0; step < 4; ++step) {
+    const auto g = torch::randn({flats[0]->numel()});
+    for (auto& f : flats) f->grad().copy_(g);
+    plain.step(o.lr);
+    offloaded.step(o.lr);
+    first.step(o.lr);
+    second.step(o.lr);
+  }
+  EXPECT_TRUE(torch::equal(flats[0]->data(), flats[1]->data()));
+  EXPECT_TRUE(torch::equal(flats[0]->data(), flats[2]->data()));
+  EXPECT_FALSE(torch::equal(flats[0]->data(), torch::zeros_like(flats[0]->data())));
+}
+
 TEST(ClipGradNorm, ScalesToTheMaximum) {
   auto g = torch::full({4}, 3.0);  // norm 6
   EXPECT_DOUBLE_EQ(clip_grad_norm(g, 1.5), 6.0);

@@ -86,6 +86,11 @@ for shape in llama bloom; do
   cmp -s "$work/$shape-dp2/model.safetensors" "$work/$shape-zero1/model.safetensors" || fail "$shape: ZeRO-1 weights are not dp's bytes"
 done
 
+# Optimizer offload (master slice and moments in host memory) changes no bit.
+$tide train "$work/llama.lua" --nproc 2 --set parallel.zero=1 --set parallel.offload_optimizer=true \
+  --run-dir "$work/llama-offload" --quiet 2> "$work/log" || { cat "$work/log"; fail "ZeRO-1 with offload"; }
+compare "$work/llama-dp2" "$work/llama-offload" 1 || fail "offload differs from plain dp"
+
 # Model-state bytes per rank against fp32 AdamW theory (psi parameters, N ranks):
 # dp 16 psi, ZeRO-1 8 psi + 8 psi / N, within 5%.
 $tide train "$work/llama.lua" --nproc 4 --set parallel.zero=1 --set schedule.steps=2 --set eval.every=0 \

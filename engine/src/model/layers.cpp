@@ -11,6 +11,32 @@
 namespace tide {
 namespace F = torch::nn::functional;
 
+namespace {
+// y = x * r * w with r = 1 / sqrt(mean(x^2) + eps) per row, as one autograd node that
+// keeps x and r only. Backward: dw = sum_rows(g * x * r);
+// dx = r * (g w - x r^2 mean(g w x)).
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               double eps) {
+    const auto r = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
+    ctx->save_for_backward({x, w, r});
+    return (x * r).mul_(w);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &r = saved[2];
+    const auto& g = grads[0];
+    const auto xr = x * r;
+    const auto dw = (g * xr).reshape({-1, x.size(-1)}).sum(0);
+    const auto gw = g * w;
+    const auto dot = (gw * xr).mean(-1, /*keepdim=*/true);
+    const auto dx = (gw - xr * dot).mul_(r);
+    return {dx, dw, torch::Tensor()};
+  }
+};
+}  // namespace
+
 NormImpl::NormImpl(NormKind kind, int64_t dim, double eps) : kind_(kind), dim_(dim), eps_(eps) {
   weight = register_parameter("weight", torch::ones({dim}));
   if (kind == NormKind::LayerNorm) bias = register_parameter("bias", torch::zeros({dim}));
@@ -26,8 +52,7 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   if (kind_ == NormKind::LayerNorm) return torch::layer_norm(x, {dim_}, weight, bias, eps_);
   // RMSNorm: x / sqrt(mean(x^2) + eps) * w, statistics in fp32 (or fp64 for fp64 x).
   const auto xf = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
-  const auto inv_rms = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true).add_(eps_));
-  return (xf * inv_rms).to(x.scalar_type()) * weight;
+  return RmsNormFn::apply(xf, weight.to(xf.scalar_type()), eps_).to(x.scalar_type());
 }
 
 namespace {

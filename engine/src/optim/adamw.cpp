@@ -1,5 +1,6 @@
 #include "tide/engine/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <torch/torch.h>
@@ -9,31 +10,45 @@
 
 namespace tide {
 
-AdamW::AdamW(FlatParameters& params, const OptimConfig& cfg, int64_t begin, int64_t end)
+AdamW::AdamW(FlatParameters& params, const OptimConfig& cfg, int64_t begin, int64_t end, bool offload)
     : params_(params), cfg_(cfg), begin_(begin), end_(end < 0 ? params.numel() : end) {
   TORCH_CHECK(0 <= begin_ && begin_ <= end_ && end_ <= params.numel(), "AdamW range [", begin_, ", ", end_,
               ") is outside the ", params.numel(), " parameters");
-  m_ = torch::zeros({end_ - begin_}, params.data().options());
-  v_ = torch::zeros({end_ - begin_}, params.data().options());
+  const int64_t n = end_ - begin_;
+  auto opts = params.data().options();
+  if (offload) {
+    opts = torch::TensorOptions().dtype(torch::kFloat32).device(torch::kCPU).pinned_memory(params.data().is_cuda());
+    host_master_ = torch::empty({n}, opts);
+    host_master_.copy_(params.data().narrow(0, begin_, n));
+    host_grad_ = torch::empty({n}, opts);
+  }
+  m_ = torch::zeros({n}, opts);
+  v_ = torch::zeros({n}, opts);
 }
 
 void AdamW::step(double lr) {
   torch::NoGradGuard no_grad;
   ++t_;
-  auto& p = params_.data();
-  const auto& g = params_.grad();
+  const int64_t n = end_ - begin_;
+  // Offloaded: the update runs on the host copies; otherwise on the flat buffers.
+  torch::Tensor p = params_.data().narrow(0, begin_, n), g = params_.grad().narrow(0, begin_, n);
+  if (host_master_.defined()) {
+    host_grad_.copy_(g);
+    p = host_master_;
+    g = host_grad_;
+  }
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
-  const int64_t n_decay = params_.decay_numel();
-  // The decayed prefix and the rest, each intersected with this optimizer's range.
-  const std::pair<int64_t, int64_t> parts[2] = {{begin_, std::min(end_, n_decay)}, {std::max(begin_, n_decay), end_}};
+  const int64_t n_decay = std::clamp<int64_t>(params_.decay_numel() - begin_, 0, n);
+  // The decayed prefix and the rest of this optimizer's range.
+  const std::pair<int64_t, int64_t> parts[2] = {{0, n_decay}, {n_decay, n}};
   for (int k = 0; k < 2; ++k) {
     const auto [a, b] = parts[k];
     if (a >= b) continue;
     const double decay = k == 0 ? 1.0 - lr * cfg_.weight_decay : 1.0;
     auto pa = p.narrow(0, a, b - a), ga = g.narrow(0, a, b - a);
-    auto ma = m_.narrow(0, a - begin_, b - a), va = v_.narrow(0, a - begin_, b - a);
-    if (p.is_cpu() && p.scalar_type() == torch::kFloat32) {
+    auto ma = m_.narrow(0, a, b - a), va = v_.narrow(0, a, b - a);
+    if (pa.is_cpu() && pa.scalar_type() == torch::kFloat32) {
       adamw_update_cpu(pa.data_ptr<float>(), ga.data_ptr<float>(), ma.data_ptr<float>(), va.data_ptr<float>(), b - a,
                        static_cast<float>(decay), static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
                        static_cast<float>(cfg_.eps), static_cast<float>(lr / bc1),
@@ -46,6 +61,7 @@ void AdamW::step(double lr) {
     va.mul_(cfg_.beta2).addcmul_(ga, ga, 1.0 - cfg_.beta2);
     pa.addcdiv_(ma, va.sqrt().div_(std::sqrt(bc2)).add_(cfg_.eps), -lr / bc1);
   }
+  if (host_master_.defined()) params_.data().narrow(0, begin_, n).copy_(host_master_);
 }
 
 double clip_factor(double norm, double max_norm) {

@@ -93,7 +93,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   if (dist) s_->data_parallel = std::make_unique<DataParallel>(*dist->dp, *s_->flat, cfg.parallel);
   const int64_t begin = s_->data_parallel ? s_->data_parallel->shard_begin() : 0;
   const int64_t end = s_->data_parallel ? s_->data_parallel->shard_end() : -1;
-  s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer, begin, end);
+  s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer, begin, end, cfg.parallel.offload_optimizer);
   if (s_->leader && fs::exists(s_->data->tokenizer_path()))
     fs::copy_file(s_->data->tokenizer_path(), s_->dir / fs::path(s_->data->tokenizer_path()).filename(),
                   fs::copy_options::overwrite_existing);
@@ -101,7 +101,8 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
       "run '{}': {} parameters, {} threads, {} sequences of {} tokens per step ({} micro-batches of {}{})", cfg.name,
       parameter_count(cfg.model), threads, cfg.batch.global_batch, cfg.data.seq_len,
       cfg.batch.global_batch / (cfg.batch.micro_batch * s_->dp_size), cfg.batch.micro_batch,
-      dist ? fmt::format(" on each of {} ranks, {}, ZeRO-{}", s_->dp_size, dist->grid.describe(), cfg.parallel.zero)
+      dist ? fmt::format(" on each of {} ranks, {}, ZeRO-{}{}", s_->dp_size, dist->grid.describe(), cfg.parallel.zero,
+                         cfg.parallel.offload_optimizer ? " with optimizer offload" : "")
            : "");
   s_->log->info("{}", intro);
   if (s_->leader) spdlog::info("{}", intro);

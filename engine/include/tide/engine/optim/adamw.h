@@ -13,7 +13,10 @@ class AdamW {
  public:
   // Updates the elements [begin, end) of the flat buffers (end = -1: all of them); the
   // moments are held for that range only (ZeRO shards it across data-parallel ranks).
-  AdamW(FlatParameters& params, const OptimConfig& cfg, int64_t begin = 0, int64_t end = -1);
+  // offload: an fp32 master copy of the range and the moments live in host memory
+  // (pinned when the parameters are on a GPU), the update runs there on the host's
+  // cores, and the result is copied back to the parameters' device.
+  AdamW(FlatParameters& params, const OptimConfig& cfg, int64_t begin = 0, int64_t end = -1, bool offload = false);
 
   // One update with learning rate `lr` (weight decay, betas and eps from config()).
   void step(double lr);
@@ -29,6 +32,7 @@ class AdamW {
   FlatParameters& params_;
   OptimConfig cfg_;
   torch::Tensor m_, v_;
+  torch::Tensor host_master_, host_grad_;  // offload only
   int64_t begin_ = 0, end_ = 0;
   int64_t t_ = 0;
 };
