@@ -31,6 +31,7 @@ void run_training(const Options& opt) {
   const auto env = launch_env_from_environment();
 
   if (opt.nproc > 1 || opt.nnodes > 1) {  // this process launches the workers
+    check_supported_layout(cfg, opt.nproc * opt.nnodes);
     LaunchSpec spec;
     spec.nproc = opt.nproc;
     spec.nnodes = opt.nnodes;

@@ -22,6 +22,7 @@
 #include "tide/engine/parallel/comm.h"
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
+#include "tide/engine/parallel/grid.h"
 #include "tide/engine/train/evaluate.h"
 #include "tide/engine/train/flops.h"
 #include "tide/engine/train/run_files.h"
@@ -30,6 +31,21 @@
 namespace tide {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+void check_supported_layout(const RunConfig& cfg, int world) {
+  const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
+                  static_cast<int>(cfg.parallel.pp));
+  if (grid.tp() > 1 || grid.pp() > 1)
+    throw ConfigError("parallel", fmt::format("tensor and pipeline parallelism are not implemented yet (tp = {}, "
+                                              "pp = {}); use data parallelism",
+                                              grid.tp(), grid.pp()));
+  if (cfg.parallel.zero > 1)
+    throw ConfigError("parallel.zero",
+                      fmt::format("stage {} is not implemented yet; stages 0 and 1 are", cfg.parallel.zero));
+  if (cfg.batch.global_batch % (cfg.batch.micro_batch * grid.dp()) != 0)
+    throw ConfigError("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch x dp = {} x {}",
+                                                        cfg.batch.global_batch, cfg.batch.micro_batch, grid.dp()));
+}
 
 struct Trainer::State {
   RunConfig cfg;
@@ -57,17 +73,8 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
     s_->leader = dist->world->rank() == 0;
     s_->dp_size = dist->dp->size();
     s_->dp_rank = dist->dp->rank();
-    if (dist->grid.tp() > 1 || dist->grid.pp() > 1)
-      throw ConfigError("parallel", "tensor and pipeline parallelism are not implemented yet (" +
-                                        dist->grid.describe() + "); use data parallelism");
-    if (cfg.parallel.zero > 1)
-      throw ConfigError("parallel.zero", fmt::format("stage {} is not implemented yet; stages 0 and 1 are",
-                                                     cfg.parallel.zero));
-    if (cfg.batch.global_batch % (cfg.batch.micro_batch * s_->dp_size) != 0)
-      throw ConfigError("batch.global_batch",
-                        fmt::format("{} is not a multiple of batch.micro_batch x dp = {} x {}", cfg.batch.global_batch,
-                                    cfg.batch.micro_batch, s_->dp_size));
   }
+  check_supported_layout(cfg, dist ? dist->world->size() : 1);
   fs::create_directories(s_->dir);
   if (s_->leader) {
     std::ofstream out(s_->dir / "config.json", std::ios::trunc);

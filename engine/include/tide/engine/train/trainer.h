@@ -22,6 +22,11 @@ struct TrainHooks {
   double peak_flops = 0;  // FLOP/s for MFU; 0: measured with a matmul probe
 };
 
+// Refuses, naming the fields, a layout this engine cannot run on `world` ranks (the
+// factors do not fit, or a part not built yet). Called by the launcher before it
+// starts workers and by every Trainer.
+void check_supported_layout(const RunConfig& cfg, int world);
+
 struct TrainResult {
   int64_t steps = 0;
   double final_loss = 0;
