@@ -46,6 +46,30 @@ void Comm::all_reduce_sum(at::Tensor& t, const std::string& what) {
   impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();  // ring: reduce-scatter + all-gather
 }
 
+namespace {
+struct PendingWork : PendingCollective {
+  PendingWork(Comm::Impl* i, c10::intrusive_ptr<c10d::Work> w, std::string op)
+      : impl(i), work(std::move(w)), what(std::move(op)) {}
+  void wait() override {
+    if (work) impl->wait(work, "all_reduce", what);
+    work.reset();
+  }
+  Comm::Impl* impl;
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string what;
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> Comm::all_reduce_sum_async(at::Tensor t, const std::string& what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble,
+              "all_reduce_sum_async takes fp32 or fp64 tensors, got ", t.scalar_type());
+  if (size() == 1) return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), what);
+  std::vector<at::Tensor> v{t};
+  auto work = impl_->pg->allreduce(v, c10d::AllreduceOptions{c10d::ReduceOp::SUM});
+  impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();
+  return std::make_unique<PendingWork>(impl_.get(), std::move(work), what);
+}
+
 void Comm::all_reduce_max(at::Tensor& t, const std::string& what) {
   if (size() == 1) return;
   auto w = wire(t, impl_->gloo);

@@ -160,6 +160,7 @@ TrainResult Trainer::run() {
       } else {
         loss = s.model->loss(b.tokens, b.targets);
       }
+      if (s.data_parallel && micro + 1 == accum) s.data_parallel->begin_final_backward();
       (loss / static_cast<double>(accum)).backward();
       loss_sum += loss.item<double>();
     }

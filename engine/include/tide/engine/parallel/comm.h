@@ -20,6 +20,13 @@ class CommError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A collective started without waiting; wait() throws CommError like the blocking calls.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
 class Comm {
  public:
   struct Impl;
@@ -36,6 +43,8 @@ class Comm {
   // `what` names the operation in errors ("grad bucket 3").
   void all_reduce_sum(at::Tensor& t, const std::string& what);
   void all_reduce_max(at::Tensor& t, const std::string& what);
+  // fp32/fp64 tensors only; `t` must stay alive and untouched until wait() returns.
+  std::unique_ptr<PendingCollective> all_reduce_sum_async(at::Tensor t, const std::string& what);
   void broadcast(at::Tensor& t, int root, const std::string& what);
   // input: size() * n elements (chunk j goes to group rank j); output: n elements, the
   // sum of every rank's chunk for this rank.

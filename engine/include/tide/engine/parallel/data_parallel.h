@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "tide/engine/config.h"
 
@@ -16,6 +17,14 @@ class DataParallel {
  public:
   // `flat` must be padded to a multiple of the group size (FlatParameters pad_to).
   DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg);
+  ~DataParallel();
+
+  // Plain data parallelism: call just before the backward of a step's last micro-batch.
+  // Each bucket is then all-reduced as soon as backward has produced all of its
+  // gradients, while backward goes on. Every rank must start the collectives in the
+  // same order: the first step records the order in which buckets complete (reducing
+  // after backward), checks that all ranks saw the same, and later steps launch in it.
+  void begin_final_backward();
 
   // Averages gradients over the group and returns their global L2 norm. Without ZeRO:
   // one all-reduce per bucket of bucket_mb, and every rank holds all averaged
@@ -35,8 +44,15 @@ class DataParallel {
   void gather_parameters();
 
   int64_t bytes_sent() const;
+  bool overlapping() const;  // true once the launch order is agreed
+
+  // Called by the autograd hook of parameter slot `slot` (public for the hook only).
+  void on_gradient_ready(size_t slot);
 
  private:
+  struct Overlap;
+  void launch_ready();
+  std::unique_ptr<Overlap> overlap_;
   Comm& dp_;
   FlatParameters& flat_;
   ParallelConfig cfg_;
