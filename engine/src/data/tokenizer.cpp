@@ -139,7 +139,6 @@ ByteLevelBpe ByteLevelBpe::load(const std::string& path) {
     if (model.contains(field) && !model[field].is_null() && model[field] != "")
       throw std::runtime_error(path + ": model." + field + " is not supported");
   if (model.value("byte_fallback", false)) throw std::runtime_error(path + ": model.byte_fallback is not supported");
-  std::vector<bool> special_ids;
   std::map<int64_t, std::string> special;
   for (const auto& t : doc.value("added_tokens", json::array()))
     special[t.at("id").get<int64_t>()] = t.at("content").get<std::string>();

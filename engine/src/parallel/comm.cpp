@@ -37,13 +37,22 @@ at::Tensor wire(const at::Tensor& t, bool gloo) {
 }
 }  // namespace
 
-void Comm::all_reduce_sum(at::Tensor& t, const std::string& what) {
-  if (size() == 1) return;
-  auto w = wire(t, impl_->gloo);
+void Comm::Impl::all_reduce(Comm& c, at::Tensor& t, c10d::ReduceOp op, const std::string& name,
+                            const std::string& what) {
+  if (c.size() == 1) return;
+  auto w = wire(t, gloo);
   std::vector<at::Tensor> v{w};
-  impl_->wait(impl_->pg->allreduce(v, c10d::AllreduceOptions{c10d::ReduceOp::SUM}), "all_reduce", what);
+  wait(pg->allreduce(v, c10d::AllreduceOptions{op}), name, what);
   if (!w.is_same(t)) t.copy_(w);
-  impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();  // ring: reduce-scatter + all-gather
+  bytes_sent += 2 * nbytes(t) * (c.size() - 1) / c.size();  // ring: reduce-scatter + all-gather
+}
+
+void Comm::all_reduce_sum(at::Tensor& t, const std::string& what) {
+  impl_->all_reduce(*this, t, c10d::ReduceOp::SUM, "all_reduce", what);
+}
+
+void Comm::all_reduce_max(at::Tensor& t, const std::string& what) {
+  impl_->all_reduce(*this, t, c10d::ReduceOp::MAX, "all_reduce(max)", what);
 }
 
 namespace {
@@ -68,15 +77,6 @@ std::unique_ptr<PendingCollective> Comm::all_reduce_sum_async(at::Tensor t, cons
   auto work = impl_->pg->allreduce(v, c10d::AllreduceOptions{c10d::ReduceOp::SUM});
   impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();
   return std::make_unique<PendingWork>(impl_.get(), std::move(work), what);
-}
-
-void Comm::all_reduce_max(at::Tensor& t, const std::string& what) {
-  if (size() == 1) return;
-  auto w = wire(t, impl_->gloo);
-  std::vector<at::Tensor> v{w};
-  impl_->wait(impl_->pg->allreduce(v, c10d::AllreduceOptions{c10d::ReduceOp::MAX}), "all_reduce(max)", what);
-  if (!w.is_same(t)) t.copy_(w);
-  impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();
 }
 
 void Comm::broadcast(at::Tensor& t, int root, const std::string& what) {

@@ -21,6 +21,7 @@ struct Comm::Impl {
   int64_t bytes_sent = 0;
 
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op, const std::string& what);
+  void all_reduce(Comm& c, at::Tensor& t, c10d::ReduceOp op, const std::string& name, const std::string& what);
 };
 
 }  // namespace tide

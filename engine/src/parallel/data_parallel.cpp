@@ -147,23 +147,23 @@ double DataParallel::reduce_gradients() {
     }
     o.armed = false;
   }
-  if (overlap_ && overlap_->armed) {
-    // Later steps: launch what backward left (in the agreed order), then wait for all.
-    auto& o = *overlap_;
-    {
-      std::lock_guard<std::mutex> lock(o.mu);
-      o.armed = false;
-      std::fill(o.ready.begin(), o.ready.end(), 1);
-      launch_ready();
-    }
-    for (const int b : o.order) o.works[static_cast<size_t>(b)]->wait();
-    if (n_ranks > 1) g.mul_(inv);
-    for (int j = 0; j < n_ranks; ++j) norm2 += squared_norm(g.narrow(0, j * shard, shard));
-  } else if (cfg_.zero < 1) {
-    int bucket = 0;
-    for (int64_t at = 0; at < g.numel(); at += bucket_elems_, ++bucket) {
-      auto slice = g.narrow(0, at, std::min(bucket_elems_, g.numel() - at));
-      dp_.all_reduce_sum(slice, fmt::format("gradient bucket {}", bucket));
+  if (cfg_.zero < 1) {
+    if (overlap_ && overlap_->armed) {
+      // Later steps: launch what backward left (in the agreed order), then wait for all.
+      auto& o = *overlap_;
+      {
+        std::lock_guard<std::mutex> lock(o.mu);
+        o.armed = false;
+        std::fill(o.ready.begin(), o.ready.end(), 1);
+        launch_ready();
+      }
+      for (const int b : o.order) o.works[static_cast<size_t>(b)]->wait();
+    } else {
+      int bucket = 0;
+      for (int64_t at = 0; at < g.numel(); at += bucket_elems_, ++bucket) {
+        auto slice = g.narrow(0, at, std::min(bucket_elems_, g.numel() - at));
+        dp_.all_reduce_sum(slice, fmt::format("gradient bucket {}", bucket));
+      }
     }
     if (n_ranks > 1) g.mul_(inv);
     for (int j = 0; j < n_ranks; ++j) norm2 += squared_norm(g.narrow(0, j * shard, shard));

@@ -109,6 +109,7 @@ class TransformerImpl : public torch::nn::Module {
   ModelConfig cfg_;
   torch::Tensor rope_cos_, rope_sin_;  // [max_seq_len, Hd], not parameters
   torch::Tensor alibi_slopes_;         // [H]
+  torch::Tensor bias_cache_;           // the last attention_bias() result, reused while it fits
 };
 TORCH_MODULE(Transformer);
 
