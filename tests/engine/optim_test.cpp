@@ -1,8 +1,10 @@
+#include <algorithm>
 #include <cmath>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tide/engine/model/parameter_units.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
@@ -21,8 +23,9 @@ TEST(FlatParameters, ParametersAndGradsAreViewsOfTwoBuffers) {
   EXPECT_EQ(flat.numel(), parameter_count(testing::tiny_llama()));
   const torch::Tensor q = m->named_parameters()["model.layers.0.self_attn.q_proj.weight"];
   EXPECT_TRUE(torch::equal(q, before));  // values preserved
-  // Decayed (2-D, non-embedding) parameters form the prefix.
-  for (const auto& s : flat.slots()) EXPECT_EQ(s.decayed, s.offset < flat.decay_numel()) << s.name;
+  // One unit by default; decayed (2-D, non-embedding) parameters form its prefix.
+  ASSERT_EQ(flat.units().size(), 1u);
+  for (const auto& s : flat.slots()) EXPECT_EQ(s.decayed, s.offset < flat.units()[0].decay_numel) << s.name;
   for (const auto& s : flat.slots()) {
     if (s.name.find("embed") != std::string::npos || s.shape.size() == 1) {
       EXPECT_FALSE(s.decayed) << s.name;
@@ -38,6 +41,46 @@ TEST(FlatParameters, ParametersAndGradsAreViewsOfTwoBuffers) {
                 if (s.name == "model.layers.0.self_attn.q_proj.weight") return s.offset;
               return int64_t{-1};
             }());
+}
+
+TEST(FlatParameters, UnitsArePaddedAndShardedWithoutGapsOrOverlap) {
+  Transformer m(testing::tiny_llama());
+  m->reset_parameters(1);
+  OptimConfig o;
+  FlatParameters::Options options;
+  options.pad_to = 4;
+  options.unit_of = block_unit;
+  FlatParameters flat(*m, o, options);
+  ASSERT_EQ(static_cast<int64_t>(flat.units().size()), testing::tiny_llama().n_layers + 1);
+  for (const auto& u : flat.units()) EXPECT_EQ(u.numel % 4, 0);
+  for (const auto& s : flat.slots()) {
+    const auto& u = flat.units()[static_cast<size_t>(s.unit)];
+    EXPECT_GE(s.offset, u.offset);
+    EXPECT_LE(s.offset + s.numel, u.offset + u.numel);
+    EXPECT_EQ(s.decayed, s.offset < u.offset + u.decay_numel) << s.name;
+    EXPECT_EQ(s.unit, s.name.find("layers.") == std::string::npos ? 0 : 1 + std::stoi(s.name.substr(s.name.find("layers.") + 7)))
+        << s.name;
+  }
+  // The four ranks' pieces cover every element once, with the decay of its parameter.
+  std::vector<int> seen(static_cast<size_t>(flat.numel()), 0);
+  int64_t local_total = 0;
+  for (int r = 0; r < 4; ++r) {
+    int64_t local = 0;
+    for (const auto& seg : flat.shard_segments(r, 4, true, false)) {
+      EXPECT_EQ(seg.param_offset, local);
+      local += seg.numel;
+      for (int64_t i = seg.grad_offset; i < seg.grad_offset + seg.numel; ++i) {
+        ++seen[static_cast<size_t>(i)];
+        const auto& u = *std::find_if(flat.units().begin(), flat.units().end(),
+                                      [&](const auto& x) { return i >= x.offset && i < x.offset + x.numel; });
+        EXPECT_EQ(seg.decayed, i < u.offset + u.decay_numel);
+      }
+    }
+    EXPECT_EQ(local, flat.shard_numel(4));
+    local_total += local;
+  }
+  EXPECT_EQ(local_total, flat.numel());
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
 }
 
 TEST(AdamW, MatchesTorchAdamWWithParameterGroups) {
@@ -88,13 +131,17 @@ TEST(AdamW, OffloadAndShardsGiveTheSameBits) {
   for (int i = 0; i < 3; ++i) {
     models.emplace_back(testing::tiny_llama());
     models.back()->reset_parameters(3);
-    flats.push_back(std::make_unique<FlatParameters>(*models.back(), OptimConfig{}, 2));
+    FlatParameters::Options options;
+    options.pad_to = 2;
+    options.unit_of = block_unit;
+    flats.push_back(std::make_unique<FlatParameters>(*models.back(), OptimConfig{}, options));
   }
   OptimConfig o;
   o.lr = 1e-2;
-  const int64_t half = flats[2]->numel() / 2;
-  AdamW plain(*flats[0], o), offloaded(*flats[1], o, 0, -1, true);
-  AdamW first(*flats[2], o, 0, half, true), second(*flats[2], o, half, -1, true);
+  auto& f = *flats[2];
+  AdamW plain(*flats[0], o), offloaded(*flats[1], o, true);
+  AdamW first(f.data(), f.grad(), f.shard_segments(0, 2, false, false), o, true);
+  AdamW second(f.data(), f.grad(), f.shard_segments(1, 2, false, false), o, true);
   torch::manual_seed(12);
   for (int step = 0; step < 4; ++step) {
     const auto g = torch::randn({flats[0]->numel()});

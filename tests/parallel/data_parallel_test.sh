@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Data parallelism with real worker processes on CPU (Gloo over loopback):
-#  - dp2 and ZeRO-1 x2 reproduce one process's losses (relative 1e-5) and final
+# Data parallelism and ZeRO with real worker processes on CPU (Gloo over loopback):
+#  - dp2 and ZeRO-1/2/3 x2 reproduce one process's losses (relative 1e-5) and final
 #    parameters (1e-5), for a LLaMA shape (GQA) and a BLOOM shape (ALiBi, tied);
-#  - ZeRO-1 equals plain dp exactly (bytes of the weights, every loss);
+#  - ZeRO-1 equals plain dp exactly, and so does ZeRO-2 with one micro-batch per rank
+#    (with more, ZeRO-2 reduces every micro-batch, as DeepSpeed does: the sums run in
+#    another order, so only rounding differs); optimizer offload changes no bit;
+#  - per-rank model-state bytes equal the fp32 AdamW theory on 2 and 4 ranks, and the
+#    bytes sent equal each stage's theoretical volume;
 #  - a worker killed with SIGKILL stops the job within 60 s, named by rank.
 set -euo pipefail
 tide=$1
@@ -74,45 +78,83 @@ print(f"  {other.rsplit('/', 1)[1]}: losses {'equal' if exact else 'within 1e-5'
 PY
 }
 
+train() {  # train RECIPE RUN [tide train options...]
+  local recipe=$1 run=$2
+  shift 2
+  $tide train "$work/$recipe.lua" --run-dir "$work/$run" --quiet "$@" 2> "$work/log" || { cat "$work/log"; fail "$run"; }
+}
+
 for shape in llama bloom; do
   echo "$shape:"
-  $tide train "$work/$shape.lua" --run-dir "$work/$shape-1" --quiet 2> "$work/log" || { cat "$work/log"; fail "$shape: one process"; }
-  $tide train "$work/$shape.lua" --nproc 2 --run-dir "$work/$shape-dp2" --quiet 2> "$work/log" || { cat "$work/log"; fail "$shape: dp2"; }
-  $tide train "$work/$shape.lua" --nproc 2 --set parallel.zero=1 --run-dir "$work/$shape-zero1" --quiet 2> "$work/log" \
-    || { cat "$work/log"; fail "$shape: ZeRO-1"; }
+  train $shape $shape-1
+  train $shape $shape-dp2 --nproc 2
+  for z in 1 2 3; do
+    train $shape $shape-zero$z --nproc 2 --set parallel.zero=$z
+    compare "$work/$shape-1" "$work/$shape-zero$z" 0 || fail "$shape: ZeRO-$z differs from one process"
+  done
   compare "$work/$shape-1" "$work/$shape-dp2" 0 || fail "$shape: dp2 differs from one process"
-  compare "$work/$shape-1" "$work/$shape-zero1" 0 || fail "$shape: ZeRO-1 differs from one process"
   compare "$work/$shape-dp2" "$work/$shape-zero1" 1 || fail "$shape: ZeRO-1 differs from plain dp"
   cmp -s "$work/$shape-dp2/model.safetensors" "$work/$shape-zero1/model.safetensors" || fail "$shape: ZeRO-1 weights are not dp's bytes"
+  # One micro-batch per rank: ZeRO-2 reduces exactly what plain dp reduces.
+  train $shape $shape-dp2-g4 --nproc 2 --set batch.global_batch=4
+  train $shape $shape-zero2-g4 --nproc 2 --set batch.global_batch=4 --set parallel.zero=2
+  compare "$work/$shape-dp2-g4" "$work/$shape-zero2-g4" 1 || fail "$shape: ZeRO-2 differs from plain dp"
+  cmp -s "$work/$shape-dp2-g4/model.safetensors" "$work/$shape-zero2-g4/model.safetensors" \
+    || fail "$shape: ZeRO-2 weights are not dp's bytes"
 done
 
-# Optimizer offload (master slice and moments in host memory) changes no bit.
-$tide train "$work/llama.lua" --nproc 2 --set parallel.zero=1 --set parallel.offload_optimizer=true \
-  --run-dir "$work/llama-offload" --quiet 2> "$work/log" || { cat "$work/log"; fail "ZeRO-1 with offload"; }
-compare "$work/llama-dp2" "$work/llama-offload" 1 || fail "offload differs from plain dp"
+# Optimizer offload (master pieces and moments in host memory) changes no bit.
+train llama llama-offload --nproc 2 --set parallel.zero=1 --set parallel.offload_optimizer=true
+compare "$work/llama-dp2" "$work/llama-offload" 1 || fail "ZeRO-1 offload differs from plain dp"
+train llama llama-zero3-offload --nproc 2 --set parallel.zero=3 --set parallel.offload_optimizer=true
+compare "$work/llama-zero3" "$work/llama-zero3-offload" 1 || fail "ZeRO-3 offload differs from ZeRO-3"
+cmp -s "$work/llama-zero3/model.safetensors" "$work/llama-zero3-offload/model.safetensors" \
+  || fail "ZeRO-3 offload weights are not ZeRO-3's bytes"
+# ZeRO-3 gathers each block again inside activation checkpointing's recomputation.
+train bloom bloom-zero3-recompute --nproc 2 --set parallel.zero=3 --set model.activation_checkpointing=true
+compare "$work/bloom-zero3" "$work/bloom-zero3-recompute" 1 || fail "ZeRO-3 with recomputation differs"
 
-# Model-state bytes per rank against fp32 AdamW theory (psi parameters, N ranks):
-# dp 16 psi, ZeRO-1 8 psi + 8 psi / N, within 5%.
-$tide train "$work/llama.lua" --nproc 4 --set parallel.zero=1 --set schedule.steps=2 --set eval.every=0 \
-  --run-dir "$work/llama-zero1x4" --quiet 2> "$work/log" || { cat "$work/log"; fail "ZeRO-1 x4"; }
-$tide train "$work/llama.lua" --nproc 4 --set schedule.steps=2 --set eval.every=0 \
-  --run-dir "$work/llama-dp4" --quiet 2> "$work/log" || { cat "$work/log"; fail "dp4"; }
-psi=$($tide recipe show "$work/llama.lua" | /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['model']['parameters'])")
-/usr/bin/python3 - "$psi" "$work" <<'PY' || fail "model-state bytes differ from the theory"
-import json, sys
-psi, work = int(sys.argv[1]), sys.argv[2]
-cases = [("llama-dp2", 16 * psi, 2), ("llama-zero1", 8 * psi + 8 * psi / 2, 2),
-         ("llama-dp4", 16 * psi, 4), ("llama-zero1x4", 8 * psi + 8 * psi / 4, 4)]
-for run, theory, n in cases:
+# Model-state bytes per rank against fp32 AdamW theory (psi parameters, N ranks), and
+# bytes sent per step against each stage's volume (S: the units padded to N):
+#   dp   16 psi                 all-reduce                  8 S (N-1)/N
+#   ZeRO-1  8 psi +  8 psi / N  reduce-scatter + all-gather 8 S (N-1)/N
+#   ZeRO-2  4 psi + 12 psi / N  a reduce-scatters + all-gather (a + 1) 4 S (N-1)/N
+#   ZeRO-3 16 psi / N           a x (gather for forward, again for backward but unit 0 and the last
+#                               block, reduce-scatter)  a 4 (3 S - U_0 - B_last) (N-1)/N
+# with a micro-batches per rank and step.
+for z in 0 1 2 3; do
+  train llama llama-x4-zero$z --nproc 4 --set parallel.zero=$z --set schedule.steps=2 --set eval.every=0
+done
+/usr/bin/python3 - "$work" <<'PY' || fail "model-state bytes or bytes sent differ from the theory"
+import json, struct, sys
+work = sys.argv[1]
+with open(f"{work}/llama-1/model.safetensors", "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+units = {}
+for name, e in header.items():
+    if name == "__metadata__":
+        continue
+    n = 1
+    for d in e["shape"]:
+        n *= d
+    unit = 1 + int(name.split(".layers.")[1].split(".")[0]) if ".layers." in name else 0
+    units[unit] = units.get(unit, 0) + n
+psi = sum(units.values())
+micro, global_batch = 2, 8
+cases = [("llama-dp2", 0, 2), ("llama-zero1", 1, 2), ("llama-zero2", 2, 2), ("llama-zero3", 3, 2)]
+cases += [(f"llama-x4-zero{z}", z, 4) for z in range(4)]
+for run, zero, n in cases:
+    padded = {u: -(-k // n) * n for u, k in units.items()}
+    s = sum(padded.values())
+    a = global_batch // (micro * n)
+    theory = [16 * psi, 8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n, 16 * psi / n][zero]
+    volume = [8 * s, 8 * s, (a + 1) * 4 * s, a * 4 * (3 * s - padded[max(padded)] - padded[0])][zero] * (n - 1) / n
     row = json.loads(open(f"{work}/{run}/metrics.jsonl").readline())
     held = sum(row["model_state_bytes"].values())
-    ratio = held / theory
-    # Bytes sent per step: at least one ring all-reduce of the fp32 gradients, 8 psi (N-1)/N
-    # (ZeRO-1: a reduce-scatter plus an all-gather, the same).
-    comm_min = 8 * psi * (n - 1) / n
-    comm = row["comm_bytes"] / comm_min
+    ratio, comm = held / theory, row["comm_bytes"] / volume
     print(f"  {run}: {held} model-state bytes per rank, theory {theory:.0f} ({ratio:.3f}); "
-          f"sent {row['comm_bytes']} bytes, {comm:.3f} x the minimum")
+          f"sent {row['comm_bytes']} bytes, {comm:.3f} x the stage's volume; "
+          f"transient peak {row['transient_peak_bytes']} bytes")
     assert abs(ratio - 1) <= 0.05, run
     assert 1.0 <= comm <= 1.05, run
 PY

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "tide/engine/model/linear_cross_entropy.h"
+#include "tide/engine/model/parameter_units.h"
 #include "recompute.h"
 
 namespace tide {
@@ -125,6 +126,7 @@ torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOpti
 torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   TORCH_CHECK(t <= cfg_.max_seq_len, "sequence of ", t, " tokens exceeds model.max_seq_len = ", cfg_.max_seq_len);
+  if (units_) units_->before_forward(0);
   auto x = torch::embedding(tok_embeddings, tokens);  // [B, T, D]
   if (pos_embeddings.defined()) x = x + pos_embeddings.narrow(0, 0, t);
   if (embedding_norm) x = embedding_norm(x);
@@ -140,25 +142,33 @@ torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
     sin = rope_sin_.narrow(0, 0, t).to(x.scalar_type());
   }
   const bool recompute = cfg_.activation_checkpointing && is_training() && torch::GradMode::is_enabled();
+  int unit = 0;
   for (const auto& module : *blocks) {
     auto block = std::dynamic_pointer_cast<BlockImpl>(module);
+    ++unit;
+    if (units_) units_->before_forward(unit);
     if (recompute) {
       x = recompute_in_backward([block, bias, cos, sin](const at::Tensor& in) { return block->forward(in, bias, cos, sin); },
                                 x);
     } else {
       x = block->forward(x, bias, cos, sin);
     }
+    if (units_) x = units_->after_forward(unit, x);
   }
   return final_norm(x);
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
-  return torch::matmul(hidden(tokens), output_weight().t());  // [B, T, V]
+  auto logits = torch::matmul(hidden(tokens), output_weight().t());  // [B, T, V]
+  if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
+  return logits;
 }
 
 torch::Tensor TransformerImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
   const auto h = hidden(tokens);
-  return linear_cross_entropy(h.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}));
+  auto loss = linear_cross_entropy(h.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}));
+  if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
+  return loss;
 }
 
 }  // namespace tide

@@ -1,46 +1,95 @@
 #include "tide/engine/optim/flat_parameters.h"
 
+#include <algorithm>
+
 #include <torch/torch.h>
 
 #include "tide/engine/model/transformer.h"
 
 namespace tide {
 
-FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& optim, int64_t pad_to) {
-  std::vector<Slot> decayed, plain;
+FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& optim, Options options)
+    : pad_to_(std::max<int64_t>(1, options.pad_to)) {
+  std::vector<Slot> all;
   torch::Device device(torch::kCPU);
+  int n_units = 1;
   for (auto& item : model.named_parameters()) {
     Slot s;
     s.name = item.key();
     s.param = item.value();
+    s.unit = options.unit_of ? options.unit_of(s.name) : 0;
+    TORCH_CHECK(s.unit >= 0, "parameter ", s.name, " has no unit");
     s.numel = s.param.numel();
     s.shape = s.param.sizes().vec();
     s.decayed = is_decayed(s.name, s.param, optim.decay_norms_and_biases, optim.decay_embeddings);
     device = s.param.device();
-    (s.decayed ? decayed : plain).push_back(std::move(s));
+    n_units = std::max(n_units, s.unit + 1);
+    all.push_back(std::move(s));
   }
-  slots_ = std::move(decayed);
-  for (auto& s : slots_) decay_numel_ += s.numel;
-  for (auto& s : plain) slots_.push_back(std::move(s));
-
+  // Unit by unit; within a unit decayed parameters first, each group in model order.
+  std::stable_sort(all.begin(), all.end(), [](const Slot& a, const Slot& b) {
+    return a.unit != b.unit ? a.unit < b.unit : a.decayed > b.decayed;
+  });
+  units_.resize(static_cast<size_t>(n_units));
   int64_t total = 0;
-  for (auto& s : slots_) {
-    s.offset = total;
-    total += s.numel;
+  size_t i = 0;
+  for (int u = 0; u < n_units; ++u) {
+    Unit& unit = units_[static_cast<size_t>(u)];
+    unit.offset = total;
+    for (; i < all.size() && all[i].unit == u; ++i) {
+      all[i].offset = total;
+      total += all[i].numel;
+      parameter_numel_ += all[i].numel;
+      if (all[i].decayed) unit.decay_numel += all[i].numel;
+      unit.slots.push_back(i);
+    }
+    total = (total + pad_to_ - 1) / pad_to_ * pad_to_;
+    unit.numel = total - unit.offset;
   }
-  parameter_numel_ = total;
-  if (pad_to > 1) total = (total + pad_to - 1) / pad_to * pad_to;
+  slots_ = std::move(all);
+  numel_ = total;
+
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  data_ = torch::zeros({total}, opts);
-  grad_ = torch::zeros({total}, opts);
   torch::NoGradGuard no_grad;
+  if (options.data) data_ = torch::zeros({numel_}, opts);
+  if (options.grad) grad_ = torch::zeros({numel_}, opts);
   for (auto& s : slots_) {
-    auto view = data_.narrow(0, s.offset, s.numel).view(s.shape);
-    view.copy_(s.param);
-    s.param.set_data(view);
+    if (options.data) {
+      auto view = data_.narrow(0, s.offset, s.numel).view(s.shape);
+      view.copy_(s.param);
+      s.param.set_data(view);
+    }
     // Autograd accumulates into an existing .grad in place, so gradients land here.
-    s.param.mutable_grad() = grad_.narrow(0, s.offset, s.numel).view(s.shape);
+    if (options.grad) s.param.mutable_grad() = grad_.narrow(0, s.offset, s.numel).view(s.shape);
   }
+}
+
+void FlatParameters::zero_grad() {
+  if (grad_.defined()) grad_.zero_();
+}
+
+std::vector<OptimSegment> FlatParameters::segments() const { return shard_segments(0, 1, false, false); }
+
+std::vector<OptimSegment> FlatParameters::shard_segments(int rank, int ranks, bool local_params,
+                                                         bool local_grads) const {
+  TORCH_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && pad_to_ % ranks == 0, "cannot cut units padded to ",
+              pad_to_, " into ", ranks, " pieces");
+  std::vector<OptimSegment> out;
+  int64_t local = 0;
+  for (const auto& unit : units_) {
+    const int64_t piece = unit.numel / ranks;
+    const int64_t begin = unit.offset + rank * piece, end = begin + piece;
+    const int64_t decay_end = unit.offset + unit.decay_numel;
+    const std::pair<int64_t, int64_t> parts[2] = {{begin, std::min(end, decay_end)}, {std::max(begin, decay_end), end}};
+    for (int k = 0; k < 2; ++k) {
+      const auto [a, b] = parts[k];
+      if (a >= b) continue;
+      const int64_t at = local + (a - begin);
+      out.push_back({local_params ? at : a, local_grads ? at : a, b - a, k == 0});
+    }
+    local += piece;
+  }
+  return out;
 }
 
 }  // namespace tide

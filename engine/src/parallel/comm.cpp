@@ -1,5 +1,7 @@
 #include "tide/engine/parallel/comm.h"
 
+#include <functional>
+
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
@@ -56,27 +58,33 @@ void Comm::all_reduce_max(at::Tensor& t, const std::string& what) {
 }
 
 namespace {
+// A started collective, and what must follow it on this rank once it has completed
+// (the local half of an emulated collective).
 struct PendingWork : PendingCollective {
-  PendingWork(Comm::Impl* i, c10::intrusive_ptr<c10d::Work> w, std::string op)
-      : impl(i), work(std::move(w)), what(std::move(op)) {}
+  PendingWork(Comm::Impl* i, c10::intrusive_ptr<c10d::Work> w, std::string o, std::string wh,
+              std::function<void()> f = {})
+      : impl(i), work(std::move(w)), op(std::move(o)), what(std::move(wh)), finish(std::move(f)) {}
   void wait() override {
-    if (work) impl->wait(work, "all_reduce", what);
+    if (work) impl->wait(work, op, what);
     work.reset();
+    if (finish) finish();
+    finish = nullptr;
   }
   Comm::Impl* impl;
   c10::intrusive_ptr<c10d::Work> work;
-  std::string what;
+  std::string op, what;
+  std::function<void()> finish;
 };
 }  // namespace
 
 std::unique_ptr<PendingCollective> Comm::all_reduce_sum_async(at::Tensor t, const std::string& what) {
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble,
               "all_reduce_sum_async takes fp32 or fp64 tensors, got ", t.scalar_type());
-  if (size() == 1) return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), what);
+  if (size() == 1) return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), "all_reduce", what);
   std::vector<at::Tensor> v{t};
   auto work = impl_->pg->allreduce(v, c10d::AllreduceOptions{c10d::ReduceOp::SUM});
   impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();
-  return std::make_unique<PendingWork>(impl_.get(), std::move(work), what);
+  return std::make_unique<PendingWork>(impl_.get(), std::move(work), "all_reduce", what);
 }
 
 void Comm::broadcast(at::Tensor& t, int root, const std::string& what) {
@@ -92,53 +100,72 @@ void Comm::broadcast(at::Tensor& t, int root, const std::string& what) {
 }
 
 void Comm::reduce_scatter_sum(const at::Tensor& input, at::Tensor& output, const std::string& what) {
+  reduce_scatter_sum_async(input, output, what)->wait();
+}
+
+void Comm::all_gather(const at::Tensor& input, at::Tensor& output, const std::string& what) {
+  all_gather_async(input, output, what)->wait();
+}
+
+std::unique_ptr<PendingCollective> Comm::reduce_scatter_sum_async(const at::Tensor& input, at::Tensor output,
+                                                                  const std::string& what) {
   const int n = size();
   TORCH_CHECK(input.numel() == output.numel() * n, "reduce_scatter: input has ", input.numel(),
               " elements, expected ", output.numel() * n);
   if (n == 1) {
-    output.copy_(input.view_as(output));
-    return;
-  }
-  if (!impl_->gloo) {
-    auto out = output;
-    impl_->wait(impl_->pg->_reduce_scatter_base(out, const_cast<at::Tensor&>(input)), "reduce_scatter", what);
-  } else {
-    // Chunk j of every rank lands on rank j, which sums them: the bytes of a ring.
-    auto in = wire(input.contiguous(), true);
-    auto gathered = at::empty_like(in);
-    std::vector<int64_t> splits;
-    impl_->wait(impl_->pg->alltoall_base(gathered, in, splits, splits), "reduce_scatter(all_to_all)", what);
-    output.copy_(gathered.view({n, -1}).sum(0).view_as(output));
+    if (!output.is_same(input)) output.copy_(input.view_as(output));
+    return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), "reduce_scatter", what);
   }
   impl_->bytes_sent += nbytes(input) * (n - 1) / n;
+  if (!impl_->gloo) {
+    auto in = input.contiguous();
+    return std::make_unique<PendingWork>(impl_.get(), impl_->pg->_reduce_scatter_base(output, in), "reduce_scatter",
+                                         what, [in] {});
+  }
+  // Chunk j of every rank lands on rank j, which sums them: the bytes of a ring.
+  auto in = wire(input.contiguous(), true);
+  auto gathered = at::empty_like(in);
+  std::vector<int64_t> splits;
+  auto work = impl_->pg->alltoall_base(gathered, in, splits, splits);
+  return std::make_unique<PendingWork>(impl_.get(), std::move(work), "reduce_scatter(all_to_all)", what,
+                                       [in, gathered, output, n]() mutable {
+                                         output.copy_(gathered.view({n, -1}).sum(0).view_as(output));
+                                       });
 }
 
-void Comm::all_gather(const at::Tensor& input, at::Tensor& output, const std::string& what) {
+std::unique_ptr<PendingCollective> Comm::all_gather_async(const at::Tensor& input, at::Tensor output,
+                                                          const std::string& what) {
   const int n = size();
   TORCH_CHECK(output.numel() == input.numel() * n, "all_gather: output has ", output.numel(),
               " elements, expected ", input.numel() * n);
   if (n == 1) {
     output.view_as(input).copy_(input);
-    return;
-  }
-  if (!impl_->gloo) {
-    auto in = input.contiguous();
-    impl_->wait(impl_->pg->_allgather_base(output, in), "all_gather", what);
-  } else {
-    auto in = wire(input.contiguous(), true);
-    std::vector<at::Tensor> in_list{in};
-    std::vector<std::vector<at::Tensor>> out_lists(1);
-    auto flat = output.scalar_type() == in.scalar_type() ? output : at::empty({output.numel()}, in.options());
-    for (int j = 0; j < n; ++j) out_lists[0].push_back(flat.view({-1}).narrow(0, j * in.numel(), in.numel()));
-    impl_->wait(impl_->pg->allgather(out_lists, in_list), "all_gather", what);
-    // Gloo writes into its own buffers when the views are not what it expects.
-    for (int j = 0; j < n; ++j) {
-      auto dst = flat.view({-1}).narrow(0, j * in.numel(), in.numel());
-      if (!out_lists[0][j].is_same(dst)) dst.copy_(out_lists[0][j]);
-    }
-    if (!flat.is_same(output)) output.copy_(flat.view_as(output));
+    return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), "all_gather", what);
   }
   impl_->bytes_sent += nbytes(input) * (n - 1);
+  if (!impl_->gloo) {
+    auto in = input.contiguous();
+    return std::make_unique<PendingWork>(impl_.get(), impl_->pg->_allgather_base(output, in), "all_gather", what,
+                                         [in] {});
+  }
+  auto in = wire(input.contiguous(), true);
+  std::vector<at::Tensor> in_list{in};
+  std::vector<std::vector<at::Tensor>> out_lists(1);
+  const bool direct = output.scalar_type() == in.scalar_type() && output.is_contiguous();
+  auto flat = direct ? output.view({-1}) : at::empty({output.numel()}, in.options());
+  for (int j = 0; j < n; ++j) out_lists[0].push_back(flat.narrow(0, j * in.numel(), in.numel()));
+  auto work = impl_->pg->allgather(out_lists, in_list);
+  return std::make_unique<PendingWork>(impl_.get(), std::move(work), "all_gather", what,
+                                       [in, out_lists, flat, output, n, direct]() mutable {
+                                         // Gloo writes into its own buffers when the views are not what it expects.
+                                         const int64_t k = in.numel();
+                                         for (int j = 0; j < n; ++j) {
+                                           auto dst = flat.narrow(0, j * k, k);
+                                           if (!out_lists[0][static_cast<size_t>(j)].is_same(dst))
+                                             dst.copy_(out_lists[0][static_cast<size_t>(j)]);
+                                         }
+                                         if (!direct) output.copy_(flat.view_as(output));
+                                       });
 }
 
 void Comm::barrier(const std::string& what) {

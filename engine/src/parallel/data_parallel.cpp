@@ -1,197 +1,274 @@
 #include "tide/engine/parallel/data_parallel.h"
 
 #include <cmath>
+#include <deque>
 #include <mutex>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/torch.h>
 
-#include "tide/engine/optim/flat_parameters.h"
+#include "gradient_hooks.h"
+#include "sharded_gradients.h"
+#include "sharded_parameters.h"
+#include "tide/engine/model/parameter_units.h"
+#include "tide/engine/optim/adamw.h"
 #include "tide/engine/parallel/comm.h"
 
 namespace tide {
 
-struct DataParallel::Overlap {
+// Stage 0: the flat gradient buffer cut into buckets of bucket_mb, each all-reduced as
+// soon as backward has produced all of its gradients. Every rank must start the
+// collectives in the same order: the first step records the order in which buckets
+// complete (and reduces after backward), checks that all ranks saw the same, and later
+// steps launch in it.
+struct DataParallel::Buckets {
+  int64_t elems = 0;
   std::vector<std::vector<int>> slot_buckets;  // buckets each parameter slot touches
   std::vector<int> pending_init, pending;      // slots still to deliver, per bucket
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keeps the hooks alive
-  std::vector<int> order;                      // agreed launch order; empty until then
-  std::vector<int> completed;                  // completion order in this backward
-  std::vector<char> ready, launched;
-  size_t next = 0;                             // position in `order`
+  std::vector<std::shared_ptr<torch::autograd::Node>> hooks;
+  std::vector<int> order;      // agreed launch order; empty until then
+  std::vector<int> completed;  // completion order in this backward
+  std::vector<char> ready;
+  size_t next = 0;  // position in `order`
   std::vector<std::unique_ptr<PendingCollective>> works;
   bool armed = false, enabled = true;
   std::mutex mu;
+
+  void launch_ready(Comm& dp, torch::Tensor& g) {
+    while (next < order.size() && ready[static_cast<size_t>(order[next])]) {
+      const int b = order[next++];
+      const int64_t at = b * elems;
+      works[static_cast<size_t>(b)] =
+          dp.all_reduce_sum_async(g.narrow(0, at, std::min(elems, g.numel() - at)), fmt::format("gradient bucket {}", b));
+    }
+  }
 };
 
-namespace {
-struct ReadyHook : torch::autograd::FunctionPostHook {
-  ReadyHook(DataParallel* o, size_t s) : owner(o), slot(s) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    owner->on_gradient_ready(slot);
-    return outputs;
-  }
-  DataParallel* owner;
-  size_t slot;
-};
-}  // namespace
+FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, int ranks) {
+  FlatParameters::Options o;
+  o.pad_to = ranks;
+  o.unit_of = block_unit;
+  o.data = cfg.zero < 3;
+  o.grad = cfg.zero < 2;
+  return o;
+}
 
 DataParallel::~DataParallel() = default;
 
 DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg)
     : dp_(dp), flat_(flat), cfg_(cfg) {
-  bucket_elems_ = std::max<int64_t>(1024, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024 / 4));
-  const int64_t n = flat.numel();
-  TORCH_CHECK(n % dp.size() == 0, "flat buffer of ", n, " elements is not padded to the ", dp.size(), " ranks");
-  if (cfg.zero >= 1) {
-    const int64_t shard = n / dp.size();
-    begin_ = shard * dp.rank();
-    end_ = begin_ + shard;
-  } else {
-    begin_ = 0;
-    end_ = n;
-  }
-  if (cfg.zero == 0 && dp.size() > 1) {
-    overlap_ = std::make_unique<Overlap>();
-    auto& o = *overlap_;
-    const int64_t buckets = (n + bucket_elems_ - 1) / bucket_elems_;
-    o.pending_init.assign(static_cast<size_t>(buckets), 0);
-    for (size_t i = 0; i < flat.slots().size(); ++i) {
-      const auto& slot = flat.slots()[i];
+  TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " do not divide among ",
+              dp.size(), " ranks");
+  TORCH_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "ZeRO stage ", cfg.zero, " does not exist");
+  if (cfg.zero == 3) {
+    params_ = std::make_unique<ShardedParameters>(dp, flat);
+    grads_ = std::make_unique<ShardedGradients>(dp, flat, ShardedGradients::Mode::Transient,
+                                                [this](int unit) { params_->release(unit); });
+  } else if (cfg.zero >= 1) {
+    grads_ = std::make_unique<ShardedGradients>(
+        dp, flat, cfg.zero == 1 ? ShardedGradients::Mode::InPlace : ShardedGradients::Mode::Transient);
+  } else if (dp.size() > 1) {
+    buckets_ = std::make_unique<Buckets>();
+    auto& b = *buckets_;
+    b.elems = std::max<int64_t>(1024, static_cast<int64_t>(cfg.bucket_mb * 1024 * 1024 / 4));
+    const int64_t n = flat.numel();
+    b.pending_init.assign(static_cast<size_t>((n + b.elems - 1) / b.elems), 0);
+    for (const auto& slot : flat.slots()) {
       std::vector<int> touched;
-      for (int64_t b = slot.offset / bucket_elems_; b <= (slot.offset + slot.numel - 1) / bucket_elems_; ++b) {
-        touched.push_back(static_cast<int>(b));
-        ++o.pending_init[static_cast<size_t>(b)];
+      for (int64_t k = slot.offset / b.elems; k <= (slot.offset + slot.numel - 1) / b.elems; ++k) {
+        touched.push_back(static_cast<int>(k));
+        ++b.pending_init[static_cast<size_t>(k)];
       }
-      o.slot_buckets.push_back(std::move(touched));
-      auto acc = torch::autograd::impl::grad_accumulator(slot.param);
-      acc->add_post_hook(std::make_unique<ReadyHook>(this, i));
-      o.accumulators.push_back(std::move(acc));
+      b.slot_buckets.push_back(std::move(touched));
     }
+    b.hooks = hook_gradient_ready(flat, [this](size_t slot) {
+      auto& o = *buckets_;
+      std::lock_guard<std::mutex> lock(o.mu);
+      if (!o.armed) return;
+      for (const int k : o.slot_buckets[slot]) {
+        if (--o.pending[static_cast<size_t>(k)] == 0) {
+          o.ready[static_cast<size_t>(k)] = 1;
+          o.completed.push_back(k);
+        }
+      }
+      if (!o.order.empty()) o.launch_ready(dp_, flat_.grad());
+    });
   }
 }
 
-bool DataParallel::overlapping() const { return overlap_ && overlap_->enabled && !overlap_->order.empty(); }
+ParameterUnits* DataParallel::parameter_units() { return params_.get(); }
 
-void DataParallel::begin_final_backward() {
-  if (!overlap_ || !overlap_->enabled) return;
-  auto& o = *overlap_;
-  std::lock_guard<std::mutex> lock(o.mu);
-  o.pending = o.pending_init;
-  o.ready.assign(o.pending.size(), 0);
-  o.launched.assign(o.pending.size(), 0);
-  o.works.clear();
-  o.works.resize(o.pending.size());
-  o.completed.clear();
-  o.next = 0;
-  o.armed = true;
+void DataParallel::begin_backward(bool last_micro_batch) {
+  if (grads_) {
+    grads_->begin_backward(last_micro_batch);
+    return;
+  }
+  if (!buckets_ || !buckets_->enabled || !last_micro_batch) return;
+  auto& b = *buckets_;
+  std::lock_guard<std::mutex> lock(b.mu);
+  b.pending = b.pending_init;
+  b.ready.assign(b.pending.size(), 0);
+  b.works.clear();
+  b.works.resize(b.pending.size());
+  b.completed.clear();
+  b.next = 0;
+  b.armed = true;
 }
 
-void DataParallel::on_gradient_ready(size_t slot) {
-  auto& o = *overlap_;
-  std::lock_guard<std::mutex> lock(o.mu);
-  if (!o.armed) return;
-  for (const int b : o.slot_buckets[slot]) {
-    if (--o.pending[static_cast<size_t>(b)] == 0) {
-      o.ready[static_cast<size_t>(b)] = 1;
-      o.completed.push_back(b);
+double DataParallel::squared_norm_of_pieces(int rank) {
+  const int n = dp_.size();
+  const bool local = cfg_.zero >= 2;
+  const torch::Tensor& g = local ? grads_->shard() : flat_.grad();
+  double sum = 0;
+  int64_t at = 0;
+  for (const auto& unit : flat_.units()) {
+    const int64_t piece = unit.numel / n;
+    if (piece > 0) {
+      const double x = g.narrow(0, local ? at : unit.offset + rank * piece, piece).norm().item<double>();
+      sum += x * x;
     }
+    at += piece;
   }
-  if (!o.order.empty()) launch_ready();
-}
-
-void DataParallel::launch_ready() {
-  auto& o = *overlap_;
-  auto& g = flat_.grad();
-  while (o.next < o.order.size() && o.ready[static_cast<size_t>(o.order[o.next])]) {
-    const int b = o.order[o.next++];
-    const int64_t at = b * bucket_elems_;
-    o.works[static_cast<size_t>(b)] =
-        dp_.all_reduce_sum_async(g.narrow(0, at, std::min(bucket_elems_, g.numel() - at)),
-                                 fmt::format("gradient bucket {}", b));
-    o.launched[static_cast<size_t>(b)] = 1;
-  }
+  return sum;
 }
 
 double DataParallel::reduce_gradients() {
   torch::NoGradGuard no_grad;
-  auto& g = flat_.grad();
   const int n_ranks = dp_.size();
-  const int64_t shard = g.numel() / n_ranks;
   const double inv = 1.0 / static_cast<double>(n_ranks);
-  auto squared_norm = [](const torch::Tensor& t) {
-    const double x = t.norm().item<double>();
-    return x * x;
-  };
   double norm2 = 0;
-  if (overlap_ && overlap_->armed && overlap_->order.empty()) {
-    // First step: agree on the launch order (what this rank saw, checked against all).
-    auto& o = *overlap_;
-    std::vector<int64_t> order(o.completed.begin(), o.completed.end());
-    for (int b = 0; b < static_cast<int>(o.pending.size()); ++b)
-      if (!o.ready[static_cast<size_t>(b)]) order.push_back(b);
-    auto mine = torch::tensor(order, torch::kFloat64);
-    auto high = mine.clone(), low = -mine;
-    dp_.all_reduce_max(high, "bucket order");
-    dp_.all_reduce_max(low, "bucket order");
-    if (torch::equal(high, mine) && torch::equal(-low, mine)) {
-      o.order.assign(order.begin(), order.end());
-      spdlog::info("data parallel: {} gradient buckets now reduce during backward, in the order all ranks agreed",
-                   o.order.size());
-    } else {
-      o.enabled = false;
-      spdlog::warn("data parallel: ranks completed gradient buckets in different orders; reducing after backward");
-    }
-    o.armed = false;
-  }
-  if (cfg_.zero < 1) {
-    if (overlap_ && overlap_->armed) {
-      // Later steps: launch what backward left (in the agreed order), then wait for all.
-      auto& o = *overlap_;
-      {
-        std::lock_guard<std::mutex> lock(o.mu);
-        o.armed = false;
-        std::fill(o.ready.begin(), o.ready.end(), 1);
-        launch_ready();
+  if (!grads_) {
+    auto& g = flat_.grad();
+    if (buckets_ && buckets_->armed) {
+      auto& b = *buckets_;
+      if (b.order.empty()) {
+        // First step: agree on the launch order (what this rank saw, checked against all),
+        // reducing after backward this once.
+        std::vector<int64_t> order(b.completed.begin(), b.completed.end());
+        for (int k = 0; k < static_cast<int>(b.pending.size()); ++k)
+          if (!b.ready[static_cast<size_t>(k)]) order.push_back(k);
+        auto mine = torch::tensor(order, torch::kFloat64);
+        auto high = mine.clone(), low = -mine;
+        dp_.all_reduce_max(high, "bucket order");
+        dp_.all_reduce_max(low, "bucket order");
+        if (torch::equal(high, mine) && torch::equal(-low, mine)) {
+          b.order.assign(order.begin(), order.end());
+          spdlog::info("data parallel: {} gradient buckets now reduce during backward, in the order all ranks agreed",
+                       b.order.size());
+        } else {
+          b.enabled = false;
+          spdlog::warn("data parallel: ranks completed gradient buckets in different orders; reducing after backward");
+        }
+        b.armed = false;
+        for (int64_t at = 0, k = 0; at < g.numel(); at += b.elems, ++k) {
+          auto bucket = g.narrow(0, at, std::min(b.elems, g.numel() - at));
+          dp_.all_reduce_sum(bucket, fmt::format("gradient bucket {}", k));
+        }
+      } else {
+        // Later steps: launch what backward left (in the agreed order), then wait for all.
+        {
+          std::lock_guard<std::mutex> lock(b.mu);
+          b.armed = false;
+          std::fill(b.ready.begin(), b.ready.end(), 1);
+          b.launch_ready(dp_, g);
+        }
+        for (const int k : b.order) b.works[static_cast<size_t>(k)]->wait();
       }
-      for (const int b : o.order) o.works[static_cast<size_t>(b)]->wait();
-    } else {
-      int bucket = 0;
-      for (int64_t at = 0; at < g.numel(); at += bucket_elems_, ++bucket) {
-        auto slice = g.narrow(0, at, std::min(bucket_elems_, g.numel() - at));
-        dp_.all_reduce_sum(slice, fmt::format("gradient bucket {}", bucket));
+    } else if (buckets_) {
+      const int64_t elems = buckets_->elems;
+      for (int64_t at = 0, k = 0; at < g.numel(); at += elems, ++k) {
+        auto bucket = g.narrow(0, at, std::min(elems, g.numel() - at));
+        dp_.all_reduce_sum(bucket, fmt::format("gradient bucket {}", k));
       }
     }
     if (n_ranks > 1) g.mul_(inv);
-    for (int j = 0; j < n_ranks; ++j) norm2 += squared_norm(g.narrow(0, j * shard, shard));
-  } else {
-    // Bucket k holds the k-th piece of every rank's slice: [ranks, piece] gathered
-    // into one contiguous input, reduce-scattered so each rank gets its own piece.
-    const auto by_rank = g.view({n_ranks, shard});
-    auto mine = g.narrow(0, begin_, shard);
-    const int64_t piece = std::max<int64_t>(1, bucket_elems_ / n_ranks);
-    int bucket = 0;
-    for (int64_t at = 0; at < shard; at += piece, ++bucket) {
-      const int64_t len = std::min(piece, shard - at);
-      auto out = mine.narrow(0, at, len);
-      dp_.reduce_scatter_sum(by_rank.narrow(1, at, len).contiguous().view({-1}), out,
-                             fmt::format("gradient bucket {}", bucket));
-    }
-    if (n_ranks > 1) mine.mul_(inv);
-    auto parts = torch::zeros({n_ranks}, torch::kFloat64);
-    parts[dp_.rank()] = squared_norm(mine);
-    dp_.all_reduce_sum(parts, "gradient norm");
-    for (int j = 0; j < n_ranks; ++j) norm2 += parts[j].item<double>();
+    for (int j = 0; j < n_ranks; ++j) norm2 += squared_norm_of_pieces(j);
+    return std::sqrt(norm2);
   }
+  grads_->finish();
+  if (n_ranks > 1) scale_gradients(inv);
+  auto parts = torch::zeros({n_ranks}, torch::kFloat64);
+  parts[dp_.rank()] = squared_norm_of_pieces(dp_.rank());
+  dp_.all_reduce_sum(parts, "gradient norm");
+  for (int j = 0; j < n_ranks; ++j) norm2 += parts[j].item<double>();
   return std::sqrt(norm2);
 }
 
 void DataParallel::scale_gradients(double factor) {
   torch::NoGradGuard no_grad;
-  flat_.grad().narrow(0, begin_, end_ - begin_).mul_(factor);
+  if (cfg_.zero >= 2) {
+    grads_->shard().mul_(factor);
+  } else if (cfg_.zero == 1) {
+    for (const auto& unit : flat_.units()) {
+      const int64_t piece = unit.numel / dp_.size();
+      flat_.grad().narrow(0, unit.offset + dp_.rank() * piece, piece).mul_(factor);
+    }
+  } else {
+    flat_.grad().mul_(factor);
+  }
+}
+
+void DataParallel::zero_grad() {
+  torch::NoGradGuard no_grad;
+  if (cfg_.zero >= 2)
+    grads_->shard().zero_();
+  else
+    flat_.zero_grad();
+}
+
+std::unique_ptr<AdamW> DataParallel::make_optimizer(const OptimConfig& optim, bool offload) {
+  const int r = dp_.rank(), n = dp_.size();
+  switch (cfg_.zero) {
+    case 0:
+      return std::make_unique<AdamW>(flat_.data(), flat_.grad(), flat_.segments(), optim, offload);
+    case 1:
+      return std::make_unique<AdamW>(flat_.data(), flat_.grad(), flat_.shard_segments(r, n, false, false), optim,
+                                     offload);
+    case 2:
+      return std::make_unique<AdamW>(flat_.data(), grads_->shard(), flat_.shard_segments(r, n, false, true), optim,
+                                     offload);
+    default:
+      return std::make_unique<AdamW>(params_->shard(), grads_->shard(), flat_.shard_segments(r, n, true, true), optim,
+                                     offload);
+  }
+}
+
+void DataParallel::gather_parameters() {
+  if (cfg_.zero < 1 || cfg_.zero > 2 || dp_.size() == 1) return;
+  torch::NoGradGuard no_grad;
+  auto& p = flat_.data();
+  std::deque<std::pair<torch::Tensor, std::unique_ptr<PendingCollective>>> inflight;
+  int u = 0;
+  for (const auto& unit : flat_.units()) {
+    const int64_t piece = unit.numel / dp_.size();
+    if (piece > 0) {
+      auto mine = p.narrow(0, unit.offset + dp_.rank() * piece, piece).clone();
+      auto work = dp_.all_gather_async(mine, p.narrow(0, unit.offset, unit.numel), fmt::format("parameters of unit {}", u));
+      inflight.emplace_back(std::move(mine), std::move(work));
+      if (inflight.size() > 2) {
+        inflight.front().second->wait();
+        inflight.pop_front();
+      }
+    }
+    ++u;
+  }
+  for (auto& job : inflight) job.second->wait();
+}
+
+void DataParallel::with_full_parameters(const std::function<void()>& fn) {
+  if (!params_) {
+    fn();
+    return;
+  }
+  params_->gather_all();
+  try {
+    fn();
+  } catch (...) {
+    params_->release_all();
+    throw;
+  }
+  params_->release_all();
 }
 
 double DataParallel::sum(double x) {
@@ -200,12 +277,18 @@ double DataParallel::sum(double x) {
   return t.item<double>();
 }
 
-void DataParallel::gather_parameters() {
-  if (cfg_.zero < 1 || dp_.size() == 1) return;
-  torch::NoGradGuard no_grad;
-  auto& p = flat_.data();
-  const auto mine = p.narrow(0, begin_, end_ - begin_).clone();
-  dp_.all_gather(mine, p, "parameter shards");
+int64_t DataParallel::param_bytes() const {
+  const auto numel = params_ ? params_->shard().numel() : flat_.numel();
+  return numel * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t DataParallel::grad_bytes() const {
+  const auto numel = cfg_.zero >= 2 ? grads_->shard().numel() : flat_.numel();
+  return numel * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t DataParallel::peak_transient_bytes() const {
+  return (params_ ? params_->peak_gathered_bytes() : 0) + (grads_ ? grads_->peak_transient_bytes() : 0);
 }
 
 int64_t DataParallel::bytes_sent() const { return dp_.bytes_sent(); }

@@ -21,9 +21,13 @@ double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t se
   model->eval();
   const auto device = model->tok_embeddings.device();
   double total = 0;
-  for (int64_t i = first; i < n_batches; i += step) {
-    const Batch b = make_eval_batch(split, i, n_batches, micro_batch, seq_len);
-    total += model->loss(b.tokens.to(device), b.targets.to(device)).item<double>();
+  // Every rank runs the same number of forward passes (ZeRO-3 gathers parameters in
+  // lockstep): a rank short of a batch repeats one and does not count it.
+  const int64_t rounds = (n_batches + step - 1) / step;
+  for (int64_t k = 0, i = first; k < rounds; ++k, i += step) {
+    const Batch b = make_eval_batch(split, i % n_batches, n_batches, micro_batch, seq_len);
+    const double loss = model->loss(b.tokens.to(device), b.targets.to(device)).item<double>();
+    if (i < n_batches) total += loss;
   }
   model->train(was_training);
   return total;

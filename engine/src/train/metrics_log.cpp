@@ -21,7 +21,8 @@ nlohmann::json to_json(const StepMetrics& m) {
                       {"peak_rss_mb", m.peak_rss_mb},
                       {"model_state_bytes",
                        {{"params", m.param_bytes}, {"grads", m.grad_bytes}, {"optimizer", m.optimizer_bytes}}},
-                      {"comm_bytes", m.comm_bytes}};
+                      {"comm_bytes", m.comm_bytes},
+                      {"transient_peak_bytes", m.transient_bytes}};
   if (m.skipped) j["skipped"] = true;
   if (m.val_loss) j["val_loss"] = finite(*m.val_loss);
   return j;

@@ -15,6 +15,7 @@
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/data/token_dataset.h"
+#include "tide/engine/model/parameter_units.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
@@ -39,9 +40,6 @@ void check_supported_layout(const RunConfig& cfg, int world) {
     throw ConfigError("parallel", fmt::format("tensor and pipeline parallelism are not implemented yet (tp = {}, "
                                               "pp = {}); use data parallelism",
                                               grid.tp(), grid.pp()));
-  if (cfg.parallel.zero > 1)
-    throw ConfigError("parallel.zero",
-                      fmt::format("stage {} is not implemented yet; stages 0 and 1 are", cfg.parallel.zero));
   if (cfg.batch.global_batch % (cfg.batch.micro_batch * grid.dp()) != 0)
     throw ConfigError("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch x dp = {} x {}",
                                                         cfg.batch.global_batch, cfg.batch.micro_batch, grid.dp()));
@@ -96,11 +94,17 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   s_->model = Transformer(cfg.model);
   s_->model->reset_parameters(static_cast<uint64_t>(cfg.seed));
   s_->model->train();
-  s_->flat = std::make_unique<FlatParameters>(*s_->model, cfg.optimizer, s_->dp_size);
-  if (dist) s_->data_parallel = std::make_unique<DataParallel>(*dist->dp, *s_->flat, cfg.parallel);
-  const int64_t begin = s_->data_parallel ? s_->data_parallel->shard_begin() : 0;
-  const int64_t end = s_->data_parallel ? s_->data_parallel->shard_end() : -1;
-  s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer, begin, end, cfg.parallel.offload_optimizer);
+  FlatParameters::Options layout;
+  layout.unit_of = block_unit;
+  if (dist) layout = DataParallel::flat_options(cfg.parallel, s_->dp_size);
+  s_->flat = std::make_unique<FlatParameters>(*s_->model, cfg.optimizer, layout);
+  if (dist) {
+    s_->data_parallel = std::make_unique<DataParallel>(*dist->dp, *s_->flat, cfg.parallel);
+    s_->model->set_parameter_units(s_->data_parallel->parameter_units());
+    s_->optim = s_->data_parallel->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
+  } else {
+    s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer, cfg.parallel.offload_optimizer);
+  }
   if (s_->leader && fs::exists(s_->data->tokenizer_path()))
     fs::copy_file(s_->data->tokenizer_path(), s_->dir / fs::path(s_->data->tokenizer_path()).filename(),
                   fs::copy_options::overwrite_existing);
@@ -115,7 +119,20 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   if (s_->leader) spdlog::info("{}", intro);
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (s_ && s_->model) s_->model->set_parameter_units(nullptr);
+}
+
+void Trainer::save_weights(const std::string& path) {
+  auto& s = *s_;
+  auto save = [&] {
+    if (s.leader) save_model(path, s.model);
+  };
+  if (s.data_parallel)
+    s.data_parallel->with_full_parameters(save);
+  else
+    save();
+}
 
 TrainResult Trainer::run() {
   auto& s = *s_;
@@ -141,12 +158,14 @@ TrainResult Trainer::run() {
   double ema_step = 0;
   int64_t comm_before = 0;
   const int64_t flat_bytes = s.flat->numel() * static_cast<int64_t>(sizeof(float));
-  const int64_t optimizer_bytes = 2 * (s.optim->end() - s.optim->begin()) * static_cast<int64_t>(sizeof(float));
 
   for (int64_t step = 0; step < cfg.schedule.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = s.hooks.lr ? s.hooks.lr(step) : scheduled_lr(cfg.schedule, cfg.optimizer.lr, step);
-    s.flat->zero_grad();
+    if (s.data_parallel)
+      s.data_parallel->zero_grad();
+    else
+      s.flat->zero_grad();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < accum; ++micro) {
       const Batch b = loader.next();
@@ -160,7 +179,7 @@ TrainResult Trainer::run() {
       } else {
         loss = s.model->loss(b.tokens, b.targets);
       }
-      if (s.data_parallel && micro + 1 == accum) s.data_parallel->begin_final_backward();
+      if (s.data_parallel) s.data_parallel->begin_backward(micro + 1 == accum);
       (loss / static_cast<double>(accum)).backward();
       loss_sum += loss.item<double>();
     }
@@ -203,10 +222,11 @@ TrainResult Trainer::run() {
     const auto mem = read_memory();
     m.rss_mb = mem.rss_mb;
     m.peak_rss_mb = mem.peak_rss_mb;
-    m.param_bytes = flat_bytes;
-    m.grad_bytes = flat_bytes;
-    m.optimizer_bytes = optimizer_bytes;
+    m.param_bytes = s.data_parallel ? s.data_parallel->param_bytes() : flat_bytes;
+    m.grad_bytes = s.data_parallel ? s.data_parallel->grad_bytes() : flat_bytes;
+    m.optimizer_bytes = s.optim->state_bytes();
     if (s.data_parallel) {
+      m.transient_bytes = s.data_parallel->peak_transient_bytes();
       m.comm_bytes = s.data_parallel->bytes_sent() - comm_before;
       comm_before = s.data_parallel->bytes_sent();
     }
@@ -225,15 +245,15 @@ TrainResult Trainer::run() {
     if ((step + 1) % cfg.log_every == 0 || last || m.val_loss) s.log->info("{}", ProgressLine::format(m));
     if (m.skipped) s.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
     if (s.hooks.on_step) s.hooks.on_step(m);
-    if (s.leader && cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0 && !last)
-      save_model((s.dir / "model.safetensors").string(), s.model);
+    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0 && !last)
+      save_weights((s.dir / "model.safetensors").string());
     result.steps = m.step;
     result.final_loss = m.loss;
   }
   progress.finish();
   result.weights_path = (s.dir / "model.safetensors").string();
+  save_weights(result.weights_path);
   if (!s.leader) return result;
-  save_model(result.weights_path, s.model);
   nlohmann::json summary = {{"steps", result.steps},
                             {"final_loss", result.final_loss},
                             {"unigram_baseline", result.unigram_baseline},

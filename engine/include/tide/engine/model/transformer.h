@@ -16,6 +16,8 @@
 
 namespace tide {
 
+class ParameterUnits;
+
 // RMSNorm (weight) or LayerNorm (weight, bias); normalises in fp32.
 class NormImpl : public torch::nn::Module {
  public:
@@ -101,12 +103,17 @@ class TransformerImpl : public torch::nn::Module {
   torch::nn::ModuleList blocks{nullptr};
   torch::Tensor lm_head;  // undefined when tied
 
+  // Called around the use of each parameter unit (see parameter_units.h); null: none.
+  // The owner must outlive the model's forward and backward passes.
+  void set_parameter_units(ParameterUnits* units) { units_ = units; }
+
   // Additive attention bias: [T, T] causal mask (0 / -inf), or [H, T, T] with ALiBi.
   torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options);
 
  private:
 
   ModelConfig cfg_;
+  ParameterUnits* units_ = nullptr;
   torch::Tensor rope_cos_, rope_sin_;  // [max_seq_len, Hd], not parameters
   torch::Tensor alibi_slopes_;         // [H]
   torch::Tensor bias_cache_;           // the last attention_bias() result, reused while it fits

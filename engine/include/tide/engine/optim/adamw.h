@@ -1,39 +1,45 @@
-// AdamW (decoupled weight decay) over a FlatParameters buffer.
+// AdamW (decoupled weight decay) over ranges of flat fp32 buffers.
 #pragma once
+
+#include <vector>
 
 #include <torch/types.h>
 
 #include "tide/engine/config.h"
+#include "tide/engine/optim/flat_parameters.h"
 
 namespace tide {
 
-class FlatParameters;
-
 class AdamW {
  public:
-  // Updates the elements [begin, end) of the flat buffers (end = -1: all of them); the
-  // moments are held for that range only (ZeRO shards it across data-parallel ranks).
-  // offload: an fp32 master copy of the range and the moments live in host memory
+  // Updates `segments` of the 1-D buffers `params` and `grads` (the whole model, or the
+  // pieces a ZeRO rank owns); the moments are held for those elements only.
+  // offload: an fp32 master copy of the segments and the moments live in host memory
   // (pinned when the parameters are on a GPU), the update runs there on the host's
   // cores, and the result is copied back to the parameters' device.
-  AdamW(FlatParameters& params, const OptimConfig& cfg, int64_t begin = 0, int64_t end = -1, bool offload = false);
+  AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment> segments, const OptimConfig& cfg,
+        bool offload = false);
+  // The whole of a FlatParameters.
+  AdamW(FlatParameters& flat, const OptimConfig& cfg, bool offload = false);
 
   // One update with learning rate `lr` (weight decay, betas and eps from config()).
   void step(double lr);
-  int64_t begin() const { return begin_; }
-  int64_t end() const { return end_; }
+  int64_t numel() const { return m_.numel(); }
   int64_t steps_taken() const { return t_; }
+  // Bytes of optimizer state: the moments, and with offload the host master and
+  // gradient copies.
+  int64_t state_bytes() const;
   OptimConfig& config() { return cfg_; }
 
   torch::Tensor& exp_avg() { return m_; }
   torch::Tensor& exp_avg_sq() { return v_; }
 
  private:
-  FlatParameters& params_;
+  torch::Tensor params_, grads_;
+  std::vector<OptimSegment> segments_;
   OptimConfig cfg_;
   torch::Tensor m_, v_;
   torch::Tensor host_master_, host_grad_;  // offload only
-  int64_t begin_ = 0, end_ = 0;
   int64_t t_ = 0;
 };
 

@@ -1,9 +1,15 @@
 // All parameters of a model in one contiguous fp32 buffer, with the gradients in a
 // second one; every parameter and its .grad become views into them (as llm.c does).
 // One buffer makes the optimizer a handful of vectorised ops, gradient clipping one
-// norm, and later sharding (ZeRO) a matter of offsets.
+// norm, and sharding (ZeRO) a matter of offsets.
+//
+// The buffer is cut into units (the model's blocks, and one unit for everything
+// outside them), each padded to a multiple of the data-parallel size: ZeRO gives rank r
+// the r-th equal piece of every unit, so a unit's gradients are reduce-scattered and
+// its parameters all-gathered as one contiguous range, as soon as its block is done.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,32 +19,63 @@
 
 namespace tide {
 
+// A range the optimizer updates: `numel` elements at param_offset in its parameter
+// buffer and at grad_offset in its gradient buffer, with or without weight decay.
+struct OptimSegment {
+  int64_t param_offset = 0, grad_offset = 0, numel = 0;
+  bool decayed = false;
+};
+
 class FlatParameters {
  public:
   struct Slot {
     std::string name;
-    int64_t offset = 0, numel = 0;
+    int unit = 0;
+    int64_t offset = 0, numel = 0;  // in the whole (padded) flat index space
     std::vector<int64_t> shape;
     bool decayed = false;
     torch::Tensor param;
   };
+  struct Unit {
+    int64_t offset = 0, numel = 0;  // numel: padded to a multiple of pad_to
+    int64_t decay_numel = 0;        // decayed parameters come first within the unit
+    std::vector<size_t> slots;
+  };
+  struct Options {
+    int64_t pad_to = 1;
+    // Unit of a parameter name (units are laid out in index order); empty: one unit.
+    std::function<int(const std::string&)> unit_of;
+    // Whether to allocate the whole parameter / gradient buffers and make parameters
+    // and their .grad views of them (ZeRO-2 holds no whole gradient, ZeRO-3 neither).
+    bool data = true, grad = true;
+  };
 
-  // Decayed parameters come first, so weight decay applies to one prefix [0, decay_numel).
-  // The buffers are zero-padded to a multiple of `pad_to` elements (equal ZeRO shards).
-  FlatParameters(torch::nn::Module& model, const OptimConfig& optim, int64_t pad_to = 1);
+  FlatParameters(torch::nn::Module& model, const OptimConfig& optim, Options options);
+  FlatParameters(torch::nn::Module& model, const OptimConfig& optim) : FlatParameters(model, optim, Options{}) {}
 
-  torch::Tensor& data() { return data_; }
-  torch::Tensor& grad() { return grad_; }
-  int64_t numel() const { return data_.numel(); }  // padded
+  torch::Tensor& data() { return data_; }  // undefined unless Options::data
+  torch::Tensor& grad() { return grad_; }  // undefined unless Options::grad
+  int64_t numel() const { return numel_; }  // padded
   int64_t parameter_numel() const { return parameter_numel_; }
-  int64_t decay_numel() const { return decay_numel_; }
+  int64_t pad_to() const { return pad_to_; }
   const std::vector<Slot>& slots() const { return slots_; }
-  void zero_grad() { grad_.zero_(); }
+  const std::vector<Unit>& units() const { return units_; }
+  void zero_grad();
+
+  // The optimizer's ranges over the whole buffers, split where weight decay changes.
+  std::vector<OptimSegment> segments() const;
+  // Rank `rank` of `ranks`' piece of every unit. Parameter offsets index the whole
+  // buffer (`local_params` false) or the rank's pieces laid end to end (true);
+  // gradient offsets likewise with `local_grads`.
+  std::vector<OptimSegment> shard_segments(int rank, int ranks, bool local_params, bool local_grads) const;
+  // Elements of one rank's pieces of all units.
+  int64_t shard_numel(int ranks) const { return numel_ / ranks; }
 
  private:
   torch::Tensor data_, grad_;
-  int64_t decay_numel_ = 0, parameter_numel_ = 0;
+  int64_t numel_ = 0, parameter_numel_ = 0, pad_to_ = 1;
   std::vector<Slot> slots_;
+  std::vector<Unit> units_;
 };
 
 }  // namespace tide

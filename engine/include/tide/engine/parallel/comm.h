@@ -47,10 +47,17 @@ class Comm {
   std::unique_ptr<PendingCollective> all_reduce_sum_async(at::Tensor t, const std::string& what);
   void broadcast(at::Tensor& t, int root, const std::string& what);
   // input: size() * n elements (chunk j goes to group rank j); output: n elements, the
-  // sum of every rank's chunk for this rank.
+  // sum of every rank's chunk for this rank. The output may be this rank's chunk of
+  // the input.
   void reduce_scatter_sum(const at::Tensor& input, at::Tensor& output, const std::string& what);
   // input: n elements; output: size() * n, rank j's input at chunk j.
   void all_gather(const at::Tensor& input, at::Tensor& output, const std::string& what);
+  // The same, started without waiting: the output is complete when wait() returns, and
+  // both tensors must stay alive and untouched until then.
+  std::unique_ptr<PendingCollective> reduce_scatter_sum_async(const at::Tensor& input, at::Tensor output,
+                                                              const std::string& what);
+  std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& input, at::Tensor output,
+                                                      const std::string& what);
   void barrier(const std::string& what);
 
   // Bytes this rank has sent through this group (payload, by the algorithm's count).

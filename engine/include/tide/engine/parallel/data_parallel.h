@@ -1,62 +1,79 @@
-// Data parallelism over the flat parameter and gradient buffers: gradients averaged
-// across the data-parallel group in buckets, and for ZeRO-1 the optimizer state sharded
-// (each rank updates its slice of the flat buffer, then all ranks gather the slices).
+// Data parallelism over the flat parameter and gradient buffers, by ZeRO stage:
+//   0: every rank holds everything; gradients all-reduced in buckets during backward.
+//   1: optimizer state sharded: each rank owns one piece of every unit (see
+//      FlatParameters), reduce-scatters gradients into its pieces during the last
+//      backward, updates them, and all ranks gather the updated pieces.
+//   2: also gradients: each micro-batch's gradients are reduce-scattered unit by unit
+//      as backward produces them, and a rank keeps only its pieces.
+//   3: also parameters: a unit exists whole only while its block runs.
+// Optimizer offload moves the owned master pieces and moments to host memory.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "tide/engine/config.h"
+#include "tide/engine/optim/flat_parameters.h"
 
 namespace tide {
 
+class AdamW;
 class Comm;
-class FlatParameters;
+class ParameterUnits;
+class ShardedGradients;
+class ShardedParameters;
 
 class DataParallel {
  public:
-  // `flat` must be padded to a multiple of the group size (FlatParameters pad_to).
+  // How the trainer must lay out FlatParameters for this stage and group size.
+  static FlatParameters::Options flat_options(const ParallelConfig& cfg, int ranks);
+
+  // `flat` laid out with flat_options(cfg, dp.size()), before any forward pass.
   DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg);
   ~DataParallel();
 
-  // Plain data parallelism: call just before the backward of a step's last micro-batch.
-  // Each bucket is then all-reduced as soon as backward has produced all of its
-  // gradients, while backward goes on. Every rank must start the collectives in the
-  // same order: the first step records the order in which buckets complete (reducing
-  // after backward), checks that all ranks saw the same, and later steps launch in it.
-  void begin_final_backward();
+  // ZeRO-3: what the model must call around each unit (Transformer::set_parameter_units);
+  // otherwise null.
+  ParameterUnits* parameter_units();
 
-  // Averages gradients over the group and returns their global L2 norm. Without ZeRO:
-  // one all-reduce per bucket of bucket_mb, and every rank holds all averaged
-  // gradients. With ZeRO: reduce-scatter per bucket, and each rank holds the averaged
-  // gradients of its own slice only (the rest of its buffer is stale). The norm is
-  // summed slice by slice in both cases, so both give the same bits.
+  // Before each micro-batch's backward. Gradients are reduced during the last one
+  // (stages 0 and 1; stage 0 from its second step, once the ranks agreed on the order
+  // in which buckets complete) or during every one (stages 2 and 3).
+  void begin_backward(bool last_micro_batch);
+  // After the last backward: finishes the reduction, averages over the group and
+  // returns the global L2 norm of the gradients, summed piece by piece in one order
+  // for every stage, so that all stages give the same bits.
   double reduce_gradients();
   // Scales the gradients this rank owns (for clipping).
   void scale_gradients(double factor);
+  void zero_grad();
+  // The optimizer over what this rank owns.
+  std::unique_ptr<AdamW> make_optimizer(const OptimConfig& optim, bool offload);
+  // After the optimizer step: stages 1 and 2 gather the updated pieces on all ranks.
+  void gather_parameters();
+  // Every rank calls it: fn runs with all parameters whole (stage 3 gathers them).
+  void with_full_parameters(const std::function<void()>& fn);
+
   // Sum of a scalar over the group (losses for reporting).
   double sum(double x);
-
-  // The slice of the flat buffers this rank's optimizer owns: all of it without ZeRO.
-  int64_t shard_begin() const { return begin_; }
-  int64_t shard_end() const { return end_; }
-  // ZeRO >= 1, after the optimizer stepped this rank's slice: all ranks get all slices.
-  void gather_parameters();
-
+  // What this rank holds between steps.
+  int64_t param_bytes() const;
+  int64_t grad_bytes() const;
+  // The most this rank held at once of parameters gathered and gradients waiting to
+  // be reduced (stages 2 and 3), beyond the bytes above.
+  int64_t peak_transient_bytes() const;
   int64_t bytes_sent() const;
-  bool overlapping() const;  // true once the launch order is agreed
-
-  // Called by the autograd hook of parameter slot `slot` (public for the hook only).
-  void on_gradient_ready(size_t slot);
 
  private:
-  struct Overlap;
-  void launch_ready();
-  std::unique_ptr<Overlap> overlap_;
+  struct Buckets;
+  double squared_norm_of_pieces(int rank);
   Comm& dp_;
   FlatParameters& flat_;
   ParallelConfig cfg_;
-  int64_t bucket_elems_, begin_, end_;
+  std::unique_ptr<Buckets> buckets_;          // stage 0
+  std::unique_ptr<ShardedParameters> params_;  // stage 3
+  std::unique_ptr<ShardedGradients> grads_;    // stages 1-3
 };
 
 }  // namespace tide

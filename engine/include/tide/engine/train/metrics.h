@@ -20,6 +20,9 @@ struct StepMetrics {
   double rss_mb = 0, peak_rss_mb = 0;
   // What this rank holds of the model state, in bytes, and what it sent this step.
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, comm_bytes = 0;
+  // The most held at once, so far, of parameters gathered and gradients waiting to be
+  // reduced (ZeRO-2/3), beyond the model state.
+  int64_t transient_bytes = 0;
   double eta_seconds = 0;
   bool skipped = false;  // non-finite gradients: the update was not applied
   std::optional<double> val_loss;

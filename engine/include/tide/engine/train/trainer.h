@@ -45,6 +45,8 @@ class Trainer {
   TrainResult run();
 
  private:
+  // Every rank calls it; the leader writes.
+  void save_weights(const std::string& path);
   struct State;
   std::unique_ptr<State> s_;
 };

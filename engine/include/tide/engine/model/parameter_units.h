@@ -1,0 +1,36 @@
+// The model's parameters grouped into units that are used together: unit 0 holds
+// every parameter outside the blocks (embeddings, final norm, output head), unit
+// i + 1 holds block i. A parameter owner that keeps only a shard of each unit (ZeRO-3)
+// is told when a unit is about to be used and when it is done, so that it can
+// materialise the unit just in time and free it after.
+#pragma once
+
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+namespace tide {
+
+// The unit of a parameter from its name: 1 + the block index for names with a block
+// path ("model.layers.3." / "transformer.h.3."), else 0.
+int block_unit(const std::string& parameter_name);
+
+class ParameterUnits {
+ public:
+  virtual ~ParameterUnits() = default;
+  // Before the forward of `unit` (0 at the start of a forward pass).
+  virtual void before_forward(int unit) = 0;
+  // After the forward of block unit `unit` produced `y`. Returns y, wrapped when
+  // autograd records so that before_backward(unit) runs just before the unit's
+  // backward begins.
+  virtual at::Tensor after_forward(int unit, const at::Tensor& y) = 0;
+  virtual void before_backward(int unit) = 0;
+  // A forward pass without autograd is over (evaluation, sampling): unit 0 may go.
+  virtual void end_forward() = 0;
+};
+
+// y unchanged, with a node in the graph that calls units.before_backward(unit) when
+// backward reaches it.
+at::Tensor call_before_backward(const at::Tensor& y, ParameterUnits& units, int unit);
+
+}  // namespace tide

@@ -1,0 +1,60 @@
+// ZeRO-3 parameters: each rank keeps only its piece of every unit. A unit's whole
+// parameters exist just while its block runs: all-gathered before its forward (the
+// next unit's gather already in flight), freed after, gathered again before its
+// backward and freed once its gradients are in. Parameters stay ordinary leaf tensors
+// whose storage is allocated and freed underneath them, so autograd's saved tensors
+// see the gathered values again in backward.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <torch/types.h>
+
+#include "tide/engine/model/parameter_units.h"
+#include "tide/engine/optim/flat_parameters.h"
+
+namespace tide {
+
+class Comm;
+class PendingCollective;
+
+class ShardedParameters : public ParameterUnits {
+ public:
+  // Takes this rank's pieces from the model's current parameters (every rank holds
+  // the same initial values) and frees the rest. `flat` is the layout, without buffers.
+  ShardedParameters(Comm& dp, FlatParameters& flat);
+  ~ShardedParameters() override;
+
+  // This rank's pieces of all units, end to end: what the optimizer updates.
+  torch::Tensor& shard() { return shard_; }
+
+  void before_forward(int unit) override;
+  at::Tensor after_forward(int unit, const at::Tensor& y) override;
+  void before_backward(int unit) override;
+  void end_forward() override;
+
+  // The unit's gradients are in: its parameters can go.
+  void release(int unit);
+  // Every rank: all parameters whole (to save them), then back to pieces.
+  void gather_all();
+  void release_all();
+  int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
+
+ private:
+  void gather(int unit);    // whole when it returns
+  void prefetch(int unit);  // started, not waited for
+  void allocate(int unit);
+
+  Comm& dp_;
+  FlatParameters& flat_;
+  torch::Tensor shard_;
+  std::vector<int64_t> local_offset_;
+  std::vector<torch::Tensor> whole_;  // per unit; storage freed while released
+  std::vector<std::unique_ptr<PendingCollective>> gathering_;
+  std::vector<char> gathered_;
+  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
+};
+
+}  // namespace tide
