@@ -37,7 +37,8 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
 };
 }  // namespace
 
-NormImpl::NormImpl(NormKind kind, int64_t dim, double eps) : kind_(kind), dim_(dim), eps_(eps) {
+NormImpl::NormImpl(NormKind kind, int64_t dim, double eps, Comm* sequence_parallel)
+    : kind_(kind), dim_(dim), eps_(eps), sequence_parallel_(sequence_parallel) {
   weight = register_parameter("weight", torch::ones({dim}));
   if (kind == NormKind::LayerNorm) bias = register_parameter("bias", torch::zeros({dim}));
 }
@@ -49,10 +50,15 @@ void NormImpl::reset_parameters() {
 }
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
-  if (kind_ == NormKind::LayerNorm) return torch::layer_norm(x, {dim_}, weight, bias, eps_);
+  // Each rank saw part of the sequence: the weights' gradients are summed over ranks.
+  const auto w = sequence_parallel_ ? copy_to_tp(weight, *sequence_parallel_) : weight;
+  if (kind_ == NormKind::LayerNorm) {
+    const auto b = sequence_parallel_ && bias.defined() ? copy_to_tp(bias, *sequence_parallel_) : bias;
+    return torch::layer_norm(x, {dim_}, w, b, eps_);
+  }
   // RMSNorm: x / sqrt(mean(x^2) + eps) * w, statistics in fp32 (or fp64 for fp64 x).
   const auto xf = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
-  return RmsNormFn::apply(xf, weight.to(xf.scalar_type()), eps_).to(x.scalar_type());
+  return RmsNormFn::apply(xf, w.to(xf.scalar_type()), eps_).to(x.scalar_type());
 }
 
 namespace {
@@ -69,25 +75,52 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   return x * cos + rotate_half(x) * sin;  // x [B, *, T, Hd], cos/sin [T, Hd]
 }
+
+// Into a column-parallel layer: the whole sequence on every rank.
+torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallel& tp) {
+  if (!tp.comm) return x;
+  return tp.sequence_parallel ? gather_sequence(x, *tp.comm) : copy_to_tp(x, *tp.comm);
+}
+
+// A row-parallel layer: the partial sums added over ranks (and with sequence
+// parallelism each rank keeps its part of the sequence), then the bias, once.
+torch::Tensor leave_tp(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                       const TensorParallel& tp) {
+  if (!tp.comm) return torch::linear(x, weight, bias);
+  const auto y = torch::linear(x, weight);
+  auto out = tp.sequence_parallel ? reduce_scatter_sequence(y, *tp.comm) : reduce_from_tp(y, *tp.comm);
+  if (!bias.defined()) return out;
+  return out + (tp.sequence_parallel ? copy_to_tp(bias, *tp.comm) : bias);
+}
 }  // namespace
 
-AttentionImpl::AttentionImpl(const ModelConfig& cfg) : cfg_(cfg) {
-  const int64_t d = cfg.dim, kv = resolved_kv_heads(cfg) * head_dim(cfg);
+AttentionImpl::AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp) : cfg_(cfg), tp_(tp) {
+  const int64_t d = cfg.dim, hd = head_dim(cfg), kv = resolved_kv_heads(cfg);
+  heads_ = cfg.n_heads / tp.size;
+  if (kv % tp.size == 0) {
+    kv_heads_ = kv / tp.size;
+  } else {  // fewer key/value heads than ranks: held whole, one head used here
+    kv_heads_ = 1;
+    kv_first_ = tp.rank * heads_ / (cfg.n_heads / kv);
+  }
+  const int64_t local = heads_ * hd;
   if (cfg.family == Family::BLOOM) {
-    qkv = register_module("query_key_value", linear(d, 3 * d, cfg.attention_bias));
-    out = register_module("dense", linear(d, d, cfg.attention_bias));
+    qkv = register_module("query_key_value", linear(d, 3 * local, cfg.attention_bias));
+    out = register_module("dense", linear(local, d, cfg.attention_bias));
   } else {
-    q_proj = register_module("q_proj", linear(d, d, cfg.attention_bias));
-    k_proj = register_module("k_proj", linear(d, kv, cfg.attention_bias));
-    v_proj = register_module("v_proj", linear(d, kv, cfg.attention_bias));
-    out = register_module("o_proj", linear(d, d, cfg.attention_bias));
+    const int64_t kv_rows = (kv_first_ >= 0 ? kv : kv_heads_) * hd;
+    q_proj = register_module("q_proj", linear(d, local, cfg.attention_bias));
+    k_proj = register_module("k_proj", linear(d, kv_rows, cfg.attention_bias));
+    v_proj = register_module("v_proj", linear(d, kv_rows, cfg.attention_bias));
+    out = register_module("o_proj", linear(local, d, cfg.attention_bias));
   }
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Tensor& bias, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
-  const int64_t b = x.size(0), t = x.size(1), h = cfg_.n_heads, hd = head_dim(cfg_);
-  const int64_t k_heads = resolved_kv_heads(cfg_);
+  const auto x = enter_tp(x_in, tp_);
+  const int64_t b = x.size(0), t = x.size(1), h = heads_, hd = head_dim(cfg_);
+  const int64_t k_heads = kv_heads_;
   torch::Tensor q, k, v;
   if (qkv) {
     // BLOOM's fused layout: output features are ordered [H, 3, Hd].
@@ -96,9 +129,22 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     k = fused.select(3, 1).transpose(1, 2);
     v = fused.select(3, 2).transpose(1, 2);
   } else {
-    q = q_proj(x).view({b, t, h, hd}).transpose(1, 2);          // [B, H, T, Hd]
-    k = k_proj(x).view({b, t, k_heads, hd}).transpose(1, 2);    // [B, K, T, Hd]
-    v = v_proj(x).view({b, t, k_heads, hd}).transpose(1, 2);
+    q = q_proj(x).view({b, t, h, hd}).transpose(1, 2);  // [B, H, T, Hd]
+    if (kv_first_ >= 0) {
+      // Every rank holds the key/value projections whole and uses one head's rows; the
+      // gradients of the rows are summed over the ranks that used them.
+      auto project = [&](const torch::nn::Linear& proj) {
+        const auto w = copy_to_tp(proj->weight, *tp_.comm).narrow(0, kv_first_ * hd, hd);
+        const auto bias_rows =
+            proj->bias.defined() ? copy_to_tp(proj->bias, *tp_.comm).narrow(0, kv_first_ * hd, hd) : torch::Tensor();
+        return torch::linear(x, w, bias_rows).view({b, t, 1, hd}).transpose(1, 2);
+      };
+      k = project(k_proj);
+      v = project(v_proj);
+    } else {
+      k = k_proj(x).view({b, t, k_heads, hd}).transpose(1, 2);  // [B, K, T, Hd]
+      v = v_proj(x).view({b, t, k_heads, hd}).transpose(1, 2);
+    }
   }
   if (cos.defined()) {
     q = apply_rope(q, cos, sin);
@@ -116,28 +162,30 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   if (bias.dim() == 3) input = bias.unsqueeze(0).expand({b, h, t, t}).reshape({b * h, t, t});
   auto probs = torch::softmax(torch::baddbmm(input, q3, kt3, 1.0, 1.0 / std::sqrt(static_cast<double>(hd))), -1);
   if (cfg_.dropout > 0 && is_training()) probs = F::dropout(probs, F::DropoutFuncOptions().p(cfg_.dropout));
-  const auto ctx = torch::bmm(probs, v.reshape({b * h, t, hd}));              // [B*H, T, Hd]
-  return out(ctx.view({b, h, t, hd}).transpose(1, 2).reshape({b, t, h * hd}));  // [B, T, D]
+  const auto ctx = torch::bmm(probs, v.reshape({b * h, t, hd})).view({b, h, t, hd}).transpose(1, 2).reshape({b, t, h * hd});
+  return leave_tp(ctx, out->weight, out->bias, tp_);  // [B, T, D]
 }
 
-MlpImpl::MlpImpl(const ModelConfig& cfg) : kind_(cfg.mlp) {
-  const int64_t d = cfg.dim, f = resolved_ffn_dim(cfg);
+MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.mlp), tp_(tp) {
+  const int64_t d = cfg.dim, f = resolved_ffn_dim(cfg) / tp.size;
   const bool bloom_names = cfg.family == Family::BLOOM && cfg.mlp == MlpKind::GELU;
   if (kind_ == MlpKind::SwiGLU) gate = register_module("gate_proj", linear(d, f, cfg.mlp_bias));
   up = register_module(bloom_names ? "dense_h_to_4h" : "up_proj", linear(d, f, cfg.mlp_bias));
   down = register_module(bloom_names ? "dense_4h_to_h" : "down_proj", linear(f, d, cfg.mlp_bias));
 }
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  if (kind_ == MlpKind::SwiGLU) return down(torch::silu(gate(x)) * up(x));
-  return down(torch::gelu(up(x), "tanh"));
+torch::Tensor MlpImpl::forward(const torch::Tensor& x_in) {
+  const auto x = enter_tp(x_in, tp_);
+  const auto hidden = kind_ == MlpKind::SwiGLU ? torch::silu(gate(x)) * up(x) : torch::gelu(up(x), "tanh");
+  return leave_tp(hidden, down->weight, down->bias, tp_);
 }
 
-BlockImpl::BlockImpl(const ModelConfig& cfg) : dropout_(cfg.dropout) {
-  input_norm = register_module("input_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps));
-  attention = register_module(cfg.family == Family::BLOOM ? "self_attention" : "self_attn", Attention(cfg));
-  post_attention_norm = register_module("post_attention_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps));
-  mlp = register_module("mlp", Mlp(cfg));
+BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {
+  Comm* sp = tp.sequence_parallel ? tp.comm : nullptr;
+  input_norm = register_module("input_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
+  attention = register_module(cfg.family == Family::BLOOM ? "self_attention" : "self_attn", Attention(cfg, tp));
+  post_attention_norm = register_module("post_attention_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
+  mlp = register_module("mlp", Mlp(cfg, tp));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,

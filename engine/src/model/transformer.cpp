@@ -1,5 +1,6 @@
 #include "tide/engine/model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -8,6 +9,7 @@
 
 #include "tide/engine/model/linear_cross_entropy.h"
 #include "tide/engine/model/parameter_units.h"
+#include "tide/engine/parallel/comm.h"
 #include "recompute.h"
 
 namespace tide {
@@ -45,23 +47,28 @@ std::shared_ptr<torch::nn::Module> holder_of(const std::string& name, torch::Ten
 }
 }  // namespace
 
-TransformerImpl::TransformerImpl(const ModelConfig& cfg) : cfg_(cfg) {
+TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp) : cfg_(cfg), tp_(tp) {
+  if (!tp_.comm) tp_ = TensorParallel{};
+  check_tensor_parallel(cfg, tp_.size, false, 0);
+  vocab_local_ = padded_vocab(cfg.vocab_size, tp_.size) / tp_.size;
+  vocab_first_ = tp_.rank * vocab_local_;
+  Comm* sp = tp_.sequence_parallel ? tp_.comm : nullptr;
   const bool bloom = cfg.family == Family::BLOOM;
   auto backbone = std::make_shared<torch::nn::Module>();
-  holder_of(bloom ? "word_embeddings" : "embed_tokens", torch::empty({cfg.vocab_size, cfg.dim}), tok_embeddings,
+  holder_of(bloom ? "word_embeddings" : "embed_tokens", torch::empty({vocab_local_, cfg.dim}), tok_embeddings,
             *backbone);
   if (cfg.positions == PositionKind::Learned)
     holder_of(bloom ? "word_position_embeddings" : "embed_positions", torch::empty({cfg.max_seq_len, cfg.dim}),
               pos_embeddings, *backbone);
   if (cfg.embedding_norm)
     embedding_norm =
-        backbone->register_module("word_embeddings_layernorm", Norm(NormKind::LayerNorm, cfg.dim, cfg.norm_eps));
+        backbone->register_module("word_embeddings_layernorm", Norm(NormKind::LayerNorm, cfg.dim, cfg.norm_eps, sp));
   blocks = torch::nn::ModuleList();
-  for (int64_t i = 0; i < cfg.n_layers; ++i) blocks->push_back(Block(cfg));
+  for (int64_t i = 0; i < cfg.n_layers; ++i) blocks->push_back(Block(cfg, tp_));
   backbone->register_module(bloom ? "h" : "layers", blocks);
-  final_norm = backbone->register_module(bloom ? "ln_f" : "norm", Norm(cfg.norm, cfg.dim, cfg.norm_eps));
+  final_norm = backbone->register_module(bloom ? "ln_f" : "norm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
   register_module(bloom ? "transformer" : "model", backbone);
-  if (!cfg.tie_embeddings) holder_of("lm_head", torch::empty({cfg.vocab_size, cfg.dim}), lm_head, *this);
+  if (!cfg.tie_embeddings) holder_of("lm_head", torch::empty({vocab_local_, cfg.dim}), lm_head, *this);
 
   if (cfg.positions == PositionKind::RoPE) {
     const int64_t hd = head_dim(cfg);
@@ -73,9 +80,58 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg) : cfg_(cfg) {
     rope_sin_ = emb.sin().to(torch::kFloat32);
   } else if (cfg.positions == PositionKind::ALiBi) {
     const auto s = alibi_slopes(cfg.n_heads);
-    alibi_slopes_ = torch::tensor(s, torch::kFloat64).to(torch::kFloat32);
+    const int64_t heads = cfg.n_heads / tp_.size;  // this rank's heads
+    alibi_slopes_ = torch::tensor(s, torch::kFloat64).narrow(0, tp_.rank * heads, heads).to(torch::kFloat32);
   }
   reset_parameters(0);
+}
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+TpSlice TransformerImpl::tp_slice(const std::string& name) const {
+  TpSlice out;
+  if (tp_.size == 1) return out;
+  if (ends_with(name, "embed_tokens.weight") || ends_with(name, "word_embeddings.weight") || name == "lm_head.weight")
+    return {0, vocab_first_, vocab_local_, vocab_local_ * tp_.size, cfg_.vocab_size};
+  auto split = [&](int dim) {
+    const auto params = named_parameters(true);
+    const auto* p = params.find(name);
+    TORCH_CHECK(p, "no parameter ", name);
+    const int64_t n = p->size(dim);
+    return TpSlice{dim, tp_.rank * n, n, n * tp_.size, n * tp_.size};
+  };
+  const bool kv_split = resolved_kv_heads(cfg_) % tp_.size == 0;
+  for (const char* column : {".q_proj.", ".gate_proj.", ".up_proj.", ".dense_h_to_4h.", ".query_key_value."})
+    if (name.find(column) != std::string::npos) return split(0);
+  if (kv_split && (name.find(".k_proj.") != std::string::npos || name.find(".v_proj.") != std::string::npos))
+    return split(0);
+  for (const char* row : {".o_proj.weight", ".down_proj.weight", ".dense_4h_to_h.weight", ".self_attention.dense.weight"})
+    if (ends_with(name, row)) return split(1);
+  return out;
+}
+
+void TransformerImpl::for_each_whole_parameter(
+    const std::function<void(const std::string&, const torch::Tensor&)>& fn) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : named_parameters()) {
+    const TpSlice slice = tp_slice(item.key());
+    if (slice.dim < 0) {
+      fn(item.key(), item.value());
+      continue;
+    }
+    const auto local = item.value().contiguous();
+    auto all = torch::empty({local.numel() * tp_.size}, local.options());
+    tp_.comm->all_gather(local.view({-1}), all, "whole parameter " + item.key());
+    std::vector<int64_t> shape{tp_.size};
+    for (const auto d : local.sizes()) shape.push_back(d);
+    auto whole = torch::cat(all.view(shape).unbind(0), slice.dim);
+    if (slice.valid < slice.whole) whole = whole.narrow(slice.dim, 0, slice.valid);
+    fn(item.key(), whole);
+  }
 }
 
 void TransformerImpl::reset_parameters(uint64_t seed) {
@@ -97,9 +153,19 @@ void TransformerImpl::reset_parameters(uint64_t seed) {
       const double std = cfg_.scale_residual_init && residual_out ? residual_std : cfg_.init_std;
       const uint64_t s = XXH3_64bits_withSeed(name.data(), name.size(), seed);
       auto gen = at::make_generator<at::CPUGeneratorImpl>(s);
-      auto tmp = torch::empty(p.sizes(), torch::kFloat32);
-      tmp.normal_(0.0, std, gen);
-      p.copy_(tmp);
+      // The whole tensor, as one process draws it; this rank keeps its slice.
+      const TpSlice slice = tp_slice(name);
+      auto shape = p.sizes().vec();
+      if (slice.dim >= 0) shape[static_cast<size_t>(slice.dim)] = slice.valid;
+      auto whole = torch::empty(shape, torch::kFloat32);
+      whole.normal_(0.0, std, gen);
+      if (slice.dim < 0) {
+        p.copy_(whole);
+        continue;
+      }
+      p.zero_();  // rows past the vocabulary stay zero
+      const int64_t n = std::clamp<int64_t>(slice.valid - slice.first, 0, slice.length);
+      if (n > 0) p.narrow(slice.dim, 0, n).copy_(whole.narrow(slice.dim, slice.first, n));
     }
   }
 }
@@ -127,8 +193,26 @@ torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   TORCH_CHECK(t <= cfg_.max_seq_len, "sequence of ", t, " tokens exceeds model.max_seq_len = ", cfg_.max_seq_len);
   if (units_) units_->before_forward(0);
-  auto x = torch::embedding(tok_embeddings, tokens);  // [B, T, D]
-  if (pos_embeddings.defined()) x = x + pos_embeddings.narrow(0, 0, t);
+  torch::Tensor x;  // [B, T, D], or [B, T / tp, D] with sequence parallelism
+  int64_t first_position = 0;
+  if (tp_.size > 1) {
+    // Each rank looks up the tokens of its vocabulary slice; the sum over ranks has them all.
+    const auto local = tokens - vocab_first_;
+    const auto outside = local.lt(0).logical_or_(local.ge(vocab_local_));
+    x = torch::embedding(tok_embeddings, local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
+    if (tp_.sequence_parallel) {
+      x = reduce_scatter_sequence(x, *tp_.comm);
+      first_position = tp_.rank * x.size(1);
+    } else {
+      x = reduce_from_tp(x, *tp_.comm);
+    }
+  } else {
+    x = torch::embedding(tok_embeddings, tokens);
+  }
+  if (pos_embeddings.defined()) {
+    const auto table = tp_.sequence_parallel ? copy_to_tp(pos_embeddings, *tp_.comm) : pos_embeddings;
+    x = x + table.narrow(0, first_position, x.size(1));
+  }
   if (embedding_norm) x = embedding_norm(x);
   if (cfg_.dropout > 0 && is_training()) x = torch::dropout(x, cfg_.dropout, true);
   const auto bias = attention_bias(t, x.options());
@@ -159,6 +243,7 @@ torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
+  TORCH_CHECK(tp_.size == 1, "whole logits are not computed under tensor parallelism; use loss()");
   auto logits = torch::matmul(hidden(tokens), output_weight().t());  // [B, T, V]
   if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
   return logits;
@@ -166,7 +251,16 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
 
 torch::Tensor TransformerImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
   const auto h = hidden(tokens);
-  auto loss = linear_cross_entropy(h.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}));
+  torch::Tensor loss;
+  if (tp_.size > 1) {
+    // Logits of this rank's vocabulary slice for every position; the softmax spans ranks.
+    const auto whole = tp_.sequence_parallel ? gather_sequence(h, *tp_.comm) : copy_to_tp(h, *tp_.comm);
+    const auto logits = torch::matmul(whole.reshape({-1, cfg_.dim}), output_weight().t());
+    const int64_t valid = std::clamp<int64_t>(cfg_.vocab_size - vocab_first_, 0, vocab_local_);
+    loss = vocab_parallel_cross_entropy(logits, targets.reshape({-1}), vocab_first_, valid, *tp_.comm);
+  } else {
+    loss = linear_cross_entropy(h.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}));
+  }
   if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
   return loss;
 }

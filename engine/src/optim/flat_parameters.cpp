@@ -22,13 +22,17 @@ FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& opti
     s.numel = s.param.numel();
     s.shape = s.param.sizes().vec();
     s.decayed = is_decayed(s.name, s.param, optim.decay_norms_and_biases, optim.decay_embeddings);
+    s.counted = !options.counted || options.counted(s.name);
     device = s.param.device();
     n_units = std::max(n_units, s.unit + 1);
     all.push_back(std::move(s));
   }
-  // Unit by unit; within a unit decayed parameters first, each group in model order.
+  // Unit by unit; within a unit decayed parameters first, then counted ones first, each
+  // group in model order.
   std::stable_sort(all.begin(), all.end(), [](const Slot& a, const Slot& b) {
-    return a.unit != b.unit ? a.unit < b.unit : a.decayed > b.decayed;
+    if (a.unit != b.unit) return a.unit < b.unit;
+    if (a.decayed != b.decayed) return a.decayed;
+    return a.counted && !b.counted;
   });
   units_.resize(static_cast<size_t>(n_units));
   int64_t total = 0;
@@ -41,6 +45,7 @@ FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& opti
       total += all[i].numel;
       parameter_numel_ += all[i].numel;
       if (all[i].decayed) unit.decay_numel += all[i].numel;
+      if (all[i].counted) (all[i].decayed ? unit.counted_decay_numel : unit.counted_plain_numel) += all[i].numel;
       unit.slots.push_back(i);
     }
     total = (total + pad_to_ - 1) / pad_to_ * pad_to_;
@@ -79,13 +84,14 @@ std::vector<OptimSegment> FlatParameters::shard_segments(int rank, int ranks, bo
   for (const auto& unit : units_) {
     const int64_t piece = unit.numel / ranks;
     const int64_t begin = unit.offset + rank * piece, end = begin + piece;
-    const int64_t decay_end = unit.offset + unit.decay_numel;
-    const std::pair<int64_t, int64_t> parts[2] = {{begin, std::min(end, decay_end)}, {std::max(begin, decay_end), end}};
-    for (int k = 0; k < 2; ++k) {
-      const auto [a, b] = parts[k];
+    // [decayed, counted) [decayed, not counted) [plain, counted) [plain, not counted + padding)
+    const int64_t bounds[5] = {unit.offset, unit.offset + unit.counted_decay_numel, unit.offset + unit.decay_numel,
+                               unit.offset + unit.decay_numel + unit.counted_plain_numel, unit.offset + unit.numel};
+    for (int k = 0; k < 4; ++k) {
+      const int64_t a = std::max(begin, bounds[k]), b = std::min(end, bounds[k + 1]);
       if (a >= b) continue;
       const int64_t at = local + (a - begin);
-      out.push_back({local_params ? at : a, local_grads ? at : a, b - a, k == 0});
+      out.push_back({local_params ? at : a, local_grads ? at : a, b - a, k < 2, k % 2 == 0});
     }
     local += piece;
   }

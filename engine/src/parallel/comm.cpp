@@ -123,7 +123,7 @@ std::unique_ptr<PendingCollective> Comm::reduce_scatter_sum_async(const at::Tens
                                          what, [in] {});
   }
   // Chunk j of every rank lands on rank j, which sums them: the bytes of a ring.
-  auto in = wire(input.contiguous(), true);
+  auto in = wire(input.contiguous(), true).view({-1});
   auto gathered = at::empty_like(in);
   std::vector<int64_t> splits;
   auto work = impl_->pg->alltoall_base(gathered, in, splits, splits);
@@ -148,7 +148,7 @@ std::unique_ptr<PendingCollective> Comm::all_gather_async(const at::Tensor& inpu
     return std::make_unique<PendingWork>(impl_.get(), impl_->pg->_allgather_base(output, in), "all_gather", what,
                                          [in] {});
   }
-  auto in = wire(input.contiguous(), true);
+  auto in = wire(input.contiguous(), true).view({-1});
   std::vector<at::Tensor> in_list{in};
   std::vector<std::vector<at::Tensor>> out_lists(1);
   const bool direct = output.scalar_type() == in.scalar_type() && output.is_contiguous();

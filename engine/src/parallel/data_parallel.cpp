@@ -56,8 +56,8 @@ FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, in
 
 DataParallel::~DataParallel() = default;
 
-DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg)
-    : dp_(dp), flat_(flat), cfg_(cfg) {
+DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, Comm* model_parallel)
+    : dp_(dp), model_parallel_(model_parallel), flat_(flat), cfg_(cfg) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " do not divide among ",
               dp.size(), " ranks");
   TORCH_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "ZeRO stage ", cfg.zero, " does not exist");
@@ -117,20 +117,22 @@ void DataParallel::begin_backward(bool last_micro_batch) {
 }
 
 double DataParallel::squared_norm_of_pieces(int rank) {
-  const int n = dp_.size();
   const bool local = cfg_.zero >= 2;
   const torch::Tensor& g = local ? grads_->shard() : flat_.grad();
   double sum = 0;
-  int64_t at = 0;
-  for (const auto& unit : flat_.units()) {
-    const int64_t piece = unit.numel / n;
-    if (piece > 0) {
-      const double x = g.narrow(0, local ? at : unit.offset + rank * piece, piece).norm().item<double>();
-      sum += x * x;
-    }
-    at += piece;
+  for (const auto& seg : flat_.shard_segments(rank, dp_.size(), local, local)) {
+    if (!seg.counted) continue;
+    const double x = g.narrow(0, seg.grad_offset, seg.numel).norm().item<double>();
+    sum += x * x;
   }
   return sum;
+}
+
+double DataParallel::model_parallel_sum(double norm2) {
+  if (!model_parallel_ || model_parallel_->size() == 1) return norm2;
+  auto t = torch::tensor({norm2}, torch::kFloat64);
+  model_parallel_->all_reduce_sum(t, "gradient norm");
+  return t.item<double>();
 }
 
 double DataParallel::reduce_gradients() {
@@ -184,7 +186,7 @@ double DataParallel::reduce_gradients() {
     }
     if (n_ranks > 1) g.mul_(inv);
     for (int j = 0; j < n_ranks; ++j) norm2 += squared_norm_of_pieces(j);
-    return std::sqrt(norm2);
+    return std::sqrt(model_parallel_sum(norm2));
   }
   grads_->finish();
   if (n_ranks > 1) scale_gradients(inv);
@@ -192,7 +194,7 @@ double DataParallel::reduce_gradients() {
   parts[dp_.rank()] = squared_norm_of_pieces(dp_.rank());
   dp_.all_reduce_sum(parts, "gradient norm");
   for (int j = 0; j < n_ranks; ++j) norm2 += parts[j].item<double>();
-  return std::sqrt(norm2);
+  return std::sqrt(model_parallel_sum(norm2));
 }
 
 void DataParallel::scale_gradients(double factor) {

@@ -16,6 +16,7 @@
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/model/parameter_units.h"
+#include "tide/engine/model/tensor_parallel.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
@@ -36,10 +37,11 @@ using Clock = std::chrono::steady_clock;
 void check_supported_layout(const RunConfig& cfg, int world) {
   const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
                   static_cast<int>(cfg.parallel.pp));
-  if (grid.tp() > 1 || grid.pp() > 1)
-    throw ConfigError("parallel", fmt::format("tensor and pipeline parallelism are not implemented yet (tp = {}, "
-                                              "pp = {}); use data parallelism",
-                                              grid.tp(), grid.pp()));
+  if (grid.pp() > 1)
+    throw ConfigError("parallel.pp", fmt::format("pipeline parallelism is not implemented yet (pp = {}); use data "
+                                                 "and tensor parallelism",
+                                                 grid.pp()));
+  check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len);
   if (cfg.batch.global_batch % (cfg.batch.micro_batch * grid.dp()) != 0)
     throw ConfigError("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch x dp = {} x {}",
                                                         cfg.batch.global_batch, cfg.batch.micro_batch, grid.dp()));
@@ -91,15 +93,22 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   if (s_->data->vocab_size() > cfg.model.vocab_size)
     throw ConfigError("model.vocab_size", fmt::format("{} is smaller than the dataset's vocabulary of {} ids ({})",
                                                       cfg.model.vocab_size, s_->data->vocab_size(), cfg.data.path));
-  s_->model = Transformer(cfg.model);
+  TensorParallel tp;
+  if (dist && dist->tp->size() > 1)
+    tp = TensorParallel{dist->tp.get(), dist->tp->rank(), dist->tp->size(), cfg.parallel.sequence_parallel};
+  s_->model = Transformer(cfg.model, tp);
   s_->model->reset_parameters(static_cast<uint64_t>(cfg.seed));
   s_->model->train();
   FlatParameters::Options layout;
   layout.unit_of = block_unit;
   if (dist) layout = DataParallel::flat_options(cfg.parallel, s_->dp_size);
+  // A parameter every tensor-parallel rank holds whole counts once in the gradient norm.
+  layout.counted = [model = s_->model.get(), rank = tp.rank](const std::string& name) {
+    return rank == 0 || model->tp_slice(name).dim >= 0;
+  };
   s_->flat = std::make_unique<FlatParameters>(*s_->model, cfg.optimizer, layout);
   if (dist) {
-    s_->data_parallel = std::make_unique<DataParallel>(*dist->dp, *s_->flat, cfg.parallel);
+    s_->data_parallel = std::make_unique<DataParallel>(*dist->dp, *s_->flat, cfg.parallel, dist->tp.get());
     s_->model->set_parameter_units(s_->data_parallel->parameter_units());
     s_->optim = s_->data_parallel->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
   } else {
@@ -126,7 +135,18 @@ Trainer::~Trainer() {
 void Trainer::save_weights(const std::string& path) {
   auto& s = *s_;
   auto save = [&] {
-    if (s.leader) save_model(path, s.model);
+    if (s.model->tensor_parallel().size == 1) {
+      if (s.leader) save_model(path, s.model);
+      return;
+    }
+    // The tensor-parallel slices joined into one process's model, written by the leader.
+    Transformer whole{nullptr};
+    if (s.leader) whole = Transformer(s.cfg.model);
+    auto params = s.leader ? whole->named_parameters() : torch::OrderedDict<std::string, torch::Tensor>();
+    s.model->for_each_whole_parameter([&](const std::string& name, const torch::Tensor& t) {
+      if (s.leader) params[name].copy_(t);
+    });
+    if (s.leader) save_model(path, whole);
   };
   if (s.data_parallel)
     s.data_parallel->with_full_parameters(save);

@@ -7,21 +7,26 @@
 // K = key/value heads, Hd = head dim (D / H), F = MLP hidden, V = vocabulary.
 #pragma once
 
+#include <functional>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include "tide/engine/config.h"
+#include "tide/engine/model/tensor_parallel.h"
 
 namespace tide {
 
 class ParameterUnits;
 
-// RMSNorm (weight) or LayerNorm (weight, bias); normalises in fp32.
+// RMSNorm (weight) or LayerNorm (weight, bias); normalises in fp32. With sequence
+// parallelism (`tp` given) each rank normalises its part of the sequence, so the
+// weight's gradient is summed over the tensor-parallel group.
 class NormImpl : public torch::nn::Module {
  public:
-  NormImpl(NormKind kind, int64_t dim, double eps);
+  NormImpl(NormKind kind, int64_t dim, double eps, Comm* sequence_parallel = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
   void reset_parameters();
 
@@ -31,15 +36,20 @@ class NormImpl : public torch::nn::Module {
   NormKind kind_;
   int64_t dim_;
   double eps_;
+  Comm* sequence_parallel_;
 };
 TORCH_MODULE(Norm);
 
-// Causal self-attention, multi-head or grouped-query; RoPE or ALiBi or neither.
+// Causal self-attention, multi-head or grouped-query; RoPE or ALiBi or neither. Under
+// tensor parallelism each rank holds H / tp query heads (column-parallel projections;
+// key/value heads split, or held whole and used in part when there are fewer than tp)
+// and the output projection is row-parallel.
 class AttentionImpl : public torch::nn::Module {
  public:
-  explicit AttentionImpl(const ModelConfig& cfg);
-  // x [B, T, D]; bias [T, T] causal mask or [H, T, T] mask + ALiBi;
-  // cos/sin [T, Hd] when RoPE is used, else undefined.
+  AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp);
+  // x [B, T, D] (with sequence parallelism [B, T / tp, D]); bias [T, T] causal mask or
+  // [H / tp, T, T] mask + ALiBi of this rank's heads; cos/sin [T, Hd] when RoPE is
+  // used, else undefined. Returns the same shape as x.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
                         const torch::Tensor& sin);
 
@@ -48,26 +58,31 @@ class AttentionImpl : public torch::nn::Module {
 
  private:
   ModelConfig cfg_;
+  TensorParallel tp_;
+  int64_t heads_ = 0, kv_heads_ = 0;  // on this rank
+  int64_t kv_first_ = -1;             // key/value held whole: the one head this rank uses
 };
 TORCH_MODULE(Attention);
 
-// SwiGLU: down(silu(gate(x)) * up(x)); GELU: down(gelu_tanh(up(x))).
+// SwiGLU: down(silu(gate(x)) * up(x)); GELU: down(gelu_tanh(up(x))). Under tensor
+// parallelism gate and up are column-parallel, down row-parallel.
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const ModelConfig& cfg);
+  MlpImpl(const ModelConfig& cfg, const TensorParallel& tp);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear gate{nullptr}, up{nullptr}, down{nullptr};
 
  private:
   MlpKind kind_;
+  TensorParallel tp_;
 };
 TORCH_MODULE(Mlp);
 
 // Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const ModelConfig& cfg);
+  BlockImpl(const ModelConfig& cfg, const TensorParallel& tp);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
                         const torch::Tensor& sin);
 
@@ -80,20 +95,36 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// How a parameter is cut under tensor parallelism: this rank holds `length` of the
+// `whole` entries along `dim` from `first` (dim -1: held whole by every rank). Entries
+// past `valid` are padding (the vocabulary rounded up to a multiple of tp).
+struct TpSlice {
+  int dim = -1;
+  int64_t first = 0, length = 0, whole = 0, valid = 0;
+};
+
 class TransformerImpl : public torch::nn::Module {
  public:
-  explicit TransformerImpl(const ModelConfig& cfg);
+  explicit TransformerImpl(const ModelConfig& cfg, TensorParallel tp = {});
 
-  // tokens [B, T] int64 → logits [B, T, V].
+  // tokens [B, T] int64 → logits [B, T, V]. Not under tensor parallelism.
   torch::Tensor forward(const torch::Tensor& tokens);
   // Mean next-token cross-entropy; targets [B, T] int64.
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets);
-  // Final hidden state after the last norm, [B, T, D].
+  // Final hidden state after the last norm, [B, T, D] ([B, T / tp, D] with sequence
+  // parallelism).
   torch::Tensor hidden(const torch::Tensor& tokens);
 
-  // Normal(0, init_std) weights, zero biases, unit norms; each tensor drawn from its
-  // own generator seeded by (seed, name), so any layout can reproduce any slice.
+  // Normal(0, init_std) weights, zero biases, unit norms; each tensor drawn whole from
+  // its own generator seeded by (seed, name), and this rank keeps its slice, so any
+  // layout holds the same values as one process.
   void reset_parameters(uint64_t seed);
+
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  TpSlice tp_slice(const std::string& name) const;
+  // Every tensor-parallel rank calls it: fn(name, whole tensor) for each parameter, in
+  // order, with the slices of all ranks joined (padding dropped).
+  void for_each_whole_parameter(const std::function<void(const std::string&, const torch::Tensor&)>& fn);
 
   const ModelConfig& config() const { return cfg_; }
   const torch::Tensor& output_weight() const;
@@ -113,6 +144,8 @@ class TransformerImpl : public torch::nn::Module {
  private:
 
   ModelConfig cfg_;
+  TensorParallel tp_;
+  int64_t vocab_first_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows
   ParameterUnits* units_ = nullptr;
   torch::Tensor rope_cos_, rope_sin_;  // [max_seq_len, Hd], not parameters
   torch::Tensor alibi_slopes_;         // [H]

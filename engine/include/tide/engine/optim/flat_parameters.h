@@ -20,10 +20,11 @@
 namespace tide {
 
 // A range the optimizer updates: `numel` elements at param_offset in its parameter
-// buffer and at grad_offset in its gradient buffer, with or without weight decay.
+// buffer and at grad_offset in its gradient buffer, with or without weight decay, and
+// counted or not by this rank in the global gradient norm.
 struct OptimSegment {
   int64_t param_offset = 0, grad_offset = 0, numel = 0;
-  bool decayed = false;
+  bool decayed = false, counted = true;
 };
 
 class FlatParameters {
@@ -33,18 +34,25 @@ class FlatParameters {
     int unit = 0;
     int64_t offset = 0, numel = 0;  // in the whole (padded) flat index space
     std::vector<int64_t> shape;
-    bool decayed = false;
+    bool decayed = false, counted = true;
     torch::Tensor param;
   };
+  // Within a unit: decayed parameters first, each group with its counted parameters
+  // first, so that both properties are constant over four ranges.
   struct Unit {
     int64_t offset = 0, numel = 0;  // numel: padded to a multiple of pad_to
-    int64_t decay_numel = 0;        // decayed parameters come first within the unit
+    int64_t decay_numel = 0;
+    int64_t counted_decay_numel = 0, counted_plain_numel = 0;
     std::vector<size_t> slots;
   };
   struct Options {
     int64_t pad_to = 1;
     // Unit of a parameter name (units are laid out in index order); empty: one unit.
     std::function<int(const std::string&)> unit_of;
+    // Whether this rank counts a parameter in the global gradient norm (empty: all).
+    // False for a parameter that ranks of another model-parallel group hold as well
+    // (norms under tensor parallelism): one of them counts it.
+    std::function<bool(const std::string&)> counted;
     // Whether to allocate the whole parameter / gradient buffers and make parameters
     // and their .grad views of them (ZeRO-2 holds no whole gradient, ZeRO-3 neither).
     bool data = true, grad = true;

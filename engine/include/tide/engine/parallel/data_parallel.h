@@ -30,7 +30,9 @@ class DataParallel {
   static FlatParameters::Options flat_options(const ParallelConfig& cfg, int ranks);
 
   // `flat` laid out with flat_options(cfg, dp.size()), before any forward pass.
-  DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg);
+  // `model_parallel`: the ranks that hold the other parts of this rank's model replica
+  // (tensor parallel); the gradient norm adds their parts.
+  DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, Comm* model_parallel = nullptr);
   ~DataParallel();
 
   // ZeRO-3: what the model must call around each unit (Transformer::set_parameter_units);
@@ -42,8 +44,9 @@ class DataParallel {
   // in which buckets complete) or during every one (stages 2 and 3).
   void begin_backward(bool last_micro_batch);
   // After the last backward: finishes the reduction, averages over the group and
-  // returns the global L2 norm of the gradients, summed piece by piece in one order
-  // for every stage, so that all stages give the same bits.
+  // returns the global L2 norm of the gradients (over the model-parallel parts too),
+  // summed piece by piece in one order for every stage, so that all stages give the
+  // same bits.
   double reduce_gradients();
   // Scales the gradients this rank owns (for clipping).
   void scale_gradients(double factor);
@@ -68,7 +71,9 @@ class DataParallel {
  private:
   struct Buckets;
   double squared_norm_of_pieces(int rank);
+  double model_parallel_sum(double norm2);
   Comm& dp_;
+  Comm* model_parallel_;
   FlatParameters& flat_;
   ParallelConfig cfg_;
   std::unique_ptr<Buckets> buckets_;          // stage 0

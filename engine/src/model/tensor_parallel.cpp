@@ -1,0 +1,163 @@
+#include "tide/engine/model/tensor_parallel.h"
+
+#include <limits>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/parallel/comm.h"
+
+namespace tide {
+
+void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_parallel, int64_t seq_len) {
+  if (tp <= 1) return;
+  if (m.n_heads % tp != 0)
+    throw ConfigError("parallel.tp", fmt::format("{} does not divide model.n_heads = {}", tp, m.n_heads));
+  const int64_t kv = resolved_kv_heads(m);
+  if (kv % tp != 0 && tp % kv != 0)
+    throw ConfigError("parallel.tp", fmt::format("{} and model.n_kv_heads = {} must divide one another (key/value "
+                                                 "heads are split, or replicated when fewer than tp)",
+                                                 tp, kv));
+  if (resolved_ffn_dim(m) % tp != 0)
+    throw ConfigError("parallel.tp",
+                      fmt::format("{} does not divide the MLP width {} (model.ffn_dim)", tp, resolved_ffn_dim(m)));
+  if (sequence_parallel && seq_len % tp != 0)
+    throw ConfigError("parallel.sequence_parallel",
+                      fmt::format("data.seq_len = {} does not divide into tp = {} parts", seq_len, tp));
+}
+
+int64_t padded_vocab(int64_t vocab, int64_t tp) { return (vocab + tp - 1) / tp * tp; }
+
+namespace {
+Comm& comm_of(torch::autograd::AutogradContext* ctx) {
+  return *reinterpret_cast<Comm*>(ctx->saved_data["comm"].toInt());
+}
+int64_t address(Comm& c) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(&c)); }
+
+torch::Tensor all_reduced(const torch::Tensor& x, Comm& c, const char* what) {
+  auto y = x.contiguous().clone();
+  c.all_reduce_sum(y, what);
+  return y;
+}
+
+// [B, T/n, ...] on each rank → [B, T, ...], rank j's part at sequence chunk j.
+torch::Tensor gathered_sequence(const torch::Tensor& x, Comm& c, const char* what) {
+  const int n = c.size();
+  auto in = x.contiguous();
+  auto out = torch::empty({n * in.numel()}, in.options());
+  c.all_gather(in, out, what);
+  auto sizes = in.sizes().vec();
+  std::vector<int64_t> split{n};
+  split.insert(split.end(), sizes.begin(), sizes.end());  // [n, B, T/n, ...]
+  auto y = out.view(split).transpose(0, 1);               // [B, n, T/n, ...]
+  sizes[1] *= n;
+  return y.reshape(sizes);
+}
+
+// [B, T, ...] → [B, T/n, ...], summed over ranks.
+torch::Tensor scattered_sequence(const torch::Tensor& x, Comm& c, const char* what) {
+  const int n = c.size();
+  auto sizes = x.sizes().vec();
+  TORCH_CHECK(sizes[1] % n == 0, "sequence of ", sizes[1], " does not split into ", n, " parts");
+  std::vector<int64_t> split{sizes[0], n, sizes[1] / n};
+  split.insert(split.end(), sizes.begin() + 2, sizes.end());
+  auto by_rank = x.reshape(split).transpose(0, 1).contiguous();  // [n, B, T/n, ...]
+  sizes[1] /= n;
+  auto out = torch::empty(sizes, x.options());
+  c.reduce_scatter_sum(by_rank.view({-1}), out, what);
+  return out;
+}
+
+struct CopyToTp : torch::autograd::Function<CopyToTp> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return {all_reduced(g[0], comm_of(ctx), "tensor-parallel input gradient"), torch::Tensor()};
+  }
+};
+
+struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& x, int64_t comm) {
+    return all_reduced(x, *reinterpret_cast<Comm*>(comm), "tensor-parallel output");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list g) {
+    return {g[0], torch::Tensor()};
+  }
+};
+
+struct GatherSequence : torch::autograd::Function<GatherSequence> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return gathered_sequence(x, *reinterpret_cast<Comm*>(comm), "sequence all-gather");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return {scattered_sequence(g[0], comm_of(ctx), "sequence reduce-scatter (backward)"), torch::Tensor()};
+  }
+};
+
+struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, int64_t comm) {
+    ctx->saved_data["comm"] = comm;
+    return scattered_sequence(x, *reinterpret_cast<Comm*>(comm), "sequence reduce-scatter");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    return {gathered_sequence(g[0], comm_of(ctx), "sequence all-gather (backward)"), torch::Tensor()};
+  }
+};
+
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, int64_t first, int64_t valid, int64_t comm) {
+    Comm& c = *reinterpret_cast<Comm*>(comm);
+    const int64_t n = logits.size(0), local = logits.size(1);
+    auto l = logits.to(torch::kFloat32).contiguous();
+    if (valid < local) {
+      l = l.clone();
+      l.narrow(1, valid, local - valid).fill_(-std::numeric_limits<float>::infinity());
+    }
+    auto m = std::get<0>(l.max(1));  // [N]
+    c.all_reduce_max(m, "cross-entropy max");
+    auto e = (l - m.unsqueeze(1)).exp_();  // [N, V/tp]
+    auto s = e.sum(1);
+    c.all_reduce_sum(s, "cross-entropy sum");
+    const auto mine = targets.ge(first).logical_and_(targets.lt(first + valid));
+    const auto index = (targets - first).clamp_(0, local - 1);
+    auto target_logit = l.gather(1, index.unsqueeze(1)).squeeze(1).masked_fill_(mine.logical_not(), 0.0);
+    c.all_reduce_sum(target_logit, "cross-entropy target logit");
+    const auto loss = (s.log() + m - target_logit).mean();
+    e.div_(s.unsqueeze(1));  // softmax over the whole vocabulary, this rank's columns
+    ctx->save_for_backward({e, index, mine});
+    ctx->saved_data["n"] = n;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
+    return loss.to(logits.scalar_type());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    auto grad = saved[0].clone();  // d loss_i / d logits = softmax - one_hot(target)
+    grad.scatter_add_(1, saved[1].unsqueeze(1), -saved[2].to(grad.scalar_type()).unsqueeze(1));
+    grad.mul_(g[0].to(torch::kFloat32) / static_cast<double>(ctx->saved_data["n"].toInt()));
+    const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {grad.to(dtype), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+}  // namespace
+
+at::Tensor copy_to_tp(const at::Tensor& x, Comm& tp) { return CopyToTp::apply(x, address(tp)); }
+at::Tensor reduce_from_tp(const at::Tensor& x, Comm& tp) { return ReduceFromTp::apply(x, address(tp)); }
+at::Tensor gather_sequence(const at::Tensor& x, Comm& tp) { return GatherSequence::apply(x, address(tp)); }
+at::Tensor reduce_scatter_sequence(const at::Tensor& x, Comm& tp) {
+  return ReduceScatterSequence::apply(x, address(tp));
+}
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t first,
+                                        int64_t valid, Comm& tp) {
+  return VocabParallelCrossEntropy::apply(logits, targets, first, valid, address(tp));
+}
+
+}  // namespace tide

@@ -1,0 +1,84 @@
+# Shared by the multi-process tests: a work directory with a small byte-level dataset,
+# the test recipes (a LLaMA shape with GQA and a BLOOM shape with ALiBi, tied embeddings
+# and a vocabulary of 301, which no tp > 1 divides), `train` and `compare`.
+# Usage: source common.sh TIDE_BINARY
+set -euo pipefail
+tide=$1
+work=$(mktemp -d)
+launcher=
+trap 'if [[ -n $launcher ]]; then kill -9 $launcher 2>/dev/null || true; fi; rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cp /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 "$work/" 2>/dev/null || true
+$tide data prepare "$work/GPL-3" "$work/Apache-2.0" --out "$work/ds" --tokenizer bytes --val-fraction 0.1 2> /dev/null
+
+# lr 1e-3: Adam divides each element's step by its gradient's RMS, so an element whose
+# gradient is nearly all cancellation turns the rounding of another summation order
+# (tensor parallelism splits the reductions of every matmul) into a visible step. At
+# 1e-3 ten steps still move the loss by more than 0.6 while that rounding stays under
+# the 1e-5 bound on parameters; a real error moves parameters by about lr per step.
+write_recipe() {  # write_recipe NAME MODEL: the same run for both families
+  cat > "$work/$1.lua" <<LUA
+return tide.recipe {
+  name = "parallel-$1", seed = 7, threads = 1,
+  model = $2,
+  data = { path = "$work/ds", seq_len = 64, prefetch = 2 },
+  batch = { micro_batch = 2, global_batch = 8 },
+  optimizer = { lr = 1e-3, weight_decay = 0.1, grad_clip = 1.0 },
+  schedule = { steps = 10, warmup_steps = 2 },
+  eval = { every = 5, batches = 4 },
+  log_every = 100,
+}
+LUA
+}
+write_recipe llama "tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, multiple_of = 32, max_seq_len = 64 }"
+write_recipe bloom "tide.models.bloom { vocab_size = 301, dim = 48, n_layers = 2, n_heads = 4, max_seq_len = 64 }"
+
+compare() {  # compare REFERENCE_RUN OTHER_RUN EXACT(0|1)
+  /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
+import json, struct, sys
+import numpy as np
+
+def losses(run):
+    rows = [json.loads(l) for l in open(run + "/metrics.jsonl")]
+    return [r["loss"] for r in rows], [r.get("val_loss") for r in rows]
+
+def weights(run):
+    with open(run + "/model.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = np.frombuffer(data[b:end], dtype=np.float32).reshape(e["shape"])
+    return out
+
+ref, other, exact = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+(la, va), (lb, vb) = losses(ref), losses(other)
+assert len(la) == len(lb) == 10, (len(la), len(lb))
+for i, (a, b) in enumerate(zip(la, lb)):
+    if exact:
+        assert a == b, f"step {i + 1}: loss {a} != {b}"
+    else:
+        assert abs(a - b) <= 1e-5 * abs(a), f"step {i + 1}: loss {a} vs {b} differs by more than 1e-5 relative"
+for i, (a, b) in enumerate(zip(va, vb)):
+    assert (a is None) == (b is None), f"step {i + 1}: validation ran in one run only"
+    if a is not None:
+        assert abs(a - b) <= 1e-5 * abs(a), f"step {i + 1}: val loss {a} vs {b}"
+wa, wb = weights(ref), weights(other)
+assert wa.keys() == wb.keys()
+worst = max(float(np.max(np.abs(wa[k] - wb[k]))) for k in wa)
+assert worst <= 1e-5, f"parameters differ by {worst}"
+print(f"  {other.rsplit('/', 1)[1]}: losses {'equal' if exact else 'within 1e-5'}, max parameter difference {worst:.2e}")
+PY
+}
+
+train() {  # train RECIPE RUN [tide train options...]
+  local recipe=$1 run=$2
+  shift 2
+  $tide train "$work/$recipe.lua" --run-dir "$work/$run" --quiet "$@" 2> "$work/log" || { cat "$work/log"; fail "$run"; }
+}
+

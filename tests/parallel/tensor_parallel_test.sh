@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Tensor parallelism with real worker processes on CPU (Gloo over loopback). Each
+# layout reproduces one process's losses (relative 1e-5) and, joined back into one
+# model, its final parameters (1e-5):
+#  - tp2 and tp2 with sequence parallelism, for the LLaMA shape (4 query heads, 2
+#    key/value heads split across ranks) and the BLOOM shape (ALiBi, tied embeddings,
+#    a vocabulary of 301 padded to 302);
+#  - tp2 with one key/value head (held whole by both ranks, each using it for its heads);
+#  - dp2 x tp2, ZeRO-1 dp2 x tp2 (equal to dp2 x tp2 exactly) and ZeRO-3 dp2 x tp2 with
+#    sequence parallelism;
+#  - layouts the model cannot be cut into are refused naming the field.
+source "$(dirname "$0")/common.sh" "$1"
+
+for shape in llama bloom; do
+  echo "$shape:"
+  train $shape $shape-1
+  train $shape $shape-tp2 --nproc 2 --set parallel.tp=2
+  train $shape $shape-tp2-sp --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+  compare "$work/$shape-1" "$work/$shape-tp2" 0 || fail "$shape: tp2 differs from one process"
+  compare "$work/$shape-1" "$work/$shape-tp2-sp" 0 || fail "$shape: tp2 with sequence parallelism differs"
+done
+
+echo "llama, one key/value head:"
+train llama llama-kv1 --set model.n_kv_heads=1
+train llama llama-kv1-tp2 --nproc 2 --set model.n_kv_heads=1 --set parallel.tp=2
+compare "$work/llama-kv1" "$work/llama-kv1-tp2" 0 || fail "tp2 with a replicated key/value head differs"
+
+echo "data x tensor parallel:"
+train bloom bloom-dp2-tp2 --nproc 4 --set parallel.tp=2
+train bloom bloom-zero1-dp2-tp2 --nproc 4 --set parallel.tp=2 --set parallel.zero=1
+train llama llama-zero3-dp2-tp2-sp --nproc 4 --set parallel.tp=2 --set parallel.zero=3 --set parallel.sequence_parallel=true
+compare "$work/bloom-1" "$work/bloom-dp2-tp2" 0 || fail "dp2 x tp2 differs from one process"
+compare "$work/bloom-dp2-tp2" "$work/bloom-zero1-dp2-tp2" 1 || fail "ZeRO-1 dp2 x tp2 differs from dp2 x tp2"
+compare "$work/llama-1" "$work/llama-zero3-dp2-tp2-sp" 0 || fail "ZeRO-3 dp2 x tp2 differs from one process"
+
+# Layouts the model cannot be cut into: refused before any worker starts.
+refused() {  # refused EXPECTED_TEXT [tide train options...]
+  local expected=$1
+  shift
+  if $tide train "$work/llama.lua" --run-dir "$work/refused" --quiet "$@" 2> "$work/log"; then
+    fail "accepted: $*"
+  fi
+  grep -q "$expected" "$work/log" || { cat "$work/log"; fail "refusal of '$*' does not say '$expected'"; }
+}
+refused "model.n_heads = 3" --nproc 2 --set parallel.tp=2 --set model.n_heads=3 --set model.n_kv_heads=1 --set model.dim=48
+refused "parallel.sequence_parallel" --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set data.seq_len=63
+refused "n_kv_heads = 3" --nproc 2 --set parallel.tp=2 --set model.n_heads=6 --set model.n_kv_heads=3 --set model.dim=48
+echo "tensor parallel: ok"
