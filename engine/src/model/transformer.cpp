@@ -47,28 +47,43 @@ std::shared_ptr<torch::nn::Module> holder_of(const std::string& name, torch::Ten
 }
 }  // namespace
 
-TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp) : cfg_(cfg), tp_(tp) {
+TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, PipelineStage stage)
+    : cfg_(cfg), tp_(tp), stage_(stage) {
   if (!tp_.comm) tp_ = TensorParallel{};
+  if (stage_.end_block < 0) stage_.end_block = cfg.n_layers;
+  TORCH_CHECK(0 <= stage_.first_block && stage_.first_block <= stage_.end_block && stage_.end_block <= cfg.n_layers,
+              "pipeline stage blocks [", stage_.first_block, ", ", stage_.end_block, ") outside the model's ",
+              cfg.n_layers);
   check_tensor_parallel(cfg, tp_.size, false, 0);
   vocab_local_ = padded_vocab(cfg.vocab_size, tp_.size) / tp_.size;
   vocab_first_ = tp_.rank * vocab_local_;
   Comm* sp = tp_.sequence_parallel ? tp_.comm : nullptr;
   const bool bloom = cfg.family == Family::BLOOM;
   auto backbone = std::make_shared<torch::nn::Module>();
-  holder_of(bloom ? "word_embeddings" : "embed_tokens", torch::empty({vocab_local_, cfg.dim}), tok_embeddings,
-            *backbone);
-  if (cfg.positions == PositionKind::Learned)
+  // The last stage's copy of tied embeddings has the first stage's name (and values).
+  if (stage_.first || (stage_.last && cfg.tie_embeddings))
+    holder_of(bloom ? "word_embeddings" : "embed_tokens", torch::empty({vocab_local_, cfg.dim}), tok_embeddings,
+              *backbone);
+  if (stage_.first && cfg.positions == PositionKind::Learned)
     holder_of(bloom ? "word_position_embeddings" : "embed_positions", torch::empty({cfg.max_seq_len, cfg.dim}),
               pos_embeddings, *backbone);
-  if (cfg.embedding_norm)
+  if (stage_.first && cfg.embedding_norm)
     embedding_norm =
         backbone->register_module("word_embeddings_layernorm", Norm(NormKind::LayerNorm, cfg.dim, cfg.norm_eps, sp));
+  // Blocks keep their index in the whole model in their names ("model.layers.5.…").
   blocks = torch::nn::ModuleList();
-  for (int64_t i = 0; i < cfg.n_layers; ++i) blocks->push_back(Block(cfg, tp_));
-  backbone->register_module(bloom ? "h" : "layers", blocks);
-  final_norm = backbone->register_module(bloom ? "ln_f" : "norm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
+  auto layers = std::make_shared<torch::nn::Module>();
+  for (int64_t i = stage_.first_block; i < stage_.end_block; ++i) {
+    Block block(cfg, tp_);
+    blocks->push_back(block);
+    layers->register_module(std::to_string(i), block);
+  }
+  backbone->register_module(bloom ? "h" : "layers", layers);
+  if (stage_.last)
+    final_norm = backbone->register_module(bloom ? "ln_f" : "norm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
   register_module(bloom ? "transformer" : "model", backbone);
-  if (!cfg.tie_embeddings) holder_of("lm_head", torch::empty({vocab_local_, cfg.dim}), lm_head, *this);
+  if (stage_.last && !cfg.tie_embeddings)
+    holder_of("lm_head", torch::empty({vocab_local_, cfg.dim}), lm_head, *this);
 
   if (cfg.positions == PositionKind::RoPE) {
     const int64_t hd = head_dim(cfg);
@@ -189,7 +204,7 @@ torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOpti
   return bias_cache_ = (slopes * distance.unsqueeze(0)).masked_fill_(future.unsqueeze(0), neg_inf);  // [H, T, T]
 }
 
-torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
+torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {
   const int64_t t = tokens.size(1);
   TORCH_CHECK(t <= cfg_.max_seq_len, "sequence of ", t, " tokens exceeds model.max_seq_len = ", cfg_.max_seq_len);
   if (units_) units_->before_forward(0);
@@ -215,6 +230,12 @@ torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
   }
   if (embedding_norm) x = embedding_norm(x);
   if (cfg_.dropout > 0 && is_training()) x = torch::dropout(x, cfg_.dropout, true);
+  return x;
+}
+
+torch::Tensor TransformerImpl::run_blocks(torch::Tensor x) {
+  // Attention sees the whole sequence, also when the residual stream is split.
+  const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size : 1);
   const auto bias = attention_bias(t, x.options());
   torch::Tensor cos, sin;
   if (rope_cos_.defined()) {
@@ -226,7 +247,7 @@ torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
     sin = rope_sin_.narrow(0, 0, t).to(x.scalar_type());
   }
   const bool recompute = cfg_.activation_checkpointing && is_training() && torch::GradMode::is_enabled();
-  int unit = 0;
+  int unit = static_cast<int>(stage_.first_block);
   for (const auto& module : *blocks) {
     auto block = std::dynamic_pointer_cast<BlockImpl>(module);
     ++unit;
@@ -239,7 +260,17 @@ torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
     }
     if (units_) x = units_->after_forward(unit, x);
   }
-  return final_norm(x);
+  return x;
+}
+
+torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
+  TORCH_CHECK(stage_.first && stage_.last, "hidden() needs the whole model, not one pipeline stage");
+  return final_norm(run_blocks(embed(tokens)));
+}
+
+torch::Tensor TransformerImpl::stage_forward(const torch::Tensor& input, const torch::Tensor& targets) {
+  auto x = run_blocks(stage_.first ? embed(input) : input);
+  return stage_.last ? head_loss(final_norm(x), targets) : x;
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
@@ -250,7 +281,10 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
 }
 
 torch::Tensor TransformerImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
-  const auto h = hidden(tokens);
+  return head_loss(hidden(tokens), targets);
+}
+
+torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Tensor& targets) {
   torch::Tensor loss;
   if (tp_.size > 1) {
     // Logits of this rank's vocabulary slice for every position; the softmax spans ranks.

@@ -168,6 +168,21 @@ std::unique_ptr<PendingCollective> Comm::all_gather_async(const at::Tensor& inpu
                                        });
 }
 
+std::unique_ptr<PendingCollective> Comm::send(const at::Tensor& t, int dst, int tag, const std::string& what) {
+  TORCH_CHECK(t.is_contiguous(), "send: ", what, " is not contiguous");
+  std::vector<at::Tensor> v{t};
+  auto work = impl_->pg->send(v, dst, tag);
+  impl_->bytes_sent += nbytes(t);
+  return std::make_unique<PendingWork>(impl_.get(), std::move(work), fmt::format("send to group rank {}", dst), what,
+                                       [t] {});
+}
+
+void Comm::recv(at::Tensor& t, int src, int tag, const std::string& what) {
+  TORCH_CHECK(t.is_contiguous(), "recv: ", what, " is not contiguous");
+  std::vector<at::Tensor> v{t};
+  impl_->wait(impl_->pg->recv(v, src, tag), fmt::format("recv from group rank {}", src), what);
+}
+
 void Comm::barrier(const std::string& what) {
   if (size() == 1) return;
   impl_->wait(impl_->pg->barrier(), "barrier", what);

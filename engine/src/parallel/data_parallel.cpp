@@ -56,8 +56,9 @@ FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, in
 
 DataParallel::~DataParallel() = default;
 
-DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, Comm* model_parallel)
-    : dp_(dp), model_parallel_(model_parallel), flat_(flat), cfg_(cfg) {
+DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg,
+                           std::vector<Comm*> model_parallel)
+    : dp_(dp), model_parallel_(std::move(model_parallel)), flat_(flat), cfg_(cfg) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " do not divide among ",
               dp.size(), " ranks");
   TORCH_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "ZeRO stage ", cfg.zero, " does not exist");
@@ -129,10 +130,13 @@ double DataParallel::squared_norm_of_pieces(int rank) {
 }
 
 double DataParallel::model_parallel_sum(double norm2) {
-  if (!model_parallel_ || model_parallel_->size() == 1) return norm2;
-  auto t = torch::tensor({norm2}, torch::kFloat64);
-  model_parallel_->all_reduce_sum(t, "gradient norm");
-  return t.item<double>();
+  for (Comm* group : model_parallel_) {
+    if (!group || group->size() == 1) continue;
+    auto t = torch::tensor({norm2}, torch::kFloat64);
+    group->all_reduce_sum(t, "gradient norm");
+    norm2 = t.item<double>();
+  }
+  return norm2;
 }
 
 double DataParallel::reduce_gradients() {

@@ -72,7 +72,7 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
     throw CommError(fmt::format("rank {}: rendezvous at {}:{} with {} ranks failed: {}", env.rank, env.master_addr,
                                 env.master_port, env.world, e.what()));
   }
-  auto d = std::make_unique<Distributed>(Distributed{grid, nullptr, nullptr, nullptr, nullptr, nullptr});
+  auto d = std::make_unique<Distributed>(Distributed{grid, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
   d->store = std::make_shared<Distributed::Store>(Distributed::Store{store});
   std::vector<int> all(static_cast<size_t>(env.world));
   for (int r = 0; r < env.world; ++r) all[static_cast<size_t>(r)] = r;
@@ -80,6 +80,13 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
   d->dp = make_group(store, grid.dp_group_name(), grid.dp_group(), env.rank, env, timeout, cuda);
   d->tp = make_group(store, grid.tp_group_name(), grid.tp_group(), env.rank, env, timeout, cuda);
   d->pp = make_group(store, grid.pp_group_name(), grid.pp_group(), env.rank, env, timeout, cuda);
+  const auto stages = grid.pp_group();
+  const int stage = grid.coords().pp;
+  if (stage == 0 || stage == grid.pp() - 1) {
+    std::vector<int> ends{stages.front()};
+    if (stages.size() > 1) ends.push_back(stages.back());
+    d->embedding = make_group(store, "embedding." + grid.pp_group_name(), ends, env.rank, env, timeout, cuda);
+  }
   spdlog::debug("rank {}: {}", env.rank, grid.describe());
   return d;
 }

@@ -133,6 +133,13 @@ void ShardedGradients::settle() {
 void ShardedGradients::finish() {
   torch::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mu_);
+  if (!armed_ && mode_ == Mode::InPlace) {
+    // No backward reduced as it went: every unit's gradients are in the buffer now.
+    pending_.assign(pending_init_.size(), 0);
+    ready_.assign(pending_init_.size(), 0);
+    next_ = 0;
+    armed_ = true;
+  }
   if (armed_) settle();
   while (!inflight_.empty()) retire_oldest();
   armed_ = false;

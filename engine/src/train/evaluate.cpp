@@ -16,20 +16,27 @@ double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_le
 
 double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
                          int64_t n_batches, int64_t first, int64_t step) {
-  torch::NoGradGuard no_grad;
+  const auto device = model->parameters()[0].device();
   const bool was_training = model->is_training();
   model->eval();
-  const auto device = model->tok_embeddings.device();
+  const double total = sum_eval_losses(
+      [&](const Batch& b) { return model->loss(b.tokens.to(device), b.targets.to(device)).item<double>(); }, split,
+      seq_len, micro_batch, n_batches, first, step);
+  model->train(was_training);
+  return total;
+}
+
+double sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split,
+                         int64_t seq_len, int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step) {
+  torch::NoGradGuard no_grad;
   double total = 0;
   // Every rank runs the same number of forward passes (ZeRO-3 gathers parameters in
   // lockstep): a rank short of a batch repeats one and does not count it.
   const int64_t rounds = (n_batches + step - 1) / step;
   for (int64_t k = 0, i = first; k < rounds; ++k, i += step) {
-    const Batch b = make_eval_batch(split, i % n_batches, n_batches, micro_batch, seq_len);
-    const double loss = model->loss(b.tokens.to(device), b.targets.to(device)).item<double>();
+    const double loss = loss_of(make_eval_batch(split, i % n_batches, n_batches, micro_batch, seq_len));
     if (i < n_batches) total += loss;
   }
-  model->train(was_training);
   return total;
 }
 

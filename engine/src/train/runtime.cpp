@@ -8,6 +8,7 @@
 #include <thread>
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 
 namespace tide {
 
@@ -44,6 +45,27 @@ MemoryReading read_memory() {
   getrusage(RUSAGE_SELF, &u);
   r.peak_rss_mb = static_cast<double>(u.ru_maxrss) / 1024.0;
   return r;
+}
+
+}  // namespace tide
+
+namespace tide {
+
+at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& fn) {
+  if (compute != DType::BFloat16) return fn();
+  at::autocast::set_cpu_enabled(true);
+  at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  at::Tensor out;
+  try {
+    out = fn();
+  } catch (...) {
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::clear_cache();
+    throw;
+  }
+  at::autocast::set_cpu_enabled(false);
+  at::autocast::clear_cache();
+  return out;
 }
 
 }  // namespace tide

@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/basic_file_sink.h>
@@ -25,6 +24,7 @@
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/grid.h"
+#include "tide/engine/parallel/pipeline.h"
 #include "tide/engine/train/evaluate.h"
 #include "tide/engine/train/flops.h"
 #include "tide/engine/train/run_files.h"
@@ -37,14 +37,34 @@ using Clock = std::chrono::steady_clock;
 void check_supported_layout(const RunConfig& cfg, int world) {
   const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
                   static_cast<int>(cfg.parallel.pp));
-  if (grid.pp() > 1)
-    throw ConfigError("parallel.pp", fmt::format("pipeline parallelism is not implemented yet (pp = {}); use data "
-                                                 "and tensor parallelism",
-                                                 grid.pp()));
   check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len);
-  if (cfg.batch.global_batch % (cfg.batch.micro_batch * grid.dp()) != 0)
+  if (grid.pp() > 1) {
+    partition_stages(cfg.model, grid.pp(), cfg.data.seq_len);  // enough blocks for the stages
+    if (cfg.parallel.zero == 3)
+      throw ConfigError("parallel.zero", fmt::format("ZeRO-3 does not combine with pipeline parallelism (pp = {}): "
+                                                     "a stage already holds only its blocks; use ZeRO-1 or 2",
+                                                     grid.pp()));
+    if (cfg.parallel.zero == 2 && cfg.model.tie_embeddings)
+      throw ConfigError("parallel.zero",
+                        fmt::format("ZeRO-2 with pp = {} and tied embeddings is not supported: the two stages' "
+                                    "embedding gradients must be summed before they are sharded; use ZeRO-1",
+                                    grid.pp()));
+    if (cfg.parallel.pipeline_schedule != "1f1b" && cfg.parallel.pipeline_schedule != "gpipe")
+      throw ConfigError("parallel.pipeline_schedule",
+                        fmt::format("'{}' is not a schedule: 1f1b or gpipe", cfg.parallel.pipeline_schedule));
+  }
+  if (cfg.parallel.micro_batches > 0 && cfg.batch.global_batch % (cfg.parallel.micro_batches * grid.dp()) != 0)
+    throw ConfigError("parallel.micro_batches",
+                      fmt::format("{} micro-batches on each of dp = {} ranks do not divide batch.global_batch = {}",
+                                  cfg.parallel.micro_batches, grid.dp(), cfg.batch.global_batch));
+  if (cfg.batch.global_batch % (micro_batch_size(cfg, grid.dp()) * grid.dp()) != 0)
     throw ConfigError("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch x dp = {} x {}",
                                                         cfg.batch.global_batch, cfg.batch.micro_batch, grid.dp()));
+}
+
+int64_t micro_batch_size(const RunConfig& cfg, int dp) {
+  if (cfg.parallel.micro_batches > 0) return cfg.batch.global_batch / (cfg.parallel.micro_batches * dp);
+  return cfg.batch.micro_batch;
 }
 
 struct Trainer::State {
@@ -54,7 +74,10 @@ struct Trainer::State {
   Distributed* dist = nullptr;
   bool leader = true;  // writes the run directory and shows progress
   int dp_size = 1, dp_rank = 0;
+  int64_t micro_batch = 0;
+  PipelineStage stage;
   std::unique_ptr<DataParallel> data_parallel;
+  std::unique_ptr<Pipeline> pipeline;
   std::shared_ptr<spdlog::logger> log;
   std::unique_ptr<TokenDataset> data;
   Transformer model{nullptr};
@@ -75,6 +98,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
     s_->dp_rank = dist->dp->rank();
   }
   check_supported_layout(cfg, dist ? dist->world->size() : 1);
+  s_->micro_batch = micro_batch_size(cfg, s_->dp_size);
   fs::create_directories(s_->dir);
   if (s_->leader) {
     std::ofstream out(s_->dir / "config.json", std::ios::trunc);
@@ -96,23 +120,33 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   TensorParallel tp;
   if (dist && dist->tp->size() > 1)
     tp = TensorParallel{dist->tp.get(), dist->tp->rank(), dist->tp->size(), cfg.parallel.sequence_parallel};
-  s_->model = Transformer(cfg.model, tp);
+  const int pp = dist ? dist->pp->size() : 1;
+  if (pp > 1) s_->stage = partition_stages(cfg.model, pp, cfg.data.seq_len)[static_cast<size_t>(dist->pp->rank())];
+  s_->model = Transformer(cfg.model, tp, s_->stage);
   s_->model->reset_parameters(static_cast<uint64_t>(cfg.seed));
   s_->model->train();
   FlatParameters::Options layout;
   layout.unit_of = block_unit;
   if (dist) layout = DataParallel::flat_options(cfg.parallel, s_->dp_size);
-  // A parameter every tensor-parallel rank holds whole counts once in the gradient norm.
-  layout.counted = [model = s_->model.get(), rank = tp.rank](const std::string& name) {
-    return rank == 0 || model->tp_slice(name).dim >= 0;
+  // A parameter every tensor-parallel rank holds whole counts once in the gradient norm,
+  // and the last stage's copy of tied embeddings not at all.
+  layout.counted = [model = s_->model.get(), rank = tp.rank, stage = s_->stage](const std::string& name) {
+    return stage_owns(stage, name) && (rank == 0 || model->tp_slice(name).dim >= 0);
   };
   s_->flat = std::make_unique<FlatParameters>(*s_->model, cfg.optimizer, layout);
   if (dist) {
-    s_->data_parallel = std::make_unique<DataParallel>(*dist->dp, *s_->flat, cfg.parallel, dist->tp.get());
+    s_->data_parallel =
+        std::make_unique<DataParallel>(*dist->dp, *s_->flat, cfg.parallel, std::vector<Comm*>{dist->tp.get(), dist->pp.get()});
     s_->model->set_parameter_units(s_->data_parallel->parameter_units());
     s_->optim = s_->data_parallel->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
   } else {
     s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer, cfg.parallel.offload_optimizer);
+  }
+  if (pp > 1) {
+    const int64_t t = cfg.data.seq_len / (tp.sequence_parallel ? tp.size : 1);
+    s_->pipeline = std::make_unique<Pipeline>(*dist->pp, s_->model, cfg.parallel.pipeline_schedule,
+                                              std::vector<int64_t>{s_->micro_batch, t, cfg.model.dim},
+                                              cfg.precision.compute);
   }
   if (s_->leader && fs::exists(s_->data->tokenizer_path()))
     fs::copy_file(s_->data->tokenizer_path(), s_->dir / fs::path(s_->data->tokenizer_path()).filename(),
@@ -120,7 +154,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   const std::string intro = fmt::format(
       "run '{}': {} parameters, {} threads, {} sequences of {} tokens per step ({} micro-batches of {}{})", cfg.name,
       parameter_count(cfg.model), threads, cfg.batch.global_batch, cfg.data.seq_len,
-      cfg.batch.global_batch / (cfg.batch.micro_batch * s_->dp_size), cfg.batch.micro_batch,
+      cfg.batch.global_batch / (s_->micro_batch * s_->dp_size), s_->micro_batch,
       dist ? fmt::format(" on each of {} ranks, {}, ZeRO-{}{}", s_->dp_size, dist->grid.describe(), cfg.parallel.zero,
                          cfg.parallel.offload_optimizer ? " with optimizer offload" : "")
            : "");
@@ -134,19 +168,38 @@ Trainer::~Trainer() {
 
 void Trainer::save_weights(const std::string& path) {
   auto& s = *s_;
+  const int pp = s.dist ? s.dist->pp->size() : 1;
   auto save = [&] {
-    if (s.model->tensor_parallel().size == 1) {
+    if (s.model->tensor_parallel().size == 1 && pp == 1) {
       if (s.leader) save_model(path, s.model);
       return;
     }
-    // The tensor-parallel slices joined into one process's model, written by the leader.
+    // The slices of the tensor-parallel ranks joined, the stages' parts sent to the first
+    // stage of the first replica, and one process's model written by the leader.
     Transformer whole{nullptr};
     if (s.leader) whole = Transformer(s.cfg.model);
     auto params = s.leader ? whole->named_parameters() : torch::OrderedDict<std::string, torch::Tensor>();
+    const bool sender = pp > 1 && !s.leader && s.dist->dp->rank() == 0 && s.dist->tp->rank() == 0;
+    std::vector<std::unique_ptr<PendingCollective>> sends;
+    int tag = 0;
     s.model->for_each_whole_parameter([&](const std::string& name, const torch::Tensor& t) {
+      if (!stage_owns(s.stage, name)) return;
       if (s.leader) params[name].copy_(t);
+      if (sender) sends.push_back(s.dist->pp->send(t.contiguous(), 0, tag++, "weights " + name));
     });
-    if (s.leader) save_model(path, whole);
+    for (auto& w : sends) w->wait();
+    if (!s.leader) return;
+    if (pp > 1) {
+      torch::NoGradGuard no_grad;
+      const auto stages = partition_stages(s.cfg.model, pp, s.cfg.data.seq_len);
+      for (int st = 1; st < pp; ++st) {
+        int from_tag = 0;
+        for (auto& item : params)
+          if (stage_owns(stages[static_cast<size_t>(st)], item.key()))
+            s.dist->pp->recv(item.value(), st, from_tag++, "weights " + item.key());
+      }
+    }
+    save_model(path, whole);
   };
   if (s.data_parallel)
     s.data_parallel->with_full_parameters(save);
@@ -157,7 +210,7 @@ void Trainer::save_weights(const std::string& path) {
 TrainResult Trainer::run() {
   auto& s = *s_;
   const auto& cfg = s.cfg;
-  const int64_t accum = cfg.batch.global_batch / (cfg.batch.micro_batch * s.dp_size);
+  const int64_t accum = cfg.batch.global_batch / (s.micro_batch * s.dp_size);
   const int64_t tokens_per_step = cfg.batch.global_batch * cfg.data.seq_len;
   double peak = s.hooks.peak_flops > 0 ? s.hooks.peak_flops : measure_matmul_peak("cpu", cfg.precision.compute);
   int reprobes_left = s.hooks.peak_flops > 0 ? 0 : 3;
@@ -169,13 +222,29 @@ TrainResult Trainer::run() {
   const bool can_eval = val.size() > cfg.data.seq_len;
   TrainResult result;
   result.unigram_baseline = can_eval ? unigram_entropy(val) : 0.0;
-  BatchLoader loader(train, static_cast<uint64_t>(cfg.seed), cfg.batch.micro_batch, cfg.data.seq_len, 0,
-                     cfg.data.prefetch, s.dp_rank * cfg.batch.micro_batch, s.dp_size * cfg.batch.micro_batch);
+  // Data-parallel ranks read different samples; tensor-parallel ranks and pipeline
+  // stages of one replica read the same.
+  BatchLoader loader(train, static_cast<uint64_t>(cfg.seed), s.micro_batch, cfg.data.seq_len, 0, cfg.data.prefetch,
+                     s.dp_rank * s.micro_batch, s.dp_size * s.micro_batch);
   std::unique_ptr<JsonlWriter> metrics;
   if (s.leader) metrics = std::make_unique<JsonlWriter>((s.dir / "metrics.jsonl").string());
   ProgressLine progress;
-  const bool bf16 = cfg.precision.compute == DType::BFloat16;
   double ema_step = 0;
+  const bool tied_stages = s.pipeline && cfg.model.tie_embeddings;
+  auto bytes_sent = [&] {
+    int64_t total = 0;
+    if (s.dist)
+      for (const auto* c : {s.dist->dp.get(), s.dist->tp.get(), s.dist->pp.get(), s.dist->embedding.get()})
+        if (c) total += c->bytes_sent();
+    return total;
+  };
+  // The loss lives on the last pipeline stage: every stage adds it up.
+  auto stage_sum = [&](double x) {
+    if (!s.pipeline) return x;
+    auto t = torch::tensor({x}, torch::kFloat64);
+    s.dist->pp->all_reduce_sum(t, "loss");
+    return t.item<double>();
+  };
   int64_t comm_before = 0;
   const int64_t flat_bytes = s.flat->numel() * static_cast<int64_t>(sizeof(float));
 
@@ -187,21 +256,26 @@ TrainResult Trainer::run() {
     else
       s.flat->zero_grad();
     double loss_sum = 0;
-    for (int64_t micro = 0; micro < accum; ++micro) {
-      const Batch b = loader.next();
-      torch::Tensor loss;
-      if (bf16) {
-        at::autocast::set_cpu_enabled(true);
-        at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-        loss = s.model->loss(b.tokens, b.targets);
-        at::autocast::set_cpu_enabled(false);
-        at::autocast::clear_cache();
-      } else {
-        loss = s.model->loss(b.tokens, b.targets);
+    if (s.pipeline) {
+      std::vector<Batch> batches;
+      for (int64_t micro = 0; micro < accum; ++micro) batches.push_back(loader.next());
+      // Tied embeddings: the two stages' gradients are summed after backward, so no
+      // reduction may start during it.
+      loss_sum = stage_sum(s.pipeline->train(batches, 1.0 / static_cast<double>(accum), [&](int64_t micro) {
+        s.data_parallel->begin_backward(!tied_stages && micro + 1 == accum);
+      }));
+      if (tied_stages && s.dist->embedding) {
+        auto g = s.model->tok_embeddings.grad();
+        s.dist->embedding->all_reduce_sum(g, "tied embedding gradients");
       }
-      if (s.data_parallel) s.data_parallel->begin_backward(micro + 1 == accum);
-      (loss / static_cast<double>(accum)).backward();
-      loss_sum += loss.item<double>();
+    } else {
+      for (int64_t micro = 0; micro < accum; ++micro) {
+        const Batch b = loader.next();
+        const auto loss = with_compute_dtype(cfg.precision.compute, [&] { return s.model->loss(b.tokens, b.targets); });
+        if (s.data_parallel) s.data_parallel->begin_backward(micro + 1 == accum);
+        (loss / static_cast<double>(accum)).backward();
+        loss_sum += loss.item<double>();
+      }
     }
     // Every rank gets the same global norm, so clipping and the skip decision agree.
     double gnorm;
@@ -247,14 +321,22 @@ TrainResult Trainer::run() {
     m.optimizer_bytes = s.optim->state_bytes();
     if (s.data_parallel) {
       m.transient_bytes = s.data_parallel->peak_transient_bytes();
-      m.comm_bytes = s.data_parallel->bytes_sent() - comm_before;
-      comm_before = s.data_parallel->bytes_sent();
+      m.comm_bytes = bytes_sent() - comm_before;
+      comm_before = bytes_sent();
     }
     m.eta_seconds = ema_step * static_cast<double>(cfg.schedule.steps - step - 1);
     const bool last = step + 1 == cfg.schedule.steps;
     if (can_eval && ((cfg.eval.every > 0 && (step + 1) % cfg.eval.every == 0) || last)) {
-      double total = evaluate_loss_sum(s.model, val, cfg.data.seq_len, cfg.batch.micro_batch, cfg.eval.batches,
-                                       s.dp_rank, s.dp_size);
+      double total = 0;
+      if (s.pipeline) {
+        s.model->eval();
+        total = stage_sum(sum_eval_losses([&](const Batch& b) { return s.pipeline->forward_loss(b); }, val,
+                                            cfg.data.seq_len, s.micro_batch, cfg.eval.batches, s.dp_rank, s.dp_size));
+        s.model->train();
+      } else {
+        total = evaluate_loss_sum(s.model, val, cfg.data.seq_len, s.micro_batch, cfg.eval.batches, s.dp_rank,
+                                  s.dp_size);
+      }
       if (s.data_parallel) total = s.data_parallel->sum(total);
       m.val_loss = total / static_cast<double>(cfg.eval.batches);
       result.final_val_loss = m.val_loss;

@@ -15,6 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tide/engine/config.h"
+#include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/model/tensor_parallel.h"
 
 namespace tide {
@@ -57,8 +58,13 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, qkv{nullptr}, out{nullptr};
 
  private:
+  torch::Tensor embed(const torch::Tensor& tokens);
+  torch::Tensor run_blocks(torch::Tensor x);
+  torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);
+
   ModelConfig cfg_;
   TensorParallel tp_;
+  PipelineStage stage_;
   int64_t heads_ = 0, kv_heads_ = 0;  // on this rank
   int64_t kv_first_ = -1;             // key/value held whole: the one head this rank uses
 };
@@ -105,15 +111,19 @@ struct TpSlice {
 
 class TransformerImpl : public torch::nn::Module {
  public:
-  explicit TransformerImpl(const ModelConfig& cfg, TensorParallel tp = {});
+  explicit TransformerImpl(const ModelConfig& cfg, TensorParallel tp = {}, PipelineStage stage = {});
 
   // tokens [B, T] int64 → logits [B, T, V]. Not under tensor parallelism.
   torch::Tensor forward(const torch::Tensor& tokens);
   // Mean next-token cross-entropy; targets [B, T] int64.
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets);
   // Final hidden state after the last norm, [B, T, D] ([B, T / tp, D] with sequence
-  // parallelism).
+  // parallelism). The whole model only.
   torch::Tensor hidden(const torch::Tensor& tokens);
+  // This pipeline stage's part: tokens (first stage) or the previous stage's
+  // activations in, the mean loss (last stage; targets [B, T]) or activations out.
+  torch::Tensor stage_forward(const torch::Tensor& input, const torch::Tensor& targets);
+  const PipelineStage& pipeline_stage() const { return stage_; }
 
   // Normal(0, init_std) weights, zero biases, unit norms; each tensor drawn whole from
   // its own generator seeded by (seed, name), and this rank keeps its slice, so any
@@ -129,9 +139,9 @@ class TransformerImpl : public torch::nn::Module {
   const ModelConfig& config() const { return cfg_; }
   const torch::Tensor& output_weight() const;
 
-  torch::Tensor tok_embeddings, pos_embeddings;
+  torch::Tensor tok_embeddings, pos_embeddings;  // on the first stage (and tied: the last)
   Norm embedding_norm{nullptr}, final_norm{nullptr};
-  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::ModuleList blocks{nullptr};  // this stage's blocks
   torch::Tensor lm_head;  // undefined when tied
 
   // Called around the use of each parameter unit (see parameter_units.h); null: none.
@@ -143,8 +153,13 @@ class TransformerImpl : public torch::nn::Module {
 
  private:
 
+  torch::Tensor embed(const torch::Tensor& tokens);
+  torch::Tensor run_blocks(torch::Tensor x);
+  torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);
+
   ModelConfig cfg_;
   TensorParallel tp_;
+  PipelineStage stage_;
   int64_t vocab_first_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows
   ParameterUnits* units_ = nullptr;
   torch::Tensor rope_cos_, rope_sin_;  // [max_seq_len, Hd], not parameters

@@ -59,6 +59,12 @@ class Comm {
   std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& input, at::Tensor output,
                                                       const std::string& what);
   void barrier(const std::string& what);
+  // Point to point within the group (pipeline stages). A send completes in the
+  // background: `t` must stay alive and untouched until wait(). recv blocks until `t`
+  // (contiguous, of the sent shape and dtype) holds the data. Messages between two
+  // ranks with the same tag arrive in the order sent.
+  std::unique_ptr<PendingCollective> send(const at::Tensor& t, int dst, int tag, const std::string& what);
+  void recv(at::Tensor& t, int src, int tag, const std::string& what);
 
   // Bytes this rank has sent through this group (payload, by the algorithm's count).
   int64_t bytes_sent() const;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "tide/engine/config.h"
 #include "tide/engine/optim/flat_parameters.h"
@@ -30,9 +31,9 @@ class DataParallel {
   static FlatParameters::Options flat_options(const ParallelConfig& cfg, int ranks);
 
   // `flat` laid out with flat_options(cfg, dp.size()), before any forward pass.
-  // `model_parallel`: the ranks that hold the other parts of this rank's model replica
-  // (tensor parallel); the gradient norm adds their parts.
-  DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, Comm* model_parallel = nullptr);
+  // `model_parallel`: the groups of ranks that hold the other parts of this rank's
+  // model replica (tensor parallel, pipeline stages); the gradient norm adds their parts.
+  DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, std::vector<Comm*> model_parallel = {});
   ~DataParallel();
 
   // ZeRO-3: what the model must call around each unit (Transformer::set_parameter_units);
@@ -41,7 +42,8 @@ class DataParallel {
 
   // Before each micro-batch's backward. Gradients are reduced during the last one
   // (stages 0 and 1; stage 0 from its second step, once the ranks agreed on the order
-  // in which buckets complete) or during every one (stages 2 and 3).
+  // in which buckets complete) or during every one (stages 2 and 3). Stages 0 and 1
+  // never told `last_micro_batch` reduce everything in reduce_gradients().
   void begin_backward(bool last_micro_batch);
   // After the last backward: finishes the reduction, averages over the group and
   // returns the global L2 norm of the gradients (over the model-parallel parts too),
@@ -73,7 +75,7 @@ class DataParallel {
   double squared_norm_of_pieces(int rank);
   double model_parallel_sum(double norm2);
   Comm& dp_;
-  Comm* model_parallel_;
+  std::vector<Comm*> model_parallel_;
   FlatParameters& flat_;
   ParallelConfig cfg_;
   std::unique_ptr<Buckets> buckets_;          // stage 0

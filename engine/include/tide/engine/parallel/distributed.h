@@ -13,6 +13,9 @@ namespace tide {
 struct Distributed {
   Grid grid;
   std::unique_ptr<Comm> world, dp, tp, pp;
+  // The first and the last pipeline stage of this rank's (dp, tp) pipeline, which both
+  // hold tied embeddings; null on the stages in between.
+  std::unique_ptr<Comm> embedding;
   struct Store;  // keeps the rendezvous store alive
   std::shared_ptr<Store> store;
 };

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "tide/engine/data/batch_loader.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/model/transformer.h"
 
@@ -18,6 +19,9 @@ double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_le
 // ranks each take a share and add up.
 double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
                          int64_t n_batches, int64_t first, int64_t step);
+// The same with the loss of a batch computed by `loss_of` (a pipeline's forward).
+double sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split,
+                         int64_t seq_len, int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step);
 
 // Entropy (nats) of the split's unigram token distribution: the loss of a model that
 // knows only token frequencies, the baseline a trained model must beat.

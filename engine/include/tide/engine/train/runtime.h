@@ -2,6 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+
+#include <ATen/core/Tensor.h>
+
+#include "tide/engine/config.h"
 
 namespace tide {
 
@@ -17,5 +22,9 @@ struct MemoryReading {
   double peak_rss_mb = 0;  // high-water mark of this process
 };
 MemoryReading read_memory();
+
+// fn() with matmuls in the compute dtype (bf16: CPU autocast, its cast cache cleared
+// after).
+at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& fn);
 
 }  // namespace tide

@@ -26,6 +26,8 @@ struct TrainHooks {
 // factors do not fit, or a part not built yet). Called by the launcher before it
 // starts workers and by every Trainer.
 void check_supported_layout(const RunConfig& cfg, int world);
+// Sequences per micro-batch: batch.micro_batch, or derived from parallel.micro_batches.
+int64_t micro_batch_size(const RunConfig& cfg, int dp);
 
 struct TrainResult {
   int64_t steps = 0;

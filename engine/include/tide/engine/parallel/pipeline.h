@@ -1,0 +1,52 @@
+// Pipeline parallelism: this rank runs one stage of the model (pipeline_stage.h) on a
+// step's micro-batches, receiving activations from the previous stage and gradients
+// from the next one, point to point over the pipeline group.
+//
+// Schedules (parallel.pipeline_schedule):
+//   gpipe: every forward, then every backward. Holds all micro-batches' activations.
+//   1f1b:  stage s runs min(pp - s - 1, M) forwards, then alternates one forward and
+//          one backward, then drains. Holds at most pp - s micro-batches' activations;
+//          the same bubble as GPipe.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tide/engine/config.h"
+#include "tide/engine/data/batch_loader.h"
+#include "tide/engine/model/transformer.h"
+
+namespace tide {
+
+class Comm;
+
+// The order of one stage's work: +m+1 = forward of micro-batch m, -(m+1) = its backward.
+std::vector<int64_t> pipeline_schedule(const std::string& kind, int stage, int stages, int64_t micro_batches);
+
+class Pipeline {
+ public:
+  // activation: the shape passed between stages, [micro_batch, T (/ tp with sequence
+  // parallelism), dim], fp32.
+  Pipeline(Comm& pp, Transformer model, std::string schedule, std::vector<int64_t> activation, DType compute);
+
+  // One step: forward and backward of every micro-batch (each stage is given them all;
+  // the first uses the tokens, the last the targets). The last stage scales each loss
+  // by loss_scale before backward. before_backward(m) runs before micro-batch m's
+  // backward on this stage. Returns the sum of the micro-batch losses on the last
+  // stage, 0 elsewhere.
+  double train(const std::vector<Batch>& batches, double loss_scale,
+               const std::function<void(int64_t)>& before_backward);
+  // Forward only (no grad): the batch's loss on the last stage, 0 elsewhere.
+  double forward_loss(const Batch& batch);
+
+ private:
+  Comm& pp_;
+  Transformer model_;
+  std::string schedule_;
+  std::vector<int64_t> activation_;
+  DType compute_;
+  int eval_tag_ = 0;
+};
+
+}  // namespace tide

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Pipeline parallelism and 3D layouts with real worker processes on CPU (Gloo over
+# loopback). Each layout reproduces one process's losses (relative 1e-5) and, joined
+# back into one model, its final parameters (1e-5):
+#  - pp2 with 1F1B and with GPipe, for the LLaMA shape and the BLOOM shape (tied
+#    embeddings: the first and last stage each hold a copy, kept equal);
+#  - dp2 x pp2 (and ZeRO-1 on it, equal to it exactly), tp2 x pp2 with sequence
+#    parallelism, ZeRO-2 dp2 x pp2 (LLaMA), and dp2 x tp2 x pp2 on 8 ranks;
+#  - the combinations that cannot work are refused up front, naming the field.
+source "$(dirname "$0")/common.sh" "$1"
+
+for shape in llama bloom; do
+  echo "$shape:"
+  train $shape $shape-1
+  for schedule in 1f1b gpipe; do
+    train $shape $shape-pp2-$schedule --nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule=$schedule
+    compare "$work/$shape-1" "$work/$shape-pp2-$schedule" 0 || fail "$shape: pp2 ($schedule) differs from one process"
+  done
+done
+
+echo "3D layouts:"
+train bloom bloom-dp2-pp2 --nproc 4 --set parallel.pp=2
+train bloom bloom-zero1-dp2-pp2 --nproc 4 --set parallel.pp=2 --set parallel.zero=1
+train bloom bloom-tp2-pp2-sp --nproc 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+train llama llama-zero2-dp2-pp2 --nproc 4 --set parallel.pp=2 --set parallel.zero=2
+train llama llama-dp2-tp2-pp2 --nproc 8 --set parallel.pp=2 --set parallel.tp=2
+compare "$work/bloom-1" "$work/bloom-dp2-pp2" 0 || fail "dp2 x pp2 differs from one process"
+compare "$work/bloom-dp2-pp2" "$work/bloom-zero1-dp2-pp2" 1 || fail "ZeRO-1 dp2 x pp2 differs from dp2 x pp2"
+compare "$work/bloom-1" "$work/bloom-tp2-pp2-sp" 0 || fail "tp2 x pp2 differs from one process"
+compare "$work/llama-1" "$work/llama-zero2-dp2-pp2" 0 || fail "ZeRO-2 dp2 x pp2 differs from one process"
+compare "$work/llama-1" "$work/llama-dp2-tp2-pp2" 0 || fail "dp2 x tp2 x pp2 differs from one process"
+
+refused() {  # refused EXPECTED_TEXT [tide train options...]
+  local expected=$1
+  shift
+  if $tide train "$work/bloom.lua" --run-dir "$work/refused" --quiet "$@" 2> "$work/log"; then
+    fail "accepted: $*"
+  fi
+  grep -q "$expected" "$work/log" || { cat "$work/log"; fail "refusal of '$*' does not say '$expected'"; }
+}
+refused "parallel.zero" --nproc 2 --set parallel.pp=2 --set parallel.zero=3
+refused "parallel.zero" --nproc 4 --set parallel.pp=2 --set parallel.zero=2
+refused "model.n_layers = 2" --nproc 4 --set parallel.pp=4
+refused "parallel.pipeline_schedule" --nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule=zigzag
+echo "pipeline parallel: ok"
