@@ -1,11 +1,21 @@
-"""Parallel layouts side by side on one machine: one process vs data parallel vs ZeRO-1
-(and ZeRO-1 with optimizer offload), same model, same global batch.
+"""Parallel layouts side by side on one machine, same model, same global batch: one
+process, data parallel, ZeRO-1/2/3 (and ZeRO-3 with optimizer offload), tensor parallel
+(with and without sequence parallelism) and pipeline parallel, each on 2 ranks.
 
-Prints tokens/s (and the ratio to one process), bytes each rank sent per step against
-the theoretical minimum (one ring all-reduce of the fp32 gradients, 8 psi (N-1)/N),
-model-state bytes per rank against fp32 AdamW theory, and peak resident memory per rank.
-On a 2-core machine the absolute speed-up is bounded; the communication and memory
-ratios are the point.
+Prints tokens/s (and the ratio to one process); the bytes rank 0 sent per step against
+the layout's theoretical volume (psi parameters, N ranks, a micro-batches per rank,
+S = 4 B T D bytes of one micro-batch's activations, L blocks):
+  dp, ZeRO-1   8 psi (N-1)/N            (one ring all-reduce of the gradients)
+  ZeRO-2       (a+1) 4 psi (N-1)/N      (a reduce-scatters, one all-gather)
+  ZeRO-3       a 4 (3 psi - U0 - B) (N-1)/N  (gather for forward, again for backward
+                                         except unit 0 and the last block B, reduce-scatter)
+  tp           a (4L + 2) 2 S (N-1)/N   (two all-reduces per block forward and backward,
+                                         embedding and head; sequence parallel: the same
+                                         bytes as all-gathers and reduce-scatters)
+  pp (stage 0) a S                      (its activations to the next stage)
+model-state bytes per rank against fp32 AdamW theory where it is simple (dp, ZeRO), and
+peak resident memory of rank 0. On a 2-core machine the absolute speed-up is bounded; the
+communication and memory ratios are the point.
 Usage: /usr/bin/python3 bench/parallel_layouts.py [--tide build/tools/tide] [--shape small|tiny]
 """
 import argparse
@@ -26,7 +36,12 @@ LAYOUTS = [
     ("1 process", 1, {}),
     ("dp2", 2, {}),
     ("ZeRO-1 x2", 2, {"parallel.zero": 1}),
-    ("ZeRO-1 x2 + offload", 2, {"parallel.zero": 1, "parallel.offload_optimizer": "true"}),
+    ("ZeRO-2 x2", 2, {"parallel.zero": 2}),
+    ("ZeRO-3 x2", 2, {"parallel.zero": 3}),
+    ("ZeRO-3 x2 + offload", 2, {"parallel.zero": 3, "parallel.offload_optimizer": "true"}),
+    ("tp2", 2, {"parallel.tp": 2}),
+    ("tp2 + sequence par.", 2, {"parallel.tp": 2, "parallel.sequence_parallel": "true"}),
+    ("pp2 (1f1b)", 2, {"parallel.pp": 2}),
 ]
 
 
@@ -38,6 +53,7 @@ def run(tide, shape, nproc, extra, steps, warmup, data):
         "model.n_heads": s["heads"], "model.n_kv_heads": 0, "model.multiple_of": 256,
         "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
         "batch.micro_batch": s["batch"] // nproc if s["batch"] % nproc == 0 else s["batch"],
+        "parallel.micro_batches": 0,
         "batch.global_batch": s["batch"], "schedule.steps": warmup + steps, "schedule.warmup_steps": 0,
         "eval.every": 0, "log_every": 1000,
     }
@@ -68,19 +84,48 @@ def main():
     if not os.path.exists(os.path.join(a.data, "dataset.json")):
         sys.exit(f"bench: no dataset at {a.data}; run `make data` first")
     print(f"{a.shape} shape, {a.steps} timed steps after {a.warmup}; global batch {SHAPES[a.shape]['batch']}")
-    print(f"  {'layout':22s} {'tokens/s':>9s} {'vs 1':>6s} {'sent/step MB':>13s} {'x min':>6s} "
+    print(f"  {'layout':22s} {'tokens/s':>9s} {'vs 1':>6s} {'sent/step MB':>13s} {'x vol':>6s} "
           f"{'state MB':>9s} {'x theory':>8s} {'peak MB':>8s}")
     base = None
+    sh = SHAPES[a.shape]
     for name, nproc, extra in LAYOUTS:
+        tp, pp = int(extra.get("parallel.tp", 1)), int(extra.get("parallel.pp", 1))
+        if pp > 1:  # a pipeline needs micro-batches to overlap its stages
+            extra = dict(extra, **{"parallel.micro_batches": 2})
         r = run(a.tide, a.shape, nproc, extra, a.steps, a.warmup, a.data)
         base = base or r["tps"]
-        psi = r["psi"]
-        comm_min = 8 * psi * (nproc - 1) / nproc
+        psi, n = r["psi"], nproc
+        dp = n // (tp * pp)
+        micro = sh["batch"] // n if sh["batch"] % n == 0 else sh["batch"]  # as run() sets it
+        if pp > 1:
+            micro = sh["batch"] // (2 * dp)
+        micro_batches = sh["batch"] // (micro * dp)
         zero = int(extra.get("parallel.zero", 0))
-        theory = 16 * psi if zero == 0 else 8 * psi + 8 * psi / nproc
-        ratio = f"{r['comm'] / comm_min:6.3f}" if comm_min else f"{'-':>6s}"
+        outer = 2 * sh["vocab"] * sh["dim"] + sh["dim"]  # embedding, head, final norm
+        block = (psi - outer) / sh["layers"]
+        act = 4 * micro * sh["seq"] * sh["dim"]
+        if n == 1:
+            volume = 0
+        elif tp > 1:
+            volume = micro_batches * (4 * sh["layers"] + 2) * 2 * act * (tp - 1) / tp
+        elif pp > 1:
+            volume = micro_batches * act
+        elif zero == 3:
+            volume = micro_batches * 4 * (3 * psi - outer - block) * (n - 1) / n
+        elif zero == 2:
+            volume = (micro_batches + 1) * 4 * psi * (n - 1) / n
+        else:
+            volume = 8 * psi * (n - 1) / n
+        offload = extra.get("parallel.offload_optimizer") == "true"
+        theory = None
+        if tp == 1 and pp == 1:
+            theory = [16 * psi, 8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n, 16 * psi / n][zero]
+            if offload:
+                theory += 8 * psi / n  # the host master copy and gradient staging
+        ratio = f"{r['comm'] / volume:6.3f}" if volume else f"{'-':>6s}"
+        state_ratio = f"{r['state'] / theory:8.3f}" if theory else f"{'-':>8s}"
         print(f"  {name:22s} {r['tps']:9.0f} {r['tps'] / base:6.2f} {r['comm'] / 1e6:13.1f} {ratio} "
-              f"{r['state'] / 1e6:9.1f} {r['state'] / theory:8.3f} {r['peak']:8.0f}")
+              f"{r['state'] / 1e6:9.1f} {state_ratio} {r['peak']:8.0f}", flush=True)
 
 
 if __name__ == "__main__":

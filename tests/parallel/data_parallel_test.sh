@@ -111,4 +111,28 @@ elapsed=$(( $(date +%s) - start ))
 grep -q "rank 2 (pid $victim) was killed by signal 9" "$work/kill.log" || { cat "$work/kill.log"; fail "the killed rank is not named"; }
 [[ -z $(pgrep -P "$launcher" || true) ]] || fail "workers left behind"
 echo "  SIGKILL of rank 2: job stopped in ${elapsed}s, status $status"
+# SIGSTOP one of two workers (a hang): the other's collective times out after
+# parallel.timeout_s, its error names the collective and the silent rank, and the job
+# stops within 60 s.
+$tide train "$work/llama.lua" --nproc 2 --set schedule.steps=100000 --set eval.every=0 --set parallel.timeout_s=5 \
+  --run-dir "$work/hang" --quiet 2> "$work/hang.log" &
+launcher=$!
+for _ in $(seq 600); do
+  [[ -f "$work/hang/metrics.jsonl" && $(wc -l < "$work/hang/metrics.jsonl") -ge 3 ]] && break
+  sleep 0.1
+done
+victim=$(pgrep -P "$launcher" | sed -n 2p)
+[[ -n $victim ]] || fail "no worker to stop"
+start=$(date +%s)
+kill -STOP "$victim"
+status=0
+wait "$launcher" || status=$?
+elapsed=$(( $(date +%s) - start ))
+kill -9 "$victim" 2>/dev/null || true
+(( status != 0 )) || fail "the launcher exited 0 after a worker hung"
+(( elapsed <= 60 )) || fail "the job took ${elapsed}s to stop after a hang"
+grep -q "did not complete within 5 s\|timed out" "$work/hang.log" || { cat "$work/hang.log"; fail "no timeout reported"; }
+grep -q "rank 1 silent for" "$work/hang.log" || { cat "$work/hang.log"; fail "the hung rank is not named"; }
+grep -q "all_reduce\|reduce_scatter\|all_gather" "$work/hang.log" || { cat "$work/hang.log"; fail "the collective is not named"; }
+echo "  SIGSTOP of rank 1: job stopped in ${elapsed}s, status $status: $(grep -o 'rank 0: .*' "$work/hang.log" | head -1)"
 echo "data parallel: ok"

@@ -194,7 +194,9 @@ std::vector<FieldSpec> build_schema() {
   s.push_back(integer("parallel.zero", 0, 3, false, "ZeRO stage on the data-parallel axis.", REF(parallel.zero)));
   s.push_back(boolean("parallel.offload_optimizer", false, "Keep optimizer state in host memory.",
                       REF(parallel.offload_optimizer)));
-  s.push_back(integer("parallel.micro_batches", 0, 1e6, false, "Pipeline micro-batches; 0: from the batch.",
+  s.push_back(integer("parallel.micro_batches", 0, 1e6, false,
+                      "Micro-batches per step on each data-parallel rank; sets the micro-batch to global_batch / "
+                      "(dp * this). 0: batch.micro_batch decides.",
                       REF(parallel.micro_batches)));
   s.push_back(choice<std::string>("parallel.pipeline_schedule", {{"1f1b", "1f1b"}, {"gpipe", "gpipe"}}, false,
                                   "Pipeline schedule.", REF(parallel.pipeline_schedule)));
@@ -346,7 +348,8 @@ void validate(const RunConfig& c) {
          fmt::format("{} exceeds schedule.steps = {}", c.schedule.warmup_steps, c.schedule.steps));
   if (c.schedule.min_lr > c.optimizer.lr)
     fail("schedule.min_lr", fmt::format("{} exceeds optimizer.lr = {}", c.schedule.min_lr, c.optimizer.lr));
-  if (c.parallel.dp > 0 && c.batch.global_batch % (c.batch.micro_batch * c.parallel.dp) != 0)
+  if (c.parallel.dp > 0 && c.parallel.micro_batches == 0 &&
+      c.batch.global_batch % (c.batch.micro_batch * c.parallel.dp) != 0)
     fail("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch * parallel.dp = {} * {}",
                                            c.batch.global_batch, c.batch.micro_batch, c.parallel.dp));
   if (m.n_heads % c.parallel.tp != 0)

@@ -20,12 +20,25 @@ const std::vector<int>& Comm::ranks() const { return impl_->ranks; }
 int64_t Comm::bytes_sent() const { return impl_->bytes_sent; }
 
 void Comm::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op, const std::string& what) {
+  if (progress) {
+    std::lock_guard<std::mutex> lock(progress->mu);
+    progress->waiting = fmt::format("{} ({}) on group {}", op, what, name);
+  }
   try {
     if (!work->wait(timeout))
       throw std::runtime_error(fmt::format("did not complete within {} s", timeout.count() / 1000.0));
   } catch (const std::exception& e) {
-    throw CommError(fmt::format("{} ({}) on group {} (ranks {}) failed on rank {}: {}", op, what, name,
-                                fmt::join(ranks, ","), ranks.at(static_cast<size_t>(group_rank)), e.what()));
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);  // its what() carries a backtrace
+    const std::string reason = c10_error ? c10_error->what_without_backtrace() : e.what();
+    const std::string peers = diagnose ? diagnose(ranks) : std::string();
+    throw CommError(fmt::format("{} ({}) on group {} (ranks {}) failed on rank {}: {}{}", op, what, name,
+                                fmt::join(ranks, ","), ranks.at(static_cast<size_t>(group_rank)), reason,
+                                peers.empty() ? "" : "; " + peers));
+  }
+  if (progress) {
+    ++progress->completed;
+    std::lock_guard<std::mutex> lock(progress->mu);
+    progress->waiting.clear();
   }
 }
 

@@ -1,7 +1,11 @@
 // Comm's state; shared by comm.cpp and distributed.cpp only.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -11,6 +15,15 @@
 
 namespace tide {
 
+// What this process is doing with its collectives, shared by its groups: the
+// heartbeat publishes it, so that a rank whose collective times out can tell which
+// peer is stopped and which is alive but elsewhere.
+struct CommProgress {
+  std::atomic<int64_t> completed{0};
+  std::mutex mu;
+  std::string waiting;  // the collective being waited for, empty between collectives
+};
+
 struct Comm::Impl {
   std::string name;
   std::vector<int> ranks;
@@ -19,6 +32,9 @@ struct Comm::Impl {
   std::chrono::milliseconds timeout{60000};
   c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null for a group of one
   int64_t bytes_sent = 0;
+  std::shared_ptr<CommProgress> progress;
+  // The state of the group's other ranks, for an error message (may be empty).
+  std::function<std::string(const std::vector<int>& ranks)> diagnose;
 
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op, const std::string& what);
   void all_reduce(Comm& c, at::Tensor& t, c10d::ReduceOp op, const std::string& name, const std::string& what);

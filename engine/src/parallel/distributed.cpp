@@ -1,5 +1,9 @@
 #include "tide/engine/parallel/distributed.h"
 
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -17,15 +21,105 @@ struct Distributed::Store {
   c10::intrusive_ptr<c10d::Store> store;
 };
 
+struct Distributed::Heartbeat {
+  Heartbeat(const LaunchEnv& env, std::chrono::milliseconds timeout) : rank(env.rank) {
+    // Its own connection: the store client is not shared between threads.
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(env.master_port);
+    o.isServer = false;
+    o.waitWorkers = false;
+    o.timeout = std::min(timeout, std::chrono::milliseconds(5000));  // a diagnosis must not hang
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+    thread = std::thread([this] { run(); });
+  }
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stopping = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+
+  static int64_t now_ms() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  static std::string key(int r) { return fmt::format("tide/heartbeat/{}", r); }
+
+  void run() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!stopping) {
+      std::string waiting;
+      {
+        std::lock_guard<std::mutex> p(progress->mu);
+        waiting = progress->waiting;
+      }
+      const std::string value = fmt::format("{}\n{}\n{}", now_ms(), progress->completed.load(), waiting);
+      try {
+        store->set(key(rank), std::vector<uint8_t>(value.begin(), value.end()));
+      } catch (const std::exception&) {
+        return;  // the store is gone (rank 0 ended): nobody is listening
+      }
+      cv.wait_for(lock, std::chrono::seconds(1), [this] { return stopping; });
+    }
+  }
+
+  std::string describe(const std::vector<int>& ranks) {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<std::string> parts;
+    for (const int r : ranks) {
+      if (r == rank) continue;
+      try {
+        if (!store->check({key(r)})) {
+          parts.push_back(fmt::format("rank {} never reported", r));
+          continue;
+        }
+        const auto raw = store->get(key(r));
+        const std::string v(raw.begin(), raw.end());
+        const auto a = v.find('\n'), b = v.find('\n', a + 1);
+        const double age = static_cast<double>(now_ms() - std::stoll(v.substr(0, a))) / 1000.0;
+        const std::string done = v.substr(a + 1, b - a - 1), waiting = v.substr(b + 1);
+        if (age > 5.0)
+          parts.push_back(fmt::format("rank {} silent for {:.0f} s after {} collectives (stopped, killed or "
+                                      "unreachable)",
+                                      r, age, done));
+        else if (waiting.empty())
+          parts.push_back(fmt::format("rank {} alive after {} collectives but in none (computing, or stuck outside "
+                                      "communication)",
+                                      r, done));
+        else
+          parts.push_back(fmt::format("rank {} alive, waiting in {}", r, waiting));
+      } catch (const std::exception& e) {
+        parts.push_back(fmt::format("rank {} unknown (rendezvous store unreachable: {})", r, e.what()));
+      }
+    }
+    return fmt::format("{}", fmt::join(parts, "; "));
+  }
+
+  int rank;
+  std::shared_ptr<CommProgress> progress = std::make_shared<CommProgress>();
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+  std::thread thread;
+};
+
 namespace {
 
 bool is_loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
 
 std::unique_ptr<Comm> make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
                                  const std::vector<int>& ranks, int my_rank, const LaunchEnv& env,
-                                 std::chrono::milliseconds timeout, bool cuda) {
+                                 std::chrono::milliseconds timeout, bool cuda,
+                                 const std::shared_ptr<Distributed::Heartbeat>& heartbeat) {
   auto impl = std::make_unique<Comm::Impl>();
   impl->name = name;
+  if (heartbeat) {
+    impl->progress = heartbeat->progress;
+    impl->diagnose = [heartbeat](const std::vector<int>& r) { return heartbeat->describe(r); };
+  }
   impl->ranks = ranks;
   impl->timeout = timeout;
   impl->group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), my_rank) - ranks.begin());
@@ -72,20 +166,26 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
     throw CommError(fmt::format("rank {}: rendezvous at {}:{} with {} ranks failed: {}", env.rank, env.master_addr,
                                 env.master_port, env.world, e.what()));
   }
-  auto d = std::make_unique<Distributed>(Distributed{grid, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
+  auto d = std::make_unique<Distributed>(Distributed{grid, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
   d->store = std::make_shared<Distributed::Store>(Distributed::Store{store});
+  try {
+    d->heartbeat = std::make_shared<Distributed::Heartbeat>(env, timeout);
+  } catch (const std::exception& e) {
+    spdlog::warn("rank {}: no heartbeat ({}); a timed-out collective will not name silent peers", env.rank, e.what());
+  }
+  const auto& hb = d->heartbeat;
   std::vector<int> all(static_cast<size_t>(env.world));
   for (int r = 0; r < env.world; ++r) all[static_cast<size_t>(r)] = r;
-  d->world = make_group(store, "world", all, env.rank, env, timeout, cuda);
-  d->dp = make_group(store, grid.dp_group_name(), grid.dp_group(), env.rank, env, timeout, cuda);
-  d->tp = make_group(store, grid.tp_group_name(), grid.tp_group(), env.rank, env, timeout, cuda);
-  d->pp = make_group(store, grid.pp_group_name(), grid.pp_group(), env.rank, env, timeout, cuda);
+  d->world = make_group(store, "world", all, env.rank, env, timeout, cuda, hb);
+  d->dp = make_group(store, grid.dp_group_name(), grid.dp_group(), env.rank, env, timeout, cuda, hb);
+  d->tp = make_group(store, grid.tp_group_name(), grid.tp_group(), env.rank, env, timeout, cuda, hb);
+  d->pp = make_group(store, grid.pp_group_name(), grid.pp_group(), env.rank, env, timeout, cuda, hb);
   const auto stages = grid.pp_group();
   const int stage = grid.coords().pp;
   if (stage == 0 || stage == grid.pp() - 1) {
     std::vector<int> ends{stages.front()};
     if (stages.size() > 1) ends.push_back(stages.back());
-    d->embedding = make_group(store, "embedding." + grid.pp_group_name(), ends, env.rank, env, timeout, cuda);
+    d->embedding = make_group(store, "embedding." + grid.pp_group_name(), ends, env.rank, env, timeout, cuda, hb);
   }
   spdlog::debug("rank {}: {}", env.rank, grid.describe());
   return d;

@@ -49,9 +49,6 @@ void check_supported_layout(const RunConfig& cfg, int world) {
                         fmt::format("ZeRO-2 with pp = {} and tied embeddings is not supported: the two stages' "
                                     "embedding gradients must be summed before they are sharded; use ZeRO-1",
                                     grid.pp()));
-    if (cfg.parallel.pipeline_schedule != "1f1b" && cfg.parallel.pipeline_schedule != "gpipe")
-      throw ConfigError("parallel.pipeline_schedule",
-                        fmt::format("'{}' is not a schedule: 1f1b or gpipe", cfg.parallel.pipeline_schedule));
   }
   if (cfg.parallel.micro_batches > 0 && cfg.batch.global_batch % (cfg.parallel.micro_batches * grid.dp()) != 0)
     throw ConfigError("parallel.micro_batches",

@@ -18,10 +18,14 @@ struct Distributed {
   std::unique_ptr<Comm> embedding;
   struct Store;  // keeps the rendezvous store alive
   std::shared_ptr<Store> store;
+  // Publishes this rank's collective progress every second, so that a rank whose
+  // collective times out names the peers that are silent (stopped, dead) or elsewhere.
+  struct Heartbeat;
+  std::shared_ptr<Heartbeat> heartbeat;
 };
 
 // Rendezvous through a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT, then one
-// process group per grid axis. Gloo for CPU tensors; NCCL when `device` is CUDA and
+// process group per grid axis, and the heartbeat. Gloo for CPU tensors; NCCL when `device` is CUDA and
 // LibTorch was built with it. Every collective and the rendezvous give up after
 // `timeout`, with an error naming the group and the operation.
 std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const ParallelConfig& parallel,
