@@ -3,7 +3,8 @@
 # loopback). Each layout reproduces one process's losses (relative 1e-5) and, joined
 # back into one model, its final parameters (1e-5):
 #  - pp2 with 1F1B and with GPipe, for the LLaMA shape and the BLOOM shape (tied
-#    embeddings: the first and last stage each hold a copy, kept equal);
+#    embeddings: the first and last stage each hold a copy, kept equal), and with the
+#    stages given in the recipe and 4 micro-batches;
 #  - dp2 x pp2 (and ZeRO-1 on it, equal to it exactly), tp2 x pp2 with sequence
 #    parallelism, ZeRO-2 dp2 x pp2 (LLaMA), and dp2 x tp2 x pp2 on 8 ranks;
 #  - the combinations that cannot work are refused up front, naming the field.
@@ -17,6 +18,12 @@ for shape in llama bloom; do
     compare "$work/$shape-1" "$work/$shape-pp2-$schedule" 0 || fail "$shape: pp2 ($schedule) differs from one process"
   done
 done
+# Stages given in the recipe: 3 blocks then 1, with 4 micro-batches through 1F1B.
+train llama llama4-1 --set model.n_layers=4
+train llama llama4-pp2-given --nproc 2 --set model.n_layers=4 --set parallel.pp=2 \
+  --set "parallel.pipeline_stages=[3,1]" --set parallel.micro_batches=4
+compare "$work/llama4-1" "$work/llama4-pp2-given" 0 || fail "pp2 with given stages differs from one process"
+grep -q "blocks \[0, 3)" "$work/llama4-pp2-given/train.log" || { cat "$work/llama4-pp2-given/train.log"; fail "the given stages were not used"; }
 
 echo "3D layouts:"
 train bloom bloom-dp2-pp2 --nproc 4 --set parallel.pp=2
@@ -42,4 +49,5 @@ refused "parallel.zero" --nproc 2 --set parallel.pp=2 --set parallel.zero=3
 refused "parallel.zero" --nproc 4 --set parallel.pp=2 --set parallel.zero=2
 refused "model.n_layers = 2" --nproc 4 --set parallel.pp=4
 refused "parallel.pipeline_schedule" --nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule=zigzag
+refused "parallel.pipeline_stages" --nproc 2 --set parallel.pp=2 --set "parallel.pipeline_stages=[2,1]"
 echo "pipeline parallel: ok"

@@ -75,6 +75,19 @@ FieldSpec string(std::string path, bool live, std::string doc, F ref) {
   return f;
 }
 
+template <class F>
+FieldSpec int_list(std::string path, double lo, double hi, std::string doc, F ref) {
+  FieldSpec f{path, FieldType::IntList, {}, lo, hi, false, std::move(doc), {}, {}};
+  f.set = [=](RunConfig& c, const json& v) {
+    if (!v.is_array()) throw ConfigError(path, fmt::format("expected a list of integers, got {}", show(v)));
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < v.size(); ++i) out.push_back(as_int(fmt::format("{}[{}]", path, i + 1), v[i], lo, hi));
+    ref(c) = std::move(out);
+  };
+  f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
+  return f;
+}
+
 template <class E, class F>
 FieldSpec choice(std::string path, std::vector<std::pair<std::string, E>> names, bool live, std::string doc, F ref) {
   std::vector<std::string> labels;
@@ -198,6 +211,9 @@ std::vector<FieldSpec> build_schema() {
                       "Micro-batches per step on each data-parallel rank; sets the micro-batch to global_batch / "
                       "(dp * this). 0: batch.micro_batch decides.",
                       REF(parallel.micro_batches)));
+  s.push_back(int_list("parallel.pipeline_stages", 1, 1e4,
+                       "Blocks of each pipeline stage, first to last (e.g. {3, 3, 2}); empty: balanced by cost.",
+                       REF(parallel.pipeline_stages)));
   s.push_back(choice<std::string>("parallel.pipeline_schedule", {{"1f1b", "1f1b"}, {"gpipe", "gpipe"}}, false,
                                   "Pipeline schedule.", REF(parallel.pipeline_schedule)));
   s.push_back(number("parallel.bucket_mb", 0.01, 1e6, false, "Gradient bucket size (MiB).", REF(parallel.bucket_mb)));
@@ -369,6 +385,7 @@ std::string schema_markdown() {
       case FieldType::Bool: type = "boolean"; break;
       case FieldType::String: type = "string"; break;
       case FieldType::Choice: type = fmt::format("{}", fmt::join(f.choices, " \\| ")); break;
+      case FieldType::IntList: type = fmt::format("list of integers [{}, {}]", f.min, f.max); break;
     }
     out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", f.path, type, f.get(defaults).dump(), f.live ? "yes" : "",
                        f.doc);

@@ -10,8 +10,24 @@
 
 namespace tide {
 
-std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len) {
+std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len,
+                                            const std::vector<int64_t>& given) {
   const int64_t n = m.n_layers;
+  if (!given.empty()) {
+    int64_t total = 0;
+    for (const auto b : given) total += b;
+    if (static_cast<int64_t>(given.size()) != pp || total != n)
+      throw ConfigError("parallel.pipeline_stages",
+                        fmt::format("{} stages of {} blocks do not cut pp = {} stages of model.n_layers = {} blocks",
+                                    given.size(), fmt::join(given, "+"), pp, n));
+    std::vector<PipelineStage> stages;
+    int64_t at = 0;
+    for (size_t s = 0; s < given.size(); ++s) {
+      stages.push_back({at, at + given[s], s == 0, s + 1 == given.size()});
+      at += given[s];
+    }
+    return stages;
+  }
   if (pp > n)
     throw ConfigError("parallel.pp", fmt::format("{} stages for model.n_layers = {} blocks: each stage needs a block", pp, n));
   ModelConfig one = m, none = m;

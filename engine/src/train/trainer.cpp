@@ -38,8 +38,9 @@ void check_supported_layout(const RunConfig& cfg, int world) {
   const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
                   static_cast<int>(cfg.parallel.pp));
   check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len);
+  if (grid.pp() > 1 || !cfg.parallel.pipeline_stages.empty())
+    partition_stages(cfg.model, grid.pp(), cfg.data.seq_len, cfg.parallel.pipeline_stages);  // the stages can be cut
   if (grid.pp() > 1) {
-    partition_stages(cfg.model, grid.pp(), cfg.data.seq_len);  // enough blocks for the stages
     if (cfg.parallel.zero == 3)
       throw ConfigError("parallel.zero", fmt::format("ZeRO-3 does not combine with pipeline parallelism (pp = {}): "
                                                      "a stage already holds only its blocks; use ZeRO-1 or 2",
@@ -118,7 +119,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   if (dist && dist->tp->size() > 1)
     tp = TensorParallel{dist->tp.get(), dist->tp->rank(), dist->tp->size(), cfg.parallel.sequence_parallel};
   const int pp = dist ? dist->pp->size() : 1;
-  if (pp > 1) s_->stage = partition_stages(cfg.model, pp, cfg.data.seq_len)[static_cast<size_t>(dist->pp->rank())];
+  if (pp > 1) s_->stage = partition_stages(cfg.model, pp, cfg.data.seq_len, cfg.parallel.pipeline_stages)[static_cast<size_t>(dist->pp->rank())];
   s_->model = Transformer(cfg.model, tp, s_->stage);
   s_->model->reset_parameters(static_cast<uint64_t>(cfg.seed));
   s_->model->train();
@@ -157,6 +158,10 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
            : "");
   s_->log->info("{}", intro);
   if (s_->leader) spdlog::info("{}", intro);
+  if (s_->pipeline)
+    s_->log->info("pipeline stage {} of {}: blocks [{}, {}){}{}, {} schedule", dist->pp->rank(), pp,
+                  s_->stage.first_block, s_->stage.end_block, s_->stage.first ? ", embeddings" : "",
+                  s_->stage.last ? ", output head" : "", cfg.parallel.pipeline_schedule);
 }
 
 Trainer::~Trainer() {
@@ -188,7 +193,7 @@ void Trainer::save_weights(const std::string& path) {
     if (!s.leader) return;
     if (pp > 1) {
       torch::NoGradGuard no_grad;
-      const auto stages = partition_stages(s.cfg.model, pp, s.cfg.data.seq_len);
+      const auto stages = partition_stages(s.cfg.model, pp, s.cfg.data.seq_len, s.cfg.parallel.pipeline_stages);
       for (int st = 1; st < pp; ++st) {
         int from_tag = 0;
         for (auto& item : params)

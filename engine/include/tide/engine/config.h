@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tide {
 
@@ -88,6 +89,7 @@ struct ParallelConfig {
   bool offload_optimizer = false;
   int64_t micro_batches = 0;  // pipeline micro-batches; 0: from the batch config
   std::string pipeline_schedule = "1f1b";
+  std::vector<int64_t> pipeline_stages;  // blocks per stage; empty: balanced by cost
   double bucket_mb = 25.0;
   bool sequence_parallel = false;
   double timeout_s = 120;  // a collective or the rendezvous that takes longer fails

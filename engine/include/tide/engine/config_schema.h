@@ -24,13 +24,13 @@ class ConfigError : public std::runtime_error {
   std::string field_;
 };
 
-enum class FieldType { Int, Number, Bool, String, Choice };
+enum class FieldType { Int, Number, Bool, String, Choice, IntList };
 
 struct FieldSpec {
   std::string path;  // "optimizer.lr"
   FieldType type;
   std::vector<std::string> choices;  // for Choice
-  double min = 0, max = 0;           // for Int / Number (inclusive)
+  double min = 0, max = 0;           // for Int / Number / IntList elements (inclusive)
   bool live = false;                 // may change while a run trains
   std::string doc;
   std::function<void(RunConfig&, const nlohmann::json&)> set;  // checks type and range

@@ -17,11 +17,13 @@ struct PipelineStage {
   bool first = true, last = true;
 };
 
-// Contiguous blocks for each of pp stages, at least one each, minimising the most
-// expensive stage: a block costs its training FLOPs per token, and the last stage also
-// pays for the output projection. Throws ConfigError when there are fewer blocks than
-// stages.
-std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len);
+// Contiguous blocks for each of pp stages, at least one each: `given` blocks per stage
+// when not empty (they must add up to the model's blocks), otherwise the cut that
+// minimises the most expensive stage, where a block costs its training FLOPs per token
+// and the last stage also pays for the output projection. Throws ConfigError naming the
+// field when the stages cannot be cut.
+std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len,
+                                            const std::vector<int64_t>& given = {});
 
 // Whether the stage owns the whole model's parameter `name` (the last stage's copy of
 // tied embeddings is not owned: the first stage's is).
