@@ -13,6 +13,7 @@ void add_data_command(CLI::App& app);
 void add_recipe_command(CLI::App& app);
 void add_generate_commands(CLI::App& app);  // generate, eval
 void add_convert_command(CLI::App& app);
+void add_checkpoint_command(CLI::App& app);
 
 // "--set key=value" (repeatable) on a subcommand.
 void add_overrides(CLI::App& cmd, std::vector<std::string>& overrides);

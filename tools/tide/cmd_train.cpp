@@ -17,7 +17,7 @@ namespace tide::cli {
 namespace {
 
 struct Options {
-  std::string recipe, run_dir, master;
+  std::string recipe, run_dir, master, resume;
   std::vector<std::string> overrides;
   double peak_tflops = 0;
   bool quiet = false;
@@ -48,11 +48,13 @@ void run_training(const Options& opt) {
     for (const auto& o : opt.overrides) spec.worker_args.insert(spec.worker_args.end(), {"--set", o});
     if (opt.peak_tflops > 0) spec.worker_args.insert(spec.worker_args.end(), {"--peak-tflops", fmt::format("{}", opt.peak_tflops)});
     if (opt.quiet) spec.worker_args.push_back("--quiet");
+    if (!opt.resume.empty()) spec.worker_args.insert(spec.worker_args.end(), {"--resume", opt.resume});
     if (const int rc = launch_workers(spec); rc != 0) throw std::runtime_error("training failed");
     return;
   }
 
   TrainHooks hooks;
+  hooks.resume = opt.resume;
   hooks.show_progress = !opt.quiet;
   hooks.peak_flops = opt.peak_tflops * 1e12;
   if (recipe->has_lr_function()) hooks.lr = [recipe](int64_t step) { return recipe->lr_at(step); };
@@ -94,6 +96,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--peak-tflops", opt->peak_tflops,
                   "Peak FLOP/s (in TFLOP/s) of one process for MFU; default: measured with a matmul probe");
   cmd->add_flag("--quiet", opt->quiet, "No progress line");
+  cmd->add_option("--resume", opt->resume,
+                  "Continue from a checkpoint: 'auto' (the newest valid one in the run directory, else start afresh) "
+                  "or a step directory (any layout wrote it)");
   cmd->add_option("--nproc", opt->nproc, "Worker processes on this machine (one per device)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--nnodes", opt->nnodes, "Machines in the job")->check(CLI::Range(1, 100000));

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   tide::cli::add_recipe_command(app);
   tide::cli::add_generate_commands(app);
   tide::cli::add_convert_command(app);
+  tide::cli::add_checkpoint_command(app);
 
   try {
     app.parse(argc, argv);

@@ -195,9 +195,16 @@ std::vector<FieldSpec> build_schema() {
   // Precision, checkpoints, evaluation.
   s.push_back(choice<DType>("precision.compute", {{"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, false,
                             "Compute dtype (bf16: autocast with fp32 master weights).", REF(precision.compute)));
-  s.push_back(integer("checkpoint.every", 0, 1e12, true, "Steps between checkpoints; 0: at the end only.",
+  s.push_back(integer("checkpoint.every", 0, 1e12, true,
+                      "Steps between checkpoints (run-dir/checkpoints/step-N); 0: at the end only.",
                       REF(checkpoint.every)));
-  s.push_back(integer("checkpoint.keep_last", 1, 1e6, false, "Checkpoints kept.", REF(checkpoint.keep_last)));
+  s.push_back(integer("checkpoint.keep_last", 1, 1e6, false, "Checkpoints kept (the most recent).",
+                      REF(checkpoint.keep_last)));
+  s.push_back(integer("checkpoint.keep_every", 0, 1e12, false,
+                      "Also keep checkpoints whose step is a multiple of this; 0: none.", REF(checkpoint.keep_every)));
+  s.push_back(boolean("checkpoint.async", false,
+                      "Snapshot to host memory and write in the background; false: training waits for the write.",
+                      REF(checkpoint.async)));
   s.push_back(integer("eval.every", 0, 1e12, true, "Steps between validation passes; 0: never.", REF(eval.every)));
   s.push_back(integer("eval.batches", 1, 1e6, true, "Micro-batches per validation pass.", REF(eval.batches)));
   // Parallel layout (parsed and validated now; used by the parallel engine).

@@ -1,5 +1,7 @@
 #include "tide/engine/io/safetensors.h"
 
+#include <xxhash.h>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -80,7 +82,7 @@ void SafetensorsWriter::add(const std::string& name, const std::string& dtype, s
   items_.push_back({std::move(e), data});
 }
 
-void SafetensorsWriter::write(const std::string& path) const {
+WrittenFile SafetensorsWriter::write(const std::string& path) const {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   for (const auto& it : items_)
@@ -93,7 +95,12 @@ void SafetensorsWriter::write(const std::string& path) const {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot create '" + tmp + "': " + std::strerror(errno));
+  XXH3_state_t* hash = XXH3_createState();
+  XXH3_64bits_reset(hash);
+  WrittenFile out;
   auto put = [&](const void* p, size_t n) {
+    XXH3_64bits_update(hash, p, n);
+    out.bytes += n;
     const auto* c = static_cast<const char*>(p);
     while (n > 0) {
       const ssize_t w = ::write(fd, c, n);
@@ -102,6 +109,7 @@ void SafetensorsWriter::write(const std::string& path) const {
         const int e = errno;
         ::close(fd);
         ::unlink(tmp.c_str());
+        XXH3_freeState(hash);
         throw std::runtime_error("cannot write '" + tmp + "': " + std::strerror(e));
       }
       c += w;
@@ -111,6 +119,8 @@ void SafetensorsWriter::write(const std::string& path) const {
   put(&len, 8);
   put(text.data(), text.size());
   for (const auto& it : items_) put(it.data, it.entry.end - it.entry.begin);
+  out.xxh3 = XXH3_64bits_digest(hash);
+  XXH3_freeState(hash);
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     ::unlink(tmp.c_str());
     throw std::runtime_error("cannot flush '" + tmp + "': " + std::strerror(errno));
@@ -119,6 +129,12 @@ void SafetensorsWriter::write(const std::string& path) const {
     ::unlink(tmp.c_str());
     throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
   }
+  return out;
+}
+
+uint64_t xxh3_of_file(const std::string& path) {
+  MappedFile file(path);
+  return XXH3_64bits(file.data(), file.size());
 }
 
 }  // namespace tide

@@ -37,6 +37,17 @@ AdamW::AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment
   v_ = torch::zeros({n}, opts);
 }
 
+void AdamW::restore(int64_t steps_taken) {
+  torch::NoGradGuard no_grad;
+  t_ = steps_taken;
+  if (!host_master_.defined()) return;
+  int64_t at = 0;
+  for (const auto& s : segments_) {
+    host_master_.narrow(0, at, s.numel).copy_(params_.narrow(0, s.param_offset, s.numel));
+    at += s.numel;
+  }
+}
+
 int64_t AdamW::state_bytes() const {
   auto bytes = [](const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; };
   return bytes(m_) + bytes(v_) + bytes(host_master_) + bytes(host_grad_);

@@ -14,6 +14,7 @@
 #endif
 
 #include "comm_impl.h"
+#include "tide/engine/parallel/store_client.h"
 
 namespace tide {
 
@@ -22,14 +23,9 @@ struct Distributed::Store {
 };
 
 struct Distributed::Heartbeat {
-  Heartbeat(const LaunchEnv& env, std::chrono::milliseconds timeout) : rank(env.rank) {
-    // Its own connection: the store client is not shared between threads.
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<uint16_t>(env.master_port);
-    o.isServer = false;
-    o.waitWorkers = false;
-    o.timeout = std::min(timeout, std::chrono::milliseconds(5000));  // a diagnosis must not hang
-    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+  // A diagnosis must not hang: every store operation gives up after 5 s.
+  Heartbeat(const LaunchEnv& env, std::chrono::milliseconds timeout)
+      : rank(env.rank), store(env, std::min(timeout, std::chrono::milliseconds(5000))) {
     thread = std::thread([this] { run(); });
   }
   ~Heartbeat() {
@@ -55,9 +51,8 @@ struct Distributed::Heartbeat {
         std::lock_guard<std::mutex> p(progress->mu);
         waiting = progress->waiting;
       }
-      const std::string value = fmt::format("{}\n{}\n{}", now_ms(), progress->completed.load(), waiting);
       try {
-        store->set(key(rank), std::vector<uint8_t>(value.begin(), value.end()));
+        store.set(key(rank), fmt::format("{}\n{}\n{}", now_ms(), progress->completed.load(), waiting));
       } catch (const std::exception&) {
         return;  // the store is gone (rank 0 ended): nobody is listening
       }
@@ -71,15 +66,14 @@ struct Distributed::Heartbeat {
     for (const int r : ranks) {
       if (r == rank) continue;
       try {
-        if (!store->check({key(r)})) {
+        const auto v = store.get_if_set(key(r));
+        if (!v) {
           parts.push_back(fmt::format("rank {} never reported", r));
           continue;
         }
-        const auto raw = store->get(key(r));
-        const std::string v(raw.begin(), raw.end());
-        const auto a = v.find('\n'), b = v.find('\n', a + 1);
-        const double age = static_cast<double>(now_ms() - std::stoll(v.substr(0, a))) / 1000.0;
-        const std::string done = v.substr(a + 1, b - a - 1), waiting = v.substr(b + 1);
+        const auto a = v->find('\n'), b = v->find('\n', a + 1);
+        const double age = static_cast<double>(now_ms() - std::stoll(v->substr(0, a))) / 1000.0;
+        const std::string done = v->substr(a + 1, b - a - 1), waiting = v->substr(b + 1);
         if (age > 5.0)
           parts.push_back(fmt::format("rank {} silent for {:.0f} s after {} collectives (stopped, killed or "
                                       "unreachable)",
@@ -99,7 +93,7 @@ struct Distributed::Heartbeat {
 
   int rank;
   std::shared_ptr<CommProgress> progress = std::make_shared<CommProgress>();
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  StoreClient store;
   std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;
@@ -166,7 +160,7 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
     throw CommError(fmt::format("rank {}: rendezvous at {}:{} with {} ranks failed: {}", env.rank, env.master_addr,
                                 env.master_port, env.world, e.what()));
   }
-  auto d = std::make_unique<Distributed>(Distributed{grid, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
+  auto d = std::make_unique<Distributed>(Distributed{grid, env, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
   d->store = std::make_shared<Distributed::Store>(Distributed::Store{store});
   try {
     d->heartbeat = std::make_shared<Distributed::Heartbeat>(env, timeout);

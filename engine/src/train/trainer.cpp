@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/data/token_dataset.h"
@@ -60,6 +61,21 @@ void check_supported_layout(const RunConfig& cfg, int world) {
                                                         cfg.batch.global_batch, cfg.batch.micro_batch, grid.dp()));
 }
 
+namespace {
+// A resumed run rewrites the steps after its checkpoint: drop their old rows.
+void truncate_metrics(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("step", int64_t{0}) <= last_step) kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+}
+}  // namespace
+
 int64_t micro_batch_size(const RunConfig& cfg, int dp) {
   if (cfg.parallel.micro_batches > 0) return cfg.batch.global_batch / (cfg.parallel.micro_batches * dp);
   return cfg.batch.micro_batch;
@@ -81,6 +97,7 @@ struct Trainer::State {
   Transformer model{nullptr};
   std::unique_ptr<FlatParameters> flat;
   std::unique_ptr<AdamW> optim;
+  std::unique_ptr<Checkpointer> checkpointer;
 };
 
 Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Distributed* dist)
@@ -140,6 +157,9 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   } else {
     s_->optim = std::make_unique<AdamW>(*s_->flat, cfg.optimizer, cfg.parallel.offload_optimizer);
   }
+  s_->checkpointer = std::make_unique<Checkpointer>(
+      (s_->dir / "checkpoints").string(),
+      CheckpointParts{&s_->cfg, s_->model.get(), s_->flat.get(), s_->optim.get(), dist});
   if (pp > 1) {
     const int64_t t = cfg.data.seq_len / (tp.sequence_parallel ? tp.size : 1);
     s_->pipeline = std::make_unique<Pipeline>(*dist->pp, s_->model, cfg.parallel.pipeline_schedule,
@@ -165,6 +185,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
 }
 
 Trainer::~Trainer() {
+  if (s_ && s_->checkpointer) s_->checkpointer->wait();
   if (s_ && s_->model) s_->model->set_parameter_units(nullptr);
 }
 
@@ -224,12 +245,26 @@ TrainResult Trainer::run() {
   const bool can_eval = val.size() > cfg.data.seq_len;
   TrainResult result;
   result.unigram_baseline = can_eval ? unigram_entropy(val) : 0.0;
+  ResumeState resumed;
+  if (!s.hooks.resume.empty()) {
+    std::optional<std::string> from = s.hooks.resume;
+    if (s.hooks.resume == "auto") from = s.checkpointer->latest_valid();
+    if (from) {
+      resumed = s.checkpointer->load(*from);
+      s.log->info("resumed from {} at step {}", *from, resumed.step);
+    } else {
+      s.log->info("no checkpoint to resume from: starting at step 0");
+    }
+  }
   // Data-parallel ranks read different samples; tensor-parallel ranks and pipeline
   // stages of one replica read the same.
-  BatchLoader loader(train, static_cast<uint64_t>(cfg.seed), s.micro_batch, cfg.data.seq_len, 0, cfg.data.prefetch,
-                     s.dp_rank * s.micro_batch, s.dp_size * s.micro_batch);
+  BatchLoader loader(train, static_cast<uint64_t>(cfg.seed), s.micro_batch, cfg.data.seq_len, resumed.loader_cursor,
+                     cfg.data.prefetch, s.dp_rank * s.micro_batch, s.dp_size * s.micro_batch);
   std::unique_ptr<JsonlWriter> metrics;
-  if (s.leader) metrics = std::make_unique<JsonlWriter>((s.dir / "metrics.jsonl").string());
+  if (s.leader) {
+    if (resumed.step > 0) truncate_metrics((s.dir / "metrics.jsonl").string(), resumed.step);
+    metrics = std::make_unique<JsonlWriter>((s.dir / "metrics.jsonl").string());
+  }
   ProgressLine progress;
   double ema_step = 0;
   const bool tied_stages = s.pipeline && cfg.model.tie_embeddings;
@@ -250,7 +285,7 @@ TrainResult Trainer::run() {
   int64_t comm_before = 0;
   const int64_t flat_bytes = s.flat->numel() * static_cast<int64_t>(sizeof(float));
 
-  for (int64_t step = 0; step < cfg.schedule.steps; ++step) {
+  for (int64_t step = resumed.step; step < cfg.schedule.steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = s.hooks.lr ? s.hooks.lr(step) : scheduled_lr(cfg.schedule, cfg.optimizer.lr, step);
     if (s.data_parallel)
@@ -349,12 +384,14 @@ TrainResult Trainer::run() {
     if ((step + 1) % cfg.log_every == 0 || last || m.val_loss) s.log->info("{}", ProgressLine::format(m));
     if (m.skipped) s.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
     if (s.hooks.on_step) s.hooks.on_step(m);
-    if (cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0 && !last)
-      save_weights((s.dir / "model.safetensors").string());
+    if ((cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) || last)
+      s.checkpointer->save(step + 1, s.optim->steps_taken(), loader.cursor());
     result.steps = m.step;
     result.final_loss = m.loss;
   }
   progress.finish();
+  s.checkpointer->wait();
+  if (const auto error = s.checkpointer->last_error()) s.log->error("checkpoint failed: {}", *error);
   result.weights_path = (s.dir / "model.safetensors").string();
   save_weights(result.weights_path);
   if (!s.leader) return result;

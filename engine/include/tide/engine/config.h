@@ -79,6 +79,8 @@ struct PrecisionConfig {
 struct CheckpointConfig {
   int64_t every = 0;  // steps; 0: only at the end
   int64_t keep_last = 3;
+  int64_t keep_every = 0;  // also keep every checkpoint whose step is a multiple; 0: none
+  bool async = true;       // written in the background while training goes on
 };
 
 struct ParallelConfig {

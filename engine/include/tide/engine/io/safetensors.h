@@ -39,14 +39,21 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
+// A file as written: its size and the XXH3-64 hash of all its bytes.
+struct WrittenFile {
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
 class SafetensorsWriter {
  public:
   // `data` must stay valid until write() returns.
   void add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape, const void* data,
            size_t nbytes);
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
-  // Writes to `path` (through a temporary file, fsynced and renamed into place).
-  void write(const std::string& path) const;
+  // Writes to `path` (through a temporary file, fsynced and renamed into place),
+  // hashing the bytes on the way.
+  WrittenFile write(const std::string& path) const;
 
  private:
   struct Item {
@@ -57,5 +64,8 @@ class SafetensorsWriter {
   std::map<std::string, std::string> metadata_;
   uint64_t size_ = 0;
 };
+
+// XXH3-64 of a whole file (verification of what write() reported).
+uint64_t xxh3_of_file(const std::string& path);
 
 }  // namespace tide

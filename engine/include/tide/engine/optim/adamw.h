@@ -33,6 +33,11 @@ class AdamW {
 
   torch::Tensor& exp_avg() { return m_; }
   torch::Tensor& exp_avg_sq() { return v_; }
+  // The buffer of parameters it updates (segments' param_offset index it).
+  torch::Tensor& params() { return params_; }
+  // After a checkpoint was loaded into params() and the moments: the step count, and
+  // with offload the host master copy taken again from params().
+  void restore(int64_t steps_taken);
 
  private:
   torch::Tensor params_, grads_;

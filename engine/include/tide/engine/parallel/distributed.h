@@ -12,6 +12,7 @@ namespace tide {
 
 struct Distributed {
   Grid grid;
+  LaunchEnv env;  // where the rendezvous store is (StoreClient)
   std::unique_ptr<Comm> world, dp, tp, pp;
   // The first and the last pipeline stage of this rank's (dp, tp) pipeline, which both
   // hold tied embeddings; null on the stages in between.

@@ -20,6 +20,9 @@ struct TrainHooks {
   std::function<void(const StepMetrics&)> on_step;
   bool show_progress = true;
   double peak_flops = 0;  // FLOP/s for MFU; 0: measured with a matmul probe
+  // A checkpoint directory to resume from, "auto" for the newest one of the run
+  // directory that verifies (none: start afresh), or empty.
+  std::string resume;
 };
 
 // Refuses, naming the fields, a layout this engine cannot run on `world` ranks (the

@@ -1,0 +1,89 @@
+// Checkpoints: `checkpoints/step-NNNNNNNN/` in the run directory, one safetensors file
+// per rank (`rank-NNNNN.safetensors`) holding the pieces of parameters and AdamW moments
+// that rank owns, each piece described by the parameter's name, its global shape, the
+// tensor-parallel slice and the element range it covers, plus `manifest.json` (layout,
+// step, data position, every file's size and XXH3 hash) and a `COMMITTED` marker.
+// docs/checkpoints.md is the format's contract.
+//
+// A save is written into `step-N.tmp/`, every file fsynced, the directory renamed into
+// place, the marker and then the `latest` pointer written last: a crash at any moment
+// leaves the previous checkpoint whole. A load verifies sizes and hashes and can read a
+// checkpoint written under any layout (dp, tp, pp, ZeRO stage, world size).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "tide/engine/config.h"
+
+namespace tide {
+
+class AdamW;
+class FlatParameters;
+class TransformerImpl;
+struct Distributed;
+
+constexpr int kCheckpointFormat = 1;
+
+struct CheckpointEntry {
+  int64_t step = 0;
+  std::string path;
+};
+
+// Committed checkpoints under `root`, oldest first (temporaries and uncommitted
+// directories are not listed).
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
+// What is wrong with a checkpoint directory: a missing or unreadable manifest, a
+// missing file, a size or hash that differs, each naming the file. Empty: sound.
+std::vector<std::string> verify_checkpoint(const std::string& dir);
+nlohmann::json read_manifest(const std::string& dir);
+
+// What a resumed run continues from.
+struct ResumeState {
+  int64_t step = 0;             // optimizer steps completed
+  int64_t optimizer_steps = 0;  // AdamW's bias-correction count
+  int64_t loader_cursor = 0;    // sequences consumed
+  std::string dir;
+};
+
+// This rank's view of what it owns and where it lives, for saving and loading.
+struct CheckpointParts {
+  const RunConfig* cfg = nullptr;
+  TransformerImpl* model = nullptr;  // names, tensor-parallel slices, pipeline stage
+  FlatParameters* flat = nullptr;    // layout of the local parameters
+  AdamW* optim = nullptr;            // params() buffer, moments
+  Distributed* dist = nullptr;       // null: one process
+};
+
+class Checkpointer {
+ public:
+  // root: the run's checkpoints directory.
+  Checkpointer(std::string root, CheckpointParts parts);
+  ~Checkpointer();  // waits for a save in flight
+
+  // Every rank calls it at the same step boundary. The pieces are copied to host
+  // memory now; the files are written in the background (checkpoint.async) or before
+  // this returns. Errors of the write are logged and reported by last_error(), never
+  // thrown: training goes on, older checkpoints stay.
+  void save(int64_t step, int64_t optimizer_steps, int64_t loader_cursor);
+  // Waits for the save in flight, if any.
+  void wait();
+  std::optional<std::string> last_error() const;
+
+  // Reads `dir` (written under any layout) into this rank's parameters and moments.
+  // Throws with the problems named when verification fails.
+  ResumeState load(const std::string& dir);
+  // The newest committed checkpoint under root that verifies; logs every one skipped.
+  std::optional<std::string> latest_valid() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tide

@@ -1,0 +1,105 @@
+// The checkpoint directory layout: listing, manifests, verification, durable writes.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint_files.h"
+#include "tide/engine/checkpoint/checkpoint.h"
+#include "tide/engine/io/safetensors.h"
+
+namespace tide {
+namespace fs = std::filesystem;
+
+std::string step_dir_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+std::string rank_file_name(int rank) { return fmt::format("rank-{:05d}.safetensors", rank); }
+std::string hex64(uint64_t x) { return fmt::format("{:016x}", x); }
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot open '{}' to flush it: {}", path, std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw std::runtime_error(fmt::format("cannot flush '{}': {}", path, std::strerror(errno)));
+}
+
+void write_durably(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", tmp));
+  }
+  fsync_path(tmp);
+  fs::rename(tmp, path);
+  fsync_path(fs::path(path).parent_path().string());
+}
+
+std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
+  std::vector<CheckpointEntry> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  static const std::regex name("step-([0-9]{8,})");
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    std::smatch m;
+    const std::string base = e.path().filename().string();
+    if (!e.is_directory() || !std::regex_match(base, m, name)) continue;
+    if (!fs::exists(e.path() / "COMMITTED")) continue;
+    out.push_back({std::stoll(m[1].str()), e.path().string()});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return out;
+}
+
+nlohmann::json read_manifest(const std::string& dir) {
+  const auto path = (fs::path(dir) / "manifest.json").string();
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(fmt::format("{}: missing", path));
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("format") || !j.contains("files"))
+    throw std::runtime_error(fmt::format("{}: not a tide checkpoint manifest", path));
+  if (j["format"] != kCheckpointFormat)
+    throw std::runtime_error(fmt::format("{}: format {} (this tide reads {})", path, j["format"].dump(),
+                                         kCheckpointFormat));
+  return j;
+}
+
+std::vector<std::string> verify_checkpoint(const std::string& dir) {
+  std::vector<std::string> problems;
+  if (!fs::exists(fs::path(dir) / "COMMITTED"))
+    problems.push_back(fmt::format("{}: no COMMITTED marker (the save did not finish)", dir));
+  nlohmann::json manifest;
+  try {
+    manifest = read_manifest(dir);
+  } catch (const std::exception& e) {
+    problems.push_back(e.what());
+    return problems;
+  }
+  for (const auto& [name, info] : manifest["files"].items()) {
+    const auto path = (fs::path(dir) / name).string();
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    if (ec) {
+      problems.push_back(fmt::format("{}: missing", path));
+      continue;
+    }
+    if (size != info.at("bytes").get<uint64_t>()) {
+      problems.push_back(fmt::format("{}: {} bytes, the manifest says {}", path, size, info.at("bytes").get<uint64_t>()));
+      continue;
+    }
+    const std::string hash = hex64(xxh3_of_file(path));
+    if (hash != info.at("xxh3").get<std::string>())
+      problems.push_back(fmt::format("{}: XXH3 {} differs from the manifest's {} (corrupt)", path, hash,
+                                     info.at("xxh3").get<std::string>()));
+  }
+  return problems;
+}
+
+}  // namespace tide

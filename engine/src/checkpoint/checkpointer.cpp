@@ -1,0 +1,396 @@
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "checkpoint_files.h"
+#include "tide/engine/checkpoint/checkpoint.h"
+#include "tide/engine/config_schema.h"
+#include "tide/engine/io/safetensors.h"
+#include "tide/engine/model/transformer.h"
+#include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/parallel/distributed.h"
+#include "tide/engine/parallel/store_client.h"
+
+namespace tide {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+const char* const kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
+
+// A range of one local parameter and where its values live in this rank's buffers.
+struct Piece {
+  size_t slot = 0;
+  int64_t begin = 0, end = 0;  // elements of the local (tensor-parallel) parameter
+  int64_t param_at = 0;        // in AdamW::params()
+  int64_t moment_at = 0;       // in the moments
+  bool counted = true;         // this rank is the one that saves it
+};
+
+// Rank `rank` of `ranks`' pieces of every unit, cut at parameter boundaries. With
+// zero >= 1 (or 3 for parameters) the buffers hold only those pieces, end to end.
+std::vector<Piece> pieces_of(const FlatParameters& flat, int rank, int ranks, int zero) {
+  std::vector<Piece> out;
+  for (const auto& seg : flat.shard_segments(rank, ranks, true, false)) {
+    const int64_t g0 = seg.grad_offset, g1 = g0 + seg.numel;  // whole-buffer offsets
+    for (const auto& unit : flat.units()) {
+      if (g0 < unit.offset || g0 >= unit.offset + unit.numel) continue;
+      for (const size_t i : unit.slots) {
+        const auto& s = flat.slots()[i];
+        const int64_t lo = std::max(g0, s.offset), hi = std::min(g1, s.offset + s.numel);
+        if (lo >= hi) continue;
+        const int64_t local = seg.param_offset + (lo - g0);
+        out.push_back({i, lo - s.offset, hi - s.offset, zero == 3 ? local : lo, zero >= 1 ? local : lo, seg.counted});
+      }
+    }
+  }
+  return out;
+}
+
+torch::Tensor moments(AdamW& optim, int kind) { return kind == 1 ? optim.exp_avg() : optim.exp_avg_sq(); }
+
+json tp_json(const TpSlice& t) {
+  return {{"dim", t.dim}, {"first", t.first}, {"length", t.length}, {"valid", t.valid}};
+}
+}  // namespace
+
+struct Checkpointer::Impl {
+  std::string root;
+  CheckpointParts parts;
+  int rank = 0, world = 1, dp_rank = 0, dp = 1, zero = 0;
+  std::unique_ptr<StoreClient> store;  // used by the writer thread only
+  std::thread writer;
+  mutable std::mutex mu;
+  std::optional<std::string> error;
+
+  struct Snapshot {
+    int64_t step = 0;
+    std::vector<std::pair<std::string, torch::Tensor>> tensors;
+    json pieces = json::array();
+    json manifest;  // rank 0
+  };
+
+  void fail(const std::string& what) {
+    spdlog::error("checkpoint: {}", what);
+    std::lock_guard<std::mutex> lock(mu);
+    error = what;
+  }
+
+  void write(const Snapshot& snap);
+  void commit(const Snapshot& snap, const json& files);
+  void prune(int64_t newest);
+};
+
+Checkpointer::Checkpointer(std::string root, CheckpointParts parts) : impl_(std::make_unique<Impl>()) {
+  auto& m = *impl_;
+  m.root = std::move(root);
+  m.parts = parts;
+  if (parts.dist) {
+    m.rank = parts.dist->world->rank();
+    m.world = parts.dist->world->size();
+    m.dp_rank = parts.dist->dp->rank();
+    m.dp = parts.dist->dp->size();
+    m.zero = static_cast<int>(parts.cfg->parallel.zero);
+    if (m.world > 1) m.store = std::make_unique<StoreClient>(parts.dist->env, std::chrono::seconds(30));
+  }
+}
+
+Checkpointer::~Checkpointer() { wait(); }
+
+void Checkpointer::wait() {
+  if (impl_->writer.joinable()) impl_->writer.join();
+}
+
+std::optional<std::string> Checkpointer::last_error() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->error;
+}
+
+void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cursor) {
+  wait();  // one save in flight at a time
+  auto& m = *impl_;
+  auto snap = std::make_shared<Impl::Snapshot>();
+  snap->step = step;
+  {
+    // The pieces this rank owns, copied to host memory now: training may go on.
+    torch::NoGradGuard no_grad;
+    auto& flat = *m.parts.flat;
+    auto& optim = *m.parts.optim;
+    for (const auto& p : pieces_of(flat, m.dp_rank, m.dp, m.zero)) {
+      if (!p.counted) continue;
+      const auto& slot = flat.slots()[p.slot];
+      const TpSlice tp = m.parts.model->tp_slice(slot.name);
+      auto global_shape = slot.shape;
+      if (tp.dim >= 0) global_shape[static_cast<size_t>(tp.dim)] = tp.valid;
+      for (int k = 0; k < 3; ++k) {
+        const auto& src = k == 0 ? optim.params() : moments(optim, k);
+        const int64_t at = k == 0 ? p.param_at : p.moment_at;
+        const std::string name = fmt::format("{}|{}|{}", slot.name, kKinds[k], p.begin);
+        snap->tensors.emplace_back(name, src.narrow(0, at, p.end - p.begin).to(torch::kCPU, true).clone());
+        snap->pieces.push_back({{"tensor", name}, {"param", slot.name}, {"kind", kKinds[k]},
+                                {"range", {p.begin, p.end}}, {"local_shape", slot.shape},
+                                {"global_shape", global_shape}, {"tp", tp_json(tp)}});
+      }
+    }
+    snap->tensors.emplace_back("rng|cpu", at::detail::getDefaultCPUGenerator().get_state());
+  }
+  if (m.rank == 0) {
+    const auto& cfg = *m.parts.cfg;
+    const Distributed* d = m.parts.dist;
+    snap->manifest = {
+        {"format", kCheckpointFormat},
+        {"step", step},
+        {"optimizer_steps", optimizer_steps},
+        {"loader_cursor", loader_cursor},
+        {"tokens_seen", loader_cursor * cfg.data.seq_len},
+        {"lr_schedule", {{"next_step", step}}},
+        {"loss_scale", nullptr},  // fp32 and bf16 train without one
+        {"rng", "per rank: tensor rng|cpu in its file (the CPU generator's state)"},
+        {"layout",
+         {{"world", m.world},
+          {"dp", m.dp},
+          {"tp", d ? d->tp->size() : 1},
+          {"pp", d ? d->pp->size() : 1},
+          {"zero", m.zero}}},
+        {"recipe", config_to_json(cfg)},
+        {"created", std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count()}};
+  }
+  auto job = [this, snap] {
+    try {
+      impl_->write(*snap);
+    } catch (const std::exception& e) {
+      impl_->fail(fmt::format("step {}: {}", snap->step, e.what()));
+    }
+  };
+  if (m.parts.cfg->checkpoint.async)
+    m.writer = std::thread(job);
+  else
+    job();
+}
+
+void Checkpointer::Impl::write(const Snapshot& snap) {
+  const fs::path tmp = fs::path(root) / (step_dir_name(snap.step) + ".tmp");
+  const std::string key = fmt::format("tide/ckpt/{}/{}", step_dir_name(snap.step), rank);
+  std::string result;
+  WrittenFile written;
+  try {
+    fs::create_directories(tmp);
+    SafetensorsWriter w;
+    for (const auto& [name, t] : snap.tensors)
+      w.add(name, name == "rng|cpu" ? "U8" : "F32", {t.numel()}, t.data_ptr(),
+            static_cast<size_t>(t.numel()) * t.element_size());
+    w.set_metadata("tide.format", std::to_string(kCheckpointFormat));
+    w.set_metadata("tide.rank", std::to_string(rank));
+    w.set_metadata("tide.pieces", snap.pieces.dump());
+    written = w.write((tmp / rank_file_name(rank)).string());
+    result = fmt::format("ok {} {}", written.bytes, hex64(written.xxh3));
+  } catch (const std::exception& e) {
+    result = fmt::format("error {}", e.what());
+  }
+  if (rank != 0) {
+    if (store) store->set(key, result);
+    if (result.rfind("error", 0) == 0) throw std::runtime_error(result.substr(6));
+    return;
+  }
+  if (result.rfind("error", 0) == 0) throw std::runtime_error(result.substr(6));
+  json files = json::object();
+  files[rank_file_name(0)] = {{"bytes", written.bytes}, {"xxh3", hex64(written.xxh3)}};
+  const auto patience = std::chrono::milliseconds(
+      static_cast<int64_t>(std::max(600.0, parts.cfg->parallel.timeout_s) * 1000));
+  for (int r = 1; r < world; ++r) {
+    const auto other = store->wait(fmt::format("tide/ckpt/{}/{}", step_dir_name(snap.step), r), patience);
+    if (!other) throw std::runtime_error(fmt::format("rank {} did not finish its file", r));
+    if (other->rfind("error", 0) == 0) throw std::runtime_error(fmt::format("rank {}: {}", r, other->substr(6)));
+    char hash[17] = {0};
+    unsigned long long bytes = 0;
+    if (std::sscanf(other->c_str(), "ok %llu %16s", &bytes, hash) != 2)
+      throw std::runtime_error(fmt::format("rank {} reported '{}'", r, *other));
+    files[rank_file_name(r)] = {{"bytes", bytes}, {"xxh3", std::string(hash)}};
+  }
+  commit(snap, files);
+}
+
+void Checkpointer::Impl::commit(const Snapshot& snap, const json& files) {
+  const fs::path dir = fs::path(root) / step_dir_name(snap.step);
+  const fs::path tmp = fs::path(root) / (step_dir_name(snap.step) + ".tmp");
+  json manifest = snap.manifest;
+  manifest["files"] = files;
+  write_durably((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
+  fsync_path(tmp.string());
+  if (fs::exists(dir)) {  // the same step saved again (a resumed run): replace it whole
+    const fs::path old = fs::path(root) / (step_dir_name(snap.step) + ".replaced");
+    fs::remove_all(old);
+    fs::rename(dir, old);
+    fs::rename(tmp, dir);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, dir);
+  }
+  fsync_path(root);
+  write_durably((dir / "COMMITTED").string(), fmt::format("{}\n", snap.step));
+  write_durably((fs::path(root) / "latest").string(), step_dir_name(snap.step) + "\n");
+  spdlog::info("checkpoint: step {} saved in {}", snap.step, dir.string());
+  prune(snap.step);
+}
+
+void Checkpointer::Impl::prune(int64_t newest) {
+  const auto& c = parts.cfg->checkpoint;
+  auto all = list_checkpoints(root);
+  const auto keep_from = all.size() > static_cast<size_t>(c.keep_last) ? all.size() - c.keep_last : 0;
+  for (size_t i = 0; i < keep_from; ++i) {
+    if (all[i].step == newest) continue;
+    if (c.keep_every > 0 && all[i].step % c.keep_every == 0) continue;
+    std::error_code ec;
+    fs::remove_all(all[i].path, ec);
+  }
+  // Temporaries of saves that never finished, older than this one.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0 && name < step_dir_name(newest))
+      fs::remove_all(e.path(), ec);
+  }
+}
+
+std::optional<std::string> Checkpointer::latest_valid() const {
+  auto all = list_checkpoints(impl_->root);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const auto problems = verify_checkpoint(it->path);
+    if (problems.empty()) return it->path;
+    spdlog::error("checkpoint {} is unusable: {}; trying the one before", it->path, fmt::join(problems, "; "));
+  }
+  return std::nullopt;
+}
+
+ResumeState Checkpointer::load(const std::string& dir) {
+  auto& m = *impl_;
+  const auto problems = verify_checkpoint(dir);
+  if (!problems.empty())
+    throw std::runtime_error(fmt::format("checkpoint {} is unusable: {}", dir, fmt::join(problems, "; ")));
+  const json manifest = read_manifest(dir);
+  torch::NoGradGuard no_grad;
+
+  // Every piece of every rank's file, by (parameter, kind).
+  struct Source {
+    const SafetensorsReader* file;
+    const SafetensorsEntry* entry;
+    json meta;
+  };
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  std::map<std::pair<std::string, std::string>, std::vector<Source>> sources;
+  for (const auto& [name, info] : manifest["files"].items()) {
+    files.push_back(std::make_unique<SafetensorsReader>((fs::path(dir) / name).string()));
+    const auto& f = *files.back();
+    const auto it = f.metadata().find("tide.pieces");
+    if (it == f.metadata().end()) throw std::runtime_error(fmt::format("{}: no tide.pieces metadata", f.path()));
+    for (const auto& meta : json::parse(it->second)) {
+      const auto* e = f.find(meta.at("tensor").get<std::string>());
+      if (!e) throw std::runtime_error(fmt::format("{}: tensor {} is missing", f.path(), meta.at("tensor").dump()));
+      sources[{meta.at("param").get<std::string>(), meta.at("kind").get<std::string>()}].push_back({&f, e, meta});
+    }
+  }
+
+  // The whole tensor of a parameter, from the pieces of every rank that saved it.
+  auto whole = [&](const std::string& param, const std::string& kind) {
+    const auto it = sources.find({param, kind});
+    if (it == sources.end())
+      throw std::runtime_error(fmt::format("checkpoint {} has no {} of parameter {}", dir, kind, param));
+    const auto& first = it->second.front().meta;
+    auto out = torch::zeros(first.at("global_shape").get<std::vector<int64_t>>(), torch::kFloat32);
+    std::map<int64_t, torch::Tensor> locals;  // by the tensor-parallel slice's first index
+    int64_t filled = 0;
+    for (const auto& s : it->second) {
+      const int64_t slice_first = s.meta.at("tp").at("first").get<int64_t>();
+      auto& local = locals[slice_first];
+      if (!local.defined()) local = torch::zeros(s.meta.at("local_shape").get<std::vector<int64_t>>(), torch::kFloat32);
+      const auto range = s.meta.at("range").get<std::vector<int64_t>>();
+      const int64_t n = range[1] - range[0];
+      TORCH_CHECK(static_cast<int64_t>(s.entry->end - s.entry->begin) == n * 4, s.file->path(), ": ",
+                  s.entry->name, " has the wrong size");
+      std::memcpy(local.view({-1}).narrow(0, range[0], n).data_ptr<float>(), s.file->data(*s.entry),
+                  static_cast<size_t>(n) * 4);
+      filled += n;
+    }
+    int64_t expected = 0;
+    for (const auto& [slice_first, local] : locals) {
+      const auto& tp = it->second.front().meta.at("tp");
+      const int dim = tp.at("dim").get<int>();
+      expected += local.numel();
+      if (dim < 0) {
+        out.copy_(local);
+        continue;
+      }
+      const int64_t n = std::min(local.size(dim), tp.at("valid").get<int64_t>() - slice_first);
+      out.narrow(dim, slice_first, n).copy_(local.narrow(dim, 0, n));
+    }
+    if (filled != expected)
+      throw std::runtime_error(
+          fmt::format("checkpoint {}: the pieces of {} {} cover {} of {} elements", dir, kind, param, filled, expected));
+    return out;
+  };
+
+  auto& flat = *m.parts.flat;
+  auto& optim = *m.parts.optim;
+  // Parameters: all local ones (ZeRO-3: this rank's pieces); moments: the optimizer's.
+  const auto param_pieces = m.zero == 3 ? pieces_of(flat, m.dp_rank, m.dp, 3) : pieces_of(flat, 0, 1, 0);
+  const auto moment_pieces = m.zero >= 1 ? pieces_of(flat, m.dp_rank, m.dp, m.zero) : pieces_of(flat, 0, 1, 0);
+  for (int k = 0; k < 3; ++k) {
+    const auto& wanted = k == 0 ? param_pieces : moment_pieces;
+    std::map<size_t, std::vector<const Piece*>> by_slot;
+    for (const auto& p : wanted) by_slot[p.slot].push_back(&p);
+    for (const auto& [slot_index, list] : by_slot) {
+      const auto& slot = flat.slots()[slot_index];
+      const auto global = whole(slot.name, kKinds[k]);
+      // This rank's tensor-parallel slice of it (rows past the vocabulary stay zero).
+      const TpSlice tp = m.parts.model->tp_slice(slot.name);
+      torch::Tensor local = global;
+      if (tp.dim >= 0) {
+        local = torch::zeros(slot.shape, torch::kFloat32);
+        const int64_t n = std::clamp<int64_t>(tp.valid - tp.first, 0, tp.length);
+        if (n > 0) local.narrow(tp.dim, 0, n).copy_(global.narrow(tp.dim, tp.first, n));
+      }
+      TORCH_CHECK(local.numel() == slot.numel, "checkpoint ", dir, ": ", slot.name, " has ", local.numel(),
+                  " elements here, ", slot.numel, " in this model");
+      const auto values = local.contiguous().view({-1});
+      torch::Tensor dst = k == 0 ? optim.params() : moments(optim, k);
+      for (const Piece* p : list) {
+        const int64_t at = k == 0 ? p->param_at : p->moment_at;
+        dst.narrow(0, at, p->end - p->begin).copy_(values.narrow(0, p->begin, p->end - p->begin));
+      }
+    }
+  }
+  ResumeState state;
+  state.step = manifest.at("step").get<int64_t>();
+  state.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
+  state.loader_cursor = manifest.at("loader_cursor").get<int64_t>();
+  state.dir = dir;
+  optim.restore(state.optimizer_steps);
+  // The same layout: this rank's random generator continues where it stopped.
+  const auto& layout = manifest.at("layout");
+  const Distributed* d = m.parts.dist;
+  if (layout.at("world") == m.world && layout.at("dp") == m.dp && layout.at("tp") == (d ? d->tp->size() : 1) &&
+      layout.at("pp") == (d ? d->pp->size() : 1)) {
+    const SafetensorsReader own((fs::path(dir) / rank_file_name(m.rank)).string());
+    if (const auto* e = own.find("rng|cpu")) {
+      auto state_bytes = torch::empty({static_cast<int64_t>(e->end - e->begin)}, torch::kUInt8);
+      std::memcpy(state_bytes.data_ptr(), own.data(*e), e->end - e->begin);
+      auto generator = at::detail::getDefaultCPUGenerator();
+      generator.set_state(state_bytes);
+    }
+  }
+  spdlog::info("checkpoint: resumed from {} (step {})", dir, state.step);
+  return state;
+}
+
+}  // namespace tide

@@ -1,0 +1,110 @@
+// tide ckpt list | verify | inspect | export: checkpoints from the command line.
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "cli_common.h"
+#include "tide/engine/checkpoint/checkpoint.h"
+#include "tide/engine/config_schema.h"
+#include "tide/engine/io/safetensors.h"
+#include "tide/engine/model/hf_convert.h"
+#include "tide/engine/model/parameter_units.h"
+#include "tide/engine/model/transformer.h"
+#include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/flat_parameters.h"
+
+namespace tide::cli {
+namespace fs = std::filesystem;
+
+namespace {
+// A run directory's checkpoints folder, or the folder itself.
+std::string checkpoints_root(const std::string& path) {
+  return fs::is_directory(fs::path(path) / "checkpoints") ? (fs::path(path) / "checkpoints").string() : path;
+}
+
+void fail_if_unsound(const std::string& dir) {
+  const auto problems = verify_checkpoint(dir);
+  if (problems.empty()) return;
+  for (const auto& p : problems) spdlog::error("{}", p);
+  throw std::runtime_error(fmt::format("checkpoint {} failed verification ({} problems)", dir, problems.size()));
+}
+}  // namespace
+
+void add_checkpoint_command(CLI::App& app) {
+  auto* ckpt = app.add_subcommand("ckpt", "List, verify, inspect and export checkpoints");
+  ckpt->require_subcommand(1);
+  struct Options {
+    std::string path, out, dtype = "F32";
+  };
+  auto opt = std::make_shared<Options>();
+
+  auto* list = ckpt->add_subcommand("list", "Committed checkpoints of a run, oldest first");
+  list->add_option("run", opt->path, "Run directory or its checkpoints directory")->required();
+  list->callback([opt] {
+    const auto root = checkpoints_root(opt->path);
+    const auto all = list_checkpoints(root);
+    if (all.empty()) throw std::runtime_error(fmt::format("no committed checkpoint under {}", root));
+    for (const auto& c : all) {
+      const auto m = read_manifest(c.path);
+      const auto& l = m["layout"];
+      std::cout << fmt::format("{}  step {}  tokens {}  layout dp{} x tp{} x pp{} ZeRO-{} ({} files)\n", c.path,
+                               c.step, m["tokens_seen"].get<int64_t>(), l["dp"].get<int>(), l["tp"].get<int>(),
+                               l["pp"].get<int>(), l["zero"].get<int>(), m["files"].size());
+    }
+  });
+
+  auto* verify = ckpt->add_subcommand("verify", "Check every file's size and XXH3 hash against the manifest");
+  verify->add_option("dir", opt->path, "A step directory, or a run directory (its newest checkpoint)")->required();
+  verify->callback([opt] {
+    std::string dir = opt->path;
+    if (!fs::exists(fs::path(dir) / "manifest.json")) {
+      const auto all = list_checkpoints(checkpoints_root(dir));
+      if (all.empty()) throw std::runtime_error(fmt::format("no committed checkpoint under {}", dir));
+      dir = all.back().path;
+    }
+    fail_if_unsound(dir);
+    std::cout << fmt::format("{}: sound ({} files)\n", dir, read_manifest(dir)["files"].size());
+  });
+
+  auto* inspect = ckpt->add_subcommand("inspect", "The manifest and each file's pieces");
+  inspect->add_option("dir", opt->path, "A step directory")->required();
+  inspect->callback([opt] {
+    const auto m = read_manifest(opt->path);
+    auto summary = m;
+    summary.erase("recipe");
+    std::cout << summary.dump(2) << "\n";
+    for (const auto& [name, info] : m["files"].items()) {
+      const SafetensorsReader f((fs::path(opt->path) / name).string());
+      const auto pieces = nlohmann::json::parse(f.metadata().at("tide.pieces"));
+      int64_t elements = 0;
+      for (const auto& p : pieces) elements += p["range"][1].get<int64_t>() - p["range"][0].get<int64_t>();
+      std::cout << fmt::format("{}: {} pieces, {} values\n", name, pieces.size(), elements);
+    }
+  });
+
+  auto* exp = ckpt->add_subcommand(
+      "export", "Write Hugging Face safetensors + config.json from a checkpoint saved under any layout");
+  exp->add_option("dir", opt->path, "A step directory")->required();
+  exp->add_option("-o,--out", opt->out, "Directory to write")->required();
+  exp->add_option("--dtype", opt->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
+  exp->callback([opt] {
+    fail_if_unsound(opt->path);
+    const RunConfig cfg = config_from_json(read_manifest(opt->path)["recipe"]);
+    // One process's model: the checkpoint's pieces are joined whatever layout saved them.
+    Transformer model(cfg.model);
+    FlatParameters::Options layout;
+    layout.unit_of = block_unit;
+    FlatParameters flat(*model, cfg.optimizer, layout);
+    AdamW optim(flat, cfg.optimizer);
+    Checkpointer(fs::path(opt->path).parent_path().string(), CheckpointParts{&cfg, model.get(), &flat, &optim, nullptr})
+        .load(opt->path);
+    export_hf(opt->out, model, 0, opt->dtype);
+    spdlog::info("wrote {}", opt->out);
+  });
+}
+
+}  // namespace tide::cli
