@@ -40,6 +40,7 @@ test: build
 bench: data
 	@/usr/bin/python3 bench/train_vs_pytorch.py --tide $(BUILD)/tools/tide
 	@/usr/bin/python3 bench/parallel_layouts.py --tide $(BUILD)/tools/tide
+	@/usr/bin/python3 bench/checkpoint_io.py --tide $(BUILD)/tools/tide
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log

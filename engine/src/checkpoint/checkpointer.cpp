@@ -74,6 +74,7 @@ struct Checkpointer::Impl {
 
   struct Snapshot {
     int64_t step = 0;
+    std::chrono::steady_clock::time_point taken;
     std::vector<std::pair<std::string, torch::Tensor>> tensors;
     json pieces = json::array();
     json manifest;  // rank 0
@@ -120,6 +121,7 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
   auto& m = *impl_;
   auto snap = std::make_shared<Impl::Snapshot>();
   snap->step = step;
+  snap->taken = std::chrono::steady_clock::now();
   {
     // The pieces this rank owns, copied to host memory now: training may go on.
     torch::NoGradGuard no_grad;
@@ -162,6 +164,7 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
           {"pp", d ? d->pp->size() : 1},
           {"zero", m.zero}}},
         {"recipe", config_to_json(cfg)},
+        {"recipe_schema_version", kConfigSchemaVersion},
         {"created", std::chrono::duration_cast<std::chrono::seconds>(
                         std::chrono::system_clock::now().time_since_epoch())
                         .count()}};
@@ -240,7 +243,11 @@ void Checkpointer::Impl::commit(const Snapshot& snap, const json& files) {
   fsync_path(root);
   write_durably((dir / "COMMITTED").string(), fmt::format("{}\n", snap.step));
   write_durably((fs::path(root) / "latest").string(), step_dir_name(snap.step) + "\n");
-  spdlog::info("checkpoint: step {} saved in {}", snap.step, dir.string());
+  uint64_t bytes = 0;
+  for (const auto& [name, info] : files.items()) bytes += info.at("bytes").get<uint64_t>();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - snap.taken).count();
+  spdlog::info("checkpoint: step {} saved in {} ({} bytes in {:.3f} s, {:.0f} MB/s)", snap.step, dir.string(), bytes,
+               seconds, static_cast<double>(bytes) / 1e6 / std::max(seconds, 1e-9));
   prune(snap.step);
 }
 

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -103,7 +104,9 @@ WrittenFile SafetensorsWriter::write(const std::string& path) const {
     out.bytes += n;
     const auto* c = static_cast<const char*>(p);
     while (n > 0) {
-      const ssize_t w = ::write(fd, c, n);
+      // Chunks of 32 MiB: a single write() of hundreds of MB runs several times slower
+      // (measured 385 vs 1800 MB/s to page cache + fsync on this machine).
+      const ssize_t w = ::write(fd, c, std::min<size_t>(n, size_t{32} << 20));
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) {
         const int e = errno;

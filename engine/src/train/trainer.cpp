@@ -384,8 +384,13 @@ TrainResult Trainer::run() {
     if ((step + 1) % cfg.log_every == 0 || last || m.val_loss) s.log->info("{}", ProgressLine::format(m));
     if (m.skipped) s.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
     if (s.hooks.on_step) s.hooks.on_step(m);
-    if ((cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) || last)
+    if ((cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) || last) {
+      const auto before = Clock::now();
       s.checkpointer->save(step + 1, s.optim->steps_taken(), loader.cursor());
+      s.log->info("checkpoint: step {} held training for {:.3f} s ({})", step + 1,
+                  std::chrono::duration<double>(Clock::now() - before).count(),
+                  cfg.checkpoint.async ? "snapshot to host memory; written in the background" : "written");
+    }
     result.steps = m.step;
     result.final_loss = m.loss;
   }

@@ -37,6 +37,9 @@ struct FieldSpec {
   std::function<nlohmann::json(const RunConfig&)> get;
 };
 
+// Bumped when a field changes meaning or goes away (recorded in checkpoints).
+constexpr int kConfigSchemaVersion = 1;
+
 const std::vector<FieldSpec>& config_schema();
 const FieldSpec* find_field(const std::string& path);
 
