@@ -137,7 +137,11 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
         const auto& src = k == 0 ? optim.params() : moments(optim, k);
         const int64_t at = k == 0 ? p.param_at : p.moment_at;
         const std::string name = fmt::format("{}|{}|{}", slot.name, kKinds[k], p.begin);
-        snap->tensors.emplace_back(name, src.narrow(0, at, p.end - p.begin).to(torch::kCPU, true).clone());
+        // Asynchronous: a copy in host memory, since training goes on. Synchronous on the
+        // host: the buffers themselves, since training waits for the write.
+        auto values = src.narrow(0, at, p.end - p.begin);
+        if (m.parts.cfg->checkpoint.async || !values.is_cpu()) values = values.to(torch::kCPU).clone();
+        snap->tensors.emplace_back(name, values);
         snap->pieces.push_back({{"tensor", name}, {"param", slot.name}, {"kind", kKinds[k]},
                                 {"range", {p.begin, p.end}}, {"local_shape", slot.shape},
                                 {"global_shape", global_shape}, {"tp", tp_json(tp)}});
