@@ -18,30 +18,21 @@ import sys
 import tempfile
 import time
 
+import shapes
+from shapes import SHAPES
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHAPES = {
-    "tiny": dict(dim=256, layers=4, heads=4, vocab=8192, seq=256, batch=8),
-    "small": dict(dim=512, layers=8, heads=8, vocab=32000, seq=512, batch=4),
-}
 SAVED = re.compile(r"checkpoint: step (\d+) saved in \S+ \((\d+) bytes in ([0-9.]+) s")
 HELD = re.compile(r"checkpoint: step (\d+) held training for ([0-9.]+) s")
 STEP = re.compile(r'"step":(\d+).*?"step_seconds":([0-9.e+-]+)')
 
 
 def train(tide, shape, data, work, async_save, steps, every):
-    s = SHAPES[shape]
     run_dir = os.path.join(work, f"run-{'async' if async_save else 'sync'}")
-    sets = {
-        "model.vocab_size": s["vocab"], "model.dim": s["dim"], "model.n_layers": s["layers"],
-        "model.n_heads": s["heads"], "model.n_kv_heads": 0, "model.multiple_of": 256,
-        "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
-        "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"], "schedule.steps": steps,
-        "schedule.warmup_steps": 0, "eval.every": 0, "log_every": 1000, "checkpoint.every": every,
-        "checkpoint.keep_last": 2, "checkpoint.async": "true" if async_save else "false",
-    }
-    recipe = os.path.join(ROOT, "recipes", "llama", "llama-tiny.lua")
-    overrides = [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]
+    recipe = shapes.RECIPE
+    overrides = shapes.overrides(shape, data, steps, checkpoint__every=every, checkpoint__keep_last=2,
+                                 checkpoint__async="true" if async_save else "false")
     p = subprocess.run([tide, "train", recipe, "--run-dir", run_dir, "--quiet"] + overrides, check=True,
                        capture_output=True, text=True)
     saved = [(int(m[1]), int(m[2]), float(m[3])) for m in SAVED.finditer(p.stderr)]

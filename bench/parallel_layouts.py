@@ -26,12 +26,11 @@ import subprocess
 import sys
 import tempfile
 
+import shapes
+from shapes import SHAPES
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHAPES = {
-    "tiny": dict(dim=256, layers=4, heads=4, vocab=8192, seq=256, batch=8),
-    "small": dict(dim=512, layers=8, heads=8, vocab=32000, seq=512, batch=4),
-}
 LAYOUTS = [
     ("1 process", 1, {}),
     ("dp2", 2, {}),
@@ -48,18 +47,12 @@ LAYOUTS = [
 def run(tide, shape, nproc, extra, steps, warmup, data):
     s = SHAPES[shape]
     run_dir = tempfile.mkdtemp(prefix="tide-layout-")
-    sets = {
-        "model.vocab_size": s["vocab"], "model.dim": s["dim"], "model.n_layers": s["layers"],
-        "model.n_heads": s["heads"], "model.n_kv_heads": 0, "model.multiple_of": 256,
-        "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
-        "batch.micro_batch": s["batch"] // nproc if s["batch"] % nproc == 0 else s["batch"],
-        "parallel.micro_batches": 0,
-        "batch.global_batch": s["batch"], "schedule.steps": warmup + steps, "schedule.warmup_steps": 0,
-        "eval.every": 0, "log_every": 1000,
-    }
-    sets.update(extra)
-    recipe = os.path.join(ROOT, "recipes", "llama", "llama-tiny.lua")
-    overrides = [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]
+    extra = dict(extra)
+    extra.setdefault("parallel.micro_batches", 0)
+    micro = s["batch"] // nproc if s["batch"] % nproc == 0 else s["batch"]
+    overrides = shapes.overrides(shape, data, warmup + steps, batch__micro_batch=micro,
+                                 **{k.replace(".", "__"): v for k, v in extra.items()})
+    recipe = shapes.RECIPE
     launch = ["--nproc", str(nproc)] if nproc > 1 else []
     subprocess.run([tide, "train", recipe, "--run-dir", run_dir, "--quiet"] + launch + overrides, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -18,10 +18,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHAPES = {
-    "tiny": dict(dim=256, layers=4, heads=4, vocab=8192, seq=256, batch=8),
-    "small": dict(dim=512, layers=8, heads=8, vocab=32000, seq=512, batch=4),
-}
+from shapes import SHAPES  # noqa: E402  (bench/ is the script directory)
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 JEMALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1,background_thread:false"
 

@@ -76,6 +76,29 @@ print(f"  {other.rsplit('/', 1)[1]}: losses {'equal' if exact else 'within 1e-5'
 PY
 }
 
+refused() {  # refused RECIPE EXPECTED_TEXT [tide train options...]: rejected before any work, saying why
+  local recipe=$1 expected=$2
+  shift 2
+  if $tide train "$work/$recipe.lua" --run-dir "$work/refused" --quiet "$@" 2> "$work/log"; then
+    fail "accepted: $*"
+  fi
+  grep -q "$expected" "$work/log" || { cat "$work/log"; fail "refusal of '$*' does not say '$expected'"; }
+}
+
+# A long run in the background, returned once its metrics have `steps` rows: sets
+# $launcher (the launching process) for the caller to kill or wait for.
+start_long_run() {  # start_long_run RUN STEPS LOG [tide train options...]
+  local run=$1 steps=$2 log=$3
+  shift 3
+  $tide train "$work/llama.lua" --set schedule.steps=100000 --set eval.every=0 --run-dir "$work/$run" --quiet "$@" \
+    2> "$log" &
+  launcher=$!
+  for _ in $(seq 600); do
+    [[ -f "$work/$run/metrics.jsonl" && $(wc -l < "$work/$run/metrics.jsonl") -ge $steps ]] && return
+    sleep 0.1
+  done
+}
+
 train() {  # train RECIPE RUN [tide train options...]
   local recipe=$1 run=$2
   shift 2

@@ -92,13 +92,7 @@ fi
 grep -q "tp = 3" "$work/log" || grep -q "model.n_heads" "$work/log" || { cat "$work/log"; fail "bad layout not explained"; }
 
 # SIGKILL one of four workers mid-run: the job stops within 60 s and names the rank.
-$tide train "$work/llama.lua" --nproc 4 --set schedule.steps=100000 --set eval.every=0 \
-  --run-dir "$work/kill" --quiet 2> "$work/kill.log" &
-launcher=$!
-for _ in $(seq 600); do
-  [[ -f "$work/kill/metrics.jsonl" && $(wc -l < "$work/kill/metrics.jsonl") -ge 2 ]] && break
-  sleep 0.1
-done
+start_long_run kill 2 "$work/kill.log" --nproc 4
 victim=$(pgrep -P "$launcher" | sed -n 3p)
 [[ -n $victim ]] || fail "no worker to kill"
 start=$(date +%s)
@@ -114,13 +108,7 @@ echo "  SIGKILL of rank 2: job stopped in ${elapsed}s, status $status"
 # SIGSTOP one of two workers (a hang): the other's collective times out after
 # parallel.timeout_s, its error names the collective and the silent rank, and the job
 # stops within 60 s.
-$tide train "$work/llama.lua" --nproc 2 --set schedule.steps=100000 --set eval.every=0 --set parallel.timeout_s=5 \
-  --run-dir "$work/hang" --quiet 2> "$work/hang.log" &
-launcher=$!
-for _ in $(seq 600); do
-  [[ -f "$work/hang/metrics.jsonl" && $(wc -l < "$work/hang/metrics.jsonl") -ge 3 ]] && break
-  sleep 0.1
-done
+start_long_run hang 3 "$work/hang.log" --nproc 2 --set parallel.timeout_s=5
 victim=$(pgrep -P "$launcher" | sed -n 2p)
 [[ -n $victim ]] || fail "no worker to stop"
 start=$(date +%s)

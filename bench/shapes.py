@@ -1,0 +1,25 @@
+"""The model shapes the benches share, and the tide overrides that train one of them
+on the bundled recipe (LLaMA, no GQA) with the bench's own data and batch."""
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECIPE = os.path.join(ROOT, "recipes", "llama", "llama-tiny.lua")
+SHAPES = {
+    "tiny": dict(dim=256, layers=4, heads=4, vocab=8192, seq=256, batch=8),
+    "small": dict(dim=512, layers=8, heads=8, vocab=32000, seq=512, batch=4),
+}
+
+
+def overrides(shape, data, steps, **more):
+    """`--set` arguments for RECIPE: the shape, the data, `steps` steps without warmup or
+    evaluation, plus `more` (dotted field names with "." written as "__")."""
+    s = SHAPES[shape]
+    sets = {
+        "model.vocab_size": s["vocab"], "model.dim": s["dim"], "model.n_layers": s["layers"],
+        "model.n_heads": s["heads"], "model.n_kv_heads": 0, "model.multiple_of": 256,
+        "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
+        "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"], "schedule.steps": steps,
+        "schedule.warmup_steps": 0, "eval.every": 0, "log_every": 1000,
+    }
+    sets.update({k.replace("__", "."): v for k, v in more.items()})
+    return [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]
