@@ -29,7 +29,8 @@ std::vector<int64_t> pipeline_schedule(const std::string& kind, int stage, int s
 
 Pipeline::Pipeline(Comm& pp, Transformer model, std::string schedule, std::vector<int64_t> activation, DType compute)
     : pp_(pp), model_(std::move(model)), schedule_(std::move(schedule)), activation_(std::move(activation)),
-      compute_(compute) {}
+      compute_(compute),
+      fp32_(torch::TensorOptions().dtype(torch::kFloat32).device(model_->parameters()[0].device())) {}
 
 namespace {
 // Tags keep a step's messages apart: forward activations and backward gradients of
@@ -44,7 +45,7 @@ double Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
   const int stage = pp_.rank(), stages = pp_.size();
   const bool first = stage == 0, last = stage == stages - 1;
   const auto n = static_cast<int64_t>(batches.size());
-  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(model_->parameters()[0].device());
+  const auto& fp32 = fp32_;
   std::vector<torch::Tensor> inputs(static_cast<size_t>(n)), outputs(static_cast<size_t>(n));
   std::vector<std::unique_ptr<PendingCollective>> sends;
   double loss_sum = 0;
@@ -92,7 +93,7 @@ double Pipeline::forward_loss(const Batch& b) {
   torch::NoGradGuard no_grad;
   const int stage = pp_.rank(), stages = pp_.size();
   const int tag = kEvalTags + (eval_tag_++ % kEvalTags);
-  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(model_->parameters()[0].device());
+  const auto& fp32 = fp32_;
   torch::Tensor in = b.tokens;
   if (stage > 0) {
     in = torch::empty(activation_, fp32);

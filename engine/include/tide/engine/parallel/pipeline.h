@@ -46,6 +46,7 @@ class Pipeline {
   std::string schedule_;
   std::vector<int64_t> activation_;
   DType compute_;
+  torch::TensorOptions fp32_;  // activations on the model's device
   int eval_tag_ = 0;
 };
 
