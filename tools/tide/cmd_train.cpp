@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
+#include "controlled_worker.h"
 #include "launcher.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/launch_env.h"
@@ -58,6 +59,7 @@ void run_training(const Options& opt) {
   hooks.show_progress = !opt.quiet;
   hooks.peak_flops = opt.peak_tflops * 1e12;
   if (recipe->has_lr_function()) hooks.lr = [recipe](int64_t step) { return recipe->lr_at(step); };
+  const auto link = attach_controller(hooks);
   std::unique_ptr<Distributed> dist;
   if (env && env->world > 1) {
     // One rank of a job: ranks sharing this machine share its cores.
@@ -70,14 +72,25 @@ void run_training(const Options& opt) {
     try {
       dist = init_distributed(*env, cfg.parallel,
                               std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_s * 1000)));
-      Trainer(cfg, dir, hooks, dist.get()).run();
+      report_result(link.get(), Trainer(cfg, dir, hooks, dist.get()).run());
     } catch (const std::exception& e) {
+      report_failure(link.get(), e.what());
       throw std::runtime_error(fmt::format("rank {}: {}", env->rank, e.what()));
     }
     return;
   }
-  Trainer trainer(cfg, dir, hooks);
-  const TrainResult r = trainer.run();
+  TrainResult r;
+  try {
+    r = Trainer(cfg, dir, hooks).run();
+  } catch (const std::exception& e) {
+    report_failure(link.get(), e.what());
+    throw;
+  }
+  report_result(link.get(), r);
+  if (r.stopped) {
+    spdlog::info("stopped at step {} (checkpoint saved)", r.steps);
+    return;
+  }
   spdlog::info("trained {} steps; final loss {:.4f}", r.steps, r.final_loss);
   if (r.final_val_loss)
     spdlog::info("validation loss {:.4f} (unigram baseline {:.4f}, perplexity {:.1f})", *r.final_val_loss,

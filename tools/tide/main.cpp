@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   tide::cli::add_generate_commands(app);
   tide::cli::add_convert_command(app);
   tide::cli::add_checkpoint_command(app);
+  tide::cli::add_client_commands(app);
 
   try {
     app.parse(argc, argv);

@@ -71,6 +71,7 @@ struct Checkpointer::Impl {
   std::thread writer;
   mutable std::mutex mu;
   std::optional<std::string> error;
+  Listener listener;
 
   struct Snapshot {
     int64_t step = 0;
@@ -80,10 +81,13 @@ struct Checkpointer::Impl {
     json manifest;  // rank 0
   };
 
-  void fail(const std::string& what) {
-    spdlog::error("checkpoint: {}", what);
-    std::lock_guard<std::mutex> lock(mu);
-    error = what;
+  void fail(int64_t step, const std::string& what) {
+    spdlog::error("checkpoint: step {}: {}", step, what);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      error = fmt::format("step {}: {}", step, what);
+    }
+    if (listener) listener(step, "", what);
   }
 
   void write(const Snapshot& snap);
@@ -109,6 +113,11 @@ Checkpointer::~Checkpointer() { wait(); }
 
 void Checkpointer::wait() {
   if (impl_->writer.joinable()) impl_->writer.join();
+}
+
+void Checkpointer::on_finished(Listener listener) {
+  wait();
+  impl_->listener = std::move(listener);
 }
 
 std::optional<std::string> Checkpointer::last_error() const {
@@ -177,7 +186,7 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
     try {
       impl_->write(*snap);
     } catch (const std::exception& e) {
-      impl_->fail(fmt::format("step {}: {}", snap->step, e.what()));
+      impl_->fail(snap->step, e.what());
     }
   };
   if (m.parts.cfg->checkpoint.async)
@@ -253,6 +262,7 @@ void Checkpointer::Impl::commit(const Snapshot& snap, const json& files) {
   spdlog::info("checkpoint: step {} saved in {} ({} bytes in {:.3f} s, {:.0f} MB/s)", snap.step, dir.string(), bytes,
                seconds, static_cast<double>(bytes) / 1e6 / std::max(seconds, 1e-9));
   prune(snap.step);
+  if (listener) listener(snap.step, dir.string(), "");
 }
 
 void Checkpointer::Impl::prune(int64_t newest) {

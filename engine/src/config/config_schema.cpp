@@ -121,6 +121,10 @@ std::vector<FieldSpec> build_schema() {
   s.push_back(string("name", false, "Run name, used for the run directory.", REF(name)));
   s.push_back(integer("seed", 0, kBig, false, "Seed of initialisation, data order and dropout.", REF(seed)));
   s.push_back(integer("log_every", 1, 1e9, true, "Steps between progress lines.", REF(log_every)));
+  s.push_back(choice<std::string>("log_level",
+                                  {{"trace", "trace"}, {"debug", "debug"}, {"info", "info"}, {"warn", "warn"},
+                                   {"error", "error"}},
+                                  true, "Level of the run log (train.log).", REF(log_level)));
   s.push_back(integer("threads", 0, 1024, false, "Intra-op threads per process; 0: the cores available.", REF(threads)));
   // Model.
   s.push_back(choice<Family>("model.family", {{"llama", Family::LLaMA}, {"bloom", Family::BLOOM}}, false,
@@ -177,6 +181,9 @@ std::vector<FieldSpec> build_schema() {
   s.push_back(number("optimizer.weight_decay", 0, 10, true, "Decoupled weight decay.", REF(optimizer.weight_decay)));
   s.push_back(number("optimizer.grad_clip", 0, 1e9, true, "Global gradient-norm clip; 0: off.",
                      REF(optimizer.grad_clip)));
+  s.push_back(number("optimizer.lr_scale", 0, 1e3, true,
+                     "Multiplies the scheduled learning rate (live changes and anomaly policies use it).",
+                     REF(optimizer.lr_scale)));
   s.push_back(boolean("optimizer.decay_norms_and_biases", false, "Apply weight decay to norms and biases too.",
                       REF(optimizer.decay_norms_and_biases)));
   s.push_back(boolean("optimizer.decay_embeddings", false, "Apply weight decay to embeddings too.",
@@ -207,6 +214,13 @@ std::vector<FieldSpec> build_schema() {
                       REF(checkpoint.async)));
   s.push_back(integer("eval.every", 0, 1e12, true, "Steps between validation passes; 0: never.", REF(eval.every)));
   s.push_back(integer("eval.batches", 1, 1e6, true, "Micro-batches per validation pass.", REF(eval.batches)));
+  // Supervision under tided.
+  s.push_back(integer("supervise.max_restarts", 0, 1000, false,
+                      "Restarts from the latest checkpoint after a worker crashes or hangs, before the run fails.",
+                      REF(supervise.max_restarts)));
+  s.push_back(number("supervise.heartbeat_timeout_s", 1, 86400, false,
+                     "A worker silent this long is declared hung and its group restarted.",
+                     REF(supervise.heartbeat_timeout_s)));
   // Parallel layout (parsed and validated now; used by the parallel engine).
   s.push_back(integer("parallel.dp", 0, 1e6, false, "Data-parallel degree; 0: world / (tp * pp).", REF(parallel.dp)));
   s.push_back(integer("parallel.tp", 1, 1e4, false, "Tensor-parallel degree.", REF(parallel.tp)));

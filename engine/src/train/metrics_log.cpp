@@ -10,6 +10,7 @@ namespace tide {
 nlohmann::json to_json(const StepMetrics& m) {
   auto finite = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
   nlohmann::json j = {{"step", m.step},
+                      {"total_steps", m.total_steps},
                       {"loss", finite(m.loss)},
                       {"grad_norm", finite(m.grad_norm)},
                       {"lr", m.lr},
@@ -25,6 +26,10 @@ nlohmann::json to_json(const StepMetrics& m) {
                       {"transient_peak_bytes", m.transient_bytes}};
   if (m.skipped) j["skipped"] = true;
   if (m.val_loss) j["val_loss"] = finite(*m.val_loss);
+  if (!m.changes.empty()) {
+    auto& changes = j["changes"] = nlohmann::json::object();
+    for (const auto& [field, value] : m.changes) changes[field] = nlohmann::json::parse(value);
+  }
   return j;
 }
 

@@ -30,6 +30,7 @@
 #include "tide/engine/train/flops.h"
 #include "tide/engine/train/run_files.h"
 #include "tide/engine/train/runtime.h"
+#include "live_control.h"
 
 namespace tide {
 namespace fs = std::filesystem;
@@ -121,8 +122,10 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   }
   const std::string log_name = s_->leader ? "train.log" : fmt::format("train-rank{}.log", dist->world->rank());
   auto file_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((s_->dir / log_name).string(), false);
-  s_->log = std::make_shared<spdlog::logger>("train", file_sink);
-  s_->log->set_level(spdlog::level::info);
+  std::vector<spdlog::sink_ptr> sinks{file_sink};
+  if (s_->leader) sinks.insert(sinks.end(), s_->hooks.log_sinks.begin(), s_->hooks.log_sinks.end());
+  s_->log = std::make_shared<spdlog::logger>("train", sinks.begin(), sinks.end());
+  s_->log->set_level(spdlog::level::from_str(cfg.log_level));
   s_->log->flush_on(spdlog::level::info);
 
   const int threads = configure_threads(cfg.threads);
@@ -233,8 +236,9 @@ void Trainer::save_weights(const std::string& path) {
 TrainResult Trainer::run() {
   auto& s = *s_;
   const auto& cfg = s.cfg;
-  const int64_t accum = cfg.batch.global_batch / (s.micro_batch * s.dp_size);
-  const int64_t tokens_per_step = cfg.batch.global_batch * cfg.data.seq_len;
+  // cfg follows live changes: the batch size, and with it these, may change per step.
+  auto accumulation = [&] { return cfg.batch.global_batch / (s.micro_batch * s.dp_size); };
+  auto tokens_per_step = [&] { return cfg.batch.global_batch * cfg.data.seq_len; };
   double peak = s.hooks.peak_flops > 0 ? s.hooks.peak_flops : measure_matmul_peak("cpu", cfg.precision.compute);
   int reprobes_left = s.hooks.peak_flops > 0 ? 0 : 3;
   const double flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
@@ -267,6 +271,35 @@ TrainResult Trainer::run() {
   }
   ProgressLine progress;
   double ema_step = 0;
+  int64_t tokens_seen = resumed.step * tokens_per_step();
+  int64_t saved_step = resumed.step > 0 ? resumed.step : -1;
+  std::unique_ptr<LiveControl> control;
+  if (s.hooks.controlled) {
+    control = std::make_unique<LiveControl>(s.dist ? s.dist->world.get() : nullptr, s.hooks.take_commands,
+                                            s.hooks.on_event);
+    if (s.leader && s.hooks.on_event)
+      s.checkpointer->on_finished([emit = s.hooks.on_event](int64_t step, const std::string& dir, const std::string& error) {
+        if (error.empty())
+          emit("checkpoint", {{"step", step}, {"path", dir}});
+        else
+          emit("checkpoint_failed", {{"step", step}, {"error", error}});
+      });
+  }
+  auto save_checkpoint = [&](int64_t steps_done) {
+    const auto before = Clock::now();
+    s.checkpointer->save(steps_done, s.optim->steps_taken(), loader.cursor());
+    saved_step = steps_done;
+    s.log->info("checkpoint: step {} held training for {:.3f} s ({})", steps_done,
+                std::chrono::duration<double>(Clock::now() - before).count(),
+                cfg.checkpoint.async ? "snapshot to host memory; written in the background" : "written");
+  };
+  // A changed batch size must still split evenly over the micro-batches of every rank.
+  auto check_live = [&](const RunConfig& next) {
+    if (next.batch.global_batch % (s.micro_batch * s.dp_size) != 0)
+      throw ConfigError("batch.global_batch",
+                        fmt::format("{} is not a multiple of the micro-batch x dp = {} x {}", next.batch.global_batch,
+                                    s.micro_batch, s.dp_size));
+  };
   const bool tied_stages = s.pipeline && cfg.model.tie_embeddings;
   auto bytes_sent = [&] {
     int64_t total = 0;
@@ -286,8 +319,29 @@ TrainResult Trainer::run() {
   const int64_t flat_bytes = s.flat->numel() * static_cast<int64_t>(sizeof(float));
 
   for (int64_t step = resumed.step; step < cfg.schedule.steps; ++step) {
+    std::vector<std::pair<std::string, std::string>> changes;
+    if (control) {
+      const BoundaryActions act = control->at_boundary(step, s.cfg, check_live);
+      for (const auto& [field, value] : act.changes) {
+        if (field == "optimizer.weight_decay") s.optim->config().weight_decay = cfg.optimizer.weight_decay;
+        if (field == "log_level") s.log->set_level(spdlog::level::from_str(cfg.log_level));
+        s.log->info("step {}: {} set to {}", step, field, value);
+      }
+      changes = act.changes;
+      if ((act.checkpoint || act.stop) && saved_step != step) save_checkpoint(step);
+      if (act.stop) {
+        s.log->info("stopped at step {} by request", step);
+        progress.finish();
+        s.checkpointer->wait();
+        result.stopped = true;
+        result.steps = step;
+        return result;
+      }
+    }
+    const int64_t accum = accumulation();
     const auto t0 = Clock::now();
-    const double lr = s.hooks.lr ? s.hooks.lr(step) : scheduled_lr(cfg.schedule, cfg.optimizer.lr, step);
+    const double lr = cfg.optimizer.lr_scale *
+                      (s.hooks.lr ? s.hooks.lr(step) : scheduled_lr(cfg.schedule, cfg.optimizer.lr, step));
     if (s.data_parallel)
       s.data_parallel->zero_grad();
     else
@@ -337,9 +391,11 @@ TrainResult Trainer::run() {
     m.loss = loss_sum / static_cast<double>(accum);
     m.grad_norm = gnorm;
     m.lr = lr;
-    m.tokens_seen = (step + 1) * tokens_per_step;
+    tokens_seen += tokens_per_step();
+    m.tokens_seen = tokens_seen;
     m.step_seconds = dt;
-    m.tokens_per_second = static_cast<double>(tokens_per_step) / dt;
+    m.tokens_per_second = static_cast<double>(tokens_per_step()) / dt;
+    m.changes = std::move(changes);
     // Every rank measured the peak of its own share of the machine.
     const int world = s.dist ? s.dist->world->size() : 1;
     m.mfu = m.tokens_per_second * flops_per_token / (peak * world);
@@ -384,13 +440,7 @@ TrainResult Trainer::run() {
     if ((step + 1) % cfg.log_every == 0 || last || m.val_loss) s.log->info("{}", ProgressLine::format(m));
     if (m.skipped) s.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
     if (s.hooks.on_step) s.hooks.on_step(m);
-    if ((cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) || last) {
-      const auto before = Clock::now();
-      s.checkpointer->save(step + 1, s.optim->steps_taken(), loader.cursor());
-      s.log->info("checkpoint: step {} held training for {:.3f} s ({})", step + 1,
-                  std::chrono::duration<double>(Clock::now() - before).count(),
-                  cfg.checkpoint.async ? "snapshot to host memory; written in the background" : "written");
-    }
+    if ((cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) || last) save_checkpoint(step + 1);
     result.steps = m.step;
     result.final_loss = m.loss;
   }

@@ -61,6 +61,7 @@ struct OptimConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0: no clipping
+  double lr_scale = 1.0;   // multiplies the scheduled rate (live control, anomaly policies)
   bool decay_norms_and_biases = false;
   bool decay_embeddings = false;
 };
@@ -97,6 +98,12 @@ struct ParallelConfig {
   double timeout_s = 120;  // a collective or the rendezvous that takes longer fails
 };
 
+// A run under tided: how its workers are watched and restarted.
+struct SuperviseConfig {
+  int64_t max_restarts = 3;          // restarts from the latest checkpoint after a worker fault
+  double heartbeat_timeout_s = 60;   // a rank silent this long is declared hung
+};
+
 struct EvalConfig {
   int64_t every = 100;  // steps; 0: never
   int64_t batches = 8;
@@ -106,6 +113,7 @@ struct RunConfig {
   std::string name = "run";
   int64_t seed = 1234;
   int64_t log_every = 1;
+  std::string log_level = "info";  // the run log's level (train.log)
   int64_t threads = 0;  // intra-op threads; 0: all cores of this process' share
   ModelConfig model;
   DataConfig data;
@@ -116,6 +124,7 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   ParallelConfig parallel;
   EvalConfig eval;
+  SuperviseConfig supervise;
 };
 
 // The SwiGLU hidden size rule of the LLaMA reference code, or the explicit size.

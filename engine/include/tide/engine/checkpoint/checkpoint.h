@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +75,10 @@ class Checkpointer {
   // Waits for the save in flight, if any.
   void wait();
   std::optional<std::string> last_error() const;
+  // Called once per save when it is committed (error empty) or has failed (`dir` empty),
+  // from the thread that wrote it; rank 0 sees the whole save, other ranks their file.
+  using Listener = std::function<void(int64_t step, const std::string& dir, const std::string& error)>;
+  void on_finished(Listener listener);
 
   // Reads `dir` (written under any layout) into this rank's parameters and moments.
   // Throws with the problems named when verification fails.

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -26,6 +28,8 @@ struct StepMetrics {
   double eta_seconds = 0;
   bool skipped = false;  // non-finite gradients: the update was not applied
   std::optional<double> val_loss;
+  // Live changes applied before this step: field and new value (JSON text).
+  std::vector<std::pair<std::string, std::string>> changes;
 };
 
 nlohmann::json to_json(const StepMetrics& m);

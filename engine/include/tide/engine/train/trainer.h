@@ -6,6 +6,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+#include <spdlog/common.h>
 
 #include "tide/engine/config.h"
 #include "tide/engine/train/metrics.h"
@@ -23,6 +27,19 @@ struct TrainHooks {
   // A checkpoint directory to resume from, "auto" for the newest one of the run
   // directory that verifies (none: start afresh), or empty.
   std::string resume;
+
+  // Live control (a run under tided). Every rank sets `controlled`; on rank 0,
+  // `take_commands` returns the commands that arrived since its last call, as a JSON
+  // array text ("" for none; docs/protocol.md, worker link). Rank 0 broadcasts them at
+  // each step boundary and every rank applies them there.
+  bool controlled = false;
+  std::function<std::string()> take_commands;
+  // Rank 0: what the run did, for the controller ("applied", "rejected", "paused",
+  // "resumed", "stopping", "checkpoint", "checkpoint_failed"); may be called from the
+  // checkpoint writer's thread.
+  std::function<void(const std::string& kind, const nlohmann::json& body)> on_event;
+  // More destinations for the run log (train.log), e.g. the controller's log events.
+  std::vector<spdlog::sink_ptr> log_sinks;
 };
 
 // Refuses, naming the fields, a layout this engine cannot run on `world` ranks (the
@@ -38,6 +55,7 @@ struct TrainResult {
   std::optional<double> final_val_loss;
   double unigram_baseline = 0;  // validation split's unigram entropy (nats)
   std::string weights_path;
+  bool stopped = false;  // a stop command ended it early, after a checkpoint
 };
 
 class Trainer {

@@ -1,0 +1,107 @@
+#include "live_control.h"
+
+#include <chrono>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/parallel/comm.h"
+
+namespace tide {
+using json = nlohmann::json;
+
+namespace {
+// While paused, rank 0 looks for commands this often; the other ranks wait in the
+// broadcast, well inside any collective timeout.
+constexpr auto kPausePoll = std::chrono::milliseconds(100);
+}  // namespace
+
+LiveControl::LiveControl(Comm* world, Take take, Emit emit)
+    : world_(world), leader_(!world || world->rank() == 0), take_(std::move(take)), emit_(std::move(emit)) {}
+
+std::string LiveControl::receive() {
+  std::string text = leader_ && take_ ? take_() : std::string();
+  if (!world_ || world_->size() == 1) return text;
+  auto length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
+  world_->broadcast(length, 0, "control commands");
+  const int64_t n = length.item<int64_t>();
+  if (n == 0) return {};
+  auto bytes = torch::empty({n}, torch::kUInt8);
+  if (leader_) std::memcpy(bytes.data_ptr(), text.data(), static_cast<size_t>(n));
+  world_->broadcast(bytes, 0, "control commands");
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
+}
+
+BoundaryActions LiveControl::at_boundary(int64_t step, RunConfig& cfg, const Check& check) {
+  BoundaryActions out;
+  while (true) {
+    const std::string text = receive();
+    if (!text.empty()) {
+      const json commands = json::parse(text, nullptr, false);
+      if (!commands.is_array()) {
+        spdlog::error("control: ignoring commands that are not a JSON array: {}", text);
+      } else {
+        for (const auto& c : commands) apply(c, step, cfg, check, out);
+      }
+    }
+    if (!paused_ || out.stop) return out;
+    if (leader_) std::this_thread::sleep_for(kPausePoll);
+  }
+}
+
+void LiveControl::apply(const json& command, int64_t step, RunConfig& cfg, const Check& check,
+                        BoundaryActions& out) {
+  const std::string op = command.is_object() ? command.value("op", "") : "";
+  const json id = command.is_object() && command.contains("id") ? command["id"] : json(nullptr);
+  auto emit = [&](const std::string& kind, json body) {
+    if (!leader_ || !emit_) return;
+    body["step"] = step;
+    if (!id.is_null()) body["id"] = id;
+    emit_(kind, body);
+  };
+  if (op == "pause") {
+    if (!paused_) emit("paused", json::object());
+    paused_ = true;
+  } else if (op == "resume") {
+    if (paused_) emit("resumed", json::object());
+    paused_ = false;
+  } else if (op == "stop") {
+    out.stop = true;
+    emit("stopping", json::object());
+  } else if (op == "checkpoint") {
+    out.checkpoint = true;
+  } else if (op == "set") {
+    const json values = command.value("values", json::object());
+    try {
+      if (!values.is_object() || values.empty()) throw ConfigError("", "'set' needs an object of field: value");
+      RunConfig next = cfg;
+      for (const auto& [path, value] : values.items()) {
+        const FieldSpec* f = find_field(path);
+        if (!f) throw ConfigError(path, "no such recipe field");
+        if (!f->live) throw ConfigError(path, "cannot change while the run trains (not a live field)");
+        f->set(next, value);
+      }
+      validate(next);
+      if (check) check(next);
+      cfg = next;
+      json applied = json::object();
+      for (const auto& [path, value] : values.items()) {
+        applied[path] = find_field(path)->get(cfg);
+        out.changes.emplace_back(path, applied[path].dump());
+      }
+      emit("applied", {{"values", applied}});
+    } catch (const std::exception& e) {
+      spdlog::warn("control: set refused at step {}: {}", step, e.what());
+      emit("rejected", {{"error", e.what()}});
+    }
+  } else {
+    spdlog::warn("control: unknown command '{}' ignored", command.dump());
+    emit("rejected", {{"error", fmt::format("unknown command '{}'", command.dump())}});
+  }
+}
+
+}  // namespace tide

@@ -1,0 +1,49 @@
+// The controller: owns the run registry, the queue and the device slots, serves
+// requests on a command socket (ROUTER), publishes events (XPUB), starts each run as a
+// group of worker processes and supervises them (heartbeats, exits, restarts from the
+// latest checkpoint). tided runs it on its main thread; an embedded engine on a thread
+// of the host process. It never touches tensors.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tide::ipc {
+
+struct ControllerOptions {
+  std::string state_dir;                       // registry, run directories, ipc sockets
+  std::vector<std::string> command_endpoints;  // bound; "tcp://127.0.0.1:*" picks a port
+  std::vector<std::string> event_endpoints;
+  std::string worker_executable;  // the tide binary the workers run
+  int cpu_slots = 1;              // runs share these (one slot per worker process)
+  int cores = 0;                  // cores shared by the slots; 0: this machine's
+};
+
+class Controller {
+ public:
+  // Loads the registry (runs that were training when the last controller ended are
+  // queued again, to resume from their checkpoints) and binds the sockets; throws when
+  // an endpoint cannot be bound.
+  explicit Controller(ControllerOptions options);
+  ~Controller();
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  // The endpoints actually bound (wildcard ports resolved).
+  std::vector<std::string> command_endpoints() const;
+  std::vector<std::string> event_endpoints() const;
+
+  // Serves until stop(). On the way out, running runs' workers are ended and the runs
+  // queued again to resume from their latest checkpoints under the next controller.
+  void run();
+  // Thread-safe and async-signal-safe.
+  void stop();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tide::ipc

@@ -1,0 +1,54 @@
+// A worker's connection to its controller (docs/protocol.md, "Worker link"): a DEALER
+// socket owned by one background thread, which sends a heartbeat every second, the
+// messages queued by the training thread, and keeps the commands the controller sent
+// to rank 0 until the trainer takes them at a step boundary.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+namespace tide::ipc {
+
+struct WorkerIdentity {
+  std::string endpoint;  // the controller's worker socket
+  std::string run;
+  int64_t attempt = 0;
+  int rank = 0;
+};
+
+// From TIDE_CONTROLLER, TIDE_RUN_ID, TIDE_ATTEMPT and RANK; nullopt when not under a
+// controller.
+std::optional<WorkerIdentity> worker_identity_from_environment();
+
+class WorkerLink {
+ public:
+  explicit WorkerLink(WorkerIdentity id);
+  // Sends what is queued (up to a second), then closes.
+  ~WorkerLink();
+  WorkerLink(const WorkerLink&) = delete;
+  WorkerLink& operator=(const WorkerLink&) = delete;
+
+  // Thread-safe. type: "metrics", "event", "log", "done"; body: its object.
+  void send(const std::string& type, nlohmann::json body);
+  // The commands received since the last call, as a JSON array text ("" for none).
+  std::string take_commands();
+
+ private:
+  void loop();
+
+  WorkerIdentity id_;
+  std::mutex mu_;
+  std::deque<std::string> outgoing_;
+  nlohmann::json commands_ = nlohmann::json::array();
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace tide::ipc

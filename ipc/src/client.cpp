@@ -1,0 +1,93 @@
+#include "tide/ipc/client.h"
+
+#include <cstdlib>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+namespace tide::ipc {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+Client::Client(const std::string& endpoint, std::chrono::milliseconds timeout) : endpoint_(endpoint), timeout_(timeout) {
+  connect();
+}
+
+void Client::connect() {
+  socket_.emplace(ctx_, zmq::socket_type::dealer);
+  socket_->set(zmq::sockopt::linger, 0);
+  try {
+    socket_->connect(endpoint_);
+  } catch (const zmq::error_t& e) {
+    throw ClientError("transport", fmt::format("cannot connect to {}: {}", endpoint_, e.what()));
+  }
+}
+
+json Client::request(const std::string& type, const json& body) {
+  const int64_t id = ++next_id_;
+  const std::string text = json{{"v", kProtocolVersion}, {"id", id}, {"type", type}, {"body", body}}.dump();
+  if (!socket_->send(zmq::buffer(text), zmq::send_flags::dontwait)) {
+    zmq::pollitem_t out{socket_->handle(), 0, ZMQ_POLLOUT, 0};
+    zmq::poll(&out, 1, timeout_);
+    if (!(out.revents & ZMQ_POLLOUT) || !socket_->send(zmq::buffer(text), zmq::send_flags::dontwait)) {
+      connect();
+      throw ClientError("timeout", fmt::format("no daemon answered at {} within {} ms", endpoint_, timeout_.count()));
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    zmq::pollitem_t in{socket_->handle(), 0, ZMQ_POLLIN, 0};
+    if (left.count() > 0) zmq::poll(&in, 1, left);
+    if (!(in.revents & ZMQ_POLLIN)) {
+      connect();
+      throw ClientError("timeout", fmt::format("no reply from {} within {} ms to '{}'", endpoint_, timeout_.count(), type));
+    }
+    zmq::message_t msg;
+    if (!socket_->recv(msg, zmq::recv_flags::dontwait)) continue;
+    if (msg.size() == 0 && msg.more()) continue;  // a REQ-style delimiter
+    const json reply = json::parse(msg.to_string_view(), nullptr, false);
+    if (!reply.is_object()) throw ClientError("transport", "the daemon sent a reply that is not a JSON object");
+    if (reply.value("id", json()) != json(id)) continue;  // a late reply to an earlier request
+    if (reply.value("ok", false)) return reply.value("body", json::object());
+    const json err = reply.value("error", json::object());
+    throw ClientError(err.value("code", "internal"), err.value("message", std::string("(no message)")));
+  }
+}
+
+Subscriber::Subscriber(const std::string& endpoint, const std::vector<std::string>& prefixes) {
+  socket_.set(zmq::sockopt::linger, 0);
+  for (const auto& p : prefixes) socket_.set(zmq::sockopt::subscribe, p);
+  socket_.connect(endpoint);
+}
+
+std::optional<Event> Subscriber::next(std::chrono::milliseconds timeout) {
+  zmq::pollitem_t in{socket_.handle(), 0, ZMQ_POLLIN, 0};
+  zmq::poll(&in, 1, timeout);
+  if (!(in.revents & ZMQ_POLLIN)) return std::nullopt;
+  zmq::message_t topic, body;
+  if (!socket_.recv(topic, zmq::recv_flags::dontwait)) return std::nullopt;
+  if (!topic.more() || !socket_.recv(body, zmq::recv_flags::dontwait)) return std::nullopt;
+  Event e;
+  e.topic = topic.to_string();
+  e.message = json::parse(body.to_string_view(), nullptr, false);
+  if (!e.message.is_object()) return std::nullopt;
+  return e;
+}
+
+std::string default_state_dir() {
+  if (const char* d = std::getenv("TIDE_STATE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return (fs::path(x) / "tide").string();
+  const char* home = std::getenv("HOME");
+  return (fs::path(home && *home ? home : "/tmp") / ".local/state/tide").string();
+}
+
+std::string default_command_endpoint(const std::string& state_dir) {
+  return "ipc://" + (fs::absolute(state_dir) / "command.sock").string();
+}
+
+std::string default_event_endpoint(const std::string& state_dir) {
+  return "ipc://" + (fs::absolute(state_dir) / "events.sock").string();
+}
+
+}  // namespace tide::ipc

@@ -1,0 +1,200 @@
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "controller_impl.h"
+
+namespace tide::ipc {
+namespace fs = std::filesystem;
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+namespace {
+constexpr auto kTick = std::chrono::milliseconds(50);
+
+std::vector<std::string> bind_all(zmq::socket_t& socket, const std::vector<std::string>& endpoints) {
+  std::vector<std::string> bound;
+  for (const auto& ep : endpoints) {
+    try {
+      socket.bind(ep);
+    } catch (const zmq::error_t& e) {
+      throw std::runtime_error(fmt::format("cannot bind {}: {}", ep, e.what()));
+    }
+    bound.push_back(socket.get(zmq::sockopt::last_endpoint));
+  }
+  return bound;
+}
+}  // namespace
+
+Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
+  if (opt.state_dir.empty()) throw std::invalid_argument("the controller needs a state directory");
+  if (opt.cpu_slots < 1) throw std::invalid_argument(fmt::format("cpu slots must be at least 1, not {}", opt.cpu_slots));
+  if (opt.cores <= 0) opt.cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  fs::create_directories(opt.state_dir);
+  epoch = fmt::format("{}-{}", static_cast<int64_t>(unix_now()), ::getpid());
+  registry = std::make_unique<RunRegistry>(opt.state_dir);
+  // Runs that had workers when the last controller ended: queued again, to resume.
+  for (auto* r : registry->all()) {
+    if (has_workers(r->state)) {
+      spdlog::info("run {} was {} when the controller last ended: queued to resume from its latest checkpoint",
+                   r->id, state_name(r->state));
+      r->state = RunState::queued;
+      r->resume = true;
+      registry->save(*r);
+    }
+  }
+  for (auto* s : {&commands, &workers}) {
+    s->set(zmq::sockopt::maxmsgsize, kTransportLimit);
+    s->set(zmq::sockopt::linger, 0);
+    s->set(zmq::sockopt::router_mandatory, false);
+  }
+  events.set(zmq::sockopt::linger, 0);
+  // Every subscription reaches us (for the snapshot), and a subscriber that does not
+  // read loses messages beyond this many instead of slowing anything down.
+  events.set(zmq::sockopt::xpub_verbose, 1);
+  events.set(zmq::sockopt::sndhwm, 10000);
+  command_eps = bind_all(commands, opt.command_endpoints);
+  event_eps = bind_all(events, opt.event_endpoints);
+  worker_ep = "ipc://" + (fs::absolute(opt.state_dir) / "workers.sock").string();
+  workers.bind(worker_ep);
+  std::ofstream(fs::path(opt.state_dir) / "endpoints.json", std::ios::trunc)
+      << json{{"commands", command_eps}, {"events", event_eps}, {"pid", ::getpid()}}.dump(2) << "\n";
+}
+
+Controller::Controller(ControllerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Controller::~Controller() = default;
+
+std::vector<std::string> Controller::command_endpoints() const { return impl_->command_eps; }
+std::vector<std::string> Controller::event_endpoints() const { return impl_->event_eps; }
+void Controller::stop() { impl_->stopping = true; }
+
+void Controller::run() {
+  auto& m = *impl_;
+  spdlog::info("controller serving commands on {} and events on {}; {} cpu slots", fmt::join(m.command_eps, ", "),
+               fmt::join(m.event_eps, ", "), m.opt.cpu_slots);
+  while (!m.stopping) {
+    zmq::pollitem_t items[] = {{m.commands.handle(), 0, ZMQ_POLLIN, 0},
+                               {m.events.handle(), 0, ZMQ_POLLIN, 0},
+                               {m.workers.handle(), 0, ZMQ_POLLIN, 0}};
+    try {
+      zmq::poll(items, 3, kTick);
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EINTR) continue;
+      throw;
+    }
+    // Nothing a client or a worker sends may take the controller down: every handler
+    // turns its failures into replies or log lines.
+    try {
+      if (items[2].revents & ZMQ_POLLIN) m.serve_workers();
+      if (items[0].revents & ZMQ_POLLIN) m.serve_commands();
+      if (items[1].revents & ZMQ_POLLIN) m.serve_subscriptions();
+      m.supervise();
+      m.schedule();
+    } catch (const std::exception& e) {
+      spdlog::error("controller: {}", e.what());
+    }
+  }
+  m.shutdown();
+}
+
+void Controller::Impl::serve_commands() {
+  while (true) {
+    std::vector<zmq::message_t> parts;
+    while (true) {
+      zmq::message_t part;
+      if (!commands.recv(part, zmq::recv_flags::dontwait)) break;
+      const bool more = part.more();
+      parts.push_back(std::move(part));
+      if (!more) break;
+    }
+    if (parts.empty()) return;
+    // [identity][body] from a DEALER, [identity][empty][body] from a REQ.
+    const bool delimited = parts.size() == 3 && parts[1].size() == 0;
+    json id = nullptr;
+    std::string reply;
+    if (parts.size() != 2 && !delimited) {
+      spdlog::warn("command socket: dropped a message of {} frames (want one body frame)", parts.size() - 1);
+      reply = reply_error(id, ErrorCode::bad_request,
+                          fmt::format("a request is one frame; this message had {}", parts.size() - 1));
+    } else {
+      const auto& frame = parts.back();
+      try {
+        const Request req = parse_request(frame.to_string_view(), id);
+        reply = reply_ok(id, handle(req));
+      } catch (const ProtocolError& e) {
+        spdlog::warn("request refused ({}): {}", error_name(e.code()), e.what());
+        reply = reply_error(id, e.code(), e.what());
+      } catch (const std::exception& e) {
+        spdlog::error("request failed: {}", e.what());
+        reply = reply_error(id, ErrorCode::internal, e.what());
+      }
+    }
+    (void)commands.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    if (delimited) (void)commands.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    (void)commands.send(zmq::buffer(reply), zmq::send_flags::dontwait);
+  }
+}
+
+void Controller::Impl::serve_subscriptions() {
+  zmq::message_t msg;
+  while (events.recv(msg, zmq::recv_flags::dontwait)) {
+    const auto data = msg.to_string_view();
+    if (!data.empty() && data[0] == 1) snapshot(std::string(data.substr(1)));
+  }
+}
+
+void Controller::Impl::publish(const std::string& run, const std::string& kind, json body, bool is_snapshot) {
+  const int64_t n = is_snapshot ? seq[run] : ++seq[run];
+  json event = {{"v", kProtocolVersion}, {"run", run},   {"seq", n},        {"kind", kind},
+                {"time", unix_now()},    {"epoch", epoch}, {"body", std::move(body)}};
+  if (is_snapshot) event["snapshot"] = true;
+  const std::string topic = run_topic(run, kind);
+  const std::string text = event.dump(-1, ' ', false, json::error_handler_t::replace);
+  (void)events.send(zmq::buffer(topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  (void)events.send(zmq::buffer(text), zmq::send_flags::dontwait);
+}
+
+void Controller::Impl::set_state(RunRecord& r, RunState s, json extra) {
+  const RunState before = r.state;
+  r.state = s;
+  if (is_finished(s)) r.finished = unix_now();
+  registry->save(r);
+  extra["state"] = state_name(s);
+  extra["previous"] = state_name(before);
+  extra["attempt"] = r.attempt;
+  extra["restarts"] = r.restarts;
+  spdlog::info("run {}: {} -> {}{}", r.id, state_name(before), state_name(s),
+               r.error.empty() || !is_finished(s) ? "" : " (" + r.error + ")");
+  if (is_finished(s) && !r.error.empty()) extra["error"] = r.error;
+  publish(r.id, "state", std::move(extra));
+  if (is_finished(s)) configs.erase(r.id);
+}
+
+void Controller::Impl::snapshot(const std::string& prefix) {
+  // What a late subscriber missed: each unfinished run's state and latest metrics, and
+  // the state of the last finished ones.
+  auto runs = registry->all();
+  int finished_shown = 0;
+  for (auto it = runs.rbegin(); it != runs.rend(); ++it) {
+    RunRecord& r = **it;
+    if (is_finished(r.state) && ++finished_shown > 20) continue;
+    const std::string state_topic = run_topic(r.id, "state");
+    if (state_topic.compare(0, prefix.size(), prefix) == 0)
+      publish(r.id, "state",
+              {{"state", state_name(r.state)}, {"attempt", r.attempt}, {"restarts", r.restarts},
+               {"last_step", r.last_step}},
+              true);
+    const auto metrics = last_metrics.find(r.id);
+    if (metrics != last_metrics.end() && run_topic(r.id, "metrics").compare(0, prefix.size(), prefix) == 0)
+      publish(r.id, "metrics", metrics->second, true);
+  }
+}
+
+}  // namespace tide::ipc

@@ -1,0 +1,89 @@
+// The controller's state, shared by controller.cpp (sockets, loop, events),
+// requests.cpp (client requests) and supervisor.cpp (worker groups).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "tide/engine/config.h"
+#include "tide/ipc/controller.h"
+#include "tide/ipc/protocol.h"
+#include "tide/ipc/run_registry.h"
+#include "tide/ipc/worker_group.h"
+
+namespace tide::ipc {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+// What the controller holds for a run while it has workers.
+struct ActiveRun {
+  std::unique_ptr<WorkerGroup> group;
+  std::string rank0;  // routing id of rank 0's link, once it said hello
+  std::map<int, Clock::time_point> last_seen;
+  Clock::time_point started;
+  json pending = json::array();  // commands for rank 0 not yet delivered
+  bool stop_requested = false, cancel_requested = false;
+  bool ending = false;  // the group is being ended
+  std::string fault;    // why it is being ended after a failure
+  std::optional<json> done;  // rank 0's result
+  std::string worker_error;  // the first error a worker reported
+};
+
+struct Controller::Impl {
+  ControllerOptions opt;
+  zmq::context_t ctx{1};
+  zmq::socket_t commands{ctx, zmq::socket_type::router};
+  zmq::socket_t events{ctx, zmq::socket_type::xpub};
+  zmq::socket_t workers{ctx, zmq::socket_type::router};
+  std::vector<std::string> command_eps, event_eps;
+  std::string worker_ep;
+  std::atomic<bool> stopping{false};
+  std::string epoch;  // this controller instance, in every event
+  std::unique_ptr<RunRegistry> registry;
+  std::map<std::string, ActiveRun> active;
+  std::map<std::string, RunConfig> configs;  // resolved recipes of unfinished runs
+  std::map<std::string, int64_t> seq;        // per-run event sequence numbers
+  std::map<std::string, json> last_metrics;
+
+  explicit Impl(ControllerOptions o);
+
+  // controller.cpp
+  void serve_commands();
+  void serve_subscriptions();
+  void publish(const std::string& run, const std::string& kind, json body, bool snapshot = false);
+  void set_state(RunRecord& r, RunState s, json extra = json::object());
+  void snapshot(const std::string& prefix);
+
+  // requests.cpp
+  json handle(const Request& req);
+  json submit(const json& body);
+  json control(const std::string& op, const json& body, const json& request_id);
+  json set(const json& body, const json& request_id);
+  json status_of(const RunRecord& r);
+  json info();
+  RunRecord& find_run(const json& body);
+  const RunConfig& config_of(const RunRecord& r);
+
+  // supervisor.cpp
+  void serve_workers();
+  void supervise();
+  void schedule();
+  void launch(RunRecord& r);
+  void deliver(const std::string& run);
+  void finish_group(RunRecord& r, ActiveRun& a);
+  void shutdown();
+  int slots_in_use() const;
+};
+
+double unix_now();
+
+}  // namespace tide::ipc

@@ -1,0 +1,256 @@
+#include <signal.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "controller_impl.h"
+
+namespace tide::ipc {
+namespace fs = std::filesystem;
+
+namespace {
+// A worker asked to end (SIGTERM) gets this long before SIGKILL.
+constexpr auto kGrace = std::chrono::seconds(5);
+
+struct Route {
+  std::string run;
+  int64_t attempt = 0;
+  int rank = 0;
+};
+
+std::optional<Route> parse_route(std::string_view id) {
+  const auto a = id.find(':');
+  const auto b = id.rfind(':');
+  if (a == std::string_view::npos || a == b) return std::nullopt;
+  try {
+    return Route{std::string(id.substr(0, a)), std::stoll(std::string(id.substr(a + 1, b - a - 1))),
+                 std::stoi(std::string(id.substr(b + 1)))};
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+}  // namespace
+
+int Controller::Impl::slots_in_use() const {
+  int used = 0;
+  for (const auto& [id, a] : active)
+    if (a.group) used += static_cast<int>(registry->find(id) ? registry->find(id)->workers : 0);
+  return used;
+}
+
+void Controller::Impl::schedule() {
+  // Highest priority first, FIFO within one; the head of the queue waits for enough free
+  // slots rather than being overtaken by smaller runs.
+  RunRecord* next = nullptr;
+  for (auto* r : registry->all())
+    if (r->state == RunState::queued && (!next || r->priority > next->priority)) next = r;
+  if (!next || next->workers > opt.cpu_slots - slots_in_use()) return;
+  launch(*next);
+}
+
+void Controller::Impl::launch(RunRecord& r) {
+  const RunConfig& cfg = config_of(r);
+  const fs::path dir = registry->run_dir(r.id);
+  WorkerSpec spec;
+  spec.executable = opt.worker_executable;
+  spec.args = {"train", (dir / "recipe.lua").string(), "--run-dir", dir.string(), "--quiet"};
+  for (const auto& o : r.overrides) spec.args.insert(spec.args.end(), {"--set", o});
+  for (const auto& [path, value] : r.live.items()) spec.args.insert(spec.args.end(), {"--set", path + "=" + value.dump()});
+  // The slots share the machine's cores.
+  if (cfg.threads == 0)
+    spec.args.insert(spec.args.end(), {"--set", fmt::format("threads={}", std::max(1, opt.cores / opt.cpu_slots))});
+  if (r.resume) spec.args.insert(spec.args.end(), {"--resume", "auto"});
+  spec.nproc = r.workers;
+  spec.working_dir = r.workdir;
+  spec.log_dir = dir.string();
+  spec.die_with_parent = true;
+  r.attempt += 1;
+  spec.env = {{"TIDE_CONTROLLER", worker_ep}, {"TIDE_RUN_ID", r.id}, {"TIDE_ATTEMPT", std::to_string(r.attempt)}};
+  ActiveRun& a = active[r.id];
+  a = ActiveRun{};
+  try {
+    a.group = std::make_unique<WorkerGroup>(spec);
+  } catch (const std::exception& e) {
+    active.erase(r.id);
+    r.error = fmt::format("cannot start the workers: {}", e.what());
+    set_state(r, RunState::failed);
+    return;
+  }
+  a.started = Clock::now();
+  for (int rank = 0; rank < r.workers; ++rank) a.last_seen[rank] = a.started;
+  if (r.started == 0) r.started = unix_now();
+  r.error.clear();
+  set_state(r, RunState::starting, {{"resume", r.resume}});
+  r.resume = true;  // any later start of this run continues from its checkpoints
+  registry->save(r);
+}
+
+void Controller::Impl::deliver(const std::string& run) {
+  auto it = active.find(run);
+  if (it == active.end() || it->second.rank0.empty() || it->second.pending.empty()) return;
+  const std::string text = json{{"type", "commands"}, {"commands", it->second.pending}}.dump();
+  (void)workers.send(zmq::buffer(it->second.rank0), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  (void)workers.send(zmq::buffer(text), zmq::send_flags::dontwait);
+  it->second.pending = json::array();
+}
+
+void Controller::Impl::serve_workers() {
+  while (true) {
+    zmq::message_t identity, body;
+    if (!workers.recv(identity, zmq::recv_flags::dontwait)) return;
+    if (!identity.more() || !workers.recv(body, zmq::recv_flags::dontwait)) continue;
+    if (body.more()) {  // the link sends one frame: drop anything longer
+      zmq::message_t extra;
+      while (workers.recv(extra, zmq::recv_flags::dontwait) && extra.more()) {
+      }
+      spdlog::warn("worker socket: dropped a message of several frames from '{}'", identity.to_string());
+      continue;
+    }
+    const auto route = parse_route(identity.to_string_view());
+    const json msg = json::parse(body.to_string_view(), nullptr, false);
+    if (!route || !msg.is_object() || !msg.contains("type")) {
+      spdlog::warn("worker socket: dropped a malformed message from '{}'", identity.to_string());
+      continue;
+    }
+    RunRecord* r = registry->find(route->run);
+    auto a = active.find(route->run);
+    // A message of an earlier attempt (a group being replaced) changes nothing.
+    if (!r || a == active.end() || !a->second.group || route->attempt != r->attempt) continue;
+    ActiveRun& run = a->second;
+    run.last_seen[route->rank] = Clock::now();
+    const std::string type = msg.value("type", "");
+    const json b = msg.value("body", json::object());
+    if (type == "hello") {
+      if (route->rank == 0) {
+        run.rank0 = identity.to_string();
+        deliver(r->id);
+      }
+    } else if (type == "metrics") {
+      if (r->state == RunState::starting) set_state(*r, RunState::running);
+      r->last_step = b.value("step", r->last_step);
+      last_metrics[r->id] = b;
+      publish(r->id, "metrics", b);
+    } else if (type == "event") {
+      const std::string kind = b.value("kind", "");
+      const json detail = b.value("body", json::object());
+      if (kind == "paused") {
+        set_state(*r, RunState::paused, {{"step", detail.value("step", int64_t{0})}});
+      } else if (kind == "resumed") {
+        set_state(*r, RunState::running, {{"step", detail.value("step", int64_t{0})}});
+      } else if (kind == "stopping") {
+        set_state(*r, RunState::stopping, {{"step", detail.value("step", int64_t{0})}});
+      } else if (kind == "checkpoint" || kind == "checkpoint_failed") {
+        json e = detail;
+        e["ok"] = kind == "checkpoint";
+        publish(r->id, "checkpoint", e);
+      } else if (kind == "applied" || kind == "rejected") {
+        json e = detail;
+        e["result"] = kind;
+        publish(r->id, "control", e);
+      } else if (kind == "anomaly") {
+        publish(r->id, "anomaly", detail);
+      } else {
+        spdlog::warn("run {}: unknown worker event '{}'", r->id, kind);
+      }
+    } else if (type == "log") {
+      publish(r->id, "log", b);
+    } else if (type == "done") {
+      run.done = b;
+    } else if (type == "error") {
+      if (run.worker_error.empty())
+        run.worker_error = fmt::format("rank {}: {}", route->rank, b.value("message", std::string("?")));
+    } else if (type != "heartbeat") {
+      spdlog::warn("run {}: unknown worker message '{}'", r->id, type);
+    }
+  }
+}
+
+void Controller::Impl::supervise() {
+  const auto now = Clock::now();
+  std::vector<std::string> ended;
+  for (auto& [id, a] : active) {
+    if (!a.group) continue;
+    RunRecord* r = registry->find(id);
+    for (const auto& exit : a.group->reap()) {
+      if (exit.ok() || a.ending) continue;
+      a.fault = fmt::format("rank {} (pid {}) {}", exit.rank, exit.pid, exit.describe());
+      if (!a.worker_error.empty()) a.fault += ": " + a.worker_error;
+    }
+    if (a.fault.empty() && !a.ending) {
+      for (const auto& [pid, rank] : a.group->live()) {
+        const double silent = std::chrono::duration<double>(now - a.last_seen[rank]).count();
+        if (silent > r->heartbeat_timeout_s) {
+          a.fault = fmt::format("rank {} (pid {}) sent no heartbeat for {:.0f} s", rank, pid, silent);
+          break;
+        }
+      }
+    }
+    if (!a.fault.empty() && !a.ending) {
+      spdlog::error("run {}: {}; ending its {} workers", id, a.fault, a.group->live_count());
+      a.ending = true;
+      a.group->terminate(kGrace);
+    }
+    a.group->enforce_deadline();
+    if (a.group->all_ended()) ended.push_back(id);
+  }
+  for (const auto& id : ended) {
+    RunRecord* r = registry->find(id);
+    ActiveRun a = std::move(active[id]);
+    active.erase(id);
+    a.group.reset();
+    finish_group(*r, a);
+  }
+}
+
+void Controller::Impl::finish_group(RunRecord& r, ActiveRun& a) {
+  if (a.cancel_requested) {
+    set_state(r, RunState::cancelled);
+    return;
+  }
+  if (!a.fault.empty()) {
+    if (r.restarts < r.max_restarts) {
+      r.restarts += 1;
+      r.error = a.fault;
+      set_state(r, RunState::restarting, {{"reason", a.fault}});
+      r.error.clear();
+      launch(r);  // the same slots, from the latest checkpoint
+      return;
+    }
+    r.error = fmt::format("{} (after {} restarts)", a.fault, r.restarts);
+    set_state(r, RunState::failed);
+    return;
+  }
+  if (a.done && a.done->is_object()) {
+    if (a.done->contains("final_loss") && (*a.done)["final_loss"].is_number())
+      r.final_loss = (*a.done)["final_loss"].get<double>();
+    r.last_step = a.done->value("steps", r.last_step);
+  }
+  const bool stopped = a.stop_requested || (a.done && a.done->value("stopped", false));
+  set_state(r, stopped ? RunState::stopped : RunState::completed,
+            {{"last_step", r.last_step}, {"final_loss", r.final_loss ? json(*r.final_loss) : json(nullptr)}});
+}
+
+void Controller::Impl::shutdown() {
+  // The runs' workers end with the controller; the next controller resumes the runs
+  // from their latest checkpoints.
+  for (auto& [id, a] : active)
+    if (a.group) a.group->terminate(kGrace);
+  for (auto& [id, a] : active) {
+    if (a.group) a.group->end(kGrace);
+    if (RunRecord* r = registry->find(id); r && has_workers(r->state)) {
+      r->state = RunState::queued;
+      r->resume = true;
+      registry->save(*r);
+      publish(id, "state", {{"state", "queued"}, {"reason", "the controller is shutting down"}});
+    }
+  }
+  active.clear();
+  spdlog::info("controller stopped");
+}
+
+}  // namespace tide::ipc

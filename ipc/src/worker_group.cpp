@@ -1,0 +1,152 @@
+#include "tide/ipc/worker_group.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace tide::ipc {
+
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error(std::string("cannot find a free port for the rendezvous: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool WorkerExit::ok() const { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+std::string WorkerExit::describe() const {
+  if (WIFSIGNALED(status))
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return fmt::format("exited with status {}", WEXITSTATUS(status));
+}
+
+WorkerGroup::WorkerGroup(const WorkerSpec& spec) {
+  const std::string addr = spec.master_addr.empty() ? "127.0.0.1" : spec.master_addr;
+  const int port = spec.master_port > 0 ? spec.master_port : free_loopback_port();
+  master_ = fmt::format("{}:{}", addr, port);
+  const int world = spec.nproc * spec.nnodes;
+  const pid_t parent = ::getpid();
+  for (int local = 0; local < spec.nproc; ++local) {
+    const int rank = spec.node_rank * spec.nproc + local;
+    std::string log_path;
+    if (!spec.log_dir.empty()) log_path = fmt::format("{}/worker-rank{}.log", spec.log_dir, rank);
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const std::string why = std::strerror(errno);
+      end(std::chrono::milliseconds(0));
+      throw std::runtime_error("fork failed: " + why);
+    }
+    if (pid == 0) {
+      // The child: only async-signal-safe work until exec, apart from setenv.
+      if (spec.die_with_parent) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) ::_exit(1);  // the parent died before prctl
+      }
+      if (!log_path.empty()) {
+        const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+          ::dup2(fd, 1);
+          ::dup2(fd, 2);
+          ::close(fd);
+        }
+        const int null = ::open("/dev/null", O_RDONLY);
+        if (null >= 0) {
+          ::dup2(null, 0);
+          ::close(null);
+        }
+      }
+      if (!spec.working_dir.empty() && ::chdir(spec.working_dir.c_str()) != 0) {
+        std::fprintf(stderr, "rank %d: cannot enter %s: %s\n", rank, spec.working_dir.c_str(), std::strerror(errno));
+        ::_exit(127);
+      }
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(spec.nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", addr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      for (const auto& [k, v] : spec.env) ::setenv(k.c_str(), v.c_str(), 1);
+      std::vector<std::string> args{spec.executable};
+      args.insert(args.end(), spec.args.begin(), spec.args.end());
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(spec.executable.c_str(), argv.data());
+      std::fprintf(stderr, "rank %d: cannot start the worker %s: %s\n", rank, spec.executable.c_str(),
+                   std::strerror(errno));
+      ::_exit(127);
+    }
+    live_[pid] = rank;
+  }
+}
+
+WorkerGroup::~WorkerGroup() {
+  for (const auto& [pid, rank] : live_) ::kill(pid, SIGKILL);
+  for (const auto& [pid, rank] : live_) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+std::vector<WorkerExit> WorkerGroup::reap() {
+  std::vector<WorkerExit> out;
+  for (auto it = live_.begin(); it != live_.end();) {
+    int status = 0;
+    const pid_t done = ::waitpid(it->first, &status, WNOHANG);
+    if (done == it->first || (done < 0 && errno == ECHILD)) {
+      out.push_back({it->second, it->first, done == it->first ? status : 0});
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+void WorkerGroup::terminate(std::chrono::milliseconds grace) {
+  for (const auto& [pid, rank] : live_) ::kill(pid, SIGTERM);
+  kill_at_ = std::chrono::steady_clock::now() + grace;
+}
+
+void WorkerGroup::enforce_deadline() {
+  if (std::chrono::steady_clock::now() < kill_at_) return;
+  for (const auto& [pid, rank] : live_) ::kill(pid, SIGKILL);
+}
+
+std::vector<WorkerExit> WorkerGroup::end(std::chrono::milliseconds grace) {
+  terminate(grace);
+  std::vector<WorkerExit> out;
+  while (!live_.empty()) {
+    auto done = reap();
+    out.insert(out.end(), done.begin(), done.end());
+    if (live_.empty()) break;
+    enforce_deadline();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return out;
+}
+
+}  // namespace tide::ipc

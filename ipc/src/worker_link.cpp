@@ -1,0 +1,94 @@
+#include "tide/ipc/worker_link.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <zmq.hpp>
+
+namespace tide::ipc {
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+std::optional<WorkerIdentity> worker_identity_from_environment() {
+  const char* endpoint = std::getenv("TIDE_CONTROLLER");
+  const char* run = std::getenv("TIDE_RUN_ID");
+  if (!endpoint || !run || !*endpoint) return std::nullopt;
+  WorkerIdentity id;
+  id.endpoint = endpoint;
+  id.run = run;
+  if (const char* a = std::getenv("TIDE_ATTEMPT")) id.attempt = std::atoll(a);
+  if (const char* r = std::getenv("RANK")) id.rank = std::atoi(r);
+  return id;
+}
+
+WorkerLink::WorkerLink(WorkerIdentity id) : id_(std::move(id)) {
+  send("hello", {{"pid", ::getpid()}});
+  thread_ = std::thread([this] { loop(); });
+}
+
+WorkerLink::~WorkerLink() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void WorkerLink::send(const std::string& type, json body) {
+  json message = {{"type", type}, {"run", id_.run}, {"attempt", id_.attempt}, {"rank", id_.rank}, {"body", std::move(body)}};
+  std::lock_guard<std::mutex> lock(mu_);
+  outgoing_.push_back(message.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
+std::string WorkerLink::take_commands() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (commands_.empty()) return {};
+  std::string text = commands_.dump();
+  commands_ = json::array();
+  return text;
+}
+
+void WorkerLink::loop() {
+  try {
+    zmq::context_t ctx(1);
+    zmq::socket_t socket(ctx, zmq::socket_type::dealer);
+    socket.set(zmq::sockopt::routing_id, fmt::format("{}:{}:{}", id_.run, id_.attempt, id_.rank));
+    socket.set(zmq::sockopt::linger, 1000);
+    socket.set(zmq::sockopt::sndhwm, 10000);
+    socket.connect(id_.endpoint);
+    auto next_heartbeat = Clock::now();
+    while (true) {
+      const bool stopping = stop_.load();
+      if (Clock::now() >= next_heartbeat && !stopping) {
+        send("heartbeat", json::object());
+        next_heartbeat = Clock::now() + std::chrono::seconds(1);
+      }
+      std::deque<std::string> batch;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        batch.swap(outgoing_);
+      }
+      for (auto& text : batch) (void)socket.send(zmq::buffer(text), zmq::send_flags::dontwait);
+      if (stopping) break;  // linger delivers what was just sent
+      zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(50));
+      if (item.revents & ZMQ_POLLIN) {
+        zmq::message_t msg;
+        while (socket.recv(msg, zmq::recv_flags::dontwait)) {
+          const json j = json::parse(msg.to_string_view(), nullptr, false);
+          if (j.is_object() && j.value("type", "") == "commands" && j.contains("commands") && j["commands"].is_array()) {
+            std::lock_guard<std::mutex> lock(mu_);
+            for (const auto& c : j["commands"]) commands_.push_back(c);
+          } else {
+            spdlog::warn("worker link: ignoring a message from the controller: {}", msg.to_string());
+          }
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("worker link to {}: {}", id_.endpoint, e.what());
+  }
+}
+
+}  // namespace tide::ipc

@@ -1,0 +1,250 @@
+"""End-to-end tests of tided with real worker processes, spoken to only through libzmq
+and JSON as docs/protocol.md describes (see tided_client.py).
+
+Usage: daemon_test.py TIDED TIDE {control|bad_input|faults}
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import zmq
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tided_client import Conn, Events, Tided, is_state, losses, wait_status  # noqa: E402
+
+TIDED, TIDE, PART = sys.argv[1], sys.argv[2], sys.argv[3]
+WORK = tempfile.mkdtemp(prefix="tided-test-")
+
+
+def recipe(name, steps, every=0, extra=""):
+    return f"""return tide.recipe {{
+  name = "{name}", seed = 7, threads = 1,
+  model = tide.models.llama {{ vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2,
+                               multiple_of = 32, max_seq_len = 64 }},
+  data = {{ path = "ds", seq_len = 64, prefetch = 2 }},
+  batch = {{ micro_batch = 2, global_batch = 8 }},
+  optimizer = {{ lr = 1e-3 }},
+  schedule = {{ steps = {steps}, warmup_steps = 2, decay = "constant" }},
+  checkpoint = {{ every = {every}, keep_last = 100 }},
+  eval = {{ every = 0 }},
+  log_every = 1000,
+  {extra}
+}}
+"""
+
+
+def submit(conn, text, **body):
+    body = {"recipe": text, "workdir": WORK, **body}
+    return conn.request("submit", body)["run"]["id"]
+
+
+def part_control():
+    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2).start()
+    conn = Conn(d.tcp("commands"))
+    early = Events(d.tcp("events"), "run.")
+    time.sleep(0.3)  # the subscription reaches the daemon before the first event
+    info = conn.request("info")
+    assert info["protocol"] == 1 and info["slots"]["total"] == 2, info
+
+    run = submit(conn, recipe("ctl", 100000, 0), overrides=["parallel.dp=2"], workers=2)
+    print(f"submitted {run}")
+    wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 20, what="step 20")
+
+    # A live learning-rate change: applied at one step boundary by both ranks.
+    reply = conn.request("set", {"run": run, "values": {"optimizer.lr": 5e-4}})
+    assert reply["accepted"] == {"optimizer.lr": 5e-4}, reply
+    applied = early.wait_for(lambda e: e["run"] == run and e["kind"] == "control", what="control event")
+    assert applied["body"]["result"] == "applied", applied
+    k = applied["body"]["step"]
+    print(f"lr change applied at the boundary before step {k + 1}")
+
+    # Pause: the step count stands still; resume: it moves again.
+    conn.request("pause", {"run": run})
+    paused = early.wait_for(is_state(run, "paused"), what="paused state")
+    p = paused["body"]["step"]
+    time.sleep(1.5)
+    r = conn.request("status", {"run": run})["run"]
+    assert r["state"] == "paused" and r["last_step"] == p, (r["state"], r["last_step"], p)
+    conn.request("resume", {"run": run})
+    early.wait_for(is_state(run, "running"), what="running after resume")
+    wait_status(conn, run, lambda r: r["last_step"] > p + 5, what="progress after resume")
+    print(f"paused at step {p} for 1.5 s, resumed")
+
+    # Checkpoint now: a committed directory on disk, announced as an event.
+    conn.request("checkpoint", {"run": run})
+    ck = early.wait_for(lambda e: e["run"] == run and e["kind"] == "checkpoint", what="checkpoint event")
+    assert ck["body"]["ok"], ck
+    assert os.path.exists(os.path.join(ck["body"]["path"], "COMMITTED")), ck
+    print(f"checkpoint at step {ck['body']['step']}: {ck['body']['path']}")
+
+    # A late subscriber first gets a snapshot of the run.
+    late = Events(d.tcp("events"), f"run.{run}.")
+    snap = late.wait_for(lambda e: e.get("snapshot") and e["kind"] == "state", timeout=5, what="snapshot")
+    assert snap["body"]["state"] == "running", snap
+
+    conn.request("stop", {"run": run})
+    for sub in (early, late):
+        sub.wait_for(is_state(run, "stopped"), what="stopped state")
+    assert early.states(run) == ["queued", "starting", "running", "paused", "running", "stopping", "stopped"], \
+        early.states(run)
+    assert [s for s in late.states(run)][-2:] == ["stopping", "stopped"], late.states(run)
+    seqs = [e["seq"] for e in early.seen if e["run"] == run and not e.get("snapshot")]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), "per-run sequence numbers increase"
+    metric_steps = [e["body"]["step"] for e in early.seen if e["run"] == run and e["kind"] == "metrics"]
+    assert len(metric_steps) > 20 and metric_steps == sorted(metric_steps), metric_steps[:10]
+
+    # The change as every rank and the metrics recorded it.
+    run_dir = conn.request("status", {"run": run})["run"]["run_dir"]
+    rows = conn.request("metrics", {"run": run, "limit": 100000})["metrics"]
+    by_step = {row["step"]: row for row in rows}
+    assert by_step[k]["lr"] == 1e-3, by_step[k]["lr"]
+    assert by_step[k + 1]["lr"] == 5e-4 and by_step[k + 1]["changes"] == {"optimizer.lr": 5e-4}, by_step[k + 1]
+    for log in ("train.log", "train-rank1.log"):
+        text = open(os.path.join(run_dir, log)).read()
+        assert f"step {k}: optimizer.lr set to 0.0005" in text, f"{log} does not record the change at step {k}"
+    stopped_at = max(by_step)
+    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    assert f"step-{stopped_at:08d}" in ckpts, (stopped_at, ckpts)
+    lines = conn.request("logs", {"run": run, "lines": 5})["lines"]
+    assert any("stopped at step" in line for line in lines), lines
+    print(f"stopped at step {stopped_at} with a checkpoint; {len(metric_steps)} metrics events; states {early.states(run)}")
+
+    # A stopped run resumes from its checkpoint when asked.
+    conn.request("resume", {"run": run})
+    wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] > stopped_at, what="resumed run")
+    conn.request("cancel", {"run": run})
+    wait_status(conn, run, lambda r: r["state"] == "cancelled", what="cancelled")
+    d.stop()
+
+
+def part_bad_input():
+    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2).start()
+    conn = Conn(d.tcp("commands"))
+    # A run that keeps training while everything below is thrown at the daemon.
+    run = submit(conn, recipe("steady", 600))
+    wait_status(conn, run, lambda r: r["state"] == "running", what="running")
+
+    def expect(frames, code, contains=""):
+        reply = conn.raw(frames)
+        assert reply is not None and not reply["ok"], reply
+        assert reply["error"]["code"] == code, (frames[0][:60], reply)
+        assert contains in reply["error"]["message"], reply
+        print(f"  {code}: {reply['error']['message'][:110]}")
+
+    expect([b"{not json"], "bad_request", "not valid JSON")
+    expect([b"[1, 2]"], "bad_request", "not a JSON object")
+    expect([b""], "bad_request")
+    expect([b'{"v": 1, "id": 1, "type": "status", "bo'], "bad_request", "not valid JSON")  # truncated
+    expect([b'{"v": 1, "type": "info"}', b"second frame"], "bad_request", "one frame")
+    expect([json.dumps({"v": 99, "id": 2, "type": "info"}).encode()], "unsupported_version")
+    expect([json.dumps({"v": 1, "id": 3, "type": "launch_missiles"}).encode()], "unknown_type", "launch_missiles")
+    expect([json.dumps({"v": 1, "id": 4, "type": "status", "body": []}).encode()], "bad_request", "body")
+    expect([json.dumps({"v": 1, "id": 5, "type": "status", "body": {"run": 7}}).encode()], "bad_request", "'run'")
+    big = json.dumps({"v": 1, "id": 6, "type": "submit", "body": {"recipe": "x" * (5 << 20)}}).encode()
+    expect([big], "too_large", "exceeds")
+    # Beyond the transport limit the connection is dropped without a reply.
+    huge = Conn(d.tcp("commands"))
+    assert huge.raw([b"x" * (20 << 20)], timeout=3) is None
+    huge.close()
+
+    err = conn.request("status", {"run": "nope"}, ok=False)
+    assert err["code"] == "not_found" and "nope" in err["message"], err
+    err = conn.request("submit", {"recipe": "return tide.recipe {\n  name = 'x',\n  model = = 3 }"}, ok=False)
+    assert err["code"] == "invalid_recipe" and ":3:" in err["message"], err
+    print(f"  syntax error: {err['message'][:110]}")
+    t0 = time.time()
+    err = conn.request("submit", {"recipe": "while true do end"}, ok=False, timeout=30)
+    assert err["code"] == "invalid_recipe" and time.time() - t0 < 15, err
+    print(f"  infinite loop refused in {time.time() - t0:.1f} s: {err['message'][:90]}")
+    err = conn.request("submit", {"recipe": recipe("w", 5), "workers": 3}, ok=False)
+    assert err["code"] == "unavailable", err
+    err = conn.request("set", {"run": run, "values": {"model.dim": 128}}, ok=False)
+    assert err["code"] == "invalid_value" and "model.dim" in err["message"], err
+    err = conn.request("set", {"run": run, "values": {"optimizer.lr": 100}}, ok=False)
+    assert err["code"] == "invalid_value" and "optimizer.lr" in err["message"], err
+    err = conn.request("set", {"run": run, "values": {"no.such": 1}}, ok=False)
+    assert err["code"] == "invalid_value", err
+    err = conn.request("resume", {"run": run}, ok=False)
+    assert err["code"] == "invalid_state", err
+    # Garbage on the worker socket changes nothing.
+    ctx = zmq.Context.instance()
+    w = ctx.socket(zmq.DEALER)
+    w.setsockopt(zmq.LINGER, 0)
+    w.setsockopt(zmq.ROUTING_ID, f"{run}:1:0".encode())
+    w.connect("ipc://" + os.path.join(d.state, "workers.sock"))
+    for frames in ([b"junk"], [b"{}"], [json.dumps({"type": "event", "body": {"kind": "paused"}}).encode()[:20]],
+                   [b"a", b"b", b"c"]):
+        w.send_multipart(frames)
+    w.close()
+
+    r = wait_status(conn, run, lambda r: r["state"] in ("completed", "failed"), timeout=300, what="end")
+    assert r["state"] == "completed" and r["last_step"] == 600, r
+    assert d.proc.poll() is None, "tided died"
+    print(f"the steady run completed all 600 steps while the bad input arrived")
+    d.stop()
+
+
+def part_faults():
+    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2).start()
+    conn = Conn(d.tcp("commands"))
+    events = Events(d.tcp("events"), "run.")
+    time.sleep(0.3)
+    text = recipe("dp", 160, every=10, extra="supervise = { max_restarts = 2 },")
+
+    ref = submit(conn, text, overrides=["parallel.dp=2"], workers=2)
+    r = wait_status(conn, ref, lambda r: r["state"] in ("completed", "failed"), timeout=300, what="end")
+    assert r["state"] == "completed", r
+    ref_losses = losses(r["run_dir"])
+    print(f"uninterrupted 2-rank run: final loss {r['final_loss']:.6f}")
+
+    run = submit(conn, text, overrides=["parallel.dp=2"], workers=2)
+    r = wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 35, what="step 35")
+    victim = r["pids"]["1"]
+    os.kill(victim, signal.SIGKILL)
+    print(f"killed rank 1 (pid {victim}) at step {r['last_step']}")
+    restart = events.wait_for(is_state(run, "restarting"), what="restart")
+    assert "rank 1" in restart["body"]["reason"] and "signal 9" in restart["body"]["reason"], restart
+    r = wait_status(conn, run, lambda r: r["state"] in ("completed", "failed"), timeout=300, what="end")
+    assert r["state"] == "completed" and r["restarts"] == 1 and r["attempt"] == 2, r
+    got = losses(r["run_dir"])
+    assert got == ref_losses, "losses after the restart differ from the uninterrupted run's"
+    assert r["final_loss"] == ref_losses[-1]
+    print(f"restarted from its checkpoint ({restart['body']['reason']}); all {len(got)} losses equal the "
+          f"uninterrupted run's, final {r['final_loss']:.6f}")
+
+    # The daemon killed mid-run: its workers go with it, and the next daemon resumes the run.
+    one = recipe("one", 200, every=10)
+    base = submit(conn, one)
+    base_r = wait_status(conn, base, lambda r: r["state"] == "completed", timeout=300, what="end")
+    run = submit(conn, one)
+    r = wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 40, what="step 40")
+    worker = r["pids"]["0"]
+    d.kill(signal.SIGKILL)
+    deadline = time.time() + 10
+    while time.time() < deadline and os.path.exists(f"/proc/{worker}"):
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{worker}"), "the worker outlived its daemon"
+    print(f"killed tided at step {r['last_step']}; its worker {worker} ended with it")
+    d.start()
+    conn = Conn(d.tcp("commands"))
+    r = wait_status(conn, run, lambda r: r["state"] in ("completed", "failed"), timeout=300, what="end")
+    assert r["state"] == "completed", r
+    assert losses(r["run_dir"]) == losses(base_r["run_dir"]), "losses differ from the uninterrupted run's"
+    print(f"the restarted daemon resumed {run} from its checkpoint; losses equal the uninterrupted run's")
+    d.stop()
+
+
+try:
+    subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-3",
+                    "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(WORK, "ds"),
+                    "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
+    {"control": part_control, "bad_input": part_bad_input, "faults": part_faults}[PART]()
+    print(f"daemon {PART}: ok")
+finally:
+    subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)
+    shutil.rmtree(WORK, ignore_errors=True)

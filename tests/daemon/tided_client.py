@@ -1,0 +1,157 @@
+"""A client of tided written only from docs/protocol.md: pyzmq (libzmq) and JSON, no tide code.
+
+Shared by the daemon tests: starting a real tided, requests on its command socket,
+events from its event socket.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import zmq
+
+PROTOCOL = 1
+
+
+class Tided:
+    """A tided process on a state directory, on loopback TCP ports it picks."""
+
+    def __init__(self, tided, tide, state, slots=2, extra=()):
+        self.cmd = [tided, "--foreground", "--state-dir", state, "--cpu-slots", str(slots), "--port", "0",
+                    "--worker", tide, *extra]
+        self.state = state
+        self.proc = None
+
+    def start(self):
+        os.makedirs(self.state, exist_ok=True)
+        ready = os.path.join(self.state, "endpoints.json")
+        if os.path.exists(ready):
+            os.remove(ready)
+        self.log = open(os.path.join(self.state, "tided-test.log"), "a")
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"tided exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                with open(ready) as f:
+                    ep = json.load(f)
+                if ep.get("pid") == self.proc.pid:
+                    self.endpoints = ep
+                    return self
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise AssertionError("tided did not write endpoints.json within 30 s")
+
+    def tcp(self, kind):
+        return next(e for e in self.endpoints[kind] if e.startswith("tcp://"))
+
+    def kill(self, sig=signal.SIGKILL):
+        self.proc.send_signal(sig)
+        self.proc.wait(timeout=60)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Conn:
+    """A DEALER on the command socket: one JSON frame out, one JSON frame back."""
+
+    def __init__(self, endpoint, ctx=None):
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.next_id = 0
+
+    def raw(self, frames, timeout=10.0):
+        """Sends frames as they are; returns the parsed reply, or None if none came."""
+        self.sock.send_multipart(frames)
+        if not self.sock.poll(int(timeout * 1000)):
+            return None
+        parts = self.sock.recv_multipart()
+        return json.loads(parts[-1])
+
+    def request(self, type_, body=None, ok=True, timeout=10.0):
+        self.next_id += 1
+        msg = {"v": PROTOCOL, "id": self.next_id, "type": type_, "body": body or {}}
+        reply = self.raw([json.dumps(msg).encode()], timeout)
+        assert reply is not None, f"no reply to {type_} within {timeout} s"
+        assert reply["id"] == self.next_id, reply
+        if ok:
+            assert reply["ok"], f"{type_} {body}: {reply.get('error')}"
+            return reply["body"]
+        assert not reply["ok"], f"{type_} {body} should have failed: {reply}"
+        return reply["error"]
+
+    def close(self):
+        self.sock.close()
+
+
+class Events:
+    """A SUB on the event socket, collecting every event it receives."""
+
+    def __init__(self, endpoint, prefix="", ctx=None):
+        self.ctx = ctx or zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt_string(zmq.SUBSCRIBE, prefix)
+        self.sock.connect(endpoint)
+        self.seen = []
+
+    def pump(self, timeout=0.05):
+        while self.sock.poll(int(timeout * 1000)):
+            topic, body = self.sock.recv_multipart()
+            event = json.loads(body)
+            event["topic"] = topic.decode()
+            self.seen.append(event)
+            timeout = 0
+
+    def wait_for(self, pred, timeout=60.0, what="event"):
+        deadline = time.time() + timeout
+        checked = 0
+        while time.time() < deadline:
+            self.pump(0.1)
+            for e in self.seen[checked:]:
+                if pred(e):
+                    return e
+            checked = len(self.seen)
+        raise AssertionError(f"no {what} within {timeout} s; last events: {[summary(e) for e in self.seen[-8:]]}")
+
+    def states(self, run):
+        return [e["body"]["state"] for e in self.seen
+                if e["run"] == run and e["kind"] == "state" and not e.get("snapshot")]
+
+    def close(self):
+        self.sock.close()
+
+
+def summary(e):
+    return f"{e['topic']}#{e['seq']} {json.dumps(e['body'])[:120]}"
+
+
+def is_state(run, state):
+    return lambda e: e["run"] == run and e["kind"] == "state" and e["body"]["state"] == state
+
+
+def wait_status(conn, run, pred, timeout=120.0, what="state"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        r = conn.request("status", {"run": run})["run"]
+        if pred(r):
+            return r
+        time.sleep(0.05)
+    raise AssertionError(f"run {run}: no {what} within {timeout} s; last status: {r['state']} step {r['last_step']}")
+
+
+def losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f]

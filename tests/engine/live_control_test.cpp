@@ -1,0 +1,124 @@
+// Live control through the trainer's hooks, in one process: commands taken at step
+// boundaries change the run exactly there.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_data.h"
+#include "tide/engine/train/trainer.h"
+#include "tiny_models.h"
+
+namespace tide {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+RunConfig control_run() {
+  RunConfig c;
+  c.name = "live";
+  c.model = testing::tiny_llama();
+  c.model.vocab_size = 257;
+  c.data.path = testing::small_dataset();
+  c.data.seq_len = 32;
+  c.batch.micro_batch = 4;
+  c.batch.global_batch = 8;
+  c.optimizer.lr = 1e-3;
+  c.schedule.steps = 20;
+  c.schedule.decay = DecayKind::Constant;
+  c.eval.every = 0;
+  c.checkpoint.async = false;
+  c.threads = 1;
+  return c;
+}
+
+struct Scripted {
+  std::map<int, json> at_call;  // the n-th take_commands call → commands
+  int calls = 0;
+  std::vector<std::pair<std::string, json>> events;
+};
+
+TEST(LiveControl, CommandsApplyAtTheirStepBoundary) {
+  const fs::path dir = fs::temp_directory_path() / ("tide_live_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto script = std::make_shared<Scripted>();
+  // One call per boundary: call n comes before 0-based step n.
+  script->at_call[3] = json::array({{{"op", "set"}, {"id", 1}, {"values", {{"optimizer.lr", 5e-4}}}}});
+  script->at_call[5] = json::array({{{"op", "set"}, {"id", 2}, {"values", {{"model.dim", 64}}}},
+                                    {{"op", "set"}, {"id", 3}, {"values", {{"batch.global_batch", 16}}}},
+                                    {{"op", "checkpoint"}}});
+  script->at_call[7] = json::array({{{"op", "set"}, {"id", 4}, {"values", {{"batch.global_batch", 10}}}},
+                                    {{"op", "stop"}}});
+  TrainHooks hooks;
+  hooks.show_progress = false;
+  hooks.peak_flops = 1e12;
+  hooks.controlled = true;
+  hooks.take_commands = [script] {
+    const auto it = script->at_call.find(script->calls++);
+    return it == script->at_call.end() ? std::string() : it->second.dump();
+  };
+  hooks.on_event = [script](const std::string& kind, const json& body) { script->events.emplace_back(kind, body); };
+  const TrainResult r = Trainer(control_run(), dir.string(), hooks).run();
+
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.steps, 7);
+  std::vector<json> rows;
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) rows.push_back(json::parse(line));
+  ASSERT_EQ(rows.size(), 7u);
+  EXPECT_DOUBLE_EQ(rows[2]["lr"].get<double>(), 1e-3);
+  EXPECT_DOUBLE_EQ(rows[3]["lr"].get<double>(), 5e-4);  // 0-based step 3
+  EXPECT_EQ(rows[3]["changes"], json({{"optimizer.lr", 5e-4}}));
+  // The larger batch from step 5 on: twice the tokens of a step before it.
+  EXPECT_EQ(rows[5]["tokens"].get<int64_t>() - rows[4]["tokens"].get<int64_t>(), 16 * 32);
+  EXPECT_EQ(rows[4]["tokens"].get<int64_t>() - rows[3]["tokens"].get<int64_t>(), 8 * 32);
+  // Checkpoints: asked for before step 5, and the stop's before step 7.
+  EXPECT_TRUE(fs::exists(dir / "checkpoints" / "step-00000005" / "COMMITTED"));
+  EXPECT_TRUE(fs::exists(dir / "checkpoints" / "step-00000007" / "COMMITTED"));
+  EXPECT_FALSE(fs::exists(dir / "model.safetensors")) << "a stopped run leaves its checkpoint, not final weights";
+
+  std::map<int, std::string> result_of;
+  for (const auto& [kind, body] : script->events)
+    if (body.contains("id")) result_of[body["id"].get<int>()] = kind;
+  EXPECT_EQ(result_of[1], "applied");
+  EXPECT_EQ(result_of[2], "rejected");  // not a live field
+  EXPECT_EQ(result_of[3], "applied");
+  EXPECT_EQ(result_of[4], "rejected");  // 10 does not split into micro-batches of 4
+  bool stopping = false;
+  for (const auto& [kind, body] : script->events) stopping |= kind == "stopping" && body["step"] == 7;
+  EXPECT_TRUE(stopping);
+  fs::remove_all(dir);
+}
+
+TEST(LiveControl, PauseHoldsTheRunUntilResume) {
+  const fs::path dir = fs::temp_directory_path() / ("tide_pause_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto script = std::make_shared<Scripted>();
+  script->at_call[2] = json::array({{{"op", "pause"}}});
+  script->at_call[6] = json::array({{{"op", "resume"}}});  // four polls later
+  RunConfig c = control_run();
+  c.schedule.steps = 4;
+  TrainHooks hooks;
+  hooks.show_progress = false;
+  hooks.peak_flops = 1e12;
+  hooks.controlled = true;
+  hooks.take_commands = [script] {
+    const auto it = script->at_call.find(script->calls++);
+    return it == script->at_call.end() ? std::string() : it->second.dump();
+  };
+  hooks.on_event = [script](const std::string& kind, const json& body) { script->events.emplace_back(kind, body); };
+  const TrainResult r = Trainer(c, dir.string(), hooks).run();
+  EXPECT_EQ(r.steps, 4);
+  EXPECT_FALSE(r.stopped);
+  ASSERT_GE(script->events.size(), 2u);
+  EXPECT_EQ(script->events[0].first, "paused");
+  EXPECT_EQ(script->events[0].second["step"], 2);
+  EXPECT_EQ(script->events[1].first, "resumed");
+  EXPECT_EQ(script->events[1].second["step"], 2);
+  EXPECT_EQ(script->calls, 4 + 4) << "one call per boundary, and four while paused";
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tide

@@ -1,0 +1,317 @@
+// The CLI as a client of tided: every command is one or two requests of
+// docs/protocol.md, so what it does any ZeroMQ client can do.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_common.h"
+#include "tide/ipc/client.h"
+
+namespace tide::cli {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct Connection {
+  std::string endpoint, state_dir;
+  double timeout_s = 10;
+  bool json_out = false;
+
+  ipc::Client client() const {
+    const std::string sd = state_dir.empty() ? ipc::default_state_dir() : state_dir;
+    const std::string ep = endpoint.empty() ? ipc::default_command_endpoint(sd) : endpoint;
+    return ipc::Client(ep, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+  }
+};
+
+void add_connection(CLI::App& cmd, Connection& c) {
+  cmd.add_option("--endpoint", c.endpoint, "The daemon's command endpoint (default: the ipc socket in the state dir)");
+  cmd.add_option("--state-dir", c.state_dir, "The local daemon's state directory (default: $TIDE_STATE_DIR, else "
+                                             "~/.local/state/tide)");
+  cmd.add_option("--timeout", c.timeout_s, "Seconds to wait for a reply")->check(CLI::Range(0.1, 3600.0));
+  cmd.add_flag("--json", c.json_out, "Print the reply as JSON");
+}
+
+std::string fmt_loss(const json& v) { return v.is_number() ? fmt::format("{:.4f}", v.get<double>()) : "-"; }
+
+void print_run_line(const json& r) {
+  const json m = r.value("metrics", json::object());
+  std::printf("%-28s %-10s step %6lld/%-6lld loss %-8s workers %d attempt %lld%s\n", r.value("id", "").c_str(),
+              r.value("state", "").c_str(), static_cast<long long>(r.value("last_step", int64_t{0})),
+              static_cast<long long>(r.value("total_steps", int64_t{0})),
+              fmt_loss(m.value("loss", r.value("final_loss", json()))).c_str(), r.value("workers", 1),
+              static_cast<long long>(r.value("attempt", int64_t{0})),
+              r.value("error", "").empty() ? "" : ("  " + r.value("error", "")).c_str());
+}
+
+std::string metrics_line(const json& m) {
+  std::string line = fmt::format("step {}/{}", m.value("step", int64_t{0}), m.value("total_steps", int64_t{0}));
+  line += fmt::format(" loss {}", fmt_loss(m.value("loss", json())));
+  if (m.contains("val_loss")) line += fmt::format(" val {}", fmt_loss(m["val_loss"]));
+  line += fmt::format(" lr {:.3g}", m.value("lr", 0.0));
+  line += fmt::format(" {:.0f} tok/s", m.value("tokens_per_second", 0.0));
+  if (m.contains("changes")) line += " changed " + m["changes"].dump();
+  return line;
+}
+
+std::string event_endpoint(ipc::Client& client) {
+  const json info = client.request("info");
+  const auto eps = info.at("endpoints").at("events");
+  // The same transport as the command endpoint where the daemon offers it.
+  const std::string scheme = client.endpoint().substr(0, client.endpoint().find("://"));
+  for (const auto& e : eps)
+    if (e.get<std::string>().rfind(scheme, 0) == 0) return e.get<std::string>();
+  return eps.at(0).get<std::string>();
+}
+
+// Follows a run's events until it finishes; returns 0 when it completed or stopped.
+int watch(ipc::Client& client, const std::string& run) {
+  ipc::Subscriber sub(event_endpoint(client), {"run." + run + "."});
+  bool tty = ::isatty(STDOUT_FILENO);
+  auto last_check = std::chrono::steady_clock::now();
+  while (true) {
+    const auto e = sub.next(std::chrono::milliseconds(500));
+    if (e) {
+      const json& msg = e->message;
+      const std::string kind = msg.value("kind", "");
+      const json body = msg.value("body", json::object());
+      if (kind == "metrics") {
+        std::printf(tty ? "\r\033[K%s" : "%s\n", metrics_line(body).c_str());
+      } else if (kind == "state") {
+        std::printf("%s%s: %s%s\n", tty ? "\r\033[K" : "", run.c_str(), body.value("state", "").c_str(),
+                    body.contains("reason") ? (" (" + body["reason"].get<std::string>() + ")").c_str() : "");
+      } else if (kind == "checkpoint") {
+        std::printf("%scheckpoint step %lld %s\n", tty ? "\r\033[K" : "",
+                    static_cast<long long>(body.value("step", int64_t{0})), body.value("ok", false) ? "saved" : "FAILED");
+      } else if (kind == "control") {
+        std::printf("%s%s at step %lld: %s\n", tty ? "\r\033[K" : "", body.value("result", "").c_str(),
+                    static_cast<long long>(body.value("step", int64_t{0})), body.dump().c_str());
+      }
+      std::fflush(stdout);
+    }
+    // Events may be missed (a dropped subscriber); the status request is the truth.
+    if (std::chrono::steady_clock::now() - last_check > std::chrono::seconds(2) ||
+        (e && e->message.value("kind", "") == "state")) {
+      last_check = std::chrono::steady_clock::now();
+      const json r = client.request("status", {{"run", run}}).at("run");
+      const std::string state = r.value("state", "");
+      if (state == "completed" || state == "stopped") {
+        if (tty) std::printf("\n");
+        std::printf("%s %s: final loss %s\n", run.c_str(), state.c_str(), fmt_loss(r.value("final_loss", json())).c_str());
+        return 0;
+      }
+      if (state == "failed" || state == "cancelled") {
+        if (tty) std::printf("\n");
+        std::fprintf(stderr, "%s %s%s\n", run.c_str(), state.c_str(),
+                     r.value("error", "").empty() ? "" : (": " + r.value("error", "")).c_str());
+        return 1;
+      }
+    }
+  }
+}
+
+// Runs `body` and turns a daemon's refusal into an error on stderr and exit status 1.
+template <class F>
+void guarded(F body) {
+  try {
+    body();
+  } catch (const ipc::ClientError& e) {
+    throw std::runtime_error(fmt::format("{} ({})", e.what(), e.code()));
+  }
+}
+
+}  // namespace
+
+void add_client_commands(CLI::App& app) {
+  {
+    auto c = std::make_shared<Connection>();
+    struct Submit {
+      std::string recipe, key;
+      std::vector<std::string> overrides;
+      int workers = 0, priority = 0;
+      bool watch = false;
+    };
+    auto s = std::make_shared<Submit>();
+    auto* cmd = app.add_subcommand("submit", "Queue a run on the daemon; prints its id");
+    cmd->add_option("recipe", s->recipe, "Recipe file (sent as text), or a bundled name such as llama/llama-tiny")
+        ->required();
+    add_overrides(*cmd, s->overrides);
+    cmd->add_option("--workers", s->workers, "Worker processes (default: the recipe's dp x tp x pp)");
+    cmd->add_option("--priority", s->priority, "Higher runs first (-1000..1000)");
+    cmd->add_option("--key", s->key, "Idempotency key: submitting the same key again returns the same run");
+    cmd->add_flag("--watch", s->watch, "Follow the run until it ends");
+    add_connection(*cmd, *c);
+    cmd->callback([c, s] {
+      guarded([&] {
+        json body = {{"overrides", s->overrides}, {"workdir", fs::current_path().string()}, {"priority", s->priority}};
+        if (fs::is_regular_file(s->recipe)) {
+          std::ifstream in(s->recipe);
+          std::stringstream text;
+          text << in.rdbuf();
+          body["recipe"] = text.str();
+        } else {
+          body["recipe_name"] = s->recipe;
+        }
+        if (s->workers > 0) body["workers"] = s->workers;
+        if (!s->key.empty()) body["idempotency_key"] = s->key;
+        auto client = c->client();
+        const json reply = client.request("submit", body);
+        const std::string id = reply.at("run").at("id");
+        if (c->json_out)
+          std::printf("%s\n", reply.dump(2).c_str());
+        else
+          std::printf("%s\n", id.c_str());
+        std::fflush(stdout);
+        if (s->watch && watch(client, id) != 0) throw std::runtime_error("run " + id + " did not complete");
+      });
+    });
+  }
+  {
+    auto c = std::make_shared<Connection>();
+    auto state = std::make_shared<std::string>();
+    auto* cmd = app.add_subcommand("runs", "List the daemon's runs");
+    cmd->add_option("--state", *state, "Only runs in this state (queued, running, completed, ...)");
+    add_connection(*cmd, *c);
+    cmd->callback([c, state] {
+      guarded([&] {
+        json body = json::object();
+        if (!state->empty()) body["state"] = *state;
+        const json reply = c->client().request("list", body);
+        if (c->json_out) return (void)std::printf("%s\n", reply.dump(2).c_str());
+        for (const auto& r : reply.at("runs")) print_run_line(r);
+      });
+    });
+  }
+  {
+    auto c = std::make_shared<Connection>();
+    auto run = std::make_shared<std::string>();
+    auto* cmd = app.add_subcommand("status", "One run's state, progress and latest metrics");
+    cmd->add_option("run", *run, "Run id")->required();
+    add_connection(*cmd, *c);
+    cmd->callback([c, run] {
+      guarded([&] {
+        const json r = c->client().request("status", {{"run", *run}}).at("run");
+        if (c->json_out) return (void)std::printf("%s\n", r.dump(2).c_str());
+        print_run_line(r);
+        if (r.contains("metrics")) std::printf("  %s\n", metrics_line(r["metrics"]).c_str());
+        std::printf("  run directory: %s\n", r.value("run_dir", "").c_str());
+      });
+    });
+  }
+  {
+    auto c = std::make_shared<Connection>();
+    auto run = std::make_shared<std::string>();
+    auto* cmd = app.add_subcommand("watch", "Follow a run's metrics and events until it ends");
+    cmd->add_option("run", *run, "Run id")->required();
+    add_connection(*cmd, *c);
+    cmd->callback([c, run] {
+      guarded([&] {
+        auto client = c->client();
+        if (watch(client, *run) != 0) throw std::runtime_error("run " + *run + " did not complete");
+      });
+    });
+  }
+  for (const char* op : {"pause", "resume", "stop", "cancel", "checkpoint"}) {
+    static const std::map<std::string, std::string> help = {
+        {"pause", "Pause a run at the next step boundary (every rank)"},
+        {"resume", "Resume a paused run, or queue a stopped or failed one to continue from its checkpoint"},
+        {"stop", "Checkpoint a run at the next step boundary and end it"},
+        {"cancel", "End a run now, without a checkpoint"},
+        {"checkpoint", "Save a checkpoint at the next step boundary"}};
+    auto c = std::make_shared<Connection>();
+    auto run = std::make_shared<std::string>();
+    auto* cmd = app.add_subcommand(op, help.at(op));
+    cmd->add_option("run", *run, "Run id")->required();
+    add_connection(*cmd, *c);
+    cmd->callback([c, run, type = std::string(op)] {
+      guarded([&] {
+        const json reply = c->client().request(type, {{"run", *run}});
+        std::printf("%s\n", c->json_out ? reply.dump(2).c_str() : fmt::format("{}: {} requested", *run, type).c_str());
+      });
+    });
+  }
+  {
+    auto c = std::make_shared<Connection>();
+    auto run = std::make_shared<std::string>();
+    auto values = std::make_shared<std::vector<std::string>>();
+    auto* cmd = app.add_subcommand("set", "Change live recipe fields of a run (applied by every rank at one step)");
+    cmd->add_option("run", *run, "Run id")->required();
+    cmd->add_option("values", *values, "field=value, e.g. optimizer.lr=1e-4 (see `tide recipe fields`, live column)")
+        ->required();
+    add_connection(*cmd, *c);
+    cmd->callback([c, run, values] {
+      guarded([&] {
+        json v = json::object();
+        for (const auto& a : *values) {
+          const auto eq = a.find('=');
+          if (eq == std::string::npos || eq == 0) throw std::invalid_argument("'" + a + "' is not field=value");
+          const std::string text = a.substr(eq + 1);
+          const json parsed = json::parse(text, nullptr, false);
+          v[a.substr(0, eq)] = parsed.is_discarded() ? json(text) : parsed;
+        }
+        const json reply = c->client().request("set", {{"run", *run}, {"values", v}});
+        std::printf("%s\n", c->json_out ? reply.dump(2).c_str() : fmt::format("{}: set {}", *run, v.dump()).c_str());
+      });
+    });
+  }
+  {
+    auto c = std::make_shared<Connection>();
+    auto run = std::make_shared<std::string>();
+    auto since = std::make_shared<int64_t>(0);
+    auto* cmd = app.add_subcommand("metrics", "A run's metrics history (JSON lines)");
+    cmd->add_option("run", *run, "Run id")->required();
+    cmd->add_option("--since", *since, "Only steps after this one");
+    add_connection(*cmd, *c);
+    cmd->callback([c, run, since] {
+      guarded([&] {
+        const json reply = c->client().request("metrics", {{"run", *run}, {"since_step", *since}, {"limit", 100000}});
+        for (const auto& row : reply.at("metrics")) std::printf("%s\n", row.dump().c_str());
+      });
+    });
+  }
+  {
+    auto c = std::make_shared<Connection>();
+    struct Logs {
+      std::string run, source = "train";
+      int lines = 100, rank = 0;
+    };
+    auto l = std::make_shared<Logs>();
+    auto* cmd = app.add_subcommand("logs", "The last lines of a run's log");
+    cmd->add_option("run", l->run, "Run id")->required();
+    cmd->add_option("--lines,-n", l->lines, "How many lines")->check(CLI::Range(1, 100000));
+    cmd->add_option("--source", l->source, "train (the run log) or worker (a worker's output)")
+        ->check(CLI::IsMember({"train", "worker"}));
+    cmd->add_option("--rank", l->rank, "The worker's rank, for --source worker");
+    add_connection(*cmd, *c);
+    cmd->callback([c, l] {
+      guarded([&] {
+        const json reply = c->client().request(
+            "logs", {{"run", l->run}, {"lines", l->lines}, {"source", l->source}, {"rank", l->rank}});
+        for (const auto& line : reply.at("lines")) std::printf("%s\n", line.get<std::string>().c_str());
+      });
+    });
+  }
+  {
+    auto* cmd = app.add_subcommand("daemon", "Ask a running tided about itself, or stop it");
+    cmd->require_subcommand(1);
+    auto c = std::make_shared<Connection>();
+    auto* info = cmd->add_subcommand("info", "Version, slots, endpoints and run counts");
+    add_connection(*info, *c);
+    info->callback([c] { guarded([&] { std::printf("%s\n", c->client().request("info").dump(2).c_str()); }); });
+    auto c2 = std::make_shared<Connection>();
+    auto* stop = cmd->add_subcommand("stop", "Stop the daemon; its active runs resume when it starts again");
+    add_connection(*stop, *c2);
+    stop->callback([c2] { guarded([&] { c2->client().request("shutdown"); std::printf("tided stopping\n"); }); });
+  }
+}
+
+}  // namespace tide::cli

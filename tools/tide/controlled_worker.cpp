@@ -1,0 +1,62 @@
+#include "controlled_worker.h"
+
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/sinks/base_sink.h>
+
+namespace tide::cli {
+namespace {
+
+// The run log's lines, as "log" messages to the controller (published as log events).
+class LinkSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit LinkSink(ipc::WorkerLink* link) : link_(link) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    link_->send("log", {{"level", spdlog::level::to_string_view(msg.level).data()},
+                        {"line", std::string(msg.payload.data(), msg.payload.size())}});
+  }
+  void flush_() override {}
+
+ private:
+  ipc::WorkerLink* link_;
+};
+
+}  // namespace
+
+std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks) {
+  const auto id = ipc::worker_identity_from_environment();
+  if (!id) return nullptr;
+  auto link = std::make_unique<ipc::WorkerLink>(*id);
+  hooks.controlled = true;
+  if (id->rank != 0) return link;
+  ipc::WorkerLink* l = link.get();
+  hooks.take_commands = [l] { return l->take_commands(); };
+  hooks.on_event = [l](const std::string& kind, const nlohmann::json& body) {
+    l->send("event", {{"kind", kind}, {"body", body}});
+  };
+  auto previous = hooks.on_step;
+  hooks.on_step = [l, previous](const StepMetrics& m) {
+    l->send("metrics", to_json(m));
+    if (previous) previous(m);
+  };
+  auto sink = std::make_shared<LinkSink>(l);
+  sink->set_level(spdlog::level::info);
+  hooks.log_sinks.push_back(sink);
+  return link;
+}
+
+void report_result(ipc::WorkerLink* link, const TrainResult& r) {
+  if (!link) return;
+  nlohmann::json body = {{"steps", r.steps}, {"final_loss", r.final_loss}, {"stopped", r.stopped}};
+  if (r.final_val_loss) body["final_val_loss"] = *r.final_val_loss;
+  link->send("done", body);
+}
+
+void report_failure(ipc::WorkerLink* link, const std::string& message) {
+  if (link) link->send("error", {{"message", message}});
+}
+
+}  // namespace tide::cli

@@ -1,0 +1,126 @@
+// tided: the tide engine daemon. Serves the protocol of docs/protocol.md, queues runs
+// on its device slots and supervises their worker processes.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/rotating_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "tide/ipc/client.h"
+#include "tide/ipc/controller.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+tide::ipc::Controller* g_controller = nullptr;
+
+void on_signal(int) {
+  if (g_controller) g_controller->stop();
+}
+
+// The tide binary beside this one (installed layout) or in the build tree's tools/tide.
+std::string default_worker() {
+  const fs::path self = fs::read_symlink("/proc/self/exe").parent_path();
+  for (const auto& candidate : {self / "tide", self.parent_path() / "tide" / "tide"})
+    if (fs::exists(candidate)) return candidate.string();
+  return (self / "tide").string();
+}
+
+// Returns in the parent once the detached daemon has bound its sockets (or failed).
+void detach(const fs::path& state_dir) {
+  const fs::path ready = state_dir / "endpoints.json";
+  std::error_code ec;
+  fs::remove(ready, ec);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid > 0) {
+    for (int i = 0; i < 300; ++i) {
+      if (fs::exists(ready)) {
+        std::printf("tided running (pid %d); state in %s\n", pid, state_dir.c_str());
+        std::exit(0);
+      }
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        std::fprintf(stderr, "tided failed to start; see %s\n", (state_dir / "tided.log").c_str());
+        std::exit(1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::fprintf(stderr, "tided did not report ready within 30 s; see %s\n", (state_dir / "tided.log").c_str());
+    std::exit(1);
+  }
+  ::setsid();
+  std::freopen("/dev/null", "r", stdin);
+  std::freopen("/dev/null", "w", stdout);
+  std::freopen((state_dir / "tided.log").c_str(), "a", stderr);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tided: the tide engine daemon (queues, runs and supervises training runs; docs/protocol.md)"};
+  tide::ipc::ControllerOptions opt;
+  opt.state_dir = tide::ipc::default_state_dir();
+  bool foreground = false, no_tcp = false;
+  int port = 7450;
+  std::string level = "info";
+  app.add_option("--state-dir", opt.state_dir, "Registry, run directories and ipc sockets")->capture_default_str();
+  app.add_flag("--foreground", foreground, "Stay attached and log to the terminal (else detach and log to tided.log)");
+  app.add_option("--cpu-slots", opt.cpu_slots, "Worker processes that may run at once (CPU training)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--cores", opt.cores, "Cores the slots share (default: this machine's)")->check(CLI::Range(1, 65536));
+  app.add_option("--port", port, "Loopback TCP port for commands; events use the next one (0: any free ports)")
+      ->check(CLI::Range(0, 65534))
+      ->capture_default_str();
+  app.add_flag("--no-tcp", no_tcp, "Serve only the ipc sockets in the state directory");
+  app.add_option("--bind", opt.command_endpoints, "More command endpoints (ZeroMQ syntax)");
+  app.add_option("--publish", opt.event_endpoints, "More event endpoints (ZeroMQ syntax)");
+  app.add_option("--worker", opt.worker_executable, "The tide executable the workers run (default: beside tided)");
+  app.add_option("--log-level", level, "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    for (const auto& ep : opt.command_endpoints)
+      if (ep.rfind("tcp://", 0) == 0 && ep.rfind("tcp://127.", 0) != 0 && ep.rfind("tcp://localhost", 0) != 0)
+        throw std::invalid_argument("binding " + ep + " needs CURVE keys, which this daemon does not serve yet");
+    fs::create_directories(opt.state_dir);
+    opt.state_dir = fs::canonical(opt.state_dir).string();
+    if (!foreground) detach(opt.state_dir);
+    spdlog::set_default_logger(spdlog::stderr_color_mt("tided"));
+    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+    spdlog::set_level(spdlog::level::from_str(level));
+    spdlog::flush_on(spdlog::level::info);
+    opt.command_endpoints.insert(opt.command_endpoints.begin(), tide::ipc::default_command_endpoint(opt.state_dir));
+    opt.event_endpoints.insert(opt.event_endpoints.begin(), tide::ipc::default_event_endpoint(opt.state_dir));
+    if (!no_tcp) {
+      opt.command_endpoints.push_back(port == 0 ? "tcp://127.0.0.1:*" : fmt::format("tcp://127.0.0.1:{}", port));
+      opt.event_endpoints.push_back(port == 0 ? "tcp://127.0.0.1:*" : fmt::format("tcp://127.0.0.1:{}", port + 1));
+    }
+    if (opt.worker_executable.empty()) opt.worker_executable = default_worker();
+    if (!fs::exists(opt.worker_executable))
+      throw std::invalid_argument("worker executable '" + opt.worker_executable + "' does not exist (--worker)");
+    tide::ipc::Controller controller(opt);
+    g_controller = &controller;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+    controller.run();
+    g_controller = nullptr;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  return 0;
+}
