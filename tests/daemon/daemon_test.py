@@ -1,7 +1,7 @@
 """End-to-end tests of tided with real worker processes, spoken to only through libzmq
 and JSON as docs/protocol.md describes (see tided_client.py).
 
-Usage: daemon_test.py TIDED TIDE {control|bad_input|faults}
+Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly}
 """
 import json
 import os
@@ -217,6 +217,18 @@ def part_faults():
     print(f"restarted from its checkpoint ({restart['body']['reason']}); all {len(got)} losses equal the "
           f"uninterrupted run's, final {r['final_loss']:.6f}")
 
+    # A hung worker (SIGSTOP): its heartbeats stop, the group is ended and restarted.
+    hang_text = recipe("hang", 160, every=10, extra="supervise = { heartbeat_timeout_s = 3 },")
+    run = submit(conn, hang_text, overrides=["parallel.dp=2"], workers=2)
+    r = wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 35, what="step 35")
+    os.kill(r["pids"]["1"], signal.SIGSTOP)
+    t0 = time.time()
+    restart = events.wait_for(is_state(run, "restarting"), what="restart of a hung worker")
+    assert "rank 1" in restart["body"]["reason"] and "no heartbeat" in restart["body"]["reason"], restart
+    print(f"stopped rank 1 at step {r['last_step']}: restarted after {time.time() - t0:.1f} s ({restart['body']['reason']})")
+    r = wait_status(conn, run, lambda r: r["state"] in ("completed", "failed"), timeout=300, what="end")
+    assert r["state"] == "completed" and losses(r["run_dir"]) == ref_losses, r
+
     # The daemon killed mid-run: its workers go with it, and the next daemon resumes the run.
     one = recipe("one", 200, every=10)
     base = submit(conn, one)
@@ -239,11 +251,33 @@ def part_faults():
     d.stop()
 
 
+def part_anomaly():
+    # The daemon's workers inherit the injection: step 12's loss is NaN in every run.
+    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2, env={"TIDE_INJECT_NAN_AT": "12"}).start()
+    conn = Conn(d.tcp("commands"))
+    events = Events(d.tcp("events"), "run.")
+    time.sleep(0.3)
+    skip = submit(conn, recipe("skip", 30, every=5))
+    back = submit(conn, recipe("back", 30, every=5, extra='anomaly = { on_nonfinite = "rollback" },'))
+    for run, action in ((skip, "skip"), (back, "rollback")):
+        e = events.wait_for(lambda e: e["run"] == run and e["kind"] == "anomaly", what=f"{action} anomaly")
+        assert e["body"]["kind"] == "nonfinite" and e["body"]["step"] == 12 and e["body"]["action"] == action, e
+        r = wait_status(conn, run, lambda r: r["state"] in ("completed", "failed"), what="end")
+        assert r["state"] == "completed" and r["last_step"] == 30, r
+        rows = conn.request("metrics", {"run": run, "limit": 1000})["metrics"]
+        bad = [row for row in rows if "anomaly" in row]
+        assert len(bad) == 1 and bad[0]["step"] == 12 and bad[0]["skipped"], bad
+        print(f"{run}: NaN at step 12 -> {action}" + (f" to step {e['body']['to_step']}" if action == "rollback" else "")
+              + f"; completed {r['last_step']} steps, final loss {r['final_loss']:.4f}")
+    assert events.wait_for(lambda e: e["run"] == back and e["kind"] == "anomaly")["body"]["to_step"] == 10
+    d.stop()
+
+
 try:
     subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-3",
                     "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(WORK, "ds"),
                     "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
-    {"control": part_control, "bad_input": part_bad_input, "faults": part_faults}[PART]()
+    {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly}[PART]()
     print(f"daemon {PART}: ok")
 finally:
     subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)

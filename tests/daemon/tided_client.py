@@ -17,10 +17,11 @@ PROTOCOL = 1
 class Tided:
     """A tided process on a state directory, on loopback TCP ports it picks."""
 
-    def __init__(self, tided, tide, state, slots=2, extra=()):
+    def __init__(self, tided, tide, state, slots=2, extra=(), env=None):
         self.cmd = [tided, "--foreground", "--state-dir", state, "--cpu-slots", str(slots), "--port", "0",
                     "--worker", tide, *extra]
         self.state = state
+        self.env = {**os.environ, **(env or {})}
         self.proc = None
 
     def start(self):
@@ -29,7 +30,7 @@ class Tided:
         if os.path.exists(ready):
             os.remove(ready)
         self.log = open(os.path.join(self.state, "tided-test.log"), "a")
-        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.time() + 30
         while time.time() < deadline:
             if self.proc.poll() is not None:

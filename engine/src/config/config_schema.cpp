@@ -214,6 +214,32 @@ std::vector<FieldSpec> build_schema() {
                       REF(checkpoint.async)));
   s.push_back(integer("eval.every", 0, 1e12, true, "Steps between validation passes; 0: never.", REF(eval.every)));
   s.push_back(integer("eval.batches", 1, 1e6, true, "Micro-batches per validation pass.", REF(eval.batches)));
+  // Anomalies and what they trigger.
+  const std::vector<std::pair<std::string, AnomalyAction>> actions = {{"none", AnomalyAction::None},
+                                                                      {"skip", AnomalyAction::Skip},
+                                                                      {"rollback", AnomalyAction::Rollback},
+                                                                      {"scale_lr", AnomalyAction::ScaleLr},
+                                                                      {"stop", AnomalyAction::Stop}};
+  const std::string what =
+      ": none (report only), skip (drop the update), rollback (reload the latest checkpoint, keep the data moving "
+      "on), scale_lr (skip, and multiply optimizer.lr_scale by anomaly.lr_factor) or stop.";
+  s.push_back(choice<AnomalyAction>("anomaly.on_nonfinite", actions, true, "A NaN or Inf loss or gradient norm" + what,
+                                    REF(anomaly.on_nonfinite)));
+  s.push_back(choice<AnomalyAction>("anomaly.on_loss_spike", actions, true,
+                                    "A loss above the window's median by anomaly.spike_z robust deviations" + what,
+                                    REF(anomaly.on_loss_spike)));
+  s.push_back(choice<AnomalyAction>("anomaly.on_grad_explosion", actions, true,
+                                    "A gradient norm above anomaly.explosion_factor x the window's median" + what,
+                                    REF(anomaly.on_grad_explosion)));
+  s.push_back(integer("anomaly.window", 8, 100000, true, "Recent normal steps the verdicts compare against.",
+                      REF(anomaly.window)));
+  s.push_back(number("anomaly.spike_z", 1, 1e6, true, "Robust z-score (median, 1.4826 x MAD) of a loss spike.",
+                     REF(anomaly.spike_z)));
+  s.push_back(number("anomaly.explosion_factor", 1, 1e9, true,
+                     "A gradient norm above this multiple of the window's median explodes.",
+                     REF(anomaly.explosion_factor)));
+  s.push_back(number("anomaly.lr_factor", 0, 1, true, "What scale_lr multiplies optimizer.lr_scale by.",
+                     REF(anomaly.lr_factor)));
   // Supervision under tided.
   s.push_back(integer("supervise.max_restarts", 0, 1000, false,
                       "Restarts from the latest checkpoint after a worker crashes or hangs, before the run fails.",

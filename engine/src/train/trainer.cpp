@@ -4,6 +4,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -30,6 +33,7 @@
 #include "tide/engine/train/flops.h"
 #include "tide/engine/train/run_files.h"
 #include "tide/engine/train/runtime.h"
+#include "anomaly.h"
 #include "live_control.h"
 
 namespace tide {
@@ -63,6 +67,19 @@ void check_supported_layout(const RunConfig& cfg, int world) {
 }
 
 namespace {
+// Steps (1-based) whose loss is made NaN, from TIDE_INJECT_NAN_AT="12,30": a testing
+// hook for the anomaly policies. Each is injected once per process, so a rollback that
+// replays the step trains it normally.
+std::set<int64_t> injected_nan_steps() {
+  std::set<int64_t> out;
+  if (const char* v = std::getenv("TIDE_INJECT_NAN_AT")) {
+    std::stringstream in(v);
+    for (std::string item; std::getline(in, item, ',');)
+      if (!item.empty()) out.insert(std::stoll(item));
+  }
+  return out;
+}
+
 // A resumed run rewrites the steps after its checkpoint: drop their old rows.
 void truncate_metrics(const std::string& path, int64_t last_step) {
   std::ifstream in(path);
@@ -272,6 +289,8 @@ TrainResult Trainer::run() {
   ProgressLine progress;
   double ema_step = 0;
   int64_t tokens_seen = resumed.step * tokens_per_step();
+  AnomalyDetector detector(cfg.anomaly);
+  std::set<int64_t> inject_nan = injected_nan_steps();
   int64_t saved_step = resumed.step > 0 ? resumed.step : -1;
   std::unique_ptr<LiveControl> control;
   if (s.hooks.controlled) {
@@ -325,6 +344,7 @@ TrainResult Trainer::run() {
       for (const auto& [field, value] : act.changes) {
         if (field == "optimizer.weight_decay") s.optim->config().weight_decay = cfg.optimizer.weight_decay;
         if (field == "log_level") s.log->set_level(spdlog::level::from_str(cfg.log_level));
+        if (field.rfind("anomaly.", 0) == 0) detector.set_config(cfg.anomaly);
         s.log->info("step {}: {} set to {}", step, field, value);
       }
       changes = act.changes;
@@ -362,7 +382,11 @@ TrainResult Trainer::run() {
     } else {
       for (int64_t micro = 0; micro < accum; ++micro) {
         const Batch b = loader.next();
-        const auto loss = with_compute_dtype(cfg.precision.compute, [&] { return s.model->loss(b.tokens, b.targets); });
+        auto loss = with_compute_dtype(cfg.precision.compute, [&] { return s.model->loss(b.tokens, b.targets); });
+        if (micro == 0 && inject_nan.erase(step + 1)) {
+          s.log->warn("step {}: injecting a NaN loss (TIDE_INJECT_NAN_AT)", step + 1);
+          loss = loss * std::numeric_limits<double>::quiet_NaN();
+        }
         if (s.data_parallel) s.data_parallel->begin_backward(micro + 1 == accum);
         (loss / static_cast<double>(accum)).backward();
         loss_sum += loss.item<double>();
@@ -378,7 +402,14 @@ TrainResult Trainer::run() {
       gnorm = clip_grad_norm(s.flat->grad(), cfg.optimizer.grad_clip);
     }
     StepMetrics m;
-    m.skipped = !std::isfinite(gnorm);
+    // Every rank holds the same reduced loss and norm: the same verdict everywhere.
+    const Anomaly anomaly = detector.check(loss_sum / static_cast<double>(accum), gnorm);
+    m.skipped = !std::isfinite(gnorm) || (anomaly && anomaly.action != AnomalyAction::None);
+    if (anomaly) {
+      m.anomaly = anomaly.kind;
+      m.anomaly_action = action_name(anomaly.action);
+      if (anomaly.action == AnomalyAction::ScaleLr) s.cfg.optimizer.lr_scale *= cfg.anomaly.lr_factor;
+    }
     if (!m.skipped) {
       s.optim->step(lr);
       if (s.data_parallel) s.data_parallel->gather_parameters();
@@ -438,8 +469,44 @@ TrainResult Trainer::run() {
     if (s.leader && s.hooks.show_progress && ((step + 1) % cfg.log_every == 0 || last || m.val_loss))
       progress.update(m);
     if ((step + 1) % cfg.log_every == 0 || last || m.val_loss) s.log->info("{}", ProgressLine::format(m));
-    if (m.skipped) s.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
+    if (m.skipped && !anomaly) s.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
     if (s.hooks.on_step) s.hooks.on_step(m);
+    if (anomaly) {
+      nlohmann::json event = {{"step", m.step},        {"kind", anomaly.kind},
+                              {"value", anomaly.value}, {"score", anomaly.score},
+                              {"action", m.anomaly_action}};
+      if (!std::isfinite(anomaly.value)) event["value"] = nullptr;
+      std::optional<std::string> from;
+      if (anomaly.action == AnomalyAction::Rollback) {
+        s.checkpointer->wait();
+        from = s.checkpointer->latest_valid();
+        if (!from) event["action"] = "skip";  // nothing to roll back to
+      }
+      s.log->warn("step {}: {} (value {}, score {:.1f}): {}", m.step, anomaly.kind, anomaly.value, anomaly.score,
+                  event["action"].get<std::string>());
+      if (from) {
+        const ResumeState back = s.checkpointer->load(*from);
+        event["to_step"] = back.step;
+        s.log->warn("rolled back to {} (step {}); the data goes on from where it was", *from, back.step);
+      }
+      if (s.leader && s.hooks.on_event) s.hooks.on_event("anomaly", event);
+      if (from) {
+        const int64_t back_step = event["to_step"].get<int64_t>();
+        tokens_seen = back_step * tokens_per_step();
+        saved_step = back_step;
+        step = back_step - 1;  // the loop's ++ continues at the checkpoint's step
+        continue;
+      }
+      if (anomaly.action == AnomalyAction::Stop) {
+        if (s.leader && s.hooks.on_event) s.hooks.on_event("stopping", {{"step", m.step}, {"reason", anomaly.kind}});
+        progress.finish();
+        s.checkpointer->wait();
+        result.stopped = true;
+        result.steps = m.step;
+        result.final_loss = m.loss;
+        return result;
+      }
+    }
     if ((cfg.checkpoint.every > 0 && (step + 1) % cfg.checkpoint.every == 0) || last) save_checkpoint(step + 1);
     result.steps = m.step;
     result.final_loss = m.loss;

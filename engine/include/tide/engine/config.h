@@ -98,6 +98,19 @@ struct ParallelConfig {
   double timeout_s = 120;  // a collective or the rendezvous that takes longer fails
 };
 
+// What a training anomaly triggers (every rank decides the same from reduced values).
+enum class AnomalyAction { None, Skip, Rollback, ScaleLr, Stop };
+
+struct AnomalyConfig {
+  AnomalyAction on_nonfinite = AnomalyAction::Skip;  // NaN/Inf loss or gradient norm
+  AnomalyAction on_loss_spike = AnomalyAction::None;
+  AnomalyAction on_grad_explosion = AnomalyAction::None;
+  int64_t window = 50;             // recent normal steps the verdicts compare against
+  double spike_z = 6.0;            // robust z-score (median, 1.4826 x MAD) of a loss spike
+  double explosion_factor = 10.0;  // gradient norm above this multiple of the window's median
+  double lr_factor = 0.5;          // scale_lr multiplies optimizer.lr_scale by this
+};
+
 // A run under tided: how its workers are watched and restarted.
 struct SuperviseConfig {
   int64_t max_restarts = 3;          // restarts from the latest checkpoint after a worker fault
@@ -125,6 +138,7 @@ struct RunConfig {
   ParallelConfig parallel;
   EvalConfig eval;
   SuperviseConfig supervise;
+  AnomalyConfig anomaly;
 };
 
 // The SwiGLU hidden size rule of the LLaMA reference code, or the explicit size.

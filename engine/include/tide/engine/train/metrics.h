@@ -26,7 +26,8 @@ struct StepMetrics {
   // reduced (ZeRO-2/3), beyond the model state.
   int64_t transient_bytes = 0;
   double eta_seconds = 0;
-  bool skipped = false;  // non-finite gradients: the update was not applied
+  bool skipped = false;  // non-finite gradients or an anomaly policy: the update was not applied
+  std::string anomaly, anomaly_action;  // "loss_spike", ... and what it triggered
   std::optional<double> val_loss;
   // Live changes applied before this step: field and new value (JSON text).
   std::vector<std::pair<std::string, std::string>> changes;

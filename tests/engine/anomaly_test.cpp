@@ -1,0 +1,125 @@
+// Anomaly detection and the recipe's policies, through the trainer in one process.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_data.h"
+#include "tide/engine/train/trainer.h"
+#include "tiny_models.h"
+
+namespace tide {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+RunConfig anomaly_run(int64_t steps) {
+  RunConfig c;
+  c.name = "anomaly";
+  c.model = testing::tiny_llama();
+  c.model.vocab_size = 257;
+  c.data.path = testing::small_dataset();
+  c.data.seq_len = 32;
+  c.batch.micro_batch = 4;
+  c.batch.global_batch = 8;
+  c.optimizer.lr = 1e-3;
+  c.schedule.steps = steps;
+  c.schedule.decay = DecayKind::Constant;
+  c.eval.every = 0;
+  c.checkpoint.async = false;
+  c.threads = 1;
+  return c;
+}
+
+struct RunOutcome {
+  TrainResult result;
+  std::vector<json> rows;
+  std::vector<json> anomalies;
+};
+
+RunOutcome train(const RunConfig& c, const std::string& inject, TrainHooks hooks = {}) {
+  const fs::path dir = fs::temp_directory_path() / ("tide_anomaly_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ::setenv("TIDE_INJECT_NAN_AT", inject.c_str(), 1);
+  RunOutcome r;
+  hooks.show_progress = false;
+  hooks.peak_flops = 1e12;
+  hooks.on_event = [&r](const std::string& kind, const json& body) {
+    if (kind == "anomaly") r.anomalies.push_back(body);
+  };
+  r.result = Trainer(c, dir.string(), hooks).run();
+  ::unsetenv("TIDE_INJECT_NAN_AT");
+  std::ifstream in(dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) r.rows.push_back(json::parse(line));
+  fs::remove_all(dir);
+  return r;
+}
+
+TEST(Anomaly, NonFiniteLossSkipsTheUpdate) {
+  const RunOutcome r = train(anomaly_run(8), "4");
+  ASSERT_EQ(r.rows.size(), 8u);
+  for (const auto& row : r.rows) {
+    const bool bad = row["step"] == 4;
+    EXPECT_EQ(row.value("skipped", false), bad) << row.dump();
+    if (bad) {
+      EXPECT_EQ(row["anomaly"], json({{"kind", "nonfinite"}, {"action", "skip"}}));
+    }
+  }
+  ASSERT_EQ(r.anomalies.size(), 1u);
+  EXPECT_EQ(r.anomalies[0]["kind"], "nonfinite");
+  EXPECT_TRUE(std::isfinite(r.result.final_loss));
+}
+
+TEST(Anomaly, RollbackReloadsTheLatestCheckpointAndMovesTheDataOn) {
+  RunConfig c = anomaly_run(8);
+  c.checkpoint.every = 2;
+  c.anomaly.on_nonfinite = AnomalyAction::Rollback;
+  const RunOutcome r = train(c, "5");
+  ASSERT_EQ(r.anomalies.size(), 1u);
+  EXPECT_EQ(r.anomalies[0]["action"], "rollback");
+  EXPECT_EQ(r.anomalies[0]["to_step"], 4);
+  EXPECT_EQ(r.result.steps, 8);
+  // Steps 1-5, then 5-8 again after going back to step 4.
+  std::vector<int64_t> steps;
+  for (const auto& row : r.rows) steps.push_back(row["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 5, 6, 7, 8}));
+  // The replayed step 5 reads the next batch, not the one that failed: its loss differs
+  // from the first step-5 row's (NaN) and from step 4's weights + step 5's batch.
+  EXPECT_FALSE(r.rows[5].contains("anomaly"));
+  EXPECT_TRUE(std::isfinite(r.rows[5]["loss"].get<double>()));
+}
+
+TEST(Anomaly, StopEndsTheRun) {
+  RunConfig c = anomaly_run(8);
+  c.anomaly.on_nonfinite = AnomalyAction::Stop;
+  const RunOutcome r = train(c, "3");
+  EXPECT_TRUE(r.result.stopped);
+  EXPECT_EQ(r.result.steps, 3);
+  EXPECT_EQ(r.rows.size(), 3u);
+}
+
+TEST(Anomaly, ALossSpikeScalesTheLearningRate) {
+  // A learning rate of 5 from step 15 on wrecks the weights: step 16's loss spikes.
+  RunConfig c = anomaly_run(18);
+  c.anomaly.on_loss_spike = AnomalyAction::ScaleLr;
+  c.anomaly.lr_factor = 0.1;
+  TrainHooks hooks;
+  hooks.controlled = true;
+  auto calls = std::make_shared<int>(0);
+  hooks.take_commands = [calls] {
+    return (*calls)++ == 14 ? json::array({{{"op", "set"}, {"values", {{"optimizer.lr", 5.0}}}}}).dump() : "";
+  };
+  const RunOutcome r = train(c, "", hooks);
+  ASSERT_FALSE(r.anomalies.empty());
+  EXPECT_EQ(r.anomalies[0]["kind"], "loss_spike");
+  EXPECT_EQ(r.anomalies[0]["step"], 16);
+  EXPECT_GT(r.anomalies[0]["score"].get<double>(), c.anomaly.spike_z);
+  EXPECT_EQ(r.anomalies[0]["action"], "scale_lr");
+  // The next step runs at a tenth of the rate.
+  EXPECT_DOUBLE_EQ(r.rows[16]["lr"].get<double>(), 0.5);
+}
+
+}  // namespace
+}  // namespace tide
