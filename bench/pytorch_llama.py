@@ -116,13 +116,15 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     a = ap.parse_args()
+    cuda = a.device == "cuda"
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     tokens = np.memmap(a.data, dtype=np.uint16, mode="r")
     rng = np.random.default_rng(0)
-    model = Llama(a.vocab, a.dim, a.layers, a.heads, ffn_dim(a.dim, a.multiple_of), a.seq)
+    model = Llama(a.vocab, a.dim, a.layers, a.heads, ffn_dim(a.dim, a.multiple_of), a.seq).to(a.device)
     decay = [p for p in model.parameters() if p.dim() > 1 and p is not model.embed_tokens.weight]
     rest = [p for p in model.parameters() if not (p.dim() > 1 and p is not model.embed_tokens.weight)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
@@ -131,12 +133,17 @@ def main():
     for step in range(a.warmup + a.steps):
         starts = rng.integers(0, len(tokens) - a.seq - 1, size=a.batch)
         window = torch.from_numpy(np.stack([tokens[s:s + a.seq + 1].astype(np.int64) for s in starts]))
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
+        window = window.to(a.device, non_blocking=True)
         loss = model(window[:, :-1], window[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         if step >= a.warmup:
             times.append(dt)
@@ -144,6 +151,7 @@ def main():
     print(json.dumps({
         "tokens_per_second": tokens_per_step * len(times) / sum(times),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "peak_device_mb": torch.cuda.max_memory_allocated() / 1e6 if cuda else None,
         "final_loss": float(loss),
         "parameters": sum(p.numel() for p in model.parameters()),
     }))

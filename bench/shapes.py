@@ -7,6 +7,8 @@ RECIPE = os.path.join(ROOT, "recipes", "llama", "llama-tiny.lua")
 SHAPES = {
     "tiny": dict(dim=256, layers=4, heads=4, vocab=8192, seq=256, batch=8),
     "small": dict(dim=512, layers=8, heads=8, vocab=32000, seq=512, batch=4),
+    # For a GPU (--device cuda): about 250M parameters.
+    "gpu": dict(dim=1024, layers=16, heads=16, vocab=32000, seq=1024, batch=16),
 }
 
 

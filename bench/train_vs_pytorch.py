@@ -23,15 +23,19 @@ JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 JEMALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1,background_thread:false"
 
 
-def matmul_peak(threads):
+def matmul_peak(threads, device):
     torch.set_num_threads(threads)
     best = 0.0
-    for n in (1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
+    for n in ((1024, 2048) if device == "cpu" else (4096, 8192)):
+        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
         c = a @ b
         for _ in range(3):
+            if device == "cuda":
+                torch.cuda.synchronize()
             t0 = time.perf_counter()
             torch.mm(a, b, out=c)
+            if device == "cuda":
+                torch.cuda.synchronize()
             best = max(best, 2 * n ** 3 / (time.perf_counter() - t0))
     return best
 
@@ -41,7 +45,7 @@ def flops_per_token(s, ffn):
     return 6 * matmul_params + 12 * s["layers"] * s["dim"] * s["seq"]
 
 
-def run_tide(tide, s, steps, warmup, threads, data):
+def run_tide(tide, s, steps, warmup, threads, data, device):
     run_dir = tempfile.mkdtemp(prefix="tide-bench-")
     recipe = os.path.join(ROOT, "recipes", "llama", "llama-tiny.lua")
     sets = {
@@ -51,6 +55,7 @@ def run_tide(tide, s, steps, warmup, threads, data):
         "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"],
         "schedule.steps": warmup + steps, "schedule.warmup_steps": 0, "eval.every": 0,
         "optimizer.lr": 3e-4, "optimizer.beta2": 0.95, "threads": threads, "log_every": 1000,
+        "device": device,
     }
     cmd = [tide, "train", recipe, "--run-dir", run_dir, "--quiet"]
     for k, v in sets.items():
@@ -65,13 +70,13 @@ def run_tide(tide, s, steps, warmup, threads, data):
     return out
 
 
-def run_torch(s, steps, warmup, threads, data, jemalloc):
+def run_torch(s, steps, warmup, threads, data, jemalloc, device):
     env = dict(os.environ)
     if jemalloc:
         env["LD_PRELOAD"] = JEMALLOC
         env["MALLOC_CONF"] = JEMALLOC_CONF
-    cmd = ["/usr/bin/python3", os.path.join(HERE, "pytorch_llama.py"), "--data", os.path.join(data, "train.bin"),
-           "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads)]
+    cmd = [sys.executable, os.path.join(HERE, "pytorch_llama.py"), "--data", os.path.join(data, "train.bin"),
+           "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--device", device]
     for k in ("dim", "layers", "heads", "vocab", "seq", "batch"):
         cmd += [f"--{k}", str(s[k])]
     res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
@@ -82,7 +87,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tide", default=os.path.join(ROOT, "build", "tools", "tide"))
     ap.add_argument("--data", default=os.path.join(ROOT, "data", "kjv"))
-    ap.add_argument("--shape", default="all", choices=["tiny", "small", "all"])
+    ap.add_argument("--shape", default="all", choices=["tiny", "small", "gpu", "all"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: both on GPU 0 (tide with device=cuda), MFU against the fp32 matmul peak there")
     ap.add_argument("--steps", type=int, default=0, help="timed steps (default: 30 tiny, 8 small)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -90,8 +97,9 @@ def main():
     if not os.path.exists(os.path.join(a.data, "dataset.json")):
         sys.exit(f"bench: no dataset at {a.data}; run `make data` first")
 
-    peak = matmul_peak(a.threads)
-    print(f"fp32 matmul peak (torch.mm, {a.threads} threads): {peak / 1e9:.1f} GFLOP/s")
+    peak = matmul_peak(a.threads, a.device)
+    where = f"{a.threads} threads" if a.device == "cpu" else torch.cuda.get_device_name(0)
+    print(f"fp32 matmul peak (torch.mm, {where}): {peak / 1e9:.1f} GFLOP/s")
     shapes = ["tiny", "small"] if a.shape == "all" else [a.shape]
     for name in shapes:
         s = SHAPES[name]
@@ -101,10 +109,11 @@ def main():
         print(f"\n{name}: dim {s['dim']}, {s['layers']} layers, {s['heads']} heads, vocab {s['vocab']}, "
               f"seq {s['seq']}, batch {s['batch']}; {steps} timed steps after {a.warmup}")
         results = {
-            "tide": run_tide(a.tide, s, steps, a.warmup, a.threads, a.data),
-            "pytorch eager": run_torch(s, steps, a.warmup, a.threads, a.data, jemalloc=False),
-            "pytorch eager + jemalloc": run_torch(s, steps, a.warmup, a.threads, a.data, jemalloc=True),
+            "tide": run_tide(a.tide, s, steps, a.warmup, a.threads, a.data, a.device),
+            "pytorch eager": run_torch(s, steps, a.warmup, a.threads, a.data, False, a.device),
         }
+        if a.device == "cpu":
+            results["pytorch eager + jemalloc"] = run_torch(s, steps, a.warmup, a.threads, a.data, True, a.device)
         base = results["tide"]["tokens_per_second"]
         print(f"  {'':26s} {'tokens/s':>10s} {'tide x':>8s} {'MFU':>7s} {'peak MB':>9s}")
         for k, r in results.items():

@@ -71,7 +71,8 @@ void run_training(const Options& opt) {
     if (env->rank != 0) spdlog::set_level(spdlog::level::warn);
     try {
       dist = init_distributed(*env, cfg.parallel,
-                              std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_s * 1000)));
+                              std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_s * 1000)),
+                              cfg.device == "cuda");
       report_result(link.get(), Trainer(cfg, dir, hooks, dist.get()).run());
     } catch (const std::exception& e) {
       report_failure(link.get(), e.what());

@@ -125,6 +125,9 @@ std::vector<FieldSpec> build_schema() {
                                   {{"trace", "trace"}, {"debug", "debug"}, {"info", "info"}, {"warn", "warn"},
                                    {"error", "error"}},
                                   true, "Level of the run log (train.log).", REF(log_level)));
+  s.push_back(choice<std::string>("device", {{"cpu", "cpu"}, {"cuda", "cuda"}}, false,
+                                  "Where each rank computes: cpu, or cuda (GPU LOCAL_RANK; NCCL between ranks).",
+                                  REF(device)));
   s.push_back(integer("threads", 0, 1024, false, "Intra-op threads per process; 0: the cores available.", REF(threads)));
   // Model.
   s.push_back(choice<Family>("model.family", {{"llama", Family::LLaMA}, {"bloom", Family::BLOOM}}, false,

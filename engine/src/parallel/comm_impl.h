@@ -10,10 +10,23 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
 
 #include "tide/engine/parallel/comm.h"
 
 namespace tide {
+
+// LibTorch 2 splits a process group into per-device backends (ProcessGroupGloo and
+// ProcessGroupNCCL are backends); tide drives one backend per group directly. In 1.13 they
+// are process groups. The collective calls are the same.
+#if TORCH_VERSION_MAJOR >= 2
+using CollectiveBackend = c10d::Backend;
+#else
+using CollectiveBackend = c10d::ProcessGroup;
+#endif
 
 // What this process is doing with its collectives, shared by its groups: the
 // heartbeat publishes it, so that a rank whose collective times out can tell which
@@ -30,7 +43,7 @@ struct Comm::Impl {
   int group_rank = 0;
   bool gloo = true;
   std::chrono::milliseconds timeout{60000};
-  c10::intrusive_ptr<c10d::ProcessGroup> pg;  // null for a group of one
+  c10::intrusive_ptr<CollectiveBackend> pg;  // null for a group of one
   int64_t bytes_sent = 0;
   std::shared_ptr<CommProgress> progress;
   // The state of the group's other ranks, for an error message (may be empty).

@@ -7,8 +7,13 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// PyTorch's pip wheels ship ProcessGroupGloo.hpp without the gloo headers it includes:
+// there, CPU collectives are unavailable and CUDA runs use NCCL.
+#if __has_include(<gloo/algorithm.h>)
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#define TIDE_HAVE_GLOO 1
+#endif
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -130,12 +135,17 @@ std::unique_ptr<Comm> make_group(const c10::intrusive_ptr<c10d::Store>& store, c
       throw std::runtime_error("this LibTorch has no NCCL: CUDA training needs a CUDA build of LibTorch");
 #endif
     } else {
+#ifdef TIDE_HAVE_GLOO
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
       opts->devices.push_back(is_loopback(env.master_addr)
                                   ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                   : c10d::ProcessGroupGloo::createDefaultDevice());
       opts->threads = 1;
       impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, impl->group_rank, size, opts);
+#else
+      throw std::runtime_error("this LibTorch was built without Gloo headers: CPU collectives are unavailable "
+                               "(set device = \"cuda\" to use NCCL)");
+#endif
     }
   }
   return std::make_unique<Comm>(std::move(impl));

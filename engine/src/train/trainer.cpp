@@ -116,6 +116,7 @@ struct Trainer::State {
   std::unique_ptr<FlatParameters> flat;
   std::unique_ptr<AdamW> optim;
   std::unique_ptr<Checkpointer> checkpointer;
+  torch::Device device{torch::kCPU};
 };
 
 Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Distributed* dist)
@@ -160,6 +161,14 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   s_->model = Transformer(cfg.model, tp, s_->stage);
   s_->model->reset_parameters(static_cast<uint64_t>(cfg.seed));
   s_->model->train();
+  if (cfg.device == "cuda") {
+    // Initialised on the host (the same values as a CPU run), then moved: the flat
+    // buffers below are allocated where the parameters live.
+    if (!torch::cuda::is_available())
+      throw ConfigError("device", "cuda: no CUDA device is visible, or this LibTorch was built without CUDA");
+    s_->device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist ? dist->env.local_rank : 0));
+    s_->model->to(s_->device);
+  }
   FlatParameters::Options layout;
   layout.unit_of = block_unit;
   if (dist) layout = DataParallel::flat_options(cfg.parallel, s_->dp_size);
@@ -256,7 +265,8 @@ TrainResult Trainer::run() {
   // cfg follows live changes: the batch size, and with it these, may change per step.
   auto accumulation = [&] { return cfg.batch.global_batch / (s.micro_batch * s.dp_size); };
   auto tokens_per_step = [&] { return cfg.batch.global_batch * cfg.data.seq_len; };
-  double peak = s.hooks.peak_flops > 0 ? s.hooks.peak_flops : measure_matmul_peak("cpu", cfg.precision.compute);
+  const char* device_kind = s.device.is_cuda() ? "cuda" : "cpu";
+  double peak = s.hooks.peak_flops > 0 ? s.hooks.peak_flops : measure_matmul_peak(device_kind, cfg.precision.compute);
   int reprobes_left = s.hooks.peak_flops > 0 ? 0 : 3;
   const double flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
   s.log->info("matmul peak {:.1f} GFLOP/s; {:.3g} FLOPs per token", peak / 1e9, flops_per_token);
@@ -281,6 +291,14 @@ TrainResult Trainer::run() {
   // stages of one replica read the same.
   BatchLoader loader(train, static_cast<uint64_t>(cfg.seed), s.micro_batch, cfg.data.seq_len, resumed.loader_cursor,
                      cfg.data.prefetch, s.dp_rank * s.micro_batch, s.dp_size * s.micro_batch);
+  auto next_batch = [&] {
+    Batch b = loader.next();
+    if (s.device.is_cuda()) {
+      b.tokens = b.tokens.to(s.device, /*non_blocking=*/true);
+      b.targets = b.targets.to(s.device, /*non_blocking=*/true);
+    }
+    return b;
+  };
   std::unique_ptr<JsonlWriter> metrics;
   if (s.leader) {
     if (resumed.step > 0) truncate_metrics((s.dir / "metrics.jsonl").string(), resumed.step);
@@ -369,7 +387,7 @@ TrainResult Trainer::run() {
     double loss_sum = 0;
     if (s.pipeline) {
       std::vector<Batch> batches;
-      for (int64_t micro = 0; micro < accum; ++micro) batches.push_back(loader.next());
+      for (int64_t micro = 0; micro < accum; ++micro) batches.push_back(next_batch());
       // Tied embeddings: the two stages' gradients are summed after backward, so no
       // reduction may start during it.
       loss_sum = stage_sum(s.pipeline->train(batches, 1.0 / static_cast<double>(accum), [&](int64_t micro) {
@@ -381,7 +399,7 @@ TrainResult Trainer::run() {
       }
     } else {
       for (int64_t micro = 0; micro < accum; ++micro) {
-        const Batch b = loader.next();
+        const Batch b = next_batch();
         auto loss = with_compute_dtype(cfg.precision.compute, [&] { return s.model->loss(b.tokens, b.targets); });
         if (micro == 0 && inject_nan.erase(step + 1)) {
           s.log->warn("step {}: injecting a NaN loss (TIDE_INJECT_NAN_AT)", step + 1);
@@ -433,7 +451,7 @@ TrainResult Trainer::run() {
     if (m.mfu > 1.0 && reprobes_left > 0) {
       // The model ran faster than the probe did: the machine was busy when it probed.
       --reprobes_left;
-      peak = std::max(peak, measure_matmul_peak("cpu", cfg.precision.compute));
+      peak = std::max(peak, measure_matmul_peak(device_kind, cfg.precision.compute));
       s.log->info("matmul peak re-measured: {:.1f} GFLOP/s", peak / 1e9);
       m.mfu = m.tokens_per_second * flops_per_token / (peak * world);
     }

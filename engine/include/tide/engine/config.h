@@ -128,6 +128,7 @@ struct RunConfig {
   int64_t log_every = 1;
   std::string log_level = "info";  // the run log's level (train.log)
   int64_t threads = 0;  // intra-op threads; 0: all cores of this process' share
+  std::string device = "cpu";  // "cuda": each rank on GPU LOCAL_RANK, NCCL between them
   ModelConfig model;
   DataConfig data;
   BatchConfig batch;
