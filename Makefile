@@ -41,6 +41,7 @@ bench: data
 	@/usr/bin/python3 bench/train_vs_pytorch.py --tide $(BUILD)/tools/tide
 	@/usr/bin/python3 bench/parallel_layouts.py --tide $(BUILD)/tools/tide
 	@/usr/bin/python3 bench/checkpoint_io.py --tide $(BUILD)/tools/tide
+	@/usr/bin/python3 bench/daemon_load.py --tide $(BUILD)/tools/tide --tided $(BUILD)/tools/tided
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log

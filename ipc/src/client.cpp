@@ -9,13 +9,22 @@ namespace tide::ipc {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-Client::Client(const std::string& endpoint, std::chrono::milliseconds timeout) : endpoint_(endpoint), timeout_(timeout) {
+void CurveClient::apply(zmq::socket_t& socket) const {
+  if (!enabled()) return;
+  socket.set(zmq::sockopt::curve_serverkey, server_public_key);
+  socket.set(zmq::sockopt::curve_publickey, public_key);
+  socket.set(zmq::sockopt::curve_secretkey, secret_key);
+}
+
+Client::Client(const std::string& endpoint, std::chrono::milliseconds timeout, CurveClient curve)
+    : endpoint_(endpoint), timeout_(timeout), curve_(std::move(curve)) {
   connect();
 }
 
 void Client::connect() {
   socket_.emplace(ctx_, zmq::socket_type::dealer);
   socket_->set(zmq::sockopt::linger, 0);
+  curve_.apply(*socket_);
   try {
     socket_->connect(endpoint_);
   } catch (const zmq::error_t& e) {
@@ -55,8 +64,10 @@ json Client::request(const std::string& type, const json& body) {
   }
 }
 
-Subscriber::Subscriber(const std::string& endpoint, const std::vector<std::string>& prefixes) {
+Subscriber::Subscriber(const std::string& endpoint, const std::vector<std::string>& prefixes,
+                       const CurveClient& curve) {
   socket_.set(zmq::sockopt::linger, 0);
+  curve.apply(socket_);
   for (const auto& p : prefixes) socket_.set(zmq::sockopt::subscribe, p);
   socket_.connect(endpoint);
 }

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -19,19 +20,86 @@ double unix_now() {
 namespace {
 constexpr auto kTick = std::chrono::milliseconds(50);
 
-std::vector<std::string> bind_all(zmq::socket_t& socket, const std::vector<std::string>& endpoints) {
-  std::vector<std::string> bound;
-  for (const auto& ep : endpoints) {
-    try {
-      socket.bind(ep);
-    } catch (const zmq::error_t& e) {
-      throw std::runtime_error(fmt::format("cannot bind {}: {}", ep, e.what()));
-    }
-    bound.push_back(socket.get(zmq::sockopt::last_endpoint));
+bool is_tcp(const std::string& ep) { return ep.rfind("tcp://", 0) == 0; }
+
+bool is_loopback_tcp(const std::string& ep) {
+  return ep.rfind("tcp://127.", 0) == 0 || ep.rfind("tcp://localhost:", 0) == 0 || ep.rfind("tcp://[::1]:", 0) == 0;
+}
+
+void bind_one(zmq::socket_t& socket, const std::string& ep, std::vector<std::string>& bound) {
+  try {
+    socket.bind(ep);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error(fmt::format("cannot bind {}: {}", ep, e.what()));
   }
-  return bound;
+  bound.push_back(socket.get(zmq::sockopt::last_endpoint));
+}
+
+// Types that change runs or the daemon: operators only.
+bool changes_something(const std::string& type) {
+  for (const char* t : {"submit", "pause", "resume", "stop", "cancel", "checkpoint", "set", "shutdown"})
+    if (type == t) return true;
+  return false;
 }
 }  // namespace
+
+void Controller::Impl::bind_endpoints() {
+  if (!opt.curve_key_file.empty()) {
+    curve = read_curve_keys(opt.curve_key_file);
+    if (opt.allowlist_file.empty())
+      throw std::invalid_argument("a CURVE key needs an allowlist of client keys (--clients)");
+    allowed = read_allowlist(opt.allowlist_file);
+    zap.set(zmq::sockopt::linger, 0);
+    zap.bind("inproc://zeromq.zap.01");
+  }
+  for (const auto& ep : opt.command_endpoints)
+    if (is_tcp(ep) && !is_loopback_tcp(ep) && !curve)
+      throw std::invalid_argument(fmt::format("binding {} beyond loopback needs CURVE (--curve-key and --clients)", ep));
+  // Options apply to the binds that follow them: local endpoints first, without CURVE.
+  for (auto [socket, endpoints, bound] : {std::tuple{&commands, &opt.command_endpoints, &command_eps},
+                                          std::tuple{&events, &opt.event_endpoints, &event_eps}}) {
+    for (const auto& ep : *endpoints)
+      if (!is_tcp(ep)) bind_one(*socket, ep, *bound);
+    if (curve) {
+      socket->set(zmq::sockopt::curve_server, true);
+      socket->set(zmq::sockopt::curve_secretkey, curve->secret_key);
+      socket->set(zmq::sockopt::zap_domain, "tide");
+    }
+    for (const auto& ep : *endpoints)
+      if (is_tcp(ep)) bind_one(*socket, ep, *bound);
+  }
+}
+
+void Controller::Impl::serve_zap() {
+  // RFC 27: version, request id, domain, address, identity, mechanism, credentials.
+  std::vector<zmq::message_t> req;
+  while (true) {
+    zmq::message_t part;
+    if (!zap.recv(part, zmq::recv_flags::dontwait)) break;
+    const bool more = part.more();
+    req.push_back(std::move(part));
+    if (!more) break;
+  }
+  if (req.size() < 6) return;
+  std::string status = "400", text = "unknown client key", user;
+  const std::string mechanism = req[5].to_string();
+  if (mechanism == "CURVE" && req.size() >= 7 && req[6].size() == 32) {
+    char z85[41];
+    zmq_z85_encode(z85, static_cast<const uint8_t*>(req[6].data()), 32);
+    if (const auto it = allowed.find(z85); it != allowed.end()) {
+      status = "200";
+      text = "OK";
+      user = role_name(it->second);
+    } else {
+      spdlog::warn("refused a CURVE client from {} with unknown key {}", req[3].to_string(), z85);
+    }
+  } else {
+    text = "CURVE required";
+  }
+  for (const std::string& frame : {std::string("1.0"), req[1].to_string(), status, text, user})
+    (void)zap.send(zmq::buffer(frame), zmq::send_flags::sndmore);
+  (void)zap.send(zmq::message_t(), zmq::send_flags::none);
+}
 
 Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
   if (opt.state_dir.empty()) throw std::invalid_argument("the controller needs a state directory");
@@ -60,12 +128,16 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
   // read loses messages beyond this many instead of slowing anything down.
   events.set(zmq::sockopt::xpub_verbose, 1);
   events.set(zmq::sockopt::sndhwm, 10000);
-  command_eps = bind_all(commands, opt.command_endpoints);
-  event_eps = bind_all(events, opt.event_endpoints);
+  bind_endpoints();
   worker_ep = "ipc://" + (fs::absolute(opt.state_dir) / "workers.sock").string();
   workers.bind(worker_ep);
   std::ofstream(fs::path(opt.state_dir) / "endpoints.json", std::ios::trunc)
-      << json{{"commands", command_eps}, {"events", event_eps}, {"pid", ::getpid()}}.dump(2) << "\n";
+      << json{{"commands", command_eps},
+              {"events", event_eps},
+              {"pid", ::getpid()},
+              {"curve_public_key", curve ? json(curve->public_key) : json(nullptr)}}
+             .dump(2)
+      << "\n";
 }
 
 Controller::Controller(ControllerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
@@ -82,9 +154,10 @@ void Controller::run() {
   while (!m.stopping) {
     zmq::pollitem_t items[] = {{m.commands.handle(), 0, ZMQ_POLLIN, 0},
                                {m.events.handle(), 0, ZMQ_POLLIN, 0},
-                               {m.workers.handle(), 0, ZMQ_POLLIN, 0}};
+                               {m.workers.handle(), 0, ZMQ_POLLIN, 0},
+                               {m.zap.handle(), 0, ZMQ_POLLIN, 0}};
     try {
-      zmq::poll(items, 3, kTick);
+      zmq::poll(items, m.curve ? 4 : 3, kTick);
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       throw;
@@ -92,6 +165,7 @@ void Controller::run() {
     // Nothing a client or a worker sends may take the controller down: every handler
     // turns its failures into replies or log lines.
     try {
+      if (m.curve && (items[3].revents & ZMQ_POLLIN)) m.serve_zap();
       if (items[2].revents & ZMQ_POLLIN) m.serve_workers();
       if (items[0].revents & ZMQ_POLLIN) m.serve_commands();
       if (items[1].revents & ZMQ_POLLIN) m.serve_subscriptions();
@@ -127,6 +201,10 @@ void Controller::Impl::serve_commands() {
       const auto& frame = parts.back();
       try {
         const Request req = parse_request(frame.to_string_view(), id);
+        // CURVE clients carry the role their key was allowed with; local (ipc) ones none.
+        const char* role = zmq_msg_gets(const_cast<zmq_msg_t*>(frame.handle()), "User-Id");
+        if (role && std::string(role) == "observer" && changes_something(req.type))
+          throw ProtocolError(ErrorCode::unauthorized, fmt::format("'{}' needs the operator role; this key is an observer's", req.type));
         reply = reply_ok(id, handle(req));
       } catch (const ProtocolError& e) {
         spdlog::warn("request refused ({}): {}", error_name(e.code()), e.what());

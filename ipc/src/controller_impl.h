@@ -15,6 +15,7 @@
 
 #include "tide/engine/config.h"
 #include "tide/ipc/controller.h"
+#include "tide/ipc/curve.h"
 #include "tide/ipc/protocol.h"
 #include "tide/ipc/run_registry.h"
 #include "tide/ipc/worker_group.h"
@@ -44,6 +45,9 @@ struct Controller::Impl {
   zmq::socket_t commands{ctx, zmq::socket_type::router};
   zmq::socket_t events{ctx, zmq::socket_type::xpub};
   zmq::socket_t workers{ctx, zmq::socket_type::router};
+  zmq::socket_t zap{ctx, zmq::socket_type::rep};  // ZAP handler: CURVE clients by key
+  std::optional<CurveKeyPair> curve;
+  std::map<std::string, Role> allowed;
   std::vector<std::string> command_eps, event_eps;
   std::string worker_ep;
   std::atomic<bool> stopping{false};
@@ -59,6 +63,8 @@ struct Controller::Impl {
   // controller.cpp
   void serve_commands();
   void serve_subscriptions();
+  void serve_zap();
+  void bind_endpoints();
   void publish(const std::string& run, const std::string& kind, json body, bool snapshot = false);
   void set_state(RunRecord& r, RunState s, json extra = json::object());
   void snapshot(const std::string& prefix);

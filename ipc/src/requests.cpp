@@ -117,6 +117,7 @@ json Controller::Impl::info() {
           {"slots", {{"kind", "cpu"}, {"total", opt.cpu_slots}, {"used", slots_in_use()}}},
           {"cores", opt.cores},
           {"endpoints", {{"commands", command_eps}, {"events", event_eps}}},
+          {"curve_public_key", curve ? json(curve->public_key) : json(nullptr)},
           {"runs", {{"queued", queued}, {"active", running}}}};
 }
 

@@ -1,7 +1,7 @@
 """End-to-end tests of tided with real worker processes, spoken to only through libzmq
 and JSON as docs/protocol.md describes (see tided_client.py).
 
-Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly}
+Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|security}
 """
 import json
 import os
@@ -273,11 +273,50 @@ def part_anomaly():
     d.stop()
 
 
+def part_security():
+    keys = os.path.join(WORK, "keys")
+    subprocess.run([TIDE, "keygen", "server", "--dir", keys], check=True, capture_output=True)
+    server_pub = json.load(open(os.path.join(keys, "server.key")))["public"].encode()
+    assert oct(os.stat(os.path.join(keys, "server.key")).st_mode & 0o777) == "0o600"
+    op, obs, stranger = zmq.curve_keypair(), zmq.curve_keypair(), zmq.curve_keypair()
+    with open(os.path.join(WORK, "clients.txt"), "w") as f:
+        f.write(f"# who may talk to this daemon\noperator {op[0].decode()} alice\nobserver {obs[0].decode()} dashboard\n")
+    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=1,
+              extra=["--curve-key", os.path.join(keys, "server.key"), "--clients", os.path.join(WORK, "clients.txt"),
+                     "--bind", "tcp://0.0.0.0:*", "--publish", "tcp://0.0.0.0:*"]).start()
+    assert d.endpoints["curve_public_key"] == server_pub.decode()
+    wide = next(e for e in d.endpoints["commands"] if e.startswith("tcp://0.0.0.0"))
+    operator = Conn(wide, curve=(server_pub, *op))
+    observer = Conn(d.tcp("commands"), curve=(server_pub, *obs))
+    run = submit(operator, recipe("sec", 20))
+    print(f"operator submitted {run} over CURVE on {wide}")
+    assert observer.request("status", {"run": run})["run"]["id"] == run
+    err = observer.request("cancel", {"run": run}, ok=False)
+    assert err["code"] == "unauthorized" and "operator" in err["message"], err
+    err = observer.request("submit", {"recipe": recipe("x", 5), "workdir": WORK}, ok=False)
+    assert err["code"] == "unauthorized", err
+    print(f"observer may read, not change: {err['message']}")
+    # An unknown key, and no key at all: the handshake fails and nothing is answered.
+    for who, curve in (("unknown key", (server_pub, *stranger)), ("no CURVE", None)):
+        c = Conn(wide, curve=curve)
+        assert c.raw([json.dumps({"v": 1, "id": 1, "type": "info"}).encode()], timeout=2) is None, who
+        c.close()
+        print(f"{who}: refused")
+    # A subscriber with an allowed key gets events; the local ipc socket needs no key.
+    events = Events(d.tcp("events"), f"run.{run}.", curve=(server_pub, *obs))
+    events.wait_for(lambda e: e["kind"] in ("metrics", "state"), what="an event over CURVE")
+    local = Conn(d.endpoints["commands"][0])
+    r = wait_status(local, run, lambda r: r["state"] == "completed", what="end")
+    print(f"{run} completed (final loss {r['final_loss']:.4f}); the refusals changed nothing")
+    d.stop()
+
+
 try:
     subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-3",
                     "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(WORK, "ds"),
                     "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
-    {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly}[PART]()
+    {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly,
+     "security": part_security}[PART]()
     print(f"daemon {PART}: ok")
 finally:
     subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)

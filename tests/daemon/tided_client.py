@@ -66,10 +66,11 @@ class Tided:
 class Conn:
     """A DEALER on the command socket: one JSON frame out, one JSON frame back."""
 
-    def __init__(self, endpoint, ctx=None):
+    def __init__(self, endpoint, ctx=None, curve=None):
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        set_curve(self.sock, curve)
         self.sock.connect(endpoint)
         self.next_id = 0
 
@@ -100,10 +101,11 @@ class Conn:
 class Events:
     """A SUB on the event socket, collecting every event it receives."""
 
-    def __init__(self, endpoint, prefix="", ctx=None):
+    def __init__(self, endpoint, prefix="", ctx=None, curve=None):
         self.ctx = ctx or zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.setsockopt(zmq.LINGER, 0)
+        set_curve(self.sock, curve)
         self.sock.setsockopt_string(zmq.SUBSCRIBE, prefix)
         self.sock.connect(endpoint)
         self.seen = []
@@ -133,6 +135,14 @@ class Events:
 
     def close(self):
         self.sock.close()
+
+
+def set_curve(sock, curve):
+    """curve: (server public key, client public key, client secret key), Z85 bytes, or None."""
+    if curve:
+        sock.setsockopt(zmq.CURVE_SERVERKEY, curve[0])
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, curve[1])
+        sock.setsockopt(zmq.CURVE_SECRETKEY, curve[2])
 
 
 def summary(e):

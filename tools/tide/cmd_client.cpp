@@ -14,6 +14,7 @@
 
 #include "cli_common.h"
 #include "tide/ipc/client.h"
+#include "tide/ipc/curve.h"
 
 namespace tide::cli {
 namespace fs = std::filesystem;
@@ -22,14 +23,25 @@ using json = nlohmann::json;
 namespace {
 
 struct Connection {
-  std::string endpoint, state_dir;
+  std::string endpoint, state_dir, server_key, key;
   double timeout_s = 10;
   bool json_out = false;
 
+  ipc::CurveClient curve() const {
+    ipc::CurveClient c;
+    if (server_key.empty() != key.empty())
+      throw std::invalid_argument("CURVE needs both --server-key and --client-key");
+    if (server_key.empty()) return c;
+    c.server_public_key = ipc::read_public_key(server_key);
+    const auto mine = ipc::read_curve_keys(key);
+    c.public_key = mine.public_key;
+    c.secret_key = mine.secret_key;
+    return c;
+  }
   ipc::Client client() const {
     const std::string sd = state_dir.empty() ? ipc::default_state_dir() : state_dir;
     const std::string ep = endpoint.empty() ? ipc::default_command_endpoint(sd) : endpoint;
-    return ipc::Client(ep, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+    return ipc::Client(ep, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)), curve());
   }
 };
 
@@ -39,6 +51,8 @@ void add_connection(CLI::App& cmd, Connection& c) {
                                              "~/.local/state/tide)");
   cmd.add_option("--timeout", c.timeout_s, "Seconds to wait for a reply")->check(CLI::Range(0.1, 3600.0));
   cmd.add_flag("--json", c.json_out, "Print the reply as JSON");
+  cmd.add_option("--server-key", c.server_key, "A CURVE daemon's public key (Z85, or its .pub file)");
+  cmd.add_option("--client-key", c.key, "This client's key file (tide keygen), for a CURVE daemon");
 }
 
 std::string fmt_loss(const json& v) { return v.is_number() ? fmt::format("{:.4f}", v.get<double>()) : "-"; }
@@ -74,8 +88,8 @@ std::string event_endpoint(ipc::Client& client) {
 }
 
 // Follows a run's events until it finishes; returns 0 when it completed or stopped.
-int watch(ipc::Client& client, const std::string& run) {
-  ipc::Subscriber sub(event_endpoint(client), {"run." + run + "."});
+int watch(ipc::Client& client, const std::string& run, const ipc::CurveClient& curve) {
+  ipc::Subscriber sub(event_endpoint(client), {"run." + run + "."}, curve);
   bool tty = ::isatty(STDOUT_FILENO);
   auto last_check = std::chrono::steady_clock::now();
   while (true) {
@@ -171,7 +185,7 @@ void add_client_commands(CLI::App& app) {
         else
           std::printf("%s\n", id.c_str());
         std::fflush(stdout);
-        if (s->watch && watch(client, id) != 0) throw std::runtime_error("run " + id + " did not complete");
+        if (s->watch && watch(client, id, c->curve()) != 0) throw std::runtime_error("run " + id + " did not complete");
       });
     });
   }
@@ -216,7 +230,7 @@ void add_client_commands(CLI::App& app) {
     cmd->callback([c, run] {
       guarded([&] {
         auto client = c->client();
-        if (watch(client, *run) != 0) throw std::runtime_error("run " + *run + " did not complete");
+        if (watch(client, *run, c->curve()) != 0) throw std::runtime_error("run " + *run + " did not complete");
       });
     });
   }
@@ -298,6 +312,22 @@ void add_client_commands(CLI::App& app) {
             "logs", {{"run", l->run}, {"lines", l->lines}, {"source", l->source}, {"rank", l->rank}});
         for (const auto& line : reply.at("lines")) std::printf("%s\n", line.get<std::string>().c_str());
       });
+    });
+  }
+  {
+    struct Keygen {
+      std::string name, dir = ".";
+    };
+    auto k = std::make_shared<Keygen>();
+    auto* cmd = app.add_subcommand("keygen", "Make a CURVE key pair: NAME.key (secret, 0600) and NAME.pub");
+    cmd->add_option("name", k->name, "File name stem, e.g. the daemon's host or a client's name")->required();
+    cmd->add_option("--dir", k->dir, "Where to write them")->capture_default_str();
+    cmd->callback([k] {
+      const auto keys = ipc::generate_curve_keys();
+      ipc::write_curve_keys(keys, k->dir, k->name);
+      std::printf("%s\n", keys.public_key.c_str());
+      std::fprintf(stderr, "wrote %s/%s.key (keep it secret) and %s.pub\n", k->dir.c_str(), k->name.c_str(),
+                   k->name.c_str());
     });
   }
   {

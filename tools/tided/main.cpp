@@ -84,15 +84,18 @@ int main(int argc, char** argv) {
   app.add_flag("--no-tcp", no_tcp, "Serve only the ipc sockets in the state directory");
   app.add_option("--bind", opt.command_endpoints, "More command endpoints (ZeroMQ syntax)");
   app.add_option("--publish", opt.event_endpoints, "More event endpoints (ZeroMQ syntax)");
+  app.add_option("--curve-key", opt.curve_key_file,
+                 "Serve TCP with CURVE: this daemon's key file (tide keygen); required to bind beyond loopback")
+      ->check(CLI::ExistingFile);
+  app.add_option("--clients", opt.allowlist_file,
+                 "With --curve-key: the allowlist, one 'operator|observer <public key> [name]' per line")
+      ->check(CLI::ExistingFile);
   app.add_option("--worker", opt.worker_executable, "The tide executable the workers run (default: beside tided)");
   app.add_option("--log-level", level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
-    for (const auto& ep : opt.command_endpoints)
-      if (ep.rfind("tcp://", 0) == 0 && ep.rfind("tcp://127.", 0) != 0 && ep.rfind("tcp://localhost", 0) != 0)
-        throw std::invalid_argument("binding " + ep + " needs CURVE keys, which this daemon does not serve yet");
     fs::create_directories(opt.state_dir);
     opt.state_dir = fs::canonical(opt.state_dir).string();
     if (!foreground) detach(opt.state_dir);

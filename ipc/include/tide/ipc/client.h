@@ -26,9 +26,18 @@ class ClientError : public std::runtime_error {
   std::string code_;
 };
 
+// A client's CURVE identity toward a daemon serving CURVE (empty: none).
+struct CurveClient {
+  std::string server_public_key;  // the daemon's public key (Z85)
+  std::string public_key, secret_key;
+  bool enabled() const { return !server_public_key.empty(); }
+  void apply(zmq::socket_t& socket) const;
+};
+
 class Client {
  public:
-  explicit Client(const std::string& endpoint, std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  explicit Client(const std::string& endpoint, std::chrono::milliseconds timeout = std::chrono::seconds(10),
+                  CurveClient curve = {});
   // The reply's body; throws ClientError for an error reply or no reply in time. After a
   // timeout the connection is made again, so a late reply cannot be taken for the next.
   nlohmann::json request(const std::string& type, const nlohmann::json& body = nlohmann::json::object());
@@ -38,6 +47,7 @@ class Client {
   void connect();
   std::string endpoint_;
   std::chrono::milliseconds timeout_;
+  CurveClient curve_;
   zmq::context_t ctx_{1};
   std::optional<zmq::socket_t> socket_;
   int64_t next_id_ = 0;
@@ -51,7 +61,7 @@ struct Event {
 class Subscriber {
  public:
   // Subscribes to every prefix ("run.<id>." for one run, "" for everything).
-  Subscriber(const std::string& endpoint, const std::vector<std::string>& prefixes);
+  Subscriber(const std::string& endpoint, const std::vector<std::string>& prefixes, const CurveClient& curve = {});
   std::optional<Event> next(std::chrono::milliseconds timeout);
 
  private:

@@ -18,6 +18,10 @@ struct ControllerOptions {
   std::string worker_executable;  // the tide binary the workers run
   int cpu_slots = 1;              // runs share these (one slot per worker process)
   int cores = 0;                  // cores shared by the slots; 0: this machine's
+  // CURVE on every TCP endpoint (required to bind beyond loopback): the server's key file
+  // (tide keygen) and the allowlist of client public keys with their roles
+  // (docs/protocol.md, Security). ipc endpoints stay local and need no key.
+  std::string curve_key_file, allowlist_file;
 };
 
 class Controller {

@@ -1,0 +1,114 @@
+"""tided under load: thousands of status requests and a subscriber that never reads,
+while a run trains, against the same run trained with the daemon idle.
+
+Prints the request latency percentiles and the training speed of both runs, side by side,
+as a ratio. Usage: /usr/bin/python3 bench/daemon_load.py [--steps 300]
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import zmq
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "daemon"))
+from tided_client import Conn, Tided, wait_status  # noqa: E402
+
+RECIPE = """return tide.recipe {
+  name = "load", seed = 7, threads = 1,
+  model = tide.models.llama { vocab_size = 300, dim = 128, n_layers = 4, n_heads = 4, multiple_of = 64,
+                              max_seq_len = 128 },
+  data = { path = "ds", seq_len = 128 },
+  batch = { micro_batch = 4, global_batch = 4 },
+  schedule = { steps = %d, warmup_steps = 2 },
+  eval = { every = 0 },
+  log_every = 100000,
+}
+"""
+
+
+def median_step_seconds(conn, run):
+    rows = conn.request("metrics", {"run": run, "limit": 100000})["metrics"]
+    return statistics.median(r["step_seconds"] for r in rows[5:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tide", default=os.path.join(ROOT, "build", "tools", "tide"))
+    ap.add_argument("--tided", default=os.path.join(ROOT, "build", "tools", "tided"))
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--rate", type=float, default=1000,
+                    help="status requests per second (0: back to back; on 2 cores the client and the daemon "
+                         "then take a core from training)")
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="tided-load-")
+    try:
+        subprocess.run([a.tide, "data", "prepare", "/usr/share/common-licenses/GPL-3",
+                        "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(work, "ds"),
+                        "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
+        d = Tided(a.tided, a.tide, os.path.join(work, "state"), slots=1).start()
+        conn = Conn(d.tcp("commands"))
+        body = {"recipe": RECIPE % a.steps, "workdir": work}
+
+        def idle_run():
+            run = conn.request("submit", body)["run"]["id"]
+            wait_status(conn, run, lambda r: r["state"] == "completed", timeout=900, what="end")
+            return median_step_seconds(conn, run)
+
+        idle_steps = [idle_run()]
+
+        # A subscriber to everything that never reads, with small buffers.
+        ctx = zmq.Context()
+        deaf = ctx.socket(zmq.SUB)
+        deaf.setsockopt(zmq.RCVHWM, 10)
+        deaf.setsockopt(zmq.RCVBUF, 4096)
+        deaf.setsockopt_string(zmq.SUBSCRIBE, "")
+        deaf.connect(d.tcp("events"))
+
+        loaded = conn.request("submit", body)["run"]["id"]
+        wait_status(conn, loaded, lambda r: r["state"] == "running" and r["last_step"] >= 10, what="running")
+        client = Conn(d.tcp("commands"), ctx=ctx)
+        # Status requests at --rate for as long as the run trains.
+        latencies = []
+        t0 = time.perf_counter()
+        while True:
+            if a.rate > 0:
+                ahead = t0 + len(latencies) / a.rate - time.perf_counter()
+                if ahead > 0:
+                    time.sleep(ahead)
+            s = time.perf_counter()
+            r = client.request("status", {"run": loaded})["run"]
+            latencies.append(time.perf_counter() - s)
+            if r["state"] != "running":
+                break
+        load_seconds = time.perf_counter() - t0
+        wait_status(conn, loaded, lambda r: r["state"] == "completed", timeout=900, what="end")
+        loaded_step = median_step_seconds(conn, loaded)
+        idle_steps.append(idle_run())  # idle before and after: the machine's drift
+        idle_step = statistics.mean(idle_steps)
+        d.stop()
+
+        q = statistics.quantiles(latencies, n=100)
+        pace = f"paced at {a.rate:.0f}/s" if a.rate > 0 else "back to back"
+        print(f"{len(latencies)} status requests in {load_seconds:.1f} s ({len(latencies) / load_seconds:.0f}/s, "
+              f"{pace}) on one connection, for the whole of a {a.steps}-step run")
+        print(f"latency: p50 {q[49] * 1e3:.2f} ms, p90 {q[89] * 1e3:.2f} ms, p99 {q[98] * 1e3:.2f} ms, "
+              f"max {max(latencies) * 1e3:.2f} ms")
+        print(f"median step: idle daemon {idle_step * 1e3:.1f} ms (runs before and after: "
+              f"{idle_steps[0] * 1e3:.1f}, {idle_steps[1] * 1e3:.1f}), under load {loaded_step * 1e3:.1f} ms; "
+              f"training speed under load / idle = {idle_step / loaded_step:.3f} "
+              f"(a subscriber that never read was connected throughout)")
+    finally:
+        subprocess.run(["pkill", "-KILL", "-f", work], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
