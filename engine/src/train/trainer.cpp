@@ -80,17 +80,23 @@ std::set<int64_t> injected_nan_steps() {
   return out;
 }
 
-// A resumed run rewrites the steps after its checkpoint: drop their old rows.
-void truncate_metrics(const std::string& path, int64_t last_step) {
+// A resumed run rewrites the steps after its checkpoint: drop their old rows. Returns
+// the loss of the last row kept (a run resumed at its end reports it as its final loss).
+std::optional<double> truncate_metrics(const std::string& path, int64_t last_step) {
   std::ifstream in(path);
-  if (!in) return;
+  if (!in) return std::nullopt;
   std::string kept, line;
+  std::optional<double> last_loss;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("step", int64_t{0}) <= last_step) kept += line + "\n";
+    if (!j.is_discarded() && j.value("step", int64_t{0}) <= last_step) {
+      kept += line + "\n";
+      if (j.contains("loss") && j["loss"].is_number()) last_loss = j["loss"].get<double>();
+    }
   }
   in.close();
   std::ofstream(path, std::ios::trunc) << kept;
+  return last_loss;
 }
 }  // namespace
 
@@ -301,7 +307,11 @@ TrainResult Trainer::run() {
   };
   std::unique_ptr<JsonlWriter> metrics;
   if (s.leader) {
-    if (resumed.step > 0) truncate_metrics((s.dir / "metrics.jsonl").string(), resumed.step);
+    if (resumed.step > 0) {
+      result.steps = resumed.step;
+      if (const auto loss = truncate_metrics((s.dir / "metrics.jsonl").string(), resumed.step))
+        result.final_loss = *loss;
+    }
     metrics = std::make_unique<JsonlWriter>((s.dir / "metrics.jsonl").string());
   }
   ProgressLine progress;
