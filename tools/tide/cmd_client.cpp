@@ -41,6 +41,9 @@ struct Connection {
   ipc::Client client() const {
     const std::string sd = state_dir.empty() ? ipc::default_state_dir() : state_dir;
     const std::string ep = endpoint.empty() ? ipc::default_command_endpoint(sd) : endpoint;
+    // A local daemon that is not running has no socket file: say so rather than time out.
+    if (ep.rfind("ipc://", 0) == 0 && !fs::exists(ep.substr(6)))
+      throw std::runtime_error(fmt::format("no daemon at {} (start one with `tided --state-dir {}`)", ep, sd));
     return ipc::Client(ep, std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)), curve());
   }
 };
