@@ -270,6 +270,20 @@ def part_anomaly():
         print(f"{run}: NaN at step 12 -> {action}" + (f" to step {e['body']['to_step']}" if action == "rollback" else "")
               + f"; completed {r['last_step']} steps, final loss {r['final_loss']:.4f}")
     assert events.wait_for(lambda e: e["run"] == back and e["kind"] == "anomaly")["body"]["to_step"] == 10
+
+    # A save that fails: an event and a log line; training goes on and the older
+    # checkpoint stays. A file where step 10's temporary directory must go makes it fail.
+    reply = conn.request("submit", {"recipe": recipe("nosave", 20, every=5), "workdir": WORK})["run"]
+    os.makedirs(os.path.join(reply["run_dir"], "checkpoints"), exist_ok=True)
+    open(os.path.join(reply["run_dir"], "checkpoints", "step-00000010.tmp"), "w").close()
+    failed = events.wait_for(lambda e: e["run"] == reply["id"] and e["kind"] == "checkpoint" and not e["body"]["ok"],
+                             what="a failed save")
+    assert failed["body"]["step"] == 10 and failed["body"]["error"], failed
+    r = wait_status(conn, reply["id"], lambda r: r["state"] in ("completed", "failed"), what="end")
+    assert r["state"] == "completed" and r["last_step"] == 20, r
+    kept = sorted(os.listdir(os.path.join(r["run_dir"], "checkpoints")))
+    assert "step-00000005" in kept and "step-00000020" in kept and "step-00000010" not in kept, kept
+    print(f"failed save at step 10 reported ({failed['body']['error'][:70]}); run completed; kept {kept}")
     d.stop()
 
 
