@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <zmq_addon.hpp>
 
 #include "controller_impl.h"
 
@@ -73,14 +74,7 @@ void Controller::Impl::bind_endpoints() {
 void Controller::Impl::serve_zap() {
   // RFC 27: version, request id, domain, address, identity, mechanism, credentials.
   std::vector<zmq::message_t> req;
-  while (true) {
-    zmq::message_t part;
-    if (!zap.recv(part, zmq::recv_flags::dontwait)) break;
-    const bool more = part.more();
-    req.push_back(std::move(part));
-    if (!more) break;
-  }
-  if (req.size() < 6) return;
+  if (!zmq::recv_multipart(zap, std::back_inserter(req), zmq::recv_flags::dontwait) || req.size() < 6) return;
   std::string status = "400", text = "unknown client key", user;
   const std::string mechanism = req[5].to_string();
   if (mechanism == "CURVE" && req.size() >= 7 && req[6].size() == 32) {
@@ -181,14 +175,7 @@ void Controller::run() {
 void Controller::Impl::serve_commands() {
   while (true) {
     std::vector<zmq::message_t> parts;
-    while (true) {
-      zmq::message_t part;
-      if (!commands.recv(part, zmq::recv_flags::dontwait)) break;
-      const bool more = part.more();
-      parts.push_back(std::move(part));
-      if (!more) break;
-    }
-    if (parts.empty()) return;
+    if (!zmq::recv_multipart(commands, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
     // [identity][body] from a DEALER, [identity][empty][body] from a REQ.
     const bool delimited = parts.size() == 3 && parts[1].size() == 0;
     json id = nullptr;

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <zmq_addon.hpp>
 
 #include "controller_impl.h"
 
@@ -101,16 +102,14 @@ void Controller::Impl::deliver(const std::string& run) {
 
 void Controller::Impl::serve_workers() {
   while (true) {
-    zmq::message_t identity, body;
-    if (!workers.recv(identity, zmq::recv_flags::dontwait)) return;
-    if (!identity.more() || !workers.recv(body, zmq::recv_flags::dontwait)) continue;
-    if (body.more()) {  // the link sends one frame: drop anything longer
-      zmq::message_t extra;
-      while (workers.recv(extra, zmq::recv_flags::dontwait) && extra.more()) {
-      }
-      spdlog::warn("worker socket: dropped a message of several frames from '{}'", identity.to_string());
+    std::vector<zmq::message_t> parts;
+    if (!zmq::recv_multipart(workers, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
+    if (parts.size() != 2) {  // the link sends [identity][one JSON frame]
+      spdlog::warn("worker socket: dropped a message of {} frames", parts.size());
       continue;
     }
+    const zmq::message_t& identity = parts[0];
+    const zmq::message_t& body = parts[1];
     const auto route = parse_route(identity.to_string_view());
     const json msg = json::parse(body.to_string_view(), nullptr, false);
     if (!route || !msg.is_object() || !msg.contains("type")) {

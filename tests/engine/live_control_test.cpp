@@ -39,6 +39,20 @@ struct Scripted {
   std::vector<std::pair<std::string, json>> events;
 };
 
+// Hooks that hand the trainer the script's commands and record its events.
+TrainHooks scripted_hooks(const std::shared_ptr<Scripted>& script) {
+  TrainHooks hooks;
+  hooks.show_progress = false;
+  hooks.peak_flops = 1e12;
+  hooks.controlled = true;
+  hooks.take_commands = [script] {
+    const auto it = script->at_call.find(script->calls++);
+    return it == script->at_call.end() ? std::string() : it->second.dump();
+  };
+  hooks.on_event = [script](const std::string& kind, const json& body) { script->events.emplace_back(kind, body); };
+  return hooks;
+}
+
 TEST(LiveControl, CommandsApplyAtTheirStepBoundary) {
   const fs::path dir = fs::temp_directory_path() / ("tide_live_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -50,15 +64,7 @@ TEST(LiveControl, CommandsApplyAtTheirStepBoundary) {
                                     {{"op", "checkpoint"}}});
   script->at_call[7] = json::array({{{"op", "set"}, {"id", 4}, {"values", {{"batch.global_batch", 10}}}},
                                     {{"op", "stop"}}});
-  TrainHooks hooks;
-  hooks.show_progress = false;
-  hooks.peak_flops = 1e12;
-  hooks.controlled = true;
-  hooks.take_commands = [script] {
-    const auto it = script->at_call.find(script->calls++);
-    return it == script->at_call.end() ? std::string() : it->second.dump();
-  };
-  hooks.on_event = [script](const std::string& kind, const json& body) { script->events.emplace_back(kind, body); };
+  const TrainHooks hooks = scripted_hooks(script);
   const TrainResult r = Trainer(control_run(), dir.string(), hooks).run();
 
   EXPECT_TRUE(r.stopped);
@@ -99,15 +105,7 @@ TEST(LiveControl, PauseHoldsTheRunUntilResume) {
   script->at_call[6] = json::array({{{"op", "resume"}}});  // four polls later
   RunConfig c = control_run();
   c.schedule.steps = 4;
-  TrainHooks hooks;
-  hooks.show_progress = false;
-  hooks.peak_flops = 1e12;
-  hooks.controlled = true;
-  hooks.take_commands = [script] {
-    const auto it = script->at_call.find(script->calls++);
-    return it == script->at_call.end() ? std::string() : it->second.dump();
-  };
-  hooks.on_event = [script](const std::string& kind, const json& body) { script->events.emplace_back(kind, body); };
+  const TrainHooks hooks = scripted_hooks(script);
   const TrainResult r = Trainer(c, dir.string(), hooks).run();
   EXPECT_EQ(r.steps, 4);
   EXPECT_FALSE(r.stopped);

@@ -5,19 +5,14 @@
 #include <fstream>
 
 #include "tide/ipc/curve.h"
+#include "temp_dir.h"
 
 namespace tide::ipc {
 namespace {
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("tide-curve-" + std::to_string(::getpid()));
-  TempDir() { fs::remove_all(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 TEST(Curve, KeyFilesRoundTripAndAreNeverOverwritten) {
-  TempDir dir;
+  testing::TempDir dir("tide-curve");
   const auto keys = generate_curve_keys();
   ASSERT_EQ(keys.public_key.size(), 40u);
   write_curve_keys(keys, dir.path.string(), "daemon");
@@ -35,7 +30,7 @@ TEST(Curve, KeyFilesRoundTripAndAreNeverOverwritten) {
 }
 
 TEST(Curve, AllowlistGivesRolesAndNamesABadLine) {
-  TempDir dir;
+  testing::TempDir dir("tide-curve");
   fs::create_directories(dir.path);
   // Z85 keys may hold '#': it starts a comment only at the start of a line.
   const std::string hashy = "Z{/!p}$5ibcGRfN[%MEGBJ#G@j#kD$kC#gFJ(eEE";

@@ -4,19 +4,14 @@
 #include <fstream>
 
 #include "tide/ipc/run_registry.h"
+#include "temp_dir.h"
 
 namespace tide::ipc {
 namespace {
 namespace fs = std::filesystem;
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("tide-registry-" + std::to_string(::getpid()));
-  TempDir() { fs::remove_all(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
-
 TEST(RunRegistry, RecordsSurviveAReload) {
-  TempDir dir;
+  testing::TempDir dir("tide-registry");
   std::string id;
   {
     RunRegistry reg(dir.path.string());
@@ -47,7 +42,7 @@ TEST(RunRegistry, RecordsSurviveAReload) {
 }
 
 TEST(RunRegistry, ABrokenRecordIsSkipped) {
-  TempDir dir;
+  testing::TempDir dir("tide-registry");
   fs::create_directories(dir.path / "runs" / "bad-1");
   std::ofstream(dir.path / "runs" / "bad-1" / "run.json") << "{ not json";
   RunRegistry reg(dir.path.string());

@@ -33,7 +33,7 @@ void run_training(const Options& opt) {
 
   if (opt.nproc > 1 || opt.nnodes > 1) {  // this process launches the workers
     check_supported_layout(cfg, opt.nproc * opt.nnodes);
-    LaunchSpec spec;
+    ipc::WorkerSpec spec;
     spec.nproc = opt.nproc;
     spec.nnodes = opt.nnodes;
     spec.node_rank = opt.node_rank;
@@ -45,11 +45,11 @@ void run_training(const Options& opt) {
     } else if (opt.nnodes > 1) {
       throw std::invalid_argument("--nnodes " + std::to_string(opt.nnodes) + " needs --master host:port");
     }
-    spec.worker_args = {"train", opt.recipe, "--run-dir", dir};
-    for (const auto& o : opt.overrides) spec.worker_args.insert(spec.worker_args.end(), {"--set", o});
-    if (opt.peak_tflops > 0) spec.worker_args.insert(spec.worker_args.end(), {"--peak-tflops", fmt::format("{}", opt.peak_tflops)});
-    if (opt.quiet) spec.worker_args.push_back("--quiet");
-    if (!opt.resume.empty()) spec.worker_args.insert(spec.worker_args.end(), {"--resume", opt.resume});
+    spec.args = {"train", opt.recipe, "--run-dir", dir};
+    for (const auto& o : opt.overrides) spec.args.insert(spec.args.end(), {"--set", o});
+    if (opt.peak_tflops > 0) spec.args.insert(spec.args.end(), {"--peak-tflops", fmt::format("{}", opt.peak_tflops)});
+    if (opt.quiet) spec.args.push_back("--quiet");
+    if (!opt.resume.empty()) spec.args.insert(spec.args.end(), {"--resume", opt.resume});
     if (const int rc = launch_workers(spec); rc != 0) throw std::runtime_error("training failed");
     return;
   }

@@ -4,21 +4,13 @@
 
 #include <spdlog/spdlog.h>
 
-#include "tide/ipc/worker_group.h"
 
 namespace tide::cli {
 
-int launch_workers(const LaunchSpec& spec) {
-  ipc::WorkerSpec w;
-  w.executable = "/proc/self/exe";
-  w.args = spec.worker_args;
-  w.nproc = spec.nproc;
-  w.nnodes = spec.nnodes;
-  w.node_rank = spec.node_rank;
-  w.master_addr = spec.master_addr;
-  w.master_port = spec.master_port;
-  w.die_with_parent = true;  // a killed launcher takes its workers with it
-  ipc::WorkerGroup group(w);
+int launch_workers(ipc::WorkerSpec spec) {
+  if (spec.executable.empty()) spec.executable = "/proc/self/exe";
+  spec.die_with_parent = true;  // a killed launcher takes its workers with it
+  ipc::WorkerGroup group(spec);
   const int world = spec.nproc * spec.nnodes;
   spdlog::info("started {} workers (ranks {}..{} of {}), rendezvous at {}", spec.nproc, spec.node_rank * spec.nproc,
                spec.node_rank * spec.nproc + spec.nproc - 1, world, group.master());
