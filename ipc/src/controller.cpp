@@ -143,8 +143,9 @@ void Controller::stop() { impl_->stopping = true; }
 
 void Controller::run() {
   auto& m = *impl_;
-  spdlog::info("controller serving commands on {} and events on {}; {} cpu slots", fmt::join(m.command_eps, ", "),
-               fmt::join(m.event_eps, ", "), m.opt.cpu_slots);
+  spdlog::info("controller serving commands on {} and events on {}; {} cpu slots; gpus: {}",
+               fmt::join(m.command_eps, ", "), fmt::join(m.event_eps, ", "), m.opt.cpu_slots,
+               m.opt.gpus.empty() ? "none" : fmt::format("{}", fmt::join(m.opt.gpus, ",")));
   while (!m.stopping) {
     zmq::pollitem_t items[] = {{m.commands.handle(), 0, ZMQ_POLLIN, 0},
                                {m.events.handle(), 0, ZMQ_POLLIN, 0},
@@ -239,7 +240,10 @@ void Controller::Impl::set_state(RunRecord& r, RunState s, json extra) {
                r.error.empty() || !is_finished(s) ? "" : " (" + r.error + ")");
   if (is_finished(s) && !r.error.empty()) extra["error"] = r.error;
   publish(r.id, "state", std::move(extra));
-  if (is_finished(s)) configs.erase(r.id);
+  if (is_finished(s)) {
+    configs.erase(r.id);
+    policies.erase(r.id);
+  }
 }
 
 void Controller::Impl::snapshot(const std::string& prefix) {

@@ -19,6 +19,7 @@
 #include "tide/ipc/protocol.h"
 #include "tide/ipc/run_registry.h"
 #include "tide/ipc/worker_group.h"
+#include "tide/scripting/policy.h"
 
 namespace tide::ipc {
 
@@ -31,6 +32,7 @@ struct ActiveRun {
   std::string rank0;  // routing id of rank 0's link, once it said hello
   std::map<int, Clock::time_point> last_seen;
   Clock::time_point started;
+  std::vector<std::string> gpus;  // the devices its workers see (a cuda run)
   json pending = json::array();  // commands for rank 0 not yet delivered
   bool stop_requested = false, cancel_requested = false;
   bool ending = false;  // the group is being ended
@@ -57,6 +59,9 @@ struct Controller::Impl {
   std::map<std::string, RunConfig> configs;  // resolved recipes of unfinished runs
   std::map<std::string, int64_t> seq;        // per-run event sequence numbers
   std::map<std::string, json> last_metrics;
+  // The recipe policies of unfinished runs (null: the recipe has none). They outlive a
+  // worker group, so what a policy keeps in Lua survives a restart.
+  std::map<std::string, std::unique_ptr<RunPolicies>> policies;
 
   explicit Impl(ControllerOptions o);
 
@@ -79,6 +84,11 @@ struct Controller::Impl {
   RunRecord& find_run(const json& body);
   const RunConfig& config_of(const RunRecord& r);
 
+  // policies.cpp
+  RunPolicies* policies_of(const RunRecord& r);
+  void step_policy(RunRecord& r, const json& metrics);
+  void anomaly_policy(RunRecord& r, const std::string& worker, const json& question);
+
   // supervisor.cpp
   void serve_workers();
   void supervise();
@@ -87,7 +97,9 @@ struct Controller::Impl {
   void deliver(const std::string& run);
   void finish_group(RunRecord& r, ActiveRun& a);
   void shutdown();
-  int slots_in_use() const;
+  int slots_in_use() const;              // CPU slots
+  std::vector<std::string> free_gpus() const;
+  bool wants_gpus(const RunRecord& r);  // the recipe says device = "cuda"
 };
 
 double unix_now();

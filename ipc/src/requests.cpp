@@ -115,6 +115,7 @@ json Controller::Impl::info() {
           {"epoch", epoch},
           {"state_dir", fs::absolute(opt.state_dir).string()},
           {"slots", {{"kind", "cpu"}, {"total", opt.cpu_slots}, {"used", slots_in_use()}}},
+          {"gpus", {{"devices", opt.gpus}, {"free", free_gpus()}}},
           {"cores", opt.cores},
           {"endpoints", {{"commands", command_eps}, {"events", event_eps}}},
           {"curve_public_key", curve ? json(curve->public_key) : json(nullptr)},
@@ -148,6 +149,7 @@ json Controller::Impl::status_of(const RunRecord& r) {
     json pids = json::object();
     for (const auto& [pid, rank] : a->second.group->live()) pids[std::to_string(rank)] = pid;
     j["pids"] = pids;
+    if (!a->second.gpus.empty()) j["gpus"] = a->second.gpus;
   }
   j["run_dir"] = fs::absolute(registry->run_dir(r.id)).string();
   return j;
@@ -201,7 +203,11 @@ json Controller::Impl::submit(const json& b) {
                         fmt::format("name '{}' may hold only letters, digits, '.', '_' and '-' (64 at most)", cfg.name));
   const int64_t layout = std::max<int64_t>(cfg.parallel.dp, 1) * cfg.parallel.tp * cfg.parallel.pp;
   const int64_t workers = optional_int(b, "workers", layout, 1, 4096);
-  if (workers > opt.cpu_slots)
+  if (cfg.device == "cuda" && workers > static_cast<int64_t>(opt.gpus.size()))
+    throw ProtocolError(ErrorCode::unavailable,
+                        fmt::format("the run needs {} GPUs (device = \"cuda\", one per worker) and this daemon has {}",
+                                    workers, opt.gpus.size()));
+  if (cfg.device != "cuda" && workers > opt.cpu_slots)
     throw ProtocolError(ErrorCode::unavailable, fmt::format("the run needs {} workers and this daemon has {} slots",
                                                             workers, opt.cpu_slots));
   try {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <zmq_addon.hpp>
 
@@ -37,21 +38,45 @@ std::optional<Route> parse_route(std::string_view id) {
 }
 }  // namespace
 
+bool Controller::Impl::wants_gpus(const RunRecord& r) { return config_of(r).device == "cuda"; }
+
 int Controller::Impl::slots_in_use() const {
   int used = 0;
   for (const auto& [id, a] : active)
-    if (a.group) used += static_cast<int>(registry->find(id) ? registry->find(id)->workers : 0);
+    if (a.group && a.gpus.empty()) used += static_cast<int>(registry->find(id) ? registry->find(id)->workers : 0);
   return used;
 }
 
+std::vector<std::string> Controller::Impl::free_gpus() const {
+  std::vector<std::string> out;
+  for (const auto& gpu : opt.gpus) {
+    bool taken = false;
+    for (const auto& [id, a] : active) taken = taken || std::find(a.gpus.begin(), a.gpus.end(), gpu) != a.gpus.end();
+    if (!taken) out.push_back(gpu);
+  }
+  return out;
+}
+
 void Controller::Impl::schedule() {
-  // Highest priority first, FIFO within one; the head of the queue waits for enough free
-  // slots rather than being overtaken by smaller runs.
-  RunRecord* next = nullptr;
+  // Highest priority first, FIFO within one, per pool (CPU slots, GPUs): the head of a
+  // pool's queue waits for enough free slots rather than being overtaken by smaller
+  // runs; runs of the other pool go on.
+  std::vector<RunRecord*> queue;
   for (auto* r : registry->all())
-    if (r->state == RunState::queued && (!next || r->priority > next->priority)) next = r;
-  if (!next || next->workers > opt.cpu_slots - slots_in_use()) return;
-  launch(*next);
+    if (r->state == RunState::queued) queue.push_back(r);
+  std::stable_sort(queue.begin(), queue.end(), [](const RunRecord* a, const RunRecord* b) { return a->priority > b->priority; });
+  bool cpu_blocked = false, gpu_blocked = false;
+  for (RunRecord* r : queue) {
+    const bool gpu = wants_gpus(*r);
+    bool& blocked = gpu ? gpu_blocked : cpu_blocked;
+    if (blocked) continue;
+    const int free = gpu ? static_cast<int>(free_gpus().size()) : opt.cpu_slots - slots_in_use();
+    if (r->workers > free) {
+      blocked = true;
+      continue;
+    }
+    launch(*r);
+  }
 }
 
 void Controller::Impl::launch(RunRecord& r) {
@@ -62,9 +87,15 @@ void Controller::Impl::launch(RunRecord& r) {
   spec.args = {"train", (dir / "recipe.lua").string(), "--run-dir", dir.string(), "--quiet"};
   for (const auto& o : r.overrides) spec.args.insert(spec.args.end(), {"--set", o});
   for (const auto& [path, value] : r.live.items()) spec.args.insert(spec.args.end(), {"--set", path + "=" + value.dump()});
-  // The slots share the machine's cores.
-  if (cfg.threads == 0)
+  std::vector<std::string> gpus;
+  if (cfg.device == "cuda") {
+    // Rank r of the group uses the r-th device it sees (cuda:LOCAL_RANK).
+    gpus = free_gpus();
+    gpus.resize(static_cast<size_t>(r.workers));
+  } else if (cfg.threads == 0) {
+    // The slots share the machine's cores.
     spec.args.insert(spec.args.end(), {"--set", fmt::format("threads={}", std::max(1, opt.cores / opt.cpu_slots))});
+  }
   if (r.resume) spec.args.insert(spec.args.end(), {"--resume", "auto"});
   spec.nproc = r.workers;
   spec.working_dir = r.workdir;
@@ -72,8 +103,10 @@ void Controller::Impl::launch(RunRecord& r) {
   spec.die_with_parent = true;
   r.attempt += 1;
   spec.env = {{"TIDE_CONTROLLER", worker_ep}, {"TIDE_RUN_ID", r.id}, {"TIDE_ATTEMPT", std::to_string(r.attempt)}};
+  if (!gpus.empty()) spec.env["CUDA_VISIBLE_DEVICES"] = fmt::format("{}", fmt::join(gpus, ","));
   ActiveRun& a = active[r.id];
   a = ActiveRun{};
+  a.gpus = gpus;
   try {
     a.group = std::make_unique<WorkerGroup>(spec);
   } catch (const std::exception& e) {
@@ -86,7 +119,9 @@ void Controller::Impl::launch(RunRecord& r) {
   for (int rank = 0; rank < r.workers; ++rank) a.last_seen[rank] = a.started;
   if (r.started == 0) r.started = unix_now();
   r.error.clear();
-  set_state(r, RunState::starting, {{"resume", r.resume}});
+  json detail = {{"resume", r.resume}};
+  if (!gpus.empty()) detail["gpus"] = gpus;
+  set_state(r, RunState::starting, detail);
   r.resume = true;  // any later start of this run continues from its checkpoints
   registry->save(r);
 }
@@ -134,6 +169,9 @@ void Controller::Impl::serve_workers() {
       r->last_step = b.value("step", r->last_step);
       last_metrics[r->id] = b;
       publish(r->id, "metrics", b);
+      step_policy(*r, b);
+    } else if (type == "decide") {
+      anomaly_policy(*r, identity.to_string(), b);
     } else if (type == "event") {
       const std::string kind = b.value("kind", "");
       const json detail = b.value("body", json::object());

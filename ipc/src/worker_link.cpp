@@ -49,6 +49,21 @@ std::string WorkerLink::take_commands() {
   return text;
 }
 
+std::optional<json> WorkerLink::ask(const std::string& type, json body, std::chrono::milliseconds timeout) {
+  int64_t query = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    query = next_query_++;
+  }
+  body["query"] = query;
+  send(type, std::move(body));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!answered_.wait_for(lock, timeout, [&] { return answers_.count(query) > 0; })) return std::nullopt;
+  json answer = std::move(answers_[query]);
+  answers_.erase(query);
+  return answer;
+}
+
 void WorkerLink::loop() {
   try {
     zmq::context_t ctx(1);
@@ -77,9 +92,16 @@ void WorkerLink::loop() {
         zmq::message_t msg;
         while (socket.recv(msg, zmq::recv_flags::dontwait)) {
           const json j = json::parse(msg.to_string_view(), nullptr, false);
-          if (j.is_object() && j.value("type", "") == "commands" && j.contains("commands") && j["commands"].is_array()) {
+          const std::string type = j.is_object() ? j.value("type", "") : "";
+          if (type == "commands" && j.contains("commands") && j["commands"].is_array()) {
             std::lock_guard<std::mutex> lock(mu_);
             for (const auto& c : j["commands"]) commands_.push_back(c);
+          } else if (type == "answer" && j.contains("query") && j["query"].is_number_integer()) {
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              answers_[j["query"].get<int64_t>()] = j.value("body", json());
+            }
+            answered_.notify_all();
           } else {
             spdlog::warn("worker link: ignoring a message from the controller: {}", msg.to_string());
           }

@@ -100,4 +100,38 @@ LuaConversion lua_to_json(lua_State* L, int index,
   return out;
 }
 
+void push_json(lua_State* L, const nlohmann::json& value) {
+  lua_checkstack(L, 4);
+  switch (value.type()) {
+    case nlohmann::json::value_t::boolean: lua_pushboolean(L, value.get<bool>() ? 1 : 0); return;
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+    case nlohmann::json::value_t::number_float: lua_pushnumber(L, value.get<double>()); return;
+    case nlohmann::json::value_t::string: {
+      const auto& s = value.get_ref<const std::string&>();
+      lua_pushlstring(L, s.data(), s.size());
+      return;
+    }
+    case nlohmann::json::value_t::array: {
+      lua_createtable(L, static_cast<int>(value.size()), 0);
+      int i = 1;
+      for (const auto& item : value) {
+        push_json(L, item);
+        lua_rawseti(L, -2, i++);
+      }
+      return;
+    }
+    case nlohmann::json::value_t::object: {
+      lua_createtable(L, 0, static_cast<int>(value.size()));
+      for (const auto& [key, item] : value.items()) {
+        lua_pushlstring(L, key.data(), key.size());
+        push_json(L, item);
+        lua_rawset(L, -3);
+      }
+      return;
+    }
+    default: lua_pushnil(L); return;
+  }
+}
+
 }  // namespace tide

@@ -1,4 +1,5 @@
-// Lua values → JSON, as the engine's config schema reads them.
+// Lua values ↔ JSON: recipe tables as the engine's config schema reads them, and the
+// arguments and answers of recipe policies.
 #pragma once
 
 #include <functional>
@@ -20,5 +21,8 @@ struct LuaConversion {
 // become integers. Errors (std::runtime_error) name the field path.
 LuaConversion lua_to_json(lua_State* L, int index,
                           const std::function<nlohmann::json(const std::string& path, int index)>& on_function);
+
+// Pushes `value` as a Lua value: objects and arrays become tables, null becomes nil.
+void push_json(lua_State* L, const nlohmann::json& value);
 
 }  // namespace tide

@@ -1,5 +1,7 @@
 #include "tide/scripting/recipe.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -19,13 +21,23 @@ namespace fs = std::filesystem;
 
 struct Recipe::Lua {
   explicit Lua(const SandboxLimits& l) : limits(l), sandbox(l) {}
+  struct Function {
+    int ref = LUA_NOREF;  // in the registry
+    std::string where;    // "file:line" of its definition
+  };
   SandboxLimits limits;
   Sandbox sandbox;
-  int lr_ref = LUA_NOREF;
-  std::string lr_where;
+  std::map<std::string, Function> functions;  // by recipe path: schedule.lr, on_anomaly, on_step
+  const Function* find(const std::string& path) const {
+    const auto it = functions.find(path);
+    return it == functions.end() ? nullptr : &it->second;
+  }
 };
 
 namespace {
+
+// Recipe functions the engine calls with what happened and acts on their answer.
+const std::array<std::string, 2> kPolicies = {"on_anomaly", "on_step"};
 
 // where(level) → "file:line" of the caller `level` frames up; recipe errors found in
 // C++ after the script has finished point there.
@@ -108,9 +120,7 @@ std::string display_name(const std::string& chunk_name) {
 Recipe::Recipe() = default;
 Recipe::Recipe(Recipe&&) noexcept = default;
 Recipe& Recipe::operator=(Recipe&&) noexcept = default;
-Recipe::~Recipe() {
-  if (lua_ && lua_->lr_ref != LUA_NOREF) luaL_unref(lua_->sandbox.state(), LUA_REGISTRYINDEX, lua_->lr_ref);
-}
+Recipe::~Recipe() = default;  // closing the Lua state frees the functions' references
 
 Recipe Recipe::load_string(const std::string& text, const std::string& chunk_name,
                            const std::vector<std::string>& overrides, const SandboxLimits& limits) {
@@ -141,14 +151,16 @@ Recipe Recipe::load_string(const std::string& text, const std::string& chunk_nam
   LuaConversion conv;
   try {
     conv = lua_to_json(L, -1, [&](const std::string& path, int index) -> nlohmann::json {
-      if (path != "schedule.lr")
-        throw ConfigError(path, "is a function; only schedule.lr may be one (a function of the step)");
+      if (path != "schedule.lr" && std::find(kPolicies.begin(), kPolicies.end(), path) == kPolicies.end())
+        throw ConfigError(path, "is a function; only schedule.lr (a function of the step), on_anomaly and on_step "
+                                "may be functions");
       lua_Debug ar;
       lua_pushvalue(L, index);
       lua_getinfo(L, ">S", &ar);
-      r.lua_->lr_where = fmt::format("{}:{}", display_name(ar.source), ar.linedefined);
+      Lua::Function& f = r.lua_->functions[path];
+      f.where = fmt::format("{}:{}", display_name(ar.source), ar.linedefined);
       lua_pushvalue(L, index);
-      r.lua_->lr_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+      f.ref = luaL_ref(L, LUA_REGISTRYINDEX);
       return "lua";
     });
   } catch (const ConfigError& e) {
@@ -159,6 +171,11 @@ Recipe Recipe::load_string(const std::string& text, const std::string& chunk_nam
   lua_pop(L, 1);
 
   nlohmann::json j = std::move(conv.value);
+  for (const auto& name : kPolicies) {
+    if (j.contains(name) && !r.lua_->find(name))
+      throw RecipeError(fmt::format("{}: {}: must be a function, got {}", r.source_, name, j[name].dump()));
+    j.erase(name);
+  }
   const Locator locate(text, r.source_, conv.where);
   if (j.contains("schedule") && j["schedule"].contains("lr")) {
     // schedule.lr (a function) is the Lua schedule: it sets schedule.decay = "lua".
@@ -181,7 +198,7 @@ Recipe Recipe::load_string(const std::string& text, const std::string& chunk_nam
   } catch (const ConfigError& e) {
     throw RecipeError(fmt::format("{}: {}", locate(e.field()), e.what()));
   }
-  if (r.config_.schedule.decay == DecayKind::Lua && r.lua_->lr_ref == LUA_NOREF)
+  if (r.config_.schedule.decay == DecayKind::Lua && !r.lua_->find("schedule.lr"))
     throw RecipeError(fmt::format("{}: schedule.decay: \"lua\" needs schedule.lr to be a function of the step",
                                   locate("schedule.decay")));
   return r;
@@ -196,17 +213,18 @@ Recipe Recipe::load_file(const std::string& path, const std::vector<std::string>
   return load_string(ss.str(), "@" + path, overrides, limits);
 }
 
-bool Recipe::has_lr_function() const { return lua_ && lua_->lr_ref != LUA_NOREF; }
+bool Recipe::has_lr_function() const { return lua_ && lua_->find("schedule.lr"); }
 
 double Recipe::lr_at(int64_t step) {
-  if (!has_lr_function()) throw RecipeError(source_ + ": schedule.lr is not a function");
+  const Lua::Function* f = lua_ ? lua_->find("schedule.lr") : nullptr;
+  if (!f) throw RecipeError(source_ + ": schedule.lr is not a function");
   lua_State* L = lua_->sandbox.state();
-  lua_rawgeti(L, LUA_REGISTRYINDEX, lua_->lr_ref);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, f->ref);
   lua_pushnumber(L, static_cast<lua_Number>(step));
   try {
     lua_->sandbox.call(1, 1, lua_->limits.call_instructions, lua_->limits.call_seconds);
   } catch (const RecipeError& e) {
-    throw RecipeError(fmt::format("schedule.lr (defined at {}) at step {}: {}", lua_->lr_where, step, e.what()));
+    throw RecipeError(fmt::format("schedule.lr (defined at {}) at step {}: {}", f->where, step, e.what()));
   }
   const bool is_number = lua_type(L, -1) == LUA_TNUMBER;
   const double lr = is_number ? lua_tonumber(L, -1) : 0.0;
@@ -215,8 +233,37 @@ double Recipe::lr_at(int64_t step) {
   if (!is_number || !std::isfinite(lr) || lr < 0)
     throw RecipeError(fmt::format("schedule.lr (defined at {}) returned {} at step {}; it must return a finite "
                                   "number >= 0",
-                                  lua_->lr_where, got, step));
+                                  f->where, got, step));
   return lr;
+}
+
+bool Recipe::has_policy(const std::string& name) const {
+  return lua_ && std::find(kPolicies.begin(), kPolicies.end(), name) != kPolicies.end() && lua_->find(name);
+}
+
+nlohmann::json Recipe::call_policy(const std::string& name, const nlohmann::json& arg) {
+  if (!has_policy(name)) throw RecipeError(fmt::format("{}: the recipe defines no {} policy", source_, name));
+  const Lua::Function& f = *lua_->find(name);
+  lua_State* L = lua_->sandbox.state();
+  lua_rawgeti(L, LUA_REGISTRYINDEX, f.ref);
+  push_json(L, arg);
+  try {
+    lua_->sandbox.call(1, 1, lua_->limits.call_instructions, lua_->limits.call_seconds);
+  } catch (const RecipeError& e) {
+    throw RecipeError(fmt::format("{} (defined at {}): {}", name, f.where, e.what()));
+  }
+  nlohmann::json answer;
+  try {
+    answer = lua_to_json(L, -1, [&](const std::string& path, int) -> nlohmann::json {
+               throw std::runtime_error(path + ": a function is not an answer");
+             }).value;
+  } catch (const std::runtime_error& e) {
+    lua_pop(L, 1);
+    throw RecipeError(fmt::format("{} (defined at {}) answered something that is not plain data: {}", name, f.where,
+                                  e.what()));
+  }
+  lua_pop(L, 1);
+  return answer;
 }
 
 std::string recipes_dir() {

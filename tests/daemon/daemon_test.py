@@ -1,7 +1,7 @@
 """End-to-end tests of tided with real worker processes, spoken to only through libzmq
 and JSON as docs/protocol.md describes (see tided_client.py).
 
-Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|security}
+Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security}
 """
 import json
 import os
@@ -15,7 +15,7 @@ import time
 import zmq
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tided_client import Conn, Events, Tided, is_state, losses, wait_status  # noqa: E402
+from tided_client import Conn, Events, Tided, is_state, losses, summary, wait_status  # noqa: E402
 
 TIDED, TIDE, PART = sys.argv[1], sys.argv[2], sys.argv[3]
 WORK = tempfile.mkdtemp(prefix="tided-test-")
@@ -287,6 +287,154 @@ def part_anomaly():
     d.stop()
 
 
+POLICIES = """
+  on_step = function(m)
+    if m.step == 3 then return { set = { optimizer = { lr = 5e-4 } } } end
+  end,
+  on_anomaly = function(a)
+    if a.count == 1 then return "rollback" end
+    return { action = "scale_lr", lr_factor = 0.25 }
+  end,"""
+
+BROKEN_POLICIES = """
+  on_step = function(m) while true do end end,
+  on_anomaly = function(a) error("no idea what to do with " .. a.kind) end,"""
+
+
+def part_policy():
+    # Recipe policies run by the controller: on_step answers with a live change, and
+    # on_anomaly decides what each injected NaN (steps 12 and 25) triggers on both ranks.
+    env = {"TIDE_INJECT_NAN_AT": "12,25"}
+    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2, env=env).start()
+    conn = Conn(d.tcp("commands"))
+    events = Events(d.tcp("events"), "run.")
+    time.sleep(0.3)
+    run = submit(conn, recipe("policy", 30, every=5, extra=POLICIES), overrides=["parallel.dp=2"], workers=2)
+    r = wait_status(conn, run, lambda r: r["state"] in ("completed", "failed"), what="end")
+    assert r["state"] == "completed" and r["last_step"] == 30, r
+    events.pump()
+    mine = [e for e in events.seen if e["run"] == run]
+    step_policy = [e["body"] for e in mine if e["kind"] == "policy" and e["body"]["policy"] == "on_step"]
+    assert len(step_policy) == 1 and step_policy[0]["step"] == 3, step_policy
+    assert step_policy[0]["results"] == [{"op": "set", "ok": True}], step_policy
+    applied = [e["body"] for e in mine if e["kind"] == "control" and e["body"].get("id") == "on_step@3"]
+    assert applied and applied[0]["result"] == "applied", applied
+    anomalies = [e["body"] for e in mine if e["kind"] == "anomaly"]
+    assert [(a["step"], a["action"], a["by"]) for a in anomalies] == [
+        (12, "rollback", "on_anomaly"), (25, "scale_lr", "on_anomaly")], anomalies
+    assert anomalies[0]["to_step"] == 10 and anomalies[1]["lr_factor"] == 0.25, anomalies
+    decisions = [e["body"] for e in mine if e["kind"] == "policy" and e["body"]["policy"] == "on_anomaly"]
+    assert [(p["anomaly"]["count"], p["decision"]) for p in decisions] == [
+        (1, {"action": "rollback"}), (2, {"action": "scale_lr", "lr_factor": 0.25})], decisions
+    rows = {row["step"]: row for row in conn.request("metrics", {"run": run, "limit": 1000})["metrics"]}
+    assert abs(rows[30]["lr"] - 5e-4 * 0.25) < 1e-12, rows[30]
+    print(f"{run}: on_step set optimizer.lr at step {applied[0]['step']}; NaN at 12 -> rollback to 10, "
+          f"NaN at 25 -> scale_lr x0.25 (lr {rows[30]['lr']:g}); completed, final loss {r['final_loss']:.4f}")
+
+    # Without a controller rank 0 runs the same policies: the same decisions.
+    local_dir = os.path.join(WORK, "local-policy")
+    with open(os.path.join(WORK, "policy.lua"), "w") as f:
+        f.write(recipe("policy-local", 30, every=5, extra=POLICIES))
+    subprocess.run([TIDE, "train", os.path.join(WORK, "policy.lua"), "--run-dir", local_dir, "--quiet"],
+                   cwd=WORK, env={**os.environ, **env}, check=True, stderr=subprocess.DEVNULL)
+    with open(os.path.join(local_dir, "metrics.jsonl")) as f:
+        local = [json.loads(line) for line in f]
+    marked = [(row["step"], row["anomaly"]["action"]) for row in local if "anomaly" in row]
+    assert marked == [(12, "rollback"), (25, "scale_lr")], marked
+    assert local[3]["step"] == 4 and local[3]["lr"] == 5e-4, local[3]  # step 3's answer, one boundary later
+    assert abs(local[-1]["lr"] - 5e-4 * 0.25) < 1e-12 and local[-1]["step"] == 30, local[-1]
+    print(f"tide train without a daemon: the same decisions; lr {local[3]['lr']:g} from step 4, "
+          f"{local[-1]['lr']:g} at the end")
+
+    # Broken policies: on_step loops forever and on_anomaly raises. Each is stopped by
+    # its budget or error, reported once and switched off; the declared action (skip)
+    # stands, the run completes, and the daemon serves others meanwhile.
+    broken = submit(conn, recipe("broken", 30, every=5, extra=BROKEN_POLICIES))
+    failures = {}
+    while len(failures) < 2:
+        e = events.wait_for(lambda e: e["run"] == broken and e["kind"] == "policy" and "error" in e["body"]
+                            and e["body"]["policy"] not in failures, what="a policy failure")
+        failures[e["body"]["policy"]] = e["body"]["error"]
+        assert conn.request("info")["protocol"] == 1
+    assert "budget" in failures["on_step"] or "deadline" in failures["on_step"], failures
+    assert "no idea what to do with nonfinite" in failures["on_anomaly"], failures
+    assert all("switched off" in v for v in failures.values()), failures
+    a = events.wait_for(lambda e: e["run"] == broken and e["kind"] == "anomaly", what="the anomaly")["body"]
+    assert a["action"] == "skip" and a["by"] == "recipe", a
+    r = wait_status(conn, broken, lambda r: r["state"] in ("completed", "failed"), what="end")
+    assert r["state"] == "completed" and r["last_step"] == 30, r
+    events.pump()
+    reports = [e for e in events.seen if e["run"] == broken and e["kind"] == "policy"]
+    assert len(reports) == 2, [summary(e) for e in reports]
+    print(f"{broken}: on_step -> {failures['on_step'][:60]}...; on_anomaly -> {failures['on_anomaly'][:60]}...; "
+          "NaN skipped as declared; completed")
+    d.stop()
+
+
+GPU_WORKER = """#!/usr/bin/python3
+# Stands in for a worker on a GPU machine (there is no GPU here): it records the devices
+# tided gave it, stays a moment so that the runs overlap, and exits.
+import os, sys, time
+run_dir = sys.argv[sys.argv.index("--run-dir") + 1]
+with open(os.path.join(run_dir, f"gpus-rank{os.environ['RANK']}.txt"), "w") as f:
+    f.write(f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')} {os.environ['LOCAL_RANK']} {time.time()}")
+time.sleep(float(os.environ.get("HOLD_S", "3")))
+"""
+
+
+def part_slots():
+    # GPU slots: runs whose recipe says device = "cuda" get one device per worker through
+    # CUDA_VISIBLE_DEVICES (rank r uses cuda:LOCAL_RANK of what it sees); the head of the
+    # GPU queue waits for enough free devices while CPU runs go on.
+    fake = os.path.join(WORK, "gpu-worker.py")
+    with open(fake, "w") as f:
+        f.write(GPU_WORKER)
+    os.chmod(fake, 0o755)
+    d = Tided(TIDED, fake, os.path.join(WORK, "state"), slots=1, extra=("--gpus", "0,1,2")).start()
+    conn = Conn(d.tcp("commands"))
+    events = Events(d.tcp("events"), "run.")
+    time.sleep(0.3)
+    info = conn.request("info")
+    assert info["gpus"] == {"devices": ["0", "1", "2"], "free": ["0", "1", "2"]}, info
+    cuda = 'device = "cuda",'
+    err = conn.request("submit", {"recipe": recipe("huge", 10, extra=cuda), "workdir": WORK, "workers": 4,
+                                  "overrides": ["parallel.dp=4"]}, ok=False)
+    assert err["number"] == 10 and "needs 4 GPUs" in err["message"] and "has 3" in err["message"], err
+    a = submit(conn, recipe("ga", 10, extra=cuda), overrides=["parallel.dp=2"], workers=2)
+    b = submit(conn, recipe("gb", 10, extra=cuda))
+    c = submit(conn, recipe("gc", 10, extra=cuda), overrides=["parallel.dp=2"], workers=2)
+    cpu = submit(conn, recipe("cpu", 10))
+    for run in (a, b, c, cpu):
+        wait_status(conn, run, lambda r: r["state"] == "completed", what="end")
+    events.pump()
+
+    def seen(run):
+        out = {}
+        run_dir = conn.request("status", {"run": run})["run"]["run_dir"]
+        for rank in range(2):
+            path = os.path.join(run_dir, f"gpus-rank{rank}.txt")
+            if os.path.exists(path):
+                with open(path) as f:
+                    devices, local, t = f.read().split(" ")
+                    out[rank] = (devices, int(local), float(t))
+        return out
+
+    ga, gb, gc, gcpu = seen(a), seen(b), seen(c), seen(cpu)
+    assert [(v[0], v[1]) for v in ga.values()] == [("0,1", 0), ("0,1", 1)], ga
+    assert [(v[0], v[1]) for v in gb.values()] == [("2", 0)], gb
+    assert [(v[0], v[1]) for v in gc.values()] == [("0,1", 0), ("0,1", 1)], gc
+    assert [(v[0], v[1]) for v in gcpu.values()] == [("", 0)], gcpu
+    ended_a = next(e["time"] for e in events.seen if e["run"] == a and e["kind"] == "state"
+                   and e["body"]["state"] == "completed")
+    assert gc[0][2] >= ended_a and gb[0][2] < ended_a and gcpu[0][2] < ended_a, (ga, gb, gc, gcpu, ended_a)
+    starting = next(e["body"] for e in events.seen if e["run"] == b and e["kind"] == "state"
+                    and e["body"]["state"] == "starting")
+    assert starting["gpus"] == ["2"], starting
+    print(f"{a} on GPUs 0,1 and {b} on GPU 2 at once, {cpu} on a CPU slot beside them; "
+          f"{c} waited for 0,1 and got them; a 4-GPU run was refused: {err['message']}")
+    d.stop()
+
+
 def part_security():
     keys = os.path.join(WORK, "keys")
     subprocess.run([TIDE, "keygen", "server", "--dir", keys], check=True, capture_output=True)
@@ -330,7 +478,7 @@ try:
                     "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(WORK, "ds"),
                     "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
     {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly,
-     "security": part_security}[PART]()
+     "policy": part_policy, "slots": part_slots, "security": part_security}[PART]()
     print(f"daemon {PART}: ok")
 finally:
     subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)

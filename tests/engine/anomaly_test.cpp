@@ -2,6 +2,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <stdexcept>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -119,6 +121,58 @@ TEST(Anomaly, ALossSpikeScalesTheLearningRate) {
   EXPECT_EQ(r.anomalies[0]["action"], "scale_lr");
   // The next step runs at a tenth of the rate.
   EXPECT_DOUBLE_EQ(r.rows[16]["lr"].get<double>(), 0.5);
+}
+
+TEST(Anomaly, ThePolicyDecidesAndItsLrFactorApplies) {
+  RunConfig c = anomaly_run(6);
+  TrainHooks hooks;
+  std::vector<json> asked;
+  hooks.anomaly_policy = [&asked](const json& a) {
+    asked.push_back(a);
+    return json{{"action", "scale_lr"}, {"lr_factor", 0.25}};
+  };
+  const RunOutcome r = train(c, "3", hooks);
+  ASSERT_EQ(asked.size(), 1u);
+  EXPECT_EQ(asked[0]["step"], 3);
+  EXPECT_EQ(asked[0]["kind"], "nonfinite");
+  EXPECT_TRUE(asked[0]["value"].is_null());  // NaN has no JSON form
+  EXPECT_EQ(asked[0]["action"], "skip");     // what the recipe declared
+  ASSERT_EQ(r.anomalies.size(), 1u);
+  EXPECT_EQ(r.anomalies[0]["action"], "scale_lr");
+  EXPECT_EQ(r.anomalies[0]["by"], "on_anomaly");
+  EXPECT_EQ(r.anomalies[0]["lr_factor"], 0.25);
+  EXPECT_TRUE(r.rows[2]["skipped"].get<bool>());
+  EXPECT_DOUBLE_EQ(r.rows[3]["lr"].get<double>(), 0.25 * r.rows[1]["lr"].get<double>());
+}
+
+TEST(Anomaly, APolicyThatFailsLeavesTheDeclaredAction) {
+  RunConfig c = anomaly_run(5);
+  TrainHooks hooks;
+  hooks.anomaly_policy = [](const json&) -> json { throw std::runtime_error("no answer"); };
+  const RunOutcome r = train(c, "2", hooks);
+  ASSERT_EQ(r.anomalies.size(), 1u);
+  EXPECT_EQ(r.anomalies[0]["action"], "skip");
+  EXPECT_EQ(r.anomalies[0]["by"], "recipe");
+  EXPECT_EQ(r.result.steps, 5);
+}
+
+TEST(Anomaly, WithAPolicyASpikeIsReportedEvenWhenDeclaredNone) {
+  // A learning rate of 5 from step 15 on wrecks the weights; the recipe declares no
+  // action for spikes, but its policy is asked and answers stop.
+  RunConfig c = anomaly_run(18);
+  TrainHooks hooks;
+  hooks.controlled = true;
+  auto calls = std::make_shared<int>(0);
+  hooks.take_commands = [calls] {
+    return (*calls)++ == 14 ? json::array({{{"op", "set"}, {"values", {{"optimizer.lr", 5.0}}}}}).dump() : "";
+  };
+  hooks.anomaly_policy = [](const json& a) { return a["kind"] == "loss_spike" ? json{{"action", "stop"}} : json(); };
+  const RunOutcome r = train(c, "", hooks);
+  ASSERT_FALSE(r.anomalies.empty());
+  EXPECT_EQ(r.anomalies[0]["kind"], "loss_spike");
+  EXPECT_EQ(r.anomalies[0]["action"], "stop");
+  EXPECT_TRUE(r.result.stopped);
+  EXPECT_EQ(r.result.steps, 16);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "cli_common.h"
 #include "controlled_worker.h"
 #include "launcher.h"
+#include "local_policies.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/launch_env.h"
 #include "tide/engine/train/runtime.h"
@@ -59,7 +60,9 @@ void run_training(const Options& opt) {
   hooks.show_progress = !opt.quiet;
   hooks.peak_flops = opt.peak_tflops * 1e12;
   if (recipe->has_lr_function()) hooks.lr = [recipe](int64_t step) { return recipe->lr_at(step); };
-  const auto link = attach_controller(hooks);
+  // Under a controller the controller runs the policies; otherwise rank 0 does.
+  const auto link = attach_controller(hooks, recipe->has_policy("on_anomaly"));
+  if (!link) run_policies_locally(hooks, recipe, !env || env->rank == 0);
   std::unique_ptr<Distributed> dist;
   if (env && env->world > 1) {
     // One rank of a job: ranks sharing this machine share its cores.

@@ -1,12 +1,18 @@
 #include "controlled_worker.h"
 
+#include <chrono>
 #include <mutex>
+#include <stdexcept>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/base_sink.h>
 
 namespace tide::cli {
 namespace {
+
+// The controller answers within its policy budget; this covers a busy controller.
+constexpr std::chrono::milliseconds kPolicyWait{10000};
 
 // The run log's lines, as "log" messages to the controller (published as log events).
 class LinkSink : public spdlog::sinks::base_sink<std::mutex> {
@@ -26,13 +32,21 @@ class LinkSink : public spdlog::sinks::base_sink<std::mutex> {
 
 }  // namespace
 
-std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks) {
+std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks, bool ask_anomaly_policy) {
   const auto id = ipc::worker_identity_from_environment();
   if (!id) return nullptr;
   auto link = std::make_unique<ipc::WorkerLink>(*id);
   hooks.controlled = true;
+  // Every rank takes part in the decision's broadcast; only rank 0 asks.
+  if (ask_anomaly_policy) hooks.anomaly_policy = [](const nlohmann::json&) { return nlohmann::json(); };
   if (id->rank != 0) return link;
   ipc::WorkerLink* l = link.get();
+  if (ask_anomaly_policy)
+    hooks.anomaly_policy = [l](const nlohmann::json& anomaly) {
+      const auto answer = l->ask("decide", {{"anomaly", anomaly}}, kPolicyWait);
+      if (!answer) throw std::runtime_error(fmt::format("no answer from the controller in {} s", kPolicyWait.count() / 1000));
+      return *answer;
+    };
   hooks.take_commands = [l] { return l->take_commands(); };
   hooks.on_event = [l](const std::string& kind, const nlohmann::json& body) {
     l->send("event", {{"kind", kind}, {"body", body}});

@@ -37,6 +37,15 @@ double as_number(const std::string& path, const json& v, double lo, double hi) {
 
 constexpr double kBig = 9.007199254740992e15;  // 2^53: exact in a Lua number
 
+const std::vector<std::pair<std::string, AnomalyAction>>& anomaly_actions() {
+  static const std::vector<std::pair<std::string, AnomalyAction>> actions = {{"none", AnomalyAction::None},
+                                                                             {"skip", AnomalyAction::Skip},
+                                                                             {"rollback", AnomalyAction::Rollback},
+                                                                             {"scale_lr", AnomalyAction::ScaleLr},
+                                                                             {"stop", AnomalyAction::Stop}};
+  return actions;
+}
+
 template <class F>
 FieldSpec integer(std::string path, double lo, double hi, bool live, std::string doc, F ref) {
   FieldSpec f{path, FieldType::Int, {}, lo, hi, live, std::move(doc), {}, {}};
@@ -218,11 +227,7 @@ std::vector<FieldSpec> build_schema() {
   s.push_back(integer("eval.every", 0, 1e12, true, "Steps between validation passes; 0: never.", REF(eval.every)));
   s.push_back(integer("eval.batches", 1, 1e6, true, "Micro-batches per validation pass.", REF(eval.batches)));
   // Anomalies and what they trigger.
-  const std::vector<std::pair<std::string, AnomalyAction>> actions = {{"none", AnomalyAction::None},
-                                                                      {"skip", AnomalyAction::Skip},
-                                                                      {"rollback", AnomalyAction::Rollback},
-                                                                      {"scale_lr", AnomalyAction::ScaleLr},
-                                                                      {"stop", AnomalyAction::Stop}};
+  const auto& actions = anomaly_actions();
   const std::string what =
       ": none (report only), skip (drop the update), rollback (reload the latest checkpoint, keep the data moving "
       "on), scale_lr (skip, and multiply optimizer.lr_scale by anomaly.lr_factor) or stop.";
@@ -324,6 +329,21 @@ void apply_object(RunConfig& c, const json& j, const std::string& prefix) {
 }
 
 }  // namespace
+
+const char* anomaly_action_name(AnomalyAction a) {
+  for (const auto& [name, action] : anomaly_actions())
+    if (action == a) return name.c_str();
+  return "none";
+}
+
+AnomalyAction parse_anomaly_action(const std::string& name, const std::string& field) {
+  std::string names;
+  for (const auto& [n, action] : anomaly_actions()) {
+    if (n == name) return action;
+    names += (names.empty() ? "" : ", ") + n;
+  }
+  throw ConfigError(field, fmt::format("'{}' is not an action ({})", name, names));
+}
 
 const std::vector<FieldSpec>& config_schema() {
   static const std::vector<FieldSpec> schema = build_schema();

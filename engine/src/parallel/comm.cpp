@@ -1,5 +1,6 @@
 #include "tide/engine/parallel/comm.h"
 
+#include <cstring>
 #include <functional>
 
 #include <fmt/format.h>
@@ -110,6 +111,23 @@ void Comm::broadcast(at::Tensor& t, int root, const std::string& what) {
   impl_->wait(impl_->pg->broadcast(v, opts), "broadcast", what);
   if (!w.is_same(t)) t.copy_(w);
   if (rank() == root) impl_->bytes_sent += nbytes(t);
+}
+
+std::string Comm::broadcast_text(const std::string& text, int root, const std::string& what) {
+  if (size() == 1) return text;
+  // NCCL moves device memory only: the bytes go through the current device.
+  const auto device = impl_->gloo ? at::Device(at::kCPU) : at::Device(at::kCUDA);
+  const bool is_root = rank() == root;
+  auto length = torch::tensor({static_cast<int64_t>(is_root ? text.size() : 0)}, torch::kInt64).to(device);
+  broadcast(length, root, what);
+  const int64_t n = length.item<int64_t>();
+  if (n == 0) return {};
+  auto bytes = torch::empty({n}, torch::kUInt8);
+  if (is_root) std::memcpy(bytes.data_ptr(), text.data(), static_cast<size_t>(n));
+  bytes = bytes.to(device);
+  broadcast(bytes, root, what);
+  bytes = bytes.cpu();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
 }
 
 void Comm::reduce_scatter_sum(const at::Tensor& input, at::Tensor& output, const std::string& what) {

@@ -4,6 +4,12 @@
 #include <cmath>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/parallel/comm.h"
+
 namespace tide {
 namespace {
 // Fewer recent steps than this: no verdict on spikes or explosions yet.
@@ -15,17 +21,6 @@ double median(std::vector<double> v) {
   return v[mid];
 }
 }  // namespace
-
-const char* action_name(AnomalyAction a) {
-  switch (a) {
-    case AnomalyAction::None: return "none";
-    case AnomalyAction::Skip: return "skip";
-    case AnomalyAction::Rollback: return "rollback";
-    case AnomalyAction::ScaleLr: return "scale_lr";
-    case AnomalyAction::Stop: return "stop";
-  }
-  return "none";
-}
 
 Anomaly AnomalyDetector::check(double loss, double grad_norm) {
   Anomaly a;
@@ -44,7 +39,7 @@ Anomaly AnomalyDetector::check(double loss, double grad_norm) {
     // flat window from turning rounding into a spike.
     const double sigma = std::max(1.4826 * median(dev), 1e-3 * std::abs(med) + 1e-12);
     const double z = (loss - med) / sigma;
-    if (z > cfg_.spike_z && cfg_.on_loss_spike != AnomalyAction::None) {
+    if (z > cfg_.spike_z && (every_kind_ || cfg_.on_loss_spike != AnomalyAction::None)) {
       a.kind = "loss_spike";
       a.value = loss;
       a.score = z;
@@ -53,7 +48,7 @@ Anomaly AnomalyDetector::check(double loss, double grad_norm) {
     }
     const double norm_med = median(std::vector<double>(norms_.begin(), norms_.end()));
     const double multiple = grad_norm / std::max(norm_med, 1e-12);
-    if (multiple > cfg_.explosion_factor && cfg_.on_grad_explosion != AnomalyAction::None) {
+    if (multiple > cfg_.explosion_factor && (every_kind_ || cfg_.on_grad_explosion != AnomalyAction::None)) {
       a.kind = "grad_explosion";
       a.value = grad_norm;
       a.score = multiple;
@@ -66,6 +61,36 @@ Anomaly AnomalyDetector::check(double loss, double grad_norm) {
   while (losses_.size() > static_cast<size_t>(cfg_.window)) losses_.pop_front();
   while (norms_.size() > static_cast<size_t>(cfg_.window)) norms_.pop_front();
   return a;
+}
+
+std::optional<AnomalyDecision> decide_anomaly(const std::function<nlohmann::json(const nlohmann::json&)>& policy,
+                                              Comm* world, int64_t step, const Anomaly& anomaly, spdlog::logger& log) {
+  std::string answer;
+  if (!world || world->rank() == 0) {
+    nlohmann::json query = {{"step", step},
+                            {"kind", anomaly.kind},
+                            {"value", std::isfinite(anomaly.value) ? nlohmann::json(anomaly.value) : nlohmann::json()},
+                            {"score", anomaly.score},
+                            {"action", anomaly_action_name(anomaly.action)}};
+    try {
+      answer = policy(query).dump();
+    } catch (const std::exception& e) {
+      log.warn("step {}: on_anomaly failed ({}); the recipe's action {} stands", step, e.what(),
+                   anomaly_action_name(anomaly.action));
+    }
+  }
+  if (world) answer = world->broadcast_text(answer, 0, "anomaly decision");
+  const auto d = nlohmann::json::parse(answer, nullptr, false);
+  if (!d.is_object() || !d.contains("action") || !d["action"].is_string()) return std::nullopt;
+  try {
+    AnomalyDecision out;
+    out.action = parse_anomaly_action(d["action"].get<std::string>(), "on_anomaly");
+    if (d.contains("lr_factor") && d["lr_factor"].is_number()) out.lr_factor = d["lr_factor"].get<double>();
+    return out;
+  } catch (const std::exception& e) {
+    if (!world || world->rank() == 0) log.warn("step {}: {}; the recipe's action stands", step, e.what());
+    return std::nullopt;
+  }
 }
 
 }  // namespace tide

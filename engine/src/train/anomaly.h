@@ -6,7 +6,15 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <optional>
 #include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace spdlog {
+class logger;
+}
 
 #include "tide/engine/config.h"
 
@@ -22,16 +30,32 @@ struct Anomaly {
 
 class AnomalyDetector {
  public:
-  explicit AnomalyDetector(const AnomalyConfig& cfg) : cfg_(cfg) {}
+  // every_kind: flag spikes and explosions even when their declared action is none (a
+  // recipe policy decides what they trigger).
+  AnomalyDetector(const AnomalyConfig& cfg, bool every_kind) : cfg_(cfg), every_kind_(every_kind) {}
   // The verdict on one step; normal steps enter the window, anomalous ones do not.
   Anomaly check(double loss, double grad_norm);
   void set_config(const AnomalyConfig& cfg) { cfg_ = cfg; }
 
  private:
   AnomalyConfig cfg_;
+  bool every_kind_;
   std::deque<double> losses_, norms_;
 };
 
-const char* action_name(AnomalyAction a);
+class Comm;
+
+// What a recipe's on_anomaly policy decided.
+struct AnomalyDecision {
+  AnomalyAction action = AnomalyAction::None;
+  std::optional<double> lr_factor;  // scale_lr's factor, when the policy gave one
+};
+
+// Every rank, at an anomaly of 1-based step `step`: rank 0 (world rank 0, or the only
+// process when world is null) asks `policy`; every rank gets its decision. nullopt: the
+// declared action stands (the policy answered nil, failed, or answered nonsense; the
+// failures go to rank 0's `log`).
+std::optional<AnomalyDecision> decide_anomaly(const std::function<nlohmann::json(const nlohmann::json&)>& policy,
+                                              Comm* world, int64_t step, const Anomaly& anomaly, spdlog::logger& log);
 
 }  // namespace tide

@@ -6,7 +6,6 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
 
 #include "tide/engine/config_schema.h"
 #include "tide/engine/parallel/comm.h"
@@ -25,15 +24,7 @@ LiveControl::LiveControl(Comm* world, Take take, Emit emit)
 
 std::string LiveControl::receive() {
   std::string text = leader_ && take_ ? take_() : std::string();
-  if (!world_ || world_->size() == 1) return text;
-  auto length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
-  world_->broadcast(length, 0, "control commands");
-  const int64_t n = length.item<int64_t>();
-  if (n == 0) return {};
-  auto bytes = torch::empty({n}, torch::kUInt8);
-  if (leader_) std::memcpy(bytes.data_ptr(), text.data(), static_cast<size_t>(n));
-  world_->broadcast(bytes, 0, "control commands");
-  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n));
+  return world_ ? world_->broadcast_text(text, 0, "control commands") : text;
 }
 
 BoundaryActions LiveControl::at_boundary(int64_t step, RunConfig& cfg, const Check& check) {

@@ -317,7 +317,7 @@ TrainResult Trainer::run() {
   ProgressLine progress;
   double ema_step = 0;
   int64_t tokens_seen = resumed.step * tokens_per_step();
-  AnomalyDetector detector(cfg.anomaly);
+  AnomalyDetector detector(cfg.anomaly, static_cast<bool>(s.hooks.anomaly_policy));
   std::set<int64_t> inject_nan = injected_nan_steps();
   int64_t saved_step = resumed.step > 0 ? resumed.step : -1;
   std::unique_ptr<LiveControl> control;
@@ -431,12 +431,22 @@ TrainResult Trainer::run() {
     }
     StepMetrics m;
     // Every rank holds the same reduced loss and norm: the same verdict everywhere.
-    const Anomaly anomaly = detector.check(loss_sum / static_cast<double>(accum), gnorm);
+    Anomaly anomaly = detector.check(loss_sum / static_cast<double>(accum), gnorm);
+    std::string decided_by = "recipe";
+    double lr_factor = cfg.anomaly.lr_factor;
+    if (anomaly && s.hooks.anomaly_policy) {
+      if (const auto decision = decide_anomaly(s.hooks.anomaly_policy, s.dist ? s.dist->world.get() : nullptr, step + 1,
+                                                 anomaly, *s.log)) {
+        anomaly.action = decision->action;
+        lr_factor = decision->lr_factor.value_or(lr_factor);
+        decided_by = "on_anomaly";
+      }
+    }
     m.skipped = !std::isfinite(gnorm) || (anomaly && anomaly.action != AnomalyAction::None);
     if (anomaly) {
       m.anomaly = anomaly.kind;
-      m.anomaly_action = action_name(anomaly.action);
-      if (anomaly.action == AnomalyAction::ScaleLr) s.cfg.optimizer.lr_scale *= cfg.anomaly.lr_factor;
+      m.anomaly_action = anomaly_action_name(anomaly.action);
+      if (anomaly.action == AnomalyAction::ScaleLr) s.cfg.optimizer.lr_scale *= lr_factor;
     }
     if (!m.skipped) {
       s.optim->step(lr);
@@ -502,7 +512,8 @@ TrainResult Trainer::run() {
     if (anomaly) {
       nlohmann::json event = {{"step", m.step},        {"kind", anomaly.kind},
                               {"value", anomaly.value}, {"score", anomaly.score},
-                              {"action", m.anomaly_action}};
+                              {"action", m.anomaly_action}, {"by", decided_by}};
+      if (anomaly.action == AnomalyAction::ScaleLr) event["lr_factor"] = lr_factor;
       if (!std::isfinite(anomaly.value)) event["value"] = nullptr;
       std::optional<std::string> from;
       if (anomaly.action == AnomalyAction::Rollback) {

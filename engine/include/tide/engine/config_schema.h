@@ -59,6 +59,11 @@ ModelConfig model_config_from_json(const nlohmann::json& model);
 void validate(const RunConfig& c);
 void validate_model(const ModelConfig& m);
 
+// The names recipes and messages use for anomaly actions: none, skip, rollback,
+// scale_lr, stop. Parsing throws ConfigError naming `field` and the name.
+const char* anomaly_action_name(AnomalyAction a);
+AnomalyAction parse_anomaly_action(const std::string& name, const std::string& field);
+
 // Markdown table of every field, for docs/recipes.md.
 std::string schema_markdown();
 

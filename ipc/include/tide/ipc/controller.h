@@ -16,7 +16,10 @@ struct ControllerOptions {
   std::vector<std::string> command_endpoints;  // bound; "tcp://127.0.0.1:*" picks a port
   std::vector<std::string> event_endpoints;
   std::string worker_executable;  // the tide binary the workers run
-  int cpu_slots = 1;              // runs share these (one slot per worker process)
+  int cpu_slots = 1;              // CPU runs share these (one slot per worker process)
+  // CUDA devices handed to runs whose recipe says device = "cuda", one per worker, as
+  // CUDA_VISIBLE_DEVICES names them (indices or UUIDs). Empty: cuda runs are refused.
+  std::vector<std::string> gpus;
   int cores = 0;                  // cores shared by the slots; 0: this machine's
   // CURVE on every TCP endpoint (required to bind beyond loopback): the server's key file
   // (tide keygen) and the allowlist of client public keys with their roles

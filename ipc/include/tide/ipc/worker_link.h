@@ -1,11 +1,15 @@
 // A worker's connection to its controller (docs/protocol.md, "Worker link"): a DEALER
 // socket owned by one background thread, which sends a heartbeat every second, the
 // messages queued by the training thread, and keeps the commands the controller sent
-// to rank 0 until the trainer takes them at a step boundary.
+// to rank 0 until the trainer takes them at a step boundary, or hands the controller's
+// answer to a question (an anomaly for the recipe's policy) to the thread that asked.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,6 +43,9 @@ class WorkerLink {
   void send(const std::string& type, nlohmann::json body);
   // The commands received since the last call, as a JSON array text ("" for none).
   std::string take_commands();
+  // Sends `type` with `body` and a fresh "query" number, then waits up to `timeout` for
+  // the controller's answer to that query; nullopt when none came in time.
+  std::optional<nlohmann::json> ask(const std::string& type, nlohmann::json body, std::chrono::milliseconds timeout);
 
  private:
   void loop();
@@ -47,6 +54,9 @@ class WorkerLink {
   std::mutex mu_;
   std::deque<std::string> outgoing_;
   nlohmann::json commands_ = nlohmann::json::array();
+  std::condition_variable answered_;
+  std::map<int64_t, nlohmann::json> answers_;  // by query number
+  int64_t next_query_ = 1;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

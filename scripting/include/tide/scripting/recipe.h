@@ -1,6 +1,7 @@
 // Lua recipes: a recipe file returns `tide.recipe{ ... }`. It runs once, sandboxed, to
 // declare a spec that C++ validates (config_schema); afterwards only small functions
-// (schedule.lr) run, each call under its own budget.
+// run, each call under its own budget: schedule.lr, and the policies on_anomaly and
+// on_step (docs/recipes.md, "Policies").
 #pragma once
 
 #include <cstddef>
@@ -26,7 +27,7 @@ struct SandboxLimits {
   int64_t instructions = 200'000'000;  // VM instructions for the whole recipe
   double seconds = 10.0;               // wall-clock deadline
   size_t memory_bytes = 256u << 20;    // bytes the Lua state may allocate
-  // Per call of a recipe function after loading (schedule.lr).
+  // Per call of a recipe function after loading (schedule.lr, a policy).
   int64_t call_instructions = 1'000'000;
   double call_seconds = 0.5;
 };
@@ -50,6 +51,13 @@ class Recipe {
   // schedule.lr as a Lua function of the 0-based step.
   bool has_lr_function() const;
   double lr_at(int64_t step);  // throws RecipeError (non-number, negative, budget)
+
+  // A policy: the recipe's top-level function `name` ("on_anomaly", "on_step").
+  bool has_policy(const std::string& name) const;
+  // Calls it with `arg` as a Lua table and returns its answer as JSON (nil: null).
+  // Throws RecipeError naming the policy and where it is defined: a Lua error, the
+  // budget, an answer that holds a function or another non-data value.
+  nlohmann::json call_policy(const std::string& name, const nlohmann::json& arg);
 
   // Opaque sandbox state; public so the implementation's helpers can name it.
   struct Lua;

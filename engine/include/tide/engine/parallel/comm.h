@@ -46,6 +46,8 @@ class Comm {
   // fp32/fp64 tensors only; `t` must stay alive and untouched until wait() returns.
   std::unique_ptr<PendingCollective> all_reduce_sum_async(at::Tensor t, const std::string& what);
   void broadcast(at::Tensor& t, int root, const std::string& what);
+  // Root's `text` on every rank (control messages); other ranks' `text` is ignored.
+  std::string broadcast_text(const std::string& text, int root, const std::string& what);
   // input: size() * n elements (chunk j goes to group rank j); output: n elements, the
   // sum of every rank's chunk for this rank. The output may be this rank's chunk of
   // the input.

@@ -38,6 +38,11 @@ struct TrainHooks {
   // "resumed", "stopping", "checkpoint", "checkpoint_failed"); may be called from the
   // checkpoint writer's thread.
   std::function<void(const std::string& kind, const nlohmann::json& body)> on_event;
+  // The recipe's on_anomaly policy (docs/recipes.md, "Policies"), set on every rank when
+  // the recipe has one; only rank 0's is called, with {step, kind, value, score, action},
+  // and its answer reaches every rank: null (the declared action stands) or {"action":
+  // name, "lr_factor": x (optional)}. It may throw: the declared action stands.
+  std::function<nlohmann::json(const nlohmann::json& anomaly)> anomaly_policy;
   // More destinations for the run log (train.log), e.g. the controller's log events.
   std::vector<spdlog::sink_ptr> log_sinks;
 };
