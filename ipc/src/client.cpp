@@ -64,6 +64,23 @@ json Client::request(const std::string& type, const json& body) {
   }
 }
 
+std::string Client::event_endpoint() {
+  const json info = request("info");
+  const json eps = info.value("endpoints", json::object()).value("events", json::array());
+  const std::string scheme = endpoint_.substr(0, endpoint_.find("://"));
+  for (const auto& e : eps) {
+    if (!e.is_string() || e.get<std::string>().rfind(scheme + "://", 0) != 0) continue;
+    const std::string ep = e.get<std::string>();
+    if (scheme != "tcp") return ep;
+    const auto host_end = endpoint_.rfind(':'), port_at = ep.rfind(':');
+    if (host_end == std::string::npos || port_at == std::string::npos) return ep;
+    return endpoint_.substr(0, host_end) + ep.substr(port_at);
+  }
+  if (eps.empty() || !eps[0].is_string())
+    throw ClientError("transport", fmt::format("the daemon at {} names no event endpoint", endpoint_));
+  return eps[0].get<std::string>();
+}
+
 Subscriber::Subscriber(const std::string& endpoint, const std::vector<std::string>& prefixes,
                        const CurveClient& curve) {
   socket_.set(zmq::sockopt::linger, 0);

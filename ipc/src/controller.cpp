@@ -1,8 +1,12 @@
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -95,11 +99,40 @@ void Controller::Impl::serve_zap() {
   (void)zap.send(zmq::message_t(), zmq::send_flags::none);
 }
 
+std::vector<std::string> resolve_gpus(const std::string& spec) {
+  std::vector<std::string> out;
+  auto split = [&out](const std::string& list) {
+    std::stringstream in(list);
+    for (std::string item; std::getline(in, item, ',');)
+      if (!item.empty()) out.push_back(item);
+  };
+  if (spec == "none") return out;
+  if (spec != "auto") {
+    split(spec);
+    return out;
+  }
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    split(visible);
+    return out;
+  }
+  int count = 0;
+  while (fs::exists(fmt::format("/dev/nvidia{}", count))) ++count;
+  for (int i = 0; i < count; ++i) out.push_back(std::to_string(i));
+  return out;
+}
+
 Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
   if (opt.state_dir.empty()) throw std::invalid_argument("the controller needs a state directory");
   if (opt.cpu_slots < 1) throw std::invalid_argument(fmt::format("cpu slots must be at least 1, not {}", opt.cpu_slots));
   if (opt.cores <= 0) opt.cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   fs::create_directories(opt.state_dir);
+  // One controller per state directory: a second would rebind its sockets under the first.
+  const std::string lock_path = (fs::path(opt.state_dir) / "controller.lock").string();
+  state_lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (state_lock < 0 || ::flock(state_lock, LOCK_EX | LOCK_NB) != 0) {
+    if (state_lock >= 0) ::close(state_lock);
+    throw std::runtime_error(fmt::format("another controller (tided or an embedded engine) serves {}", opt.state_dir));
+  }
   epoch = fmt::format("{}-{}", static_cast<int64_t>(unix_now()), ::getpid());
   registry = std::make_unique<RunRegistry>(opt.state_dir);
   // Runs that had workers when the last controller ended: queued again, to resume.
@@ -136,6 +169,10 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
 
 Controller::Controller(ControllerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 Controller::~Controller() = default;
+
+Controller::Impl::~Impl() {
+  if (state_lock >= 0) ::close(state_lock);
+}
 
 std::vector<std::string> Controller::command_endpoints() const { return impl_->command_eps; }
 std::vector<std::string> Controller::event_endpoints() const { return impl_->event_eps; }

@@ -53,7 +53,8 @@ struct Controller::Impl {
   std::vector<std::string> command_eps, event_eps;
   std::string worker_ep;
   std::atomic<bool> stopping{false};
-  std::string epoch;  // this controller instance, in every event
+  int state_lock = -1;  // flock on <state>/controller.lock, held for the controller's life
+  std::string epoch;    // this controller instance, in every event
   std::unique_ptr<RunRegistry> registry;
   std::map<std::string, ActiveRun> active;
   std::map<std::string, RunConfig> configs;  // resolved recipes of unfinished runs
@@ -64,6 +65,9 @@ struct Controller::Impl {
   std::map<std::string, std::unique_ptr<RunPolicies>> policies;
 
   explicit Impl(ControllerOptions o);
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
   // controller.cpp
   void serve_commands();

@@ -80,19 +80,9 @@ std::string metrics_line(const json& m) {
   return line;
 }
 
-std::string event_endpoint(ipc::Client& client) {
-  const json info = client.request("info");
-  const auto eps = info.at("endpoints").at("events");
-  // The same transport as the command endpoint where the daemon offers it.
-  const std::string scheme = client.endpoint().substr(0, client.endpoint().find("://"));
-  for (const auto& e : eps)
-    if (e.get<std::string>().rfind(scheme, 0) == 0) return e.get<std::string>();
-  return eps.at(0).get<std::string>();
-}
-
 // Follows a run's events until it finishes; returns 0 when it completed or stopped.
 int watch(ipc::Client& client, const std::string& run, const ipc::CurveClient& curve) {
-  ipc::Subscriber sub(event_endpoint(client), {"run." + run + "."}, curve);
+  ipc::Subscriber sub(client.event_endpoint(), {"run." + run + "."}, curve);
   bool tty = ::isatty(STDOUT_FILENO);
   auto last_check = std::chrono::steady_clock::now();
   while (true) {

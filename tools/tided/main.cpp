@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -35,31 +34,6 @@ std::string default_worker() {
   for (const auto& candidate : {self / "tide", self.parent_path() / "tide" / "tide"})
     if (fs::exists(candidate)) return candidate.string();
   return (self / "tide").string();
-}
-
-// The CUDA devices tided hands out. "auto": CUDA_VISIBLE_DEVICES when it is set, else one
-// per /dev/nvidia<N> the driver created (tided links no CUDA runtime to ask); "none"; or
-// a comma-separated list of indices or UUIDs, as CUDA_VISIBLE_DEVICES takes them.
-std::vector<std::string> resolve_gpus(const std::string& flag) {
-  std::vector<std::string> out;
-  auto split = [&out](const std::string& list) {
-    std::stringstream in(list);
-    for (std::string item; std::getline(in, item, ',');)
-      if (!item.empty()) out.push_back(item);
-  };
-  if (flag == "none") return out;
-  if (flag != "auto") {
-    split(flag);
-    return out;
-  }
-  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    split(visible);
-    return out;
-  }
-  int count = 0;
-  while (fs::exists(fmt::format("/dev/nvidia{}", count))) ++count;
-  for (int i = 0; i < count; ++i) out.push_back(std::to_string(i));
-  return out;
 }
 
 // Returns in the parent once the detached daemon has bound its sockets (or failed).
@@ -140,7 +114,7 @@ int main(int argc, char** argv) {
       opt.command_endpoints.push_back(port == 0 ? "tcp://127.0.0.1:*" : fmt::format("tcp://127.0.0.1:{}", port));
       opt.event_endpoints.push_back(port == 0 ? "tcp://127.0.0.1:*" : fmt::format("tcp://127.0.0.1:{}", port + 1));
     }
-    opt.gpus = resolve_gpus(gpus);
+    opt.gpus = tide::ipc::resolve_gpus(gpus);
     if (opt.worker_executable.empty()) opt.worker_executable = default_worker();
     if (!fs::exists(opt.worker_executable))
       throw std::invalid_argument("worker executable '" + opt.worker_executable + "' does not exist (--worker)");

@@ -42,6 +42,10 @@ class Client {
   // timeout the connection is made again, so a late reply cannot be taken for the next.
   nlohmann::json request(const std::string& type, const nlohmann::json& body = nlohmann::json::object());
   const std::string& endpoint() const { return endpoint_; }
+  // The daemon's event endpoint for this client (asks `info`): one of the same transport
+  // as the command endpoint; over TCP with the command endpoint's host, since the daemon
+  // may have bound a wildcard address.
+  std::string event_endpoint();
 
  private:
   void connect();

@@ -27,6 +27,12 @@ struct ControllerOptions {
   std::string curve_key_file, allowlist_file;
 };
 
+// The CUDA devices a controller hands out. "auto": CUDA_VISIBLE_DEVICES when it is set,
+// else one per /dev/nvidia<N> the driver created (the controller links no CUDA runtime to
+// ask); "none"; or a comma-separated list of indices or UUIDs, as CUDA_VISIBLE_DEVICES
+// takes them.
+std::vector<std::string> resolve_gpus(const std::string& spec);
+
 class Controller {
  public:
   // Loads the registry (runs that were training when the last controller ended are
