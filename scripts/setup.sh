@@ -18,6 +18,8 @@ PACKAGES=(
   libxxhash-dev libzstd-dev libicu-dev
   sentencepiece libsentencepiece-dev
   python3-torch python3-zmq python3-numpy
+  # The Go binding (bindings/go, cgo).
+  golang-go
   # The bundled default corpus (King James Bible, public domain).
   bible-kjv
 )
@@ -36,6 +38,13 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The Rust binding (bindings/rust) builds with any cargo: a rustup one in ~/.cargo/bin
+# where the machine has it, else Debian's.
+if ! command -v cargo >/dev/null && [[ ! -x ${HOME:-/root}/.cargo/bin/cargo ]]; then
+  SUDO=""; if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  $SUDO apt-get install -y -qq --no-install-recommends cargo >/dev/null
 fi
 
 # Point libblas.so.3 at OpenBLAS (OpenMP build) if the reference BLAS is selected.

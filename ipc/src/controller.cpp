@@ -126,6 +126,8 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
   if (opt.cpu_slots < 1) throw std::invalid_argument(fmt::format("cpu slots must be at least 1, not {}", opt.cpu_slots));
   if (opt.cores <= 0) opt.cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
   fs::create_directories(opt.state_dir);
+  // Workers start in their run's workdir: a relative path to their executable would miss.
+  if (!opt.worker_executable.empty()) opt.worker_executable = fs::absolute(opt.worker_executable).string();
   // One controller per state directory: a second would rebind its sockets under the first.
   const std::string lock_path = (fs::path(opt.state_dir) / "controller.lock").string();
   state_lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);

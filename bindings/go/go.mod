@@ -1,0 +1,3 @@
+module tide.dev/tide
+
+go 1.19

@@ -1,0 +1,173 @@
+package tide
+
+// The Go binding against an embedded engine and a tided process: a whole run (submit ->
+// metrics -> set lr -> checkpoint -> stop) and its errors. Needs TIDE_BIN and TIDED_BIN.
+
+import (
+	"context"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+const recipe = `return tide.recipe {
+  name = "go", seed = 7, threads = 1,
+  model = tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2,
+                              multiple_of = 32, max_seq_len = 64 },
+  data = { path = "ds", seq_len = 64 },
+  batch = { micro_batch = 2, global_batch = 8 },
+  optimizer = { lr = 1e-3 },
+  schedule = { steps = 100000, warmup_steps = 2, decay = "constant" },
+  checkpoint = { every = 0, keep_last = 3 },
+  eval = { every = 0 },
+  log_every = 1000,
+}
+`
+
+var work string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tide-go-")
+	if err != nil {
+		panic(err)
+	}
+	work = dir
+	prepare := exec.Command(os.Getenv("TIDE_BIN"), "data", "prepare", "/usr/share/common-licenses/GPL-3",
+		"/usr/share/common-licenses/Apache-2.0", "--out", filepath.Join(work, "ds"), "--tokenizer", "bytes",
+		"--val-fraction", "0.1")
+	if out, err := prepare.CombinedOutput(); err != nil {
+		panic(string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(work)
+	os.Exit(code)
+}
+
+func wholeRun(t *testing.T, engine *Engine) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	run, err := engine.Submit(Submit{RecipeText: recipe, Workdir: work})
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, err := engine.Subscribe(ctx, run.ID, "metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last int64
+	for e := range metrics {
+		if e.Step <= last || e.Loss == nil {
+			t.Fatalf("metrics event out of order or without a loss: %+v", e)
+		}
+		last = e.Step
+		if last >= 3 {
+			break
+		}
+	}
+	if err := run.Set("optimizer.lr", 5e-4); err != nil {
+		t.Fatal(err)
+	}
+	var changedAt int64
+	for e := range metrics {
+		if lr, ok := e.Body["lr"].(float64); ok && math.Abs(lr-5e-4) < 1e-12 {
+			changedAt = e.Step
+			break
+		}
+	}
+	if changedAt == 0 {
+		t.Fatal("no metrics event with the new lr")
+	}
+	if err := run.Set("model.dim", 128); !IsCode(err, ErrInvalidValue) {
+		t.Fatalf("setting a field that is not live: %v", err)
+	}
+	saved, err := engine.Subscribe(ctx, run.ID, "checkpoint")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	e := <-saved
+	if ok, _ := e.Body["ok"].(bool); !ok {
+		t.Fatalf("checkpoint event: %+v", e)
+	}
+	if err := run.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	state, err := run.Wait(ctx)
+	if err != nil || state != Stopped {
+		t.Fatalf("wait: %v %v", state, err)
+	}
+	st, err := run.Status()
+	if err != nil || st.State != Stopped || st.LastStep <= changedAt || st.Loss == nil {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+	rows, err := run.Metrics(0)
+	if err != nil || len(rows) == 0 {
+		t.Fatalf("metrics: %v %v", len(rows), err)
+	}
+	if _, err := engine.Run("no-such-run-3").Status(); !IsCode(err, ErrNotFound) {
+		t.Fatalf("unknown run: %v", err)
+	}
+	if err := run.Pause(); !IsCode(err, ErrInvalidState) {
+		t.Fatalf("pausing a stopped run: %v", err)
+	}
+	t.Logf("%s: lr 5e-4 from step %d, checkpoint at step %v, stopped at %d (loss %.4f)", run.ID, changedAt,
+		e.Body["step"], st.LastStep, *st.Loss)
+}
+
+func TestEmbedded(t *testing.T) {
+	engine, err := OpenEmbedded(EmbeddedOptions{StateDir: filepath.Join(work, "embedded"),
+		WorkerExecutable: os.Getenv("TIDE_BIN"), CPUSlots: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wholeRun(t, engine)
+	engine.Close()
+	if _, err := engine.Info(); !IsCode(err, ErrInvalidHandle) {
+		t.Fatalf("a closed engine: %v", err)
+	}
+}
+
+func TestDaemon(t *testing.T) {
+	state := filepath.Join(work, "daemon")
+	daemon := exec.Command(os.Getenv("TIDED_BIN"), "--foreground", "--state-dir", state, "--cpu-slots", "1",
+		"--no-tcp", "--worker", os.Getenv("TIDE_BIN"))
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = daemon.Process.Signal(os.Interrupt)
+		_ = daemon.Wait()
+	}()
+	for i := 0; i < 300; i++ {
+		if _, err := os.Stat(filepath.Join(state, "endpoints.json")); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	engine, err := Connect("ipc://"+filepath.Join(state, "command.sock"), ConnectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	wholeRun(t, engine)
+}
+
+func TestBadRecipe(t *testing.T) {
+	engine, err := OpenEmbedded(EmbeddedOptions{StateDir: filepath.Join(work, "bad"),
+		WorkerExecutable: os.Getenv("TIDE_BIN")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	if _, err := engine.Submit(Submit{RecipeText: "return tide.recipe { model = }"}); !IsCode(err, ErrInvalidRecipe) {
+		t.Fatalf("a broken recipe: %v", err)
+	}
+	if _, err := engine.Submit(Submit{}); !IsCode(err, ErrInvalidArgument) {
+		t.Fatalf("no recipe: %v", err)
+	}
+}

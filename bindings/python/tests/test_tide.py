@@ -1,0 +1,131 @@
+"""The Python binding against an embedded engine and a tided process: a whole run
+(submit -> metrics -> set lr -> checkpoint -> stop) and its errors.
+
+Needs TIDE_BIN and TIDED_BIN (the executables) and TIDE_LIBRARY (libtide.so.0), as
+ctest sets them: python3 -m unittest discover -s bindings/python/tests"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import tide  # noqa: E402
+
+TIDE_BIN, TIDED_BIN = os.environ["TIDE_BIN"], os.environ["TIDED_BIN"]
+
+RECIPE = """return tide.recipe {
+  name = "py", seed = 7, threads = 1,
+  model = tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2,
+                              multiple_of = 32, max_seq_len = 64 },
+  data = { path = "ds", seq_len = 64 },
+  batch = { micro_batch = 2, global_batch = 8 },
+  optimizer = { lr = 1e-3 },
+  schedule = { steps = 100000, warmup_steps = 2, decay = "constant" },
+  checkpoint = { every = 0, keep_last = 3 },
+  eval = { every = 0 },
+  log_every = 1000,
+}
+"""
+
+
+def setUpModule():
+    global WORK
+    WORK = tempfile.mkdtemp(prefix="tide-py-")
+    subprocess.run([TIDE_BIN, "data", "prepare", "/usr/share/common-licenses/GPL-3",
+                    "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(WORK, "ds"), "--tokenizer", "bytes",
+                    "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
+
+
+def tearDownModule():
+    shutil.rmtree(WORK, ignore_errors=True)
+
+
+class WholeRun:
+    engine: tide.Engine
+
+    def test_a_whole_run(self):
+        run = self.engine.submit(recipe=RECIPE, workdir=WORK)
+        with run.events(kind="metrics", timeout=60) as metrics:
+            steps = []
+            for e in metrics:
+                steps.append(e.step)
+                if len(steps) >= 3:
+                    break
+            self.assertEqual(len(steps), 3)
+            self.assertTrue(all(b > a for a, b in zip(steps, steps[1:])), steps)
+            run.set("optimizer.lr", 5e-4)
+            changed = next(e for e in metrics if abs(e.body["lr"] - 5e-4) < 1e-12)
+            self.assertIsNotNone(changed.loss)
+        with run.events(kind="checkpoint", timeout=60) as saved:
+            run.checkpoint()
+            event = saved.poll(60)
+            self.assertTrue(event.body["ok"], event)
+            self.assertTrue(os.path.isdir(event.body["path"]))
+        run.stop()
+        self.assertEqual(run.wait(timeout=120), "stopped")
+        st = run.status()
+        self.assertEqual((st.id, st.state), (run.id, "stopped"))
+        self.assertGreater(st.last_step, changed.step)
+        rows = run.metrics()
+        self.assertEqual(rows[-1]["step"], st.last_step)
+        self.assertIn(run.id, [r["id"] for r in self.engine.runs()])
+        print(f"\n{type(self).__name__}: {run.id} lr 5e-4 from step {changed.step}, checkpoint at step "
+              f"{event.body['step']}, stopped at {st.last_step} (loss {st.loss:.4f})")
+
+    def test_errors(self):
+        with self.assertRaises(tide.TideError) as e:
+            self.engine.run("no-such-run-7").status()
+        self.assertEqual(e.exception.name, "not_found")
+        with self.assertRaises(tide.TideError) as e:
+            self.engine.submit(recipe="return tide.recipe { model = }", workdir=WORK)
+        self.assertEqual(e.exception.name, "invalid_recipe")
+        self.assertIn("recipe", str(e.exception))
+        with self.assertRaises(tide.TideError) as e:
+            self.engine.submit(recipe=RECIPE, recipe_name="llama/llama-tiny")
+        self.assertEqual(e.exception.name, "invalid_argument")
+
+
+class Embedded(WholeRun, unittest.TestCase):
+    def setUp(self):
+        self.engine = tide.Engine.embedded(state_dir=os.path.join(WORK, f"embedded-{self._testMethodName}"),
+                                           worker=TIDE_BIN, cpu_slots=1)
+
+    def tearDown(self):
+        self.engine.close()
+
+    def test_closed_engine(self):
+        self.engine.close()
+        with self.assertRaises(tide.TideError) as e:
+            self.engine.info()
+        self.assertEqual(e.exception.name, "invalid_handle")
+
+
+class Daemon(WholeRun, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        state = os.path.join(WORK, "daemon")
+        cls.proc = subprocess.Popen([TIDED_BIN, "--foreground", "--state-dir", state, "--cpu-slots", "1",
+                                     "--no-tcp", "--worker", TIDE_BIN], stderr=subprocess.DEVNULL)
+        ready = os.path.join(state, "endpoints.json")
+        deadline = time.time() + 30
+        while not os.path.exists(ready) and time.time() < deadline:
+            time.sleep(0.05)
+        cls.endpoint = "ipc://" + os.path.join(state, "command.sock")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.terminate()
+        cls.proc.wait(30)
+
+    def setUp(self):
+        self.engine = tide.Engine.connect(self.endpoint)
+
+    def tearDown(self):
+        self.engine.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

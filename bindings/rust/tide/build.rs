@@ -1,0 +1,6 @@
+// This crate's tests find libtide.so where tide-sys linked it.
+fn main() {
+    if let Ok(dir) = std::env::var("DEP_TIDE_LIB_DIR") {
+        println!("cargo:rustc-link-arg-tests=-Wl,-rpath,{dir}");
+    }
+}

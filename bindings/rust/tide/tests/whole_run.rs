@@ -1,0 +1,159 @@
+//! The Rust binding against an embedded engine and a tided process: a whole run (submit ->
+//! metrics -> set lr -> checkpoint -> stop) and its errors. Needs TIDE_BIN and TIDED_BIN.
+use std::env;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::Duration;
+
+use tide::{Engine, Error, State, Submit};
+
+const RECIPE: &str = r#"return tide.recipe {
+  name = "rust", seed = 7, threads = 1,
+  model = tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2,
+                              multiple_of = 32, max_seq_len = 64 },
+  data = { path = "ds", seq_len = 64 },
+  batch = { micro_batch = 2, global_batch = 8 },
+  optimizer = { lr = 1e-3 },
+  schedule = { steps = 100000, warmup_steps = 2, decay = "constant" },
+  checkpoint = { every = 0, keep_last = 3 },
+  eval = { every = 0 },
+  log_every = 1000,
+}
+"#;
+
+fn tide_bin() -> String {
+    env::var("TIDE_BIN").expect("TIDE_BIN: the tide executable")
+}
+
+/// A fresh directory holding the prepared dataset `ds`.
+fn workdir(name: &str) -> PathBuf {
+    let dir = env::temp_dir().join(format!("tide-rust-{}-{}", name, std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let status = Command::new(tide_bin())
+        .args(["data", "prepare", "/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0"])
+        .arg("--out")
+        .arg(dir.join("ds"))
+        .args(["--tokenizer", "bytes", "--val-fraction", "0.1"])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    dir
+}
+
+/// A number field of a JSON object text (enough for a test; bodies are JSON for any crate).
+fn number(json: &str, key: &str) -> Option<f64> {
+    let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = &json[at..];
+    let end = rest.find(|c: char| c == ',' || c == '}').unwrap_or(rest.len());
+    rest[..end].trim().parse().ok()
+}
+
+fn whole_run(engine: &Engine, work: &Path) {
+    let run = engine
+        .submit(&Submit {
+            recipe_text: Some(RECIPE.into()),
+            workdir: Some(work.to_string_lossy().into()),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut metrics = engine.subscribe(Some(run.id()), Some("metrics")).unwrap();
+    let minute = Some(Duration::from_secs(60));
+    let mut last = 0;
+    while last < 3 {
+        let e = metrics.poll(minute).unwrap().expect("a metrics event");
+        assert!(e.step.unwrap() > last && e.loss.is_some(), "{e:?}");
+        last = e.step.unwrap();
+    }
+    run.set("optimizer.lr", "5e-4").unwrap();
+    let changed = loop {
+        let e = metrics.poll(minute).unwrap().expect("a metrics event");
+        if (number(&e.body_json, "lr").unwrap() - 5e-4).abs() < 1e-12 {
+            break e;
+        }
+    };
+    assert_eq!(run.set("model.dim", "128").unwrap_err().code, Error::INVALID_VALUE);
+    let mut saved = engine.subscribe(Some(run.id()), Some("checkpoint")).unwrap();
+    run.checkpoint().unwrap();
+    let checkpoint = saved.poll(minute).unwrap().expect("a checkpoint event");
+    assert!(checkpoint.body_json.contains("\"ok\":true"), "{checkpoint:?}");
+    run.stop().unwrap();
+    assert_eq!(run.wait(&State::FINISHED, Some(Duration::from_secs(120))).unwrap(), State::Stopped);
+    let st = run.status().unwrap();
+    assert_eq!(st.state, Some(State::Stopped));
+    assert!(st.last_step > changed.step.unwrap() && st.loss.is_some(), "{st:?}");
+    assert!(run.metrics(0).unwrap().contains("\"loss\""));
+    assert_eq!(engine.run("no-such-run-5").status().unwrap_err().code, Error::NOT_FOUND);
+    assert_eq!(run.pause().unwrap_err().code, Error::INVALID_STATE);
+    println!(
+        "{}: lr 5e-4 from step {}, checkpoint at step {}, stopped at {} (loss {:.4})",
+        run.id(),
+        changed.step.unwrap(),
+        number(&checkpoint.body_json, "step").unwrap(),
+        st.last_step,
+        st.loss.unwrap()
+    );
+}
+
+#[test]
+fn embedded() {
+    let work = workdir("embedded");
+    let engine = Engine::embedded(&tide::EmbeddedOptions {
+        state_dir: Some(work.join("state").to_string_lossy().into()),
+        worker_executable: Some(tide_bin()),
+        cpu_slots: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    whole_run(&engine, &work);
+    let bad = engine.submit(&Submit { recipe_text: Some("return tide.recipe { model = }".into()), ..Default::default() });
+    assert_eq!(bad.unwrap_err().code, Error::INVALID_RECIPE);
+    assert_eq!(engine.submit(&Submit::default()).unwrap_err().code, Error::INVALID_ARGUMENT);
+    drop(engine);
+    std::fs::remove_dir_all(&work).unwrap();
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn daemon() {
+    let work = workdir("daemon");
+    let state = work.join("state");
+    let daemon = Daemon(
+        Command::new(env::var("TIDED_BIN").expect("TIDED_BIN: the tided executable"))
+            .args(["--foreground", "--cpu-slots", "1", "--no-tcp", "--worker", &tide_bin(), "--state-dir"])
+            .arg(&state)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    for _ in 0..300 {
+        if state.join("endpoints.json").exists() {
+            break;
+        }
+        sleep(Duration::from_millis(100));
+    }
+    let endpoint = format!("ipc://{}", state.join("command.sock").display());
+    let engine = Engine::connect(Some(&endpoint), &Default::default()).unwrap();
+    whole_run(&engine, &work);
+    drop(engine);
+    drop(daemon);
+    std::fs::remove_dir_all(&work).unwrap();
+}
+
+#[test]
+fn engine_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    fn assert_send<T: Send>() {}
+    assert_send_sync::<Engine>();
+    assert_send::<tide::Subscription>();
+}
