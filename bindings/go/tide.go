@@ -4,7 +4,7 @@
 //	engine, err := tide.OpenEmbedded(tide.EmbeddedOptions{StateDir: "/tmp/tide-state"})
 //	run, err := engine.Submit(tide.Submit{RecipeName: "llama/llama-tiny"})
 //	events, err := engine.Subscribe(ctx, run.ID, "metrics")
-//	for e := range events { fmt.Println(e.Step, e.Loss) }
+//	for e := range events.C { fmt.Println(e.Step, *e.Loss) }
 //
 // Errors are *Error values carrying the C status code. An Engine may be used from many
 // goroutines; docs/capi.md states the rules of the C API underneath. By default cgo
@@ -377,27 +377,44 @@ type Event struct {
 	Body      map[string]any
 }
 
-// Subscribe delivers the events of a run ("" for all) of a kind ("" for all) on a
-// channel, until ctx ends; then the channel is closed.
-func (e *Engine) Subscribe(ctx context.Context, runID, kind string) (<-chan Event, error) {
+// Subscription delivers events on C until its context ends or polling fails; then C is
+// closed and Err says why (nil when the context ended).
+type Subscription struct {
+	C    <-chan Event
+	err  error
+	done chan struct{}
+}
+
+// Err is the error that ended the subscription, once C is closed.
+func (s *Subscription) Err() error {
+	<-s.done
+	return s.err
+}
+
+// Subscribe delivers the events of a run ("" for all) of a kind ("" for all) until ctx
+// ends.
+func (e *Engine) Subscribe(ctx context.Context, runID, kind string) (*Subscription, error) {
 	r, k := cstr(runID), cstr(kind)
 	defer free(r)
 	defer free(k)
-	var sub *C.tide_subscription
-	if err := check(C.tide_subscribe(e.h, r, k, &sub)); err != nil {
+	var handle *C.tide_subscription
+	if err := check(C.tide_subscribe(e.h, r, k, &handle)); err != nil {
 		return nil, err
 	}
 	out := make(chan Event, 64)
+	sub := &Subscription{C: out, done: make(chan struct{})}
 	go func() {
+		defer close(sub.done)
 		defer close(out)
-		defer C.tide_subscription_close(sub)
+		defer C.tide_subscription_close(handle)
 		for ctx.Err() == nil {
 			var ev C.tide_event
-			rc := C.tide_subscription_poll(sub, 100, &ev)
+			rc := C.tide_subscription_poll(handle, 100, &ev)
 			if rc == C.TIDE_ERR_TIMEOUT {
 				continue
 			}
-			if rc != C.TIDE_OK {
+			if err := check(rc); err != nil {
+				sub.err = err
 				return
 			}
 			event := Event{Run: C.GoString(ev.run), Kind: C.GoString(ev.kind), Seq: int64(ev.seq),
@@ -411,5 +428,5 @@ func (e *Engine) Subscribe(ctx context.Context, runID, kind string) (<-chan Even
 			}
 		}
 	}()
-	return out, nil
+	return sub, nil
 }

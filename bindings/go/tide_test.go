@@ -58,7 +58,7 @@ func wholeRun(t *testing.T, engine *Engine) {
 		t.Fatal(err)
 	}
 	var last int64
-	for e := range metrics {
+	for e := range metrics.C {
 		if e.Step <= last || e.Loss == nil {
 			t.Fatalf("metrics event out of order or without a loss: %+v", e)
 		}
@@ -71,7 +71,7 @@ func wholeRun(t *testing.T, engine *Engine) {
 		t.Fatal(err)
 	}
 	var changedAt int64
-	for e := range metrics {
+	for e := range metrics.C {
 		if lr, ok := e.Body["lr"].(float64); ok && math.Abs(lr-5e-4) < 1e-12 {
 			changedAt = e.Step
 			break
@@ -90,7 +90,7 @@ func wholeRun(t *testing.T, engine *Engine) {
 	if err := run.Checkpoint(); err != nil {
 		t.Fatal(err)
 	}
-	e := <-saved
+	e := <-saved.C
 	if ok, _ := e.Body["ok"].(bool); !ok {
 		t.Fatalf("checkpoint event: %+v", e)
 	}

@@ -1,5 +1,7 @@
 #include "tide/ipc/client.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 
@@ -8,6 +10,24 @@
 namespace tide::ipc {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+namespace {
+// zmq_poll returns early with EINTR when a signal arrives (the Go runtime preempts its
+// threads with SIGURG, a host process may use timers): poll again for what is left.
+void poll_in(zmq::pollitem_t& item, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    try {
+      zmq::poll(&item, 1, std::max(std::chrono::milliseconds(0),
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       deadline - std::chrono::steady_clock::now())));
+      return;
+    } catch (const zmq::error_t& e) {
+      if (e.num() != EINTR) throw;
+    }
+  }
+}
+}  // namespace
 
 void CurveClient::apply(zmq::socket_t& socket) const {
   if (!enabled()) return;
@@ -37,7 +57,7 @@ json Client::request(const std::string& type, const json& body) {
   const std::string text = json{{"v", kProtocolVersion}, {"id", id}, {"type", type}, {"body", body}}.dump();
   if (!socket_->send(zmq::buffer(text), zmq::send_flags::dontwait)) {
     zmq::pollitem_t out{socket_->handle(), 0, ZMQ_POLLOUT, 0};
-    zmq::poll(&out, 1, timeout_);
+    poll_in(out, timeout_);
     if (!(out.revents & ZMQ_POLLOUT) || !socket_->send(zmq::buffer(text), zmq::send_flags::dontwait)) {
       connect();
       throw ClientError("timeout", fmt::format("no daemon answered at {} within {} ms", endpoint_, timeout_.count()));
@@ -47,7 +67,7 @@ json Client::request(const std::string& type, const json& body) {
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     zmq::pollitem_t in{socket_->handle(), 0, ZMQ_POLLIN, 0};
-    if (left.count() > 0) zmq::poll(&in, 1, left);
+    if (left.count() > 0) poll_in(in, left);
     if (!(in.revents & ZMQ_POLLIN)) {
       connect();
       throw ClientError("timeout", fmt::format("no reply from {} within {} ms to '{}'", endpoint_, timeout_.count(), type));
@@ -91,7 +111,7 @@ Subscriber::Subscriber(const std::string& endpoint, const std::vector<std::strin
 
 std::optional<Event> Subscriber::next(std::chrono::milliseconds timeout) {
   zmq::pollitem_t in{socket_.handle(), 0, ZMQ_POLLIN, 0};
-  zmq::poll(&in, 1, timeout);
+  poll_in(in, timeout);
   if (!(in.revents & ZMQ_POLLIN)) return std::nullopt;
   zmq::message_t topic, body;
   if (!socket_.recv(topic, zmq::recv_flags::dontwait)) return std::nullopt;
