@@ -1,6 +1,8 @@
 # Every third-party dependency, found once. All come from Debian 12 packages
 # installed by scripts/setup.sh.
-find_package(Torch REQUIRED)
+if(NOT TIDE_CAPI_ONLY)
+  find_package(Torch REQUIRED)
+endif()
 find_package(Threads REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(fmt REQUIRED)
@@ -19,6 +21,8 @@ pkg_check_modules(JEMALLOC REQUIRED IMPORTED_TARGET jemalloc)
 
 # Torch's imported target carries its include dirs and compile definitions
 # (USE_DISTRIBUTED, USE_C10D_GLOO, the C++ ABI flag).
-add_library(tide_torch INTERFACE)
-target_link_libraries(tide_torch INTERFACE ${TORCH_LIBRARIES})
-target_compile_options(tide_torch INTERFACE ${TORCH_CXX_FLAGS})
+if(NOT TIDE_CAPI_ONLY)
+  add_library(tide_torch INTERFACE)
+  target_link_libraries(tide_torch INTERFACE ${TORCH_LIBRARIES})
+  target_compile_options(tide_torch INTERFACE ${TORCH_CXX_FLAGS})
+endif()
