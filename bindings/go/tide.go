@@ -83,6 +83,15 @@ func takeString(call func(out **C.char) C.int) (string, error) {
 	return C.GoString(out), nil
 }
 
+// takeJSON decodes a JSON out-string into out.
+func takeJSON(call func(out **C.char) C.int, out any) error {
+	text, err := takeString(call)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal([]byte(text), out)
+}
+
 func nanToNil(x C.double) *float64 {
 	if math.IsNaN(float64(x)) {
 		return nil
@@ -185,12 +194,8 @@ func (e *Engine) Close() { C.tide_engine_close(e.h) }
 
 // Info describes the engine (docs/protocol.md, info).
 func (e *Engine) Info() (map[string]any, error) {
-	text, err := takeString(func(out **C.char) C.int { return C.tide_engine_info(e.h, out) })
-	if err != nil {
-		return nil, err
-	}
 	var info map[string]any
-	return info, json.Unmarshal([]byte(text), &info)
+	return info, takeJSON(func(out **C.char) C.int { return C.tide_engine_info(e.h, out) }, &info)
 }
 
 // Submit describes a run: one of RecipeText, RecipeFile and RecipeName.
@@ -246,12 +251,8 @@ func (e *Engine) Run(id string) *Run { return &Run{engine: e, ID: id} }
 
 // Runs lists every run, oldest first.
 func (e *Engine) Runs() ([]map[string]any, error) {
-	text, err := takeString(func(out **C.char) C.int { return C.tide_run_list(e.h, out) })
-	if err != nil {
-		return nil, err
-	}
 	var runs []map[string]any
-	return runs, json.Unmarshal([]byte(text), &runs)
+	return runs, takeJSON(func(out **C.char) C.int { return C.tide_run_list(e.h, out) }, &runs)
 }
 
 // Status is a run's state and latest figures; nil pointers are not known yet.
@@ -355,14 +356,10 @@ func (r *Run) Set(field string, value any) error {
 func (r *Run) Metrics(sinceStep int64) ([]map[string]any, error) {
 	id := C.CString(r.ID)
 	defer C.free(unsafe.Pointer(id))
-	text, err := takeString(func(out **C.char) C.int {
-		return C.tide_run_metrics(r.engine.h, id, C.int64_t(sinceStep), out)
-	})
-	if err != nil {
-		return nil, err
-	}
 	var rows []map[string]any
-	return rows, json.Unmarshal([]byte(text), &rows)
+	return rows, takeJSON(func(out **C.char) C.int {
+		return C.tide_run_metrics(r.engine.h, id, C.int64_t(sinceStep), out)
+	}, &rows)
 }
 
 // Event is one engine event (docs/protocol.md, Events).

@@ -13,19 +13,8 @@ import (
 	"time"
 )
 
-const recipe = `return tide.recipe {
-  name = "go", seed = 7, threads = 1,
-  model = tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2,
-                              multiple_of = 32, max_seq_len = 64 },
-  data = { path = "ds", seq_len = 64 },
-  batch = { micro_batch = 2, global_batch = 8 },
-  optimizer = { lr = 1e-3 },
-  schedule = { steps = 100000, warmup_steps = 2, decay = "constant" },
-  checkpoint = { every = 0, keep_last = 3 },
-  eval = { every = 0 },
-  log_every = 1000,
-}
-`
+// recipe is the one the C API tests use too.
+var recipe string
 
 var work string
 
@@ -35,6 +24,11 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	work = dir
+	text, err := os.ReadFile(filepath.Join("..", "..", "tests", "capi", "tiny.lua"))
+	if err != nil {
+		panic(err)
+	}
+	recipe = string(text)
 	prepare := exec.Command(os.Getenv("TIDE_BIN"), "data", "prepare", "/usr/share/common-licenses/GPL-3",
 		"/usr/share/common-licenses/Apache-2.0", "--out", filepath.Join(work, "ds"), "--tokenizer", "bytes",
 		"--val-fraction", "0.1")

@@ -23,13 +23,10 @@ class Failure : public std::runtime_error {
 int fail(int code, const std::string& message);
 void clear_error();
 
-// Runs `body` (returning TIDE_OK or a code) with the thread's last error cleared, mapping
-// Failure, ipc::ClientError, std::bad_alloc and anything else to codes.
-template <class F>
-int guarded(const char* function, F&& body) noexcept;
-
 int guarded_impl(const char* function, int (*call)(void*), void* context) noexcept;
 
+// Runs `body` (returning TIDE_OK or a code) with the thread's last error cleared, mapping
+// Failure, ipc::ClientError, std::bad_alloc and anything else to codes.
 template <class F>
 int guarded(const char* function, F&& body) noexcept {
   return guarded_impl(

@@ -16,19 +16,9 @@ import tide  # noqa: E402
 
 TIDE_BIN, TIDED_BIN = os.environ["TIDE_BIN"], os.environ["TIDED_BIN"]
 
-RECIPE = """return tide.recipe {
-  name = "py", seed = 7, threads = 1,
-  model = tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2,
-                              multiple_of = 32, max_seq_len = 64 },
-  data = { path = "ds", seq_len = 64 },
-  batch = { micro_batch = 2, global_batch = 8 },
-  optimizer = { lr = 1e-3 },
-  schedule = { steps = 100000, warmup_steps = 2, decay = "constant" },
-  checkpoint = { every = 0, keep_last = 3 },
-  eval = { every = 0 },
-  log_every = 1000,
-}
-"""
+# The recipe the C API tests use too.
+with open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "capi", "tiny.lua")) as f:
+    RECIPE = f.read()
 
 
 def setUpModule():
