@@ -42,7 +42,7 @@ void bind_one(zmq::socket_t& socket, const std::string& ep, std::vector<std::str
 
 // Types that change runs or the daemon: operators only.
 bool changes_something(const std::string& type) {
-  for (const char* t : {"submit", "pause", "resume", "stop", "cancel", "checkpoint", "set", "shutdown"})
+  for (const char* t : {"submit", "pause", "resume", "stop", "cancel", "checkpoint", "set", "export", "shutdown"})
     if (type == t) return true;
   return false;
 }
@@ -204,6 +204,7 @@ void Controller::run() {
       if (items[0].revents & ZMQ_POLLIN) m.serve_commands();
       if (items[1].revents & ZMQ_POLLIN) m.serve_subscriptions();
       m.supervise();
+      m.watch_exports();
       m.schedule();
     } catch (const std::exception& e) {
       spdlog::error("controller: {}", e.what());

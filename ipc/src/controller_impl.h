@@ -41,6 +41,18 @@ struct ActiveRun {
   std::string worker_error;  // the first error a worker reported
 };
 
+// A checkpoint being exported to Hugging Face files by a `tide ckpt export` child (the
+// controller has no LibTorch). Kept in memory: a controller's exports end with it.
+struct ExportJob {
+  std::string id, run, checkpoint, out, dtype, log;
+  int64_t step = 0;
+  std::string state = "running";  // running, done, failed
+  std::string error;
+  double started = 0, finished = 0;
+  std::unique_ptr<WorkerGroup> child;
+  json to_json() const;
+};
+
 struct Controller::Impl {
   ControllerOptions opt;
   zmq::context_t ctx{1};
@@ -63,6 +75,8 @@ struct Controller::Impl {
   // The recipe policies of unfinished runs (null: the recipe has none). They outlive a
   // worker group, so what a policy keeps in Lua survives a restart.
   std::map<std::string, std::unique_ptr<RunPolicies>> policies;
+  std::map<int64_t, ExportJob> exports;  // by number, oldest first
+  int64_t exports_started = 0;
 
   explicit Impl(ControllerOptions o);
   ~Impl();
@@ -87,6 +101,13 @@ struct Controller::Impl {
   json info();
   RunRecord& find_run(const json& body);
   const RunConfig& config_of(const RunRecord& r);
+
+  // exports.cpp
+  json checkpoints_of(const json& body);
+  json start_export(const json& body);
+  json exports_of(const json& body);
+  void watch_exports();
+  void end_exports();
 
   // policies.cpp
   RunPolicies* policies_of(const RunRecord& r);

@@ -70,6 +70,9 @@ json Controller::Impl::handle(const Request& req) {
       req.type == "checkpoint")
     return control(req.type, b, req.id);
   if (req.type == "set") return set(b, req.id);
+  if (req.type == "checkpoints") return checkpoints_of(b);
+  if (req.type == "export") return start_export(b);
+  if (req.type == "exports") return exports_of(b);
   if (req.type == "metrics") {
     const RunRecord& r = find_run(b);
     const int64_t since = optional_int(b, "since_step", 0, 0, INT64_MAX);

@@ -287,6 +287,7 @@ void Controller::Impl::shutdown() {
     }
   }
   active.clear();
+  end_exports();
   spdlog::info("controller stopped");
 }
 

@@ -52,6 +52,7 @@ WorkerGroup::WorkerGroup(const WorkerSpec& spec) {
     const int rank = spec.node_rank * spec.nproc + local;
     std::string log_path;
     if (!spec.log_dir.empty()) log_path = fmt::format("{}/worker-rank{}.log", spec.log_dir, rank);
+    if (!spec.log_file.empty()) log_path = spec.log_file;
     const pid_t pid = ::fork();
     if (pid < 0) {
       const std::string why = std::strerror(errno);

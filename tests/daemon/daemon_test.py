@@ -114,6 +114,24 @@ def part_control():
     assert any("stopped at step" in line for line in lines), lines
     print(f"stopped at step {stopped_at} with a checkpoint; {len(metric_steps)} metrics events; states {early.states(run)}")
 
+    # Its checkpoints through the CLI, and an export by the daemon equal to one by hand.
+    ep = ["--endpoint", d.tcp("commands")]
+    listed = subprocess.run([TIDE, "checkpoints", run, *ep], check=True, capture_output=True, text=True).stdout
+    assert f"step {stopped_at}" in listed and "dp2 x tp1 x pp1" in listed, listed
+    out = subprocess.run([TIDE, "export", run, "-o", "hf", "--dtype", "BF16", *ep], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == os.path.join(run_dir, "hf"), (out.stdout, out.stderr)
+    by_hand = os.path.join(WORK, "hf-by-hand")
+    subprocess.run([TIDE, "ckpt", "export", os.path.join(run_dir, "checkpoints", f"step-{stopped_at:08d}"), "-o",
+                    by_hand, "--dtype", "BF16"], check=True, capture_output=True)
+    for name in ("model.safetensors", "config.json"):
+        with open(os.path.join(run_dir, "hf", name), "rb") as a, open(os.path.join(by_hand, name), "rb") as b:
+            assert a.read() == b.read(), f"{name} exported by the daemon differs from tide ckpt export's"
+    exports = conn.request("exports", {"run": run})["exports"]
+    assert [(x["state"], x["step"]) for x in exports] == [("done", stopped_at)], exports
+    bad = subprocess.run([TIDE, "export", run, "-o", "hf2", "--step", "1", *ep], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no committed checkpoint at step 1" in bad.stderr, bad.stderr
+    print(f"tide export of the dp2 checkpoint at step {stopped_at} equals tide ckpt export's, byte for byte")
+
     # A stopped run resumes from its checkpoint when asked.
     conn.request("resume", {"run": run})
     wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] > stopped_at, what="resumed run")
@@ -171,6 +189,17 @@ def part_bad_input():
     assert err["code"] == "invalid_value", err
     err = conn.request("resume", {"run": run}, ok=False)
     assert err["code"] == "invalid_state", err
+    for body, code, part in (({"run": "nope", "out": "hf"}, "not_found", "nope"),
+                             ({"run": run}, "bad_request", "'out'"),
+                             ({"run": run, "out": ""}, "bad_request", "empty"),
+                             ({"run": run, "out": "hf", "dtype": "F64"}, "bad_request", "F64"),
+                             ({"run": run, "out": "checkpoints/x"}, "bad_request", "inside the run's checkpoints"),
+                             ({"run": run, "out": ".."}, "bad_request", "holds the run directory"),
+                             ({"run": run, "out": "hf", "step": -3}, "bad_request", "step")):
+        err = conn.request("export", body, ok=False)
+        assert err["code"] == code and part in err["message"], (body, err)
+    err = conn.request("checkpoints", {"run": "nope"}, ok=False)
+    assert err["code"] == "not_found", err
     # Garbage on the worker socket changes nothing.
     ctx = zmq.Context.instance()
     w = ctx.socket(zmq.DEALER)
@@ -455,6 +484,9 @@ def part_security():
     assert observer.request("status", {"run": run})["run"]["id"] == run
     err = observer.request("cancel", {"run": run}, ok=False)
     assert err["code"] == "unauthorized" and "operator" in err["message"], err
+    err = observer.request("export", {"run": run, "out": "hf"}, ok=False)
+    assert err["code"] == "unauthorized", err
+    assert isinstance(observer.request("checkpoints", {"run": run})["checkpoints"], list)
     err = observer.request("submit", {"recipe": recipe("x", 5), "workdir": WORK}, ok=False)
     assert err["code"] == "unauthorized", err
     print(f"observer may read, not change: {err['message']}")

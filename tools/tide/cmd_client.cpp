@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -304,6 +305,81 @@ void add_client_commands(CLI::App& app) {
         const json reply = c->client().request(
             "logs", {{"run", l->run}, {"lines", l->lines}, {"source", l->source}, {"rank", l->rank}});
         for (const auto& line : reply.at("lines")) std::printf("%s\n", line.get<std::string>().c_str());
+      });
+    });
+  }
+  {
+    auto c = std::make_shared<Connection>();
+    auto run = std::make_shared<std::string>();
+    auto* cmd = app.add_subcommand("checkpoints", "A run's committed checkpoints on the daemon, oldest first");
+    cmd->add_option("run", *run, "Run id")->required();
+    add_connection(*cmd, *c);
+    cmd->callback([c, run] {
+      guarded([&] {
+        const json reply = c->client().request("checkpoints", {{"run", *run}});
+        if (c->json_out) {
+          std::printf("%s\n", reply.dump(2).c_str());
+          return;
+        }
+        for (const auto& k : reply.at("checkpoints")) {
+          const json l = k.value("layout", json::object());
+          std::printf("step %-8lld %s  tokens %lld  dp%d x tp%d x pp%d ZeRO-%d  %lld bytes%s\n",
+                      static_cast<long long>(k.value("step", int64_t{0})), k.value("dir", "").c_str(),
+                      static_cast<long long>(k.value("tokens_seen", int64_t{0})), l.value("dp", 0), l.value("tp", 0),
+                      l.value("pp", 0), l.value("zero", 0), static_cast<long long>(k.value("bytes", int64_t{0})),
+                      k.contains("error") ? ("  " + k["error"].get<std::string>()).c_str() : "");
+        }
+      });
+    });
+  }
+  {
+    auto c = std::make_shared<Connection>();
+    struct Export {
+      std::string run, out, dtype = "F32";
+      int64_t step = -1;
+      bool no_wait = false;
+    };
+    auto x = std::make_shared<Export>();
+    auto* cmd = app.add_subcommand(
+        "export", "Have the daemon write a run's checkpoint as Hugging Face safetensors + config.json");
+    cmd->add_option("run", x->run, "Run id")->required();
+    cmd->add_option("-o,--out", x->out, "Directory to write, on the daemon's machine (relative: in the run directory)")
+        ->required();
+    cmd->add_option("--step", x->step, "The checkpoint's step (default: the newest)");
+    cmd->add_option("--dtype", x->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
+    cmd->add_flag("--no-wait", x->no_wait, "Print the export's id and return");
+    add_connection(*cmd, *c);
+    cmd->callback([c, x] {
+      guarded([&] {
+        auto client = c->client();
+        json body = {{"run", x->run}, {"out", x->out}, {"dtype", x->dtype}};
+        if (x->step >= 0) body["step"] = x->step;
+        json job = client.request("export", body).at("export");
+        const std::string id = job.value("id", "");
+        std::fprintf(stderr, "%s: step %lld to %s\n", id.c_str(), static_cast<long long>(job.value("step", int64_t{0})),
+                     job.value("out", "").c_str());
+        if (x->no_wait) {
+          std::printf("%s\n", id.c_str());
+          return;
+        }
+        const auto begun = std::chrono::steady_clock::now();
+        while (job.value("state", "") == "running") {
+          std::this_thread::sleep_for(std::chrono::milliseconds(250));
+          bool known = false;
+          const json reply = client.request("exports", {{"run", x->run}});
+          for (const auto& j : reply.at("exports")) {
+            if (j.value("id", "") != id) continue;
+            job = j;
+            known = true;
+          }
+          if (!known) throw std::runtime_error(fmt::format("the daemon no longer knows {} (it restarted)", id));
+          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
+          if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\r%s: exporting, %.0f s", id.c_str(), s);
+        }
+        if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
+        if (job.value("state", "") != "done")
+          throw std::runtime_error(fmt::format("{} failed: {} (log: {})", id, job.value("error", "?"), job.value("log", "")));
+        std::printf("%s\n", job.value("out", "").c_str());
       });
     });
   }

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint_files.h"
-#include "tide/engine/checkpoint/checkpoint.h"
+#include "tide/engine/checkpoint/checkpoint_index.h"
 #include "tide/engine/io/safetensors.h"
 
 namespace tide {

@@ -24,6 +24,7 @@ struct WorkerSpec {
   std::map<std::string, std::string> env;  // more variables for every worker
   std::string working_dir;                 // empty: this process's
   std::string log_dir;  // stdout and stderr to worker-rank<N>.log there; empty: inherited
+  std::string log_file;  // one worker: its stdout and stderr here instead
   // Workers get SIGKILL when the thread that started them ends (a crashed daemon leaves
   // no orphan training on its devices).
   bool die_with_parent = false;

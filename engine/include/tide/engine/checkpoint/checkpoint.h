@@ -18,8 +18,7 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json_fwd.hpp>
-
+#include "tide/engine/checkpoint/checkpoint_index.h"
 #include "tide/engine/config.h"
 
 namespace tide {
@@ -28,21 +27,6 @@ class AdamW;
 class FlatParameters;
 class TransformerImpl;
 struct Distributed;
-
-constexpr int kCheckpointFormat = 1;
-
-struct CheckpointEntry {
-  int64_t step = 0;
-  std::string path;
-};
-
-// Committed checkpoints under `root`, oldest first (temporaries and uncommitted
-// directories are not listed).
-std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
-// What is wrong with a checkpoint directory: a missing or unreadable manifest, a
-// missing file, a size or hash that differs, each naming the file. Empty: sound.
-std::vector<std::string> verify_checkpoint(const std::string& dir);
-nlohmann::json read_manifest(const std::string& dir);
 
 // What a resumed run continues from.
 struct ResumeState {

@@ -1,0 +1,176 @@
+// A run's checkpoints as the controller sees them (listed from disk), and exports of
+// them to Hugging Face files. An export needs LibTorch, which the controller never
+// loads, so it runs `tide ckpt export` as a child process, watched like a worker.
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "controller_impl.h"
+#include "tide/engine/checkpoint/checkpoint_index.h"
+
+namespace tide::ipc {
+namespace fs = std::filesystem;
+
+namespace {
+// Finished exports kept for `exports` requests; older ones are forgotten.
+constexpr size_t kFinishedExportsKept = 256;
+
+// Why a `tide ckpt export` child failed, from its log: the last error it logged.
+std::string last_error_line(const std::string& log) {
+  std::ifstream in(log);
+  std::string line, last, last_error;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    last = line;
+    if (const auto at = line.find("[error] "); at != std::string::npos) last_error = line.substr(at + 8);
+  }
+  return last_error.empty() ? last : last_error;
+}
+
+json describe_checkpoint(const CheckpointEntry& c) {
+  json j = {{"step", c.step}, {"dir", c.path}};
+  try {
+    const json m = read_manifest(c.path);
+    uint64_t bytes = 0;
+    for (const auto& [name, info] : m["files"].items()) bytes += info.value("bytes", uint64_t{0});
+    j["tokens_seen"] = m.value("tokens_seen", int64_t{0});
+    j["layout"] = m.value("layout", json::object());
+    j["files"] = m["files"].size();
+    j["bytes"] = bytes;
+  } catch (const std::exception& e) {
+    j["error"] = e.what();  // listed all the same: `tide ckpt verify` says more
+  }
+  return j;
+}
+}  // namespace
+
+json ExportJob::to_json() const {
+  json j = {{"id", id},       {"run", run}, {"step", step},   {"checkpoint", checkpoint}, {"out", out},
+            {"dtype", dtype}, {"log", log}, {"state", state}, {"started", started}};
+  if (finished > 0) j["finished"] = finished;
+  if (!error.empty()) j["error"] = error;
+  return j;
+}
+
+json Controller::Impl::checkpoints_of(const json& body) {
+  const RunRecord& r = find_run(body);
+  json list = json::array();
+  for (const auto& c : list_checkpoints((fs::path(registry->run_dir(r.id)) / "checkpoints").string()))
+    list.push_back(describe_checkpoint(c));
+  return {{"run", r.id}, {"checkpoints", list}};
+}
+
+json Controller::Impl::start_export(const json& body) {
+  const RunRecord& r = find_run(body);
+  const fs::path run_dir = registry->run_dir(r.id);
+  const int64_t asked = optional_int(body, "step", -1, 0, INT64_MAX);  // -1: the newest
+  const std::string dtype = body.contains("dtype") ? require_string(body, "dtype") : "F32";
+  if (dtype != "F32" && dtype != "BF16" && dtype != "F16")
+    throw ProtocolError(ErrorCode::bad_request, fmt::format("dtype '{}' is none of F32, BF16, F16", dtype));
+  const std::string out_text = require_string(body, "out");
+  if (out_text.empty()) throw ProtocolError(ErrorCode::bad_request, "out is empty");
+  // Relative to the run directory, so that a remote client need not know the daemon's paths.
+  const fs::path out = fs::weakly_canonical(run_dir / out_text);
+  const std::string checkpoints = fs::weakly_canonical(run_dir / "checkpoints").string() + "/";
+  if ((out.string() + "/").rfind(checkpoints, 0) == 0)
+    throw ProtocolError(ErrorCode::bad_request, fmt::format("out {} is inside the run's checkpoints", out.string()));
+  const std::string own = fs::weakly_canonical(run_dir).string() + "/";
+  if (own.rfind(out.string() + (out.string().back() == '/' ? "" : "/"), 0) == 0)
+    throw ProtocolError(ErrorCode::bad_request,
+                        fmt::format("out {} holds the run directory; name a directory of its own", out.string()));
+  const auto all = list_checkpoints((run_dir / "checkpoints").string());
+  if (all.empty()) throw ProtocolError(ErrorCode::invalid_state, fmt::format("run {} has no committed checkpoint", r.id));
+  const int64_t step = asked >= 0 ? asked : all.back().step;
+  auto it = std::find_if(all.begin(), all.end(), [&](const CheckpointEntry& c) { return c.step == step; });
+  if (it == all.end())
+    throw ProtocolError(ErrorCode::bad_request,
+                        fmt::format("run {} has no committed checkpoint at step {} (newest: {})", r.id, step,
+                                    all.back().step));
+  for (const auto& [n, job] : exports)
+    if (job.state == "running" && job.out == out.string())
+      throw ProtocolError(ErrorCode::invalid_state, fmt::format("{} is already writing {}", job.id, out.string()));
+
+  ExportJob job;
+  const int64_t number = ++exports_started;
+  job.id = fmt::format("export-{}", number);
+  job.run = r.id;
+  job.step = step;
+  job.checkpoint = it->path;
+  job.out = out.string();
+  job.dtype = dtype;
+  job.log = (run_dir / (job.id + ".log")).string();
+  job.started = unix_now();
+  WorkerSpec spec;
+  spec.executable = opt.worker_executable;
+  spec.args = {"ckpt", "export", job.checkpoint, "-o", job.out, "--dtype", dtype};
+  spec.log_file = job.log;
+  spec.working_dir = run_dir.string();
+  spec.die_with_parent = true;
+  std::error_code ec;
+  fs::remove(job.log, ec);  // a log left by an earlier controller's export of this id
+  try {
+    job.child = std::make_unique<WorkerGroup>(spec);
+  } catch (const std::exception& e) {
+    throw ProtocolError(ErrorCode::internal, fmt::format("cannot start the export: {}", e.what()));
+  }
+  spdlog::info("run {}: {} of step {} to {} ({})", r.id, job.id, step, job.out, dtype);
+  json reply = job.to_json();
+  publish(r.id, "export", reply);
+  exports.emplace(number, std::move(job));
+  return {{"run", r.id}, {"export", reply}};
+}
+
+json Controller::Impl::exports_of(const json& body) {
+  const RunRecord& r = find_run(body);
+  json list = json::array();
+  for (const auto& [n, job] : exports)
+    if (job.run == r.id) list.push_back(job.to_json());
+  return {{"run", r.id}, {"exports", list}};
+}
+
+void Controller::Impl::watch_exports() {
+  size_t finished = 0;
+  for (auto& [n, job] : exports) {
+    if (!job.child) {
+      ++finished;
+      continue;
+    }
+    for (const auto& exit : job.child->reap()) {
+      job.state = exit.ok() ? "done" : "failed";
+      if (!exit.ok()) job.error = fmt::format("tide ckpt export {}: {}", exit.describe(), last_error_line(job.log));
+    }
+    if (!job.child->all_ended()) continue;
+    job.child.reset();
+    job.finished = unix_now();
+    if (job.state == "done")
+      spdlog::info("run {}: {} wrote {}", job.run, job.id, job.out);
+    else
+      spdlog::error("run {}: {} failed: {}", job.run, job.id, job.error);
+    publish(job.run, "export", job.to_json());
+  }
+  // Forget the oldest finished ones.
+  for (auto it = exports.begin(); finished > kFinishedExportsKept && it != exports.end();) {
+    if (it->second.child) {
+      ++it;
+      continue;
+    }
+    it = exports.erase(it);
+    --finished;
+  }
+}
+
+void Controller::Impl::end_exports() {
+  for (auto& [n, job] : exports) {
+    if (!job.child) continue;
+    job.child.reset();  // SIGKILL: what it wrote is incomplete either way
+    job.state = "failed";
+    job.error = "the controller shut down";
+    job.finished = unix_now();
+    publish(job.run, "export", job.to_json());
+  }
+}
+
+}  // namespace tide::ipc
