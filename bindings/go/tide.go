@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"time"
 	"unsafe"
 )
 
@@ -38,6 +39,7 @@ func (e *Error) Error() string { return e.Message }
 
 // Status codes a caller may want to tell apart (the C header lists them all).
 const (
+	ErrBadRequest      = int(C.TIDE_ERR_BAD_REQUEST)
 	ErrNotFound        = int(C.TIDE_ERR_NOT_FOUND)
 	ErrInvalidState    = int(C.TIDE_ERR_INVALID_STATE)
 	ErrInvalidRecipe   = int(C.TIDE_ERR_INVALID_RECIPE)
@@ -45,6 +47,7 @@ const (
 	ErrInvalidArgument = int(C.TIDE_ERR_INVALID_ARGUMENT)
 	ErrInvalidHandle   = int(C.TIDE_ERR_INVALID_HANDLE)
 	ErrTimeout         = int(C.TIDE_ERR_TIMEOUT)
+	ErrIO              = int(C.TIDE_ERR_IO)
 )
 
 // IsCode reports whether err is a tide *Error with this code.
@@ -195,7 +198,8 @@ func (e *Engine) Close() { C.tide_engine_close(e.h) }
 // Info describes the engine (docs/protocol.md, info).
 func (e *Engine) Info() (map[string]any, error) {
 	var info map[string]any
-	return info, takeJSON(func(out **C.char) C.int { return C.tide_engine_info(e.h, out) }, &info)
+	err := takeJSON(func(out **C.char) C.int { return C.tide_engine_info(e.h, out) }, &info)
+	return info, err
 }
 
 // Submit describes a run: one of RecipeText, RecipeFile and RecipeName.
@@ -252,7 +256,8 @@ func (e *Engine) Run(id string) *Run { return &Run{engine: e, ID: id} }
 // Runs lists every run, oldest first.
 func (e *Engine) Runs() ([]map[string]any, error) {
 	var runs []map[string]any
-	return runs, takeJSON(func(out **C.char) C.int { return C.tide_run_list(e.h, out) }, &runs)
+	err := takeJSON(func(out **C.char) C.int { return C.tide_run_list(e.h, out) }, &runs)
+	return runs, err
 }
 
 // Status is a run's state and latest figures; nil pointers are not known yet.
@@ -357,9 +362,122 @@ func (r *Run) Metrics(sinceStep int64) ([]map[string]any, error) {
 	id := C.CString(r.ID)
 	defer C.free(unsafe.Pointer(id))
 	var rows []map[string]any
-	return rows, takeJSON(func(out **C.char) C.int {
+	err := takeJSON(func(out **C.char) C.int {
 		return C.tide_run_metrics(r.engine.h, id, C.int64_t(sinceStep), out)
 	}, &rows)
+	return rows, err
+}
+
+// Request sends any protocol request (docs/protocol.md) and returns its reply's body,
+// for what the typed methods do not cover.
+func (e *Engine) Request(kind string, body any) (map[string]any, error) {
+	text, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	ckind, cbody := C.CString(kind), C.CString(string(text))
+	defer free(ckind)
+	defer free(cbody)
+	var reply map[string]any
+	err = takeJSON(func(out **C.char) C.int { return C.tide_engine_request(e.h, ckind, cbody, out) }, &reply)
+	return reply, err
+}
+
+// Checkpoint is one committed checkpoint of a run; Dir is on the engine's machine.
+type Checkpoint struct {
+	Step       int64          `json:"step"`
+	Dir        string         `json:"dir"`
+	TokensSeen int64          `json:"tokens_seen"`
+	Layout     map[string]int `json:"layout"`
+	Files      int            `json:"files"`
+	Bytes      int64          `json:"bytes"`
+	Error      string         `json:"error"`
+}
+
+// Checkpoints lists the run's committed checkpoints, oldest first.
+func (r *Run) Checkpoints() ([]Checkpoint, error) {
+	id := C.CString(r.ID)
+	defer C.free(unsafe.Pointer(id))
+	var list []Checkpoint
+	err := takeJSON(func(out **C.char) C.int { return C.tide_run_checkpoints(r.engine.h, id, out) }, &list)
+	return list, err
+}
+
+// Export is an export of a checkpoint to Hugging Face files.
+type Export struct {
+	ID         string `json:"id"`
+	Step       int64  `json:"step"`
+	Checkpoint string `json:"checkpoint"`
+	Out        string `json:"out"`
+	Dtype      string `json:"dtype"`
+	State      string `json:"state"` // running, done, failed
+	Error      string `json:"error"`
+	Log        string `json:"log"`
+}
+
+// ExportOptions chooses what Export writes; the zero value exports the newest checkpoint
+// in F32.
+type ExportOptions struct {
+	Step  int64  // the checkpoint's step; 0: the newest (no checkpoint is saved at step 0)
+	Dtype string // "F32" (""), "BF16" or "F16"
+}
+
+// Export writes a checkpoint, whatever layout saved it, as Hugging Face safetensors +
+// config.json into outDir on the engine's machine (relative: inside the run directory),
+// and waits for it until ctx ends (the export goes on in the engine then). A failed
+// export is an *Error with the export's own message.
+func (r *Run) Export(ctx context.Context, outDir string, opts ExportOptions) (Export, error) {
+	var o C.tide_export_options
+	C.tide_export_options_init(&o)
+	if opts.Step > 0 {
+		o.step = C.int64_t(opts.Step)
+	}
+	o.timeout_ms = 0 // started here, waited for below so that ctx can end the wait
+	dtype, out := cstr(opts.Dtype), C.CString(outDir)
+	defer free(dtype)
+	defer free(out)
+	o.dtype = dtype
+	var x Export
+	err := r.call(func(id *C.char) C.int {
+		var text *C.char
+		rc := C.tide_checkpoint_export(r.engine.h, id, out, &o, &text)
+		if text != nil {
+			defer C.tide_string_free(text)
+			if e := json.Unmarshal([]byte(C.GoString(text)), &x); e != nil {
+				return C.TIDE_ERR_TRANSPORT
+			}
+		}
+		return rc
+	})
+	for err == nil && x.State == "running" {
+		select {
+		case <-ctx.Done():
+			return x, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		var reply map[string]any
+		if reply, err = r.engine.Request("exports", map[string]string{"run": r.ID}); err != nil {
+			break
+		}
+		list, _ := json.Marshal(reply["exports"])
+		var all []Export
+		if err = json.Unmarshal(list, &all); err != nil {
+			break
+		}
+		known := false
+		for _, e := range all {
+			if e.ID == x.ID {
+				x, known = e, true
+			}
+		}
+		if !known {
+			err = &Error{Code: ErrNotFound, Message: fmt.Sprintf("the engine no longer knows %s (it restarted)", x.ID)}
+		}
+	}
+	if err == nil && x.State == "failed" {
+		err = &Error{Code: ErrIO, Message: fmt.Sprintf("%s: %s", x.ID, x.Error)}
+	}
+	return x, err
 }
 
 // Event is one engine event (docs/protocol.md, Events).

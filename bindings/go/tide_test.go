@@ -103,14 +103,31 @@ func wholeRun(t *testing.T, engine *Engine) {
 	if err != nil || len(rows) == 0 {
 		t.Fatalf("metrics: %v %v", len(rows), err)
 	}
+	saves, err := run.Checkpoints()
+	if err != nil || len(saves) < 2 || saves[len(saves)-1].Step != st.LastStep || saves[0].Layout["dp"] != 1 {
+		t.Fatalf("checkpoints: %+v %v", saves, err)
+	}
+	exported, err := run.Export(ctx, "hf", ExportOptions{Dtype: "BF16"})
+	if err != nil || exported.State != "done" || exported.Step != st.LastStep {
+		t.Fatalf("export: %+v %v", exported, err)
+	}
+	if _, err := os.Stat(filepath.Join(st.RunDir, "hf", "model.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Export(ctx, "/proc/tide-cannot-write-here", ExportOptions{}); !IsCode(err, ErrIO) {
+		t.Fatalf("export to an unwritable place: %v", err)
+	}
+	if _, err := run.Export(ctx, "hf2", ExportOptions{Step: 999999}); !IsCode(err, ErrBadRequest) {
+		t.Fatalf("export of a step with no checkpoint: %v", err)
+	}
 	if _, err := engine.Run("no-such-run-3").Status(); !IsCode(err, ErrNotFound) {
 		t.Fatalf("unknown run: %v", err)
 	}
 	if err := run.Pause(); !IsCode(err, ErrInvalidState) {
 		t.Fatalf("pausing a stopped run: %v", err)
 	}
-	t.Logf("%s: lr 5e-4 from step %d, checkpoint at step %v, stopped at %d (loss %.4f)", run.ID, changedAt,
-		e.Body["step"], st.LastStep, *st.Loss)
+	t.Logf("%s: lr 5e-4 from step %d, checkpoint at step %v, stopped at %d (loss %.4f), %d checkpoints, exported to %s",
+		run.ID, changedAt, e.Body["step"], st.LastStep, *st.Loss, len(saves), exported.Out)
 }
 
 func TestEmbedded(t *testing.T) {

@@ -85,6 +85,11 @@ int main(void) {
   EXPECT(tide_run_checkpoint(bogus, "r"), TIDE_ERR_INVALID_HANDLE, NULL);
   EXPECT(tide_run_set(bogus, "r", "optimizer.lr", "1e-4"), TIDE_ERR_INVALID_HANDLE, NULL);
   EXPECT(tide_run_metrics(bogus, "r", 0, &text), TIDE_ERR_INVALID_HANDLE, NULL);
+  EXPECT(tide_run_checkpoints(bogus, "r", &text), TIDE_ERR_INVALID_HANDLE, NULL);
+  EXPECT(tide_checkpoint_export(bogus, "r", "out", NULL, &text), TIDE_ERR_INVALID_HANDLE, NULL);
+  EXPECT(tide_run_checkpoints(bogus, "r", NULL), TIDE_ERR_INVALID_ARGUMENT, "json_out is NULL");
+  EXPECT(tide_checkpoint_export(NULL, "r", "out", NULL, NULL), TIDE_ERR_INVALID_ARGUMENT, "engine is NULL");
+  tide_export_options_init(NULL);
   EXPECT(tide_subscribe(bogus, NULL, NULL, &sub), TIDE_ERR_INVALID_HANDLE, NULL);
   EXPECT(tide_subscribe_callback(NULL, NULL, NULL, NULL, NULL, &sub), TIDE_ERR_INVALID_ARGUMENT, "callback is NULL");
   EXPECT(tide_subscription_poll(NULL, 0, &event), TIDE_ERR_INVALID_ARGUMENT, "subscription is NULL");

@@ -174,6 +174,44 @@ int main(int argc, char **argv) {
   tide_string_free(text);
   printf("%s stopped at step %lld, loss %.4f\n", st.id, (long long)st.last_step, st.loss);
 
+  /* Its checkpoints (the one asked for, the one of the stop), and an export of the newest. */
+  CHECK(tide_run_checkpoints(engine, id, &text));
+  REQUIRE(text[0] == '[' && strstr(text, "\"step\"") && strstr(text, "\"layout\""));
+  printf("checkpoints: %s\n", text);
+  tide_string_free(text);
+  {
+    tide_export_options x = TIDE_EXPORT_OPTIONS_INIT;
+    char path[2048];
+    FILE *f;
+    x.dtype = "BF16";
+    x.timeout_ms = 120000;
+    CHECK(tide_checkpoint_export(engine, id, "hf", &x, &text));
+    REQUIRE(strstr(text, "\"state\":\"done\"") && strstr(text, "\"dtype\":\"BF16\""));
+    printf("export: %s\n", text);
+    tide_string_free(text);
+    snprintf(path, sizeof path, "%s/hf/model.safetensors", st.run_dir);
+    REQUIRE((f = fopen(path, "rb")) != NULL);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/hf/config.json", st.run_dir);
+    REQUIRE((f = fopen(path, "rb")) != NULL);
+    fclose(f);
+    x.version = TIDE_EXPORT_OPTIONS_VERSION + 1;
+    REQUIRE(tide_checkpoint_export(engine, id, "hf2", &x, &text) == TIDE_ERR_STRUCT_VERSION && text == NULL);
+    x.version = TIDE_EXPORT_OPTIONS_VERSION;
+    REQUIRE(tide_checkpoint_export(engine, id, NULL, &x, &text) == TIDE_ERR_INVALID_ARGUMENT &&
+            strstr(tide_error_last(), "out_dir"));
+    /* No checkpoint at that step: refused before anything starts. */
+    x.step = 999999;
+    REQUIRE(tide_checkpoint_export(engine, id, "hf2", &x, &text) == TIDE_ERR_BAD_REQUEST && text == NULL &&
+            strstr(tide_error_last(), "999999"));
+    /* Started, but it cannot write there: the export's own error, and its description. */
+    x.step = -1;
+    rc = tide_checkpoint_export(engine, id, "/proc/tide-cannot-write-here", &x, &text);
+    REQUIRE(rc == TIDE_ERR_IO && strstr(tide_error_last(), "/proc/tide-cannot-write-here") && text &&
+            strstr(text, "\"state\":\"failed\""));
+    tide_string_free(text);
+  }
+
   /* Errors with the run: unknown, wrong state. */
   REQUIRE(tide_run_status_get(engine, "no-such-run-1", &st) == TIDE_ERR_NOT_FOUND);
   REQUIRE(tide_run_pause(engine, id) == TIDE_ERR_INVALID_STATE && strstr(tide_error_last(), "stopped"));

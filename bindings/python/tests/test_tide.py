@@ -62,8 +62,18 @@ class WholeRun:
         rows = run.metrics()
         self.assertEqual(rows[-1]["step"], st.last_step)
         self.assertIn(run.id, [r["id"] for r in self.engine.runs()])
+        saved_steps = [c["step"] for c in run.checkpoints()]
+        self.assertEqual(saved_steps[0], event.body["step"])
+        self.assertEqual(saved_steps[-1], st.last_step)  # the stop's checkpoint
+        exported = run.export("hf", dtype="F16", timeout=120)
+        self.assertEqual((exported["state"], exported["step"]), ("done", st.last_step))
+        self.assertTrue(os.path.isfile(os.path.join(st.run_dir, "hf", "model.safetensors")))
+        with self.assertRaises(tide.TideError) as e:
+            run.export("/proc/tide-cannot-write-here", timeout=120)
+        self.assertEqual(e.exception.name, "io")
         print(f"\n{type(self).__name__}: {run.id} lr 5e-4 from step {changed.step}, checkpoint at step "
-              f"{event.body['step']}, stopped at {st.last_step} (loss {st.loss:.4f})")
+              f"{event.body['step']}, stopped at {st.last_step} (loss {st.loss:.4f}), checkpoints {saved_steps}, "
+              f"exported to {exported['out']}")
 
     def test_errors(self):
         with self.assertRaises(tide.TideError) as e:

@@ -85,6 +85,11 @@ class _RunStatus(ctypes.Structure):
                 ("final_loss", ctypes.c_double), ("run_dir", ctypes.c_char * 1024), ("error", ctypes.c_char * 1024)]
 
 
+class _ExportOptions(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("step", ctypes.c_int64), ("dtype", ctypes.c_char_p),
+                ("timeout_ms", ctypes.c_int32)]
+
+
 class _Event(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("run", ctypes.c_char_p), ("kind", ctypes.c_char_p),
                 ("seq", ctypes.c_int64), ("time", ctypes.c_double), ("step", ctypes.c_int64),
@@ -109,6 +114,8 @@ for name, args in {
     "tide_run_cancel": [_p, _s], "tide_run_checkpoint": [_p, _s],
     "tide_run_set": [_p, _s, _s, _s],
     "tide_run_metrics": [_p, _s, ctypes.c_int64, _out_str],
+    "tide_run_checkpoints": [_p, _s, _out_str],
+    "tide_checkpoint_export": [_p, _s, _s, ctypes.POINTER(_ExportOptions), _out_str],
     "tide_subscribe": [_p, _s, _s, ctypes.POINTER(_p)],
     "tide_subscription_poll": [_p, ctypes.c_int32, ctypes.POINTER(_Event)],
     "tide_subscription_close": [_p],
@@ -281,6 +288,30 @@ class Run:
 
     def events(self, kind: Optional[str] = None, timeout: Optional[float] = None) -> Subscription:
         return self.engine.subscribe(self.id, kind, timeout)
+
+    def checkpoints(self) -> List[Dict[str, Any]]:
+        """Committed checkpoints, oldest first: step, dir, tokens_seen, layout, files, bytes."""
+        return json.loads(_take_string(lambda out: _lib.tide_run_checkpoints(self.engine._h(), self.id.encode(), out)))
+
+    def export(self, out_dir: str, step: Optional[int] = None, dtype: str = "F32",
+               timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Writes a checkpoint (default: the newest) as Hugging Face safetensors + config.json
+        into out_dir on the engine's machine (relative: inside the run directory) and returns
+        the export's description. timeout=0 returns once it started ("state": "running");
+        a failed export raises TideError 'io', one still going after `timeout` s 'timeout'."""
+        o = _ExportOptions(version=1, step=-1 if step is None else step, dtype=dtype.encode(),
+                           timeout_ms=-1 if timeout is None else max(0, int(timeout * 1000)))
+        out = ctypes.c_void_p()
+        rc = _lib.tide_checkpoint_export(self.engine._h(), self.id.encode(), _b(out_dir), ctypes.byref(o),
+                                         ctypes.byref(out))
+        message = _lib.tide_error_last().decode(errors="replace")
+        description = None
+        if out.value:
+            description = json.loads(ctypes.string_at(out.value).decode())
+            _lib.tide_string_free(out)
+        if rc != 0:
+            raise TideError(rc, message)
+        return description
 
 
 class Engine:

@@ -59,7 +59,7 @@ TIDE_API int tide_version_number(void);
 #define TIDE_ERR_BAD_REQUEST -1
 #define TIDE_ERR_UNSUPPORTED_VERSION -2
 #define TIDE_ERR_UNKNOWN_TYPE -3
-#define TIDE_ERR_NOT_FOUND -4     /* no such run */
+#define TIDE_ERR_NOT_FOUND -4     /* no such run (or export) */
 #define TIDE_ERR_INVALID_STATE -5 /* the run's state does not allow it */
 #define TIDE_ERR_INVALID_RECIPE -6
 #define TIDE_ERR_INVALID_VALUE -7 /* set: not a field, not live, out of range */
@@ -223,6 +223,34 @@ TIDE_API int tide_run_set(tide_engine *engine, const char *run_id, const char *f
 /* The run's metrics rows after step `since_step`, as a JSON array. */
 TIDE_API int tide_run_metrics(tide_engine *engine, const char *run_id, int64_t since_step, char **json_out);
 
+/* ---- Checkpoints ------------------------------------------------------------------ */
+
+/* The run's committed checkpoints, oldest first, as a JSON array of objects: step, dir,
+ * tokens_seen, layout {dp, tp, pp, zero, world}, files, bytes (docs/protocol.md,
+ * checkpoints). Paths are on the engine's machine. */
+TIDE_API int tide_run_checkpoints(tide_engine *engine, const char *run_id, char **json_out);
+
+#define TIDE_EXPORT_OPTIONS_VERSION 1
+typedef struct tide_export_options {
+  uint32_t version;
+  int64_t step;       /* the checkpoint's step; -1: the newest committed */
+  const char *dtype;  /* "F32" (NULL), "BF16" or "F16" */
+  int32_t timeout_ms; /* how long to wait for the export to finish; -1: no limit; 0: do not wait */
+} tide_export_options;
+#define TIDE_EXPORT_OPTIONS_INIT {TIDE_EXPORT_OPTIONS_VERSION, -1, NULL, -1}
+TIDE_API void tide_export_options_init(tide_export_options *options);
+
+/* Writes one of the run's checkpoints, whatever layout saved it, as Hugging Face
+ * safetensors + config.json into out_dir on the engine's machine (relative: inside the
+ * run directory). The engine does it in a child process and this waits as the options
+ * say: TIDE_OK when it is written (or started, with timeout_ms 0), TIDE_ERR_IO when it
+ * failed (the message says why), TIDE_ERR_TIMEOUT when it is still going (it goes on).
+ * Whenever the export was started, *export_json_out (may be NULL) is its description:
+ * id, step, checkpoint, out, dtype, state ("running", "done", "failed"), error, log; the
+ * run's "export" events follow it too. */
+TIDE_API int tide_checkpoint_export(tide_engine *engine, const char *run_id, const char *out_dir,
+                                    const tide_export_options *options, char **export_json_out);
+
 /* ---- Events ------------------------------------------------------------------------- */
 
 typedef struct tide_subscription tide_subscription;
@@ -230,7 +258,7 @@ typedef struct tide_subscription tide_subscription;
 typedef struct tide_event {
   uint32_t version;  /* 1 */
   const char *run;   /* the run's id */
-  const char *kind;  /* "metrics", "state", "control", "checkpoint", "log", "anomaly", "policy" */
+  const char *kind;  /* "metrics", "state", "control", "checkpoint", "export", "log", "anomaly", "policy" */
   int64_t seq;       /* per run and engine epoch */
   double time;       /* Unix seconds */
   int64_t step;      /* metrics: the step; -1 for other kinds */

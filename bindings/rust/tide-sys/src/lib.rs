@@ -39,6 +39,7 @@ pub const TIDE_CONNECT_OPTIONS_VERSION: u32 = 1;
 pub const TIDE_EMBEDDED_OPTIONS_VERSION: u32 = 1;
 pub const TIDE_SUBMIT_OPTIONS_VERSION: u32 = 1;
 pub const TIDE_RUN_STATUS_VERSION: u32 = 1;
+pub const TIDE_EXPORT_OPTIONS_VERSION: u32 = 1;
 
 #[repr(C)]
 pub struct tide_engine {
@@ -101,6 +102,14 @@ pub struct tide_run_status {
     pub final_loss: c_double,
     pub run_dir: [c_char; 1024],
     pub error: [c_char; 1024],
+}
+
+#[repr(C)]
+pub struct tide_export_options {
+    pub version: u32,
+    pub step: i64,
+    pub dtype: *const c_char,
+    pub timeout_ms: i32,
 }
 
 #[repr(C)]
@@ -177,6 +186,16 @@ extern "C" {
         json_out: *mut *mut c_char,
     ) -> c_int;
 
+    pub fn tide_run_checkpoints(engine: *mut tide_engine, run_id: *const c_char, json_out: *mut *mut c_char) -> c_int;
+    pub fn tide_export_options_init(options: *mut tide_export_options);
+    pub fn tide_checkpoint_export(
+        engine: *mut tide_engine,
+        run_id: *const c_char,
+        out_dir: *const c_char,
+        options: *const tide_export_options,
+        export_json_out: *mut *mut c_char,
+    ) -> c_int;
+
     pub fn tide_subscribe(
         engine: *mut tide_engine,
         run_id: *const c_char,
@@ -191,7 +210,10 @@ extern "C" {
         user_data: *mut c_void,
         out: *mut *mut tide_subscription,
     ) -> c_int;
-    pub fn tide_subscription_poll(subscription: *mut tide_subscription, timeout_ms: i32, event: *mut tide_event)
-        -> c_int;
+    pub fn tide_subscription_poll(
+        subscription: *mut tide_subscription,
+        timeout_ms: i32,
+        event: *mut tide_event,
+    ) -> c_int;
     pub fn tide_subscription_close(subscription: *mut tide_subscription) -> c_int;
 }

@@ -40,6 +40,8 @@ impl Error {
     pub const INVALID_ARGUMENT: i32 = sys::TIDE_ERR_INVALID_ARGUMENT;
     pub const INVALID_HANDLE: i32 = sys::TIDE_ERR_INVALID_HANDLE;
     pub const TIMEOUT: i32 = sys::TIDE_ERR_TIMEOUT;
+    pub const BAD_REQUEST: i32 = sys::TIDE_ERR_BAD_REQUEST;
+    pub const IO: i32 = sys::TIDE_ERR_IO;
 }
 
 impl fmt::Display for Error {
@@ -56,7 +58,9 @@ fn check(rc: i32) -> Result<()> {
     if rc == sys::TIDE_OK {
         return Ok(());
     }
-    let message = unsafe { CStr::from_ptr(sys::tide_error_last()) }.to_string_lossy().into_owned();
+    let message = unsafe { CStr::from_ptr(sys::tide_error_last()) }
+        .to_string_lossy()
+        .into_owned();
     Err(Error { code: rc, message })
 }
 
@@ -75,11 +79,17 @@ fn ptr_of(s: &Option<CString>) -> *const c_char {
     s.as_ref().map_or(ptr::null(), |c| c.as_ptr())
 }
 
+// The out-string is freed whatever the call returned: some set it on failure too
+// (tide_checkpoint_export).
 fn take_string(call: impl FnOnce(*mut *mut c_char) -> i32) -> Result<String> {
     let mut out: *mut c_char = ptr::null_mut();
-    check(call(&mut out))?;
-    let text = unsafe { CStr::from_ptr(out) }.to_string_lossy().into_owned();
-    unsafe { sys::tide_string_free(out) };
+    let rc = call(&mut out);
+    let mut text = String::new();
+    if !out.is_null() {
+        text = unsafe { CStr::from_ptr(out) }.to_string_lossy().into_owned();
+        unsafe { sys::tide_string_free(out) };
+    }
+    check(rc)?;
     Ok(text)
 }
 
@@ -101,7 +111,9 @@ fn millis(timeout: Option<Duration>) -> i32 {
 
 /// The loaded library's version ("0.1.0").
 pub fn version() -> String {
-    unsafe { CStr::from_ptr(sys::tide_version()) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(sys::tide_version()) }
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// A run's state.
@@ -142,7 +154,9 @@ impl State {
         State::ALL.get((code - sys::TIDE_RUN_QUEUED) as usize).copied()
     }
     pub fn name(self) -> &'static str {
-        unsafe { CStr::from_ptr(sys::tide_run_state_name(self.code())) }.to_str().unwrap_or("unknown")
+        unsafe { CStr::from_ptr(sys::tide_run_state_name(self.code())) }
+            .to_str()
+            .unwrap_or("unknown")
     }
 }
 
@@ -178,6 +192,17 @@ pub struct Submit {
     pub priority: i32,
     pub idempotency_key: Option<String>,
     pub workdir: Option<String>,
+}
+
+/// Which checkpoint `Run::export` writes, and how.
+#[derive(Debug, Clone, Default)]
+pub struct ExportOptions {
+    /// The checkpoint's step; None: the newest.
+    pub step: Option<i64>,
+    /// "F32" (None), "BF16" or "F16".
+    pub dtype: Option<String>,
+    /// How long to wait for the export (None: until it ends; zero: return once started).
+    pub timeout: Option<Duration>,
 }
 
 /// A tide engine: a tided over ZeroMQ, or one embedded in this process. Closed on drop
@@ -248,14 +273,22 @@ impl Engine {
         let name = opt_cstring(&s.recipe_name, "recipe_name")?;
         let key = opt_cstring(&s.idempotency_key, "idempotency_key")?;
         let workdir = opt_cstring(&s.workdir, "workdir")?;
-        let overrides = s.overrides.iter().map(|o| cstring(o, "override")).collect::<Result<Vec<_>>>()?;
+        let overrides = s
+            .overrides
+            .iter()
+            .map(|o| cstring(o, "override"))
+            .collect::<Result<Vec<_>>>()?;
         let pointers: Vec<*const c_char> = overrides.iter().map(|o| o.as_ptr()).collect();
         let o = sys::tide_submit_options {
             version: sys::TIDE_SUBMIT_OPTIONS_VERSION,
             recipe_text: ptr_of(&text),
             recipe_file: ptr_of(&file),
             recipe_name: ptr_of(&name),
-            overrides: if pointers.is_empty() { ptr::null() } else { pointers.as_ptr() },
+            overrides: if pointers.is_empty() {
+                ptr::null()
+            } else {
+                pointers.as_ptr()
+            },
             overrides_count: pointers.len(),
             workers: s.workers,
             priority: s.priority,
@@ -268,7 +301,10 @@ impl Engine {
 
     /// The run with this id (checked when used).
     pub fn run(&self, id: &str) -> Run<'_> {
-        Run { engine: self, id: id.to_string() }
+        Run {
+            engine: self,
+            id: id.to_string(),
+        }
     }
 
     /// Every run, oldest first, as a JSON array.
@@ -404,6 +440,31 @@ impl<'a> Run<'a> {
     pub fn metrics(&self, since_step: i64) -> Result<String> {
         let id = self.c_id()?;
         take_string(|out| unsafe { sys::tide_run_metrics(self.engine.handle, id.as_ptr(), since_step, out) })
+    }
+
+    /// The committed checkpoints, oldest first, as a JSON array (step, dir, tokens_seen,
+    /// layout, files, bytes).
+    pub fn checkpoints(&self) -> Result<String> {
+        let id = self.c_id()?;
+        take_string(|out| unsafe { sys::tide_run_checkpoints(self.engine.handle, id.as_ptr(), out) })
+    }
+
+    /// Writes a checkpoint, whatever layout saved it, as Hugging Face safetensors +
+    /// config.json into `out_dir` on the engine's machine (relative: inside the run
+    /// directory); the export's description as JSON. A failed export is `Error::IO`, one
+    /// still going after the timeout `Error::TIMEOUT` (it goes on in the engine).
+    pub fn export(&self, out_dir: &str, options: &ExportOptions) -> Result<String> {
+        let id = self.c_id()?;
+        let out_dir = cstring(out_dir, "out_dir")?;
+        let dtype = opt_cstring(&options.dtype, "dtype")?;
+        let mut o: sys::tide_export_options = unsafe { std::mem::zeroed() };
+        unsafe { sys::tide_export_options_init(&mut o) };
+        o.step = options.step.unwrap_or(-1);
+        o.dtype = ptr_of(&dtype);
+        o.timeout_ms = millis(options.timeout);
+        take_string(|out| unsafe {
+            sys::tide_checkpoint_export(self.engine.handle, id.as_ptr(), out_dir.as_ptr(), &o, out)
+        })
     }
 }
 

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::Duration;
 
-use tide::{Engine, Error, State, Submit};
+use tide::{Engine, Error, ExportOptions, State, Submit};
 
 /// The recipe the C API tests use too.
 const RECIPE: &str = include_str!("../../../../tests/capi/tiny.lua");
@@ -21,7 +21,12 @@ fn workdir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let status = Command::new(tide_bin())
-        .args(["data", "prepare", "/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0"])
+        .args([
+            "data",
+            "prepare",
+            "/usr/share/common-licenses/GPL-3",
+            "/usr/share/common-licenses/Apache-2.0",
+        ])
         .arg("--out")
         .arg(dir.join("ds"))
         .args(["--tokenizer", "bytes", "--val-fraction", "0.1"])
@@ -69,20 +74,44 @@ fn whole_run(engine: &Engine, work: &Path) {
     let checkpoint = saved.poll(minute).unwrap().expect("a checkpoint event");
     assert!(checkpoint.body_json.contains("\"ok\":true"), "{checkpoint:?}");
     run.stop().unwrap();
-    assert_eq!(run.wait(&State::FINISHED, Some(Duration::from_secs(120))).unwrap(), State::Stopped);
+    assert_eq!(
+        run.wait(&State::FINISHED, Some(Duration::from_secs(120))).unwrap(),
+        State::Stopped
+    );
     let st = run.status().unwrap();
     assert_eq!(st.state, Some(State::Stopped));
     assert!(st.last_step > changed.step.unwrap() && st.loss.is_some(), "{st:?}");
     assert!(run.metrics(0).unwrap().contains("\"loss\""));
     assert_eq!(engine.run("no-such-run-5").status().unwrap_err().code, Error::NOT_FOUND);
     assert_eq!(run.pause().unwrap_err().code, Error::INVALID_STATE);
+
+    let saves = run.checkpoints().unwrap();
+    let first_step = number(&checkpoint.body_json, "step").unwrap();
+    assert!(saves.contains(&format!("\"step\":{}", first_step as i64)), "{saves}");
+    assert!(saves.contains(&format!("\"step\":{}", st.last_step)), "{saves}");
+    let options = ExportOptions {
+        dtype: Some("BF16".into()),
+        timeout: Some(Duration::from_secs(120)),
+        ..Default::default()
+    };
+    let exported = run.export("hf", &options).unwrap();
+    assert!(exported.contains("\"state\":\"done\""), "{exported}");
+    assert!(Path::new(&st.run_dir).join("hf").join("model.safetensors").is_file());
+    let failed = run.export("/proc/tide-cannot-write-here", &options).unwrap_err();
+    assert_eq!(failed.code, Error::IO, "{failed}");
+    let missing = ExportOptions {
+        step: Some(999_999),
+        ..options
+    };
+    assert_eq!(run.export("hf2", &missing).unwrap_err().code, Error::BAD_REQUEST);
     println!(
-        "{}: lr 5e-4 from step {}, checkpoint at step {}, stopped at {} (loss {:.4})",
+        "{}: lr 5e-4 from step {}, checkpoint at step {}, stopped at {} (loss {:.4}), exported: {}",
         run.id(),
         changed.step.unwrap(),
-        number(&checkpoint.body_json, "step").unwrap(),
+        first_step,
         st.last_step,
-        st.loss.unwrap()
+        st.loss.unwrap(),
+        exported
     );
 }
 
@@ -97,9 +126,15 @@ fn embedded() {
     })
     .unwrap();
     whole_run(&engine, &work);
-    let bad = engine.submit(&Submit { recipe_text: Some("return tide.recipe { model = }".into()), ..Default::default() });
+    let bad = engine.submit(&Submit {
+        recipe_text: Some("return tide.recipe { model = }".into()),
+        ..Default::default()
+    });
     assert_eq!(bad.unwrap_err().code, Error::INVALID_RECIPE);
-    assert_eq!(engine.submit(&Submit::default()).unwrap_err().code, Error::INVALID_ARGUMENT);
+    assert_eq!(
+        engine.submit(&Submit::default()).unwrap_err().code,
+        Error::INVALID_ARGUMENT
+    );
     drop(engine);
     std::fs::remove_dir_all(&work).unwrap();
 }
@@ -119,7 +154,15 @@ fn daemon() {
     let state = work.join("state");
     let daemon = Daemon(
         Command::new(env::var("TIDED_BIN").expect("TIDED_BIN: the tided executable"))
-            .args(["--foreground", "--cpu-slots", "1", "--no-tcp", "--worker", &tide_bin(), "--state-dir"])
+            .args([
+                "--foreground",
+                "--cpu-slots",
+                "1",
+                "--no-tcp",
+                "--worker",
+                &tide_bin(),
+                "--state-dir",
+            ])
             .arg(&state)
             .stderr(Stdio::null())
             .spawn()
