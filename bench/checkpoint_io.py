@@ -6,7 +6,7 @@ sides are taken in the same pattern),
 tide's time counting from the snapshot to the commit,
 and how long a save holds training up: synchronous (the whole write) versus
 asynchronous (the snapshot to host memory), against the step time.
-Usage: /usr/bin/python3 bench/checkpoint_io.py [--tide build/tools/tide] [--shape small|tiny]
+Usage: /usr/bin/python3 bench/checkpoint_io.py [--tide build/tools/tide] [--shape small|tiny] [--writers N]
 """
 import argparse
 import os
@@ -28,11 +28,11 @@ HELD = re.compile(r"checkpoint: step (\d+) held training for ([0-9.]+) s")
 STEP = re.compile(r'"step":(\d+).*?"step_seconds":([0-9.e+-]+)')
 
 
-def train(tide, shape, data, work, async_save, steps, every):
+def train(tide, shape, data, work, async_save, steps, every, writers):
     run_dir = os.path.join(work, f"run-{'async' if async_save else 'sync'}")
     recipe = shapes.RECIPE
     overrides = shapes.overrides(shape, data, steps, checkpoint__every=every, checkpoint__keep_last=2,
-                                 checkpoint__async="true" if async_save else "false")
+                                 checkpoint__async="true" if async_save else "false", checkpoint__writers=writers)
     p = subprocess.run([tide, "train", recipe, "--run-dir", run_dir, "--quiet"] + overrides, check=True,
                        capture_output=True, text=True)
     saved = [(int(m[1]), int(m[2]), float(m[3])) for m in SAVED.finditer(p.stderr)]
@@ -76,13 +76,14 @@ def main():
     ap.add_argument("--shape", default="small", choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--every", type=int, default=2)
+    ap.add_argument("--writers", type=int, default=0, help="checkpoint.writers (0: tide's choice)")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(a.data, "dataset.json")):
         sys.exit(f"bench: no dataset at {a.data}; run `make data` first")
     work = tempfile.mkdtemp(prefix="tide-ckpt-bench-", dir=os.path.join(ROOT, "build"))
     try:
-        sync_saved, sync_held, sync_steps = train(a.tide, a.shape, a.data, work, False, a.steps, a.every)
-        async_saved, async_held, async_steps = train(a.tide, a.shape, a.data, work, True, a.steps, a.every)
+        sync_saved, sync_held, sync_steps = train(a.tide, a.shape, a.data, work, False, a.steps, a.every, a.writers)
+        async_saved, async_held, async_steps = train(a.tide, a.shape, a.data, work, True, a.steps, a.every, a.writers)
         nbytes = sync_saved[-1][1]
         disk_rates = dd(work, nbytes, len(sync_saved))
     finally:
@@ -93,7 +94,8 @@ def main():
     step = sum(plain) / len(plain) if plain else float("nan")
     sync_stall = sum(sync_held.values()) / len(sync_held)
     async_stall = sum(async_held.values()) / len(async_held)
-    print(f"{a.shape} shape: a checkpoint is {nbytes / 1e6:.1f} MB (parameters and both AdamW moments, fp32)")
+    print(f"{a.shape} shape: a checkpoint is {nbytes / 1e6:.1f} MB (parameters and both AdamW moments, fp32), "
+          f"checkpoint.writers={a.writers}, {os.cpu_count()} cores")
     print(f"  write throughput (median of {len(tide_mbs)} saves / dd runs in a row): tide {best:.0f} MB/s, "
           f"dd with fsync {disk:.0f} MB/s: {best / disk:.2f} x the disk")
     print(f"    tide {' '.join(f'{x:.0f}' for x in tide_mbs)}; dd {' '.join(f'{x:.0f}' for x in disk_rates)} MB/s")

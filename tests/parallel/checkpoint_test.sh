@@ -7,8 +7,10 @@
 #  - a flipped byte: `tide ckpt verify` names the file, --resume auto falls back;
 #  - SIGKILL at random moments of a run that saves every step: the newest committed
 #    checkpoint always verifies and resumes;
-#  - a save that cannot be written: training goes on, the error is logged, older
-#    checkpoints stay;
+#  - a rank's share split over several files written side by side (checkpoint.writers)
+#    resumes exactly and reshards;
+#  - a save that cannot be written (a file in the way, a full disk, a read-only one):
+#    training goes on, the error is logged, older checkpoints stay;
 #  - export from a tp2 x pp2 checkpoint equals the export of the same run's weights.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -24,7 +26,8 @@ resume_from_5() {  # resume_from_5 RECIPE FULL_RUN NEW_RUN [options]: steps 6-10
 
 echo "exact resume:"
 for layout in "one:" "zero3:--nproc 2 --set parallel.zero=3" "tp2:--nproc 2 --set parallel.tp=2" \
-              "pp2:--nproc 2 --set parallel.pp=2"; do
+              "pp2:--nproc 2 --set parallel.pp=2" "one3files:--set checkpoint.writers=3" \
+              "zero3x3files:--nproc 2 --set parallel.zero=3 --set checkpoint.writers=3"; do
   name=${layout%%:*}
   read -r -a args <<< "${layout#*:}"
   shape=llama
@@ -36,9 +39,14 @@ for layout in "one:" "zero3:--nproc 2 --set parallel.zero=3" "tp2:--nproc 2 --se
     || fail "$name: resumed weights differ"
 done
 
-echo "resharded resume (saved under dp2 x tp2):"
+files=$(cd "$work/llama-zero3x3files/checkpoints/step-00000005" && echo *.safetensors)
+[[ $files == "rank-00000.1.safetensors rank-00000.2.safetensors rank-00000.safetensors rank-00001.1.safetensors rank-00001.2.safetensors rank-00001.safetensors" ]] \
+  || fail "checkpoint.writers=3 on 2 ranks wrote: $files"
+echo "  with checkpoint.writers=3 each rank wrote 3 files: $files"
+
+echo "resharded resume (saved under dp2 x tp2, two files per rank):"
 train bloom bloom-1
-train bloom bloom-dp2-tp2 --set checkpoint.every=5 --nproc 4 --set parallel.tp=2
+train bloom bloom-dp2-tp2 --set checkpoint.every=5 --nproc 4 --set parallel.tp=2 --set checkpoint.writers=2
 for layout in "one:" "zero3x4:--nproc 4 --set parallel.zero=3" "pp2:--nproc 2 --set parallel.pp=2"; do
   name=${layout%%:*}
   read -r -a args <<< "${layout#*:}"
@@ -60,6 +68,10 @@ with open(path, "r+b") as f:
 PY
 if $tide ckpt verify "$work/corrupt/checkpoints/step-00000010" > "$work/log" 2>&1; then fail "verify passed a flipped byte"; fi
 grep -q "rank-00000.safetensors: XXH3" "$work/log" || { cat "$work/log"; fail "verify does not name the corrupt file"; }
+cp -r "$work/llama-one3files/checkpoints/step-00000010" "$work/corrupt-part"
+truncate -s -1 "$work/corrupt-part/rank-00000.2.safetensors"
+if $tide ckpt verify "$work/corrupt-part" > "$work/log" 2>&1; then fail "verify passed a truncated part"; fi
+grep -q "rank-00000.2.safetensors: .* bytes, the manifest says" "$work/log" || { cat "$work/log"; fail "verify does not name the part"; }
 train llama corrupt --set checkpoint.every=5 --set schedule.steps=12 --resume auto
 grep -q "step-00000010 is unusable" "$work/log" "$work/corrupt/train.log" || { cat "$work/log"; fail "no fallback reported"; }
 grep -q "resumed from .*step-00000005" "$work/corrupt/train.log" || fail "did not fall back to step 5"
@@ -101,6 +113,40 @@ grep -q "checkpoint failed" "$work/unwritable/train.log" || fail "the failed sav
 $tide ckpt verify "$work/unwritable/checkpoints/step-00000005" > /dev/null || fail "the older checkpoint was harmed"
 [[ $(wc -l < "$work/unwritable/metrics.jsonl") -eq 10 ]] || fail "training did not go on after the failed save"
 echo "  logged, training finished, step 5 intact"
+
+# A full disk and a read-only one: a small tmpfs on the run's checkpoints directory, in a
+# mount namespace of its own (unshare -m as root, else a user namespace), so that nothing
+# is left mounted whatever happens.
+if unshare -m true 2> /dev/null; then ns=(unshare -m); elif unshare -rm true 2> /dev/null; then ns=(unshare -rm);
+else fail "cannot make a mount namespace (unshare -m / -rm) for the full and read-only disk tests"; fi
+ckpt_bytes=$(du -sb "$work/llama-one/checkpoints/step-00000005" | cut -f1)
+echo "a full disk (a tmpfs with room for one checkpoint of $ckpt_bytes bytes):"
+mkdir -p "$work/full/checkpoints"
+"${ns[@]}" bash -c "mount -t tmpfs -o size=$((ckpt_bytes * 3 / 2)) tide-full '$work/full/checkpoints' &&
+  $tide train '$work/llama.lua' --run-dir '$work/full' --quiet --set checkpoint.every=5 --set schedule.steps=15 \
+    --set eval.every=0 2> '$work/full.log' &&
+  $tide ckpt list '$work/full' > '$work/full.list' && $tide ckpt verify '$work/full/checkpoints/step-00000005' &&
+  df -B1 '$work/full/checkpoints' | tail -1" > "$work/log" 2>&1 || { cat "$work/log" "$work/full.log"; fail "full disk run"; }
+[[ $(grep -c "checkpoint failed: step .*No space left on device" "$work/full/train.log") -eq 2 ]] \
+  || { cat "$work/full/train.log"; fail "the two saves that hit the full disk are not both in the run log"; }
+[[ $(wc -l < "$work/full/metrics.jsonl") -eq 15 ]] || fail "training did not go on on a full disk"
+[[ $(cut -d' ' -f1 "$work/full.list") == "$work/full/checkpoints/step-00000005" ]] || fail "full disk: $(cat "$work/full.list")"
+echo "  15 steps trained; the saves of steps 10 and 15 failed with ENOSPC, each logged; step 5 verifies"
+echo "a read-only disk (the same tmpfs remounted read-only after step 5's save):"
+mkdir -p "$work/readonly/checkpoints"
+"${ns[@]}" bash -c "mount -t tmpfs -o size=64m tide-ro '$work/readonly/checkpoints' &&
+  $tide train '$work/llama.lua' --run-dir '$work/readonly' --quiet --set checkpoint.every=5 --set schedule.steps=5 \
+    --set eval.every=0 2> '$work/ro.log' &&
+  mount -o remount,ro '$work/readonly/checkpoints' &&
+  $tide train '$work/llama.lua' --run-dir '$work/readonly' --quiet --set checkpoint.every=5 --set schedule.steps=15 \
+    --set eval.every=0 --resume auto 2>> '$work/ro.log' &&
+  $tide ckpt list '$work/readonly' > '$work/ro.list' && $tide ckpt verify '$work/readonly/checkpoints/step-00000005'" \
+  > "$work/log" 2>&1 || { cat "$work/log" "$work/ro.log"; fail "read-only disk run"; }
+[[ $(grep -c "checkpoint failed: step .*Read-only file system" "$work/readonly/train.log") -eq 2 ]] \
+  || { cat "$work/readonly/train.log"; fail "the two saves on the read-only disk are not both in the run log"; }
+[[ $(wc -l < "$work/readonly/metrics.jsonl") -eq 15 ]] || fail "training did not go on on a read-only disk"
+[[ $(cut -d' ' -f1 "$work/ro.list") == "$work/readonly/checkpoints/step-00000005" ]] || fail "read-only: $(cat "$work/ro.list")"
+echo "  resumed from step 5 and trained to 15; the saves failed with EROFS; step 5 verifies"
 
 echo "export:"
 train bloom bloom-tp2-pp2 --set checkpoint.every=5 --nproc 4 --set parallel.tp=2 --set parallel.pp=2

@@ -73,11 +73,15 @@ struct Checkpointer::Impl {
   std::optional<std::string> error;
   Listener listener;
 
+  struct Entry {
+    std::string name;
+    torch::Tensor values;
+    json piece;  // what it is (docs/checkpoints.md); null: the RNG state
+  };
   struct Snapshot {
     int64_t step = 0;
     std::chrono::steady_clock::time_point taken;
-    std::vector<std::pair<std::string, torch::Tensor>> tensors;
-    json pieces = json::array();
+    std::vector<Entry> entries;
     json manifest;  // rank 0
   };
 
@@ -91,6 +95,7 @@ struct Checkpointer::Impl {
   }
 
   void write(const Snapshot& snap);
+  json write_files(const Snapshot& snap, const fs::path& tmp) const;
   void commit(const Snapshot& snap, const json& files);
   void prune(int64_t newest);
 };
@@ -150,13 +155,17 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
         // host: the buffers themselves, since training waits for the write.
         auto values = src.narrow(0, at, p.end - p.begin);
         if (m.parts.cfg->checkpoint.async || !values.is_cpu()) values = values.to(torch::kCPU).clone();
-        snap->tensors.emplace_back(name, values);
-        snap->pieces.push_back({{"tensor", name}, {"param", slot.name}, {"kind", kKinds[k]},
-                                {"range", {p.begin, p.end}}, {"local_shape", slot.shape},
-                                {"global_shape", global_shape}, {"tp", tp_json(tp)}});
+        snap->entries.push_back({name, values,
+                                 {{"tensor", name},
+                                  {"param", slot.name},
+                                  {"kind", kKinds[k]},
+                                  {"range", {p.begin, p.end}},
+                                  {"local_shape", slot.shape},
+                                  {"global_shape", global_shape},
+                                  {"tp", tp_json(tp)}}});
       }
     }
-    snap->tensors.emplace_back("rng|cpu", at::detail::getDefaultCPUGenerator().get_state());
+    snap->entries.push_back({"rng|cpu", at::detail::getDefaultCPUGenerator().get_state(), nullptr});
   }
   if (m.rank == 0) {
     const auto& cfg = *m.parts.cfg;
@@ -198,43 +207,93 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
 void Checkpointer::Impl::write(const Snapshot& snap) {
   const fs::path tmp = fs::path(root) / (step_dir_name(snap.step) + ".tmp");
   const std::string key = fmt::format("tide/ckpt/{}/{}", step_dir_name(snap.step), rank);
-  std::string result;
-  WrittenFile written;
+  json report;  // {"files": {name: {"bytes", "xxh3"}}} or {"error": why}
   try {
     fs::create_directories(tmp);
-    SafetensorsWriter w;
-    for (const auto& [name, t] : snap.tensors)
-      w.add(name, name == "rng|cpu" ? "U8" : "F32", {t.numel()}, t.data_ptr(),
-            static_cast<size_t>(t.numel()) * t.element_size());
-    w.set_metadata("tide.format", std::to_string(kCheckpointFormat));
-    w.set_metadata("tide.rank", std::to_string(rank));
-    w.set_metadata("tide.pieces", snap.pieces.dump());
-    written = w.write((tmp / rank_file_name(rank)).string());
-    result = fmt::format("ok {} {}", written.bytes, hex64(written.xxh3));
+    report = {{"files", write_files(snap, tmp)}};
   } catch (const std::exception& e) {
-    result = fmt::format("error {}", e.what());
+    report = {{"error", e.what()}};
   }
   if (rank != 0) {
-    if (store) store->set(key, result);
-    if (result.rfind("error", 0) == 0) throw std::runtime_error(result.substr(6));
+    if (store) store->set(key, report.dump());
+    if (report.contains("error")) throw std::runtime_error(report["error"].get<std::string>());
     return;
   }
-  if (result.rfind("error", 0) == 0) throw std::runtime_error(result.substr(6));
-  json files = json::object();
-  files[rank_file_name(0)] = {{"bytes", written.bytes}, {"xxh3", hex64(written.xxh3)}};
+  if (report.contains("error")) throw std::runtime_error(report["error"].get<std::string>());
+  json files = report["files"];
   const auto patience = std::chrono::milliseconds(
       static_cast<int64_t>(std::max(600.0, parts.cfg->parallel.timeout_s) * 1000));
   for (int r = 1; r < world; ++r) {
     const auto other = store->wait(fmt::format("tide/ckpt/{}/{}", step_dir_name(snap.step), r), patience);
-    if (!other) throw std::runtime_error(fmt::format("rank {} did not finish its file", r));
-    if (other->rfind("error", 0) == 0) throw std::runtime_error(fmt::format("rank {}: {}", r, other->substr(6)));
-    char hash[17] = {0};
-    unsigned long long bytes = 0;
-    if (std::sscanf(other->c_str(), "ok %llu %16s", &bytes, hash) != 2)
+    if (!other) throw std::runtime_error(fmt::format("rank {} did not finish its files", r));
+    const json theirs = json::parse(*other, nullptr, false);
+    if (theirs.is_object() && theirs.contains("error"))
+      throw std::runtime_error(fmt::format("rank {}: {}", r, theirs["error"].get<std::string>()));
+    if (!theirs.is_object() || !theirs.contains("files") || !theirs["files"].is_object())
       throw std::runtime_error(fmt::format("rank {} reported '{}'", r, *other));
-    files[rank_file_name(r)] = {{"bytes", bytes}, {"xxh3", std::string(hash)}};
+    files.update(theirs["files"]);
   }
   commit(snap, files);
+}
+
+// This rank's share as one file or several, each written (and hashed, and fsynced) by a
+// thread of its own: one stream to the page cache and one fsync at a time leave a disk
+// and the cores idle. Entries go to the lightest file, largest first; the RNG state to part 0.
+json Checkpointer::Impl::write_files(const Snapshot& snap, const fs::path& tmp) const {
+  std::vector<const Entry*> order;
+  uint64_t total = 0;
+  for (const auto& e : snap.entries) {
+    order.push_back(&e);
+    total += static_cast<uint64_t>(e.values.numel()) * e.values.element_size();
+  }
+  const auto bytes_of = [](const Entry* e) { return static_cast<uint64_t>(e->values.numel()) * e->values.element_size(); };
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  int64_t parts_wanted = parts.cfg->checkpoint.writers > 0
+                             ? parts.cfg->checkpoint.writers
+                             : std::clamp<int64_t>(static_cast<int64_t>(total >> 26), 1, std::min<int64_t>(4, cores));
+  const int n = static_cast<int>(std::clamp<int64_t>(parts_wanted, 1, std::max<size_t>(1, snap.entries.size() - 1)));
+  std::stable_sort(order.begin(), order.end(), [&](const Entry* a, const Entry* b) {
+    if (a->piece.is_null() != b->piece.is_null()) return a->piece.is_null();  // the RNG state first
+    return bytes_of(a) > bytes_of(b);
+  });
+  std::vector<std::vector<const Entry*>> assigned(static_cast<size_t>(n));
+  std::vector<uint64_t> load(static_cast<size_t>(n), 0);
+  for (const Entry* e : order) {
+    const size_t k = e->piece.is_null() ? 0 : static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    assigned[k].push_back(e);
+    load[k] += bytes_of(e);
+  }
+  std::vector<WrittenFile> written(static_cast<size_t>(n));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  auto write_part = [&](size_t k) {
+    try {
+      // Within a file, the snapshot's order: the same layout for the same share.
+      auto list = assigned[k];
+      std::sort(list.begin(), list.end());
+      SafetensorsWriter w;
+      json pieces = json::array();
+      for (const Entry* e : list) {
+        w.add(e->name, e->piece.is_null() ? "U8" : "F32", {e->values.numel()}, e->values.data_ptr(), bytes_of(e));
+        if (!e->piece.is_null()) pieces.push_back(e->piece);
+      }
+      w.set_metadata("tide.format", std::to_string(kCheckpointFormat));
+      w.set_metadata("tide.rank", std::to_string(rank));
+      w.set_metadata("tide.pieces", pieces.dump());
+      written[k] = w.write((tmp / rank_file_name(rank, static_cast<int>(k))).string());
+    } catch (const std::exception& e) {
+      errors[k] = e.what();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t k = 1; k < assigned.size(); ++k) threads.emplace_back(write_part, k);
+  write_part(0);
+  for (auto& t : threads) t.join();
+  json files = json::object();
+  for (size_t k = 0; k < assigned.size(); ++k) {
+    if (!errors[k].empty()) throw std::runtime_error(errors[k]);
+    files[rank_file_name(rank, static_cast<int>(k))] = {{"bytes", written[k].bytes}, {"xxh3", hex64(written[k].xxh3)}};
+  }
+  return files;
 }
 
 void Checkpointer::Impl::commit(const Snapshot& snap, const json& files) {

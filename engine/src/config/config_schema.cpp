@@ -224,6 +224,9 @@ std::vector<FieldSpec> build_schema() {
   s.push_back(boolean("checkpoint.async", false,
                       "Snapshot to host memory and write in the background; false: training waits for the write.",
                       REF(checkpoint.async)));
+  s.push_back(integer("checkpoint.writers", 0, 64, false,
+                      "Files each rank writes side by side, one thread each; 0: one per 64 MiB of its share, up to 4.",
+                      REF(checkpoint.writers)));
   s.push_back(integer("eval.every", 0, 1e12, true, "Steps between validation passes; 0: never.", REF(eval.every)));
   s.push_back(integer("eval.batches", 1, 1e6, true, "Micro-batches per validation pass.", REF(eval.batches)));
   // Anomalies and what they trigger.

@@ -324,14 +324,19 @@ TrainResult Trainer::run() {
   if (s.hooks.controlled) {
     control = std::make_unique<LiveControl>(s.dist ? s.dist->world.get() : nullptr, s.hooks.take_commands,
                                             s.hooks.on_event);
-    if (s.leader && s.hooks.on_event)
-      s.checkpointer->on_finished([emit = s.hooks.on_event](int64_t step, const std::string& dir, const std::string& error) {
-        if (error.empty())
-          emit("checkpoint", {{"step", step}, {"path", dir}});
-        else
-          emit("checkpoint_failed", {{"step", step}, {"error", error}});
-      });
   }
+  // Every failed save is in the run log when it happens (training goes on); under a
+  // daemon rank 0 also reports each save as an event.
+  decltype(s.hooks.on_event) emit;
+  if (s.hooks.controlled && s.leader) emit = s.hooks.on_event;
+  s.checkpointer->on_finished([log = s.log, emit](int64_t step, const std::string& dir, const std::string& error) {
+    if (!error.empty()) log->error("checkpoint failed: step {}: {}", step, error);
+    if (!emit) return;
+    if (error.empty())
+      emit("checkpoint", {{"step", step}, {"path", dir}});
+    else
+      emit("checkpoint_failed", {{"step", step}, {"error", error}});
+  });
   auto save_checkpoint = [&](int64_t steps_done) {
     const auto before = Clock::now();
     s.checkpointer->save(steps_done, s.optim->steps_taken(), loader.cursor());
@@ -552,7 +557,6 @@ TrainResult Trainer::run() {
   }
   progress.finish();
   s.checkpointer->wait();
-  if (const auto error = s.checkpointer->last_error()) s.log->error("checkpoint failed: {}", *error);
   result.weights_path = (s.dir / "model.safetensors").string();
   save_weights(result.weights_path);
   if (!s.leader) return result;

@@ -82,6 +82,7 @@ struct CheckpointConfig {
   int64_t keep_last = 3;
   int64_t keep_every = 0;  // also keep every checkpoint whose step is a multiple; 0: none
   bool async = true;       // written in the background while training goes on
+  int64_t writers = 0;     // files (and threads) per rank; 0: one per 64 MiB, up to 4
 };
 
 struct ParallelConfig {
