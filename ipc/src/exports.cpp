@@ -82,7 +82,8 @@ json Controller::Impl::start_export(const json& body) {
     throw ProtocolError(ErrorCode::bad_request,
                         fmt::format("out {} holds the run directory; name a directory of its own", out.string()));
   const auto all = list_checkpoints((run_dir / "checkpoints").string());
-  if (all.empty()) throw ProtocolError(ErrorCode::invalid_state, fmt::format("run {} has no committed checkpoint", r.id));
+  if (all.empty())
+    throw ProtocolError(ErrorCode::invalid_state, fmt::format("run {} has no committed checkpoint", r.id));
   const int64_t step = asked >= 0 ? asked : all.back().step;
   auto it = std::find_if(all.begin(), all.end(), [&](const CheckpointEntry& c) { return c.step == step; });
   if (it == all.end())

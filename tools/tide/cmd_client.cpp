@@ -378,7 +378,8 @@ void add_client_commands(CLI::App& app) {
         }
         if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
         if (job.value("state", "") != "done")
-          throw std::runtime_error(fmt::format("{} failed: {} (log: {})", id, job.value("error", "?"), job.value("log", "")));
+          throw std::runtime_error(
+              fmt::format("{} failed: {} (log: {})", id, job.value("error", "?"), job.value("log", "")));
         std::printf("%s\n", job.value("out", "").c_str());
       });
     });

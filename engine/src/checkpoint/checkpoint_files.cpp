@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 
 std::string step_dir_name(int64_t step) { return fmt::format("step-{:08d}", step); }
 std::string rank_file_name(int rank, int part) {
-  return part == 0 ? fmt::format("rank-{:05d}.safetensors", rank) : fmt::format("rank-{:05d}.{}.safetensors", rank, part);
+  if (part == 0) return fmt::format("rank-{:05d}.safetensors", rank);
+  return fmt::format("rank-{:05d}.{}.safetensors", rank, part);
 }
 std::string hex64(uint64_t x) { return fmt::format("{:016x}", x); }
 

@@ -240,18 +240,20 @@ void Checkpointer::Impl::write(const Snapshot& snap) {
 // thread of its own: one stream to the page cache and one fsync at a time leave a disk
 // and the cores idle. Entries go to the lightest file, largest first; the RNG state to part 0.
 json Checkpointer::Impl::write_files(const Snapshot& snap, const fs::path& tmp) const {
+  const auto bytes_of = [](const Entry* e) {
+    return static_cast<uint64_t>(e->values.numel()) * e->values.element_size();
+  };
   std::vector<const Entry*> order;
   uint64_t total = 0;
   for (const auto& e : snap.entries) {
     order.push_back(&e);
-    total += static_cast<uint64_t>(e.values.numel()) * e.values.element_size();
+    total += bytes_of(&e);
   }
-  const auto bytes_of = [](const Entry* e) { return static_cast<uint64_t>(e->values.numel()) * e->values.element_size(); };
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  int64_t parts_wanted = parts.cfg->checkpoint.writers > 0
+  const int64_t wanted = parts.cfg->checkpoint.writers > 0
                              ? parts.cfg->checkpoint.writers
                              : std::clamp<int64_t>(static_cast<int64_t>(total >> 26), 1, std::min<int64_t>(4, cores));
-  const int n = static_cast<int>(std::clamp<int64_t>(parts_wanted, 1, std::max<size_t>(1, snap.entries.size() - 1)));
+  const int n = static_cast<int>(std::clamp<int64_t>(wanted, 1, std::max<size_t>(1, snap.entries.size() - 1)));
   std::stable_sort(order.begin(), order.end(), [&](const Entry* a, const Entry* b) {
     if (a->piece.is_null() != b->piece.is_null()) return a->piece.is_null();  // the RNG state first
     return bytes_of(a) > bytes_of(b);
@@ -259,7 +261,8 @@ json Checkpointer::Impl::write_files(const Snapshot& snap, const fs::path& tmp) 
   std::vector<std::vector<const Entry*>> assigned(static_cast<size_t>(n));
   std::vector<uint64_t> load(static_cast<size_t>(n), 0);
   for (const Entry* e : order) {
-    const size_t k = e->piece.is_null() ? 0 : static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    const auto lightest = std::min_element(load.begin(), load.end()) - load.begin();
+    const size_t k = e->piece.is_null() ? 0 : static_cast<size_t>(lightest);
     assigned[k].push_back(e);
     load[k] += bytes_of(e);
   }
