@@ -83,11 +83,12 @@ echo "kill -9 during saves:"
 mid_save=0
 for trial in 1 2 3 4 5 6 7 8; do
   rm -rf "$work/killed"
-  mode=true
+  mode=true writers=1
   (( trial % 2 == 0 )) && mode=false
+  (( trial > 4 )) && writers=3  # the last four split each save over three files
   $tide train "$work/llama.lua" --run-dir "$work/killed" --quiet --set schedule.steps=100000 --set checkpoint.every=1 \
-    --set checkpoint.keep_last=2 --set eval.every=0 --set checkpoint.async=$mode --set model.dim=256 \
-    --set model.n_heads=4 --set model.n_kv_heads=2 --set model.n_layers=4 --set model.multiple_of=64 \
+    --set checkpoint.keep_last=2 --set eval.every=0 --set checkpoint.async=$mode --set checkpoint.writers=$writers \
+    --set model.dim=256 --set model.n_heads=4 --set model.n_kv_heads=2 --set model.n_layers=4 --set model.multiple_of=64 \
     2> "$work/killed.log" &
   launcher=$!
   sleep "$(/usr/bin/python3 -c "import random; print(round(random.uniform(1.5, 4.0), 2))")"
