@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <regex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -45,17 +44,29 @@ void write_durably(const std::string& path, const std::string& text) {
   fsync_path(fs::path(path).parent_path().string());
 }
 
+namespace {
+// The step of a directory named "step-" and at least 8 digits; -1 for any other name.
+int64_t step_of(const std::string& name) {
+  const std::string prefix = "step-";
+  const size_t digits = name.size() - std::min(name.size(), prefix.size());
+  if (digits < 8 || digits > 18 || name.compare(0, prefix.size(), prefix) != 0) return -1;
+  int64_t step = 0;
+  for (size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
+  }
+  return step;
+}
+}  // namespace
+
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
   std::vector<CheckpointEntry> out;
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return out;
-  static const std::regex name("step-([0-9]{8,})");
   for (const auto& e : fs::directory_iterator(root, ec)) {
-    std::smatch m;
-    const std::string base = e.path().filename().string();
-    if (!e.is_directory() || !std::regex_match(base, m, name)) continue;
-    if (!fs::exists(e.path() / "COMMITTED")) continue;
-    out.push_back({std::stoll(m[1].str()), e.path().string()});
+    const int64_t step = step_of(e.path().filename().string());
+    if (step < 0 || !e.is_directory(ec) || !fs::exists(e.path() / "COMMITTED", ec)) continue;
+    out.push_back({step, e.path().string()});
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
   return out;
