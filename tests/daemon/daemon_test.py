@@ -123,7 +123,7 @@ def part_control():
     by_hand = os.path.join(WORK, "hf-by-hand")
     subprocess.run([TIDE, "ckpt", "export", os.path.join(run_dir, "checkpoints", f"step-{stopped_at:08d}"), "-o",
                     by_hand, "--dtype", "BF16"], check=True, capture_output=True)
-    for name in ("model.safetensors", "config.json"):
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
         with open(os.path.join(run_dir, "hf", name), "rb") as a, open(os.path.join(by_hand, name), "rb") as b:
             assert a.read() == b.read(), f"{name} exported by the daemon differs from tide ckpt export's"
     exports = conn.request("exports", {"run": run})["exports"]

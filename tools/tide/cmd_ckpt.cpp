@@ -16,6 +16,7 @@
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/train/run_files.h"
 
 namespace tide::cli {
 namespace fs = std::filesystem;
@@ -86,8 +87,9 @@ void add_checkpoint_command(CLI::App& app) {
     }
   });
 
-  auto* exp = ckpt->add_subcommand(
-      "export", "Write Hugging Face safetensors + config.json from a checkpoint saved under any layout");
+  auto* exp = ckpt->add_subcommand("export",
+                                   "Write Hugging Face safetensors + config.json (and the run's tokenizer) from a "
+                                   "checkpoint saved under any layout");
   exp->add_option("dir", opt->path, "A step directory")->required();
   exp->add_option("-o,--out", opt->out, "Directory to write")->required();
   exp->add_option("--dtype", opt->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
@@ -103,6 +105,8 @@ void add_checkpoint_command(CLI::App& app) {
     Checkpointer(fs::path(opt->path).parent_path().string(), CheckpointParts{&cfg, model.get(), &flat, &optim, nullptr})
         .load(opt->path);
     export_hf(opt->out, model, 0, opt->dtype);
+    // The run's tokenizer, two levels up (<run>/checkpoints/step-N), completes the directory.
+    copy_tokenizer(tokenizer_beside(fs::absolute(opt->path).lexically_normal().parent_path().parent_path()), opt->out);
     spdlog::info("wrote {}", opt->out);
   });
 }

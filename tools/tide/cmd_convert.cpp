@@ -26,9 +26,7 @@ void add_convert_command(CLI::App& app) {
   exp->callback([opt] {
     LoadedModel m = load_model(opt->from);
     export_hf(opt->out, m.model, static_cast<int64_t>(opt->max_shard_mb * 1024 * 1024), opt->dtype);
-    if (!m.tokenizer_path.empty())
-      std::filesystem::copy_file(m.tokenizer_path, std::filesystem::path(opt->out) / std::filesystem::path(m.tokenizer_path).filename(),
-                                 std::filesystem::copy_options::overwrite_existing);
+    copy_tokenizer(m.tokenizer_path, opt->out);
     spdlog::info("wrote {}", opt->out);
   });
 
@@ -39,9 +37,7 @@ void add_convert_command(CLI::App& app) {
     LoadedModel m = load_model(opt->from);
     std::filesystem::create_directories(opt->out);
     save_model((std::filesystem::path(opt->out) / "model.safetensors").string(), m.model);
-    if (!m.tokenizer_path.empty())
-      std::filesystem::copy_file(m.tokenizer_path, std::filesystem::path(opt->out) / std::filesystem::path(m.tokenizer_path).filename(),
-                                 std::filesystem::copy_options::overwrite_existing);
+    copy_tokenizer(m.tokenizer_path, opt->out);
     spdlog::info("wrote {}/model.safetensors", opt->out);
   });
 }

@@ -31,6 +31,11 @@ std::string tokenizer_beside(const std::filesystem::path& dir) {
   return "";
 }
 
+void copy_tokenizer(const std::string& tokenizer_path, const fs::path& dir) {
+  if (tokenizer_path.empty()) return;
+  fs::copy_file(tokenizer_path, dir / fs::path(tokenizer_path).filename(), fs::copy_options::overwrite_existing);
+}
+
 void save_model(const std::string& path, Transformer& model) {
   RunConfig rc;
   rc.model = model->config();

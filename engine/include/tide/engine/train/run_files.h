@@ -25,6 +25,9 @@ LoadedModel load_model(const std::string& path);
 
 // tokenizer.json or tokenizer.model in `dir`; empty when neither exists.
 std::string tokenizer_beside(const std::filesystem::path& dir);
+// A copy of the tokenizer file into `dir` under its own name, so that an exported model
+// directory is whole; nothing when `tokenizer_path` is empty.
+void copy_tokenizer(const std::string& tokenizer_path, const std::filesystem::path& dir);
 
 // Writes model.safetensors with the model config in its metadata.
 void save_model(const std::string& path, Transformer& model);
