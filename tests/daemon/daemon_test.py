@@ -128,6 +128,16 @@ def part_control():
             assert a.read() == b.read(), f"{name} exported by the daemon differs from tide ckpt export's"
     exports = conn.request("exports", {"run": run})["exports"]
     assert [(x["state"], x["step"]) for x in exports] == [("done", stopped_at)], exports
+    # One export per output directory at a time.
+    first = conn.request("export", {"run": run, "out": "hf-twice"})["export"]
+    err = conn.request("export", {"run": run, "out": os.path.join(run_dir, "hf-twice")}, ok=False)
+    assert err["code"] == "invalid_state" and first["id"] in err["message"], err
+    deadline = time.time() + 120
+    exports = conn.request("exports", {"run": run})["exports"]
+    while next(x for x in exports if x["id"] == first["id"])["state"] == "running":
+        assert time.time() < deadline, "the export did not end"
+        time.sleep(0.1)
+        exports = conn.request("exports", {"run": run})["exports"]
     bad = subprocess.run([TIDE, "export", run, "-o", "hf2", "--step", "1", *ep], capture_output=True, text=True)
     assert bad.returncode != 0 and "no committed checkpoint at step 1" in bad.stderr, bad.stderr
     print(f"tide export of the dp2 checkpoint at step {stopped_at} equals tide ckpt export's, byte for byte")
@@ -195,7 +205,8 @@ def part_bad_input():
                              ({"run": run, "out": "hf", "dtype": "F64"}, "bad_request", "F64"),
                              ({"run": run, "out": "checkpoints/x"}, "bad_request", "inside the run's checkpoints"),
                              ({"run": run, "out": ".."}, "bad_request", "holds the run directory"),
-                             ({"run": run, "out": "hf", "step": -3}, "bad_request", "step")):
+                             ({"run": run, "out": "hf", "step": -3}, "bad_request", "step"),
+                             ({"run": run, "out": "hf"}, "invalid_state", "no committed checkpoint")):
         err = conn.request("export", body, ok=False)
         assert err["code"] == code and part in err["message"], (body, err)
     err = conn.request("checkpoints", {"run": "nope"}, ok=False)
