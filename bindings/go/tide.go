@@ -456,23 +456,11 @@ func (r *Run) Export(ctx context.Context, outDir string, opts ExportOptions) (Ex
 		case <-time.After(100 * time.Millisecond):
 		}
 		var reply map[string]any
-		if reply, err = r.engine.Request("exports", map[string]string{"run": r.ID}); err != nil {
+		if reply, err = r.engine.Request("exports", map[string]string{"run": r.ID, "export": x.ID}); err != nil {
 			break
 		}
-		list, _ := json.Marshal(reply["exports"])
-		var all []Export
-		if err = json.Unmarshal(list, &all); err != nil {
-			break
-		}
-		known := false
-		for _, e := range all {
-			if e.ID == x.ID {
-				x, known = e, true
-			}
-		}
-		if !known {
-			err = &Error{Code: ErrNotFound, Message: fmt.Sprintf("the engine no longer knows %s (it restarted)", x.ID)}
-		}
+		text, _ := json.Marshal(reply["export"])
+		err = json.Unmarshal(text, &x)
 	}
 	if err == nil && x.State == "failed" {
 		err = &Error{Code: ErrIO, Message: fmt.Sprintf("%s: %s", x.ID, x.Error)}

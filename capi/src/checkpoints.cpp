@@ -11,16 +11,6 @@ using tide::capi::Failure;
 using tide::capi::require;
 using tide::capi::require_text;
 
-namespace {
-// Where an export stands: its entry in the engine's `exports` reply.
-json export_state(tide_engine& e, const std::string& run, const std::string& id) {
-  const json reply = e.request("exports", {{"run", run}});
-  for (const auto& j : reply.at("exports"))
-    if (j.value("id", "") == id) return j;
-  throw Failure(TIDE_ERR_NOT_FOUND, fmt::format("the engine no longer knows {} (it restarted)", id));
-}
-}  // namespace
-
 extern "C" {
 
 void tide_export_options_init(tide_export_options* options) {
@@ -62,7 +52,7 @@ int tide_checkpoint_export(tide_engine* engine, const char* run_id, const char* 
     while (job.value("state", "") == "running" && opt.timeout_ms != 0 &&
            (opt.timeout_ms < 0 || std::chrono::steady_clock::now() < deadline)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      job = export_state(*e, run_id, id);
+      job = e->request("exports", {{"run", run_id}, {"export", id}}).at("export");
     }
     if (export_json_out) *export_json_out = tide::capi::duplicate(job.dump());
     const std::string state = job.value("state", "");

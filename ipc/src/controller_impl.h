@@ -76,7 +76,6 @@ struct Controller::Impl {
   // worker group, so what a policy keeps in Lua survives a restart.
   std::map<std::string, std::unique_ptr<RunPolicies>> policies;
   std::map<int64_t, ExportJob> exports;  // by number, oldest first
-  int64_t exports_started = 0;
 
   explicit Impl(ControllerOptions o);
   ~Impl();

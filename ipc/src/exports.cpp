@@ -95,7 +95,8 @@ json Controller::Impl::start_export(const json& body) {
       throw ProtocolError(ErrorCode::invalid_state, fmt::format("{} is already writing {}", job.id, out.string()));
 
   ExportJob job;
-  const int64_t number = ++exports_started;
+  // Only the oldest finished ones are ever forgotten, so the newest number stays known.
+  const int64_t number = exports.empty() ? 1 : exports.rbegin()->first + 1;
   job.id = fmt::format("export-{}", number);
   job.run = r.id;
   job.step = step;
@@ -126,6 +127,13 @@ json Controller::Impl::start_export(const json& body) {
 
 json Controller::Impl::exports_of(const json& body) {
   const RunRecord& r = find_run(body);
+  if (body.contains("export")) {  // one export, for a client waiting on it
+    const std::string id = require_string(body, "export");
+    for (const auto& [n, job] : exports)
+      if (job.run == r.id && job.id == id) return {{"run", r.id}, {"export", job.to_json()}};
+    throw ProtocolError(ErrorCode::not_found,
+                        fmt::format("run {} has no export '{}' (exports end with their daemon)", r.id, id));
+  }
   json list = json::array();
   for (const auto& [n, job] : exports)
     if (job.run == r.id) list.push_back(job.to_json());

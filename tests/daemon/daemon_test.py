@@ -211,6 +211,8 @@ def part_bad_input():
         assert err["code"] == code and part in err["message"], (body, err)
     err = conn.request("checkpoints", {"run": "nope"}, ok=False)
     assert err["code"] == "not_found", err
+    err = conn.request("exports", {"run": run, "export": "export-99"}, ok=False)
+    assert err["code"] == "not_found" and "export-99" in err["message"], err
     # Garbage on the worker socket changes nothing.
     ctx = zmq.Context.instance()
     w = ctx.socket(zmq.DEALER)

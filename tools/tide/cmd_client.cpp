@@ -365,14 +365,7 @@ void add_client_commands(CLI::App& app) {
         const auto begun = std::chrono::steady_clock::now();
         while (job.value("state", "") == "running") {
           std::this_thread::sleep_for(std::chrono::milliseconds(250));
-          bool known = false;
-          const json reply = client.request("exports", {{"run", x->run}});
-          for (const auto& j : reply.at("exports")) {
-            if (j.value("id", "") != id) continue;
-            job = j;
-            known = true;
-          }
-          if (!known) throw std::runtime_error(fmt::format("the daemon no longer knows {} (it restarted)", id));
+          job = client.request("exports", {{"run", x->run}, {"export", id}}).at("export");
           const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
           if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\r%s: exporting, %.0f s", id.c_str(), s);
         }

@@ -2,7 +2,6 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include <fmt/format.h>
@@ -69,8 +68,6 @@ struct Checkpointer::Impl {
   int rank = 0, world = 1, dp_rank = 0, dp = 1, zero = 0;
   std::unique_ptr<StoreClient> store;  // used by the writer thread only
   std::thread writer;
-  mutable std::mutex mu;
-  std::optional<std::string> error;
   Listener listener;
 
   struct Entry {
@@ -87,10 +84,6 @@ struct Checkpointer::Impl {
 
   void fail(int64_t step, const std::string& what) {
     spdlog::error("checkpoint: step {}: {}", step, what);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      error = fmt::format("step {}: {}", step, what);
-    }
     if (listener) listener(step, "", what);
   }
 
@@ -125,10 +118,6 @@ void Checkpointer::on_finished(Listener listener) {
   impl_->listener = std::move(listener);
 }
 
-std::optional<std::string> Checkpointer::last_error() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->error;
-}
 
 void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cursor) {
   wait();  // one save in flight at a time

@@ -53,12 +53,11 @@ class Checkpointer {
 
   // Every rank calls it at the same step boundary. The pieces are copied to host
   // memory now; the files are written in the background (checkpoint.async) or before
-  // this returns. Errors of the write are logged and reported by last_error(), never
-  // thrown: training goes on, older checkpoints stay.
+  // this returns. Errors of the write are logged and reported to the on_finished
+  // listener, never thrown: training goes on, older checkpoints stay.
   void save(int64_t step, int64_t optimizer_steps, int64_t loader_cursor);
   // Waits for the save in flight, if any.
   void wait();
-  std::optional<std::string> last_error() const;
   // Called once per save when it is committed (error empty) or has failed (`dir` empty),
   // from the thread that wrote it; rank 0 sees the whole save, other ranks their file.
   using Listener = std::function<void(int64_t step, const std::string& dir, const std::string& error)>;
