@@ -1,4 +1,5 @@
 // The training loop end to end, in this process, on a real prepared dataset.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -111,26 +112,41 @@ TEST(Training, LuaStyleScheduleHookDrivesTheLearningRate) {
 }
 
 TEST(Training, GradientAccumulationEqualsOneLargeBatch) {
-  // Two micro-batches of 4 and one micro-batch of 8 see the same 8 windows.
+  // Two micro-batches of 4 and one micro-batch of 8 see the same 8 windows, so the first
+  // step's loss and gradient norm (both taken before any update) are the same numbers,
+  // summed in another order. After that, the runs are not comparable element by element:
+  // AdamW's first updates are about lr * sign(g), so an element whose gradient is nearly
+  // all cancellation turns a rounding difference into a full step.
   TrainHooks hooks;
   hooks.show_progress = false;
   hooks.peak_flops = 1e11;
   RunConfig accumulated = tiny_run("accumulated"), whole = tiny_run("whole");
-  accumulated.schedule.steps = whole.schedule.steps = 2;
+  accumulated.schedule.steps = whole.schedule.steps = 1;
   accumulated.schedule.warmup_steps = whole.schedule.warmup_steps = 0;
+  accumulated.eval.every = whole.eval.every = 0;
   whole.batch.micro_batch = 8;
   const fs::path a = fs::temp_directory_path() / ("tide_run_acc_" + std::to_string(::getpid()));
   const fs::path b = fs::temp_directory_path() / ("tide_run_whole_" + std::to_string(::getpid()));
+  std::vector<StepMetrics> ma, mb;
+  hooks.on_step = [&](const StepMetrics& m) { ma.push_back(m); };
   Trainer(accumulated, a.string(), hooks).run();
+  hooks.on_step = [&](const StepMetrics& m) { mb.push_back(m); };
   Trainer(whole, b.string(), hooks).run();
-  const auto la = losses_of(a), lb = losses_of(b);
-  ASSERT_EQ(la.size(), 2u);
-  ASSERT_EQ(lb.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 * std::abs(lb[i])) << i;
-  LoadedModel ma = load_model(a.string()), mb = load_model(b.string());
-  auto pb = mb.model->named_parameters();
-  for (const auto& item : ma.model->named_parameters())
-    EXPECT_TRUE(torch::allclose(item.value(), pb[item.key()], 1e-5, 1e-6)) << item.key();
+  ASSERT_EQ(ma.size(), 1u);
+  ASSERT_EQ(mb.size(), 1u);
+  // The bound: an fp32 sum of K terms is off by at most K * u times the sum of their
+  // magnitudes (u = 2^-24, round to nearest). The longest chain from the inputs to the
+  // loss and back to a weight gradient passes D reductions, the largest of which adds
+  // K = batch x seq_len = 256 positions (a weight gradient); D = 2 x (4 per block + 2).
+  const double u = std::ldexp(1.0, -24);
+  const double K = static_cast<double>(whole.batch.global_batch * whole.data.seq_len);
+  const double D = 2.0 * (4.0 * static_cast<double>(whole.model.n_layers) + 2.0);
+  const double tolerance = D * K * u;  // about 3.7e-4, relative
+  EXPECT_NEAR(ma[0].loss, mb[0].loss, tolerance * std::abs(mb[0].loss));
+  EXPECT_NEAR(ma[0].grad_norm, mb[0].grad_norm, tolerance * mb[0].grad_norm);
+  // A wrong scale of the accumulated gradient (a sum instead of a mean) or other windows
+  // would move the norm by far more than rounding: it is not a number every run shares.
+  EXPECT_GT(mb[0].grad_norm, 0.0);
   fs::remove_all(a);
   fs::remove_all(b);
 }

@@ -1,5 +1,7 @@
 // Collectives across real processes: forked ranks meet through a TCPStore and talk
 // over Gloo on loopback, as a job's workers do.
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,7 +46,19 @@ void run_ranks(int world, const std::function<int(Distributed&)>& body, int port
   }
 }
 
-int port_for(int salt) { return 20000 + (::getpid() * 7 + salt) % 20000; }
+// A loopback port the kernel just found free (a port derived from the pid can collide
+// with another test's or with an ephemeral client port).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  return ok ? ntohs(addr.sin_port) : 0;
+}
 
 TEST(Comm, AllReduceReduceScatterAllGatherBroadcast) {
   run_ranks(
@@ -76,7 +90,7 @@ TEST(Comm, AllReduceReduceScatterAllGatherBroadcast) {
         bad += c.bytes_sent() <= 0;
         return bad;
       },
-      port_for(1));
+      free_port());
 }
 
 TEST(Comm, SubGroupsFollowTheGrid) {
@@ -88,15 +102,18 @@ TEST(Comm, SubGroupsFollowTheGrid) {
         d.dp->all_reduce_sum(t, "dp");
         return (t.item<float>() == 4.0f && d.tp->size() == 1 && d.pp->size() == 1) ? 0 : 1;
       },
-      port_for(2));
+      free_port());
 }
 
 TEST(Comm, DeadPeerFailsTheCollectiveByName) {
   run_ranks(
       2,
       [](Distributed& d) {
-        if (d.world->rank() == 1) ::_exit(0);  // leaves without a word
+        // One collective both ranks finish: rank 0 is past the rendezvous and every
+        // group's setup before rank 1 leaves, so what fails next is a collective.
         auto t = torch::ones({1 << 16});
+        d.world->all_reduce_sum(t, "before");
+        if (d.world->rank() == 1) ::_exit(0);  // leaves without a word
         try {
           for (int i = 0; i < 100; ++i) d.world->all_reduce_sum(t, "gradient bucket 0");
         } catch (const CommError& e) {
@@ -105,7 +122,7 @@ TEST(Comm, DeadPeerFailsTheCollectiveByName) {
         }
         return 3;
       },
-      port_for(3));
+      free_port());
 }
 
 }  // namespace
