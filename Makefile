@@ -7,7 +7,7 @@ TIDE := $(BUILD)/tools/tide
 CORPUS := data/corpus/kjv.txt
 DATASET := data/kjv
 
-.PHONY: all setup configure build demo data test bench clean
+.PHONY: all setup configure build tools demo data test bench clean
 
 all: build
 
@@ -21,13 +21,17 @@ configure: setup
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# Only the executables: what the demo and the benchmarks run (the tests build under `make test`).
+tools: configure
+	@cmake --build $(BUILD) -j $(JOBS) --target tide tided
+
 $(CORPUS):
 	@scripts/fetch_corpus.sh $(CORPUS)
 
-$(DATASET)/dataset.json: $(CORPUS) | build
+$(DATASET)/dataset.json: $(CORPUS) | tools
 	@$(TIDE) data prepare $(CORPUS) --out $(DATASET) --vocab-size 8192 --val-fraction 0.02
 
-data: build $(DATASET)/dataset.json
+data: tools $(DATASET)/dataset.json
 
 demo: data
 	@$(TIDE) train llama/llama-tiny --run-dir runs/llama-tiny

@@ -9,6 +9,8 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
+#include "tide/engine/io/json_input.h"
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using tide::capi::Failure;
@@ -174,7 +176,7 @@ int tide_engine_request(tide_engine* engine, const char* type, const char* body_
     *reply_json_out = nullptr;
     json body = json::object();
     if (body_json) {
-      body = json::parse(body_json, nullptr, false);
+      body = tide::parse_json_or_discard(body_json);
       if (!body.is_object()) throw Failure(TIDE_ERR_INVALID_ARGUMENT, "body_json is not a JSON object");
     }
     *reply_json_out = tide::capi::duplicate(e->request(type, body).dump());

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "engine.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/ipc/run_registry.h"
 
 namespace fs = std::filesystem;
@@ -186,7 +187,7 @@ int tide_run_set(tide_engine* engine, const char* run_id, const char* field, con
   return on_run("tide_run_set", engine, run_id, [&](tide_engine& e, json body) {
     require_text(field, "field");
     require(value, "value");
-    json parsed = json::parse(value, nullptr, false);
+    json parsed = tide::parse_json_or_discard(value);
     if (parsed.is_discarded()) parsed = value;  // as tide set: not JSON, so a string
     body["values"] = {{field, parsed}};
     e.request("set", body);

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "tide/engine/io/json_input.h"
+
 namespace tide::ipc {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -75,7 +77,7 @@ json Client::request(const std::string& type, const json& body) {
     zmq::message_t msg;
     if (!socket_->recv(msg, zmq::recv_flags::dontwait)) continue;
     if (msg.size() == 0 && msg.more()) continue;  // a REQ-style delimiter
-    const json reply = json::parse(msg.to_string_view(), nullptr, false);
+    const json reply = parse_json_or_discard(msg.to_string_view());
     if (!reply.is_object()) throw ClientError("transport", "the daemon sent a reply that is not a JSON object");
     if (reply.value("id", json()) != json(id)) continue;  // a late reply to an earlier request
     if (reply.value("ok", false)) return reply.value("body", json::object());
@@ -118,7 +120,7 @@ std::optional<Event> Subscriber::next(std::chrono::milliseconds timeout) {
   if (!topic.more() || !socket_.recv(body, zmq::recv_flags::dontwait)) return std::nullopt;
   Event e;
   e.topic = topic.to_string();
-  e.message = json::parse(body.to_string_view(), nullptr, false);
+  e.message = parse_json_or_discard(body.to_string_view());
   if (!e.message.is_object()) return std::nullopt;
   return e;
 }

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include <fmt/format.h>
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 #include <zmq_addon.hpp>
 
@@ -27,17 +28,26 @@ constexpr auto kTick = std::chrono::milliseconds(50);
 
 bool is_tcp(const std::string& ep) { return ep.rfind("tcp://", 0) == 0; }
 
-bool is_loopback_tcp(const std::string& ep) {
-  return ep.rfind("tcp://127.", 0) == 0 || ep.rfind("tcp://localhost:", 0) == 0 || ep.rfind("tcp://[::1]:", 0) == 0;
-}
-
-void bind_one(zmq::socket_t& socket, const std::string& ep, std::vector<std::string>& bound) {
+// Binds `ep`; without CURVE, a TCP endpoint must have bound a loopback address. The
+// check reads the address ZeroMQ actually bound (after its own parsing: interface names,
+// "source;address" forms, wildcards, host names), so no spelling of the endpoint can
+// slip past it; a refused bind is undone before the controller serves anything.
+void bind_one(zmq::socket_t& socket, const std::string& ep, bool curve, std::vector<std::string>& bound) {
   try {
     socket.bind(ep);
   } catch (const zmq::error_t& e) {
     throw std::runtime_error(fmt::format("cannot bind {}: {}", ep, e.what()));
   }
-  bound.push_back(socket.get(zmq::sockopt::last_endpoint));
+  const std::string actual = socket.get(zmq::sockopt::last_endpoint);
+  if (is_tcp(actual) && !curve && !is_loopback_endpoint(actual)) {
+    try {
+      socket.unbind(actual);
+    } catch (const zmq::error_t&) {
+    }
+    throw std::invalid_argument(fmt::format(
+        "binding {} (bound as {}) beyond loopback needs CURVE (--curve-key and --clients)", ep, actual));
+  }
+  bound.push_back(actual);
 }
 
 // Types that change runs or the daemon: operators only.
@@ -56,22 +66,22 @@ void Controller::Impl::bind_endpoints() {
     allowed = read_allowlist(opt.allowlist_file);
     zap.set(zmq::sockopt::linger, 0);
     zap.bind("inproc://zeromq.zap.01");
+  } else if (!opt.allowlist_file.empty()) {
+    throw std::invalid_argument(fmt::format(
+        "an allowlist of client keys (--clients {}) needs this daemon's CURVE key (--curve-key)", opt.allowlist_file));
   }
-  for (const auto& ep : opt.command_endpoints)
-    if (is_tcp(ep) && !is_loopback_tcp(ep) && !curve)
-      throw std::invalid_argument(fmt::format("binding {} beyond loopback needs CURVE (--curve-key and --clients)", ep));
   // Options apply to the binds that follow them: local endpoints first, without CURVE.
   for (auto [socket, endpoints, bound] : {std::tuple{&commands, &opt.command_endpoints, &command_eps},
                                           std::tuple{&events, &opt.event_endpoints, &event_eps}}) {
     for (const auto& ep : *endpoints)
-      if (!is_tcp(ep)) bind_one(*socket, ep, *bound);
+      if (!is_tcp(ep)) bind_one(*socket, ep, curve.has_value(), *bound);
     if (curve) {
       socket->set(zmq::sockopt::curve_server, true);
       socket->set(zmq::sockopt::curve_secretkey, curve->secret_key);
       socket->set(zmq::sockopt::zap_domain, "tide");
     }
     for (const auto& ep : *endpoints)
-      if (is_tcp(ep)) bind_one(*socket, ep, *bound);
+      if (is_tcp(ep)) bind_one(*socket, ep, curve.has_value(), *bound);
   }
 }
 
@@ -178,7 +188,10 @@ Controller::Impl::~Impl() {
 
 std::vector<std::string> Controller::command_endpoints() const { return impl_->command_eps; }
 std::vector<std::string> Controller::event_endpoints() const { return impl_->event_eps; }
-void Controller::stop() { impl_->stopping = true; }
+void Controller::stop() {
+  // A second stop (a second SIGTERM or Ctrl-C) does not wait for the runs' checkpoints.
+  if (impl_->stopping.exchange(true)) impl_->hurry = true;
+}
 
 void Controller::run() {
   auto& m = *impl_;
@@ -278,12 +291,29 @@ void Controller::Impl::set_state(RunRecord& r, RunState s, json extra) {
   extra["restarts"] = r.restarts;
   spdlog::info("run {}: {} -> {}{}", r.id, state_name(before), state_name(s),
                r.error.empty() || !is_finished(s) ? "" : " (" + r.error + ")");
+  // Why a run failed or restarts belongs in its own log, beside its training lines.
+  if (s == RunState::failed && !r.error.empty()) run_log(r.id, spdlog::level::err, "failed: " + r.error);
+  if (s == RunState::restarting && extra.contains("reason"))
+    run_log(r.id, spdlog::level::warn, "restarting: " + extra["reason"].get<std::string>());
   if (is_finished(s) && !r.error.empty()) extra["error"] = r.error;
   publish(r.id, "state", std::move(extra));
   if (is_finished(s)) {
     configs.erase(r.id);
     policies.erase(r.id);
   }
+}
+
+void Controller::Impl::run_log(const std::string& run, spdlog::level::level_enum level, const std::string& line) {
+  spdlog::log(level, "run {}: {}", run, line);
+  try {
+    // The file is the workers' too: each line goes out in one append.
+    auto sink = std::make_shared<spdlog::sinks::basic_file_sink_st>(
+        (fs::path(registry->run_dir(run)) / "train.log").string(), false);
+    spdlog::logger("controller", sink).log(level, "{}", line);
+  } catch (const std::exception& e) {
+    spdlog::warn("run {}: cannot append to its train.log: {}", run, e.what());
+  }
+  publish(run, "log", {{"level", spdlog::level::to_string_view(level).data()}, {"line", line}});
 }
 
 void Controller::Impl::snapshot(const std::string& prefix) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/common.h>
 #include <zmq.hpp>
 
 #include "tide/engine/config.h"
@@ -65,6 +66,7 @@ struct Controller::Impl {
   std::vector<std::string> command_eps, event_eps;
   std::string worker_ep;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> hurry{false};  // stop without waiting for the runs' checkpoints
   int state_lock = -1;  // flock on <state>/controller.lock, held for the controller's life
   std::string epoch;    // this controller instance, in every event
   std::unique_ptr<RunRegistry> registry;
@@ -89,6 +91,9 @@ struct Controller::Impl {
   void bind_endpoints();
   void publish(const std::string& run, const std::string& kind, json body, bool snapshot = false);
   void set_state(RunRecord& r, RunState s, json extra = json::object());
+  // A line of the controller's about a run, where the run's own lines are: appended to
+  // its train.log and published as a log event (the controller's log has it too).
+  void run_log(const std::string& run, spdlog::level::level_enum level, const std::string& line);
   void snapshot(const std::string& prefix);
 
   // requests.cpp

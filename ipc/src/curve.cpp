@@ -1,7 +1,13 @@
 #include "tide/ipc/curve.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -10,6 +16,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <zmq.h>
+
+#include "tide/engine/io/json_input.h"
 
 namespace tide::ipc {
 namespace fs = std::filesystem;
@@ -50,16 +58,26 @@ void write_curve_keys(const CurveKeyPair& keys, const std::string& dir, const st
   for (const auto& p : {key, pub})
     if (fs::exists(p)) throw std::runtime_error(fmt::format("'{}' exists; keys are never overwritten", p.string()));
   {
-    std::ofstream out(key);
-    out << nlohmann::json{{"public", keys.public_key}, {"secret", keys.secret_key}}.dump(2) << "\n";
-    if (!out) throw std::runtime_error(fmt::format("cannot write '{}'", key.string()));
+    // Created owner-only: the secret is never readable by others, not even for a moment.
+    const int fd = ::open(key.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::runtime_error(fmt::format("cannot write '{}': {}", key.string(), std::strerror(errno)));
+    const std::string text =
+        nlohmann::json{{"public", keys.public_key}, {"secret", keys.secret_key}}.dump(2) + "\n";
+    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    ::close(fd);
+    if (!ok) throw std::runtime_error(fmt::format("cannot write '{}'", key.string()));
   }
-  ::chmod(key.c_str(), 0600);
   std::ofstream(pub) << keys.public_key << "\n";
 }
 
 CurveKeyPair read_curve_keys(const std::string& path) {
-  const auto j = nlohmann::json::parse(read_all(path), nullptr, false);
+  // As ssh does with private keys: a secret others can read is refused, not used.
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
+    throw std::runtime_error(fmt::format("'{}' holds a secret key and is readable by others (mode {:04o}); "
+                                         "chmod 600 it",
+                                         path, st.st_mode & 07777));
+  const auto j = parse_json_or_discard(read_all(path));
   if (!j.is_object() || !j.contains("public") || !j.contains("secret") || !j["public"].is_string() ||
       !j["secret"].is_string())
     throw std::runtime_error(fmt::format("'{}' is not a key file ({{\"public\": ..., \"secret\": ...}})", path));
@@ -72,16 +90,32 @@ CurveKeyPair read_curve_keys(const std::string& path) {
 std::string read_public_key(const std::string& key_or_path) {
   if (is_z85_key(key_or_path)) return key_or_path;
   const std::string text = read_all(key_or_path);
-  const auto j = nlohmann::json::parse(text, nullptr, false);
+  const auto j = parse_json_or_discard(text);
   const std::string key = j.is_object() && j.contains("public") ? j["public"].get<std::string>() : trim(text);
   if (!is_z85_key(key)) throw std::runtime_error(fmt::format("'{}' holds no public key of 40 Z85 characters", key_or_path));
   return key;
+}
+
+bool is_loopback_endpoint(const std::string& bound) {
+  if (bound.rfind("tcp://", 0) != 0) return bound.rfind("ipc://", 0) == 0 || bound.rfind("inproc://", 0) == 0;
+  const std::string rest = bound.substr(6);
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos) return false;
+  std::string host = rest.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, host.c_str(), &v6) != 1) return false;  // not an address: never assume loopback
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
 }
 
 const char* role_name(Role r) { return r == Role::operator_ ? "operator" : "observer"; }
 
 std::map<std::string, Role> read_allowlist(const std::string& path) {
   std::map<std::string, Role> out;
+  std::map<std::string, int> first_line;
   std::istringstream in(read_all(path));
   int n = 0;
   for (std::string line; std::getline(in, line);) {
@@ -93,6 +127,11 @@ std::map<std::string, Role> read_allowlist(const std::string& path) {
     fields >> key;
     if ((role != "operator" && role != "observer") || !is_z85_key(key))
       throw std::runtime_error(fmt::format("{}:{}: want 'operator|observer <40-character Z85 public key> [name]'", path, n));
+    // A key twice would leave its role to the order of the lines: which one was meant?
+    if (const auto it = first_line.find(key); it != first_line.end())
+      throw std::runtime_error(fmt::format("{}:{}: key {} is listed already on line {}; list each key once", path, n,
+                                           key, it->second));
+    first_line[key] = n;
     out[key] = role == "operator" ? Role::operator_ : Role::observer;
   }
   return out;

@@ -29,8 +29,10 @@ RunPolicies* Controller::Impl::policies_of(const RunRecord& r) {
   try {
     auto recipe = std::make_shared<Recipe>(
         Recipe::load_file((fs::path(registry->run_dir(r.id)) / "recipe.lua").string(), r.overrides, policy_limits()));
-    if (recipe->has_policy("on_anomaly") || recipe->has_policy("on_step"))
+    if (recipe->has_policy("on_anomaly") || recipe->has_policy("on_step")) {
+      recipe->on_print([this, run = r.id](const std::string& line) { run_log(run, spdlog::level::info, "print: " + line); });
       loaded = std::make_unique<RunPolicies>(std::move(recipe));
+    }
   } catch (const std::exception& e) {
     // It loaded at submit; a state directory edited since is the only way here.
     spdlog::error("run {}: cannot load its recipe's policies: {}", r.id, e.what());
@@ -44,7 +46,7 @@ void Controller::Impl::step_policy(RunRecord& r, const json& metrics) {
   const auto answer = p->on_step(metrics);
   const int64_t step = metrics.value("step", int64_t{0});
   if (!answer.error.empty()) {
-    spdlog::warn("run {}: step {}: {}", r.id, step, answer.error);
+    run_log(r.id, spdlog::level::warn, fmt::format("step {}: {}", step, answer.error));
     publish(r.id, "policy", {{"policy", "on_step"}, {"step", step}, {"error", answer.error}});
     return;
   }
@@ -81,7 +83,7 @@ void Controller::Impl::anomaly_policy(RunRecord& r, const std::string& worker, c
   json body = {{"policy", "on_anomaly"}, {"step", anomaly.value("step", int64_t{0})}, {"anomaly", anomaly}};
   body["decision"] = answer.value;
   if (!answer.error.empty()) {
-    spdlog::warn("run {}: {}", r.id, answer.error);
+    run_log(r.id, spdlog::level::warn, answer.error);
     body["error"] = answer.error;
   }
   const std::string text = json{{"type", "answer"}, {"query", question.value("query", int64_t{0})}, {"body", answer.value}}.dump();

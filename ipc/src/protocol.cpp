@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "tide/engine/io/json_input.h"
+
+
 namespace tide::ipc {
 using json = nlohmann::json;
 
@@ -46,10 +49,22 @@ Request parse_request(std::string_view frame, json& id) {
   if (frame.size() > kRequestLimit)
     throw ProtocolError(ErrorCode::too_large,
                         fmt::format("request of {} bytes exceeds the limit of {} bytes", frame.size(), kRequestLimit));
-  json j = json::parse(frame.begin(), frame.end(), nullptr, false);
-  if (j.is_discarded()) throw ProtocolError(ErrorCode::bad_request, "request is not valid JSON");
+  json j;
+  try {
+    j = parse_json_input(frame, "request");
+  } catch (const JsonInputError& e) {
+    throw ProtocolError(ErrorCode::bad_request, e.what());
+  }
   if (!j.is_object()) throw ProtocolError(ErrorCode::bad_request, "request is not a JSON object");
-  if (j.contains("id")) id = j["id"];
+  if (j.contains("id")) {
+    // An integer beyond 64 bits, or a number with a fraction, parses as a double and
+    // could not come back unchanged: refused, rather than echoed as another number.
+    if (j["id"].is_number_float())
+      throw ProtocolError(ErrorCode::bad_request,
+                          fmt::format("'id' is {}: a number id must be an integer of at most 64 bits",
+                                      j["id"].dump()));
+    id = std::move(j["id"]);
+  }
   if (!j.contains("v") || !j["v"].is_number_integer())
     throw ProtocolError(ErrorCode::bad_request, "request has no integer protocol version 'v'");
   if (j["v"].get<int64_t>() != kProtocolVersion)

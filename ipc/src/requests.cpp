@@ -11,6 +11,7 @@
 
 #include "controller_impl.h"
 #include "tide/engine/config_schema.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/engine/parallel/grid.h"
 #include "tide/scripting/recipe.h"
 
@@ -81,7 +82,7 @@ json Controller::Impl::handle(const Request& req) {
     std::ifstream in(fs::path(registry->run_dir(r.id)) / "metrics.jsonl");
     std::string line;
     while (std::getline(in, line) && static_cast<int64_t>(rows.size()) < limit) {
-      json row = json::parse(line, nullptr, false);
+      json row = parse_json_or_discard(line);
       if (row.is_object() && row.value("step", int64_t{0}) > since) rows.push_back(std::move(row));
     }
     return {{"run", r.id}, {"metrics", rows}};
@@ -136,7 +137,7 @@ const RunConfig& Controller::Impl::config_of(const RunRecord& r) {
   auto it = configs.find(r.id);
   if (it == configs.end()) {
     // After a daemon restart: the resolved recipe the run was submitted with.
-    const json resolved = json::parse(read_text(fs::path(registry->run_dir(r.id)) / "recipe.json"));
+    const json resolved = read_json_file((fs::path(registry->run_dir(r.id)) / "recipe.json").string());
     RunConfig cfg = config_from_json(resolved);
     for (const auto& [path, value] : r.live.items())
       if (const FieldSpec* f = find_field(path)) f->set(cfg, value);
@@ -159,13 +160,14 @@ json Controller::Impl::status_of(const RunRecord& r) {
 }
 
 json Controller::Impl::submit(const json& b) {
-  const std::string key = b.value("idempotency_key", "");
-  if (!b.contains("idempotency_key") || b["idempotency_key"].is_string()) {
-    if (RunRecord* existing = registry->find_by_key(key))
-      return {{"run", status_of(*existing)}, {"duplicate", true}};
-  } else {
-    throw ProtocolError(ErrorCode::bad_request, "'idempotency_key' is not a string");
+  std::string key;
+  if (b.contains("idempotency_key") && !b["idempotency_key"].is_null()) {
+    key = require_string(b, "idempotency_key");
+    if (key.size() > 256)
+      throw ProtocolError(ErrorCode::bad_request,
+                          fmt::format("'idempotency_key' has {} characters; 256 at most", key.size()));
   }
+  if (RunRecord* existing = registry->find_by_key(key)) return {{"run", status_of(*existing)}, {"duplicate", true}};
   std::vector<std::string> overrides;
   if (b.contains("overrides")) {
     const json& o = require(b, "overrides", json::value_t::array);
@@ -181,7 +183,7 @@ json Controller::Impl::submit(const json& b) {
   } else if (b.contains("recipe_name")) {
     const std::string name = require_string(b, "recipe_name");
     try {
-      source = resolve_recipe_path(name);
+      source = resolve_recipe_name(name, opt.recipe_dirs);
     } catch (const std::exception& e) {
       throw ProtocolError(ErrorCode::invalid_recipe, e.what());
     }

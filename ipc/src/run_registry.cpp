@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "tide/engine/io/json_input.h"
+
 namespace tide::ipc {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -112,10 +114,7 @@ RunRegistry::RunRegistry(std::string state_dir) : root_(std::move(state_dir)) {
     const fs::path file = entry.path() / "run.json";
     if (!fs::exists(file)) continue;
     try {
-      std::ifstream in(file);
-      std::stringstream text;
-      text << in.rdbuf();
-      RunRecord r = RunRecord::from_json(json::parse(text.str()));
+      RunRecord r = RunRecord::from_json(read_json_file(file.string()));
       seq_ = std::max(seq_, r.seq);
       const auto dash = r.id.rfind('-');
       if (dash != std::string::npos) {

@@ -12,6 +12,8 @@
 
 #include "controller_impl.h"
 
+#include "tide/engine/io/json_input.h"
+
 namespace tide::ipc {
 namespace fs = std::filesystem;
 
@@ -146,7 +148,7 @@ void Controller::Impl::serve_workers() {
     const zmq::message_t& identity = parts[0];
     const zmq::message_t& body = parts[1];
     const auto route = parse_route(identity.to_string_view());
-    const json msg = json::parse(body.to_string_view(), nullptr, false);
+    const json msg = parse_json_or_discard(body.to_string_view());
     if (!route || !msg.is_object() || !msg.contains("type")) {
       spdlog::warn("worker socket: dropped a malformed message from '{}'", identity.to_string());
       continue;
@@ -273,8 +275,47 @@ void Controller::Impl::finish_group(RunRecord& r, ActiveRun& a) {
 }
 
 void Controller::Impl::shutdown() {
-  // The runs' workers end with the controller; the next controller resumes the runs
-  // from their latest checkpoints.
+  // The runs' workers end with the controller and the next controller resumes the runs
+  // from their latest checkpoints; a run that trains saves one first: a stop reaches
+  // every rank at the next step boundary, where they checkpoint and exit. A run whose
+  // rank 0 has not said hello yet has done no step since its last checkpoint.
+  std::vector<std::string> saving;
+  for (auto& [id, a] : active) {
+    if (!a.group || a.ending) continue;
+    if (a.rank0.empty()) {
+      a.ending = true;
+      a.group->terminate(kGrace);
+      continue;
+    }
+    spdlog::info("run {}: saving a checkpoint before the controller stops", id);
+    a.pending.push_back({{"op", "stop"}, {"id", "shutdown"}});
+    deliver(id);
+    saving.push_back(id);
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(opt.shutdown_timeout_s);
+  auto all_ended = [&] {
+    for (auto& [id, a] : active)
+      if (a.group && !a.group->all_ended()) return false;
+    return true;
+  };
+  while (!all_ended() && Clock::now() < deadline && !hurry) {
+    zmq::pollitem_t item{workers.handle(), 0, ZMQ_POLLIN, 0};
+    try {
+      zmq::poll(&item, 1, std::chrono::milliseconds(50));
+      if (item.revents & ZMQ_POLLIN) serve_workers();  // checkpoint and log events still go out
+    } catch (const std::exception& e) {
+      spdlog::error("controller: {}", e.what());
+    }
+    for (auto& [id, a] : active) {
+      if (!a.group) continue;
+      (void)a.group->reap();
+      a.group->enforce_deadline();
+    }
+  }
+  for (const auto& id : saving)
+    if (auto it = active.find(id); it != active.end() && it->second.group && !it->second.group->all_ended())
+      spdlog::warn("run {}: no checkpoint within {} s of the shutdown; it resumes from its previous one", id,
+                   opt.shutdown_timeout_s);
   for (auto& [id, a] : active)
     if (a.group) a.group->terminate(kGrace);
   for (auto& [id, a] : active) {

@@ -9,6 +9,8 @@
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
+#include "tide/engine/io/json_input.h"
+
 namespace tide::ipc {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -91,7 +93,7 @@ void WorkerLink::loop() {
       if (item.revents & ZMQ_POLLIN) {
         zmq::message_t msg;
         while (socket.recv(msg, zmq::recv_flags::dontwait)) {
-          const json j = json::parse(msg.to_string_view(), nullptr, false);
+          const json j = parse_json_or_discard(msg.to_string_view());
           const std::string type = j.is_object() ? j.value("type", "") : "";
           if (type == "commands" && j.contains("commands") && j["commands"].is_array()) {
             std::lock_guard<std::mutex> lock(mu_);

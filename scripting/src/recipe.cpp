@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "lua_values.h"
@@ -266,6 +267,8 @@ nlohmann::json Recipe::call_policy(const std::string& name, const nlohmann::json
   return answer;
 }
 
+void Recipe::on_print(std::function<void(const std::string&)> sink) { lua_->sandbox.set_print(std::move(sink)); }
+
 std::string recipes_dir() {
   if (const char* env = std::getenv("TIDE_RECIPES"); env && *env) return env;
   return std::string(TIDE_SOURCE_DIR) + "/recipes";
@@ -276,6 +279,28 @@ std::string resolve_recipe_path(const std::string& name) {
   for (const std::string& candidate : {recipes_dir() + "/" + name, recipes_dir() + "/" + name + ".lua"})
     if (fs::is_regular_file(candidate)) return candidate;
   throw RecipeError(fmt::format("recipe '{}' is neither a file nor a bundled recipe under {}", name, recipes_dir()));
+}
+
+std::string resolve_recipe_name(const std::string& name, const std::vector<std::string>& dirs) {
+  const fs::path rel(name);
+  bool plain = !name.empty() && name.size() <= 256 && rel.is_relative() && name.find('\0') == std::string::npos;
+  for (const auto& part : rel) plain = plain && part != ".." && part != ".";
+  if (!plain)
+    throw RecipeError(fmt::format("recipe name '{}' is not a plain relative name such as llama/llama-tiny", name));
+  std::vector<std::string> roots{recipes_dir()};
+  roots.insert(roots.end(), dirs.begin(), dirs.end());
+  for (const auto& root : roots) {
+    std::error_code ec;
+    const fs::path base = fs::canonical(root, ec);
+    if (ec) continue;
+    for (const fs::path& candidate : {base / rel, base / (name + ".lua")}) {
+      if (!fs::is_regular_file(candidate, ec)) continue;
+      const fs::path real = fs::canonical(candidate, ec);
+      const auto [end, _] = std::mismatch(base.begin(), base.end(), real.begin(), real.end());
+      if (!ec && end == base.end()) return real.string();
+    }
+  }
+  throw RecipeError(fmt::format("no recipe named '{}' among the recipes of {}", name, fmt::join(roots, ", ")));
 }
 
 }  // namespace tide

@@ -6,18 +6,31 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "lua_patterns.h"
+
 namespace tide {
 namespace {
 constexpr int kHookEvery = 1000;  // instructions between budget checks
 
+// Unknown globals are errors, both reading and assigning: a typo in a recipe must
+// not silently become nil.
+const char* const kStrictGlobals = R"LUA(
+local mt = {}
+mt.__index = function(_, k) error("unknown global '" .. tostring(k) .. "'", 2) end
+mt.__newindex = function(_, k) error("assignment to undeclared global '" .. tostring(k) .. "' (declare it local)", 2) end
+mt.__metatable = false
+setmetatable(_G, mt)
+)LUA";
+}  // namespace
+
 // The allocator's user data is the Sandbox itself, which lets the hook find it.
-Sandbox* owner(lua_State* L) {
+Sandbox* Sandbox::owner(lua_State* L) {
   void* ud = nullptr;
   lua_getallocf(L, &ud);
   return static_cast<Sandbox*>(ud);
 }
 
-int lua_print(lua_State* L) {
+int Sandbox::lua_print(lua_State* L) {
   std::string line;
   const int n = lua_gettop(L);
   for (int i = 1; i <= n; ++i) {
@@ -30,20 +43,18 @@ int lua_print(lua_State* L) {
     if (s) line.append(s, len);
     lua_pop(L, 1);
   }
-  spdlog::info("recipe: {}", line);
+  Sandbox* sb = owner(L);
+  if (!sb->print_) {
+    spdlog::info("recipe: {}", line);
+    return 0;
+  }
+  try {  // no C++ exception may cross the Lua frames above
+    sb->print_(line);
+  } catch (const std::exception& e) {
+    spdlog::warn("recipe: print failed ({}): {}", e.what(), line);
+  }
   return 0;
 }
-
-// Unknown globals are errors, both reading and assigning: a typo in a recipe must
-// not silently become nil.
-const char* const kStrictGlobals = R"LUA(
-local mt = {}
-mt.__index = function(_, k) error("unknown global '" .. tostring(k) .. "'", 2) end
-mt.__newindex = function(_, k) error("assignment to undeclared global '" .. tostring(k) .. "' (declare it local)", 2) end
-mt.__metatable = false
-setmetatable(_G, mt)
-)LUA";
-}  // namespace
 
 void* Sandbox::allocate(void* ud, void* ptr, size_t osize, size_t nsize) {
   auto* sb = static_cast<Sandbox*>(ud);
@@ -63,17 +74,47 @@ void* Sandbox::allocate(void* ud, void* ptr, size_t osize, size_t nsize) {
   return p;
 }
 
-void Sandbox::hook(lua_State* L, lua_Debug* ar) {
-  Sandbox* sb = owner(L);
-  auto& b = sb->budget_;
+bool Sandbox::charge(lua_State* L, int64_t steps) {
+  auto& b = owner(L)->budget_;
   if (b.tripped.empty()) {
-    b.remaining -= kHookEvery;
+    b.remaining -= steps;
     if (b.remaining < 0)
       b.tripped = "instruction budget exhausted";
     else if (std::chrono::steady_clock::now() > b.deadline)
       b.tripped = "time limit exceeded";
   }
-  if (!b.tripped.empty()) {
+  return b.tripped.empty();
+}
+
+void Sandbox::raise_tripped(lua_State* L) {
+  lua_sethook(L, &Sandbox::hook, LUA_MASKCOUNT, 1);
+  luaL_where(L, 1);
+  lua_pushstring(L, owner(L)->budget_.tripped.c_str());
+  lua_concat(L, 2);
+  lua_error(L);
+}
+
+namespace {
+const PatternBudget kPatternBudget{&Sandbox::charge, &Sandbox::raise_tripped};
+}  // namespace
+
+// table.sort in C: about n log2 n comparisons, charged before it starts. A Lua
+// comparison function is counted by the hook as well.
+int Sandbox::bounded_sort(lua_State* L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  const auto n = static_cast<int64_t>(lua_objlen(L, 1));
+  int64_t log2n = 1;
+  while ((int64_t{1} << log2n) < n) ++log2n;
+  if (!charge(L, n * log2n)) raise_tripped(L);
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, 0);
+  return 0;
+}
+
+void Sandbox::hook(lua_State* L, lua_Debug* ar) {
+  const auto& b = owner(L)->budget_;
+  if (!charge(L, kHookEvery)) {
     // Re-arm to fire on every instruction: a pcall that catches this error is
     // interrupted again at once, so the abort always reaches the top.
     lua_sethook(L, &Sandbox::hook, LUA_MASKCOUNT, 1);
@@ -111,6 +152,12 @@ Sandbox::Sandbox(const SandboxLimits& limits) {
   lua_getglobal(L_, "string");
   lua_pushnil(L_);
   lua_setfield(L_, -2, "dump");  // would produce bytecode
+  lua_pop(L_, 1);
+  install_bounded_patterns(L_, &kPatternBudget);
+  lua_getglobal(L_, "table");
+  lua_getfield(L_, -1, "sort");
+  lua_pushcclosure(L_, &Sandbox::bounded_sort, 1);
+  lua_setfield(L_, -2, "sort");
   lua_pop(L_, 1);
   lua_pushcfunction(L_, lua_print);
   lua_setglobal(L_, "print");
@@ -150,7 +197,15 @@ void Sandbox::run(const std::string& text, const std::string& chunk_name, int na
     throw RecipeError(message);
   }
   if (nargs > 0) lua_insert(L_, -(nargs + 1));
-  protected_call(nargs, nresults);
+  try {
+    protected_call(nargs, nresults);
+  } catch (const RecipeError& e) {
+    // Errors without a place (memory, error objects that are not strings) still name
+    // the file, as every other error does.
+    const std::string where = chunk_name.substr(chunk_name[0] == '@' || chunk_name[0] == '=' ? 1 : 0);
+    if (std::string(e.what()).rfind(where, 0) == 0) throw;
+    throw RecipeError(where + ": " + e.what());
+  }
 }
 
 void Sandbox::call(int nargs, int nresults, int64_t instructions, double seconds) {

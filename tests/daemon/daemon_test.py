@@ -1,7 +1,7 @@
 """End-to-end tests of tided with real worker processes, spoken to only through libzmq
 and JSON as docs/protocol.md describes (see tided_client.py).
 
-Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security}
+Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security|exposure|fuzz}
 """
 import json
 import os
@@ -126,6 +126,7 @@ def part_control():
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         with open(os.path.join(run_dir, "hf", name), "rb") as a, open(os.path.join(by_hand, name), "rb") as b:
             assert a.read() == b.read(), f"{name} exported by the daemon differs from tide ckpt export's"
+    assert json.load(open(os.path.join(by_hand, "config.json")))["torch_dtype"] == "bfloat16"
     exports = conn.request("exports", {"run": run})["exports"]
     assert [(x["state"], x["step"]) for x in exports] == [("done", stopped_at)], exports
     # One export per output directory at a time.
@@ -175,6 +176,20 @@ def part_bad_input():
     expect([json.dumps({"v": 1, "id": 5, "type": "status", "body": {"run": 7}}).encode()], "bad_request", "'run'")
     big = json.dumps({"v": 1, "id": 6, "type": "submit", "body": {"recipe": "x" * (5 << 20)}}).encode()
     expect([big], "too_large", "exceeds")
+    # Deep nesting: refused before it is parsed (copying or printing such a value would
+    # recurse once per level and overflow the stack).
+    deep_id = b'{"v":1,"id":' + b"[" * 100000 + b"]" * 100000 + b',"type":"info"}'
+    expect([deep_id], "bad_request", "nested more than 64 levels")
+    deep_body = b'{"v":1,"id":7,"type":"status","body":' + b'{"a":' * 60000 + b"1" + b"}" * 60001
+    expect([deep_body], "bad_request", "nested more than 64 levels")
+    expect([b'{"v":1,"id":' + b"[" * 64 + b"]" * 64 + b',"type":"nope"}'], "unknown_type")  # 64 levels is fine
+    # An id must come back as it was sent: integers beyond 64 bits would not.
+    expect([b'{"v":1,"id":123456789012345678901234567890,"type":"info"}'], "bad_request", "'id'")
+    expect([b'{"v":1,"id":1.5,"type":"info"}'], "bad_request", "'id'")
+    reply = conn.raw([b'{"v":1,"id":18446744073709551615,"type":"info"}'])
+    assert reply["ok"] and reply["id"] == 18446744073709551615, reply
+    reply = conn.raw([b'{"v":1,"id":-9223372036854775808,"type":"info"}'])
+    assert reply["ok"] and reply["id"] == -9223372036854775808, reply
     # Beyond the transport limit the connection is dropped without a reply.
     huge = Conn(d.tcp("commands"))
     assert huge.raw([b"x" * (20 << 20)], timeout=3) is None
@@ -290,6 +305,31 @@ def part_faults():
     assert r["state"] == "completed", r
     assert losses(r["run_dir"]) == losses(base_r["run_dir"]), "losses differ from the uninterrupted run's"
     print(f"the restarted daemon resumed {run} from its checkpoint; losses equal the uninterrupted run's")
+
+    # A graceful stop (SIGTERM) mid-run, with no checkpoints in the recipe: the run saves
+    # one on the way out, the next daemon resumes from it, and metrics.jsonl holds every
+    # step once, with the uninterrupted run's losses.
+    never = recipe("never", 200, every=0)
+    base = submit(conn, never)
+    base_r = wait_status(conn, base, lambda r: r["state"] == "completed", timeout=300, what="end")
+    run = submit(conn, never)
+    r = wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 40, what="step 40")
+    d.stop()
+    assert d.proc.returncode == 0, d.proc.returncode
+    saved = sorted(os.listdir(os.path.join(r["run_dir"], "checkpoints")))
+    assert len(saved) == 1 and int(saved[0].split("-")[1]) >= 40, saved
+    assert os.path.exists(os.path.join(r["run_dir"], "checkpoints", saved[0], "COMMITTED")), saved
+    assert json.load(open(os.path.join(r["run_dir"], "run.json")))["state"] == "queued"
+    print(f"SIGTERM at step {r['last_step']}: the run saved {saved[0]} and was queued again")
+    d.start()
+    conn = Conn(d.tcp("commands"))
+    r = wait_status(conn, run, lambda r: r["state"] in ("completed", "failed"), timeout=300, what="end")
+    assert r["state"] == "completed", r
+    with open(os.path.join(r["run_dir"], "metrics.jsonl")) as f:
+        steps = [json.loads(line)["step"] for line in f]
+    assert steps == list(range(1, 201)), f"{len(steps)} metric rows for 200 steps"
+    assert losses(r["run_dir"]) == losses(base_r["run_dir"]), "losses differ from the uninterrupted run's"
+    print(f"resumed from {saved[0]}: 200 metric rows, each step once, losses equal the uninterrupted run's")
     d.stop()
 
 
@@ -331,15 +371,19 @@ def part_anomaly():
 
 POLICIES = """
   on_step = function(m)
-    if m.step == 3 then return { set = { optimizer = { lr = 5e-4 } } } end
+    if m.step == 3 then
+      print("lowering lr at step", m.step)
+      return { set = { optimizer = { lr = 5e-4 } } }
+    end
   end,
   on_anomaly = function(a)
     if a.count == 1 then return "rollback" end
     return { action = "scale_lr", lr_factor = 0.25 }
   end,"""
 
+# on_step backtracks exponentially inside string.find, in C, where no count hook fires.
 BROKEN_POLICIES = """
-  on_step = function(m) while true do end end,
+  on_step = function(m) return string.find(('a'):rep(15), ('a*'):rep(15) .. 'b') end,
   on_anomaly = function(a) error("no idea what to do with " .. a.kind) end,"""
 
 
@@ -370,6 +414,10 @@ def part_policy():
         (1, {"action": "rollback"}), (2, {"action": "scale_lr", "lr_factor": 0.25})], decisions
     rows = {row["step"]: row for row in conn.request("metrics", {"run": run, "limit": 1000})["metrics"]}
     assert abs(rows[30]["lr"] - 5e-4 * 0.25) < 1e-12, rows[30]
+    # What the policy printed is in the run's log and its log events, not only tided's.
+    printed = [e["body"] for e in mine if e["kind"] == "log" and "lowering lr" in e["body"]["line"]]
+    assert printed == [{"level": "info", "line": "print: lowering lr at step\t3"}], printed
+    assert "print: lowering lr at step\t3" in open(os.path.join(r["run_dir"], "train.log")).read()
     print(f"{run}: on_step set optimizer.lr at step {applied[0]['step']}; NaN at 12 -> rollback to 10, "
           f"NaN at 25 -> scale_lr x0.25 (lr {rows[30]['lr']:g}); completed, final loss {r['final_loss']:.4f}")
 
@@ -398,7 +446,7 @@ def part_policy():
                             and e["body"]["policy"] not in failures, what="a policy failure")
         failures[e["body"]["policy"]] = e["body"]["error"]
         assert conn.request("info")["protocol"] == 1
-    assert "budget" in failures["on_step"] or "deadline" in failures["on_step"], failures
+    assert "time limit exceeded" in failures["on_step"] or "budget" in failures["on_step"], failures
     assert "no idea what to do with nonfinite" in failures["on_anomaly"], failures
     assert all("switched off" in v for v in failures.values()), failures
     a = events.wait_for(lambda e: e["run"] == broken and e["kind"] == "anomaly", what="the anomaly")["body"]
@@ -408,6 +456,8 @@ def part_policy():
     events.pump()
     reports = [e for e in events.seen if e["run"] == broken and e["kind"] == "policy"]
     assert len(reports) == 2, [summary(e) for e in reports]
+    log = open(os.path.join(r["run_dir"], "train.log")).read()
+    assert log.count("is switched off for the rest of the run") == 2, log[-2000:]
     print(f"{broken}: on_step -> {failures['on_step'][:60]}...; on_anomaly -> {failures['on_anomaly'][:60]}...; "
           "NaN skipped as declared; completed")
     d.stop()
@@ -518,12 +568,143 @@ def part_security():
     d.stop()
 
 
+# A private network namespace with one interface besides loopback: h0, 10.231.9.1 (a veth
+# pair, which any kernel with network namespaces has), so that what "beyond loopback"
+# means does not depend on the machine's own interfaces.
+NETNS_SETUP = ("ip link set lo up && ip link add h0 type veth peer name h1 && "
+               "ip addr add 10.231.9.1/24 dev h0 && ip link set h0 up && ip link set h1 up && exec \"$@\"")
+
+
+def tided_in_netns(args, state):
+    return subprocess.Popen(["unshare", "--net", "sh", "-c", NETNS_SETUP, "sh", TIDED, "--foreground", "--state-dir",
+                             state, "--port", "0", "--worker", TIDE, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def part_exposure():
+    # Every spelling of an endpoint beyond loopback is refused without CURVE, on the
+    # command socket and the event socket alike: the check reads what ZeroMQ bound.
+    state = os.path.join(WORK, "state")
+    for args in (["--publish", "tcp://0.0.0.0:*"], ["--bind", "tcp://*:*"], ["--bind", "tcp://h0:*"],
+                 ["--bind", "tcp://10.231.9.1:*"], ["--bind", "tcp://127.0.0.1:*;h0:*"],
+                 ["--publish", "tcp://127.0.0.1:*;10.231.9.1:*"]):
+        p = tided_in_netns(args, state)
+        out = p.communicate(timeout=30)[0]
+        assert p.returncode == 1 and "beyond loopback needs CURVE" in out, (args, p.returncode, out)
+        assert not os.path.exists(os.path.join(state, "endpoints.json")), args
+        print(f"refused {' '.join(args)}: {out.strip().splitlines()[-1][-110:]}")
+    # Loopback by interface name is loopback.
+    p = tided_in_netns(["--bind", "tcp://lo:*", "--publish", "tcp://lo:*"], state)
+    try:
+        deadline = time.time() + 30
+        while not os.path.exists(os.path.join(state, "endpoints.json")):
+            assert p.poll() is None and time.time() < deadline, p.communicate()[0]
+            time.sleep(0.05)
+        time.sleep(0.1)
+        ep = json.load(open(os.path.join(state, "endpoints.json")))
+        assert sum(e.startswith("tcp://127.0.0.1:") for e in ep["commands"]) == 2, ep
+        info = Conn(ep["commands"][0]).request("info")  # the ipc socket reaches into the namespace
+        assert info["protocol"] == 1, info
+        print(f"tcp://lo:* is loopback: {ep['commands']}")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+
+    # CURVE settings that would not do what they seem to are refused, each by name.
+    keys = os.path.join(WORK, "keys")
+    subprocess.run([TIDE, "keygen", "server", "--dir", keys], check=True, capture_output=True)
+    key = os.path.join(keys, "server.key")
+    client = zmq.curve_keypair()[0].decode()
+    clients = os.path.join(WORK, "clients.txt")
+    with open(clients, "w") as f:
+        f.write(f"operator {client} alice\n")
+    twice = os.path.join(WORK, "twice.txt")
+    with open(twice, "w") as f:
+        f.write(f"operator {client} alice\nobserver {client} alice-again\n")
+    loose = os.path.join(WORK, "loose.key")
+    shutil.copy(key, loose)
+    os.chmod(loose, 0o644)
+    for args, why in ((["--clients", clients], "needs this daemon's CURVE key"),
+                      (["--curve-key", key, "--clients", twice], "twice.txt:2: key"),
+                      (["--curve-key", loose, "--clients", clients], "readable by others (mode 0644)")):
+        p = subprocess.run([TIDED, "--foreground", "--state-dir", state, "--port", "0", "--worker", TIDE, *args],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1 and why in p.stderr, (args, p.returncode, p.stderr)
+        print(f"refused {why}: {p.stderr.strip().splitlines()[-1][-100:]}")
+
+
+def part_fuzz():
+    # 10,000 generated frames on a live tided: random bytes, mutated valid requests, deep
+    # nesting, huge strings and numbers. Every one-frame message under 4 MiB gets a reply
+    # (an error for all but the rare valid one); the daemon never dies, and an ordinary
+    # client is served between them.
+    import random
+    rng = random.Random(20261123)
+    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=1).start()
+    fuzz = Conn(d.tcp("commands"))
+    normal = Conn(d.tcp("commands"))
+    valid = [json.dumps({"v": 1, "id": 1, "type": t, "body": b}).encode() for t, b in (
+        ("info", {}), ("list", {}), ("status", {"run": "nope"}), ("metrics", {"run": "x", "since_step": 3}),
+        ("set", {"run": "nope", "values": {"optimizer.lr": 1e-3}}), ("logs", {"run": "x", "lines": 5}),
+        ("exports", {"run": "x"}), ("checkpoints", {"run": "x"}))]
+
+    def mutate(b):
+        b = bytearray(b)
+        for _ in range(rng.randint(1, 8)):
+            op, at = rng.randrange(3), rng.randrange(len(b) + 1)
+            if op == 0 and at < len(b):
+                b[at] = rng.randrange(256)
+            elif op == 1:
+                b[at:at] = bytes([rng.randrange(256)]) * rng.randint(1, 4)
+            elif at < len(b):
+                del b[at:at + rng.randint(1, 4)]
+        return bytes(b)
+
+    def frame(i):
+        kind = i % 6
+        if kind == 0:
+            return bytes(rng.randrange(256) for _ in range(rng.randint(0, 600)))
+        if kind == 1:
+            return mutate(rng.choice(valid))
+        if kind == 2:
+            depth = rng.choice([63, 64, 65, 200, 5000, 100000])
+            open_, close = rng.choice([(b"[", b"]"), (b'{"a":', b"}")])
+            inner = open_ * depth + b"1" + close * depth
+            return b'{"v":1,"id":' + inner + b',"type":"info"}' if rng.random() < 0.5 else \
+                b'{"v":1,"id":2,"type":"status","body":{"run":' + inner + b"}}"
+        if kind == 3:
+            n = rng.choice([10, 10000, 1 << 20, (4 << 20) - 100])
+            return json.dumps({"v": 1, "id": 3, "type": "status", "body": {"run": "x" * n}}).encode()
+        if kind == 4:
+            number = rng.choice([b"1e999999", b"-1e-999999", b"9" * 5000, b"-0", b"NaN", b"Infinity", b"0x10",
+                                 b"18446744073709551616", b"1.5e308", b"-9223372036854775809"])
+            field = rng.choice([b'"v"', b'"id"', b'"lines"'])
+            return b'{"v":1,"id":4,"type":"logs","body":{"run":"x"},' + field + b":" + number + b"}"
+        return json.dumps({"v": 1, "id": "\u0000\ud800" * rng.randint(1, 50), "type": "info",
+                           "extra": [rng.random() for _ in range(rng.randint(0, 100))]}).encode()
+
+    replies = 0
+    for i in range(10000):
+        f = frame(i)
+        reply = fuzz.raw([f], timeout=10)
+        if len(f) <= 4 << 20:
+            assert reply is not None, f"no reply to frame {i} ({f[:80]!r}...)"
+            replies += 1
+        if i % 500 == 0:
+            assert normal.request("info")["protocol"] == 1
+            assert d.proc.poll() is None, f"tided died at frame {i}"
+    assert d.proc.poll() is None and normal.request("list") is not None
+    print(f"10000 generated frames: {replies} answered, none dropped; tided alive and serving")
+    d.stop()
+
+
 try:
     subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-3",
                     "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(WORK, "ds"),
                     "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
     {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly,
-     "policy": part_policy, "slots": part_slots, "security": part_security}[PART]()
+     "policy": part_policy, "slots": part_slots, "security": part_security,
+     "exposure": part_exposure, "fuzz": part_fuzz}[PART]()
     print(f"daemon {PART}: ok")
 finally:
     subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)

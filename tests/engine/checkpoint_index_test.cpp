@@ -36,6 +36,7 @@ class CheckpointIndex : public ::testing::Test {
     fs::create_directories(dir);
     const std::vector<float> values = {1.0f, 2.0f, 3.0f, 4.0f};
     SafetensorsWriter w;
+    w.set_metadata("tide.pieces", "[]");
     w.add("p|param|0", "F32", {4}, values.data(), values.size() * 4);
     const WrittenFile f = w.write((dir / "rank-00000.safetensors").string());
     char hash[17];
@@ -108,6 +109,46 @@ TEST_F(CheckpointIndex, VerificationNamesWhatIsWrong) {
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("format 2"), std::string::npos) << problems[0];
   EXPECT_THROW(read_manifest(newer.string()), std::runtime_error);
+}
+
+TEST_F(CheckpointIndex, ManifestNamesCannotLeaveTheDirectory) {
+  const fs::path dir = committed(7);
+  // A manifest naming a file outside: refused before anything is hashed, by name.
+  const std::string outside = "../../../../../../etc/passwd";
+  nlohmann::json manifest = read_manifest(dir.string());
+  manifest["files"] = {{outside, {{"bytes", fs::file_size("/etc/passwd")}, {"xxh3", "0"}}}};
+  touch(dir / "manifest.json", manifest.dump());
+  auto problems = verify_checkpoint(dir.string());
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("leaves the checkpoint directory"), std::string::npos) << problems[0];
+  EXPECT_THROW(read_manifest(dir.string()), std::runtime_error);
+  // An entry of the wrong types is named, not a JSON type error.
+  manifest["files"] = {{"rank-00000.safetensors", {{"bytes", "many"}, {"xxh3", 5}}}};
+  touch(dir / "manifest.json", manifest.dump());
+  problems = verify_checkpoint(dir.string());
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("needs 'bytes' (an integer)"), std::string::npos) << problems[0];
+}
+
+TEST_F(CheckpointIndex, AFileWithTheRightHashButABadHeaderIsUnusable) {
+  // Written wrong, hashed as written: the bytes check out, the file does not read.
+  const fs::path dir = committed(8);
+  const fs::path file = dir / "rank-00000.safetensors";
+  const std::string header = R"({"p|param|0":{"dtype":"F32","shape":[4],"data_offsets":[0,99]}})";
+  const uint64_t len = header.size();
+  {
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&len), 8);
+    out << header << std::string(16, '\0');
+  }
+  nlohmann::json manifest = read_manifest(dir.string());
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(xxh3_of_file(file.string())));
+  manifest["files"] = {{"rank-00000.safetensors", {{"bytes", fs::file_size(file)}, {"xxh3", hash}}}};
+  touch(dir / "manifest.json", manifest.dump());
+  const auto problems = verify_checkpoint(dir.string());
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("lies outside the data section"), std::string::npos) << problems[0];
 }
 
 }  // namespace

@@ -67,5 +67,53 @@ TEST(Safetensors, RejectsShapeSizeMismatchOnWrite) {
   EXPECT_THROW(w.add("x", "F32", {2}, &x, 4), std::invalid_argument);
 }
 
+// A file with this header and `data_bytes` zero bytes of data.
+std::string crafted(const std::string& name, const nlohmann::json& header, size_t data_bytes) {
+  const auto path = (fs::temp_directory_path() / name).string();
+  const std::string text = header.dump();
+  const uint64_t len = text.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out << text << std::string(data_bytes, '\0');
+  return path;
+}
+
+std::string error_reading(const std::string& path) {
+  try {
+    SafetensorsReader r(path);
+  } catch (const std::exception& e) {
+    fs::remove(path);
+    return e.what();
+  }
+  fs::remove(path);
+  return "";
+}
+
+TEST(Safetensors, RefusesHeadersThatDoNotTileTheData) {
+  using nlohmann::json;
+  auto entry = [](uint64_t b, uint64_t e) {
+    return json{{"dtype", "F32"}, {"shape", {(e - b) / 4}}, {"data_offsets", {b, e}}};
+  };
+  std::string e = error_reading(crafted("tide_st_overlap.safetensors", {{"a", entry(0, 16)}, {"b", entry(8, 24)}}, 24));
+  EXPECT_NE(e.find("'b' overlaps"), std::string::npos) << e;
+  e = error_reading(crafted("tide_st_hole.safetensors", {{"a", entry(0, 8)}, {"b", entry(16, 24)}}, 24));
+  EXPECT_NE(e.find("hole before tensor 'b'"), std::string::npos) << e;
+  e = error_reading(crafted("tide_st_trailing.safetensors", {{"a", entry(0, 8)}}, 12));
+  EXPECT_NE(e.find("4 bytes after the last tensor"), std::string::npos) << e;
+  // 2^32 x 2^32 x 7 elements: the byte count overflows 64 bits (and would wrap to a small one).
+  e = error_reading(crafted("tide_st_overflow.safetensors",
+                            {{"a", {{"dtype", "F32"}, {"shape", {4294967296LL, 4294967296LL, 7}}, {"data_offsets", {0, 0}}}}},
+                            0));
+  EXPECT_NE(e.find("overflows 64 bits"), std::string::npos) << e;
+  e = error_reading(crafted("tide_st_dtype.safetensors",
+                            {{"a", {{"dtype", "Q4"}, {"shape", {1}}, {"data_offsets", {0, 1}}}}}, 1));
+  EXPECT_NE(e.find("tensor 'a'"), std::string::npos) << e;
+  EXPECT_NE(e.find("tide_st_dtype.safetensors"), std::string::npos) << e;
+  e = error_reading(crafted("tide_st_meta.safetensors", {{"__metadata__", json::array()}}, 0));
+  EXPECT_NE(e.find("__metadata__"), std::string::npos) << e;
+  // A well-formed file of the same kind reads.
+  EXPECT_EQ(error_reading(crafted("tide_st_fine.safetensors", {{"a", entry(0, 8)}, {"b", entry(8, 24)}}, 24)), "");
+}
+
 }  // namespace
 }  // namespace tide

@@ -25,6 +25,14 @@ TEST(Curve, KeyFilesRoundTripAndAreNeverOverwritten) {
   EXPECT_EQ(read_public_key((dir.path / "daemon.pub").string()), keys.public_key);
   EXPECT_EQ(read_public_key(keys.public_key), keys.public_key);
   EXPECT_THROW(write_curve_keys(generate_curve_keys(), dir.path.string(), "daemon"), std::runtime_error);
+  // A secret key others can read is refused, as ssh refuses such a private key.
+  ::chmod((dir.path / "daemon.key").c_str(), 0640);
+  try {
+    read_curve_keys((dir.path / "daemon.key").string());
+    FAIL() << "accepted a key file of mode 0640";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("readable by others (mode 0640)"), std::string::npos) << e.what();
+  }
   std::ofstream(dir.path / "bad.key") << R"({"public": "short", "secret": "x"})";
   EXPECT_THROW(read_curve_keys((dir.path / "bad.key").string()), std::runtime_error);
 }
@@ -47,6 +55,26 @@ TEST(Curve, AllowlistGivesRolesAndNamesABadLine) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("bad.txt:2"), std::string::npos) << e.what();
   }
+  // A key listed twice would take whichever role came last: refused, naming both lines.
+  std::ofstream(dir.path / "twice.txt") << "operator " << other << "\n# later\nobserver " << other << "\n";
+  try {
+    read_allowlist((dir.path / "twice.txt").string());
+    FAIL() << "accepted a key listed twice";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("twice.txt:3: key " + other + " is listed already on line 1"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Curve, LoopbackEndpointsAreThoseZeroMqBoundOnLoopback) {
+  for (const char* ep : {"tcp://127.0.0.1:7450", "tcp://127.3.4.5:1", "tcp://[::1]:7450", "tcp://[::ffff:127.0.0.1]:9",
+                         "ipc:///tmp/x.sock", "inproc://x"})
+    EXPECT_TRUE(is_loopback_endpoint(ep)) << ep;
+  for (const char* ep : {"tcp://0.0.0.0:7450", "tcp://[::]:7450", "tcp://10.0.0.5:7450", "tcp://128.0.0.1:1",
+                         "tcp://[::ffff:10.0.0.1]:9", "tcp://localhost:7450", "tcp://lo:7450", "tcp://garbage",
+                         "udp://127.0.0.1:1"})
+    EXPECT_FALSE(is_loopback_endpoint(ep)) << ep;
 }
 
 }  // namespace

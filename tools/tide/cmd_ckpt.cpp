@@ -10,6 +10,7 @@
 #include "cli_common.h"
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/engine/io/safetensors.h"
 #include "tide/engine/model/hf_convert.h"
 #include "tide/engine/model/parameter_units.h"
@@ -80,7 +81,7 @@ void add_checkpoint_command(CLI::App& app) {
     std::cout << summary.dump(2) << "\n";
     for (const auto& [name, info] : m["files"].items()) {
       const SafetensorsReader f((fs::path(opt->path) / name).string());
-      const auto pieces = nlohmann::json::parse(f.metadata().at("tide.pieces"));
+      const auto pieces = parse_json_input(f.metadata().at("tide.pieces"), f.path() + ": tide.pieces metadata");
       int64_t elements = 0;
       for (const auto& p : pieces) elements += p["range"][1].get<int64_t>() - p["range"][0].get<int64_t>();
       std::cout << fmt::format("{}: {} pieces, {} values\n", name, pieces.size(), elements);

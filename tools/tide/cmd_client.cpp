@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_common.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/ipc/client.h"
 #include "tide/ipc/curve.h"
 
@@ -263,7 +264,7 @@ void add_client_commands(CLI::App& app) {
           const auto eq = a.find('=');
           if (eq == std::string::npos || eq == 0) throw std::invalid_argument("'" + a + "' is not field=value");
           const std::string text = a.substr(eq + 1);
-          const json parsed = json::parse(text, nullptr, false);
+          const json parsed = parse_json_or_discard(text);
           v[a.substr(0, eq)] = parsed.is_discarded() ? json(text) : parsed;
         }
         const json reply = c->client().request("set", {{"run", *run}, {"values", v}});
@@ -403,7 +404,7 @@ void add_client_commands(CLI::App& app) {
     auto c2 = std::make_shared<Connection>();
     auto* stop = cmd->add_subcommand("stop", "Stop the daemon; its active runs resume when it starts again");
     add_connection(*stop, *c2);
-    stop->callback([c2] { guarded([&] { c2->client().request("shutdown"); std::printf("tided stopping\n"); }); });
+    stop->callback([c2] { guarded([&] { c2->client().request("shutdown"); std::printf("tided stopping: each training run saves a checkpoint first\n"); }); });
   }
 }
 

@@ -34,13 +34,21 @@ void add_generate_commands(CLI::App& app) {
   auto* gen = app.add_subcommand("generate", "Sample text from a trained model");
   gen->add_option("model", g->model, "Run directory, weights file or Hugging Face directory")->required();
   gen->add_option("-p,--prompt", g->prompt, "Text to continue");
-  gen->add_option("-n,--max-tokens", g->sample.max_new_tokens, "Tokens to generate")->capture_default_str();
-  gen->add_option("-t,--temperature", g->sample.temperature, "Sampling temperature; 0 is greedy")->capture_default_str();
-  gen->add_option("--top-k", g->sample.top_k, "Keep the k most likely tokens; 0: all")->capture_default_str();
-  gen->add_option("--top-p", g->sample.top_p, "Nucleus sampling mass; 1: off")->capture_default_str();
+  gen->add_option("-n,--max-tokens", g->sample.max_new_tokens, "Tokens to generate")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  gen->add_option("-t,--temperature", g->sample.temperature, "Sampling temperature; 0 is greedy")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  gen->add_option("--top-k", g->sample.top_k, "Keep the k most likely tokens; 0: all")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
+  gen->add_option("--top-p", g->sample.top_p, "Nucleus sampling mass; 1: off")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   gen->add_option("--seed", g->sample.seed, "Sampling seed")->capture_default_str();
   gen->add_option("--tokenizer", g->tokenizer, "tokenizer.json or tokenizer.model (default: the one beside the model)");
-  gen->add_option("--threads", g->threads, "Intra-op threads; 0: all cores");
+  gen->add_option("--threads", g->threads, "Intra-op threads; 0: all cores")->check(CLI::Range(0, 1024));
   gen->callback([g] {
     configure_threads(g->threads);
     LoadedModel m = load_model(g->model);
@@ -62,10 +70,13 @@ void add_generate_commands(CLI::App& app) {
   auto* ev = app.add_subcommand("eval", "Loss and perplexity of a model on a dataset's validation split");
   ev->add_option("model", e->model, "Run directory, weights file or Hugging Face directory")->required();
   ev->add_option("--data", e->data, "Dataset directory from `tide data prepare`")->required();
-  ev->add_option("--seq-len", e->seq_len, "Tokens per sequence (default: min(512, model.max_seq_len))");
-  ev->add_option("--batches", e->batches, "Batches to average")->capture_default_str();
-  ev->add_option("--micro-batch", e->micro_batch, "Sequences per batch")->capture_default_str();
-  ev->add_option("--threads", e->threads, "Intra-op threads; 0: all cores");
+  ev->add_option("--seq-len", e->seq_len, "Tokens per sequence (default: min(512, model.max_seq_len))")
+      ->check(CLI::Range(1, 1 << 24));
+  ev->add_option("--batches", e->batches, "Batches to average")->check(CLI::Range(1, 1 << 24))->capture_default_str();
+  ev->add_option("--micro-batch", e->micro_batch, "Sequences per batch")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  ev->add_option("--threads", e->threads, "Intra-op threads; 0: all cores")->check(CLI::Range(0, 1024));
   ev->callback([e] {
     configure_threads(e->threads);
     LoadedModel m = load_model(e->model);

@@ -95,6 +95,13 @@ int main(int argc, char** argv) {
   app.add_option("--clients", opt.allowlist_file,
                  "With --curve-key: the allowlist, one 'operator|observer <public key> [name]' per line")
       ->check(CLI::ExistingFile);
+  app.add_option("--shutdown-timeout", opt.shutdown_timeout_s,
+                 "Seconds the runs get to save a checkpoint when the daemon stops (a second SIGTERM: none)")
+      ->check(CLI::Range(0, 86400))
+      ->capture_default_str();
+  app.add_option("--recipe-dir", opt.recipe_dirs,
+                 "A directory whose recipes clients may name (recipe_name), besides the bundled ones; repeatable")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--worker", opt.worker_executable, "The tide executable the workers run (default: beside tided)");
   app.add_option("--log-level", level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));

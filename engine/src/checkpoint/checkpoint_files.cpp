@@ -11,6 +11,7 @@
 
 #include "checkpoint_files.h"
 #include "tide/engine/checkpoint/checkpoint_index.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/engine/io/safetensors.h"
 
 namespace tide {
@@ -74,14 +75,26 @@ std::vector<CheckpointEntry> list_checkpoints(const std::string& root) {
 
 nlohmann::json read_manifest(const std::string& dir) {
   const auto path = (fs::path(dir) / "manifest.json").string();
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(fmt::format("{}: missing", path));
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("format") || !j.contains("files"))
+  if (!fs::exists(path)) throw std::runtime_error(fmt::format("{}: missing", path));
+  auto j = read_json_file(path);
+  if (!j.is_object() || !j.contains("format") || !j.contains("files"))
     throw std::runtime_error(fmt::format("{}: not a tide checkpoint manifest", path));
   if (j["format"] != kCheckpointFormat)
     throw std::runtime_error(fmt::format("{}: format {} (this tide reads {})", path, j["format"].dump(),
                                          kCheckpointFormat));
+  // Every file the manifest names is read or hashed: a name must stay in the directory.
+  if (!j["files"].is_object()) throw std::runtime_error(fmt::format("{}: 'files' is not an object", path));
+  for (const auto& [name, info] : j["files"].items()) {
+    const bool plain = !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+                       name.find('\0') == std::string::npos;
+    if (!plain)
+      throw std::runtime_error(fmt::format("{}: file name {} leaves the checkpoint directory", path,
+                                           nlohmann::json(name).dump()));
+    if (!info.is_object() || !info.contains("bytes") || !info["bytes"].is_number_unsigned() ||
+        !info.contains("xxh3") || !info["xxh3"].is_string())
+      throw std::runtime_error(fmt::format("{}: the entry of {} needs 'bytes' (an integer) and 'xxh3' (a string)",
+                                           path, name));
+  }
   return j;
 }
 
@@ -109,9 +122,22 @@ std::vector<std::string> verify_checkpoint(const std::string& dir) {
       continue;
     }
     const std::string hash = hex64(xxh3_of_file(path));
-    if (hash != info.at("xxh3").get<std::string>())
+    if (hash != info.at("xxh3").get<std::string>()) {
       problems.push_back(fmt::format("{}: XXH3 {} differs from the manifest's {} (corrupt)", path, hash,
                                      info.at("xxh3").get<std::string>()));
+      continue;
+    }
+    // The bytes are the ones written; they must also be a file every rank can read
+    // (a header written wrong): found here, every rank passes over this checkpoint alike.
+    try {
+      const SafetensorsReader file(path);
+      const auto pieces = file.metadata().find("tide.pieces");
+      if (pieces == file.metadata().end()) throw std::runtime_error(path + ": no tide.pieces metadata");
+      if (!parse_json_input(pieces->second, path + ": tide.pieces metadata").is_array())
+        throw std::runtime_error(path + ": tide.pieces metadata is not a list");
+    } catch (const std::exception& e) {
+      problems.push_back(e.what());
+    }
   }
   return problems;
 }

@@ -12,6 +12,7 @@
 #include "checkpoint_files.h"
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/engine/io/safetensors.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/optim/adamw.h"
@@ -215,7 +216,7 @@ void Checkpointer::Impl::write(const Snapshot& snap) {
   for (int r = 1; r < world; ++r) {
     const auto other = store->wait(fmt::format("tide/ckpt/{}/{}", step_dir_name(snap.step), r), patience);
     if (!other) throw std::runtime_error(fmt::format("rank {} did not finish its files", r));
-    const json theirs = json::parse(*other, nullptr, false);
+    const json theirs = parse_json_or_discard(*other);
     if (theirs.is_object() && theirs.contains("error"))
       throw std::runtime_error(fmt::format("rank {}: {}", r, theirs["error"].get<std::string>()));
     if (!theirs.is_object() || !theirs.contains("files") || !theirs["files"].is_object())
@@ -366,7 +367,7 @@ ResumeState Checkpointer::load(const std::string& dir) {
     const auto& f = *files.back();
     const auto it = f.metadata().find("tide.pieces");
     if (it == f.metadata().end()) throw std::runtime_error(fmt::format("{}: no tide.pieces metadata", f.path()));
-    for (const auto& meta : json::parse(it->second)) {
+    for (const auto& meta : parse_json_input(it->second, f.path() + ": tide.pieces metadata")) {
       const auto* e = f.find(meta.at("tensor").get<std::string>());
       if (!e) throw std::runtime_error(fmt::format("{}: tensor {} is missing", f.path(), meta.at("tensor").dump()));
       sources[{meta.at("param").get<std::string>(), meta.at("kind").get<std::string>()}].push_back({&f, e, meta});

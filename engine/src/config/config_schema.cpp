@@ -1,11 +1,14 @@
 #include "tide/engine/config_schema.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "tide/engine/io/json_input.h"
 
 namespace tide {
 namespace {
@@ -14,16 +17,22 @@ using json = nlohmann::json;
 
 std::string show(const json& v) { return v.dump(); }
 
+// Integer bounds are below 2^53, so they are exact as doubles and as int64.
 int64_t as_int(const std::string& path, const json& v, double lo, double hi) {
-  double x = 0;
-  if (v.is_number_integer()) {
-    x = static_cast<double>(v.get<int64_t>());
-  } else if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) {
-    x = v.get<double>();
-  } else {
-    throw ConfigError(path, fmt::format("expected an integer, got {}", show(v)));
+  const auto lo_i = static_cast<int64_t>(lo), hi_i = static_cast<int64_t>(hi);
+  auto out_of_range = [&] {
+    return ConfigError(path, fmt::format("{} is out of range [{}, {}]", show(v), lo_i, hi_i));
+  };
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi_i)) throw out_of_range();
+  if (v.is_number_integer()) {  // compared as integers: 2^53 + 1 is not rounded to 2^53
+    const int64_t x = v.get<int64_t>();
+    if (x < lo_i || x > hi_i) throw out_of_range();
+    return x;
   }
-  if (x < lo || x > hi) throw ConfigError(path, fmt::format("{} is out of range [{}, {}]", show(v), lo, hi));
+  if (!v.is_number_float() || std::floor(v.get<double>()) != v.get<double>())
+    throw ConfigError(path, fmt::format("expected an integer, got {}", show(v)));
+  const double x = v.get<double>();
+  if (x < lo || x > hi) throw out_of_range();
   return static_cast<int64_t>(x);
 }
 
@@ -35,7 +44,9 @@ double as_number(const std::string& path, const json& v, double lo, double hi) {
   return x;
 }
 
-constexpr double kBig = 9.007199254740992e15;  // 2^53: exact in a Lua number
+// 2^53 - 1: every integer up to it is exact in a Lua number (a double), so a recipe's
+// value is never silently another one.
+constexpr double kBig = 9007199254740991.0;
 
 const std::vector<std::pair<std::string, AnomalyAction>>& anomaly_actions() {
   static const std::vector<std::pair<std::string, AnomalyAction>> actions = {{"none", AnomalyAction::None},
@@ -127,7 +138,10 @@ FieldSpec choice(std::string path, std::vector<std::pair<std::string, E>> names,
 std::vector<FieldSpec> build_schema() {
   std::vector<FieldSpec> s;
   // Top level.
-  s.push_back(string("name", false, "Run name, used for the run directory.", REF(name)));
+  s.push_back(string("name", false,
+                     "Run name, used for the run directory: letters, digits, '.', '_' and '-', 64 at most, not "
+                     "starting with '.'.",
+                     REF(name)));
   s.push_back(integer("seed", 0, kBig, false, "Seed of initialisation, data order and dropout.", REF(seed)));
   s.push_back(integer("log_every", 1, 1e9, true, "Steps between progress lines.", REF(log_every)));
   s.push_back(choice<std::string>("log_level",
@@ -384,7 +398,7 @@ void apply_override(json& j, const std::string& assignment) {
   const std::string path = assignment.substr(0, eq);
   const std::string text = assignment.substr(eq + 1);
   if (!find_field(path)) throw ConfigError(path, "unknown field" + suggestion(path));
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json value = parse_json_or_discard(text);
   if (value.is_discarded()) value = text;
   json* node = &j;
   std::stringstream parts(path);
@@ -417,6 +431,16 @@ void validate_model(const ModelConfig& m) {
   if (m.positions == PositionKind::RoPE && head_dim(m) % 2 != 0)
     fail("model.positions", fmt::format("RoPE needs an even head dimension, model.dim / model.n_heads = {}",
                                         head_dim(m)));
+  // A learned position table is a parameter: one that outweighs the rest of the model is
+  // a typo (1e7 for 1e3) that would allocate gigabytes, not a design.
+  if (m.positions == PositionKind::Learned) {
+    const int64_t table = m.max_seq_len * m.dim, rest = parameter_count(m) - table;
+    if (table > rest)
+      fail("model.max_seq_len",
+           fmt::format("{} makes the learned position table ({} x {} = {} parameters) larger than the rest of the "
+                       "model ({}); lower it to the longest sequence the model will see",
+                       m.max_seq_len, m.max_seq_len, m.dim, table, rest));
+  }
   if (m.family == Family::BLOOM && kv != m.n_heads)
     fail("model.n_kv_heads", fmt::format("the bloom family has a fused per-head QKV layout and needs n_kv_heads = "
                                          "n_heads = {}, got {}",
@@ -426,6 +450,14 @@ void validate_model(const ModelConfig& m) {
 void validate(const RunConfig& c) {
   const auto& m = c.model;
   auto fail = [](const std::string& field, const std::string& msg) { throw ConfigError(field, msg); };
+  // The name becomes a directory (runs/<name>) and part of run ids and event topics.
+  const bool plain_name = !c.name.empty() && c.name.size() <= 64 && c.name[0] != '.' &&
+                          std::all_of(c.name.begin(), c.name.end(), [](char ch) {
+                            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+                          });
+  if (!plain_name)
+    fail("name", fmt::format("{} may hold only letters, digits, '.', '_' and '-' (64 at most, not starting with '.')",
+                             json(c.name).dump()));
   validate_model(m);
   if (c.data.seq_len > m.max_seq_len)
     fail("data.seq_len", fmt::format("{} exceeds model.max_seq_len = {}", c.data.seq_len, m.max_seq_len));

@@ -4,6 +4,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "tide/engine/io/json_input.h"
+
 namespace tide {
 
 TokenSplit::TokenSplit(const std::string& bin_path, const std::string& idx_path, int dtype_bytes)
@@ -54,10 +56,10 @@ void TokenSplit::copy(int64_t start, int64_t n, int64_t* out) const {
 
 TokenDataset::TokenDataset(const std::string& dir) : dir_(dir) {
   const std::string meta_path = dir + "/dataset.json";
-  std::ifstream in(meta_path);
-  if (!in) throw std::runtime_error("'" + dir + "' is not a prepared dataset (no dataset.json); run `tide data prepare`");
-  meta_ = nlohmann::json::parse(in, nullptr, false);
-  if (meta_.is_discarded() || !meta_.is_object()) throw std::runtime_error(meta_path + ": not valid JSON");
+  if (!std::ifstream(meta_path))
+    throw std::runtime_error("'" + dir + "' is not a prepared dataset (no dataset.json); run `tide data prepare`");
+  meta_ = read_json_file(meta_path);
+  if (!meta_.is_object()) throw std::runtime_error(meta_path + ": not a JSON object");
   if (meta_.value("format", "") != "tide-tokens")
     throw std::runtime_error(meta_path + ": format is not 'tide-tokens'");
   if (meta_.value("version", 0) != kDatasetFormatVersion)

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tide/engine/io/json_input.h"
+
 namespace tide {
 namespace {
 
@@ -123,10 +125,8 @@ void ByteLevelBpe::save(const std::string& path) const {
 }
 
 ByteLevelBpe ByteLevelBpe::load(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open tokenizer '" + path + "'");
-  json doc = json::parse(in, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object()) throw std::runtime_error(path + ": not a JSON tokenizer file");
+  const json doc = read_json_file(path);
+  if (!doc.is_object()) throw std::runtime_error(path + ": not a JSON tokenizer file");
   const json& model = doc.value("model", json::object());
   if (model.value("type", "") != "BPE")
     throw std::runtime_error(path + ": model.type is '" + model.value("type", std::string("?")) +

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tide/engine/io/json_input.h"
+
 namespace tide {
 
 size_t safetensors_dtype_size(const std::string& dtype) {
@@ -30,12 +32,13 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) {
   std::memcpy(&header_len, file_.data(), 8);
   if (header_len > file_.size() - 8) fail("header length " + std::to_string(header_len) + " exceeds the file");
   const auto* h = reinterpret_cast<const char*>(file_.data() + 8);
-  const auto header = nlohmann::json::parse(h, h + header_len, nullptr, false);
-  if (header.is_discarded() || !header.is_object()) fail("header is not a JSON object");
+  const auto header = parse_json_input(std::string_view(h, header_len), path + ": header");
+  if (!header.is_object()) fail("header is not a JSON object");
   data_start_ = file_.data() + 8 + header_len;
   const uint64_t data_size = file_.size() - 8 - header_len;
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
+      if (!it.value().is_object()) fail("__metadata__ is not an object of strings");
       for (auto m = it.value().begin(); m != it.value().end(); ++m)
         if (m.value().is_string()) metadata_[m.key()] = m.value().get<std::string>();
       continue;
@@ -53,17 +56,39 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) {
     } catch (const nlohmann::json::exception& ex) {
       fail("tensor '" + e.name + "' has a malformed entry: " + ex.what());
     }
-    uint64_t numel = 1;
+    size_t element = 0;
+    try {
+      element = safetensors_dtype_size(e.dtype);
+    } catch (const std::invalid_argument& ex) {
+      fail("tensor '" + e.name + "': " + ex.what());
+    }
+    // The byte count of the shape, refused when it overflows 64 bits ([2^32, 2^32, 7]).
+    uint64_t bytes = element;
     for (const int64_t d : e.shape) {
       if (d < 0) fail("tensor '" + e.name + "' has a negative dimension");
-      numel *= static_cast<uint64_t>(d);
+      if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes))
+        fail("tensor '" + e.name + "' has a shape whose size overflows 64 bits");
     }
     if (e.begin > e.end || e.end > data_size) fail("tensor '" + e.name + "' lies outside the data section");
-    if (e.end - e.begin != numel * safetensors_dtype_size(e.dtype))
+    if (e.end - e.begin != bytes)
       fail("tensor '" + e.name + "' holds " + std::to_string(e.end - e.begin) + " bytes, its shape needs " +
-           std::to_string(numel * safetensors_dtype_size(e.dtype)));
+           std::to_string(bytes));
     entries_.push_back(std::move(e));
   }
+  // As the format requires: the tensors tile the data section, with no overlap, no hole
+  // and nothing after the last one.
+  std::vector<const SafetensorsEntry*> by_offset;
+  for (const auto& e : entries_) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const SafetensorsEntry* a, const SafetensorsEntry* b) { return a->begin < b->begin; });
+  uint64_t next = 0;
+  for (const auto* e : by_offset) {
+    if (e->begin < next) fail("tensor '" + e->name + "' overlaps the tensor before it");
+    if (e->begin > next) fail("the data section has a hole before tensor '" + e->name + "'");
+    next = e->end;
+  }
+  if (next != data_size)
+    fail(std::to_string(data_size - next) + " bytes after the last tensor belong to none");
 }
 
 const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/engine/model/weights_io.h"
 
 namespace tide {
@@ -19,13 +20,7 @@ void require(bool ok, const std::string& field, const std::string& why) {
   if (!ok) throw ConfigError(field, why + " (not expressible in the Hugging Face architecture)");
 }
 
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) throw std::runtime_error("cannot open '" + p.string() + "'");
-  json j = json::parse(in, nullptr, false);
-  if (j.is_discarded()) throw std::runtime_error("'" + p.string() + "' is not valid JSON");
-  return j;
-}
+json read_json(const fs::path& p) { return read_json_file(p.string()); }
 
 void write_json(const fs::path& p, const json& j) {
   std::ofstream out(p, std::ios::trunc);
@@ -134,7 +129,10 @@ ModelConfig model_config_from_hf(const json& hf) {
 void export_hf(const std::string& dir, Transformer& model, int64_t max_shard_bytes, const std::string& dtype) {
   torch::NoGradGuard no_grad;
   fs::create_directories(dir);
-  write_json(fs::path(dir) / "config.json", hf_config(model->config()));
+  json config = hf_config(model->config());
+  // What the weight files hold: transformers loads them as this dtype by default.
+  config["torch_dtype"] = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
+  write_json(fs::path(dir) / "config.json", config);
   if (max_shard_bytes <= 0) {
     save_weights((fs::path(dir) / "model.safetensors").string(), *model, {{"format", "pt"}}, dtype);
     return;

@@ -86,13 +86,11 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
     holder_of("lm_head", torch::empty({vocab_local_, cfg.dim}), lm_head, *this);
 
   if (cfg.positions == PositionKind::RoPE) {
+    // The cos/sin tables are made for the positions used (rope_tables), not for
+    // max_seq_len: a long context limit costs nothing until sequences reach it.
     const int64_t hd = head_dim(cfg);
-    const auto inv_freq =
+    rope_inv_freq_ =
         torch::pow(cfg.rope_theta, torch::arange(0, hd, 2, torch::kFloat64) / static_cast<double>(hd)).reciprocal();
-    const auto freqs = torch::outer(torch::arange(cfg.max_seq_len, torch::kFloat64), inv_freq);
-    const auto emb = torch::cat({freqs, freqs}, -1);  // [max_seq_len, Hd]
-    rope_cos_ = emb.cos().to(torch::kFloat32);
-    rope_sin_ = emb.sin().to(torch::kFloat32);
   } else if (cfg.positions == PositionKind::ALiBi) {
     const auto s = alibi_slopes(cfg.n_heads);
     const int64_t heads = cfg.n_heads / tp_.size;  // this rank's heads
@@ -238,7 +236,17 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x) {
   const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size : 1);
   const auto bias = attention_bias(t, x.options());
   torch::Tensor cos, sin;
-  if (rope_cos_.defined()) {
+  if (rope_inv_freq_.defined()) {
+    if (!rope_cos_.defined() || rope_cos_.size(0) < t) {
+      // Each row depends on its position alone: a table grown later holds the same
+      // values in its first rows. Doubling keeps token-by-token sampling from
+      // rebuilding it at every token.
+      const int64_t rows = std::min(cfg_.max_seq_len, std::max(t, 2 * (rope_cos_.defined() ? rope_cos_.size(0) : 0)));
+      const auto freqs = torch::outer(torch::arange(rows, torch::kFloat64), rope_inv_freq_);
+      const auto emb = torch::cat({freqs, freqs}, -1);  // [rows, Hd]
+      rope_cos_ = emb.cos().to(torch::kFloat32);
+      rope_sin_ = emb.sin().to(torch::kFloat32);
+    }
     if (rope_cos_.device() != x.device()) {
       rope_cos_ = rope_cos_.to(x.device());
       rope_sin_ = rope_sin_.to(x.device());

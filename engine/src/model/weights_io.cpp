@@ -75,6 +75,11 @@ void load_weights(const std::vector<std::string>& files, torch::nn::Module& mode
         throw std::runtime_error(path + ": tensor '" + e.name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) +
                                  ", the model's parameter has " + c10::str(p->sizes()));
       if (!loaded.insert(name).second) throw std::runtime_error(path + ": tensor '" + e.name + "' appears twice");
+      // Weights are floating point: an integer tensor cast to float would load values
+      // such as 1e9 without a word.
+      if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16" && e.dtype != "F64")
+        throw std::runtime_error(path + ": tensor '" + e.name + "' is " + e.dtype +
+                                 "; weights must be F32, F16, BF16 or F64");
       p->copy_(read_tensor(r, e));
     }
   }

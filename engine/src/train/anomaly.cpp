@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/engine/parallel/comm.h"
 
 namespace tide {
@@ -80,7 +81,7 @@ std::optional<AnomalyDecision> decide_anomaly(const std::function<nlohmann::json
     }
   }
   if (world) answer = world->broadcast_text(answer, 0, "anomaly decision");
-  const auto d = nlohmann::json::parse(answer, nullptr, false);
+  const auto d = parse_json_or_discard(answer);
   if (!d.is_object() || !d.contains("action") || !d["action"].is_string()) return std::nullopt;
   try {
     AnomalyDecision out;

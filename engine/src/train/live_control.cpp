@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/engine/parallel/comm.h"
 
 namespace tide {
@@ -32,7 +33,7 @@ BoundaryActions LiveControl::at_boundary(int64_t step, RunConfig& cfg, const Che
   while (true) {
     const std::string text = receive();
     if (!text.empty()) {
-      const json commands = json::parse(text, nullptr, false);
+      const json commands = parse_json_or_discard(text);
       if (!commands.is_array()) {
         spdlog::error("control: ignoring commands that are not a JSON array: {}", text);
       } else {

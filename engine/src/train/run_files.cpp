@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/io/json_input.h"
 #include "tide/engine/model/hf_convert.h"
 #include "tide/engine/model/weights_io.h"
 
@@ -19,8 +20,7 @@ ModelConfig model_from_metadata(const std::string& file) {
   const auto it = r.metadata().find("tide_model");
   if (it == r.metadata().end())
     throw std::runtime_error(file + ": no 'tide_model' metadata; point at a run or Hugging Face directory instead");
-  const json j = json::parse(it->second, nullptr, false);
-  if (j.is_discarded()) throw std::runtime_error(file + ": 'tide_model' metadata is not valid JSON");
+  const json j = parse_json_input(it->second, file + ": 'tide_model' metadata");
   return model_config_from_json(j);
 }
 }  // namespace
@@ -49,9 +49,8 @@ LoadedModel load_model(const std::string& path) {
   if (fs::is_directory(p)) {
     const fs::path config = p / "config.json";
     if (fs::exists(config)) {
-      std::ifstream in(config);
-      const json j = json::parse(in, nullptr, false);
-      if (!j.is_discarded() && j.contains("model_type")) {
+      const json j = read_json_file(config.string());
+      if (j.is_object() && j.contains("model_type")) {
         out.model = import_hf(path);
         out.tokenizer_path = tokenizer_beside(p);
         return out;

@@ -80,7 +80,7 @@ std::set<int64_t> injected_nan_steps() {
   return out;
 }
 
-// A resumed run rewrites the steps after its checkpoint: drop their old rows. Returns
+// A run rewrites the steps after the one it starts from: drop their old rows. Returns
 // the loss of the last row kept (a run resumed at its end reports it as its final loss).
 std::optional<double> truncate_metrics(const std::string& path, int64_t last_step) {
   std::ifstream in(path);
@@ -307,10 +307,12 @@ TrainResult Trainer::run() {
   };
   std::unique_ptr<JsonlWriter> metrics;
   if (s.leader) {
+    // Rows after the starting step are from an attempt that did not reach a checkpoint
+    // (or from an earlier run in this directory): this run writes those steps anew.
+    const auto loss = truncate_metrics((s.dir / "metrics.jsonl").string(), resumed.step);
     if (resumed.step > 0) {
       result.steps = resumed.step;
-      if (const auto loss = truncate_metrics((s.dir / "metrics.jsonl").string(), resumed.step))
-        result.final_loss = *loss;
+      if (loss) result.final_loss = *loss;
     }
     metrics = std::make_unique<JsonlWriter>((s.dir / "metrics.jsonl").string());
   }
@@ -493,7 +495,8 @@ TrainResult Trainer::run() {
     }
     m.eta_seconds = ema_step * static_cast<double>(cfg.schedule.steps - step - 1);
     const bool last = step + 1 == cfg.schedule.steps;
-    if (can_eval && ((cfg.eval.every > 0 && (step + 1) % cfg.eval.every == 0) || last)) {
+    // eval.every = 0 means never, the last step included.
+    if (can_eval && cfg.eval.every > 0 && ((step + 1) % cfg.eval.every == 0 || last)) {
       double total = 0;
       if (s.pipeline) {
         s.model->eval();

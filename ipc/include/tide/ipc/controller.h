@@ -16,6 +16,8 @@ struct ControllerOptions {
   std::vector<std::string> command_endpoints;  // bound; "tcp://127.0.0.1:*" picks a port
   std::vector<std::string> event_endpoints;
   std::string worker_executable;  // the tide binary the workers run
+  // Where `recipe_name` may find recipes besides the bundled ones (recipes_dir()).
+  std::vector<std::string> recipe_dirs;
   int cpu_slots = 1;              // CPU runs share these (one slot per worker process)
   // CUDA devices handed to runs whose recipe says device = "cuda", one per worker, as
   // CUDA_VISIBLE_DEVICES names them (indices or UUIDs). Empty: cuda runs are refused.
@@ -25,6 +27,10 @@ struct ControllerOptions {
   // (tide keygen) and the allowlist of client public keys with their roles
   // (docs/protocol.md, Security). ipc endpoints stay local and need no key.
   std::string curve_key_file, allowlist_file;
+  // On the way out, each training run first saves a checkpoint at its next step
+  // boundary; runs that have not saved within this long are ended without one (and
+  // resume from their previous checkpoint).
+  int shutdown_timeout_s = 120;
 };
 
 // The CUDA devices a controller hands out. "auto": CUDA_VISIBLE_DEVICES when it is set,
@@ -47,10 +53,12 @@ class Controller {
   std::vector<std::string> command_endpoints() const;
   std::vector<std::string> event_endpoints() const;
 
-  // Serves until stop(). On the way out, running runs' workers are ended and the runs
-  // queued again to resume from their latest checkpoints under the next controller.
+  // Serves until stop(). On the way out, every run with workers saves a checkpoint
+  // (bounded by shutdown_timeout_s), its workers end, and it is queued again to resume
+  // from that checkpoint under the next controller.
   void run();
-  // Thread-safe and async-signal-safe.
+  // Thread-safe and async-signal-safe. A second call ends the runs at once, without the
+  // checkpoints they were saving.
   void stop();
 
   struct Impl;

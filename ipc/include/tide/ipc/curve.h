@@ -26,6 +26,11 @@ CurveKeyPair read_curve_keys(const std::string& path);
 // A public key given as 40 Z85 characters or as a file holding them (a .pub or a .key).
 std::string read_public_key(const std::string& key_or_path);
 
+// Whether a bound endpoint as ZeroMQ reports it (ZMQ_LAST_ENDPOINT: "tcp://127.0.0.1:7450",
+// "tcp://[::1]:7450", "tcp://0.0.0.0:7450") listens on loopback only: 127.0.0.0/8, ::1 or
+// ::ffff:127.0.0.0/104. Non-TCP endpoints (ipc://, inproc://) are local by nature: true.
+bool is_loopback_endpoint(const std::string& bound);
+
 enum class Role { observer, operator_ };
 const char* role_name(Role r);
 // public key → role; throws naming the line of a malformed entry.

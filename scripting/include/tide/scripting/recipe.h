@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -54,6 +55,9 @@ class Recipe {
 
   // A policy: the recipe's top-level function `name` ("on_anomaly", "on_step").
   bool has_policy(const std::string& name) const;
+  // Where the recipe's print() goes from now on (default: the process log). The sink is
+  // called on the thread that runs the recipe's functions and must not re-enter it.
+  void on_print(std::function<void(const std::string&)> sink);
   // Calls it with `arg` as a Lua table and returns its answer as JSON (nil: null).
   // Throws RecipeError naming the policy and where it is defined: a Lua error, the
   // budget, an answer that holds a function or another non-data value.
@@ -73,5 +77,10 @@ class Recipe {
 std::string recipes_dir();
 // A recipe argument: an existing file, or a bundled name like "llama/llama-tiny".
 std::string resolve_recipe_path(const std::string& name_or_path);
+// A recipe a daemon's client names ("llama/llama-tiny", ".lua" optional): looked up in
+// recipes_dir(), then in `dirs`, never elsewhere. The name is relative, holds no "..",
+// and its file must lie inside the directory once symlinks are followed, because the
+// client may not read the daemon's files. Throws RecipeError naming the name.
+std::string resolve_recipe_name(const std::string& name, const std::vector<std::string>& dirs = {});
 
 }  // namespace tide

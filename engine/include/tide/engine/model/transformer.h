@@ -162,7 +162,8 @@ class TransformerImpl : public torch::nn::Module {
   PipelineStage stage_;
   int64_t vocab_first_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows
   ParameterUnits* units_ = nullptr;
-  torch::Tensor rope_cos_, rope_sin_;  // [max_seq_len, Hd], not parameters
+  torch::Tensor rope_inv_freq_;        // [Hd / 2], float64
+  torch::Tensor rope_cos_, rope_sin_;  // [positions used so far, Hd], not parameters
   torch::Tensor alibi_slopes_;         // [H]
   torch::Tensor bias_cache_;           // the last attention_bias() result, reused while it fits
 };
