@@ -1,6 +1,7 @@
 #include "tide/engine/parallel/distributed.h"
 
 #include <condition_variable>
+#include <csignal>
 #include <mutex>
 #include <thread>
 
@@ -155,6 +156,11 @@ std::unique_ptr<Comm> make_group(const c10::intrusive_ptr<c10d::Store>& store, c
 
 std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const ParallelConfig& parallel,
                                               std::chrono::milliseconds timeout, bool cuda) {
+  // Gloo writes to its peers' sockets without MSG_NOSIGNAL: it relies on SIGPIPE being
+  // ignored, as CPython ignores it at start-up for every PyTorch job. Here, a peer that
+  // dies mid-collective would otherwise kill this rank with SIGPIPE instead of failing
+  // the collective with a CommError that names it (seen under load in Comm.DeadPeer*).
+  ::signal(SIGPIPE, SIG_IGN);
   Grid grid(env.world, env.rank, static_cast<int>(parallel.dp), static_cast<int>(parallel.tp),
             static_cast<int>(parallel.pp));
   c10d::TCPStoreOptions opts;
