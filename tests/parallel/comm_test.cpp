@@ -1,7 +1,5 @@
 // Collectives across real processes: forked ranks meet through a TCPStore and talk
 // over Gloo on loopback, as a job's workers do.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,9 +10,11 @@
 
 #include "tide/engine/parallel/comm.h"
 #include "tide/engine/parallel/distributed.h"
+#include "tide/ipc/worker_group.h"
 
 namespace tide {
 namespace {
+using ipc::free_loopback_port;  // a port the kernel found free: a pid-derived one can collide
 
 // Runs body(rank) in `world` child processes; each returns 0 when its checks pass.
 void run_ranks(int world, const std::function<int(Distributed&)>& body, int port) {
@@ -44,20 +44,6 @@ void run_ranks(int world, const std::function<int(Distributed&)>& body, int port
     ::waitpid(pids[r], &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r << " status " << status;
   }
-}
-
-// A loopback port the kernel just found free (a port derived from the pid can collide
-// with another test's or with an ephemeral client port).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  return ok ? ntohs(addr.sin_port) : 0;
 }
 
 TEST(Comm, AllReduceReduceScatterAllGatherBroadcast) {
@@ -90,7 +76,7 @@ TEST(Comm, AllReduceReduceScatterAllGatherBroadcast) {
         bad += c.bytes_sent() <= 0;
         return bad;
       },
-      free_port());
+      free_loopback_port());
 }
 
 TEST(Comm, SubGroupsFollowTheGrid) {
@@ -102,7 +88,7 @@ TEST(Comm, SubGroupsFollowTheGrid) {
         d.dp->all_reduce_sum(t, "dp");
         return (t.item<float>() == 4.0f && d.tp->size() == 1 && d.pp->size() == 1) ? 0 : 1;
       },
-      free_port());
+      free_loopback_port());
 }
 
 TEST(Comm, DeadPeerFailsTheCollectiveByName) {
@@ -122,7 +108,7 @@ TEST(Comm, DeadPeerFailsTheCollectiveByName) {
         }
         return 3;
       },
-      free_port());
+      free_loopback_port());
 }
 
 }  // namespace
