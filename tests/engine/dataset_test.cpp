@@ -1,5 +1,6 @@
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
@@ -23,6 +24,15 @@ class DatasetTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   static void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+  // The two input files as a dataset of byte ids; returns its directory.
+  fs::path prepare_bytes() const {
+    PrepareOptions opt;
+    opt.inputs = {(dir_ / "in").string()};
+    opt.out_dir = (dir_ / "out").string();
+    opt.tokenizer = "bytes";
+    prepare_dataset(opt);
+    return opt.out_dir;
+  }
   fs::path dir_;
 };
 
@@ -89,6 +99,63 @@ TEST_F(DatasetTest, CorruptIndexIsReportedByName) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("val.idx"), std::string::npos) << e.what();
   }
+}
+
+// Rewrites dataset.json through `edit`.
+void edit_meta(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json meta;
+  std::ifstream(dir / "dataset.json") >> meta;
+  edit(meta);
+  std::ofstream(dir / "dataset.json", std::ios::trunc) << meta.dump();
+}
+
+std::string open_error(const fs::path& dir) {
+  try {
+    TokenDataset ds(dir.string());
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(DatasetTest, AnIdOutsideTheVocabularyFailsAtOpenNamingFileAndOffset) {
+  const fs::path out = prepare_bytes();  // 257 ids
+  // Token 5 of train.bin becomes 257, one past the vocabulary; the recorded hash is
+  // updated too, so only the id check can catch it.
+  {
+    std::fstream bin(out / "train.bin", std::ios::in | std::ios::out | std::ios::binary);
+    bin.seekp(2 * 5);
+    const uint16_t bad = 257;
+    bin.write(reinterpret_cast<const char*>(&bad), 2);
+  }
+  edit_meta(out, [](nlohmann::json& m) { m["splits"]["train"].erase("xxh3"); });
+  const std::string e = open_error(out);
+  EXPECT_NE(e.find("train.bin: token id 257 at token offset 5 (byte 10)"), std::string::npos) << e;
+  EXPECT_NE(e.find("vocabulary size 257"), std::string::npos) << e;
+}
+
+TEST_F(DatasetTest, AChangedSplitFailsItsRecordedHash) {
+  const fs::path out = prepare_bytes();
+  EXPECT_EQ(open_error(out), "");
+  {
+    std::fstream bin(out / "val.bin", std::ios::in | std::ios::out | std::ios::binary);
+    const uint16_t other = 'Q';
+    bin.write(reinterpret_cast<const char*>(&other), 2);  // still a valid id
+  }
+  const std::string e = open_error(out);
+  EXPECT_NE(e.find("val.bin: contents hash to xxh3"), std::string::npos) << e;
+  EXPECT_NE(e.find("prepare the dataset again"), std::string::npos) << e;
+}
+
+TEST_F(DatasetTest, MetadataOfTheWrongTypeIsNamed) {
+  const fs::path out = prepare_bytes();
+  edit_meta(out, [](nlohmann::json& m) { m["vocab_size"] = "257"; });
+  EXPECT_NE(open_error(out).find("vocab_size \"257\" is not an integer"), std::string::npos) << open_error(out);
+  edit_meta(out, [](nlohmann::json& m) {
+    m["vocab_size"] = 257;
+    m["splits"]["train"]["tokens"] = 3;
+  });
+  EXPECT_NE(open_error(out).find("splits.train.tokens 3 differs"), std::string::npos) << open_error(out);
 }
 
 TEST_F(DatasetTest, MissingDatasetSaysWhatToRun) {

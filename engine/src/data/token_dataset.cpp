@@ -1,8 +1,14 @@
 #include "tide/engine/data/token_dataset.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
 
 #include "tide/engine/io/json_input.h"
 
@@ -32,7 +38,58 @@ TokenSplit::TokenSplit(const std::string& bin_path, const std::string& idx_path,
                              " differs from the token count " + std::to_string(n_tokens_) + " of " + bin_path);
 }
 
+namespace {
+
+template <typename Id>
+Id max_id(const uint8_t* bytes, size_t n_ids) {
+  Id m = 0;
+  const auto* p = reinterpret_cast<const Id*>(bytes);  // mmap'd pages are aligned
+  for (size_t i = 0; i < n_ids; ++i) m = std::max(m, p[i]);
+  return m;
+}
+
+}  // namespace
+
+void TokenSplit::verify(int64_t vocab_size, const std::string& xxh3_hex) const {
+  // One sequential pass: the hash and the largest id of each chunk. Only a chunk whose
+  // largest id is out of range is searched again, for the offset of its first bad id.
+  constexpr size_t kChunk = size_t{64} << 20;
+  if (bin_.size() > (size_t{1} << 30))
+    spdlog::info("verifying {} ({:.1f} GiB): token ids and hash", bin_.path(), static_cast<double>(bin_.size()) / (1 << 30));
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(state);
+  for (size_t at = 0; at < bin_.size(); at += kChunk) {
+    const size_t n = std::min(kChunk, bin_.size() - at);
+    XXH3_64bits_update(state, bin_.data() + at, n);
+    const size_t n_ids = n / static_cast<size_t>(dtype_bytes_);
+    const int64_t m = dtype_bytes_ == 2 ? max_id<uint16_t>(bin_.data() + at, n_ids) : max_id<uint32_t>(bin_.data() + at, n_ids);
+    if (m < vocab_size) continue;
+    XXH3_freeState(state);
+    const int64_t first = static_cast<int64_t>(at) / dtype_bytes_;
+    for (int64_t i = first;; ++i)
+      if (static_cast<int64_t>(at_unchecked(i)) >= vocab_size)
+        throw std::runtime_error(fmt::format("{}: token id {} at token offset {} (byte {}) is not below the dataset's "
+                                             "vocabulary size {}",
+                                             bin_.path(), at_unchecked(i), i, i * dtype_bytes_, vocab_size));
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  if (xxh3_hex.empty()) return;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
+  if (xxh3_hex != hex)
+    throw std::runtime_error(fmt::format("{}: contents hash to xxh3 {}, dataset.json records {}: the file changed "
+                                         "after `tide data prepare` (prepare the dataset again)",
+                                         bin_.path(), hex, xxh3_hex));
+}
+
 uint32_t TokenSplit::at(int64_t i) const {
+  if (i < 0 || i >= n_tokens_) throw std::out_of_range("token offset " + std::to_string(i) + " outside " + bin_.path());
+  return at_unchecked(i);
+}
+
+uint32_t TokenSplit::at_unchecked(int64_t i) const {
   if (dtype_bytes_ == 2) {
     uint16_t v;
     std::memcpy(&v, bin_.data() + 2 * i, 2);
@@ -68,8 +125,31 @@ TokenDataset::TokenDataset(const std::string& dir) : dir_(dir) {
   const std::string dtype = meta_.value("dtype", "");
   if (dtype != "uint16" && dtype != "uint32") throw std::runtime_error(meta_path + ": dtype '" + dtype + "' is unknown");
   const int bytes = dtype == "uint16" ? 2 : 4;
-  for (const char* name : {"train", "val"})
-    splits_.emplace_back(name, TokenSplit(dir + "/" + name + ".bin", dir + "/" + name + ".idx", bytes));
+  const auto& vocab = meta_.contains("vocab_size") ? meta_["vocab_size"] : nlohmann::json();
+  if (!vocab.is_number_integer() || vocab.get<int64_t>() < 1 || vocab.get<int64_t>() > (int64_t{1} << 32))
+    throw std::runtime_error(meta_path + ": vocab_size " + vocab.dump() + " is not an integer in [1, 2^32]");
+  vocab_size_ = vocab.get<int64_t>();
+  const auto& recorded = meta_.contains("splits") ? meta_["splits"] : nlohmann::json();
+  if (!recorded.is_null() && !recorded.is_object()) throw std::runtime_error(meta_path + ": splits is not an object");
+  for (const char* name : {"train", "val"}) {
+    TokenSplit split(dir + "/" + name + ".bin", dir + "/" + name + ".idx", bytes);
+    std::string xxh3;
+    if (recorded.contains(name)) {
+      const auto& r = recorded[name];
+      const std::string field = meta_path + ": splits." + name;
+      if (!r.is_object()) throw std::runtime_error(field + " is not an object");
+      if (r.contains("xxh3")) {
+        if (!r["xxh3"].is_string() || r["xxh3"].get<std::string>().size() != 16)
+          throw std::runtime_error(field + ".xxh3 " + r["xxh3"].dump() + " is not 16 hex digits");
+        xxh3 = r["xxh3"].get<std::string>();
+      }
+      if (r.contains("tokens") && r["tokens"] != split.size())
+        throw std::runtime_error(field + ".tokens " + r["tokens"].dump() + " differs from the " +
+                                 std::to_string(split.size()) + " tokens in " + name + ".bin");
+    }
+    split.verify(vocab_size_, xxh3);
+    splits_.emplace_back(name, std::move(split));
+  }
 }
 
 std::string TokenDataset::tokenizer_path() const { return dir_ + "/" + meta_.value("tokenizer", "tokenizer.json"); }

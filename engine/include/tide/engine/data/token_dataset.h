@@ -23,14 +23,19 @@ inline constexpr int64_t kDatasetFormatVersion = 1;
 class TokenSplit {
  public:
   TokenSplit(const std::string& bin_path, const std::string& idx_path, int dtype_bytes);
+  // Reads the whole .bin once: every id must be below `vocab_size` (the error names the
+  // file, the id and its token offset) and, when `xxh3_hex` is not empty, the bytes must
+  // hash to it (the value `tide data prepare` recorded in dataset.json).
+  void verify(int64_t vocab_size, const std::string& xxh3_hex) const;
   int64_t size() const { return n_tokens_; }
   int64_t documents() const { return static_cast<int64_t>(doc_offsets_.size()) - 1; }
   int64_t document_start(int64_t d) const { return static_cast<int64_t>(doc_offsets_.at(static_cast<size_t>(d))); }
-  uint32_t at(int64_t i) const;
+  uint32_t at(int64_t i) const;  // bounds-checked
   // Copies n tokens starting at `start` as int64 (the dtype LibTorch wants for ids).
   void copy(int64_t start, int64_t n, int64_t* out) const;
 
  private:
+  uint32_t at_unchecked(int64_t i) const;
   MappedFile bin_;
   int dtype_bytes_;
   int64_t n_tokens_;
@@ -39,18 +44,21 @@ class TokenSplit {
 
 class TokenDataset {
  public:
-  // Opens and checks a dataset directory; errors name the file and the problem.
+  // Opens and checks a dataset directory, reading every split once (TokenSplit::verify):
+  // a bad id or a changed file fails here, not at the batch that holds it. Errors name the
+  // file and the problem.
   explicit TokenDataset(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
   const nlohmann::json& meta() const { return meta_; }
-  int64_t vocab_size() const { return meta_.at("vocab_size").get<int64_t>(); }
+  int64_t vocab_size() const { return vocab_size_; }
   std::string tokenizer_path() const;
   const TokenSplit& split(const std::string& name) const;  // "train" or "val"
 
  private:
   std::string dir_;
   nlohmann::json meta_;
+  int64_t vocab_size_ = 0;
   std::vector<std::pair<std::string, TokenSplit>> splits_;
 };
 
