@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/data/tokenizer.h"
 #include "tide/engine/io/safetensors.h"
 #include "tide/engine/model/hf_convert.h"
 #include "tide/engine/model/weights_io.h"
@@ -125,6 +126,83 @@ TEST(HfConvert, MissingOrMisshapenTensorsAreNamed) {
   LoadedModel loaded = load_model((dir / "model.safetensors").string());
   expect_identical(m, loaded.model);
   fs::remove_all(dir);
+}
+
+std::string hf_error(const nlohmann::json& config) {
+  try {
+    model_config_from_hf(config);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(HfConvert, ConfigValuesOfTheWrongTypeAreNamed) {
+  nlohmann::json cfg = hf_config(tiny_llama());
+  cfg.erase("tide");
+  EXPECT_EQ(hf_error(cfg), "");
+  auto with = [&](const char* key, const nlohmann::json& v) {
+    nlohmann::json c = cfg;
+    c[key] = v;
+    return hf_error(c);
+  };
+  EXPECT_EQ(with("vocab_size", "257"), "config.json vocab_size: \"257\" is not an integer");
+  EXPECT_EQ(with("rms_norm_eps", "small"), "config.json rms_norm_eps: \"small\" is not a number");
+  EXPECT_EQ(with("tie_word_embeddings", 1), "config.json tie_word_embeddings: 1 is not true or false");
+  EXPECT_EQ(with("model_type", 7), "config.json model_type: 7 is not a string");
+  EXPECT_EQ(with("hidden_size", 64.5), "config.json hidden_size: 64.5 is not an integer");
+  nlohmann::json missing = cfg;
+  missing.erase("num_hidden_layers");
+  EXPECT_EQ(hf_error(missing), "config.json num_hidden_layers: missing");
+  EXPECT_EQ(hf_error(nlohmann::json::array()), "config.json: is array, not an object");
+}
+
+TEST(HfConvert, AnIndexNamingAFileOutsideTheDirectoryIsRefused) {
+  Transformer m(tiny_llama());
+  const auto dir = temp_dir("tide_hf_index");
+  export_hf(dir.string(), m, /*max_shard_bytes=*/8 * 1024);
+  nlohmann::json index;
+  std::ifstream(dir / "model.safetensors.index.json") >> index;
+  index["weight_map"]["model.norm.weight"] = "../../etc/passwd";
+  std::ofstream(dir / "model.safetensors.index.json", std::ios::trunc) << index.dump();
+  try {
+    hf_weight_files(dir.string());
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("weight_map.model.norm.weight = \"../../etc/passwd\" is not a file name"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+nlohmann::json read_json_at(const fs::path& p) {
+  nlohmann::json j;
+  std::ifstream(p) >> j;
+  return j;
+}
+
+TEST(HfConvert, ExportWithATokenizerNamesItsSpecialTokens) {
+  Transformer m(tiny_llama());
+  const auto dir = temp_dir("tide_hf_tokenizer");
+  const auto src = temp_dir("tide_hf_tokenizer_src");
+  fs::create_directories(src);
+  const ByteLevelBpe bytes = ByteLevelBpe::bytes();  // <|endoftext|> is id 256
+  bytes.save((src / "tokenizer.json").string());
+  export_hf(dir.string(), m, 0, "BF16", (src / "tokenizer.json").string());
+  const auto config = read_json_at(dir / "config.json");
+  EXPECT_EQ(config["eos_token_id"], 256);
+  EXPECT_EQ(config["bos_token_id"], 256);  // no begin-of-sequence token: GPT-2's convention
+  EXPECT_EQ(config["torch_dtype"], "bfloat16");
+  const auto tc = read_json_at(dir / "tokenizer_config.json");
+  EXPECT_EQ(tc["tokenizer_class"], "PreTrainedTokenizerFast");
+  EXPECT_EQ(tc["eos_token"], "<|endoftext|>");
+  EXPECT_EQ(tc["bos_token"], "<|endoftext|>");
+  EXPECT_EQ(tc["model_max_length"], tiny_llama().max_seq_len);
+  EXPECT_EQ(read_json_at(dir / "generation_config.json")["eos_token_id"], 256);
+  EXPECT_EQ(load_tokenizer((dir / "tokenizer.json").string())->vocab_size(), 257);
+  fs::remove_all(dir);
+  fs::remove_all(src);
 }
 
 }  // namespace

@@ -68,6 +68,9 @@ TEST_F(SentencePieceTest, IdsEqualSpmEncodeWithByteFallback) {
   const auto t = SentencePieceBpe::load((dir_ / "llama.model").string());
   EXPECT_EQ(t.vocab_size(), 600);
   EXPECT_EQ(t.eos_id(), 2);
+  EXPECT_EQ(t.bos_id(), 1);
+  EXPECT_EQ(t.token_text(1), "<s>");
+  EXPECT_EQ(t.token_text(2), "</s>");
   for (const char* line : kLines) EXPECT_EQ(t.encode(line), reference("llama", line)) << line;
 }
 

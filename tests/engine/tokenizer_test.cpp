@@ -32,6 +32,9 @@ TEST(Tokenizer, BytesRoundTripAnyBytes) {
   const ByteLevelBpe t = ByteLevelBpe::bytes();
   EXPECT_EQ(t.vocab_size(), 257);
   EXPECT_EQ(t.eos_id(), 256);
+  EXPECT_EQ(t.bos_id(), -1);
+  EXPECT_EQ(t.token_text(256), "<|endoftext|>");
+  EXPECT_EQ(t.token_text(' '), "\xC4\xA0");  // Ġ, as tokenizer.json stores a space
   std::string all;
   for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
   const auto ids = t.encode(all);

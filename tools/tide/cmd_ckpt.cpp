@@ -105,9 +105,9 @@ void add_checkpoint_command(CLI::App& app) {
     AdamW optim(flat, cfg.optimizer);
     Checkpointer(fs::path(opt->path).parent_path().string(), CheckpointParts{&cfg, model.get(), &flat, &optim, nullptr})
         .load(opt->path);
-    export_hf(opt->out, model, 0, opt->dtype);
     // The run's tokenizer, two levels up (<run>/checkpoints/step-N), completes the directory.
-    copy_tokenizer(tokenizer_beside(fs::absolute(opt->path).lexically_normal().parent_path().parent_path()), opt->out);
+    export_hf(opt->out, model, 0, opt->dtype,
+              tokenizer_beside(fs::absolute(opt->path).lexically_normal().parent_path().parent_path()));
     spdlog::info("wrote {}", opt->out);
   });
 }

@@ -25,8 +25,7 @@ void add_convert_command(CLI::App& app) {
   exp->add_option("--dtype", opt->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
   exp->callback([opt] {
     LoadedModel m = load_model(opt->from);
-    export_hf(opt->out, m.model, static_cast<int64_t>(opt->max_shard_mb * 1024 * 1024), opt->dtype);
-    copy_tokenizer(m.tokenizer_path, opt->out);
+    export_hf(opt->out, m.model, static_cast<int64_t>(opt->max_shard_mb * 1024 * 1024), opt->dtype, m.tokenizer_path);
     spdlog::info("wrote {}", opt->out);
   });
 

@@ -11,6 +11,7 @@
 
 #include "checkpoint_files.h"
 #include "tide/engine/checkpoint/checkpoint_index.h"
+#include "tide/engine/io/file_name.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/io/safetensors.h"
 
@@ -85,9 +86,7 @@ nlohmann::json read_manifest(const std::string& dir) {
   // Every file the manifest names is read or hashed: a name must stay in the directory.
   if (!j["files"].is_object()) throw std::runtime_error(fmt::format("{}: 'files' is not an object", path));
   for (const auto& [name, info] : j["files"].items()) {
-    const bool plain = !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-                       name.find('\0') == std::string::npos;
-    if (!plain)
+    if (!is_plain_file_name(name))
       throw std::runtime_error(fmt::format("{}: file name {} leaves the checkpoint directory", path,
                                            nlohmann::json(name).dump()));
     if (!info.is_object() || !info.contains("bytes") || !info["bytes"].is_number_unsigned() ||

@@ -86,7 +86,7 @@ SentencePieceBpe SentencePieceBpe::load(const std::string& path) {
   t.raw_ = ss.str();
   int64_t model_type = 1;  // proto default: UNIGRAM
   std::string normalizer = "nmt_nfkc";
-  int64_t unk_id = 0, eos_id = 2;
+  int64_t unk_id = 0, bos_id = 1, eos_id = 2;  // TrainerSpec's defaults
   Wire top(t.raw_, path);
   while (!top.done()) {
     const uint64_t key = top.varint();
@@ -116,6 +116,7 @@ SentencePieceBpe SentencePieceBpe::load(const std::string& path) {
         if (f == 3) model_type = v;
         else if (f == 35) t.byte_fallback_ = v != 0;
         else if (f == 40) unk_id = static_cast<int32_t>(v);
+        else if (f == 41) bos_id = static_cast<int32_t>(v);
         else if (f == 42) eos_id = static_cast<int32_t>(v);
       }
     } else if (field == 3 && type == 2) {  // NormalizerSpec
@@ -141,7 +142,9 @@ SentencePieceBpe SentencePieceBpe::load(const std::string& path) {
     throw std::runtime_error(path + ": SentencePiece normaliser '" + normalizer +
                              "' is not supported; only 'identity', as LLaMA-1/2 use");
   t.unk_id_ = static_cast<int32_t>(unk_id);
-  t.eos_id_ = eos_id >= 0 && eos_id < static_cast<int64_t>(t.pieces_.size()) ? static_cast<int32_t>(eos_id) : -1;
+  const auto in_vocabulary = [&](int64_t id) { return id >= 0 && id < static_cast<int64_t>(t.pieces_.size()) ? static_cast<int32_t>(id) : -1; };
+  t.eos_id_ = in_vocabulary(eos_id);
+  t.bos_id_ = in_vocabulary(bos_id);
   for (int b = 0; b < 256; ++b) t.byte_ids_[b] = -1;
   for (size_t i = 0; i < t.pieces_.size(); ++i) {
     const Piece& p = t.pieces_[i];
@@ -265,6 +268,8 @@ std::string SentencePieceBpe::decode_one(int32_t id) const {
   }
   return out;
 }
+
+std::string SentencePieceBpe::token_text(int32_t id) const { return pieces_.at(static_cast<size_t>(id)).text; }
 
 std::string SentencePieceBpe::decode(const std::vector<int32_t>& ids) const {
   std::string out = Tokenizer::decode(ids);

@@ -71,10 +71,13 @@ void ByteLevelBpe::index() {
     if (it == by_bytes_.end()) throw std::runtime_error("merge " + std::to_string(r) + " produces no vocabulary entry");
     merge_rank_[{a, b}] = {static_cast<int32_t>(r), it->second};
   }
-  eos_id_ = -1;
-  for (size_t i = 0; i < tokens_.size() && eos_id_ < 0; ++i)
-    if (special_[i] && (tokens_[i] == kEndOfText || tokens_[i] == "</s>" || tokens_[i] == "<|end_of_text|>"))
+  eos_id_ = bos_id_ = -1;
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    if (!special_[i]) continue;
+    if (eos_id_ < 0 && (tokens_[i] == kEndOfText || tokens_[i] == "</s>" || tokens_[i] == "<|end_of_text|>"))
       eos_id_ = static_cast<int32_t>(i);
+    if (bos_id_ < 0 && (tokens_[i] == "<s>" || tokens_[i] == "<|begin_of_text|>")) bos_id_ = static_cast<int32_t>(i);
+  }
 }
 
 ByteLevelBpe ByteLevelBpe::bytes() {
@@ -265,6 +268,12 @@ std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
 std::string ByteLevelBpe::decode_one(int32_t id) const {
   if (id < 0 || id >= static_cast<int32_t>(tokens_.size())) return "\xEF\xBF\xBD";  // U+FFFD
   return tokens_[static_cast<size_t>(id)];
+}
+
+std::string ByteLevelBpe::token_text(int32_t id) const {
+  const std::string& bytes = tokens_.at(static_cast<size_t>(id));
+  if (special_[static_cast<size_t>(id)]) return bytes;
+  return to_unicode(bytes);  // tokenizer.json's form
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {

@@ -2,12 +2,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/data/tokenizer.h"
+#include "tide/engine/io/file_name.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/model/weights_io.h"
 
@@ -78,60 +81,133 @@ json hf_config(const ModelConfig& m) {
   return j;
 }
 
-ModelConfig model_config_from_hf(const json& hf) {
-  if (hf.contains("tide") && hf["tide"].is_object()) return model_config_from_json(hf["tide"]);
-  const std::string type = hf.value("model_type", "");
-  auto get = [&](std::initializer_list<const char*> keys) -> json {
+namespace {
+// Typed reads of a Hugging Face config.json whose errors name the key and the value.
+class HfConfig {
+ public:
+  explicit HfConfig(const json& j) : j_(j) {
+    if (!j_.is_object()) throw ConfigError("config.json", "is " + std::string(j_.type_name()) + ", not an object");
+  }
+  // The first of `keys` present; required when `fallback` is absent.
+  int64_t integer(std::initializer_list<const char*> keys, std::optional<int64_t> fallback = std::nullopt) const {
+    const auto [key, v] = find(keys, fallback.has_value());
+    if (v == nullptr) return *fallback;
+    if (!v->is_number_integer()) throw wrong(key, *v, "an integer");
+    return v->get<int64_t>();
+  }
+  double number(const char* key, double fallback) const {
+    const auto [k, v] = find({key}, true);
+    if (v == nullptr) return fallback;
+    if (!v->is_number()) throw wrong(k, *v, "a number");
+    return v->get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    const auto [k, v] = find({key}, true);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) throw wrong(k, *v, "true or false");
+    return v->get<bool>();
+  }
+  std::string string(const char* key) const {
+    const auto [k, v] = find({key}, false);
+    if (!v->is_string()) throw wrong(k, *v, "a string");
+    return v->get<std::string>();
+  }
+  const json* get(const char* key) const { return j_.contains(key) && !j_[key].is_null() ? &j_[key] : nullptr; }
+
+ private:
+  std::pair<std::string, const json*> find(std::initializer_list<const char*> keys, bool optional) const {
     for (const char* k : keys)
-      if (hf.contains(k)) return hf[k];
-    throw ConfigError(*keys.begin(), "missing from the Hugging Face config.json");
-  };
+      if (const json* v = get(k)) return {k, v};
+    if (!optional) throw ConfigError(std::string("config.json ") + *keys.begin(), "missing");
+    return {*keys.begin(), nullptr};
+  }
+  static ConfigError wrong(const std::string& key, const json& v, const char* want) {
+    return ConfigError("config.json " + key, v.dump() + " is not " + want);
+  }
+  const json& j_;
+};
+}  // namespace
+
+ModelConfig model_config_from_hf(const json& config) {
+  const HfConfig hf(config);
+  if (const json* own = hf.get("tide"); own != nullptr && own->is_object()) return model_config_from_json(*own);
+  const std::string type = hf.string("model_type");
   ModelConfig m;
   if (type == "llama") {
     m.family = Family::LLaMA;
-    m.dim = get({"hidden_size"}).get<int64_t>();
-    m.ffn_dim = get({"intermediate_size"}).get<int64_t>();
-    m.n_heads = get({"num_attention_heads"}).get<int64_t>();
-    m.n_layers = get({"num_hidden_layers"}).get<int64_t>();
-    m.n_kv_heads = hf.value("num_key_value_heads", m.n_heads);
-    m.max_seq_len = hf.value("max_position_embeddings", int64_t{2048});
-    m.norm_eps = hf.value("rms_norm_eps", 1e-6);
-    m.rope_theta = hf.value("rope_theta", 10000.0);
-    m.vocab_size = get({"vocab_size"}).get<int64_t>();
-    m.tie_embeddings = hf.value("tie_word_embeddings", false);
-    m.attention_bias = hf.value("attention_bias", false);
-    m.mlp_bias = hf.value("mlp_bias", false);
-    if (hf.contains("rope_scaling") && !hf["rope_scaling"].is_null())
-      throw ConfigError("rope_scaling", "RoPE scaling " + hf["rope_scaling"].dump() + " is not supported yet");
+    m.dim = hf.integer({"hidden_size"});
+    m.ffn_dim = hf.integer({"intermediate_size"});
+    m.n_heads = hf.integer({"num_attention_heads"});
+    m.n_layers = hf.integer({"num_hidden_layers"});
+    m.n_kv_heads = hf.integer({"num_key_value_heads"}, m.n_heads);
+    m.max_seq_len = hf.integer({"max_position_embeddings"}, 2048);
+    m.norm_eps = hf.number("rms_norm_eps", 1e-6);
+    m.rope_theta = hf.number("rope_theta", 10000.0);
+    m.vocab_size = hf.integer({"vocab_size"});
+    m.tie_embeddings = hf.boolean("tie_word_embeddings", false);
+    m.attention_bias = hf.boolean("attention_bias", false);
+    m.mlp_bias = hf.boolean("mlp_bias", false);
+    if (const json* scaling = hf.get("rope_scaling"))
+      throw ConfigError("config.json rope_scaling", "RoPE scaling " + scaling->dump() + " is not supported yet");
   } else if (type == "bloom") {
     m.family = Family::BLOOM;
-    m.dim = get({"hidden_size", "n_embed"}).get<int64_t>();
-    m.n_heads = get({"n_head", "num_attention_heads"}).get<int64_t>();
-    m.n_layers = get({"n_layer", "num_hidden_layers"}).get<int64_t>();
-    m.vocab_size = get({"vocab_size"}).get<int64_t>();
-    m.norm_eps = hf.value("layer_norm_epsilon", 1e-5);
-    m.tie_embeddings = hf.value("tie_word_embeddings", true);
+    m.dim = hf.integer({"hidden_size", "n_embed"});
+    m.n_heads = hf.integer({"n_head", "num_attention_heads"});
+    m.n_layers = hf.integer({"n_layer", "num_hidden_layers"});
+    m.vocab_size = hf.integer({"vocab_size"});
+    m.norm_eps = hf.number("layer_norm_epsilon", 1e-5);
+    m.tie_embeddings = hf.boolean("tie_word_embeddings", true);
     m.norm = NormKind::LayerNorm;
     m.positions = PositionKind::ALiBi;
     m.mlp = MlpKind::GELU;
     m.attention_bias = m.mlp_bias = m.embedding_norm = true;
-    m.max_seq_len = hf.value("seq_length", int64_t{2048});
-    if (hf.value("apply_residual_connection_post_layernorm", false))
-      throw ConfigError("apply_residual_connection_post_layernorm", "true is not supported");
+    m.max_seq_len = hf.integer({"seq_length"}, 2048);
+    if (hf.boolean("apply_residual_connection_post_layernorm", false))
+      throw ConfigError("config.json apply_residual_connection_post_layernorm", "true is not supported");
   } else {
-    throw ConfigError("model_type", fmt::format("'{}' is not a supported family (llama, bloom)", type));
+    throw ConfigError("config.json model_type", fmt::format("'{}' is not a supported family (llama, bloom)", type));
   }
-  m.init_std = hf.value("initializer_range", 0.02);
+  m.init_std = hf.number("initializer_range", 0.02);
   validate_model(m);
   return m;
 }
 
-void export_hf(const std::string& dir, Transformer& model, int64_t max_shard_bytes, const std::string& dtype) {
+namespace {
+// The tokenizer beside the weights, and the files that tell transformers about its
+// special tokens. tide's own data has no begin-of-sequence id: GPT-2's convention
+// (bos = eos = <|endoftext|>) is what transformers expects of such a tokenizer.
+void export_tokenizer(const fs::path& dir, const std::string& tokenizer_path, int64_t max_seq_len, json& config) {
+  const auto tok = load_tokenizer(tokenizer_path);
+  fs::copy_file(tokenizer_path, dir / fs::path(tokenizer_path).filename(), fs::copy_options::overwrite_existing);
+  const int32_t eos = tok->eos_id();
+  const int32_t bos = tok->bos_id() >= 0 ? tok->bos_id() : eos;
+  json tokenizer_config = {{"tokenizer_class", tok->file_name() == "tokenizer.model" ? "LlamaTokenizer"
+                                                                                       : "PreTrainedTokenizerFast"},
+                           {"model_max_length", max_seq_len},
+                           {"clean_up_tokenization_spaces", false}};
+  json generation = {{"_from_model_config", true}};
+  if (eos >= 0) {
+    config["eos_token_id"] = generation["eos_token_id"] = eos;
+    tokenizer_config["eos_token"] = tok->token_text(eos);
+  }
+  if (bos >= 0) {
+    config["bos_token_id"] = generation["bos_token_id"] = bos;
+    tokenizer_config["bos_token"] = tok->token_text(bos);
+  }
+  if (tok->file_name() == "tokenizer.model") tokenizer_config["add_bos_token"] = tok->bos_id() >= 0;
+  write_json(dir / "tokenizer_config.json", tokenizer_config);
+  write_json(dir / "generation_config.json", generation);
+}
+}  // namespace
+
+void export_hf(const std::string& dir, Transformer& model, int64_t max_shard_bytes, const std::string& dtype,
+               const std::string& tokenizer_path) {
   torch::NoGradGuard no_grad;
   fs::create_directories(dir);
   json config = hf_config(model->config());
   // What the weight files hold: transformers loads them as this dtype by default.
   config["torch_dtype"] = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
+  if (!tokenizer_path.empty()) export_tokenizer(dir, tokenizer_path, model->config().max_seq_len, config);
   write_json(fs::path(dir) / "config.json", config);
   if (max_shard_bytes <= 0) {
     save_weights((fs::path(dir) / "model.safetensors").string(), *model, {{"format", "pt"}}, dtype);
@@ -170,9 +246,15 @@ std::vector<std::string> hf_weight_files(const std::string& dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     const json j = read_json(index);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw std::runtime_error(index.string() + ": no 'weight_map' object");
     std::set<std::string> files;
-    for (auto it = j.at("weight_map").begin(); it != j.at("weight_map").end(); ++it)
-      files.insert(it.value().get<std::string>());
+    for (const auto& [tensor, file] : j["weight_map"].items()) {
+      if (!file.is_string() || !is_plain_file_name(file.get<std::string>()))
+        throw std::runtime_error(index.string() + ": weight_map." + tensor + " = " + file.dump() +
+                                 " is not a file name in the directory");
+      files.insert(file.get<std::string>());
+    }
     std::vector<std::string> out;
     for (const auto& f : files) out.push_back((fs::path(dir) / f).string());
     return out;

@@ -30,6 +30,12 @@ class Tokenizer {
   virtual std::string decode_one(int32_t id) const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int32_t eos_id() const = 0;
+  // The id a sequence starts with, -1 when the tokenizer has none (tide's own data never
+  // inserts one; exports then name the end-of-text id, GPT-2's convention).
+  virtual int32_t bos_id() const = 0;
+  // The stored form of a vocabulary entry ("<|endoftext|>", "<s>", "▁the"), for files
+  // such as tokenizer_config.json that name special tokens by text.
+  virtual std::string token_text(int32_t id) const = 0;
   // The file name this kind is stored under in dataset and run directories.
   virtual std::string file_name() const = 0;
   virtual void save(const std::string& path) const = 0;
@@ -56,6 +62,8 @@ class ByteLevelBpe : public Tokenizer {
   std::string decode_one(int32_t id) const override;
   int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
   int32_t eos_id() const override { return eos_id_; }
+  int32_t bos_id() const override { return bos_id_; }
+  std::string token_text(int32_t id) const override;
   std::string file_name() const override { return "tokenizer.json"; }
   void save(const std::string& path) const override;
   size_t merge_count() const { return merges_.size(); }
@@ -73,7 +81,7 @@ class ByteLevelBpe : public Tokenizer {
   std::vector<std::pair<std::string, int32_t>> specials_;  // matched in text, longest first
   PreTokenizer pre_ = PreTokenizer::gpt2();
   bool ignore_merges_ = false;  // a piece that is itself in the vocabulary is one id
-  int32_t eos_id_ = -1;
+  int32_t eos_id_ = -1, bos_id_ = -1;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
 };
 
@@ -88,6 +96,8 @@ class SentencePieceBpe : public Tokenizer {
   std::string decode_one(int32_t id) const override;
   int64_t vocab_size() const override { return static_cast<int64_t>(pieces_.size()); }
   int32_t eos_id() const override { return eos_id_; }
+  int32_t bos_id() const override { return bos_id_; }
+  std::string token_text(int32_t id) const override;
   std::string file_name() const override { return "tokenizer.model"; }
   void save(const std::string& path) const override;
 
@@ -106,7 +116,7 @@ class SentencePieceBpe : public Tokenizer {
   std::unordered_map<std::string, int32_t> by_text_;
   int32_t byte_ids_[256] = {};
   bool byte_fallback_ = false, add_dummy_prefix_ = true, remove_extra_whitespaces_ = true;
-  int32_t unk_id_ = 0, eos_id_ = -1;
+  int32_t unk_id_ = 0, eos_id_ = -1, bos_id_ = -1;
 };
 
 // Trains a byte-level BPE vocabulary of `vocab_size` ids (256 bytes + merges + the
