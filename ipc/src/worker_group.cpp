@@ -61,6 +61,9 @@ WorkerGroup::WorkerGroup(const WorkerSpec& spec) {
     }
     if (pid == 0) {
       // The child: only async-signal-safe work until exec, apart from setenv.
+      // Its own process group: a terminal's Ctrl-C reaches the launcher or tided, which
+      // decide how the workers end (a checkpoint first), not the workers directly.
+      ::setpgid(0, 0);
       if (spec.die_with_parent) {
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (::getppid() != parent) ::_exit(1);  // the parent died before prctl

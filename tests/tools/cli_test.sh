@@ -53,6 +53,9 @@ $tide eval "$work/run" --data "$work/ds" --seq-len 32 --batches 2 > "$work/eval.
 grep -q '"perplexity"' "$work/eval.json" || fail "eval printed no perplexity"
 $tide convert export "$work/run" --out "$work/hf" 2> /dev/null
 test -s "$work/hf/config.json" && test -s "$work/hf/model.safetensors" || fail "export wrote nothing"
+grep -q '"eos_token_id": 511' "$work/hf/config.json" || fail "exported config.json names no eos_token_id"
+grep -q '"eos_token": "<|endoftext|>"' "$work/hf/tokenizer_config.json" || fail "no tokenizer_config.json naming the eos token"
+cmp -s "$work/ds/tokenizer.json" "$work/hf/tokenizer.json" || fail "the export lacks the run's tokenizer"
 $tide convert import "$work/hf" --out "$work/imported" 2> /dev/null
 $tide generate "$work/imported" --prompt "GNU" --max-tokens 10 --seed 1 > "$work/gen2.txt"
 cmp -s "$work/gen.txt" "$work/gen2.txt" || fail "imported weights generate differently"
@@ -62,6 +65,47 @@ spm_train --input="$work/gpl.txt" --model_prefix="$work/spm" --model_type=bpe --
 $tide data prepare "$work/gpl.txt" --out "$work/ds-spm" --tokenizer "$work/spm.model" 2> /dev/null
 grep -q '"tokenizer": "tokenizer.model"' "$work/ds-spm/dataset.json" || fail "dataset does not name tokenizer.model"
 cmp -s "$work/spm.model" "$work/ds-spm/tokenizer.model" || fail "tokenizer.model not copied unchanged"
+
+# SIGTERM / Ctrl-C outside a daemon: the run stops at a step boundary after a checkpoint,
+# exits 128 + signal, and --resume auto carries on from it. One process, then a launcher
+# of two workers (the signal reaches only the launcher, as a terminal's Ctrl-C would:
+# the workers have their own process group).
+cat > "$work/long.lua" <<LUA
+return tide.recipe {
+  name = "cli-long",
+  model = tide.models.llama { vocab_size = 512, dim = 32, n_layers = 1, n_heads = 2, max_seq_len = 64, multiple_of = 16 },
+  data = { path = "$work/ds", seq_len = 32 },
+  batch = { micro_batch = 4, global_batch = 8 },
+  schedule = { steps = 1000000, warmup_steps = 1 },
+  threads = 1,
+}
+LUA
+stop_after_steps() {  # run-dir signal rc [train args...]
+  local dir=$1 sig=$2 want=$3; shift 3
+  setsid $tide train "$work/long.lua" --run-dir "$dir" --quiet "$@" 2> "$dir.txt" &
+  local pid=$! rows=0
+  for _ in $(seq 1200); do
+    rows=$(wc -l 2> /dev/null < "$dir/metrics.jsonl" || echo 0)
+    [ "$rows" -ge 3 ] && break
+    sleep 0.1
+  done
+  [ "$rows" -ge 3 ] || { kill -KILL -- -$pid; cat "$dir.txt"; fail "$dir: no training steps within 120 s"; }
+  kill -$sig -- -$pid
+  local rc=0
+  wait $pid || rc=$?
+  [ "$rc" -eq "$want" ] || { cat "$dir.txt"; fail "$dir: exit status $rc after SIG$sig, expected $want"; }
+  local step
+  step=$(cat "$dir/checkpoints/latest" 2> /dev/null) || { cat "$dir.txt"; fail "$dir: no checkpoint after SIG$sig"; }
+  step=$((10#${step#step-}))
+  [ "$step" -ge 3 ] || fail "$dir: checkpoint at step $step, before the 3 steps already logged"
+  [ "$(wc -l < "$dir/metrics.jsonl")" -eq "$step" ] || fail "$dir: metrics.jsonl rows differ from the checkpoint's step $step"
+  $tide train "$work/long.lua" --run-dir "$dir" --quiet --resume auto --set schedule.steps=$((step + 2)) "$@" \
+    2> "$dir.resume.txt" || { cat "$dir.resume.txt"; fail "$dir: resume failed"; }
+  grep -q "resumed from .*step-0*$step" "$dir.resume.txt" "$dir/train.log" || { cat "$dir.resume.txt"; fail "$dir: did not resume from step $step"; }
+  [ "$(wc -l < "$dir/metrics.jsonl")" -eq $((step + 2)) ] || fail "$dir: resumed run logged other than 2 more steps"
+}
+stop_after_steps "$work/sigterm" TERM 143
+stop_after_steps "$work/sigint2" INT 130 --nproc 2
 
 # docs/recipes.md carries the field table the schema generates.
 $tide recipe fields > "$work/fields.md"

@@ -3,12 +3,14 @@
 #include <memory>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
 #include "controlled_worker.h"
 #include "launcher.h"
 #include "local_policies.h"
+#include "stop_signals.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/launch_env.h"
 #include "tide/engine/train/runtime.h"
@@ -62,7 +64,22 @@ void run_training(const Options& opt) {
   if (recipe->has_lr_function()) hooks.lr = [recipe](int64_t step) { return recipe->lr_at(step); };
   // Under a controller the controller runs the policies; otherwise rank 0 does.
   const auto link = attach_controller(hooks, recipe->has_policy("on_anomaly"));
-  if (!link) run_policies_locally(hooks, recipe, !env || env->rank == 0);
+  if (!link) {
+    run_policies_locally(hooks, recipe, !env || env->rank == 0);
+    // Every rank takes part in live control (rank 0 broadcasts its commands at each step
+    // boundary); rank 0's stop signal decides for all, whoever launched the ranks.
+    install_stop_signals();
+    hooks.controlled = true;
+    hooks.take_commands = [policy_commands = hooks.take_commands] {
+      const std::string policy = policy_commands ? policy_commands() : std::string();
+      const std::string stop = take_stop_command();
+      if (stop.empty() || policy.empty()) return policy + stop;
+      // Both in one boundary: the policy's commands, then the stop.
+      auto commands = nlohmann::json::parse(policy);
+      commands.push_back(nlohmann::json::parse(stop).at(0));
+      return commands.dump();
+    };
+  }
   std::unique_ptr<Distributed> dist;
   if (env && env->world > 1) {
     // One rank of a job: ranks sharing this machine share its cores.
@@ -92,7 +109,7 @@ void run_training(const Options& opt) {
   }
   report_result(link.get(), r);
   if (r.stopped) {
-    spdlog::info("stopped at step {} (checkpoint saved)", r.steps);
+    spdlog::info("stopped at step {} (checkpoint saved); `--resume auto` continues from it", r.steps);
     return;
   }
   spdlog::info("trained {} steps; final loss {:.4f}", r.steps, r.final_loss);

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
+#include "stop_signals.h"
 
 int main(int argc, char** argv) {
   // Logs and errors go to stderr; stdout carries results (JSON, generated text).
@@ -36,5 +37,8 @@ int main(int argc, char** argv) {
     spdlog::error("{}", e.what());
     return 1;
   }
+  // Stopped by SIGINT / SIGTERM after saving its work: the shell's convention for a
+  // command a signal ended.
+  if (const int sig = tide::cli::stop_signal(); sig != 0) return 128 + sig;
   return 0;
 }

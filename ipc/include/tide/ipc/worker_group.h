@@ -1,6 +1,6 @@
 // The worker processes of one run on this node: started with the rendezvous environment
 // that torchrun would give them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...), watched
-// without blocking, and ended together. Used by `tide train --nproc` and by the
+// without blocking, and ended together. Workers run in their own process group. Used by `tide train --nproc` and by the
 // controller's supervisor.
 #pragma once
 
