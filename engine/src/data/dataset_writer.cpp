@@ -104,9 +104,7 @@ class SplitWriter {
     idx.write(reinterpret_cast<const char*>(&n_docs), 8);
     idx.write(reinterpret_cast<const char*>(offsets_.data()), static_cast<std::streamsize>(8 * offsets_.size()));
     if (!idx.flush()) throw std::runtime_error("cannot write '" + idx_path_.string() + "'");
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits_digest(&hash_)));
-    return {{"tokens", tokens_}, {"documents", n_docs}, {"xxh3", hex}};
+    return {{"tokens", tokens_}, {"documents", n_docs}, {"xxh3", xxh3_text(XXH3_64bits_digest(&hash_))}};
   }
   int64_t tokens() const { return tokens_; }
 

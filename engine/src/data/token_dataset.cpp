@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
 #include "tide/engine/io/json_input.h"
@@ -50,34 +51,35 @@ Id max_id(const uint8_t* bytes, size_t n_ids) {
 
 }  // namespace
 
+std::string xxh3_text(uint64_t digest) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
+  return hex;
+}
+
 void TokenSplit::verify(int64_t vocab_size, const std::string& xxh3_hex) const {
   // One sequential pass: the hash and the largest id of each chunk. Only a chunk whose
   // largest id is out of range is searched again, for the offset of its first bad id.
   constexpr size_t kChunk = size_t{64} << 20;
   if (bin_.size() > (size_t{1} << 30))
     spdlog::info("verifying {} ({:.1f} GiB): token ids and hash", bin_.path(), static_cast<double>(bin_.size()) / (1 << 30));
-  XXH3_state_t* state = XXH3_createState();
-  if (state == nullptr) throw std::bad_alloc();
-  XXH3_64bits_reset(state);
-  for (size_t at = 0; at < bin_.size(); at += kChunk) {
-    const size_t n = std::min(kChunk, bin_.size() - at);
-    XXH3_64bits_update(state, bin_.data() + at, n);
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  for (size_t start = 0; start < bin_.size(); start += kChunk) {
+    const size_t n = std::min(kChunk, bin_.size() - start);
+    XXH3_64bits_update(&state, bin_.data() + start, n);
     const size_t n_ids = n / static_cast<size_t>(dtype_bytes_);
-    const int64_t m = dtype_bytes_ == 2 ? max_id<uint16_t>(bin_.data() + at, n_ids) : max_id<uint32_t>(bin_.data() + at, n_ids);
+    const int64_t m = dtype_bytes_ == 2 ? max_id<uint16_t>(bin_.data() + start, n_ids) : max_id<uint32_t>(bin_.data() + start, n_ids);
     if (m < vocab_size) continue;
-    XXH3_freeState(state);
-    const int64_t first = static_cast<int64_t>(at) / dtype_bytes_;
+    const int64_t first = static_cast<int64_t>(start) / dtype_bytes_;
     for (int64_t i = first;; ++i)
-      if (static_cast<int64_t>(at_unchecked(i)) >= vocab_size)
+      if (static_cast<int64_t>(at(i)) >= vocab_size)
         throw std::runtime_error(fmt::format("{}: token id {} at token offset {} (byte {}) is not below the dataset's "
                                              "vocabulary size {}",
-                                             bin_.path(), at_unchecked(i), i, i * dtype_bytes_, vocab_size));
+                                             bin_.path(), at(i), i, i * dtype_bytes_, vocab_size));
   }
-  const uint64_t digest = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
   if (xxh3_hex.empty()) return;
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(digest));
+  const std::string hex = xxh3_text(XXH3_64bits_digest(&state));
   if (xxh3_hex != hex)
     throw std::runtime_error(fmt::format("{}: contents hash to xxh3 {}, dataset.json records {}: the file changed "
                                          "after `tide data prepare` (prepare the dataset again)",
@@ -85,11 +87,6 @@ void TokenSplit::verify(int64_t vocab_size, const std::string& xxh3_hex) const {
 }
 
 uint32_t TokenSplit::at(int64_t i) const {
-  if (i < 0 || i >= n_tokens_) throw std::out_of_range("token offset " + std::to_string(i) + " outside " + bin_.path());
-  return at_unchecked(i);
-}
-
-uint32_t TokenSplit::at_unchecked(int64_t i) const {
   if (dtype_bytes_ == 2) {
     uint16_t v;
     std::memcpy(&v, bin_.data() + 2 * i, 2);

@@ -19,6 +19,9 @@ inline constexpr char kIndexMagic[8] = {'T', 'I', 'D', 'E', 'I', 'D', 'X', '\0'}
 inline constexpr uint64_t kIndexVersion = 1;
 inline constexpr int64_t kDatasetFormatVersion = 1;
 
+// A split's XXH3-64 as dataset.json records it: 16 lowercase hex digits.
+std::string xxh3_text(uint64_t digest);
+
 // One split, memory-mapped.
 class TokenSplit {
  public:
@@ -30,12 +33,11 @@ class TokenSplit {
   int64_t size() const { return n_tokens_; }
   int64_t documents() const { return static_cast<int64_t>(doc_offsets_.size()) - 1; }
   int64_t document_start(int64_t d) const { return static_cast<int64_t>(doc_offsets_.at(static_cast<size_t>(d))); }
-  uint32_t at(int64_t i) const;  // bounds-checked
+  uint32_t at(int64_t i) const;
   // Copies n tokens starting at `start` as int64 (the dtype LibTorch wants for ids).
   void copy(int64_t start, int64_t n, int64_t* out) const;
 
  private:
-  uint32_t at_unchecked(int64_t i) const;
   MappedFile bin_;
   int dtype_bytes_;
   int64_t n_tokens_;
