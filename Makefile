@@ -4,6 +4,8 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 TIDE := $(BUILD)/tools/tide
+# The project's virtual environment (scripts/setup.sh): the PyTorch tide builds against.
+PYTHON := .venv/bin/python
 CORPUS := data/corpus/kjv.txt
 DATASET := data/kjv
 
@@ -42,10 +44,10 @@ test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 bench: data
-	@/usr/bin/python3 bench/train_vs_pytorch.py --tide $(BUILD)/tools/tide
-	@/usr/bin/python3 bench/parallel_layouts.py --tide $(BUILD)/tools/tide
-	@/usr/bin/python3 bench/checkpoint_io.py --tide $(BUILD)/tools/tide
-	@/usr/bin/python3 bench/daemon_load.py --tide $(BUILD)/tools/tide --tided $(BUILD)/tools/tided
+	@$(PYTHON) bench/train_vs_pytorch.py --tide $(BUILD)/tools/tide
+	@$(PYTHON) bench/parallel_layouts.py --tide $(BUILD)/tools/tide
+	@$(PYTHON) bench/checkpoint_io.py --tide $(BUILD)/tools/tide
+	@$(PYTHON) bench/daemon_load.py --tide $(BUILD)/tools/tide --tided $(BUILD)/tools/tided
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log

@@ -6,7 +6,7 @@ sides are taken in the same pattern),
 tide's time counting from the snapshot to the commit,
 and how long a save holds training up: synchronous (the whole write) versus
 asynchronous (the snapshot to host memory), against the step time.
-Usage: /usr/bin/python3 bench/checkpoint_io.py [--tide build/tools/tide] [--shape small|tiny] [--writers N]
+Usage: .venv/bin/python bench/checkpoint_io.py [--tide build/tools/tide] [--shape small|tiny] [--writers N]
 """
 import argparse
 import os

@@ -2,7 +2,7 @@
 while a run trains, against the same run trained with the daemon idle.
 
 Prints the request latency percentiles and the training speed of both runs, side by side,
-as a ratio. Usage: /usr/bin/python3 bench/daemon_load.py [--steps 300]
+as a ratio. Usage: .venv/bin/python bench/daemon_load.py [--steps 300]
 """
 import argparse
 import os

@@ -16,7 +16,7 @@ S = 4 B T D bytes of one micro-batch's activations, L blocks):
 model-state bytes per rank against fp32 AdamW theory where it is simple (dp, ZeRO), and
 peak resident memory of rank 0. On a 2-core machine the absolute speed-up is bounded; the
 communication and memory ratios are the point.
-Usage: /usr/bin/python3 bench/parallel_layouts.py [--tide build/tools/tide] [--shape small|tiny]
+Usage: .venv/bin/python bench/parallel_layouts.py [--tide build/tools/tide] [--shape small|tiny]
 """
 import argparse
 import json

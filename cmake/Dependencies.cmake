@@ -1,7 +1,7 @@
-# Every third-party dependency, found once. All come from Debian 12 packages
-# installed by scripts/setup.sh.
+# Every third-party dependency, found once. LibTorch comes from PyTorch 2.x (see
+# cmake/FindLibTorch.cmake); the rest from Debian 12 packages installed by scripts/setup.sh.
 if(NOT TIDE_CAPI_ONLY)
-  find_package(Torch REQUIRED)
+  include(cmake/FindLibTorch.cmake)
 endif()
 find_package(Threads REQUIRED)
 find_package(spdlog REQUIRED)
@@ -20,9 +20,29 @@ pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc icu-i18n)
 pkg_check_modules(JEMALLOC REQUIRED IMPORTED_TARGET jemalloc)
 
 # Torch's imported target carries its include dirs and compile definitions
-# (USE_DISTRIBUTED, USE_C10D_GLOO, the C++ ABI flag).
+# (USE_DISTRIBUTED, USE_C10D_GLOO, USE_C10D_NCCL on a CUDA build).
 if(NOT TIDE_CAPI_ONLY)
   add_library(tide_torch INTERFACE)
   target_link_libraries(tide_torch INTERFACE ${TORCH_LIBRARIES})
   target_compile_options(tide_torch INTERFACE ${TORCH_CXX_FLAGS})
+  # PyTorch's wheels carry fmt 12 in their include root, and Debian's spdlog (built on
+  # fmt 9) does not compile against it. A folder holding only a link to the fmt tide links
+  # (libfmt.so.9) goes before torch's include root, so every <fmt/...> is that one;
+  # torch's own headers compile against it as well (fmt's inline namespace, v9 or v12,
+  # keeps their symbols apart).
+  if(EXISTS "${TIDE_TORCH_PREFIX}/include/fmt")
+    get_target_property(fmt_include fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+    set(fmt_first "${CMAKE_BINARY_DIR}/fmt-before-torch")
+    file(MAKE_DIRECTORY "${fmt_first}")
+    file(CREATE_LINK "${fmt_include}/fmt" "${fmt_first}/fmt" SYMBOLIC)
+    target_include_directories(tide_torch SYSTEM BEFORE INTERFACE "${fmt_first}")
+  endif()
+endif()
+
+# The Python the tests and benchmarks run: the project's virtual environment (pyzmq,
+# transformers, tokenizers, torch; scripts/setup.sh), else python3.
+if(EXISTS "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+  set(TIDE_PYTHON "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+else()
+  find_program(TIDE_PYTHON python3 REQUIRED)
 endif()

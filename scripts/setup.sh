@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Installs the Debian packages tide needs (idempotent; quiet when all are present).
-# Usage: scripts/setup.sh [--with-extras]
+# Installs what tide needs (idempotent; quiet when all is present): the Debian packages,
+# and the project's virtual environment .venv with LibTorch 2.x (the torch package tide
+# builds against) and the Python test references.
+# Usage: scripts/setup.sh
+# Environment: TIDE_TORCH   the torch to install into .venv (default torch==2.13.0, the CPU
+#                           build; torch==2.14.1 is the CUDA 13 build). On a GPU host whose
+#                           python3 already has a CUDA torch >= 2.4, that one is used.
 set -euo pipefail
 
 PACKAGES=(
   build-essential cmake make pkg-config ccache git
-  libtorch-dev libgloo-dev
-  # Debian's LibTorch calls the system libblas.so.3; without an optimized one every
-  # matmul goes through the reference BLAS. OpenMP OpenBLAS measured fastest here.
-  libopenblas0-openmp libopenblas-openmp-dev
+  python3 python3-venv
+  # Declarations only: ProcessGroupGloo.hpp includes gloo headers that PyTorch's wheels
+  # do not ship (docs/building.md, "Gloo").
+  libgloo-dev
   libjemalloc-dev
   libluajit-5.1-dev luajit
   libzmq3-dev cppzmq-dev
@@ -17,7 +22,6 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
   libxxhash-dev libzstd-dev libicu-dev
   sentencepiece libsentencepiece-dev
-  python3-torch python3-zmq python3-numpy
   # The Go binding (bindings/go, cgo).
   golang-go
   # The bundled default corpus (King James Bible, public domain).
@@ -47,20 +51,6 @@ if ! command -v cargo >/dev/null && [[ ! -x ${HOME:-/root}/.cargo/bin/cargo ]]; 
   $SUDO apt-get install -y -qq --no-install-recommends cargo >/dev/null
 fi
 
-# Point libblas.so.3 at OpenBLAS (OpenMP build) if the reference BLAS is selected.
-alt=libblas.so.3-x86_64-linux-gnu
-want=/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3
-if [[ -e $want ]] && ! update-alternatives --query "$alt" 2>/dev/null | grep -q "^Value: $want"; then
-  SUDO=""; if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-  $SUDO update-alternatives --quiet --set "$alt" "$want"
-fi
-alt=liblapack.so.3-x86_64-linux-gnu
-want=/usr/lib/x86_64-linux-gnu/openblas-openmp/liblapack.so.3
-if [[ -e $want ]] && ! update-alternatives --query "$alt" 2>/dev/null | grep -q "^Value: $want"; then
-  SUDO=""; if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-  $SUDO update-alternatives --quiet --set "$alt" "$want"
-fi
-
 # Reference implementations the tests compare against (npm registry; pinned by
 # tests/js/package-lock.json). Node comes with this machine kind; Debian's otherwise.
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -72,3 +62,28 @@ if [[ ! -d $root/tests/js/node_modules/@huggingface/tokenizers ]]; then
   echo "setup: installing test references (npm ci in tests/js)"
   (cd "$root/tests/js" && npm ci --silent --no-audit --no-fund)
 fi
+
+# LibTorch 2.x and the Python references, in .venv.
+venv=$root/.venv
+torch_spec=${TIDE_TORCH:-torch==2.13.0}
+host_torch_ok() {
+  python3 - <<'PY' 2>/dev/null
+import sys, torch
+major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+sys.exit(0 if torch.version.cuda and (major, minor) >= (2, 4) else 1)
+PY
+}
+if [[ ! -x $venv/bin/python ]]; then
+  if [[ -z ${TIDE_TORCH:-} ]] && host_torch_ok; then
+    echo "setup: using the CUDA torch of $(command -v python3) (a GPU host's PyTorch)"
+    python3 -m venv --system-site-packages "$venv"
+  else
+    python3 -m venv "$venv"
+  fi
+fi
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+  echo "setup: installing $torch_spec into .venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "$torch_spec"
+fi
+# Quick and offline when every pinned version is already there.
+"$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/python-requirements.txt"

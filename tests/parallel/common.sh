@@ -35,7 +35,7 @@ write_recipe llama "tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2
 write_recipe bloom "tide.models.bloom { vocab_size = 301, dim = 48, n_layers = 2, n_heads = 4, max_seq_len = 64 }"
 
 compare() {  # compare REFERENCE_RUN OTHER_RUN EXACT(0|1)
-  /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
+  "${TIDE_PYTHON:-python3}" - "$1" "$2" "$3" <<'PY'
 import json, struct, sys
 import numpy as np
 

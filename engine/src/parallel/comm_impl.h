@@ -9,24 +9,16 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/version.h>
-#if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#endif
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "tide/engine/parallel/comm.h"
 
 namespace tide {
 
-// LibTorch 2 splits a process group into per-device backends (ProcessGroupGloo and
-// ProcessGroupNCCL are backends); tide drives one backend per group directly. In 1.13 they
-// are process groups. The collective calls are the same.
-#if TORCH_VERSION_MAJOR >= 2
+// A process group's per-device half (ProcessGroupGloo and ProcessGroupNCCL are c10d
+// backends): tide drives one backend per group directly.
 using CollectiveBackend = c10d::Backend;
-#else
-using CollectiveBackend = c10d::ProcessGroup;
-#endif
 
 // What this process is doing with its collectives, shared by its groups: the
 // heartbeat publishes it, so that a rank whose collective times out can tell which

@@ -26,7 +26,7 @@ struct DataParallel::Buckets {
   int64_t elems = 0;
   std::vector<std::vector<int>> slot_buckets;  // buckets each parameter slot touches
   std::vector<int> pending_init, pending;      // slots still to deliver, per bucket
-  std::vector<std::shared_ptr<torch::autograd::Node>> hooks;
+  GradientHooks hooks;
   std::vector<int> order;      // agreed launch order; empty until then
   std::vector<int> completed;  // completion order in this backward
   std::vector<char> ready;

@@ -9,8 +9,13 @@
 #include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-// PyTorch's pip wheels ship ProcessGroupGloo.hpp without the gloo headers it includes:
-// there, CPU collectives are unavailable and CUDA runs use NCCL.
+// PyTorch's wheels ship ProcessGroupGloo.hpp but not the gloo headers it includes; any
+// gloo release's headers declare what it names (Debian's libgloo-dev here). That is
+// sound because tide only calls LibTorch's exported constructors and c10d::Backend's
+// virtual functions, and every gloo type inside ProcessGroupGloo sits behind a smart
+// pointer, so its size does not depend on gloo's version. tests/tools/
+// check_symbol_binding.py fails if any gloo symbol enters a tide binary (docs/building.md).
+// Without gloo headers, CPU collectives are unavailable and CUDA runs use NCCL.
 #if __has_include(<gloo/algorithm.h>)
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #define TIDE_HAVE_GLOO 1

@@ -18,10 +18,9 @@ struct ReadyHook : torch::autograd::FunctionPostHook {
 };
 }  // namespace
 
-std::vector<std::shared_ptr<torch::autograd::Node>> hook_gradient_ready(const FlatParameters& flat,
-                                                                        std::function<void(size_t)> on_ready) {
+GradientHooks hook_gradient_ready(const FlatParameters& flat, std::function<void(size_t)> on_ready) {
   auto shared = std::make_shared<std::function<void(size_t)>>(std::move(on_ready));
-  std::vector<std::shared_ptr<torch::autograd::Node>> nodes;
+  GradientHooks nodes;
   for (size_t i = 0; i < flat.slots().size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(flat.slots()[i].param);
     TORCH_CHECK(acc, "parameter ", flat.slots()[i].name, " has no gradient accumulator");

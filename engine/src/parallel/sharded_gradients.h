@@ -13,11 +13,8 @@
 
 #include <torch/types.h>
 
+#include "gradient_hooks.h"
 #include "tide/engine/optim/flat_parameters.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace tide {
 
@@ -66,7 +63,7 @@ class ShardedGradients {
   FlatParameters& flat_;
   Mode mode_;
   std::function<void(int)> on_unit_done_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> hooks_;
+  GradientHooks hooks_;
   std::vector<int64_t> local_offset_;  // unit → offset of this rank's piece in shard_
   std::vector<int> pending_init_, pending_;
   std::vector<char> ready_;

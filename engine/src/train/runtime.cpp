@@ -9,7 +9,6 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
-#include <torch/version.h>
 
 namespace tide {
 
@@ -54,22 +53,12 @@ namespace tide {
 
 namespace {
 // bf16 autocast on the host and on CUDA devices alike (a device with no tensors in the
-// region is unaffected). LibTorch 2.4 replaced the per-device switches with ones that
-// take the device type.
+// region is unaffected).
 void set_bf16_autocast(bool on) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   for (const auto device : {at::kCPU, at::kCUDA}) {
     at::autocast::set_autocast_enabled(device, on);
     if (on) at::autocast::set_autocast_dtype(device, at::kBFloat16);
   }
-#else
-  at::autocast::set_cpu_enabled(on);
-  at::autocast::set_enabled(on);
-  if (on) {
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-  }
-#endif
   if (!on) at::autocast::clear_cache();
 }
 }  // namespace
