@@ -4,7 +4,6 @@
 #include <functional>
 
 #include <fmt/format.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/torch.h>
 
 #include "comm_impl.h"
@@ -46,20 +45,21 @@ void Comm::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::str
 namespace {
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-// Gloo reduces fp32/fp64 only; bf16/fp16 travel as fp32.
-at::Tensor wire(const at::Tensor& t, bool gloo) {
-  if (gloo && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf)) return t.to(at::kFloat);
-  return t;
+// c10d's flat collectives take 1-D tensors (Gloo checks the first dimension) and write a
+// contiguous tensor of their input's type: the output itself where it is one, else a
+// buffer copied into it once the collective completes. (The pending work holds the input
+// and the buffer until then.)
+at::Tensor staging(const at::Tensor& output, const at::Tensor& input) {
+  if (output.is_contiguous() && output.scalar_type() == input.scalar_type()) return output;
+  return at::empty(output.sizes(), input.options());
 }
 }  // namespace
 
 void Comm::Impl::all_reduce(Comm& c, at::Tensor& t, c10d::ReduceOp op, const std::string& name,
                             const std::string& what) {
   if (c.size() == 1) return;
-  auto w = wire(t, gloo);
-  std::vector<at::Tensor> v{w};
+  std::vector<at::Tensor> v{t};
   wait(pg->allreduce(v, c10d::AllreduceOptions{op}), name, what);
-  if (!w.is_same(t)) t.copy_(w);
   bytes_sent += 2 * nbytes(t) * (c.size() - 1) / c.size();  // ring: reduce-scatter + all-gather
 }
 
@@ -73,7 +73,7 @@ void Comm::all_reduce_max(at::Tensor& t, const std::string& what) {
 
 namespace {
 // A started collective, and what must follow it on this rank once it has completed
-// (the local half of an emulated collective).
+// (copying a staging buffer into the output).
 struct PendingWork : PendingCollective {
   PendingWork(Comm::Impl* i, c10::intrusive_ptr<c10d::Work> w, std::string o, std::string wh,
               std::function<void()> f = {})
@@ -103,13 +103,10 @@ std::unique_ptr<PendingCollective> Comm::all_reduce_sum_async(at::Tensor t, cons
 
 void Comm::broadcast(at::Tensor& t, int root, const std::string& what) {
   if (size() == 1) return;
-  // Gloo cannot broadcast bool tensors; they travel as bytes.
-  at::Tensor w = t.scalar_type() == at::kBool ? t.to(at::kByte) : wire(t, impl_->gloo);
-  std::vector<at::Tensor> v{w};
+  std::vector<at::Tensor> v{t};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   impl_->wait(impl_->pg->broadcast(v, opts), "broadcast", what);
-  if (!w.is_same(t)) t.copy_(w);
   if (rank() == root) impl_->bytes_sent += nbytes(t);
 }
 
@@ -148,19 +145,12 @@ std::unique_ptr<PendingCollective> Comm::reduce_scatter_sum_async(const at::Tens
     return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), "reduce_scatter", what);
   }
   impl_->bytes_sent += nbytes(input) * (n - 1) / n;
-  if (!impl_->gloo) {
-    auto in = input.contiguous();
-    return std::make_unique<PendingWork>(impl_.get(), impl_->pg->_reduce_scatter_base(output, in), "reduce_scatter",
-                                         what, [in] {});
-  }
-  // Chunk j of every rank lands on rank j, which sums them: the bytes of a ring.
-  auto in = wire(input.contiguous(), true).view({-1});
-  auto gathered = at::empty_like(in);
-  std::vector<int64_t> splits;
-  auto work = impl_->pg->alltoall_base(gathered, in, splits, splits);
-  return std::make_unique<PendingWork>(impl_.get(), std::move(work), "reduce_scatter(all_to_all)", what,
-                                       [in, gathered, output, n]() mutable {
-                                         output.copy_(gathered.view({n, -1}).sum(0).view_as(output));
+  auto in = input.contiguous().view({-1});
+  auto target = staging(output, in);
+  auto flat = target.view({-1});
+  return std::make_unique<PendingWork>(impl_.get(), impl_->pg->_reduce_scatter_base(flat, in), "reduce_scatter",
+                                       what, [in, target, output]() mutable {
+                                         if (!target.is_same(output)) output.copy_(target.view_as(output));
                                        });
 }
 
@@ -174,28 +164,12 @@ std::unique_ptr<PendingCollective> Comm::all_gather_async(const at::Tensor& inpu
     return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), "all_gather", what);
   }
   impl_->bytes_sent += nbytes(input) * (n - 1);
-  if (!impl_->gloo) {
-    auto in = input.contiguous();
-    return std::make_unique<PendingWork>(impl_.get(), impl_->pg->_allgather_base(output, in), "all_gather", what,
-                                         [in] {});
-  }
-  auto in = wire(input.contiguous(), true).view({-1});
-  std::vector<at::Tensor> in_list{in};
-  std::vector<std::vector<at::Tensor>> out_lists(1);
-  const bool direct = output.scalar_type() == in.scalar_type() && output.is_contiguous();
-  auto flat = direct ? output.view({-1}) : at::empty({output.numel()}, in.options());
-  for (int j = 0; j < n; ++j) out_lists[0].push_back(flat.narrow(0, j * in.numel(), in.numel()));
-  auto work = impl_->pg->allgather(out_lists, in_list);
-  return std::make_unique<PendingWork>(impl_.get(), std::move(work), "all_gather", what,
-                                       [in, out_lists, flat, output, n, direct]() mutable {
-                                         // Gloo writes into its own buffers when the views are not what it expects.
-                                         const int64_t k = in.numel();
-                                         for (int j = 0; j < n; ++j) {
-                                           auto dst = flat.narrow(0, j * k, k);
-                                           if (!out_lists[0][static_cast<size_t>(j)].is_same(dst))
-                                             dst.copy_(out_lists[0][static_cast<size_t>(j)]);
-                                         }
-                                         if (!direct) output.copy_(flat.view_as(output));
+  auto in = input.contiguous().view({-1});
+  auto target = staging(output, in);
+  auto flat = target.view({-1});
+  return std::make_unique<PendingWork>(impl_.get(), impl_->pg->_allgather_base(flat, in), "all_gather", what,
+                                       [in, target, output]() mutable {
+                                         if (!target.is_same(output)) output.copy_(target.view_as(output));
                                        });
 }
 

@@ -1,7 +1,5 @@
 // Collectives of one process group, over c10d (Gloo on CPU, NCCL on CUDA), with a
-// timeout on every operation. What a backend lacks is emulated here and nowhere else:
-// Gloo in LibTorch 1.13 has no reduce-scatter (done as all-to-all + local sum: the same
-// bytes on the wire as a ring) and no flat all-gather (list all-gather + copy).
+// timeout on every operation. Every dtype travels as it is (bf16 included).
 #pragma once
 
 #include <chrono>
