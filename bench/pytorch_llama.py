@@ -3,7 +3,7 @@
 The model is the usual eager implementation (RMSNorm, rotary embeddings in the HF
 rotate-half form, SwiGLU, causal softmax attention, untied output), trained with
 torch.optim.AdamW in fp32 on windows of the same token file tide reads.
-Run with Debian's /usr/bin/python3 (python3-torch: the same LibTorch build as tide).
+Run with .venv/bin/python (the PyTorch whose LibTorch tide links).
 """
 import argparse
 import json
@@ -117,6 +117,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (inductor); the warm-up steps take the compilation")
     a = ap.parse_args()
     cuda = a.device == "cuda"
 
@@ -129,6 +131,7 @@ def main():
     rest = [p for p in model.parameters() if not (p.dim() > 1 and p is not model.embed_tokens.weight)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    forward = torch.compile(model) if a.compile else model
     times = []
     for step in range(a.warmup + a.steps):
         starts = rng.integers(0, len(tokens) - a.seq - 1, size=a.batch)
@@ -137,7 +140,7 @@ def main():
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         window = window.to(a.device, non_blocking=True)
-        loss = model(window[:, :-1], window[:, 1:])
+        loss = forward(window[:, :-1], window[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

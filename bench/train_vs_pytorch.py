@@ -1,9 +1,10 @@
-"""Trains the same LLaMA shape through tide and through PyTorch eager, side by side.
+"""Trains the same LLaMA shape through tide and through PyTorch, side by side.
 
 Prints tokens/s of each and their ratio, peak memory, and MFU against the fp32 matmul
-peak measured here. PyTorch runs twice: as installed (glibc malloc) and with its best
-allocator settings (jemalloc preloaded with the options tide uses).
-Usage: /usr/bin/python3 bench/train_vs_pytorch.py --tide build/tools/tide [--shape tiny|small|all]
+peak measured here. PyTorch runs eager as installed (glibc malloc), eager with its best
+allocator settings (jemalloc preloaded with the options tide uses; CPU only), and
+torch.compile (inductor; the warm-up steps take the compilation).
+Usage: .venv/bin/python bench/train_vs_pytorch.py --tide build/tools/tide [--shape tiny|small|all]
 """
 import argparse
 import json
@@ -70,7 +71,7 @@ def run_tide(tide, s, steps, warmup, threads, data, device):
     return out
 
 
-def run_torch(s, steps, warmup, threads, data, jemalloc, device):
+def run_torch(s, steps, warmup, threads, data, jemalloc, device, compile=False):
     env = dict(os.environ)
     if jemalloc:
         env["LD_PRELOAD"] = JEMALLOC
@@ -79,6 +80,8 @@ def run_torch(s, steps, warmup, threads, data, jemalloc, device):
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--device", device]
     for k in ("dim", "layers", "heads", "vocab", "seq", "batch"):
         cmd += [f"--{k}", str(s[k])]
+    if compile:
+        cmd.append("--compile")
     res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -99,7 +102,7 @@ def main():
 
     peak = matmul_peak(a.threads, a.device)
     where = f"{a.threads} threads" if a.device == "cpu" else torch.cuda.get_device_name(0)
-    print(f"fp32 matmul peak (torch.mm, {where}): {peak / 1e9:.1f} GFLOP/s")
+    print(f"PyTorch {torch.__version__}; fp32 matmul peak (torch.mm, {where}): {peak / 1e9:.1f} GFLOP/s")
     shapes = ["tiny", "small"] if a.shape == "all" else [a.shape]
     for name in shapes:
         s = SHAPES[name]
@@ -114,6 +117,8 @@ def main():
         }
         if a.device == "cpu":
             results["pytorch eager + jemalloc"] = run_torch(s, steps, a.warmup, a.threads, a.data, True, a.device)
+        results["pytorch torch.compile"] = run_torch(s, steps, a.warmup, a.threads, a.data, False, a.device,
+                                                     compile=True)
         base = results["tide"]["tokens_per_second"]
         print(f"  {'':26s} {'tokens/s':>10s} {'tide x':>8s} {'MFU':>7s} {'peak MB':>9s}")
         for k, r in results.items():
