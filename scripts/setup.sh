@@ -81,9 +81,15 @@ if [[ ! -x $venv/bin/python ]]; then
     python3 -m venv "$venv"
   fi
 fi
+# pip, without the warnings this machine kind's pip configuration prints for every package
+# (a find-links folder that lacks most of them).
+pip_install() {
+  "$venv/bin/pip" install --quiet --disable-pip-version-check "$@" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   echo "setup: installing $torch_spec into .venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "$torch_spec"
+  pip_install "$torch_spec"
 fi
 # Quick and offline when every pinned version is already there.
-"$venv/bin/pip" install --quiet --disable-pip-version-check -r "$root/scripts/python-requirements.txt"
+pip_install -r "$root/scripts/python-requirements.txt"
