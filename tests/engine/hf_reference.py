@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""The Hugging Face side of tide's parity tests (tests/engine/hf_reference_model_test.cpp).
+
+  hf_reference.py make DIR     random tiny LlamaForCausalLM and BloomForCausalLM (fixed seed),
+                               saved by transformers in DIR/llama and DIR/bloom, each with
+                               reference.safetensors: input_ids [2, T] (int64), their logits
+                               [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
+                               continuation of input_ids[0], N new tokens, and greedy_margin [1]:
+                               the smallest lead of a chosen token's logit over the next
+  hf_reference.py logits HF_DIR OUT
+                               loads HF_DIR (a tide export) with AutoModelForCausalLM and
+                               writes OUT like reference.safetensors, for the ids it finds in OUT
+
+Runs with the project's .venv (transformers, torch, safetensors; scripts/setup.sh).
+"""
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM
+
+NEW_TOKENS = 12
+
+
+def reference(model, input_ids):
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids).logits.float().contiguous()
+        out = model.generate(input_ids[:1], max_new_tokens=NEW_TOKENS, do_sample=False, num_beams=1,
+                             pad_token_id=0, eos_token_id=None, output_scores=True, return_dict_in_generate=True)
+    greedy = out.sequences[0, input_ids.shape[1]:]
+    # The smallest lead of the chosen token over the next one, over every greedy step: a
+    # rounding difference smaller than this cannot change the continuation.
+    top2 = torch.stack([s[0].float().topk(2).values for s in out.scores])
+    margin = (top2[:, 0] - top2[:, 1]).min().reshape(1)
+    return {"input_ids": input_ids.contiguous(), "logits": logits, "greedy": greedy.contiguous(),
+            "greedy_margin": margin}
+
+
+def make(out):
+    torch.manual_seed(0)
+    # initializer_range 0.2 (not HF's 0.02): logits far enough apart that greedy choices are
+    # not near-ties that rounding could flip.
+    models = {
+        "llama": LlamaForCausalLM(LlamaConfig(
+            vocab_size=97, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+            tie_word_embeddings=False, initializer_range=0.2, attn_implementation="eager")),
+        "bloom": BloomForCausalLM(BloomConfig(
+            vocab_size=97, hidden_size=24, n_layer=2, n_head=6, layer_norm_epsilon=1e-5,
+            initializer_range=0.2, attn_implementation="eager")),
+    }
+    g = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(0, 97, (2, 16), generator=g)
+    for family, model in models.items():
+        d = os.path.join(out, family)
+        model.save_pretrained(d, safe_serialization=True)
+        save_file(reference(model, input_ids), os.path.join(d, "reference.safetensors"))
+
+
+def logits(hf_dir, out):
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    save_file(reference(model, load_file(out)["input_ids"]), out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "make":
+        make(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "logits":
+        logits(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)
