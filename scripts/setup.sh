@@ -51,17 +51,7 @@ if ! command -v cargo >/dev/null && [[ ! -x ${HOME:-/root}/.cargo/bin/cargo ]]; 
   $SUDO apt-get install -y -qq --no-install-recommends cargo >/dev/null
 fi
 
-# Reference implementations the tests compare against (npm registry; pinned by
-# tests/js/package-lock.json). Node comes with this machine kind; Debian's otherwise.
 root=$(cd "$(dirname "$0")/.." && pwd)
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  SUDO=""; if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
-fi
-if [[ ! -d $root/tests/js/node_modules/@huggingface/tokenizers ]]; then
-  echo "setup: installing test references (npm ci in tests/js)"
-  (cd "$root/tests/js" && npm ci --silent --no-audit --no-fund)
-fi
 
 # LibTorch 2.x and the Python references, in .venv.
 venv=$root/.venv

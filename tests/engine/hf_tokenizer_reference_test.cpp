@@ -1,5 +1,6 @@
 // Byte-level BPE tokenizer.json files with GPT-2's, LLaMA-3's and BLOOM's
-// pre-tokenizers: our ids against Hugging Face's JS implementation (tests/js).
+// pre-tokenizers: our ids against Hugging Face's tokenizers library (the Rust one, from
+// PyPI, in the project's .venv; tests/engine/hf_encode.py).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,8 +19,7 @@ using json = nlohmann::json;
 const char* const kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 // BLOOM's pattern has a nested class: '(', ')' and '|' are delimiters in the Rust
-// library (Oniguruma) and in ICU. JS regexes cannot nest classes, so the JS library
-// rewrites the pattern without them; the lines below avoid those three characters.
+// library (Oniguruma) and in ICU alike (a line below has all three).
 const char* const kBloomPattern = " ?[^(\\s|[.,!?\xE2\x80\xA6\xE3\x80\x82\xEF\xBC\x8C\xE3\x80\x81\xE0\xA5\xA4\xDB\x94\xD8\x8C])]+";
 
 const std::vector<std::string> kLines = {
@@ -29,6 +29,7 @@ const std::vector<std::string> kLines = {
     "na\xC3\xAFve caf\xC3\xA9 \xE2\x80\x9Cquoted\xE2\x80\x9D \xE2\x80\x94 em dash\xE2\x80\xA6 end.",
     "\xE4\xB8\xAD\xE6\x96\x87\xE3\x80\x82\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xEF\xBC\x8C \xF0\x9F\x98\x80 emoji",
     "special <|endoftext|> tokens<|endoftext|>inside",
+    "(parentheses) | pipes|(nested (ones)) a|b",
     "",
 };
 
@@ -61,9 +62,8 @@ class HfTokenizerReference : public ::testing::Test {
   static std::vector<std::vector<int32_t>> reference(const std::string& name) {
     const fs::path lines = dir_ / "lines.json";
     std::ofstream(lines) << json(kLines).dump();
-    const std::string js_dir = std::string(TIDE_SOURCE_DIR) + "/tests/js";
-    const std::string cmd = "node " + js_dir + "/hf_encode.mjs " + (dir_ / (name + ".json")).string() + " < " +
-                            lines.string() + " 2>&1";
+    const std::string cmd = std::string(TIDE_PYTHON) + " " + TIDE_SOURCE_DIR + "/tests/engine/hf_encode.py " +
+                            (dir_ / (name + ".json")).string() + " < " + lines.string() + " 2>&1";
     std::string out;
     if (FILE* p = ::popen(cmd.c_str(), "r")) {
       char buf[4096];
@@ -73,7 +73,7 @@ class HfTokenizerReference : public ::testing::Test {
     }
     const json j = json::parse(out, nullptr, false);
     if (j.is_discarded())
-      ADD_FAILURE() << "the JS reference did not run (scripts/setup.sh installs tests/js): " << out;
+      ADD_FAILURE() << "the tokenizers reference did not run (scripts/setup.sh installs it into .venv): " << out;
     return j.is_discarded() ? std::vector<std::vector<int32_t>>{} : j.get<std::vector<std::vector<int32_t>>>();
   }
 
