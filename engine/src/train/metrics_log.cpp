@@ -20,6 +20,7 @@ nlohmann::json to_json(const StepMetrics& m) {
                       {"mfu", m.mfu},
                       {"rss_mb", m.rss_mb},
                       {"peak_rss_mb", m.peak_rss_mb},
+                      {"peak_gpu_mb", m.peak_gpu_mb},
                       {"model_state_bytes",
                        {{"params", m.param_bytes}, {"grads", m.grad_bytes}, {"optimizer", m.optimizer_bytes}}},
                       {"comm_bytes", m.comm_bytes},

@@ -22,6 +22,7 @@ std::string ProgressLine::format(const StepMetrics& m) {
   std::string s = fmt::format("step {}/{} | loss {:.4f} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}",
                               m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.tokens_per_second, 100.0 * m.mfu,
                               format_duration(m.eta_seconds));
+  if (m.peak_gpu_mb > 0) s += fmt::format(" | GPU {:.0f} MiB", m.peak_gpu_mb);
   if (m.val_loss) s += fmt::format(" | val {:.4f}", *m.val_loss);
   if (m.skipped) s += " | skipped (non-finite gradients)";
   return s;

@@ -9,6 +9,9 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
+#if __has_include(<c10/core/CachingDeviceAllocator.h>)
+#include <ATen/DeviceAccelerator.h>
+#endif
 
 namespace tide {
 
@@ -31,6 +34,19 @@ int configure_threads(int64_t requested) {
     }
   }
   return n;
+}
+
+double peak_device_mb(const c10::Device& device) {
+  if (device.is_cpu()) return 0;
+#if __has_include(<c10/core/CachingDeviceAllocator.h>)
+  // PyTorch 2.9 on: every accelerator's caching allocator reports the same statistics.
+  const auto index = device.has_index() ? device.index() : at::accelerator::getDeviceIndex();
+  const auto stats = at::accelerator::getDeviceStats(index);
+  const auto& allocated = stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  return static_cast<double>(allocated.peak) / (1024.0 * 1024.0);
+#else
+  return 0;  // older LibTorch: not reported
+#endif
 }
 
 MemoryReading read_memory() {

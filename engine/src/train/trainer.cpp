@@ -485,6 +485,7 @@ TrainResult Trainer::run() {
     const auto mem = read_memory();
     m.rss_mb = mem.rss_mb;
     m.peak_rss_mb = mem.peak_rss_mb;
+    m.peak_gpu_mb = peak_device_mb(s.device);
     m.param_bytes = s.data_parallel ? s.data_parallel->param_bytes() : flat_bytes;
     m.grad_bytes = s.data_parallel ? s.data_parallel->grad_bytes() : flat_bytes;
     m.optimizer_bytes = s.optim->state_bytes();

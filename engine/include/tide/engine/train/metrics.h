@@ -20,6 +20,9 @@ struct StepMetrics {
   int64_t tokens_seen = 0;
   double step_seconds = 0, tokens_per_second = 0, mfu = 0;
   double rss_mb = 0, peak_rss_mb = 0;
+  // The most device memory the caching allocator has handed to tensors so far (MiB;
+  // PyTorch's max_memory_allocated). 0 on the CPU.
+  double peak_gpu_mb = 0;
   // What this rank holds of the model state, in bytes, and what it sent this step.
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, comm_bytes = 0;
   // The most held at once, so far, of parameters gathered and gradients waiting to be

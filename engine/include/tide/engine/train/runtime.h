@@ -5,6 +5,7 @@
 #include <functional>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "tide/engine/config.h"
 
@@ -22,6 +23,9 @@ struct MemoryReading {
   double peak_rss_mb = 0;  // high-water mark of this process
 };
 MemoryReading read_memory();
+// The most memory `device`'s caching allocator has handed to tensors since the process
+// started, in MiB (PyTorch's max_memory_allocated); 0 for the CPU.
+double peak_device_mb(const c10::Device& device);
 
 // fn() with matmuls in the compute dtype (bf16: CPU autocast, its cast cache cleared
 // after).

@@ -1,0 +1,144 @@
+// Training on a CUDA device against training on the CPU, in this process. Every test
+// skips where no CUDA device is present (ctest label `cuda`; docs/gpu.md).
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "test_data.h"
+#include "tide/engine/train/trainer.h"
+#include "tiny_models.h"
+
+namespace tide {
+namespace {
+namespace fs = std::filesystem;
+
+#define SKIP_WITHOUT_CUDA()                                      \
+  do {                                                           \
+    if (!torch::cuda::is_available()) GTEST_SKIP() << "skipped: no CUDA device"; \
+  } while (0)
+
+RunConfig tiny_run(const std::string& device, int64_t steps) {
+  RunConfig c;
+  c.name = "cuda-" + device;
+  c.device = device;
+  c.model = testing::tiny_llama();
+  c.model.vocab_size = 257;  // bytes + end-of-text
+  c.data.path = testing::small_dataset();
+  c.data.seq_len = 32;
+  c.batch.micro_batch = 4;
+  c.batch.global_batch = 8;
+  c.optimizer.lr = 3e-3;
+  c.schedule.steps = steps;
+  c.schedule.warmup_steps = 0;
+  c.eval.every = 0;
+  c.threads = 1;
+  return c;
+}
+
+fs::path run_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("tide_cuda_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+std::vector<StepMetrics> train(const RunConfig& c, const fs::path& dir, const std::string& resume = "") {
+  TrainHooks hooks;
+  hooks.show_progress = false;
+  hooks.peak_flops = 1e12;
+  hooks.resume = resume;
+  std::vector<StepMetrics> seen;
+  hooks.on_step = [&](const StepMetrics& m) { seen.push_back(m); };
+  Trainer(c, dir.string(), hooks).run();
+  return seen;
+}
+
+// Two fp32 evaluations that differ only in the order of their sums (cuBLAS against the
+// CPU's kernels): a sum of K terms is off by at most K u times the sum of the terms'
+// magnitudes (u = 2^-24); the longest chain from the data to a weight gradient passes
+// D = 2 x (4 per block + 2) sums, the longest of which adds K = batch x seq_len terms.
+double rounding_bound(const RunConfig& c) {
+  const double u = std::ldexp(1.0, -24);
+  const double K = static_cast<double>(c.batch.global_batch * c.data.seq_len);
+  const double D = 2.0 * (4.0 * static_cast<double>(c.model.n_layers) + 2.0);
+  return D * K * u;
+}
+
+TEST(Cuda, FirstStepEqualsTheCpuStepFromTheSameInitialValues) {
+  SKIP_WITHOUT_CUDA();
+  // The model is initialised on the host in both runs, so step 1's loss and gradient norm
+  // (taken before any update) are the same numbers up to the order of the sums. Later
+  // steps are not compared element by element: AdamW's first updates are about
+  // lr * sign(g), which turns a rounding difference in a near-zero gradient into a step.
+  const RunConfig cpu = tiny_run("cpu", 1), cuda = tiny_run("cuda", 1);
+  const auto a = train(cpu, run_dir("ref")), b = train(cuda, run_dir("dev"));
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  const double tol = rounding_bound(cpu);
+  EXPECT_NEAR(b[0].loss, a[0].loss, tol * a[0].loss);
+  EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, tol * a[0].grad_norm);
+  EXPECT_GT(b[0].peak_gpu_mb, 0.0) << "peak device memory is reported on CUDA";
+  fs::remove_all(run_dir("ref"));
+  fs::remove_all(run_dir("dev"));
+}
+
+TEST(Cuda, Bf16TrainsToWithinOnePercentOfFp32) {
+  SKIP_WITHOUT_CUDA();
+  RunConfig fp32 = tiny_run("cuda", 200), bf16 = tiny_run("cuda", 200);
+  bf16.precision.compute = DType::BFloat16;
+  const auto a = train(fp32, run_dir("fp32")), b = train(bf16, run_dir("bf16"));
+  ASSERT_EQ(a.size(), 200u);
+  ASSERT_EQ(b.size(), 200u);
+  EXPECT_NEAR(b.back().loss, a.back().loss, 0.01 * a.back().loss);
+  fs::remove_all(run_dir("fp32"));
+  fs::remove_all(run_dir("bf16"));
+}
+
+TEST(Cuda, SavesPrunesAndResumesExactly) {
+  SKIP_WITHOUT_CUDA();
+  RunConfig whole = tiny_run("cuda", 8), first = tiny_run("cuda", 6);
+  first.checkpoint.every = whole.checkpoint.every = 2;
+  first.checkpoint.keep_last = whole.checkpoint.keep_last = 1;
+  first.checkpoint.async = whole.checkpoint.async = false;
+  const fs::path straight = run_dir("straight"), split = run_dir("split");
+  const auto ref = train(whole, straight);
+  train(first, split);
+  // keep_last = 1: the prune left only the newest checkpoint.
+  std::vector<std::string> kept;
+  for (const auto& e : fs::directory_iterator(split / "checkpoints"))
+    if (e.is_directory()) kept.push_back(e.path().filename().string());
+  EXPECT_EQ(kept, std::vector<std::string>{"step-00000006"});
+  const auto resumed = train(whole, split, "auto");
+  ASSERT_EQ(resumed.size(), 2u);
+  ASSERT_EQ(ref.size(), 8u);
+  // The same device, the same kernels, the same state: the same numbers.
+  EXPECT_EQ(resumed[0].loss, ref[6].loss);
+  EXPECT_EQ(resumed[1].loss, ref[7].loss);
+  fs::remove_all(straight);
+  fs::remove_all(split);
+}
+
+TEST(Cuda, ACheckpointMovesBetweenCudaAndCpu) {
+  SKIP_WITHOUT_CUDA();
+  // 4 steps on CUDA, then step 5 on the CPU from its checkpoint, and the other way round:
+  // each resumed step starts from the state the other device saved, so its loss is the
+  // straight run's up to the order of the sums.
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"cuda", "cpu"}, {"cpu", "cuda"}}) {
+    RunConfig first = tiny_run(from, 4), whole = tiny_run(from, 5), moved = tiny_run(to, 5);
+    first.checkpoint.async = false;
+    const fs::path straight = run_dir("straight_" + from), split = run_dir("moved_" + from);
+    const auto ref = train(whole, straight);
+    train(first, split);
+    const auto resumed = train(moved, split, "auto");
+    ASSERT_EQ(resumed.size(), 1u) << from << " -> " << to;
+    EXPECT_NEAR(resumed[0].loss, ref[4].loss, rounding_bound(whole) * ref[4].loss) << from << " -> " << to;
+    fs::remove_all(straight);
+    fs::remove_all(split);
+  }
+}
+
+}  // namespace
+}  // namespace tide
