@@ -18,20 +18,11 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 RunConfig anomaly_run(int64_t steps) {
-  RunConfig c;
-  c.name = "anomaly";
-  c.model = testing::tiny_llama();
-  c.model.vocab_size = 257;
-  c.data.path = testing::small_dataset();
-  c.data.seq_len = 32;
-  c.batch.micro_batch = 4;
-  c.batch.global_batch = 8;
+  RunConfig c = testing::tiny_byte_run("anomaly");
   c.optimizer.lr = 1e-3;
   c.schedule.steps = steps;
   c.schedule.decay = DecayKind::Constant;
-  c.eval.every = 0;
   c.checkpoint.async = false;
-  c.threads = 1;
   return c;
 }
 

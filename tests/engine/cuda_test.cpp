@@ -22,20 +22,11 @@ namespace fs = std::filesystem;
   } while (0)
 
 RunConfig tiny_run(const std::string& device, int64_t steps) {
-  RunConfig c;
-  c.name = "cuda-" + device;
+  RunConfig c = testing::tiny_byte_run("cuda-" + device);
   c.device = device;
-  c.model = testing::tiny_llama();
-  c.model.vocab_size = 257;  // bytes + end-of-text
-  c.data.path = testing::small_dataset();
-  c.data.seq_len = 32;
-  c.batch.micro_batch = 4;
-  c.batch.global_batch = 8;
   c.optimizer.lr = 3e-3;
   c.schedule.steps = steps;
   c.schedule.warmup_steps = 0;
-  c.eval.every = 0;
-  c.threads = 1;
   return c;
 }
 

@@ -5,7 +5,9 @@
 #include <fstream>
 #include <string>
 
+#include "tide/engine/config.h"
 #include "tide/engine/data/dataset_writer.h"
+#include "tiny_models.h"
 
 namespace tide::testing {
 
@@ -30,6 +32,22 @@ inline std::string small_dataset() {
     return opt.out_dir;
   }();
   return dir;
+}
+
+// tiny_llama on small_dataset(): 8 windows of 32 tokens per step in two micro-batches of
+// 4, one thread, no evaluation. Tests set what they study on top.
+inline RunConfig tiny_byte_run(const std::string& name) {
+  RunConfig c;
+  c.name = name;
+  c.model = tiny_llama();
+  c.model.vocab_size = 257;  // bytes + end-of-text
+  c.data.path = small_dataset();
+  c.data.seq_len = 32;
+  c.batch.micro_batch = 4;
+  c.batch.global_batch = 8;
+  c.eval.every = 0;
+  c.threads = 1;
+  return c;
 }
 
 }  // namespace tide::testing

@@ -20,20 +20,12 @@ namespace {
 namespace fs = std::filesystem;
 
 RunConfig tiny_run(const std::string& name) {
-  RunConfig c;
-  c.name = name;
-  c.model = testing::tiny_llama();
-  c.model.vocab_size = 257;  // bytes + end-of-text
-  c.data.path = testing::small_dataset();
-  c.data.seq_len = 32;
-  c.batch.micro_batch = 4;
-  c.batch.global_batch = 8;  // two micro-batches: gradient accumulation
+  RunConfig c = testing::tiny_byte_run(name);  // two micro-batches: gradient accumulation
   c.optimizer.lr = 3e-3;
   c.schedule.steps = 6;
   c.schedule.warmup_steps = 2;
   c.eval.every = 3;
   c.eval.batches = 2;
-  c.threads = 1;
   return c;
 }
 
