@@ -149,7 +149,7 @@ std::vector<FieldSpec> build_schema() {
                                    {"error", "error"}},
                                   true, "Level of the run log (train.log).", REF(log_level)));
   s.push_back(choice<std::string>("device", {{"cpu", "cpu"}, {"cuda", "cuda"}}, false,
-                                  "Where each rank computes: cpu, or cuda (GPU LOCAL_RANK; NCCL between ranks).",
+                                  "Where each rank computes: cpu, or cuda (GPU LOCAL_RANK; with parallel.backend = gloo, LOCAL_RANK modulo the GPUs).",
                                   REF(device)));
   s.push_back(integer("threads", 0, 1024, false, "Intra-op threads per process; 0: the cores available.", REF(threads)));
   // Model.
@@ -294,6 +294,10 @@ std::vector<FieldSpec> build_schema() {
   s.push_back(number("parallel.timeout_s", 1, 86400, false,
                      "Seconds a collective or the rendezvous may take before the job fails, naming it.",
                      REF(parallel.timeout_s)));
+  s.push_back(choice<std::string>("parallel.backend", {{"auto", "auto"}, {"gloo", "gloo"}}, false,
+                                  "Collectives: auto (NCCL between CUDA ranks, Gloo between CPU ranks) or gloo on "
+                                  "either device (CUDA tensors through host memory; ranks may then share a GPU).",
+                                  REF(parallel.backend)));
   return s;
 }
 

@@ -50,16 +50,25 @@ int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.
 // buffer copied into it once the collective completes. (The pending work holds the input
 // and the buffer until then.)
 at::Tensor staging(const at::Tensor& output, const at::Tensor& input) {
-  if (output.is_contiguous() && output.scalar_type() == input.scalar_type()) return output;
+  if (output.is_contiguous() && output.scalar_type() == input.scalar_type() && output.device() == input.device())
+    return output;
   return at::empty(output.sizes(), input.options());
 }
 }  // namespace
 
+// Gloo moves host memory, NCCL device memory; a tensor elsewhere travels through a copy
+// on the group's device, written back once the collective completes. So a Gloo group
+// takes the CUDA tensors of ranks that share a GPU (where NCCL refuses; Gloo's own CUDA
+// paths cover some collectives only, and copy through host memory anyway), and an NCCL
+// group the small host tensors of the trainer and of live control.
+at::Tensor Comm::Impl::staged(const at::Tensor& t) const { return t.device() == device ? t : t.to(device); }
+
 void Comm::Impl::all_reduce(Comm& c, at::Tensor& t, c10d::ReduceOp op, const std::string& name,
                             const std::string& what) {
   if (c.size() == 1) return;
-  std::vector<at::Tensor> v{t};
+  std::vector<at::Tensor> v{staged(t)};
   wait(pg->allreduce(v, c10d::AllreduceOptions{op}), name, what);
+  if (!v[0].is_same(t)) t.copy_(v[0]);
   bytes_sent += 2 * nbytes(t) * (c.size() - 1) / c.size();  // ring: reduce-scatter + all-gather
 }
 
@@ -95,25 +104,28 @@ std::unique_ptr<PendingCollective> Comm::all_reduce_sum_async(at::Tensor t, cons
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble,
               "all_reduce_sum_async takes fp32 or fp64 tensors, got ", t.scalar_type());
   if (size() == 1) return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), "all_reduce", what);
-  std::vector<at::Tensor> v{t};
+  std::vector<at::Tensor> v{impl_->staged(t)};
   auto work = impl_->pg->allreduce(v, c10d::AllreduceOptions{c10d::ReduceOp::SUM});
   impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();
-  return std::make_unique<PendingWork>(impl_.get(), std::move(work), "all_reduce", what);
+  return std::make_unique<PendingWork>(impl_.get(), std::move(work), "all_reduce", what,
+                                       [t, h = v[0]]() mutable {
+                                         if (!h.is_same(t)) t.copy_(h);
+                                       });
 }
 
 void Comm::broadcast(at::Tensor& t, int root, const std::string& what) {
   if (size() == 1) return;
-  std::vector<at::Tensor> v{t};
+  std::vector<at::Tensor> v{impl_->staged(t)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   impl_->wait(impl_->pg->broadcast(v, opts), "broadcast", what);
+  if (!v[0].is_same(t)) t.copy_(v[0]);
   if (rank() == root) impl_->bytes_sent += nbytes(t);
 }
 
 std::string Comm::broadcast_text(const std::string& text, int root, const std::string& what) {
   if (size() == 1) return text;
-  // NCCL moves device memory only: the bytes go through the current device.
-  const auto device = impl_->gloo ? at::Device(at::kCPU) : at::Device(at::kCUDA);
+  const auto device = impl_->device;
   const bool is_root = rank() == root;
   auto length = torch::tensor({static_cast<int64_t>(is_root ? text.size() : 0)}, torch::kInt64).to(device);
   broadcast(length, root, what);
@@ -145,7 +157,7 @@ std::unique_ptr<PendingCollective> Comm::reduce_scatter_sum_async(const at::Tens
     return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), "reduce_scatter", what);
   }
   impl_->bytes_sent += nbytes(input) * (n - 1) / n;
-  auto in = input.contiguous().view({-1});
+  auto in = impl_->staged(input.contiguous().view({-1}));
   auto target = staging(output, in);
   auto flat = target.view({-1});
   return std::make_unique<PendingWork>(impl_.get(), impl_->pg->_reduce_scatter_base(flat, in), "reduce_scatter",
@@ -164,7 +176,7 @@ std::unique_ptr<PendingCollective> Comm::all_gather_async(const at::Tensor& inpu
     return std::make_unique<PendingWork>(impl_.get(), c10::intrusive_ptr<c10d::Work>(), "all_gather", what);
   }
   impl_->bytes_sent += nbytes(input) * (n - 1);
-  auto in = input.contiguous().view({-1});
+  auto in = impl_->staged(input.contiguous().view({-1}));
   auto target = staging(output, in);
   auto flat = target.view({-1});
   return std::make_unique<PendingWork>(impl_.get(), impl_->pg->_allgather_base(flat, in), "all_gather", what,
@@ -175,17 +187,18 @@ std::unique_ptr<PendingCollective> Comm::all_gather_async(const at::Tensor& inpu
 
 std::unique_ptr<PendingCollective> Comm::send(const at::Tensor& t, int dst, int tag, const std::string& what) {
   TORCH_CHECK(t.is_contiguous(), "send: ", what, " is not contiguous");
-  std::vector<at::Tensor> v{t};
+  std::vector<at::Tensor> v{impl_->staged(t)};
   auto work = impl_->pg->send(v, dst, tag);
   impl_->bytes_sent += nbytes(t);
   return std::make_unique<PendingWork>(impl_.get(), std::move(work), fmt::format("send to group rank {}", dst), what,
-                                       [t] {});
+                                       [t, h = v[0]] {});
 }
 
 void Comm::recv(at::Tensor& t, int src, int tag, const std::string& what) {
   TORCH_CHECK(t.is_contiguous(), "recv: ", what, " is not contiguous");
-  std::vector<at::Tensor> v{t};
+  std::vector<at::Tensor> v{impl_->staged(t)};
   impl_->wait(impl_->pg->recv(v, src, tag), fmt::format("recv from group rank {}", src), what);
+  if (!v[0].is_same(t)) t.copy_(v[0]);
 }
 
 void Comm::barrier(const std::string& what) {

@@ -34,6 +34,7 @@ struct Comm::Impl {
   std::vector<int> ranks;
   int group_rank = 0;
   bool gloo = true;
+  c10::Device device{c10::kCPU};  // where the backend's tensors live: the host (Gloo), this rank's GPU (NCCL)
   std::chrono::milliseconds timeout{60000};
   c10::intrusive_ptr<CollectiveBackend> pg;  // null for a group of one
   int64_t bytes_sent = 0;
@@ -41,6 +42,8 @@ struct Comm::Impl {
   // The state of the group's other ranks, for an error message (may be empty).
   std::function<std::string(const std::vector<int>& ranks)> diagnose;
 
+  // The tensor the backend moves: `t`, or its copy on `device`.
+  at::Tensor staged(const at::Tensor& t) const;
   void wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op, const std::string& what);
   void all_reduce(Comm& c, at::Tensor& t, c10d::ReduceOp op, const std::string& name, const std::string& what);
 };

@@ -117,7 +117,7 @@ bool is_loopback(const std::string& host) { return host == "localhost" || host.r
 
 std::unique_ptr<Comm> make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
                                  const std::vector<int>& ranks, int my_rank, const LaunchEnv& env,
-                                 std::chrono::milliseconds timeout, bool cuda,
+                                 std::chrono::milliseconds timeout, bool nccl,
                                  const std::shared_ptr<Distributed::Heartbeat>& heartbeat) {
   auto impl = std::make_unique<Comm::Impl>();
   impl->name = name;
@@ -131,14 +131,16 @@ std::unique_ptr<Comm> make_group(const c10::intrusive_ptr<c10d::Store>& store, c
   if (ranks.size() > 1) {
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name, store);
     const int size = static_cast<int>(ranks.size());
-    if (cuda) {
+    if (nccl) {
 #ifdef USE_C10D_NCCL
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout;
       impl->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, impl->group_rank, size, opts);
       impl->gloo = false;
+      impl->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
 #else
-      throw std::runtime_error("this LibTorch has no NCCL: CUDA training needs a CUDA build of LibTorch");
+      throw std::runtime_error(
+          "this LibTorch has no NCCL: CUDA ranks need a CUDA build of LibTorch, or parallel.backend = \"gloo\"");
 #endif
     } else {
 #ifdef TIDE_HAVE_GLOO
@@ -191,16 +193,17 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
   const auto& hb = d->heartbeat;
   std::vector<int> all(static_cast<size_t>(env.world));
   for (int r = 0; r < env.world; ++r) all[static_cast<size_t>(r)] = r;
-  d->world = make_group(store, "world", all, env.rank, env, timeout, cuda, hb);
-  d->dp = make_group(store, grid.dp_group_name(), grid.dp_group(), env.rank, env, timeout, cuda, hb);
-  d->tp = make_group(store, grid.tp_group_name(), grid.tp_group(), env.rank, env, timeout, cuda, hb);
-  d->pp = make_group(store, grid.pp_group_name(), grid.pp_group(), env.rank, env, timeout, cuda, hb);
+  const bool nccl = cuda && parallel.backend != "gloo";
+  d->world = make_group(store, "world", all, env.rank, env, timeout, nccl, hb);
+  d->dp = make_group(store, grid.dp_group_name(), grid.dp_group(), env.rank, env, timeout, nccl, hb);
+  d->tp = make_group(store, grid.tp_group_name(), grid.tp_group(), env.rank, env, timeout, nccl, hb);
+  d->pp = make_group(store, grid.pp_group_name(), grid.pp_group(), env.rank, env, timeout, nccl, hb);
   const auto stages = grid.pp_group();
   const int stage = grid.coords().pp;
   if (stage == 0 || stage == grid.pp() - 1) {
     std::vector<int> ends{stages.front()};
     if (stages.size() > 1) ends.push_back(stages.back());
-    d->embedding = make_group(store, "embedding." + grid.pp_group_name(), ends, env.rank, env, timeout, cuda, hb);
+    d->embedding = make_group(store, "embedding." + grid.pp_group_name(), ends, env.rank, env, timeout, nccl, hb);
   }
   spdlog::debug("rank {}: {}", env.rank, grid.describe());
   return d;

@@ -98,6 +98,18 @@ std::optional<double> truncate_metrics(const std::string& path, int64_t last_ste
   std::ofstream(path, std::ios::trunc) << kept;
   return last_loss;
 }
+
+// The GPU of the rank that is local_rank-th on its host. NCCL needs one GPU per rank;
+// Gloo lets ranks share them, round robin.
+c10::DeviceIndex cuda_device_index(const RunConfig& cfg, int local_rank) {
+  const int gpus = static_cast<int>(torch::cuda::device_count());
+  if (cfg.parallel.backend == "gloo") return static_cast<c10::DeviceIndex>(local_rank % gpus);
+  if (local_rank >= gpus)
+    throw ConfigError("device", fmt::format("cuda: this is local rank {} but {} GPU{} visible; NCCL needs a GPU "
+                                            "per rank (parallel.backend = \"gloo\" lets ranks share them)",
+                                            local_rank, gpus, gpus == 1 ? " is" : "s are"));
+  return static_cast<c10::DeviceIndex>(local_rank);
+}
 }  // namespace
 
 int64_t micro_batch_size(const RunConfig& cfg, int dp) {
@@ -172,7 +184,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
     // buffers below are allocated where the parameters live.
     if (!torch::cuda::is_available())
       throw ConfigError("device", "cuda: no CUDA device is visible, or this LibTorch was built without CUDA");
-    s_->device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(dist ? dist->env.local_rank : 0));
+    s_->device = torch::Device(torch::kCUDA, cuda_device_index(cfg, dist ? dist->env.local_rank : 0));
     s_->model->to(s_->device);
   }
   FlatParameters::Options layout;

@@ -97,6 +97,10 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   bool sequence_parallel = false;
   double timeout_s = 120;  // a collective or the rendezvous that takes longer fails
+  // "auto": NCCL between CUDA ranks, Gloo between CPU ranks. "gloo": Gloo on either
+  // device (CUDA tensors travel through host memory), so that ranks may share a GPU,
+  // which NCCL refuses.
+  std::string backend = "auto";
 };
 
 // What a training anomaly triggers (every rank decides the same from reduced values).

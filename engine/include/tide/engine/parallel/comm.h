@@ -1,5 +1,7 @@
-// Collectives of one process group, over c10d (Gloo on CPU, NCCL on CUDA), with a
-// timeout on every operation. Every dtype travels as it is (bf16 included).
+// Collectives of one process group, over c10d (Gloo, or NCCL between CUDA ranks), with a
+// timeout on every operation. Every dtype travels as it is (bf16 included); a tensor on
+// another device than the backend's (a CUDA tensor on Gloo, a host tensor on NCCL)
+// travels through a copy.
 #pragma once
 
 #include <chrono>

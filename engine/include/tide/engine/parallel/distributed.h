@@ -26,8 +26,8 @@ struct Distributed {
 };
 
 // Rendezvous through a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT, then one
-// process group per grid axis, and the heartbeat. Gloo for CPU tensors; NCCL when `device` is CUDA and
-// LibTorch was built with it. Every collective and the rendezvous give up after
+// process group per grid axis, and the heartbeat. Gloo for CPU ranks; NCCL for CUDA ranks
+// (`cuda`) unless parallel.backend is "gloo". Every collective and the rendezvous give up after
 // `timeout`, with an error naming the group and the operation. Sets SIGPIPE to ignored
 // for the process, as Gloo needs (a dead peer must fail a collective, not kill the rank).
 std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const ParallelConfig& parallel,
