@@ -3,6 +3,7 @@
 #include <memory>
 
 #include <spdlog/spdlog.h>
+#include <torch/cuda.h>
 
 #include "cli_common.h"
 #include "tide/engine/data/token_dataset.h"
@@ -22,11 +23,26 @@ std::unique_ptr<Tokenizer> tokenizer_for(const LoadedModel& m, const std::string
   return load_tokenizer(path);
 }
 
+// The model on the device asked for: "cpu" (where it loads) or "cuda" (GPU 0 of those
+// visible; CUDA_VISIBLE_DEVICES picks another).
+void place(LoadedModel& m, const std::string& device) {
+  if (device != "cuda") return;
+  if (!torch::cuda::is_available())
+    throw std::runtime_error("--device cuda: no CUDA device is visible, or this LibTorch was built without CUDA");
+  m.model->to(torch::Device(torch::kCUDA, 0));
+}
+
+CLI::Option* add_device_option(CLI::App* cmd, std::string& device) {
+  return cmd->add_option("--device", device, "Where the model computes: cpu or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+}
+
 }  // namespace
 
 void add_generate_commands(CLI::App& app) {
   struct GenOptions {
-    std::string model, prompt, tokenizer;
+    std::string model, prompt, tokenizer, device = "cpu";
     SampleOptions sample;
     int64_t threads = 0;
   };
@@ -49,9 +65,11 @@ void add_generate_commands(CLI::App& app) {
   gen->add_option("--seed", g->sample.seed, "Sampling seed")->capture_default_str();
   gen->add_option("--tokenizer", g->tokenizer, "tokenizer.json or tokenizer.model (default: the one beside the model)");
   gen->add_option("--threads", g->threads, "Intra-op threads; 0: all cores")->check(CLI::Range(0, 1024));
+  add_device_option(gen, g->device);
   gen->callback([g] {
     configure_threads(g->threads);
     LoadedModel m = load_model(g->model);
+    place(m, g->device);
     const auto tok = tokenizer_for(m, g->tokenizer, g->model);
     SampleOptions opt = g->sample;
     opt.stop_id = tok->eos_id();
@@ -63,7 +81,7 @@ void add_generate_commands(CLI::App& app) {
   });
 
   struct EvalOptions {
-    std::string model, data, tokenizer;
+    std::string model, data, tokenizer, device = "cpu";
     int64_t seq_len = 0, batches = 16, micro_batch = 4, threads = 0;
   };
   auto e = std::make_shared<EvalOptions>();
@@ -77,9 +95,11 @@ void add_generate_commands(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   ev->add_option("--threads", e->threads, "Intra-op threads; 0: all cores")->check(CLI::Range(0, 1024));
+  add_device_option(ev, e->device);
   ev->callback([e] {
     configure_threads(e->threads);
     LoadedModel m = load_model(e->model);
+    place(m, e->device);
     const TokenDataset data(e->data);
     if (data.vocab_size() > m.model->config().vocab_size)
       throw std::runtime_error("dataset '" + e->data + "' has " + std::to_string(data.vocab_size()) +
