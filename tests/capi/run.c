@@ -80,8 +80,18 @@ static int count_entries(const char *dir) {
 static char *submit(tide_engine *engine, const char *workdir, const char *recipe) {
   char *id = NULL;
   tide_submit_options o = TIDE_SUBMIT_OPTIONS_INIT;
+  /* TIDE_TEST_DEVICE=cuda: the same run on a GPU (run_test.sh ... cuda). */
+  static char device[64];
+  const char *overrides[1];
+  const char *wanted = getenv("TIDE_TEST_DEVICE");
   o.recipe_file = recipe;
   o.workdir = workdir;
+  if (wanted && *wanted) {
+    snprintf(device, sizeof device, "device=%s", wanted);
+    overrides[0] = device;
+    o.overrides = overrides;
+    o.overrides_count = 1;
+  }
   CHECK(tide_run_submit(engine, &o, &id));
   return id;
 }

@@ -1,7 +1,7 @@
 """End-to-end tests of tided with real worker processes, spoken to only through libzmq
 and JSON as docs/protocol.md describes (see tided_client.py).
 
-Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security|exposure|fuzz}
+Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security|exposure|fuzz|cuda}
 """
 import json
 import os
@@ -699,13 +699,78 @@ def part_fuzz():
     d.stop()
 
 
+def part_cuda():
+    # A run on GPU 0 under tided with live control, then the CLI's generate and eval on the
+    # GPU against the CPU, and the daemon's export loaded by transformers. Skipped where no
+    # CUDA device is present (tests/tools/cuda_probe.py).
+    probe = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "tools", "cuda_probe.py")])
+    if probe.returncode != 0:
+        sys.exit(probe.returncode)
+    import torch
+    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=1, extra=("--gpus", "0")).start()
+    conn = Conn(d.tcp("commands"))
+    events = Events(d.tcp("events"), "run.")
+    time.sleep(0.3)
+    run = submit(conn, recipe("gpu", 100000, 0, extra='device = "cuda",'))
+    wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 20, what="step 20")
+    reply = conn.request("set", {"run": run, "values": {"optimizer.lr": 5e-4}})
+    assert reply["accepted"] == {"optimizer.lr": 5e-4}, reply
+    applied = events.wait_for(lambda e: e["run"] == run and e["kind"] == "control", what="control event")
+    assert applied["body"]["result"] == "applied", applied
+    k = applied["body"]["step"]
+    conn.request("pause", {"run": run})
+    p = events.wait_for(is_state(run, "paused"), what="paused state")["body"]["step"]
+    time.sleep(1.0)
+    assert conn.request("status", {"run": run})["run"]["last_step"] == p
+    conn.request("resume", {"run": run})
+    wait_status(conn, run, lambda r: r["last_step"] > p + 5, what="progress after resume")
+    conn.request("stop", {"run": run})
+    wait_status(conn, run, lambda r: r["state"] == "stopped", what="stopped")
+    rows = {row["step"]: row for row in conn.request("metrics", {"run": run, "limit": 100000})["metrics"]}
+    assert rows[k]["lr"] == 1e-3 and rows[k + 1]["lr"] == 5e-4, (rows[k], rows[k + 1])
+    assert all(row["peak_gpu_mb"] > 0 for row in rows.values()), "peak_gpu_mb is reported for every CUDA step"
+    run_dir = conn.request("status", {"run": run})["run"]["run_dir"]
+    print(f"{run} on GPU 0: lr set live at step {k}, paused at {p}, resumed, stopped at {max(rows)}; "
+          f"peak {max(r['peak_gpu_mb'] for r in rows.values()):.1f} MiB")
+
+    # tide generate and tide eval on the GPU: the CPU's numbers up to rounding. Sampling
+    # draws from the host's generator, so a fixed seed gives the same text unless two
+    # tokens' probabilities lie within rounding of each other; eval's loss is compared.
+    gen = subprocess.run([TIDE, "generate", run_dir, "--device", "cuda", "-p", "The ", "-n", "40", "--seed", "3"],
+                         capture_output=True, text=True, timeout=300)
+    assert gen.returncode == 0 and gen.stdout.startswith("The ") and len(gen.stdout) > 10, (gen.stdout, gen.stderr)
+    evals = {}
+    for device in ("cpu", "cuda"):
+        out = subprocess.run([TIDE, "eval", run_dir, "--data", os.path.join(WORK, "ds"), "--seq-len", "64",
+                              "--batches", "4", "--device", device], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        evals[device] = json.loads(out.stdout)["loss"]
+    # A mean of fp32 cross-entropies through 2 x (4 x 2 + 2) sums of at most 2 x 64 x 64
+    # terms each: relative rounding below 20 x 8192 x 2^-24 = 1e-2; the bound is loose,
+    # the check is that the GPU path computes the same quantity.
+    assert abs(evals["cuda"] - evals["cpu"]) <= 1e-2 * evals["cpu"], evals
+    print(f"tide generate --device cuda: {gen.stdout.strip()!r}; eval loss cuda {evals['cuda']:.6f}, "
+          f"cpu {evals['cpu']:.6f}")
+
+    # The daemon's export of the GPU-trained run loads in transformers.
+    out = subprocess.run([TIDE, "export", run, "-o", "hf", "--endpoint", d.tcp("commands")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "hf"), torch_dtype=torch.float32)
+    logits = model(torch.tensor([[84, 104, 101, 32]])).logits
+    assert logits.shape == (1, 4, 300) and torch.isfinite(logits).all(), logits.shape
+    print(f"the export of {run} loads in {type(model).__name__}")
+    d.stop()
+
+
 try:
     subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-3",
                     "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(WORK, "ds"),
                     "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
     {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly,
      "policy": part_policy, "slots": part_slots, "security": part_security,
-     "exposure": part_exposure, "fuzz": part_fuzz}[PART]()
+     "exposure": part_exposure, "fuzz": part_fuzz, "cuda": part_cuda}[PART]()
     print(f"daemon {PART}: ok")
 finally:
     subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)

@@ -1,6 +1,7 @@
 // Training on a CUDA device against training on the CPU, in this process. Every test
 // skips where no CUDA device is present (ctest label `cuda`; docs/gpu.md).
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -8,7 +9,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "hf_reference.h"
 #include "test_data.h"
+#include "tide/engine/model/hf_convert.h"
+#include "tide/engine/train/evaluate.h"
+#include "tide/engine/train/run_files.h"
 #include "tide/engine/train/trainer.h"
 #include "tiny_models.h"
 
@@ -16,9 +21,15 @@ namespace tide {
 namespace {
 namespace fs = std::filesystem;
 
-#define SKIP_WITHOUT_CUDA()                                      \
-  do {                                                           \
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "skipped: no CUDA device"; \
+// Skipped where no CUDA device is present, unless TIDE_REQUIRE_CUDA=1 (make gpu-test):
+// then a missing device fails the test (as tests/tools/cuda_probe.py does for the scripts).
+#define SKIP_WITHOUT_CUDA()                                                        \
+  do {                                                                             \
+    if (!torch::cuda::is_available()) {                                            \
+      const char* required = std::getenv("TIDE_REQUIRE_CUDA");                     \
+      if (required && std::string(required) == "1") FAIL() << "no CUDA device, and TIDE_REQUIRE_CUDA=1"; \
+      GTEST_SKIP() << "skipped: no CUDA device";                                   \
+    }                                                                              \
   } while (0)
 
 RunConfig tiny_run(const std::string& device, int64_t steps) {
@@ -128,6 +139,62 @@ TEST(Cuda, ACheckpointMovesBetweenCudaAndCpu) {
     EXPECT_NEAR(resumed[0].loss, ref[4].loss, rounding_bound(whole) * ref[4].loss) << from << " -> " << to;
     fs::remove_all(straight);
     fs::remove_all(split);
+  }
+}
+
+TEST(Cuda, ExportOfACudaTrainedModelLoadsInTransformersWithItsLogits) {
+  SKIP_WITHOUT_CUDA();
+  // Trained and saved on the GPU, loaded, moved back to it and exported from there:
+  // transformers' logits of the export are tide's on the GPU, up to the order of the sums.
+  const RunConfig c = tiny_run("cuda", 5);
+  const fs::path dir = run_dir("export"), hf = run_dir("export_hf");
+  train(c, dir);
+  LoadedModel m = load_model(dir.string());
+  m.model->to(torch::Device(torch::kCUDA, 0));
+  m.model->eval();
+  export_hf(hf.string(), m.model);
+  const auto ids = torch::randint(0, c.model.vocab_size, {2, 16}, torch::kInt64);
+  const fs::path out = hf / "reference.safetensors";
+  SafetensorsWriter writer;
+  writer.add("input_ids", "I64", {ids.size(0), ids.size(1)}, ids.data_ptr(), static_cast<size_t>(ids.nbytes()));
+  writer.write(out.string());
+  testing::run_hf_reference("logits " + hf.string() + " " + out.string());
+  const SafetensorsReader ref(out.string());
+  const auto expected = testing::read_named(ref, "logits");
+  torch::NoGradGuard no_grad;
+  const auto logits = m.model->forward(ids.to(torch::kCUDA)).cpu();
+  ASSERT_EQ(logits.sizes(), expected.sizes());
+  EXPECT_LE((logits - expected).abs().max().item<double>(),
+            testing::logit_tolerance(c.model, ids.size(1), expected));
+  fs::remove_all(dir);
+  fs::remove_all(hf);
+}
+
+TEST(Cuda, GreedyGenerationChoosesWhatTheCpuWouldUpToRounding) {
+  SKIP_WITHOUT_CUDA();
+  // Every token the GPU picks greedily is, by the CPU's logits for the same context, the
+  // largest or within twice the rounding bound of it (a near-tie may go either way).
+  const ModelConfig config = testing::tiny_llama();
+  Transformer model(config);
+  model->reset_parameters(5);
+  model->to(torch::Device(torch::kCUDA, 0));
+  const std::vector<int32_t> prompt{3, 14, 15, 92, 65};
+  SampleOptions opt;
+  opt.temperature = 0;
+  opt.max_new_tokens = config.max_seq_len - static_cast<int64_t>(prompt.size());
+  const auto generated = sample(model, prompt, opt);
+  ASSERT_EQ(static_cast<int64_t>(generated.size()), opt.max_new_tokens);
+  model->to(torch::kCPU);
+  std::vector<int64_t> all(prompt.begin(), prompt.end());
+  all.insert(all.end(), generated.begin(), generated.end());
+  torch::NoGradGuard no_grad;
+  const auto logits = model->forward(torch::tensor(all, torch::kInt64).view({1, -1}))[0];  // [T, V]
+  const double tol = testing::logit_tolerance(config, static_cast<int64_t>(all.size()), logits);
+  for (size_t i = 0; i < generated.size(); ++i) {
+    const auto row = logits[static_cast<int64_t>(prompt.size() + i) - 1];
+    const double best = row.max().item<double>(), chosen = row[generated[i]].item<double>();
+    EXPECT_GE(chosen, best - 2 * tol) << "token " << i << ": the GPU chose " << generated[i] << " (logit " << chosen
+                                      << "), the CPU's largest logit is " << best;
   }
 }
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Two ranks sharing one GPU (label cuda; skipped where no CUDA device is present:
+# tests/tools/cuda_probe.py). NCCL refuses two ranks on one device, so these groups use Gloo
+# (parallel.backend = "gloo"), which moves the ranks' CUDA tensors through host memory:
+#  - ZeRO-3 dp2 and tp2 reproduce one rank's losses on the same GPU (relative 1e-5) and,
+#    joined back into one model, its final parameters (1e-5), as on the CPU;
+#  - two ranks on one GPU with the default backend (NCCL) are refused, naming the field.
+source "$(dirname "$0")/common.sh" "$1"
+"${TIDE_PYTHON:-python3}" "$(dirname "$0")/../tools/cuda_probe.py" || exit $?
+# One GPU: the first of those visible.
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*}
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+
+cuda=(--set device=cuda)
+train llama cuda-1 "${cuda[@]}"
+train llama cuda-zero3-dp2 --nproc 2 "${cuda[@]}" --set parallel.backend=gloo --set parallel.zero=3
+train llama cuda-tp2 --nproc 2 "${cuda[@]}" --set parallel.backend=gloo --set parallel.tp=2
+compare "$work/cuda-1" "$work/cuda-zero3-dp2" 0 || fail "ZeRO-3 dp2 on one GPU differs from one rank"
+compare "$work/cuda-1" "$work/cuda-tp2" 0 || fail "tp2 on one GPU differs from one rank"
+
+refused llama "parallel.backend" --nproc 2 "${cuda[@]}" --set parallel.zero=3
+echo "shared GPU: ok"
