@@ -1,20 +1,24 @@
 # The two commands of a fresh Debian 12 machine:
-#   make demo   install, build, prepare the bundled corpus, train llama-tiny, sample text
-#   make test   install, build, run every test
+#   make demo       install, build, prepare the bundled corpus, train llama-tiny, sample text
+#   make test       install, build, run every test
+# and of a GPU host (the torch of .venv must be a CUDA build: scripts/setup.sh --cuda):
+#   make gpu-demo   the same demo on GPU 0 in bf16
+#   make gpu-test   every test, the CUDA ones included (none may skip)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 TIDE := $(BUILD)/tools/tide
 # The project's virtual environment (scripts/setup.sh): the PyTorch tide builds against.
 PYTHON := .venv/bin/python
+SETUP_FLAGS ?=
 CORPUS := data/corpus/kjv.txt
 DATASET := data/kjv
 
-.PHONY: all setup configure build tools demo data test bench clean
+.PHONY: all setup configure build tools demo data test bench clean gpu-demo gpu-test
 
 all: build
 
 setup:
-	@scripts/setup.sh
+	@scripts/setup.sh $(SETUP_FLAGS)
 
 configure: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DTIDE_WERROR=ON > $(BUILD).configure.log 2>&1 \
@@ -42,6 +46,17 @@ demo: data
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+gpu-demo:
+	@$(MAKE) --no-print-directory SETUP_FLAGS=--cuda data
+	@$(TIDE) train llama/llama-tiny --set device=cuda --set precision.compute=bf16 --run-dir runs/llama-tiny-cuda
+	@echo "--- sample from runs/llama-tiny-cuda ---"
+	@$(TIDE) generate runs/llama-tiny-cuda --device cuda --prompt "And God said" --max-tokens 120 \
+	  --temperature 0.8 --top-k 50 --seed 7
+
+gpu-test:
+	@$(MAKE) --no-print-directory SETUP_FLAGS=--cuda build
+	@cd $(BUILD) && TIDE_REQUIRE_CUDA=1 ctest --output-on-failure -j $(JOBS)
 
 bench: data
 	@$(PYTHON) bench/train_vs_pytorch.py --tide $(BUILD)/tools/tide

@@ -62,9 +62,28 @@ if(EXISTS "${TIDE_TORCH_PREFIX}/lib/libtorch_cuda.so" AND NOT CUDA_TOOLKIT_ROOT_
   set(CUDA_TOOLKIT_ROOT_DIR "${toolkit}" CACHE PATH "The CUDA toolkit LibTorch's CUDA build compiles with")
   set(CUDAToolkit_ROOT "${toolkit}")
 endif()
+# Caffe2's config links NVRTC from the toolkit; a minimal toolkit has none, while a CUDA
+# wheel's nvidia-* packages carry the one LibTorch loads at run time.
+if(EXISTS "${TIDE_TORCH_PREFIX}/lib/libtorch_cuda.so" AND (NOT CUDA_NVRTC_LIB OR CUDA_NVRTC_LIB MATCHES "NOTFOUND"))
+  file(GLOB wheel_nvrtc "${TIDE_TORCH_PREFIX}/../nvidia/*/lib/libnvrtc.so.[0-9]*")
+  if(wheel_nvrtc AND NOT EXISTS "${CUDA_TOOLKIT_ROOT_DIR}/lib64/libnvrtc.so")
+    list(GET wheel_nvrtc 0 wheel_nvrtc)
+    set(CUDA_NVRTC_LIB "${wheel_nvrtc}" CACHE FILEPATH "NVRTC, from the CUDA wheel" FORCE)
+  endif()
+endif()
 
 find_package(Torch 2.4 REQUIRED CONFIG)
 message(STATUS "LibTorch ${Torch_VERSION} at ${TIDE_TORCH_PREFIX}")
+
+# A CUDA wheel loads the CUDA libraries of its nvidia-* packages (site-packages/nvidia/*),
+# which carry their headers too. A toolkit may lack some that LibTorch's headers include
+# (a minimal CUDA 13 install has no cusparse.h): those come from the wheel's packages,
+# after the toolkit's own.
+file(GLOB TIDE_WHEEL_CUDA_INCLUDES LIST_DIRECTORIES true "${TIDE_TORCH_PREFIX}/../nvidia/*/include")
+if(TIDE_WHEEL_CUDA_INCLUDES AND EXISTS "${TIDE_TORCH_PREFIX}/lib/libtorch_cuda.so")
+  set_property(TARGET torch APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES ${TIDE_WHEEL_CUDA_INCLUDES})
+  message(STATUS "CUDA headers also from the wheel: ${TIDE_WHEEL_CUDA_INCLUDES}")
+endif()
 
 # The C++ standard LibTorch's headers were built for (20 from PyTorch 2.10 on), unless
 # one is given with -DCMAKE_CXX_STANDARD.

@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# Installs what tide needs (idempotent; quiet when all is present): the Debian packages,
+# Installs what tide needs (idempotent; quiet when all is present): the system packages,
 # and the project's virtual environment .venv with LibTorch 2.x (the torch package tide
 # builds against) and the Python test references.
-# Usage: scripts/setup.sh
-# Environment: TIDE_TORCH   the torch to install into .venv (default torch==2.13.0, the CPU
-#                           build; torch==2.14.1 is the CUDA 13 build). On a GPU host whose
-#                           python3 already has a CUDA torch >= 2.4, that one is used.
+# Usage: scripts/setup.sh [--cuda]
+# The torch of .venv, first match wins:
+#   TIDE_TORCH (a pip requirement, e.g. torch==2.13.0);
+#   python3's own CUDA build of torch >= 2.4 (a GPU host's PyTorch; .venv sees it);
+#   torch==2.14.1, the CUDA 13 build, where a CUDA toolkit is installed (nvcc): one build
+#     then compiles the CUDA code and runs the CPU tests;
+#   torch==2.13.0, the CPU build.
+# --cuda (make gpu-demo, make gpu-test): fail unless that torch is a CUDA build.
+# Debian 12 and Ubuntu 22.04 / 24.04 (apt, the same package names).
 set -euo pipefail
+
+cuda=0
+case "${1:-}" in
+  "") ;;
+  --cuda) cuda=1 ;;
+  -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "setup: unknown option '$1' (scripts/setup.sh [--cuda])" >&2; exit 2 ;;
+esac
 
 PACKAGES=(
   build-essential cmake make pkg-config ccache git
@@ -27,6 +40,16 @@ PACKAGES=(
   # The bundled default corpus (King James Bible, public domain).
   bible-kjv
 )
+
+# The package names are Debian 12's; Ubuntu 22.04 and 24.04 have the same ones (in
+# universe, enabled on their standard images).
+if [[ -r /etc/os-release ]]; then
+  os=$(. /etc/os-release && echo "${ID:-?} ${VERSION_ID:-?}")
+  case $os in
+    "debian 12"|"ubuntu 22.04"|"ubuntu 24.04") ;;
+    *) echo "setup: $os is not Debian 12 or Ubuntu 22.04/24.04; trying its apt anyway" >&2 ;;
+  esac
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -55,7 +78,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 
 # LibTorch 2.x and the Python references, in .venv.
 venv=$root/.venv
-torch_spec=${TIDE_TORCH:-torch==2.13.0}
 host_torch_ok() {
   python3 - <<'PY' 2>/dev/null
 import sys, torch
@@ -63,6 +85,14 @@ major, minor = (int(x) for x in torch.__version__.split(".")[:2])
 sys.exit(0 if torch.version.cuda and (major, minor) >= (2, 4) else 1)
 PY
 }
+cuda_toolkit() { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }
+if [[ -n ${TIDE_TORCH:-} ]]; then
+  torch_spec=$TIDE_TORCH
+elif cuda_toolkit; then
+  torch_spec=torch==2.14.1
+else
+  torch_spec=torch==2.13.0
+fi
 if [[ ! -x $venv/bin/python ]]; then
   if [[ -z ${TIDE_TORCH:-} ]] && host_torch_ok; then
     echo "setup: using the CUDA torch of $(command -v python3) (a GPU host's PyTorch)"
@@ -80,6 +110,12 @@ pip_install() {
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   echo "setup: installing $torch_spec into .venv"
   pip_install "$torch_spec"
+fi
+if ((cuda)) && ! "$venv/bin/python" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)"; then
+  echo "setup: .venv holds a CPU build of torch; the GPU commands need a CUDA one" \
+       "(remove .venv; setup then takes python3's CUDA torch, or torch==2.14.1 where nvcc is installed," \
+       "or TIDE_TORCH)" >&2
+  exit 1
 fi
 # Quick and offline when every pinned version is already there.
 pip_install -r "$root/scripts/python-requirements.txt"
