@@ -43,6 +43,15 @@ def submit(conn, text, **body):
     return conn.request("submit", body)["run"]["id"]
 
 
+def set_lr_live(conn, events, run):
+    """Sets optimizer.lr to 5e-4 on a training run; returns the step after which it applied."""
+    reply = conn.request("set", {"run": run, "values": {"optimizer.lr": 5e-4}})
+    assert reply["accepted"] == {"optimizer.lr": 5e-4}, reply
+    applied = events.wait_for(lambda e: e["run"] == run and e["kind"] == "control", what="control event")
+    assert applied["body"]["result"] == "applied", applied
+    return applied["body"]["step"]
+
+
 def part_control():
     d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2).start()
     conn = Conn(d.tcp("commands"))
@@ -56,11 +65,7 @@ def part_control():
     wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 20, what="step 20")
 
     # A live learning-rate change: applied at one step boundary by both ranks.
-    reply = conn.request("set", {"run": run, "values": {"optimizer.lr": 5e-4}})
-    assert reply["accepted"] == {"optimizer.lr": 5e-4}, reply
-    applied = early.wait_for(lambda e: e["run"] == run and e["kind"] == "control", what="control event")
-    assert applied["body"]["result"] == "applied", applied
-    k = applied["body"]["step"]
+    k = set_lr_live(conn, early, run)
     print(f"lr change applied at the boundary before step {k + 1}")
 
     # Pause: the step count stands still; resume: it moves again.
@@ -713,11 +718,7 @@ def part_cuda():
     time.sleep(0.3)
     run = submit(conn, recipe("gpu", 100000, 0, extra='device = "cuda",'))
     wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 20, what="step 20")
-    reply = conn.request("set", {"run": run, "values": {"optimizer.lr": 5e-4}})
-    assert reply["accepted"] == {"optimizer.lr": 5e-4}, reply
-    applied = events.wait_for(lambda e: e["run"] == run and e["kind"] == "control", what="control event")
-    assert applied["body"]["result"] == "applied", applied
-    k = applied["body"]["step"]
+    k = set_lr_live(conn, events, run)
     conn.request("pause", {"run": run})
     p = events.wait_for(is_state(run, "paused"), what="paused state")["body"]["step"]
     time.sleep(1.0)
