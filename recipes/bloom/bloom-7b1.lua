@@ -1,5 +1,6 @@
 -- BLOOM-7B1: the published shape (BigScience model card). Validates and reports its
--- parameter count here; training it needs a GPU cluster (see `tide plan`).
+-- parameter count here; training it needs a GPU cluster
+-- and a layout for it (parallel.dp, tp, pp, zero; docs/parallelism.md).
 return tide.recipe {
   name = "bloom-7b1",
   model = tide.models.bloom {

@@ -1,5 +1,6 @@
 -- LLaMA-2 13B: the published shape (Touvron et al. / Meta model card). Validates and reports
--- its parameter count here; training it needs a GPU cluster (see `tide plan`).
+-- its parameter count here; training it needs a GPU cluster
+-- and a layout for it (parallel.dp, tp, pp, zero; docs/parallelism.md).
 return tide.recipe {
   name = "llama-2-13b",
   model = tide.models.llama {

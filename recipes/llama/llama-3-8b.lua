@@ -1,5 +1,6 @@
 -- LLaMA-3 8B: the published shape (Touvron et al. / Meta model card). Validates and reports
--- its parameter count here; training it needs a GPU cluster (see `tide plan`).
+-- its parameter count here; training it needs a GPU cluster
+-- and a layout for it (parallel.dp, tp, pp, zero; docs/parallelism.md).
 return tide.recipe {
   name = "llama-3-8b",
   model = tide.models.llama {

@@ -9,6 +9,7 @@
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
 #include "tide/engine/optim/lr_schedule.h"
+#include "tide/engine/optim/weight_decay.h"
 #include "tiny_models.h"
 
 namespace tide {

@@ -29,14 +29,6 @@ std::vector<double> alibi_slopes(int64_t n_heads) {
   return slopes;
 }
 
-bool is_decayed(const std::string& name, const torch::Tensor& param, bool decay_norms_and_biases,
-                bool decay_embeddings) {
-  const bool embedding = name.find("embed") != std::string::npos || name.find("word_embeddings.weight") != std::string::npos;
-  if (param.dim() < 2) return decay_norms_and_biases;
-  if (embedding) return decay_embeddings;
-  return true;
-}
-
 namespace {
 std::shared_ptr<torch::nn::Module> holder_of(const std::string& name, torch::Tensor value, torch::Tensor& out,
                                              torch::nn::Module& parent) {

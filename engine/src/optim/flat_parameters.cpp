@@ -4,7 +4,7 @@
 
 #include <torch/torch.h>
 
-#include "tide/engine/model/transformer.h"
+#include "tide/engine/optim/weight_decay.h"
 
 namespace tide {
 
@@ -43,7 +43,6 @@ FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& opti
     for (; i < all.size() && all[i].unit == u; ++i) {
       all[i].offset = total;
       total += all[i].numel;
-      parameter_numel_ += all[i].numel;
       if (all[i].decayed) unit.decay_numel += all[i].numel;
       if (all[i].counted) (all[i].decayed ? unit.counted_decay_numel : unit.counted_plain_numel) += all[i].numel;
       unit.slots.push_back(i);

@@ -4,7 +4,7 @@
 #include <torch/torch.h>
 
 #include "tide/engine/parallel/comm.h"
-#include "tide/engine/train/runtime.h"
+#include "tide/engine/model/compute_dtype.h"
 
 namespace tide {
 

@@ -18,6 +18,7 @@
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/data/token_dataset.h"
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/parameter_units.h"
 #include "tide/engine/model/tensor_parallel.h"
 #include "tide/engine/model/transformer.h"

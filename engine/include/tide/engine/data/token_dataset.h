@@ -32,7 +32,6 @@ class TokenSplit {
   void verify(int64_t vocab_size, const std::string& xxh3_hex) const;
   int64_t size() const { return n_tokens_; }
   int64_t documents() const { return static_cast<int64_t>(doc_offsets_.size()) - 1; }
-  int64_t document_start(int64_t d) const { return static_cast<int64_t>(doc_offsets_.at(static_cast<size_t>(d))); }
   uint32_t at(int64_t i) const;
   // Copies n tokens starting at `start` as int64 (the dtype LibTorch wants for ids).
   void copy(int64_t start, int64_t n, int64_t* out) const;

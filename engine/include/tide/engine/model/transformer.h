@@ -58,13 +58,8 @@ class AttentionImpl : public torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, qkv{nullptr}, out{nullptr};
 
  private:
-  torch::Tensor embed(const torch::Tensor& tokens);
-  torch::Tensor run_blocks(torch::Tensor x);
-  torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);
-
   ModelConfig cfg_;
   TensorParallel tp_;
-  PipelineStage stage_;
   int64_t heads_ = 0, kv_heads_ = 0;  // on this rank
   int64_t kv_first_ = -1;             // key/value held whole: the one head this rank uses
 };
@@ -171,9 +166,5 @@ TORCH_MODULE(Transformer);
 
 // ALiBi slopes of the BLOOM reference, for any head count (not only powers of two).
 std::vector<double> alibi_slopes(int64_t n_heads);
-
-// Whether AdamW decays this parameter, from its name and shape and the optimizer config.
-bool is_decayed(const std::string& name, const torch::Tensor& param, bool decay_norms_and_biases,
-                bool decay_embeddings);
 
 }  // namespace tide

@@ -64,7 +64,6 @@ class FlatParameters {
   torch::Tensor& data() { return data_; }  // undefined unless Options::data
   torch::Tensor& grad() { return grad_; }  // undefined unless Options::grad
   int64_t numel() const { return numel_; }  // padded
-  int64_t parameter_numel() const { return parameter_numel_; }
   int64_t pad_to() const { return pad_to_; }
   const std::vector<Slot>& slots() const { return slots_; }
   const std::vector<Unit>& units() const { return units_; }
@@ -81,7 +80,7 @@ class FlatParameters {
 
  private:
   torch::Tensor data_, grad_;
-  int64_t numel_ = 0, parameter_numel_ = 0, pad_to_ = 1;
+  int64_t numel_ = 0, pad_to_ = 1;
   std::vector<Slot> slots_;
   std::vector<Unit> units_;
 };

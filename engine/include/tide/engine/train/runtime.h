@@ -2,12 +2,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 
-#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-
-#include "tide/engine/config.h"
 
 namespace tide {
 
@@ -26,9 +22,5 @@ MemoryReading read_memory();
 // The most memory `device`'s caching allocator has handed to tensors since the process
 // started, in MiB (PyTorch's max_memory_allocated); 0 for the CPU.
 double peak_device_mb(const c10::Device& device);
-
-// fn() with matmuls in the compute dtype (bf16: CPU autocast, its cast cache cleared
-// after).
-at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& fn);
 
 }  // namespace tide
