@@ -12,7 +12,7 @@
 #include "controller_impl.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/json_input.h"
-#include "tide/engine/parallel/grid.h"
+#include "tide/engine/run_layout.h"
 #include "tide/scripting/recipe.h"
 
 namespace tide::ipc {
@@ -216,8 +216,8 @@ json Controller::Impl::submit(const json& b) {
     throw ProtocolError(ErrorCode::unavailable, fmt::format("the run needs {} workers and this daemon has {} slots",
                                                             workers, opt.cpu_slots));
   try {
-    Grid(static_cast<int>(workers), 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
-         static_cast<int>(cfg.parallel.pp));
+    // What every worker would refuse, refused here, before the run exists.
+    check_supported_layout(cfg, static_cast<int>(workers));
   } catch (const std::exception& e) {
     throw ProtocolError(ErrorCode::invalid_recipe, fmt::format("{} workers: {}", workers, e.what()));
   }

@@ -212,6 +212,16 @@ def part_bad_input():
     print(f"  infinite loop refused in {time.time() - t0:.1f} s: {err['message'][:90]}")
     err = conn.request("submit", {"recipe": recipe("w", 5), "workers": 3}, ok=False)
     assert err["code"] == "unavailable", err
+    # What a worker would refuse is refused at submit, naming the field: no run is made.
+    before = len(conn.request("list")["runs"])
+    for overrides, field in ((["parallel.pp=2", "parallel.zero=3"], "parallel.zero"),
+                             (["parallel.tp=2", "parallel.sequence_parallel=true", "data.seq_len=63"],
+                              "parallel.sequence_parallel")):
+        err = conn.request("submit", {"recipe": recipe("layout", 5), "workdir": WORK, "workers": 2,
+                                      "overrides": overrides}, ok=False)
+        assert err["code"] == "invalid_recipe" and field in err["message"], (overrides, err)
+    assert len(conn.request("list")["runs"]) == before
+    print(f"  a layout the workers would refuse, refused at submit: {err['message'][:100]}")
     err = conn.request("set", {"run": run, "values": {"model.dim": 128}}, ok=False)
     assert err["code"] == "invalid_value" and "model.dim" in err["message"], err
     err = conn.request("set", {"run": run, "values": {"optimizer.lr": 100}}, ok=False)

@@ -13,6 +13,7 @@
 #include "stop_signals.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/launch_env.h"
+#include "tide/engine/run_layout.h"
 #include "tide/engine/train/runtime.h"
 #include "tide/engine/train/trainer.h"
 #include "tide/scripting/recipe.h"

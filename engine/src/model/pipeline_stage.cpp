@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 
 #include "tide/engine/config_schema.h"
-#include "tide/engine/model/parameter_units.h"
+#include "tide/engine/model/parameter_names.h"
 
 namespace tide {
 

@@ -10,23 +10,6 @@
 
 namespace tide {
 
-void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_parallel, int64_t seq_len) {
-  if (tp <= 1) return;
-  if (m.n_heads % tp != 0)
-    throw ConfigError("parallel.tp", fmt::format("{} does not divide model.n_heads = {}", tp, m.n_heads));
-  const int64_t kv = resolved_kv_heads(m);
-  if (kv % tp != 0 && tp % kv != 0)
-    throw ConfigError("parallel.tp", fmt::format("{} and model.n_kv_heads = {} must divide one another (key/value "
-                                                 "heads are split, or replicated when fewer than tp)",
-                                                 tp, kv));
-  if (resolved_ffn_dim(m) % tp != 0)
-    throw ConfigError("parallel.tp",
-                      fmt::format("{} does not divide the MLP width {} (model.ffn_dim)", tp, resolved_ffn_dim(m)));
-  if (sequence_parallel && seq_len % tp != 0)
-    throw ConfigError("parallel.sequence_parallel",
-                      fmt::format("data.seq_len = {} does not divide into tp = {} parts", seq_len, tp));
-}
-
 int64_t padded_vocab(int64_t vocab, int64_t tp) { return (vocab + tp - 1) / tp * tp; }
 
 namespace {

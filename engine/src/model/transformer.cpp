@@ -10,6 +10,7 @@
 #include "tide/engine/model/linear_cross_entropy.h"
 #include "tide/engine/model/parameter_units.h"
 #include "tide/engine/parallel/comm.h"
+#include "tide/engine/run_layout.h"
 #include "recompute.h"
 
 namespace tide {

@@ -30,6 +30,7 @@
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/grid.h"
 #include "tide/engine/parallel/pipeline.h"
+#include "tide/engine/run_layout.h"
 #include "tide/engine/train/evaluate.h"
 #include "tide/engine/train/flops.h"
 #include "tide/engine/train/run_files.h"
@@ -40,32 +41,6 @@
 namespace tide {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-void check_supported_layout(const RunConfig& cfg, int world) {
-  const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
-                  static_cast<int>(cfg.parallel.pp));
-  check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len);
-  if (grid.pp() > 1 || !cfg.parallel.pipeline_stages.empty())
-    partition_stages(cfg.model, grid.pp(), cfg.data.seq_len, cfg.parallel.pipeline_stages);  // the stages can be cut
-  if (grid.pp() > 1) {
-    if (cfg.parallel.zero == 3)
-      throw ConfigError("parallel.zero", fmt::format("ZeRO-3 does not combine with pipeline parallelism (pp = {}): "
-                                                     "a stage already holds only its blocks; use ZeRO-1 or 2",
-                                                     grid.pp()));
-    if (cfg.parallel.zero == 2 && cfg.model.tie_embeddings)
-      throw ConfigError("parallel.zero",
-                        fmt::format("ZeRO-2 with pp = {} and tied embeddings is not supported: the two stages' "
-                                    "embedding gradients must be summed before they are sharded; use ZeRO-1",
-                                    grid.pp()));
-  }
-  if (cfg.parallel.micro_batches > 0 && cfg.batch.global_batch % (cfg.parallel.micro_batches * grid.dp()) != 0)
-    throw ConfigError("parallel.micro_batches",
-                      fmt::format("{} micro-batches on each of dp = {} ranks do not divide batch.global_batch = {}",
-                                  cfg.parallel.micro_batches, grid.dp(), cfg.batch.global_batch));
-  if (cfg.batch.global_batch % (micro_batch_size(cfg, grid.dp()) * grid.dp()) != 0)
-    throw ConfigError("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch x dp = {} x {}",
-                                                        cfg.batch.global_batch, cfg.batch.micro_batch, grid.dp()));
-}
 
 namespace {
 // Steps (1-based) whose loss is made NaN, from TIDE_INJECT_NAN_AT="12,30": a testing
@@ -113,10 +88,6 @@ c10::DeviceIndex cuda_device_index(const RunConfig& cfg, int local_rank) {
 }
 }  // namespace
 
-int64_t micro_batch_size(const RunConfig& cfg, int dp) {
-  if (cfg.parallel.micro_batches > 0) return cfg.batch.global_batch / (cfg.parallel.micro_batches * dp);
-  return cfg.batch.micro_batch;
-}
 
 struct Trainer::State {
   RunConfig cfg;

@@ -9,11 +9,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "tide/engine/model/parameter_names.h"
+
 namespace tide {
 
-// The unit of a parameter from its name: 1 + the block index for names with a block
-// path ("model.layers.3." / "transformer.h.3."), else 0.
-int block_unit(const std::string& parameter_name);
 
 class ParameterUnits {
  public:

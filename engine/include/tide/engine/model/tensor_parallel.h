@@ -23,9 +23,6 @@ struct TensorParallel {
   bool sequence_parallel = false;
 };
 
-// Throws ConfigError naming the field when the model cannot be split tp ways (heads,
-// key/value heads, MLP width, sequence length for sequence parallelism).
-void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_parallel, int64_t seq_len);
 // The vocabulary rounded up to a multiple of tp (each rank holds an equal slice; the
 // padded rows are never looked up and their logits are masked out).
 int64_t padded_vocab(int64_t vocab, int64_t tp);

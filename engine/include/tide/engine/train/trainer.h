@@ -47,12 +47,6 @@ struct TrainHooks {
   std::vector<spdlog::sink_ptr> log_sinks;
 };
 
-// Refuses, naming the fields, a layout this engine cannot run on `world` ranks (the
-// factors do not fit, or a part not built yet). Called by the launcher before it
-// starts workers and by every Trainer.
-void check_supported_layout(const RunConfig& cfg, int world);
-// Sequences per micro-batch: batch.micro_batch, or derived from parallel.micro_batches.
-int64_t micro_batch_size(const RunConfig& cfg, int dp);
 
 struct TrainResult {
   int64_t steps = 0;

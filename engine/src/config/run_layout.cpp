@@ -1,0 +1,59 @@
+#include "tide/engine/run_layout.h"
+
+#include <fmt/format.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/model/pipeline_stage.h"
+#include "tide/engine/parallel/grid.h"
+
+namespace tide {
+
+void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_parallel, int64_t seq_len) {
+  if (tp <= 1) return;
+  if (m.n_heads % tp != 0)
+    throw ConfigError("parallel.tp", fmt::format("{} does not divide model.n_heads = {}", tp, m.n_heads));
+  const int64_t kv = resolved_kv_heads(m);
+  if (kv % tp != 0 && tp % kv != 0)
+    throw ConfigError("parallel.tp", fmt::format("{} and model.n_kv_heads = {} must divide one another (key/value "
+                                                 "heads are split, or replicated when fewer than tp)",
+                                                 tp, kv));
+  if (resolved_ffn_dim(m) % tp != 0)
+    throw ConfigError("parallel.tp",
+                      fmt::format("{} does not divide the MLP width {} (model.ffn_dim)", tp, resolved_ffn_dim(m)));
+  if (sequence_parallel && seq_len % tp != 0)
+    throw ConfigError("parallel.sequence_parallel",
+                      fmt::format("data.seq_len = {} does not divide into tp = {} parts", seq_len, tp));
+}
+
+void check_supported_layout(const RunConfig& cfg, int world) {
+  const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
+                  static_cast<int>(cfg.parallel.pp));
+  check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len);
+  if (grid.pp() > 1 || !cfg.parallel.pipeline_stages.empty())
+    partition_stages(cfg.model, grid.pp(), cfg.data.seq_len, cfg.parallel.pipeline_stages);  // the stages can be cut
+  if (grid.pp() > 1) {
+    if (cfg.parallel.zero == 3)
+      throw ConfigError("parallel.zero", fmt::format("ZeRO-3 does not combine with pipeline parallelism (pp = {}): "
+                                                     "a stage already holds only its blocks; use ZeRO-1 or 2",
+                                                     grid.pp()));
+    if (cfg.parallel.zero == 2 && cfg.model.tie_embeddings)
+      throw ConfigError("parallel.zero",
+                        fmt::format("ZeRO-2 with pp = {} and tied embeddings is not supported: the two stages' "
+                                    "embedding gradients must be summed before they are sharded; use ZeRO-1",
+                                    grid.pp()));
+  }
+  if (cfg.parallel.micro_batches > 0 && cfg.batch.global_batch % (cfg.parallel.micro_batches * grid.dp()) != 0)
+    throw ConfigError("parallel.micro_batches",
+                      fmt::format("{} micro-batches on each of dp = {} ranks do not divide batch.global_batch = {}",
+                                  cfg.parallel.micro_batches, grid.dp(), cfg.batch.global_batch));
+  if (cfg.batch.global_batch % (micro_batch_size(cfg, grid.dp()) * grid.dp()) != 0)
+    throw ConfigError("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch x dp = {} x {}",
+                                                        cfg.batch.global_batch, cfg.batch.micro_batch, grid.dp()));
+}
+
+int64_t micro_batch_size(const RunConfig& cfg, int dp) {
+  if (cfg.parallel.micro_batches > 0) return cfg.batch.global_batch / (cfg.parallel.micro_batches * dp);
+  return cfg.batch.micro_batch;
+}
+
+}  // namespace tide
