@@ -63,12 +63,19 @@ at::Tensor staging(const at::Tensor& output, const at::Tensor& input) {
 // group the small host tensors of the trainer and of live control.
 at::Tensor Comm::Impl::staged(const at::Tensor& t) const { return t.device() == device ? t : t.to(device); }
 
+namespace {
+// The collective's result, from the copy staged(t) made (if it made one), into t.
+void unstage(at::Tensor& t, const at::Tensor& staged) {
+  if (!staged.is_same(t)) t.copy_(staged);
+}
+}  // namespace
+
 void Comm::Impl::all_reduce(Comm& c, at::Tensor& t, c10d::ReduceOp op, const std::string& name,
                             const std::string& what) {
   if (c.size() == 1) return;
   std::vector<at::Tensor> v{staged(t)};
   wait(pg->allreduce(v, c10d::AllreduceOptions{op}), name, what);
-  if (!v[0].is_same(t)) t.copy_(v[0]);
+  unstage(t, v[0]);
   bytes_sent += 2 * nbytes(t) * (c.size() - 1) / c.size();  // ring: reduce-scatter + all-gather
 }
 
@@ -108,9 +115,7 @@ std::unique_ptr<PendingCollective> Comm::all_reduce_sum_async(at::Tensor t, cons
   auto work = impl_->pg->allreduce(v, c10d::AllreduceOptions{c10d::ReduceOp::SUM});
   impl_->bytes_sent += 2 * nbytes(t) * (size() - 1) / size();
   return std::make_unique<PendingWork>(impl_.get(), std::move(work), "all_reduce", what,
-                                       [t, h = v[0]]() mutable {
-                                         if (!h.is_same(t)) t.copy_(h);
-                                       });
+                                       [t, h = v[0]]() mutable { unstage(t, h); });
 }
 
 void Comm::broadcast(at::Tensor& t, int root, const std::string& what) {
@@ -119,7 +124,7 @@ void Comm::broadcast(at::Tensor& t, int root, const std::string& what) {
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   impl_->wait(impl_->pg->broadcast(v, opts), "broadcast", what);
-  if (!v[0].is_same(t)) t.copy_(v[0]);
+  unstage(t, v[0]);
   if (rank() == root) impl_->bytes_sent += nbytes(t);
 }
 
@@ -198,7 +203,7 @@ void Comm::recv(at::Tensor& t, int src, int tag, const std::string& what) {
   TORCH_CHECK(t.is_contiguous(), "recv: ", what, " is not contiguous");
   std::vector<at::Tensor> v{impl_->staged(t)};
   impl_->wait(impl_->pg->recv(v, src, tag), fmt::format("recv from group rank {}", src), what);
-  if (!v[0].is_same(t)) t.copy_(v[0]);
+  unstage(t, v[0]);
 }
 
 void Comm::barrier(const std::string& what) {
