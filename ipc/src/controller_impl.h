@@ -15,6 +15,7 @@
 #include <zmq.hpp>
 
 #include "tide/engine/config.h"
+#include "tide/engine/run_layout.h"
 #include "tide/ipc/controller.h"
 #include "tide/ipc/curve.h"
 #include "tide/ipc/protocol.h"
@@ -34,6 +35,7 @@ struct ActiveRun {
   std::map<int, Clock::time_point> last_seen;
   Clock::time_point started;
   std::vector<std::string> gpus;  // the devices its workers see (a cuda run)
+  BatchLayout batch;              // how the group cuts a step's batch, which a live change must fit
   json pending = json::array();  // commands for rank 0 not yet delivered
   bool stop_requested = false, cancel_requested = false;
   bool ending = false;  // the group is being ended
@@ -105,6 +107,9 @@ struct Controller::Impl {
   json info();
   RunRecord& find_run(const json& body);
   const RunConfig& config_of(const RunRecord& r);
+  // A live change the run took: the controller's view of its recipe, and the record a
+  // restart replays.
+  void record_live_change(RunRecord& r, const json& values);
 
   // exports.cpp
   json checkpoints_of(const json& body);

@@ -12,6 +12,7 @@
 #include "controller_impl.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/json_input.h"
+#include "tide/engine/live_change.h"
 #include "tide/engine/run_layout.h"
 #include "tide/scripting/recipe.h"
 
@@ -32,6 +33,32 @@ SandboxLimits submit_limits() {
   SandboxLimits l;
   l.seconds = 3.0;
   return l;
+}
+
+std::vector<std::string> submitted_overrides(const json& b) {
+  std::vector<std::string> overrides;
+  if (!b.contains("overrides")) return overrides;
+  for (const auto& item : require(b, "overrides", json::value_t::array)) {
+    if (!item.is_string()) throw ProtocolError(ErrorCode::bad_request, "'overrides' holds a non-string");
+    overrides.push_back(item.get<std::string>());
+  }
+  return overrides;
+}
+
+// A submit's recipe text and where it came from ("inline", or a bundled recipe's file).
+std::pair<std::string, std::string> submitted_recipe(const json& b, const std::vector<std::string>& recipe_dirs) {
+  if (b.contains("recipe")) return {require_string(b, "recipe"), "inline"};
+  if (!b.contains("recipe_name"))
+    throw ProtocolError(ErrorCode::bad_request, "submit needs 'recipe' (the text) or 'recipe_name' (a bundled recipe)");
+  std::string source;
+  try {
+    source = resolve_recipe_name(require_string(b, "recipe_name"), recipe_dirs);
+  } catch (const ProtocolError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ProtocolError(ErrorCode::invalid_recipe, e.what());
+  }
+  return {read_text(source), source};
 }
 
 std::deque<std::string> tail_lines(const fs::path& path, size_t n) {
@@ -168,29 +195,8 @@ json Controller::Impl::submit(const json& b) {
                           fmt::format("'idempotency_key' has {} characters; 256 at most", key.size()));
   }
   if (RunRecord* existing = registry->find_by_key(key)) return {{"run", status_of(*existing)}, {"duplicate", true}};
-  std::vector<std::string> overrides;
-  if (b.contains("overrides")) {
-    const json& o = require(b, "overrides", json::value_t::array);
-    for (const auto& item : o) {
-      if (!item.is_string()) throw ProtocolError(ErrorCode::bad_request, "'overrides' holds a non-string");
-      overrides.push_back(item.get<std::string>());
-    }
-  }
-  std::string text, source;
-  if (b.contains("recipe")) {
-    text = require_string(b, "recipe");
-    source = "inline";
-  } else if (b.contains("recipe_name")) {
-    const std::string name = require_string(b, "recipe_name");
-    try {
-      source = resolve_recipe_name(name, opt.recipe_dirs);
-    } catch (const std::exception& e) {
-      throw ProtocolError(ErrorCode::invalid_recipe, e.what());
-    }
-    text = read_text(source);
-  } else {
-    throw ProtocolError(ErrorCode::bad_request, "submit needs 'recipe' (the text) or 'recipe_name' (a bundled recipe)");
-  }
+  const std::vector<std::string> overrides = submitted_overrides(b);
+  const auto [text, source] = submitted_recipe(b, opt.recipe_dirs);
   std::string workdir = b.contains("workdir") ? require_string(b, "workdir") : fs::current_path().string();
   if (!fs::path(workdir).is_absolute() || !fs::is_directory(workdir))
     throw ProtocolError(ErrorCode::bad_request, fmt::format("workdir '{}' is not an absolute directory", workdir));
@@ -294,37 +300,45 @@ json Controller::Impl::set(const json& b, const json& request_id) {
   if (values.empty()) throw ProtocolError(ErrorCode::bad_request, "'values' is empty");
   if (is_finished(r.state))
     throw ProtocolError(ErrorCode::invalid_state, fmt::format("run {} is {}", r.id, state_name(r.state)));
-  RunConfig next = config_of(r);
+  const bool running = has_workers(r.state) && active.count(r.id);
   try {
-    for (const auto& [path, value] : values.items()) {
-      const FieldSpec* f = find_field(path);
-      if (!f) throw ConfigError(path, "no such recipe field");
-      if (!f->live)
-        throw ConfigError(path, "cannot change while the run trains; live fields: see `tide recipe fields`");
-      f->set(next, value);
-    }
-    validate(next);
-    if (next.batch.global_batch != config_of(r).batch.global_batch) {
-      const int64_t tp_pp = next.parallel.tp * next.parallel.pp;
-      const int64_t dp = next.parallel.dp > 0 ? next.parallel.dp : r.workers / std::max<int64_t>(tp_pp, 1);
-      const int64_t micro = next.parallel.micro_batches > 0
-                                ? config_of(r).batch.global_batch / (next.parallel.micro_batches * dp)
-                                : next.batch.micro_batch;
-      if (next.batch.global_batch % (micro * dp) != 0)
-        throw ConfigError("batch.global_batch", fmt::format("{} is not a multiple of the micro-batch x dp = {} x {}",
-                                                            next.batch.global_batch, micro, dp));
+    // Checked as every rank will check it. A running job's view changes when rank 0
+    // reports the change applied (record_live_change); a queued run's at once.
+    const RunConfig& current = config_of(r);
+    if (running) {
+      check_live_change(current, values, active[r.id].batch);
+    } else {
+      const LiveChange change = check_live_change(current, values, batch_layout(current, r.workers));
+      check_supported_layout(change.next, r.workers);
+      record_live_change(r, values);
     }
   } catch (const std::exception& e) {
     throw ProtocolError(ErrorCode::invalid_value, e.what());
   }
-  configs[r.id] = next;
-  for (const auto& [path, value] : values.items()) r.live[path] = find_field(path)->get(next);
-  registry->save(r);
-  if (has_workers(r.state)) {
+  if (running) {
     active[r.id].pending.push_back({{"op", "set"}, {"values", values}, {"id", request_id}});
     deliver(r.id);
   }
   return {{"run", r.id}, {"accepted", values}};
+}
+
+void Controller::Impl::record_live_change(RunRecord& r, const json& values) {
+  RunConfig next = config_of(r);
+  for (const auto& [path, value] : values.items()) {
+    const FieldSpec* f = find_field(path);
+    if (!f || f->live == LiveEffect::None) {
+      spdlog::warn("run {}: ignoring a reported change of '{}', not a live field", r.id, path);
+      continue;
+    }
+    try {
+      f->set(next, value);
+      r.live[path] = f->get(next);
+    } catch (const std::exception& e) {
+      spdlog::warn("run {}: ignoring a reported change: {}", r.id, e.what());
+    }
+  }
+  configs[r.id] = next;
+  registry->save(r);
 }
 
 }  // namespace tide::ipc

@@ -110,6 +110,7 @@ void Controller::Impl::launch(RunRecord& r) {
   a = ActiveRun{};
   a.gpus = gpus;
   try {
+    a.batch = batch_layout(cfg, r.workers);  // as every worker derives it
     a.group = std::make_unique<WorkerGroup>(spec);
   } catch (const std::exception& e) {
     active.erase(r.id);
@@ -188,6 +189,7 @@ void Controller::Impl::serve_workers() {
         e["ok"] = kind == "checkpoint";
         publish(r->id, "checkpoint", e);
       } else if (kind == "applied" || kind == "rejected") {
+        if (kind == "applied") record_live_change(*r, detail.value("values", json::object()));
         json e = detail;
         e["result"] = kind;
         publish(r->id, "control", e);

@@ -66,6 +66,8 @@ def part_control():
 
     # A live learning-rate change: applied at one step boundary by both ranks.
     k = set_lr_live(conn, early, run)
+    live = conn.request("status", {"run": run})["run"]["live"]
+    assert live == {"optimizer.lr": 5e-4}, f"the daemon's view after the change applied: {live}"
     print(f"lr change applied at the boundary before step {k + 1}")
 
     # Pause: the step count stands still; resume: it moves again.
@@ -228,6 +230,18 @@ def part_bad_input():
     assert err["code"] == "invalid_value" and "optimizer.lr" in err["message"], err
     err = conn.request("set", {"run": run, "values": {"no.such": 1}}, ok=False)
     assert err["code"] == "invalid_value", err
+    err = conn.request("set", {"run": run, "values": {"batch.global_batch": 7}}, ok=False)
+    assert err["code"] == "invalid_value" and "batch.global_batch" in err["message"], err
+    live = conn.request("status", {"run": run})["run"]["live"]
+    assert live == {}, f"refused changes left the daemon's view changed: {live}"
+    # A change the run could not honour is refused with the reason: its rate comes from a
+    # recipe function, which optimizer.lr does not drive.
+    lua_lr = recipe("lualr", 100000).replace('decay = "constant"', "lr = function(step) return 1e-3 end")
+    other = submit(conn, lua_lr)
+    err = conn.request("set", {"run": other, "values": {"optimizer.lr": 5e-4}}, ok=False)
+    assert err["code"] == "invalid_value" and "schedule.lr" in err["message"], err
+    print(f"  a live change the run cannot honour: {err['message'][:110]}")
+    conn.request("cancel", {"run": other})
     err = conn.request("resume", {"run": run}, ok=False)
     assert err["code"] == "invalid_state", err
     for body, code, part in (({"run": "nope", "out": "hf"}, "not_found", "nope"),

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tide/engine/io/json_input.h"
+#include "tide/engine/run_layout.h"
 
 namespace tide {
 namespace {
@@ -58,7 +59,7 @@ const std::vector<std::pair<std::string, AnomalyAction>>& anomaly_actions() {
 }
 
 template <class F>
-FieldSpec integer(std::string path, double lo, double hi, bool live, std::string doc, F ref) {
+FieldSpec integer(std::string path, double lo, double hi, LiveEffect live, std::string doc, F ref) {
   FieldSpec f{path, FieldType::Int, {}, lo, hi, live, std::move(doc), {}, {}};
   f.set = [=](RunConfig& c, const json& v) { ref(c) = as_int(path, v, lo, hi); };
   f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
@@ -66,7 +67,7 @@ FieldSpec integer(std::string path, double lo, double hi, bool live, std::string
 }
 
 template <class F>
-FieldSpec number(std::string path, double lo, double hi, bool live, std::string doc, F ref) {
+FieldSpec number(std::string path, double lo, double hi, LiveEffect live, std::string doc, F ref) {
   FieldSpec f{path, FieldType::Number, {}, lo, hi, live, std::move(doc), {}, {}};
   f.set = [=](RunConfig& c, const json& v) { ref(c) = as_number(path, v, lo, hi); };
   f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
@@ -74,7 +75,7 @@ FieldSpec number(std::string path, double lo, double hi, bool live, std::string 
 }
 
 template <class F>
-FieldSpec boolean(std::string path, bool live, std::string doc, F ref) {
+FieldSpec boolean(std::string path, LiveEffect live, std::string doc, F ref) {
   FieldSpec f{path, FieldType::Bool, {}, 0, 1, live, std::move(doc), {}, {}};
   f.set = [=](RunConfig& c, const json& v) {
     if (!v.is_boolean()) throw ConfigError(path, fmt::format("expected true or false, got {}", show(v)));
@@ -85,7 +86,7 @@ FieldSpec boolean(std::string path, bool live, std::string doc, F ref) {
 }
 
 template <class F>
-FieldSpec string(std::string path, bool live, std::string doc, F ref) {
+FieldSpec string(std::string path, LiveEffect live, std::string doc, F ref) {
   FieldSpec f{path, FieldType::String, {}, 0, 0, live, std::move(doc), {}, {}};
   f.set = [=](RunConfig& c, const json& v) {
     if (!v.is_string()) throw ConfigError(path, fmt::format("expected a string, got {}", show(v)));
@@ -97,7 +98,7 @@ FieldSpec string(std::string path, bool live, std::string doc, F ref) {
 
 template <class F>
 FieldSpec int_list(std::string path, double lo, double hi, std::string doc, F ref) {
-  FieldSpec f{path, FieldType::IntList, {}, lo, hi, false, std::move(doc), {}, {}};
+  FieldSpec f{path, FieldType::IntList, {}, lo, hi, LiveEffect::None, std::move(doc), {}, {}};
   f.set = [=](RunConfig& c, const json& v) {
     if (!v.is_array()) throw ConfigError(path, fmt::format("expected a list of integers, got {}", show(v)));
     std::vector<int64_t> out;
@@ -109,7 +110,7 @@ FieldSpec int_list(std::string path, double lo, double hi, std::string doc, F re
 }
 
 template <class E, class F>
-FieldSpec choice(std::string path, std::vector<std::pair<std::string, E>> names, bool live, std::string doc, F ref) {
+FieldSpec choice(std::string path, std::vector<std::pair<std::string, E>> names, LiveEffect live, std::string doc, F ref) {
   std::vector<std::string> labels;
   for (auto& n : names) labels.push_back(n.first);
   FieldSpec f{path, FieldType::Choice, labels, 0, 0, live, std::move(doc), {}, {}};
@@ -133,171 +134,194 @@ FieldSpec choice(std::string path, std::vector<std::pair<std::string, E>> names,
   return f;
 }
 
+// Not live: fixed for the run's life.
+constexpr LiveEffect kFixed = LiveEffect::None;
+
 #define REF(member) [](RunConfig& c) -> auto& { return c.member; }
 
-std::vector<FieldSpec> build_schema() {
-  std::vector<FieldSpec> s;
-  // Top level.
-  s.push_back(string("name", false,
+void add_top_level_fields(std::vector<FieldSpec>& s) {
+  s.push_back(string("name", kFixed,
                      "Run name, used for the run directory: letters, digits, '.', '_' and '-', 64 at most, not "
                      "starting with '.'.",
                      REF(name)));
-  s.push_back(integer("seed", 0, kBig, false, "Seed of initialisation, data order and dropout.", REF(seed)));
-  s.push_back(integer("log_every", 1, 1e9, true, "Steps between progress lines.", REF(log_every)));
+  s.push_back(integer("seed", 0, kBig, kFixed, "Seed of initialisation, data order and dropout.", REF(seed)));
+  s.push_back(integer("log_every", 1, 1e9, LiveEffect::EachStep, "Steps between progress lines.", REF(log_every)));
   s.push_back(choice<std::string>("log_level",
                                   {{"trace", "trace"}, {"debug", "debug"}, {"info", "info"}, {"warn", "warn"},
                                    {"error", "error"}},
-                                  true, "Level of the run log (train.log).", REF(log_level)));
-  s.push_back(choice<std::string>("device", {{"cpu", "cpu"}, {"cuda", "cuda"}}, false,
+                                  LiveEffect::LogLevel, "Level of the run log (train.log).", REF(log_level)));
+  s.push_back(choice<std::string>("device", {{"cpu", "cpu"}, {"cuda", "cuda"}}, kFixed,
                                   "Where each rank computes: cpu, or cuda (GPU LOCAL_RANK; with parallel.backend = gloo, LOCAL_RANK modulo the GPUs).",
                                   REF(device)));
-  s.push_back(integer("threads", 0, 1024, false, "Intra-op threads per process; 0: the cores available.", REF(threads)));
+  s.push_back(integer("threads", 0, 1024, kFixed, "Intra-op threads per process; 0: the cores available.", REF(threads)));
+}
+
+void add_model_fields(std::vector<FieldSpec>& s) {
   // Model.
-  s.push_back(choice<Family>("model.family", {{"llama", Family::LLaMA}, {"bloom", Family::BLOOM}}, false,
+  s.push_back(choice<Family>("model.family", {{"llama", Family::LLaMA}, {"bloom", Family::BLOOM}}, kFixed,
                              "Parameter names and QKV layout of this Hugging Face family.", REF(model.family)));
-  s.push_back(integer("model.vocab_size", 2, 1e8, false, "Vocabulary size.", REF(model.vocab_size)));
-  s.push_back(integer("model.dim", 1, 1e6, false, "Hidden size.", REF(model.dim)));
-  s.push_back(integer("model.n_layers", 1, 1e4, false, "Transformer blocks.", REF(model.n_layers)));
-  s.push_back(integer("model.n_heads", 1, 1e5, false, "Query heads.", REF(model.n_heads)));
-  s.push_back(integer("model.n_kv_heads", 0, 1e5, false, "Key/value heads (grouped-query attention); 0: n_heads.",
+  s.push_back(integer("model.vocab_size", 2, 1e8, kFixed, "Vocabulary size.", REF(model.vocab_size)));
+  s.push_back(integer("model.dim", 1, 1e6, kFixed, "Hidden size.", REF(model.dim)));
+  s.push_back(integer("model.n_layers", 1, 1e4, kFixed, "Transformer blocks.", REF(model.n_layers)));
+  s.push_back(integer("model.n_heads", 1, 1e5, kFixed, "Query heads.", REF(model.n_heads)));
+  s.push_back(integer("model.n_kv_heads", 0, 1e5, kFixed, "Key/value heads (grouped-query attention); 0: n_heads.",
                       REF(model.n_kv_heads)));
-  s.push_back(integer("model.ffn_dim", 0, 1e7, false, "MLP hidden size; 0: derived from dim.", REF(model.ffn_dim)));
-  s.push_back(integer("model.multiple_of", 1, 1e6, false, "SwiGLU hidden size rounds up to this.",
+  s.push_back(integer("model.ffn_dim", 0, 1e7, kFixed, "MLP hidden size; 0: derived from dim.", REF(model.ffn_dim)));
+  s.push_back(integer("model.multiple_of", 1, 1e6, kFixed, "SwiGLU hidden size rounds up to this.",
                       REF(model.multiple_of)));
-  s.push_back(number("model.ffn_dim_multiplier", 0, 100, false, "Scales the SwiGLU hidden size; 0: off.",
+  s.push_back(number("model.ffn_dim_multiplier", 0, 100, kFixed, "Scales the SwiGLU hidden size; 0: off.",
                      REF(model.ffn_dim_multiplier)));
-  s.push_back(integer("model.max_seq_len", 1, 1e7, false, "Longest sequence (learned positions, RoPE tables).",
+  s.push_back(integer("model.max_seq_len", 1, 1e7, kFixed, "Longest sequence (learned positions, RoPE tables).",
                       REF(model.max_seq_len)));
   s.push_back(choice<NormKind>("model.norm", {{"rmsnorm", NormKind::RMSNorm}, {"layernorm", NormKind::LayerNorm}},
-                               false, "Normalisation.", REF(model.norm)));
-  s.push_back(number("model.norm_eps", 1e-12, 1, false, "Norm epsilon.", REF(model.norm_eps)));
+                               kFixed, "Normalisation.", REF(model.norm)));
+  s.push_back(number("model.norm_eps", 1e-12, 1, kFixed, "Norm epsilon.", REF(model.norm_eps)));
   s.push_back(choice<PositionKind>(
       "model.positions",
-      {{"rope", PositionKind::RoPE}, {"alibi", PositionKind::ALiBi}, {"learned", PositionKind::Learned}}, false,
+      {{"rope", PositionKind::RoPE}, {"alibi", PositionKind::ALiBi}, {"learned", PositionKind::Learned}}, kFixed,
       "Position encoding.", REF(model.positions)));
-  s.push_back(number("model.rope_theta", 1, 1e12, false, "RoPE base.", REF(model.rope_theta)));
-  s.push_back(choice<MlpKind>("model.mlp", {{"swiglu", MlpKind::SwiGLU}, {"gelu", MlpKind::GELU}}, false,
+  s.push_back(number("model.rope_theta", 1, 1e12, kFixed, "RoPE base.", REF(model.rope_theta)));
+  s.push_back(choice<MlpKind>("model.mlp", {{"swiglu", MlpKind::SwiGLU}, {"gelu", MlpKind::GELU}}, kFixed,
                               "MLP kind (GELU is the tanh form).", REF(model.mlp)));
-  s.push_back(boolean("model.attention_bias", false, "Biases on attention projections.", REF(model.attention_bias)));
-  s.push_back(boolean("model.mlp_bias", false, "Biases on MLP projections.", REF(model.mlp_bias)));
-  s.push_back(boolean("model.embedding_norm", false, "LayerNorm after the token embedding (BLOOM).",
+  s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));
+  s.push_back(boolean("model.mlp_bias", kFixed, "Biases on MLP projections.", REF(model.mlp_bias)));
+  s.push_back(boolean("model.embedding_norm", kFixed, "LayerNorm after the token embedding (BLOOM).",
                       REF(model.embedding_norm)));
-  s.push_back(boolean("model.tie_embeddings", false, "Output projection shares the embedding.",
+  s.push_back(boolean("model.tie_embeddings", kFixed, "Output projection shares the embedding.",
                       REF(model.tie_embeddings)));
-  s.push_back(number("model.dropout", 0, 1, false, "Dropout on attention probabilities and residual branches.",
+  s.push_back(number("model.dropout", 0, 1, kFixed, "Dropout on attention probabilities and residual branches.",
                      REF(model.dropout)));
-  s.push_back(number("model.init_std", 0, 10, false, "Std of the normal initialisation.", REF(model.init_std)));
-  s.push_back(boolean("model.scale_residual_init", false, "Output projections get std / sqrt(2 n_layers).",
+  s.push_back(number("model.init_std", 0, 10, kFixed, "Std of the normal initialisation.", REF(model.init_std)));
+  s.push_back(boolean("model.scale_residual_init", kFixed, "Output projections get std / sqrt(2 n_layers).",
                       REF(model.scale_residual_init)));
-  s.push_back(boolean("model.activation_checkpointing", false, "Recompute each block in backward.",
+  s.push_back(boolean("model.activation_checkpointing", kFixed, "Recompute each block in backward.",
                       REF(model.activation_checkpointing)));
+}
+
+void add_batch_and_optimizer_fields(std::vector<FieldSpec>& s) {
   // Data and batch.
-  s.push_back(string("data.path", false, "Dataset directory written by `tide data prepare`.", REF(data.path)));
-  s.push_back(integer("data.seq_len", 1, 1e7, false, "Tokens per training sequence.", REF(data.seq_len)));
-  s.push_back(integer("data.prefetch", 0, 1024, false, "Batches the loader prepares ahead.", REF(data.prefetch)));
-  s.push_back(integer("batch.micro_batch", 1, 1e6, false, "Sequences per forward/backward.", REF(batch.micro_batch)));
-  s.push_back(integer("batch.global_batch", 1, 1e9, true,
+  s.push_back(string("data.path", kFixed, "Dataset directory written by `tide data prepare`.", REF(data.path)));
+  s.push_back(integer("data.seq_len", 1, 1e7, kFixed, "Tokens per training sequence.", REF(data.seq_len)));
+  s.push_back(integer("data.prefetch", 0, 1024, kFixed, "Batches the loader prepares ahead.", REF(data.prefetch)));
+  s.push_back(integer("batch.micro_batch", 1, 1e6, kFixed, "Sequences per forward/backward.", REF(batch.micro_batch)));
+  s.push_back(integer("batch.global_batch", 1, 1e9, LiveEffect::EachStep,
                       "Sequences per optimizer step; a multiple of micro_batch (gradient accumulation).",
                       REF(batch.global_batch)));
   // Optimizer.
-  s.push_back(number("optimizer.lr", 0, 10, true, "Peak learning rate.", REF(optimizer.lr)));
-  s.push_back(number("optimizer.beta1", 0, 0.999999, false, "Adam beta1.", REF(optimizer.beta1)));
-  s.push_back(number("optimizer.beta2", 0, 0.999999999, false, "Adam beta2.", REF(optimizer.beta2)));
-  s.push_back(number("optimizer.eps", 0, 1, false, "Adam epsilon.", REF(optimizer.eps)));
-  s.push_back(number("optimizer.weight_decay", 0, 10, true, "Decoupled weight decay.", REF(optimizer.weight_decay)));
-  s.push_back(number("optimizer.grad_clip", 0, 1e9, true, "Global gradient-norm clip; 0: off.",
+  s.push_back(number("optimizer.lr", 0, 10, LiveEffect::LrSchedule, "Peak learning rate.", REF(optimizer.lr)));
+  s.push_back(number("optimizer.beta1", 0, 0.999999, kFixed, "Adam beta1.", REF(optimizer.beta1)));
+  s.push_back(number("optimizer.beta2", 0, 0.999999999, kFixed, "Adam beta2.", REF(optimizer.beta2)));
+  s.push_back(number("optimizer.eps", 0, 1, kFixed, "Adam epsilon.", REF(optimizer.eps)));
+  s.push_back(number("optimizer.weight_decay", 0, 10, LiveEffect::Optimizer, "Decoupled weight decay.", REF(optimizer.weight_decay)));
+  s.push_back(number("optimizer.grad_clip", 0, 1e9, LiveEffect::EachStep, "Global gradient-norm clip; 0: off.",
                      REF(optimizer.grad_clip)));
-  s.push_back(number("optimizer.lr_scale", 0, 1e3, true,
+  s.push_back(number("optimizer.lr_scale", 0, 1e3, LiveEffect::EachStep,
                      "Multiplies the scheduled learning rate (live changes and anomaly policies use it).",
                      REF(optimizer.lr_scale)));
-  s.push_back(boolean("optimizer.decay_norms_and_biases", false, "Apply weight decay to norms and biases too.",
+  s.push_back(boolean("optimizer.decay_norms_and_biases", kFixed, "Apply weight decay to norms and biases too.",
                       REF(optimizer.decay_norms_and_biases)));
-  s.push_back(boolean("optimizer.decay_embeddings", false, "Apply weight decay to embeddings too.",
+  s.push_back(boolean("optimizer.decay_embeddings", kFixed, "Apply weight decay to embeddings too.",
                       REF(optimizer.decay_embeddings)));
+}
+
+void add_schedule_checkpoint_and_eval_fields(std::vector<FieldSpec>& s) {
   // Schedule.
-  s.push_back(integer("schedule.steps", 1, 1e12, false, "Optimizer steps of the run.", REF(schedule.steps)));
-  s.push_back(integer("schedule.warmup_steps", 0, 1e12, false, "Linear warm-up steps.", REF(schedule.warmup_steps)));
+  s.push_back(integer("schedule.steps", 1, 1e12, kFixed, "Optimizer steps of the run.", REF(schedule.steps)));
+  s.push_back(integer("schedule.warmup_steps", 0, 1e12, kFixed, "Linear warm-up steps.", REF(schedule.warmup_steps)));
   s.push_back(choice<DecayKind>("schedule.decay",
                                 {{"constant", DecayKind::Constant},
                                  {"cosine", DecayKind::Cosine},
                                  {"linear", DecayKind::Linear},
                                  {"lua", DecayKind::Lua}},
-                                false, "Decay after warm-up; \"lua\" when schedule.lr is a function of the step.",
+                                kFixed, "Decay after warm-up; \"lua\" when schedule.lr is a function of the step.",
                                 REF(schedule.decay)));
-  s.push_back(number("schedule.min_lr", 0, 10, false, "Learning rate at the end of the decay.", REF(schedule.min_lr)));
+  s.push_back(number("schedule.min_lr", 0, 10, kFixed, "Learning rate at the end of the decay.", REF(schedule.min_lr)));
   // Precision, checkpoints, evaluation.
-  s.push_back(choice<DType>("precision.compute", {{"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, false,
+  s.push_back(choice<DType>("precision.compute", {{"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, kFixed,
                             "Compute dtype (bf16: autocast with fp32 master weights).", REF(precision.compute)));
-  s.push_back(integer("checkpoint.every", 0, 1e12, true,
+  s.push_back(integer("checkpoint.every", 0, 1e12, LiveEffect::EachStep,
                       "Steps between checkpoints (run-dir/checkpoints/step-N); 0: at the end only.",
                       REF(checkpoint.every)));
-  s.push_back(integer("checkpoint.keep_last", 1, 1e6, false, "Checkpoints kept (the most recent).",
+  s.push_back(integer("checkpoint.keep_last", 1, 1e6, kFixed, "Checkpoints kept (the most recent).",
                       REF(checkpoint.keep_last)));
-  s.push_back(integer("checkpoint.keep_every", 0, 1e12, false,
+  s.push_back(integer("checkpoint.keep_every", 0, 1e12, kFixed,
                       "Also keep checkpoints whose step is a multiple of this; 0: none.", REF(checkpoint.keep_every)));
-  s.push_back(boolean("checkpoint.async", false,
+  s.push_back(boolean("checkpoint.async", kFixed,
                       "Snapshot to host memory and write in the background; false: training waits for the write.",
                       REF(checkpoint.async)));
-  s.push_back(integer("checkpoint.writers", 0, 64, false,
+  s.push_back(integer("checkpoint.writers", 0, 64, kFixed,
                       "Files each rank writes side by side, one thread each; 0: one per 64 MiB of its share, up to 4.",
                       REF(checkpoint.writers)));
-  s.push_back(integer("eval.every", 0, 1e12, true, "Steps between validation passes; 0: never.", REF(eval.every)));
-  s.push_back(integer("eval.batches", 1, 1e6, true, "Micro-batches per validation pass.", REF(eval.batches)));
+  s.push_back(integer("eval.every", 0, 1e12, LiveEffect::EachStep, "Steps between validation passes; 0: never.", REF(eval.every)));
+  s.push_back(integer("eval.batches", 1, 1e6, LiveEffect::EachStep, "Micro-batches per validation pass.", REF(eval.batches)));
+}
+
+void add_anomaly_and_supervision_fields(std::vector<FieldSpec>& s) {
   // Anomalies and what they trigger.
   const auto& actions = anomaly_actions();
   const std::string what =
       ": none (report only), skip (drop the update), rollback (reload the latest checkpoint, keep the data moving "
       "on), scale_lr (skip, and multiply optimizer.lr_scale by anomaly.lr_factor) or stop.";
-  s.push_back(choice<AnomalyAction>("anomaly.on_nonfinite", actions, true, "A NaN or Inf loss or gradient norm" + what,
+  s.push_back(choice<AnomalyAction>("anomaly.on_nonfinite", actions, LiveEffect::Anomaly, "A NaN or Inf loss or gradient norm" + what,
                                     REF(anomaly.on_nonfinite)));
-  s.push_back(choice<AnomalyAction>("anomaly.on_loss_spike", actions, true,
+  s.push_back(choice<AnomalyAction>("anomaly.on_loss_spike", actions, LiveEffect::Anomaly,
                                     "A loss above the window's median by anomaly.spike_z robust deviations" + what,
                                     REF(anomaly.on_loss_spike)));
-  s.push_back(choice<AnomalyAction>("anomaly.on_grad_explosion", actions, true,
+  s.push_back(choice<AnomalyAction>("anomaly.on_grad_explosion", actions, LiveEffect::Anomaly,
                                     "A gradient norm above anomaly.explosion_factor x the window's median" + what,
                                     REF(anomaly.on_grad_explosion)));
-  s.push_back(integer("anomaly.window", 8, 100000, true, "Recent normal steps the verdicts compare against.",
+  s.push_back(integer("anomaly.window", 8, 100000, LiveEffect::Anomaly, "Recent normal steps the verdicts compare against.",
                       REF(anomaly.window)));
-  s.push_back(number("anomaly.spike_z", 1, 1e6, true, "Robust z-score (median, 1.4826 x MAD) of a loss spike.",
+  s.push_back(number("anomaly.spike_z", 1, 1e6, LiveEffect::Anomaly, "Robust z-score (median, 1.4826 x MAD) of a loss spike.",
                      REF(anomaly.spike_z)));
-  s.push_back(number("anomaly.explosion_factor", 1, 1e9, true,
+  s.push_back(number("anomaly.explosion_factor", 1, 1e9, LiveEffect::Anomaly,
                      "A gradient norm above this multiple of the window's median explodes.",
                      REF(anomaly.explosion_factor)));
-  s.push_back(number("anomaly.lr_factor", 0, 1, true, "What scale_lr multiplies optimizer.lr_scale by.",
+  s.push_back(number("anomaly.lr_factor", 0, 1, LiveEffect::Anomaly, "What scale_lr multiplies optimizer.lr_scale by.",
                      REF(anomaly.lr_factor)));
   // Supervision under tided.
-  s.push_back(integer("supervise.max_restarts", 0, 1000, false,
+  s.push_back(integer("supervise.max_restarts", 0, 1000, kFixed,
                       "Restarts from the latest checkpoint after a worker crashes or hangs, before the run fails.",
                       REF(supervise.max_restarts)));
-  s.push_back(number("supervise.heartbeat_timeout_s", 1, 86400, false,
+  s.push_back(number("supervise.heartbeat_timeout_s", 1, 86400, kFixed,
                      "A worker silent this long is declared hung and its group restarted.",
                      REF(supervise.heartbeat_timeout_s)));
+}
+
+void add_parallel_fields(std::vector<FieldSpec>& s) {
   // Parallel layout (parsed and validated now; used by the parallel engine).
-  s.push_back(integer("parallel.dp", 0, 1e6, false, "Data-parallel degree; 0: world / (tp * pp).", REF(parallel.dp)));
-  s.push_back(integer("parallel.tp", 1, 1e4, false, "Tensor-parallel degree.", REF(parallel.tp)));
-  s.push_back(integer("parallel.pp", 1, 1e4, false, "Pipeline-parallel degree.", REF(parallel.pp)));
-  s.push_back(integer("parallel.zero", 0, 3, false, "ZeRO stage on the data-parallel axis.", REF(parallel.zero)));
-  s.push_back(boolean("parallel.offload_optimizer", false, "Keep optimizer state in host memory.",
+  s.push_back(integer("parallel.dp", 0, 1e6, kFixed, "Data-parallel degree; 0: world / (tp * pp).", REF(parallel.dp)));
+  s.push_back(integer("parallel.tp", 1, 1e4, kFixed, "Tensor-parallel degree.", REF(parallel.tp)));
+  s.push_back(integer("parallel.pp", 1, 1e4, kFixed, "Pipeline-parallel degree.", REF(parallel.pp)));
+  s.push_back(integer("parallel.zero", 0, 3, kFixed, "ZeRO stage on the data-parallel axis.", REF(parallel.zero)));
+  s.push_back(boolean("parallel.offload_optimizer", kFixed, "Keep optimizer state in host memory.",
                       REF(parallel.offload_optimizer)));
-  s.push_back(integer("parallel.micro_batches", 0, 1e6, false,
+  s.push_back(integer("parallel.micro_batches", 0, 1e6, kFixed,
                       "Micro-batches per step on each data-parallel rank; sets the micro-batch to global_batch / "
                       "(dp * this). 0: batch.micro_batch decides.",
                       REF(parallel.micro_batches)));
   s.push_back(int_list("parallel.pipeline_stages", 1, 1e4,
                        "Blocks of each pipeline stage, first to last (e.g. {3, 3, 2}); empty: balanced by cost.",
                        REF(parallel.pipeline_stages)));
-  s.push_back(choice<std::string>("parallel.pipeline_schedule", {{"1f1b", "1f1b"}, {"gpipe", "gpipe"}}, false,
+  s.push_back(choice<std::string>("parallel.pipeline_schedule", {{"1f1b", "1f1b"}, {"gpipe", "gpipe"}}, kFixed,
                                   "Pipeline schedule.", REF(parallel.pipeline_schedule)));
-  s.push_back(number("parallel.bucket_mb", 0.01, 1e6, false, "Gradient bucket size (MiB).", REF(parallel.bucket_mb)));
-  s.push_back(boolean("parallel.sequence_parallel", false, "Shard norms and dropout along the sequence (tp > 1).",
+  s.push_back(number("parallel.bucket_mb", 0.01, 1e6, kFixed, "Gradient bucket size (MiB).", REF(parallel.bucket_mb)));
+  s.push_back(boolean("parallel.sequence_parallel", kFixed, "Shard norms and dropout along the sequence (tp > 1).",
                       REF(parallel.sequence_parallel)));
-  s.push_back(number("parallel.timeout_s", 1, 86400, false,
+  s.push_back(number("parallel.timeout_s", 1, 86400, kFixed,
                      "Seconds a collective or the rendezvous may take before the job fails, naming it.",
                      REF(parallel.timeout_s)));
-  s.push_back(choice<std::string>("parallel.backend", {{"auto", "auto"}, {"gloo", "gloo"}}, false,
+  s.push_back(choice<std::string>("parallel.backend", {{"auto", "auto"}, {"gloo", "gloo"}}, kFixed,
                                   "Collectives: auto (NCCL between CUDA ranks, Gloo between CPU ranks) or gloo on "
                                   "either device (CUDA tensors through host memory; ranks may then share a GPU).",
                                   REF(parallel.backend)));
+}
+
+std::vector<FieldSpec> build_schema() {
+  std::vector<FieldSpec> s;
+  for (auto add : {add_top_level_fields, add_model_fields, add_batch_and_optimizer_fields,
+                   add_schedule_checkpoint_and_eval_fields, add_anomaly_and_supervision_fields, add_parallel_fields})
+    add(s);
   return s;
 }
 
@@ -465,18 +489,15 @@ void validate(const RunConfig& c) {
   validate_model(m);
   if (c.data.seq_len > m.max_seq_len)
     fail("data.seq_len", fmt::format("{} exceeds model.max_seq_len = {}", c.data.seq_len, m.max_seq_len));
-  if (c.batch.global_batch % c.batch.micro_batch != 0)
-    fail("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch = {}", c.batch.global_batch,
-                                           c.batch.micro_batch));
+  // Without the world size, a dp of 0 (inferred) is checked as 1; the launcher checks
+  // the rest (check_supported_layout).
+  if (c.parallel.micro_batches == 0)
+    check_global_batch(c.batch.global_batch, {std::max<int64_t>(c.parallel.dp, 1), c.batch.micro_batch});
   if (c.schedule.warmup_steps > c.schedule.steps)
     fail("schedule.warmup_steps",
          fmt::format("{} exceeds schedule.steps = {}", c.schedule.warmup_steps, c.schedule.steps));
   if (c.schedule.min_lr > c.optimizer.lr)
     fail("schedule.min_lr", fmt::format("{} exceeds optimizer.lr = {}", c.schedule.min_lr, c.optimizer.lr));
-  if (c.parallel.dp > 0 && c.parallel.micro_batches == 0 &&
-      c.batch.global_batch % (c.batch.micro_batch * c.parallel.dp) != 0)
-    fail("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch * parallel.dp = {} * {}",
-                                           c.batch.global_batch, c.batch.micro_batch, c.parallel.dp));
   if (m.n_heads % c.parallel.tp != 0)
     fail("parallel.tp", fmt::format("{} does not divide model.n_heads = {}", c.parallel.tp, m.n_heads));
   if (c.parallel.pp > m.n_layers)
@@ -496,7 +517,7 @@ std::string schema_markdown() {
       case FieldType::Choice: type = fmt::format("{}", fmt::join(f.choices, " \\| ")); break;
       case FieldType::IntList: type = fmt::format("list of integers [{}, {}]", f.min, f.max); break;
     }
-    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", f.path, type, f.get(defaults).dump(), f.live ? "yes" : "",
+    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", f.path, type, f.get(defaults).dump(), f.live != LiveEffect::None ? "yes" : "",
                        f.doc);
   }
   return out;

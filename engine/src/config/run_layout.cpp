@@ -46,14 +46,28 @@ void check_supported_layout(const RunConfig& cfg, int world) {
     throw ConfigError("parallel.micro_batches",
                       fmt::format("{} micro-batches on each of dp = {} ranks do not divide batch.global_batch = {}",
                                   cfg.parallel.micro_batches, grid.dp(), cfg.batch.global_batch));
-  if (cfg.batch.global_batch % (micro_batch_size(cfg, grid.dp()) * grid.dp()) != 0)
-    throw ConfigError("batch.global_batch", fmt::format("{} is not a multiple of batch.micro_batch x dp = {} x {}",
-                                                        cfg.batch.global_batch, cfg.batch.micro_batch, grid.dp()));
+  check_global_batch(cfg.batch.global_batch, {grid.dp(), micro_batch_size(cfg, grid.dp())});
 }
 
 int64_t micro_batch_size(const RunConfig& cfg, int dp) {
   if (cfg.parallel.micro_batches > 0) return cfg.batch.global_batch / (cfg.parallel.micro_batches * dp);
   return cfg.batch.micro_batch;
+}
+
+BatchLayout batch_layout(const RunConfig& cfg, int world) {
+  const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
+                  static_cast<int>(cfg.parallel.pp));
+  return {grid.dp(), micro_batch_size(cfg, grid.dp())};
+}
+
+void check_global_batch(int64_t global_batch, const BatchLayout& layout) {
+  if (global_batch % (layout.micro_batch * layout.dp) != 0)
+    throw ConfigError("batch.global_batch", fmt::format("{} is not a multiple of the micro-batch x dp = {} x {}",
+                                                        global_batch, layout.micro_batch, layout.dp));
+}
+
+int64_t accumulation_steps(int64_t global_batch, const BatchLayout& layout) {
+  return global_batch / (layout.micro_batch * layout.dp);
 }
 
 }  // namespace tide

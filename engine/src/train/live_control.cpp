@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "tide/engine/config_schema.h"
+#include "tide/engine/live_change.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/parallel/comm.h"
 
@@ -20,15 +20,19 @@ namespace {
 constexpr auto kPausePoll = std::chrono::milliseconds(100);
 }  // namespace
 
-LiveControl::LiveControl(Comm* world, Take take, Emit emit)
-    : world_(world), leader_(!world || world->rank() == 0), take_(std::move(take)), emit_(std::move(emit)) {}
+LiveControl::LiveControl(Comm* world, Take take, Emit emit, BatchLayout batch)
+    : world_(world),
+      leader_(!world || world->rank() == 0),
+      take_(std::move(take)),
+      emit_(std::move(emit)),
+      batch_(batch) {}
 
 std::string LiveControl::receive() {
   std::string text = leader_ && take_ ? take_() : std::string();
   return world_ ? world_->broadcast_text(text, 0, "control commands") : text;
 }
 
-BoundaryActions LiveControl::at_boundary(int64_t step, RunConfig& cfg, const Check& check) {
+BoundaryActions LiveControl::at_boundary(int64_t step, RunConfig& cfg) {
   BoundaryActions out;
   while (true) {
     const std::string text = receive();
@@ -37,7 +41,7 @@ BoundaryActions LiveControl::at_boundary(int64_t step, RunConfig& cfg, const Che
       if (!commands.is_array()) {
         spdlog::error("control: ignoring commands that are not a JSON array: {}", text);
       } else {
-        for (const auto& c : commands) apply(c, step, cfg, check, out);
+        for (const auto& c : commands) apply(c, step, cfg, out);
       }
     }
     if (!paused_ || out.stop) return out;
@@ -45,8 +49,7 @@ BoundaryActions LiveControl::at_boundary(int64_t step, RunConfig& cfg, const Che
   }
 }
 
-void LiveControl::apply(const json& command, int64_t step, RunConfig& cfg, const Check& check,
-                        BoundaryActions& out) {
+void LiveControl::apply(const json& command, int64_t step, RunConfig& cfg, BoundaryActions& out) {
   const std::string op = command.is_object() ? command.value("op", "") : "";
   const json id = command.is_object() && command.contains("id") ? command["id"] : json(nullptr);
   auto emit = [&](const std::string& kind, json body) {
@@ -67,23 +70,14 @@ void LiveControl::apply(const json& command, int64_t step, RunConfig& cfg, const
   } else if (op == "checkpoint") {
     out.checkpoint = true;
   } else if (op == "set") {
-    const json values = command.value("values", json::object());
     try {
-      if (!values.is_object() || values.empty()) throw ConfigError("", "'set' needs an object of field: value");
-      RunConfig next = cfg;
-      for (const auto& [path, value] : values.items()) {
-        const FieldSpec* f = find_field(path);
-        if (!f) throw ConfigError(path, "no such recipe field");
-        if (!f->live) throw ConfigError(path, "cannot change while the run trains (not a live field)");
-        f->set(next, value);
-      }
-      validate(next);
-      if (check) check(next);
-      cfg = next;
+      LiveChange change = check_live_change(cfg, command.value("values", json::object()), batch_);
+      cfg = std::move(change.next);
       json applied = json::object();
-      for (const auto& [path, value] : values.items()) {
-        applied[path] = find_field(path)->get(cfg);
-        out.changes.emplace_back(path, applied[path].dump());
+      for (const auto& f : change.fields) {
+        applied[f.path] = f.value;
+        out.changes.emplace_back(f.path, f.value.dump());
+        out.effects.push_back(f.effect);
       }
       emit("applied", {{"values", applied}});
     } catch (const std::exception& e) {

@@ -12,6 +12,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "tide/engine/config.h"
+#include "tide/engine/config_schema.h"
+#include "tide/engine/run_layout.h"
 
 namespace tide {
 
@@ -22,34 +24,34 @@ struct BoundaryActions {
   bool checkpoint = false;
   // Fields changed at this boundary: path and new value (JSON text).
   std::vector<std::pair<std::string, std::string>> changes;
+  // What the changes need of the trainer beyond the new configuration, one each.
+  std::vector<LiveEffect> effects;
 };
 
 class LiveControl {
  public:
   using Take = std::function<std::string()>;
   using Emit = std::function<void(const std::string& kind, const nlohmann::json& body)>;
-  // Checks a whole candidate configuration beyond the schema (the layout's divisibility);
-  // throws ConfigError.
-  using Check = std::function<void(const RunConfig&)>;
 
   // world: every rank of the job (null: one process). take and emit are used on rank 0.
-  LiveControl(Comm* world, Take take, Emit emit);
+  // `batch`: how the job cuts a step's batch, which a changed batch size must fit.
+  LiveControl(Comm* world, Take take, Emit emit, BatchLayout batch);
 
   // Every rank, at the boundary before 0-based step `step`: the commands rank 0 took
-  // since the last boundary, applied in order. `set` changes `cfg` only when every field
-  // is live and the result passes the schema, validate() and `check`; otherwise nothing
-  // changes and a "rejected" event says why. While paused this waits here, every rank,
-  // until a resume or a stop arrives.
-  BoundaryActions at_boundary(int64_t step, RunConfig& cfg, const Check& check);
+  // since the last boundary, applied in order. `set` changes `cfg` only when
+  // check_live_change accepts it; otherwise nothing changes and a "rejected" event says
+  // why. While paused this waits here, every rank, until a resume or a stop arrives.
+  BoundaryActions at_boundary(int64_t step, RunConfig& cfg);
 
  private:
   std::string receive();  // rank 0's commands on every rank
-  void apply(const nlohmann::json& command, int64_t step, RunConfig& cfg, const Check& check, BoundaryActions& out);
+  void apply(const nlohmann::json& command, int64_t step, RunConfig& cfg, BoundaryActions& out);
 
   Comm* world_;
   bool leader_;
   Take take_;
   Emit emit_;
+  BatchLayout batch_;
   bool paused_ = false;
 };
 

@@ -95,8 +95,8 @@ struct Trainer::State {
   TrainHooks hooks;
   Distributed* dist = nullptr;
   bool leader = true;  // writes the run directory and shows progress
-  int dp_size = 1, dp_rank = 0;
-  int64_t micro_batch = 0;
+  int dp_rank = 0;
+  BatchLayout batch;  // dp ranks and the micro-batch, fixed for the job
   PipelineStage stage;
   std::unique_ptr<DataParallel> data_parallel;
   std::unique_ptr<Pipeline> pipeline;
@@ -118,11 +118,10 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   s_->dist = dist;
   if (dist) {
     s_->leader = dist->world->rank() == 0;
-    s_->dp_size = dist->dp->size();
     s_->dp_rank = dist->dp->rank();
   }
   check_supported_layout(cfg, dist ? dist->world->size() : 1);
-  s_->micro_batch = micro_batch_size(cfg, s_->dp_size);
+  s_->batch = batch_layout(cfg, dist ? dist->world->size() : 1);
   fs::create_directories(s_->dir);
   if (s_->leader) {
     std::ofstream out(s_->dir / "config.json", std::ios::trunc);
@@ -161,7 +160,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   }
   FlatParameters::Options layout;
   layout.unit_of = block_unit;
-  if (dist) layout = DataParallel::flat_options(cfg.parallel, s_->dp_size);
+  if (dist) layout = DataParallel::flat_options(cfg.parallel, static_cast<int>(s_->batch.dp));
   // A parameter every tensor-parallel rank holds whole counts once in the gradient norm,
   // and the last stage's copy of tied embeddings not at all.
   layout.counted = [model = s_->model.get(), rank = tp.rank, stage = s_->stage](const std::string& name) {
@@ -182,7 +181,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   if (pp > 1) {
     const int64_t t = cfg.data.seq_len / (tp.sequence_parallel ? tp.size : 1);
     s_->pipeline = std::make_unique<Pipeline>(*dist->pp, s_->model, cfg.parallel.pipeline_schedule,
-                                              std::vector<int64_t>{s_->micro_batch, t, cfg.model.dim},
+                                              std::vector<int64_t>{s_->batch.micro_batch, t, cfg.model.dim},
                                               cfg.precision.compute);
   }
   if (s_->leader && fs::exists(s_->data->tokenizer_path()))
@@ -191,8 +190,8 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   const std::string intro = fmt::format(
       "run '{}': {} parameters, {} threads, {} sequences of {} tokens per step ({} micro-batches of {}{})", cfg.name,
       parameter_count(cfg.model), threads, cfg.batch.global_batch, cfg.data.seq_len,
-      cfg.batch.global_batch / (s_->micro_batch * s_->dp_size), s_->micro_batch,
-      dist ? fmt::format(" on each of {} ranks, {}, ZeRO-{}{}", s_->dp_size, dist->grid.describe(), cfg.parallel.zero,
+      accumulation_steps(cfg.batch.global_batch, s_->batch), s_->batch.micro_batch,
+      dist ? fmt::format(" on each of {} ranks, {}, ZeRO-{}{}", s_->batch.dp, dist->grid.describe(), cfg.parallel.zero,
                          cfg.parallel.offload_optimizer ? " with optimizer offload" : "")
            : "");
   s_->log->info("{}", intro);
@@ -253,7 +252,6 @@ TrainResult Trainer::run() {
   auto& s = *s_;
   const auto& cfg = s.cfg;
   // cfg follows live changes: the batch size, and with it these, may change per step.
-  auto accumulation = [&] { return cfg.batch.global_batch / (s.micro_batch * s.dp_size); };
   auto tokens_per_step = [&] { return cfg.batch.global_batch * cfg.data.seq_len; };
   const char* device_kind = s.device.is_cuda() ? "cuda" : "cpu";
   double peak = s.hooks.peak_flops > 0 ? s.hooks.peak_flops : measure_matmul_peak(device_kind, cfg.precision.compute);
@@ -279,8 +277,9 @@ TrainResult Trainer::run() {
   }
   // Data-parallel ranks read different samples; tensor-parallel ranks and pipeline
   // stages of one replica read the same.
-  BatchLoader loader(train, static_cast<uint64_t>(cfg.seed), s.micro_batch, cfg.data.seq_len, resumed.loader_cursor,
-                     cfg.data.prefetch, s.dp_rank * s.micro_batch, s.dp_size * s.micro_batch);
+  const int64_t micro_batch = s.batch.micro_batch;
+  BatchLoader loader(train, static_cast<uint64_t>(cfg.seed), micro_batch, cfg.data.seq_len, resumed.loader_cursor,
+                     cfg.data.prefetch, s.dp_rank * micro_batch, s.batch.dp * micro_batch);
   auto next_batch = [&] {
     Batch b = loader.next();
     if (s.device.is_cuda()) {
@@ -309,7 +308,7 @@ TrainResult Trainer::run() {
   std::unique_ptr<LiveControl> control;
   if (s.hooks.controlled) {
     control = std::make_unique<LiveControl>(s.dist ? s.dist->world.get() : nullptr, s.hooks.take_commands,
-                                            s.hooks.on_event);
+                                            s.hooks.on_event, s.batch);
   }
   // Every failed save is in the run log when it happens (training goes on); under a
   // daemon rank 0 also reports each save as an event.
@@ -330,13 +329,6 @@ TrainResult Trainer::run() {
     s.log->info("checkpoint: step {} held training for {:.3f} s ({})", steps_done,
                 std::chrono::duration<double>(Clock::now() - before).count(),
                 cfg.checkpoint.async ? "snapshot to host memory; written in the background" : "written");
-  };
-  // A changed batch size must still split evenly over the micro-batches of every rank.
-  auto check_live = [&](const RunConfig& next) {
-    if (next.batch.global_batch % (s.micro_batch * s.dp_size) != 0)
-      throw ConfigError("batch.global_batch",
-                        fmt::format("{} is not a multiple of the micro-batch x dp = {} x {}", next.batch.global_batch,
-                                    s.micro_batch, s.dp_size));
   };
   const bool tied_stages = s.pipeline && cfg.model.tie_embeddings;
   auto bytes_sent = [&] {
@@ -359,13 +351,18 @@ TrainResult Trainer::run() {
   for (int64_t step = resumed.step; step < cfg.schedule.steps; ++step) {
     std::vector<std::pair<std::string, std::string>> changes;
     if (control) {
-      const BoundaryActions act = control->at_boundary(step, s.cfg, check_live);
-      for (const auto& [field, value] : act.changes) {
-        if (field == "optimizer.weight_decay") s.optim->config().weight_decay = cfg.optimizer.weight_decay;
-        if (field == "log_level") s.log->set_level(spdlog::level::from_str(cfg.log_level));
-        if (field.rfind("anomaly.", 0) == 0) detector.set_config(cfg.anomaly);
-        s.log->info("step {}: {} set to {}", step, field, value);
+      const BoundaryActions act = control->at_boundary(step, s.cfg);
+      for (const LiveEffect effect : act.effects) {
+        switch (effect) {
+          case LiveEffect::Optimizer: s.optim->config().weight_decay = cfg.optimizer.weight_decay; break;
+          case LiveEffect::LogLevel: s.log->set_level(spdlog::level::from_str(cfg.log_level)); break;
+          case LiveEffect::Anomaly: detector.set_config(cfg.anomaly); break;
+          case LiveEffect::None:
+          case LiveEffect::EachStep:
+          case LiveEffect::LrSchedule: break;  // read from cfg where they are used
+        }
       }
+      for (const auto& [field, value] : act.changes) s.log->info("step {}: {} set to {}", step, field, value);
       changes = act.changes;
       if ((act.checkpoint || act.stop) && saved_step != step) save_checkpoint(step);
       if (act.stop) {
@@ -377,7 +374,7 @@ TrainResult Trainer::run() {
         return result;
       }
     }
-    const int64_t accum = accumulation();
+    const int64_t accum = accumulation_steps(cfg.batch.global_batch, s.batch);
     const auto t0 = Clock::now();
     const double lr = cfg.optimizer.lr_scale *
                       (s.hooks.lr ? s.hooks.lr(step) : scheduled_lr(cfg.schedule, cfg.optimizer.lr, step));
@@ -414,7 +411,7 @@ TrainResult Trainer::run() {
     // Every rank gets the same global norm, so clipping and the skip decision agree.
     double gnorm;
     if (s.data_parallel) {
-      loss_sum = s.data_parallel->sum(loss_sum) / static_cast<double>(s.dp_size);
+      loss_sum = s.data_parallel->sum(loss_sum) / static_cast<double>(s.batch.dp);
       gnorm = s.data_parallel->reduce_gradients();
       if (const double f = clip_factor(gnorm, cfg.optimizer.grad_clip); f != 1.0) s.data_parallel->scale_gradients(f);
     } else {
@@ -486,11 +483,11 @@ TrainResult Trainer::run() {
       if (s.pipeline) {
         s.model->eval();
         total = stage_sum(sum_eval_losses([&](const Batch& b) { return s.pipeline->forward_loss(b); }, val,
-                                            cfg.data.seq_len, s.micro_batch, cfg.eval.batches, s.dp_rank, s.dp_size));
+                                            cfg.data.seq_len, micro_batch, cfg.eval.batches, s.dp_rank, s.batch.dp));
         s.model->train();
       } else {
-        total = evaluate_loss_sum(s.model, val, cfg.data.seq_len, s.micro_batch, cfg.eval.batches, s.dp_rank,
-                                  s.dp_size);
+        total = evaluate_loss_sum(s.model, val, cfg.data.seq_len, micro_batch, cfg.eval.batches, s.dp_rank,
+                                  s.batch.dp);
       }
       if (s.data_parallel) total = s.data_parallel->sum(total);
       m.val_loss = total / static_cast<double>(cfg.eval.batches);

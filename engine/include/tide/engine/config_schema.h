@@ -26,12 +26,23 @@ class ConfigError : public std::runtime_error {
 
 enum class FieldType { Int, Number, Bool, String, Choice, IntList };
 
+// What changing a field does to a training run, declared with the field: the trainer
+// acts on the effect, never on the field's name (live_change.h checks a change).
+enum class LiveEffect {
+  None,        // fixed for the run's life
+  EachStep,    // read from the configuration at every step (batch size, clip, intervals)
+  LrSchedule,  // the built-in schedule's peak rate: refused while schedule.lr is a recipe function
+  Optimizer,   // the optimizer's own hyperparameters
+  LogLevel,    // the run log's level
+  Anomaly,     // the anomaly detector's settings
+};
+
 struct FieldSpec {
   std::string path;  // "optimizer.lr"
   FieldType type;
   std::vector<std::string> choices;  // for Choice
   double min = 0, max = 0;           // for Int / Number / IntList elements (inclusive)
-  bool live = false;                 // may change while a run trains
+  LiveEffect live = LiveEffect::None;  // may change while a run trains, and to what effect
   std::string doc;
   std::function<void(RunConfig&, const nlohmann::json&)> set;  // checks type and range
   std::function<nlohmann::json(const RunConfig&)> get;

@@ -21,4 +21,18 @@ void check_supported_layout(const RunConfig& cfg, int world);
 // Sequences per micro-batch: batch.micro_batch, or derived from parallel.micro_batches.
 int64_t micro_batch_size(const RunConfig& cfg, int dp);
 
+// How a step's batch is cut, fixed when a job starts: dp ranks, each running
+// global_batch / (micro_batch * dp) micro-batches of micro_batch sequences. A live
+// batch.global_batch keeps the micro-batch and changes the accumulation.
+struct BatchLayout {
+  int64_t dp = 1;
+  int64_t micro_batch = 1;
+};
+BatchLayout batch_layout(const RunConfig& cfg, int world);
+
+// Throws ConfigError on batch.global_batch unless it splits evenly over the layout.
+void check_global_batch(int64_t global_batch, const BatchLayout& layout);
+// Micro-batches each rank runs per optimizer step.
+int64_t accumulation_steps(int64_t global_batch, const BatchLayout& layout);
+
 }  // namespace tide
