@@ -118,19 +118,12 @@ std::string display_name(const std::string& chunk_name) {
 
 }  // namespace
 
-Recipe::Recipe() = default;
-Recipe::Recipe(Recipe&&) noexcept = default;
-Recipe& Recipe::operator=(Recipe&&) noexcept = default;
-Recipe::~Recipe() = default;  // closing the Lua state frees the functions' references
-
-Recipe Recipe::load_string(const std::string& text, const std::string& chunk_name,
-                           const std::vector<std::string>& overrides, const SandboxLimits& limits) {
-  Recipe r;
-  r.source_ = display_name(chunk_name);
-  r.lua_ = std::make_unique<Lua>(limits);
-  auto& sb = r.lua_->sandbox;
+namespace {
+// Runs the recipe's text with the tide library loaded; leaves the tide.recipe{...} table
+// it returned on the stack, or throws naming `source`.
+void evaluate_recipe(Sandbox& sb, const std::string& text, const std::string& chunk_name,
+                     const std::string& source) {
   lua_State* L = sb.state();
-
   lua_pushcfunction(L, lua_where);
   sb.run(kTideLuaSource, "=tide.lua", 1, 1);
   lua_pushstring(L, "tide");
@@ -141,13 +134,28 @@ Recipe Recipe::load_string(const std::string& text, const std::string& chunk_nam
                                                                                                  : chunk_name;
   sb.run(text, chunk, 0, 1);
   if (!lua_istable(L, -1))
-    throw RecipeError(fmt::format("{}: the recipe must return tide.recipe{{...}}, it returned {}", r.source_,
+    throw RecipeError(fmt::format("{}: the recipe must return tide.recipe{{...}}, it returned {}", source,
                                   lua_typename(L, lua_type(L, -1))));
   lua_getfield(L, -1, "__recipe");
   const bool marked = lua_toboolean(L, -1) != 0;
   lua_pop(L, 1);
   if (!marked)
-    throw RecipeError(fmt::format("{}: the recipe must return tide.recipe{{...}}, it returned a plain table", r.source_));
+    throw RecipeError(fmt::format("{}: the recipe must return tide.recipe{{...}}, it returned a plain table", source));
+}
+}  // namespace
+
+Recipe::Recipe() = default;
+Recipe::Recipe(Recipe&&) noexcept = default;
+Recipe& Recipe::operator=(Recipe&&) noexcept = default;
+Recipe::~Recipe() = default;  // closing the Lua state frees the functions' references
+
+Recipe Recipe::load_string(const std::string& text, const std::string& chunk_name,
+                           const std::vector<std::string>& overrides, const SandboxLimits& limits) {
+  Recipe r;
+  r.source_ = display_name(chunk_name);
+  r.lua_ = std::make_unique<Lua>(limits);
+  lua_State* L = r.lua_->sandbox.state();
+  evaluate_recipe(r.lua_->sandbox, text, chunk_name, r.source_);
 
   LuaConversion conv;
   try {

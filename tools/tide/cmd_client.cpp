@@ -138,97 +138,99 @@ void guarded(F body) {
   }
 }
 
-}  // namespace
+void add_submit_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  struct Submit {
+    std::string recipe, key;
+    std::vector<std::string> overrides;
+    int workers = 0, priority = 0;
+    bool watch = false;
+  };
+  auto s = std::make_shared<Submit>();
+  auto* cmd = app.add_subcommand("submit", "Queue a run on the daemon; prints its id");
+  cmd->add_option("recipe", s->recipe, "Recipe file (sent as text), or a bundled name such as llama/llama-tiny")
+      ->required();
+  add_overrides(*cmd, s->overrides);
+  cmd->add_option("--workers", s->workers, "Worker processes (default: the recipe's dp x tp x pp)");
+  cmd->add_option("--priority", s->priority, "Higher runs first (-1000..1000)");
+  cmd->add_option("--key", s->key, "Idempotency key: submitting the same key again returns the same run");
+  cmd->add_flag("--watch", s->watch, "Follow the run until it ends");
+  add_connection(*cmd, *c);
+  cmd->callback([c, s] {
+    guarded([&] {
+      json body = {{"overrides", s->overrides}, {"workdir", fs::current_path().string()}, {"priority", s->priority}};
+      if (fs::is_regular_file(s->recipe)) {
+        std::ifstream in(s->recipe);
+        std::stringstream text;
+        text << in.rdbuf();
+        body["recipe"] = text.str();
+      } else {
+        body["recipe_name"] = s->recipe;
+      }
+      if (s->workers > 0) body["workers"] = s->workers;
+      if (!s->key.empty()) body["idempotency_key"] = s->key;
+      auto client = c->client();
+      const json reply = client.request("submit", body);
+      const std::string id = reply.at("run").at("id");
+      if (c->json_out)
+        std::printf("%s\n", reply.dump(2).c_str());
+      else
+        std::printf("%s\n", id.c_str());
+      std::fflush(stdout);
+      if (s->watch && watch(client, id, c->curve()) != 0) throw std::runtime_error("run " + id + " did not complete");
+    });
+  });
+}
 
-void add_client_commands(CLI::App& app) {
-  {
-    auto c = std::make_shared<Connection>();
-    struct Submit {
-      std::string recipe, key;
-      std::vector<std::string> overrides;
-      int workers = 0, priority = 0;
-      bool watch = false;
-    };
-    auto s = std::make_shared<Submit>();
-    auto* cmd = app.add_subcommand("submit", "Queue a run on the daemon; prints its id");
-    cmd->add_option("recipe", s->recipe, "Recipe file (sent as text), or a bundled name such as llama/llama-tiny")
-        ->required();
-    add_overrides(*cmd, s->overrides);
-    cmd->add_option("--workers", s->workers, "Worker processes (default: the recipe's dp x tp x pp)");
-    cmd->add_option("--priority", s->priority, "Higher runs first (-1000..1000)");
-    cmd->add_option("--key", s->key, "Idempotency key: submitting the same key again returns the same run");
-    cmd->add_flag("--watch", s->watch, "Follow the run until it ends");
-    add_connection(*cmd, *c);
-    cmd->callback([c, s] {
-      guarded([&] {
-        json body = {{"overrides", s->overrides}, {"workdir", fs::current_path().string()}, {"priority", s->priority}};
-        if (fs::is_regular_file(s->recipe)) {
-          std::ifstream in(s->recipe);
-          std::stringstream text;
-          text << in.rdbuf();
-          body["recipe"] = text.str();
-        } else {
-          body["recipe_name"] = s->recipe;
-        }
-        if (s->workers > 0) body["workers"] = s->workers;
-        if (!s->key.empty()) body["idempotency_key"] = s->key;
-        auto client = c->client();
-        const json reply = client.request("submit", body);
-        const std::string id = reply.at("run").at("id");
-        if (c->json_out)
-          std::printf("%s\n", reply.dump(2).c_str());
-        else
-          std::printf("%s\n", id.c_str());
-        std::fflush(stdout);
-        if (s->watch && watch(client, id, c->curve()) != 0) throw std::runtime_error("run " + id + " did not complete");
-      });
+void add_runs_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  auto state = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("runs", "List the daemon's runs");
+  cmd->add_option("--state", *state, "Only runs in this state (queued, running, completed, ...)");
+  add_connection(*cmd, *c);
+  cmd->callback([c, state] {
+    guarded([&] {
+      json body = json::object();
+      if (!state->empty()) body["state"] = *state;
+      const json reply = c->client().request("list", body);
+      if (c->json_out) return (void)std::printf("%s\n", reply.dump(2).c_str());
+      for (const auto& r : reply.at("runs")) print_run_line(r);
     });
-  }
-  {
-    auto c = std::make_shared<Connection>();
-    auto state = std::make_shared<std::string>();
-    auto* cmd = app.add_subcommand("runs", "List the daemon's runs");
-    cmd->add_option("--state", *state, "Only runs in this state (queued, running, completed, ...)");
-    add_connection(*cmd, *c);
-    cmd->callback([c, state] {
-      guarded([&] {
-        json body = json::object();
-        if (!state->empty()) body["state"] = *state;
-        const json reply = c->client().request("list", body);
-        if (c->json_out) return (void)std::printf("%s\n", reply.dump(2).c_str());
-        for (const auto& r : reply.at("runs")) print_run_line(r);
-      });
+  });
+}
+
+void add_status_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  auto run = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("status", "One run's state, progress and latest metrics");
+  cmd->add_option("run", *run, "Run id")->required();
+  add_connection(*cmd, *c);
+  cmd->callback([c, run] {
+    guarded([&] {
+      const json r = c->client().request("status", {{"run", *run}}).at("run");
+      if (c->json_out) return (void)std::printf("%s\n", r.dump(2).c_str());
+      print_run_line(r);
+      if (r.contains("metrics")) std::printf("  %s\n", metrics_line(r["metrics"]).c_str());
+      std::printf("  run directory: %s\n", r.value("run_dir", "").c_str());
     });
-  }
-  {
-    auto c = std::make_shared<Connection>();
-    auto run = std::make_shared<std::string>();
-    auto* cmd = app.add_subcommand("status", "One run's state, progress and latest metrics");
-    cmd->add_option("run", *run, "Run id")->required();
-    add_connection(*cmd, *c);
-    cmd->callback([c, run] {
-      guarded([&] {
-        const json r = c->client().request("status", {{"run", *run}}).at("run");
-        if (c->json_out) return (void)std::printf("%s\n", r.dump(2).c_str());
-        print_run_line(r);
-        if (r.contains("metrics")) std::printf("  %s\n", metrics_line(r["metrics"]).c_str());
-        std::printf("  run directory: %s\n", r.value("run_dir", "").c_str());
-      });
+  });
+}
+
+void add_watch_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  auto run = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("watch", "Follow a run's metrics and events until it ends");
+  cmd->add_option("run", *run, "Run id")->required();
+  add_connection(*cmd, *c);
+  cmd->callback([c, run] {
+    guarded([&] {
+      auto client = c->client();
+      if (watch(client, *run, c->curve()) != 0) throw std::runtime_error("run " + *run + " did not complete");
     });
-  }
-  {
-    auto c = std::make_shared<Connection>();
-    auto run = std::make_shared<std::string>();
-    auto* cmd = app.add_subcommand("watch", "Follow a run's metrics and events until it ends");
-    cmd->add_option("run", *run, "Run id")->required();
-    add_connection(*cmd, *c);
-    cmd->callback([c, run] {
-      guarded([&] {
-        auto client = c->client();
-        if (watch(client, *run, c->curve()) != 0) throw std::runtime_error("run " + *run + " did not complete");
-      });
-    });
-  }
+  });
+}
+
+void add_run_control_commands(CLI::App& app) {
   for (const char* op : {"pause", "resume", "stop", "cancel", "checkpoint"}) {
     static const std::map<std::string, std::string> help = {
         {"pause", "Pause a run at the next step boundary (every rank)"},
@@ -248,164 +250,186 @@ void add_client_commands(CLI::App& app) {
       });
     });
   }
-  {
-    auto c = std::make_shared<Connection>();
-    auto run = std::make_shared<std::string>();
-    auto values = std::make_shared<std::vector<std::string>>();
-    auto* cmd = app.add_subcommand("set", "Change live recipe fields of a run (applied by every rank at one step)");
-    cmd->add_option("run", *run, "Run id")->required();
-    cmd->add_option("values", *values, "field=value, e.g. optimizer.lr=1e-4 (see `tide recipe fields`, live column)")
-        ->required();
-    add_connection(*cmd, *c);
-    cmd->callback([c, run, values] {
-      guarded([&] {
-        json v = json::object();
-        for (const auto& a : *values) {
-          const auto eq = a.find('=');
-          if (eq == std::string::npos || eq == 0) throw std::invalid_argument("'" + a + "' is not field=value");
-          const std::string text = a.substr(eq + 1);
-          const json parsed = parse_json_or_discard(text);
-          v[a.substr(0, eq)] = parsed.is_discarded() ? json(text) : parsed;
-        }
-        const json reply = c->client().request("set", {{"run", *run}, {"values", v}});
-        std::printf("%s\n", c->json_out ? reply.dump(2).c_str() : fmt::format("{}: set {}", *run, v.dump()).c_str());
-      });
+}
+
+void add_set_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  auto run = std::make_shared<std::string>();
+  auto values = std::make_shared<std::vector<std::string>>();
+  auto* cmd = app.add_subcommand("set", "Change live recipe fields of a run (applied by every rank at one step)");
+  cmd->add_option("run", *run, "Run id")->required();
+  cmd->add_option("values", *values, "field=value, e.g. optimizer.lr=1e-4 (see `tide recipe fields`, live column)")
+      ->required();
+  add_connection(*cmd, *c);
+  cmd->callback([c, run, values] {
+    guarded([&] {
+      json v = json::object();
+      for (const auto& a : *values) {
+        const auto eq = a.find('=');
+        if (eq == std::string::npos || eq == 0) throw std::invalid_argument("'" + a + "' is not field=value");
+        const std::string text = a.substr(eq + 1);
+        const json parsed = parse_json_or_discard(text);
+        v[a.substr(0, eq)] = parsed.is_discarded() ? json(text) : parsed;
+      }
+      const json reply = c->client().request("set", {{"run", *run}, {"values", v}});
+      std::printf("%s\n", c->json_out ? reply.dump(2).c_str() : fmt::format("{}: set {}", *run, v.dump()).c_str());
     });
-  }
-  {
-    auto c = std::make_shared<Connection>();
-    auto run = std::make_shared<std::string>();
-    auto since = std::make_shared<int64_t>(0);
-    auto* cmd = app.add_subcommand("metrics", "A run's metrics history (JSON lines)");
-    cmd->add_option("run", *run, "Run id")->required();
-    cmd->add_option("--since", *since, "Only steps after this one");
-    add_connection(*cmd, *c);
-    cmd->callback([c, run, since] {
-      guarded([&] {
-        const json reply = c->client().request("metrics", {{"run", *run}, {"since_step", *since}, {"limit", 100000}});
-        for (const auto& row : reply.at("metrics")) std::printf("%s\n", row.dump().c_str());
-      });
+  });
+}
+
+void add_metrics_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  auto run = std::make_shared<std::string>();
+  auto since = std::make_shared<int64_t>(0);
+  auto* cmd = app.add_subcommand("metrics", "A run's metrics history (JSON lines)");
+  cmd->add_option("run", *run, "Run id")->required();
+  cmd->add_option("--since", *since, "Only steps after this one");
+  add_connection(*cmd, *c);
+  cmd->callback([c, run, since] {
+    guarded([&] {
+      const json reply = c->client().request("metrics", {{"run", *run}, {"since_step", *since}, {"limit", 100000}});
+      for (const auto& row : reply.at("metrics")) std::printf("%s\n", row.dump().c_str());
     });
-  }
-  {
-    auto c = std::make_shared<Connection>();
-    struct Logs {
-      std::string run, source = "train";
-      int lines = 100, rank = 0;
-    };
-    auto l = std::make_shared<Logs>();
-    auto* cmd = app.add_subcommand("logs", "The last lines of a run's log");
-    cmd->add_option("run", l->run, "Run id")->required();
-    cmd->add_option("--lines,-n", l->lines, "How many lines")->check(CLI::Range(1, 100000));
-    cmd->add_option("--source", l->source, "train (the run log) or worker (a worker's output)")
-        ->check(CLI::IsMember({"train", "worker"}));
-    cmd->add_option("--rank", l->rank, "The worker's rank, for --source worker");
-    add_connection(*cmd, *c);
-    cmd->callback([c, l] {
-      guarded([&] {
-        const json reply = c->client().request(
-            "logs", {{"run", l->run}, {"lines", l->lines}, {"source", l->source}, {"rank", l->rank}});
-        for (const auto& line : reply.at("lines")) std::printf("%s\n", line.get<std::string>().c_str());
-      });
+  });
+}
+
+void add_logs_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  struct Logs {
+    std::string run, source = "train";
+    int lines = 100, rank = 0;
+  };
+  auto l = std::make_shared<Logs>();
+  auto* cmd = app.add_subcommand("logs", "The last lines of a run's log");
+  cmd->add_option("run", l->run, "Run id")->required();
+  cmd->add_option("--lines,-n", l->lines, "How many lines")->check(CLI::Range(1, 100000));
+  cmd->add_option("--source", l->source, "train (the run log) or worker (a worker's output)")
+      ->check(CLI::IsMember({"train", "worker"}));
+  cmd->add_option("--rank", l->rank, "The worker's rank, for --source worker");
+  add_connection(*cmd, *c);
+  cmd->callback([c, l] {
+    guarded([&] {
+      const json reply = c->client().request(
+          "logs", {{"run", l->run}, {"lines", l->lines}, {"source", l->source}, {"rank", l->rank}});
+      for (const auto& line : reply.at("lines")) std::printf("%s\n", line.get<std::string>().c_str());
     });
-  }
-  {
-    auto c = std::make_shared<Connection>();
-    auto run = std::make_shared<std::string>();
-    auto* cmd = app.add_subcommand("checkpoints", "A run's committed checkpoints on the daemon, oldest first");
-    cmd->add_option("run", *run, "Run id")->required();
-    add_connection(*cmd, *c);
-    cmd->callback([c, run] {
-      guarded([&] {
-        const json reply = c->client().request("checkpoints", {{"run", *run}});
-        if (c->json_out) {
-          std::printf("%s\n", reply.dump(2).c_str());
-          return;
-        }
-        for (const auto& k : reply.at("checkpoints")) {
-          const json l = k.value("layout", json::object());
-          std::printf("step %-8lld %s  tokens %lld  dp%d x tp%d x pp%d ZeRO-%d  %lld bytes%s\n",
-                      static_cast<long long>(k.value("step", int64_t{0})), k.value("dir", "").c_str(),
-                      static_cast<long long>(k.value("tokens_seen", int64_t{0})), l.value("dp", 0), l.value("tp", 0),
-                      l.value("pp", 0), l.value("zero", 0), static_cast<long long>(k.value("bytes", int64_t{0})),
-                      k.contains("error") ? ("  " + k["error"].get<std::string>()).c_str() : "");
-        }
-      });
+  });
+}
+
+void add_checkpoints_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  auto run = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("checkpoints", "A run's committed checkpoints on the daemon, oldest first");
+  cmd->add_option("run", *run, "Run id")->required();
+  add_connection(*cmd, *c);
+  cmd->callback([c, run] {
+    guarded([&] {
+      const json reply = c->client().request("checkpoints", {{"run", *run}});
+      if (c->json_out) {
+        std::printf("%s\n", reply.dump(2).c_str());
+        return;
+      }
+      for (const auto& k : reply.at("checkpoints")) {
+        const json l = k.value("layout", json::object());
+        std::printf("step %-8lld %s  tokens %lld  dp%d x tp%d x pp%d ZeRO-%d  %lld bytes%s\n",
+                    static_cast<long long>(k.value("step", int64_t{0})), k.value("dir", "").c_str(),
+                    static_cast<long long>(k.value("tokens_seen", int64_t{0})), l.value("dp", 0), l.value("tp", 0),
+                    l.value("pp", 0), l.value("zero", 0), static_cast<long long>(k.value("bytes", int64_t{0})),
+                    k.contains("error") ? ("  " + k["error"].get<std::string>()).c_str() : "");
+      }
     });
-  }
-  {
-    auto c = std::make_shared<Connection>();
-    struct Export {
-      std::string run, out, dtype = "F32";
-      int64_t step = -1;
-      bool no_wait = false;
-    };
-    auto x = std::make_shared<Export>();
-    auto* cmd = app.add_subcommand(
-        "export", "Have the daemon write a run's checkpoint as Hugging Face safetensors + config.json");
-    cmd->add_option("run", x->run, "Run id")->required();
-    cmd->add_option("-o,--out", x->out, "Directory to write, on the daemon's machine (relative: in the run directory)")
-        ->required();
-    cmd->add_option("--step", x->step, "The checkpoint's step (default: the newest)");
-    cmd->add_option("--dtype", x->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
-    cmd->add_flag("--no-wait", x->no_wait, "Print the export's id and return");
-    add_connection(*cmd, *c);
-    cmd->callback([c, x] {
-      guarded([&] {
-        auto client = c->client();
-        json body = {{"run", x->run}, {"out", x->out}, {"dtype", x->dtype}};
-        if (x->step >= 0) body["step"] = x->step;
-        json job = client.request("export", body).at("export");
-        const std::string id = job.value("id", "");
-        std::fprintf(stderr, "%s: step %lld to %s\n", id.c_str(), static_cast<long long>(job.value("step", int64_t{0})),
-                     job.value("out", "").c_str());
-        if (x->no_wait) {
-          std::printf("%s\n", id.c_str());
-          return;
-        }
-        const auto begun = std::chrono::steady_clock::now();
-        while (job.value("state", "") == "running") {
-          std::this_thread::sleep_for(std::chrono::milliseconds(250));
-          job = client.request("exports", {{"run", x->run}, {"export", id}}).at("export");
-          const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
-          if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\r%s: exporting, %.0f s", id.c_str(), s);
-        }
-        if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
-        if (job.value("state", "") != "done")
-          throw std::runtime_error(
-              fmt::format("{} failed: {} (log: {})", id, job.value("error", "?"), job.value("log", "")));
-        std::printf("%s\n", job.value("out", "").c_str());
-      });
+  });
+}
+
+void add_export_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  struct Export {
+    std::string run, out, dtype = "F32";
+    int64_t step = -1;
+    bool no_wait = false;
+  };
+  auto x = std::make_shared<Export>();
+  auto* cmd = app.add_subcommand(
+      "export", "Have the daemon write a run's checkpoint as Hugging Face safetensors + config.json");
+  cmd->add_option("run", x->run, "Run id")->required();
+  cmd->add_option("-o,--out", x->out, "Directory to write, on the daemon's machine (relative: in the run directory)")
+      ->required();
+  cmd->add_option("--step", x->step, "The checkpoint's step (default: the newest)");
+  cmd->add_option("--dtype", x->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
+  cmd->add_flag("--no-wait", x->no_wait, "Print the export's id and return");
+  add_connection(*cmd, *c);
+  cmd->callback([c, x] {
+    guarded([&] {
+      auto client = c->client();
+      json body = {{"run", x->run}, {"out", x->out}, {"dtype", x->dtype}};
+      if (x->step >= 0) body["step"] = x->step;
+      json job = client.request("export", body).at("export");
+      const std::string id = job.value("id", "");
+      std::fprintf(stderr, "%s: step %lld to %s\n", id.c_str(), static_cast<long long>(job.value("step", int64_t{0})),
+                   job.value("out", "").c_str());
+      if (x->no_wait) {
+        std::printf("%s\n", id.c_str());
+        return;
+      }
+      const auto begun = std::chrono::steady_clock::now();
+      while (job.value("state", "") == "running") {
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        job = client.request("exports", {{"run", x->run}, {"export", id}}).at("export");
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
+        if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\r%s: exporting, %.0f s", id.c_str(), s);
+      }
+      if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
+      if (job.value("state", "") != "done")
+        throw std::runtime_error(
+            fmt::format("{} failed: {} (log: {})", id, job.value("error", "?"), job.value("log", "")));
+      std::printf("%s\n", job.value("out", "").c_str());
     });
-  }
-  {
-    struct Keygen {
-      std::string name, dir = ".";
-    };
-    auto k = std::make_shared<Keygen>();
-    auto* cmd = app.add_subcommand("keygen", "Make a CURVE key pair: NAME.key (secret, 0600) and NAME.pub");
-    cmd->add_option("name", k->name, "File name stem, e.g. the daemon's host or a client's name")->required();
-    cmd->add_option("--dir", k->dir, "Where to write them")->capture_default_str();
-    cmd->callback([k] {
-      const auto keys = ipc::generate_curve_keys();
-      ipc::write_curve_keys(keys, k->dir, k->name);
-      std::printf("%s\n", keys.public_key.c_str());
-      std::fprintf(stderr, "wrote %s/%s.key (keep it secret) and %s.pub\n", k->dir.c_str(), k->name.c_str(),
-                   k->name.c_str());
+  });
+}
+
+void add_keygen_command(CLI::App& app) {
+  struct Keygen {
+    std::string name, dir = ".";
+  };
+  auto k = std::make_shared<Keygen>();
+  auto* cmd = app.add_subcommand("keygen", "Make a CURVE key pair: NAME.key (secret, 0600) and NAME.pub");
+  cmd->add_option("name", k->name, "File name stem, e.g. the daemon's host or a client's name")->required();
+  cmd->add_option("--dir", k->dir, "Where to write them")->capture_default_str();
+  cmd->callback([k] {
+    const auto keys = ipc::generate_curve_keys();
+    ipc::write_curve_keys(keys, k->dir, k->name);
+    std::printf("%s\n", keys.public_key.c_str());
+    std::fprintf(stderr, "wrote %s/%s.key (keep it secret) and %s.pub\n", k->dir.c_str(), k->name.c_str(),
+                 k->name.c_str());
+  });
+}
+
+void add_daemon_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("daemon", "Ask a running tided about itself, or stop it");
+  cmd->require_subcommand(1);
+  auto c = std::make_shared<Connection>();
+  auto* info = cmd->add_subcommand("info", "Version, slots, endpoints and run counts");
+  add_connection(*info, *c);
+  info->callback([c] { guarded([&] { std::printf("%s\n", c->client().request("info").dump(2).c_str()); }); });
+  auto c2 = std::make_shared<Connection>();
+  auto* stop = cmd->add_subcommand("stop", "Stop the daemon; its active runs resume when it starts again");
+  add_connection(*stop, *c2);
+  stop->callback([c2] {
+    guarded([&] {
+      c2->client().request("shutdown");
+      std::printf("tided stopping: each training run saves a checkpoint first\n");
     });
-  }
-  {
-    auto* cmd = app.add_subcommand("daemon", "Ask a running tided about itself, or stop it");
-    cmd->require_subcommand(1);
-    auto c = std::make_shared<Connection>();
-    auto* info = cmd->add_subcommand("info", "Version, slots, endpoints and run counts");
-    add_connection(*info, *c);
-    info->callback([c] { guarded([&] { std::printf("%s\n", c->client().request("info").dump(2).c_str()); }); });
-    auto c2 = std::make_shared<Connection>();
-    auto* stop = cmd->add_subcommand("stop", "Stop the daemon; its active runs resume when it starts again");
-    add_connection(*stop, *c2);
-    stop->callback([c2] { guarded([&] { c2->client().request("shutdown"); std::printf("tided stopping: each training run saves a checkpoint first\n"); }); });
-  }
+  });
+}
+
+}  // namespace
+
+void add_client_commands(CLI::App& app) {
+  // In the order `tide --help` lists them.
+  for (auto add : {add_submit_command, add_runs_command, add_status_command, add_watch_command,
+                   add_run_control_commands, add_set_command, add_metrics_command, add_logs_command,
+                   add_checkpoints_command, add_export_command, add_keygen_command, add_daemon_command})
+    add(app);
 }
 
 }  // namespace tide::cli

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <thread>
@@ -10,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint_files.h"
+#include "saved_pieces.h"
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/json_input.h"
@@ -92,6 +94,9 @@ struct Checkpointer::Impl {
   json write_files(const Snapshot& snap, const fs::path& tmp) const;
   void commit(const Snapshot& snap, const json& files);
   void prune(int64_t newest);
+  // This rank's parameters and moments from a checkpoint of any layout.
+  void restore_values(const SavedPieces& saved, const std::string& dir);
+  void restore_rng(const json& manifest, const std::string& dir);
 };
 
 Checkpointer::Checkpointer(std::string root, CheckpointParts parts) : impl_(std::make_unique<Impl>()) {
@@ -347,86 +352,38 @@ std::optional<std::string> Checkpointer::latest_valid() const {
 }
 
 ResumeState Checkpointer::load(const std::string& dir) {
-  auto& m = *impl_;
   const auto problems = verify_checkpoint(dir);
   if (!problems.empty())
     throw std::runtime_error(fmt::format("checkpoint {} is unusable: {}", dir, fmt::join(problems, "; ")));
   const json manifest = read_manifest(dir);
   torch::NoGradGuard no_grad;
+  impl_->restore_values(SavedPieces(dir, manifest), dir);
+  ResumeState state;
+  state.step = manifest.at("step").get<int64_t>();
+  state.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
+  state.loader_cursor = manifest.at("loader_cursor").get<int64_t>();
+  state.dir = dir;
+  impl_->parts.optim->restore(state.optimizer_steps);
+  impl_->restore_rng(manifest, dir);
+  spdlog::info("checkpoint: resumed from {} (step {})", dir, state.step);
+  return state;
+}
 
-  // Every piece of every rank's file, by (parameter, kind).
-  struct Source {
-    const SafetensorsReader* file;
-    const SafetensorsEntry* entry;
-    json meta;
-  };
-  std::vector<std::unique_ptr<SafetensorsReader>> files;
-  std::map<std::pair<std::string, std::string>, std::vector<Source>> sources;
-  for (const auto& [name, info] : manifest["files"].items()) {
-    files.push_back(std::make_unique<SafetensorsReader>((fs::path(dir) / name).string()));
-    const auto& f = *files.back();
-    const auto it = f.metadata().find("tide.pieces");
-    if (it == f.metadata().end()) throw std::runtime_error(fmt::format("{}: no tide.pieces metadata", f.path()));
-    for (const auto& meta : parse_json_input(it->second, f.path() + ": tide.pieces metadata")) {
-      const auto* e = f.find(meta.at("tensor").get<std::string>());
-      if (!e) throw std::runtime_error(fmt::format("{}: tensor {} is missing", f.path(), meta.at("tensor").dump()));
-      sources[{meta.at("param").get<std::string>(), meta.at("kind").get<std::string>()}].push_back({&f, e, meta});
-    }
-  }
-
-  // The whole tensor of a parameter, from the pieces of every rank that saved it.
-  auto whole = [&](const std::string& param, const std::string& kind) {
-    const auto it = sources.find({param, kind});
-    if (it == sources.end())
-      throw std::runtime_error(fmt::format("checkpoint {} has no {} of parameter {}", dir, kind, param));
-    const auto& first = it->second.front().meta;
-    auto out = torch::zeros(first.at("global_shape").get<std::vector<int64_t>>(), torch::kFloat32);
-    std::map<int64_t, torch::Tensor> locals;  // by the tensor-parallel slice's first index
-    int64_t filled = 0;
-    for (const auto& s : it->second) {
-      const int64_t slice_first = s.meta.at("tp").at("first").get<int64_t>();
-      auto& local = locals[slice_first];
-      if (!local.defined()) local = torch::zeros(s.meta.at("local_shape").get<std::vector<int64_t>>(), torch::kFloat32);
-      const auto range = s.meta.at("range").get<std::vector<int64_t>>();
-      const int64_t n = range[1] - range[0];
-      TORCH_CHECK(static_cast<int64_t>(s.entry->end - s.entry->begin) == n * 4, s.file->path(), ": ",
-                  s.entry->name, " has the wrong size");
-      std::memcpy(local.view({-1}).narrow(0, range[0], n).data_ptr<float>(), s.file->data(*s.entry),
-                  static_cast<size_t>(n) * 4);
-      filled += n;
-    }
-    int64_t expected = 0;
-    for (const auto& [slice_first, local] : locals) {
-      const auto& tp = it->second.front().meta.at("tp");
-      const int dim = tp.at("dim").get<int>();
-      expected += local.numel();
-      if (dim < 0) {
-        out.copy_(local);
-        continue;
-      }
-      const int64_t n = std::min(local.size(dim), tp.at("valid").get<int64_t>() - slice_first);
-      out.narrow(dim, slice_first, n).copy_(local.narrow(dim, 0, n));
-    }
-    if (filled != expected)
-      throw std::runtime_error(
-          fmt::format("checkpoint {}: the pieces of {} {} cover {} of {} elements", dir, kind, param, filled, expected));
-    return out;
-  };
-
-  auto& flat = *m.parts.flat;
-  auto& optim = *m.parts.optim;
+void Checkpointer::Impl::restore_values(const SavedPieces& saved, const std::string& dir) {
+  auto& flat = *parts.flat;
+  auto& optim = *parts.optim;
   // Parameters: all local ones (ZeRO-3: this rank's pieces); moments: the optimizer's.
-  const auto param_pieces = m.zero == 3 ? pieces_of(flat, m.dp_rank, m.dp, 3) : pieces_of(flat, 0, 1, 0);
-  const auto moment_pieces = m.zero >= 1 ? pieces_of(flat, m.dp_rank, m.dp, m.zero) : pieces_of(flat, 0, 1, 0);
+  const auto param_pieces = zero == 3 ? pieces_of(flat, dp_rank, dp, 3) : pieces_of(flat, 0, 1, 0);
+  const auto moment_pieces = zero >= 1 ? pieces_of(flat, dp_rank, dp, zero) : pieces_of(flat, 0, 1, 0);
   for (int k = 0; k < 3; ++k) {
     const auto& wanted = k == 0 ? param_pieces : moment_pieces;
     std::map<size_t, std::vector<const Piece*>> by_slot;
     for (const auto& p : wanted) by_slot[p.slot].push_back(&p);
     for (const auto& [slot_index, list] : by_slot) {
       const auto& slot = flat.slots()[slot_index];
-      const auto global = whole(slot.name, kKinds[k]);
+      const auto global = saved.whole(slot.name, kKinds[k]);
       // This rank's tensor-parallel slice of it (rows past the vocabulary stay zero).
-      const TpSlice tp = m.parts.model->tp_slice(slot.name);
+      const TpSlice tp = parts.model->tp_slice(slot.name);
       torch::Tensor local = global;
       if (tp.dim >= 0) {
         local = torch::zeros(slot.shape, torch::kFloat32);
@@ -443,27 +400,22 @@ ResumeState Checkpointer::load(const std::string& dir) {
       }
     }
   }
-  ResumeState state;
-  state.step = manifest.at("step").get<int64_t>();
-  state.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
-  state.loader_cursor = manifest.at("loader_cursor").get<int64_t>();
-  state.dir = dir;
-  optim.restore(state.optimizer_steps);
-  // The same layout: this rank's random generator continues where it stopped.
+}
+
+void Checkpointer::Impl::restore_rng(const json& manifest, const std::string& dir) {
+  // Only under the same layout does this rank's random generator continue where it stopped.
   const auto& layout = manifest.at("layout");
-  const Distributed* d = m.parts.dist;
-  if (layout.at("world") == m.world && layout.at("dp") == m.dp && layout.at("tp") == (d ? d->tp->size() : 1) &&
-      layout.at("pp") == (d ? d->pp->size() : 1)) {
-    const SafetensorsReader own((fs::path(dir) / rank_file_name(m.rank)).string());
-    if (const auto* e = own.find("rng|cpu")) {
-      auto state_bytes = torch::empty({static_cast<int64_t>(e->end - e->begin)}, torch::kUInt8);
-      std::memcpy(state_bytes.data_ptr(), own.data(*e), e->end - e->begin);
-      auto generator = at::detail::getDefaultCPUGenerator();
-      generator.set_state(state_bytes);
-    }
+  const Distributed* d = parts.dist;
+  if (layout.at("world") != world || layout.at("dp") != dp || layout.at("tp") != (d ? d->tp->size() : 1) ||
+      layout.at("pp") != (d ? d->pp->size() : 1))
+    return;
+  const SafetensorsReader own((fs::path(dir) / rank_file_name(rank)).string());
+  if (const auto* e = own.find("rng|cpu")) {
+    auto state_bytes = torch::empty({static_cast<int64_t>(e->end - e->begin)}, torch::kUInt8);
+    std::memcpy(state_bytes.data_ptr(), own.data(*e), e->end - e->begin);
+    auto generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(state_bytes);
   }
-  spdlog::info("checkpoint: resumed from {} (step {})", dir, state.step);
-  return state;
 }
 
 }  // namespace tide

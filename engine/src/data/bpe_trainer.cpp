@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "tide/engine/data/tokenizer.h"
+#include "bpe_merge.h"
 
 namespace tide {
 namespace {
@@ -25,20 +26,14 @@ struct Word {
   int64_t count;
 };
 
-}  // namespace
-
-ByteLevelBpe train_bpe(const std::vector<std::string_view>& texts, int64_t vocab_size,
-                    const std::function<void(int64_t, int64_t)>& progress) {
-  if (vocab_size < 257)
-    throw std::invalid_argument("vocab size " + std::to_string(vocab_size) +
-                                " is below 257 (256 byte tokens + end-of-text)");
+// The distinct pre-tokenised chunks of the texts as byte symbols, with their counts,
+// sorted for determinism regardless of hash order.
+std::vector<Word> count_words(const std::vector<std::string_view>& texts) {
   // The same pre-tokenisation the trained tokenizer will use (GPT-2's).
   const PreTokenizer pre = PreTokenizer::gpt2();
   std::unordered_map<std::string, int64_t> counts;
   for (const auto text : texts)
     for (auto& chunk : pre.split(text)) ++counts[std::move(chunk)];
-
-  // Sorted for determinism regardless of hash order.
   std::map<std::string, int64_t> sorted(counts.begin(), counts.end());
   std::vector<Word> words;
   words.reserve(sorted.size());
@@ -47,6 +42,17 @@ ByteLevelBpe train_bpe(const std::vector<std::string_view>& texts, int64_t vocab
     for (unsigned char c : chunk) w.syms.push_back(c);
     words.push_back(std::move(w));
   }
+  return words;
+}
+
+}  // namespace
+
+ByteLevelBpe train_bpe(const std::vector<std::string_view>& texts, int64_t vocab_size,
+                    const std::function<void(int64_t, int64_t)>& progress) {
+  if (vocab_size < 257)
+    throw std::invalid_argument("vocab size " + std::to_string(vocab_size) +
+                                " is below 257 (256 byte tokens + end-of-text)");
+  std::vector<Word> words = count_words(texts);
 
   std::unordered_map<Pair, int64_t, PairHash> pair_count;
   std::unordered_map<Pair, std::set<size_t>, PairHash> where;
@@ -91,17 +97,7 @@ ByteLevelBpe train_bpe(const std::vector<std::string_view>& texts, int64_t vocab
       auto& s = words[wi].syms;
       const int64_t c = words[wi].count;
       for (size_t i = 0; i + 1 < s.size(); ++i) add({s[i], s[i + 1]}, -c, wi);
-      std::vector<int32_t> merged;
-      merged.reserve(s.size());
-      for (size_t i = 0; i < s.size(); ++i) {
-        if (i + 1 < s.size() && s[i] == best.first && s[i + 1] == best.second) {
-          merged.push_back(id);
-          ++i;
-        } else {
-          merged.push_back(s[i]);
-        }
-      }
-      s.swap(merged);
+      merge_pair(s, best, id);
       for (size_t i = 0; i + 1 < s.size(); ++i) add({s[i], s[i + 1]}, c, wi);
     }
     pair_count.erase(best);

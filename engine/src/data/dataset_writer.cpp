@@ -127,6 +127,26 @@ class SplitWriter {
   std::vector<uint64_t> offsets_;
 };
 
+// The tokenizer opt.tokenizer names: "bpe" (trained here on the first bpe_sample_mb of
+// the inputs), "bytes", or a tokenizer file.
+std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, const std::vector<std::string>& files,
+                                          const std::function<void(const std::string&, int64_t, int64_t)>& report) {
+  if (opt.tokenizer == "bytes") return std::make_unique<ByteLevelBpe>(ByteLevelBpe::bytes());
+  if (opt.tokenizer != "bpe") return load_tokenizer(opt.tokenizer);
+  std::vector<std::string> sample;
+  int64_t taken = 0;
+  for (const auto& f : files) {
+    if (taken >= opt.bpe_sample_mb << 20) break;
+    sample.push_back(read_file(f));
+    taken += static_cast<int64_t>(sample.back().size());
+  }
+  std::vector<std::string_view> views;
+  for (const auto& s : sample)
+    for (auto d : split_documents(s)) views.push_back(d);
+  return std::make_unique<ByteLevelBpe>(
+      train_bpe(views, opt.vocab_size, [&](int64_t d, int64_t t) { report("train bpe", d, t); }));
+}
+
 }  // namespace
 
 PrepareReport prepare_dataset(const PrepareOptions& opt,
@@ -147,25 +167,7 @@ PrepareReport prepare_dataset(const PrepareOptions& opt,
   }
   if (total_docs == 0) throw std::runtime_error("the inputs hold no text");
 
-  std::unique_ptr<Tokenizer> tok;
-  if (opt.tokenizer == "bpe") {
-    std::vector<std::string> sample;
-    int64_t taken = 0;
-    for (const auto& f : files) {
-      if (taken >= opt.bpe_sample_mb << 20) break;
-      sample.push_back(read_file(f));
-      taken += static_cast<int64_t>(sample.back().size());
-    }
-    std::vector<std::string_view> views;
-    for (const auto& s : sample)
-      for (auto d : split_documents(s)) views.push_back(d);
-    tok = std::make_unique<ByteLevelBpe>(
-        train_bpe(views, opt.vocab_size, [&](int64_t d, int64_t t) { report("train bpe", d, t); }));
-  } else if (opt.tokenizer == "bytes") {
-    tok = std::make_unique<ByteLevelBpe>(ByteLevelBpe::bytes());
-  } else {
-    tok = load_tokenizer(opt.tokenizer);
-  }
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(opt, files, report);
   const int64_t vocab = tok->vocab_size();
   if (tok->eos_id() < 0) throw std::runtime_error("tokenizer '" + opt.tokenizer + "' has no end-of-text token");
   const int dtype_bytes = vocab <= 65536 ? 2 : 4;

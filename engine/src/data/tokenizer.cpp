@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tide/engine/io/json_input.h"
+#include "bpe_merge.h"
 
 namespace tide {
 namespace {
@@ -208,18 +209,7 @@ void ByteLevelBpe::encode_chunk(std::string_view chunk, std::vector<int32_t>& ou
       }
     }
     if (best_id < 0) break;
-    const auto pair = std::make_pair(syms[best_at], syms[best_at + 1]);
-    std::vector<int32_t> merged;
-    merged.reserve(syms.size());
-    for (size_t i = 0; i < syms.size(); ++i) {
-      if (i + 1 < syms.size() && syms[i] == pair.first && syms[i + 1] == pair.second) {
-        merged.push_back(best_id);
-        ++i;
-      } else {
-        merged.push_back(syms[i]);
-      }
-    }
-    syms.swap(merged);
+    merge_pair(syms, {syms[best_at], syms[best_at + 1]}, best_id);
   }
   out.insert(out.end(), syms.begin(), syms.end());
 }
@@ -289,6 +279,20 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   in >> first;  // skips whitespace
   if (first == '{') return std::make_unique<ByteLevelBpe>(ByteLevelBpe::load(path));
   return std::make_unique<SentencePieceBpe>(SentencePieceBpe::load(path));
+}
+
+void merge_pair(std::vector<int32_t>& syms, const std::pair<int32_t, int32_t>& pair, int32_t id) {
+  std::vector<int32_t> merged;
+  merged.reserve(syms.size());
+  for (size_t i = 0; i < syms.size(); ++i) {
+    if (i + 1 < syms.size() && syms[i] == pair.first && syms[i + 1] == pair.second) {
+      merged.push_back(id);
+      ++i;
+    } else {
+      merged.push_back(syms[i]);
+    }
+  }
+  syms.swap(merged);
 }
 
 }  // namespace tide
