@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_data.h"
+#include "tide/engine/train/fault_injection.h"
 #include "tide/engine/train/trainer.h"
 #include "tiny_models.h"
 
@@ -35,7 +36,10 @@ struct RunOutcome {
 RunOutcome train(const RunConfig& c, const std::string& inject, TrainHooks hooks = {}) {
   const fs::path dir = fs::temp_directory_path() / ("tide_anomaly_" + std::to_string(::getpid()));
   fs::remove_all(dir);
+  // As a worker takes it from its environment.
   ::setenv("TIDE_INJECT_NAN_AT", inject.c_str(), 1);
+  hooks.loss_tap = loss_tap_from_environment();
+  ::unsetenv("TIDE_INJECT_NAN_AT");
   RunOutcome r;
   hooks.show_progress = false;
   hooks.peak_flops = 1e12;
@@ -43,11 +47,24 @@ RunOutcome train(const RunConfig& c, const std::string& inject, TrainHooks hooks
     if (kind == "anomaly") r.anomalies.push_back(body);
   };
   r.result = Trainer(c, dir.string(), hooks).run();
-  ::unsetenv("TIDE_INJECT_NAN_AT");
   std::ifstream in(dir / "metrics.jsonl");
   for (std::string line; std::getline(in, line);) r.rows.push_back(json::parse(line));
   fs::remove_all(dir);
   return r;
+}
+
+TEST(FaultInjection, MalformedStepsAreRefusedNamingTheVariable) {
+  for (const char* bad : {"x", "3,0", "2.5", "-1"}) {
+    ::setenv("TIDE_INJECT_NAN_AT", bad, 1);
+    try {
+      loss_tap_from_environment();
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("TIDE_INJECT_NAN_AT"), std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv("TIDE_INJECT_NAN_AT");
+  EXPECT_FALSE(loss_tap_from_environment()) << "unset: no tap, every loss as computed";
 }
 
 TEST(Anomaly, NonFiniteLossSkipsTheUpdate) {

@@ -14,6 +14,7 @@
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/launch_env.h"
 #include "tide/engine/run_layout.h"
+#include "tide/engine/train/fault_injection.h"
 #include "tide/engine/train/runtime.h"
 #include "tide/engine/train/trainer.h"
 #include "tide/scripting/recipe.h"
@@ -29,86 +30,68 @@ struct Options {
   int nproc = 1, nnodes = 1, node_rank = 0;
 };
 
-void run_training(const Options& opt) {
-  auto recipe = std::make_shared<Recipe>(Recipe::load_file(resolve_recipe_path(opt.recipe), opt.overrides));
-  RunConfig cfg = recipe->config();
-  const std::string dir = opt.run_dir.empty() ? "runs/" + cfg.name : opt.run_dir;
-  const auto env = launch_env_from_environment();
+// This process starts nproc workers (of nnodes machines), each a `tide train` of one rank.
+void launch_training(const Options& opt, const RunConfig& cfg, const std::string& dir) {
+  check_supported_layout(cfg, opt.nproc * opt.nnodes);
+  ipc::WorkerSpec spec;
+  spec.nproc = opt.nproc;
+  spec.nnodes = opt.nnodes;
+  spec.node_rank = opt.node_rank;
+  if (!opt.master.empty()) {
+    const auto colon = opt.master.rfind(':');
+    if (colon == std::string::npos) throw std::invalid_argument("--master '" + opt.master + "' is not host:port");
+    spec.master_addr = opt.master.substr(0, colon);
+    spec.master_port = std::stoi(opt.master.substr(colon + 1));
+  } else if (opt.nnodes > 1) {
+    throw std::invalid_argument("--nnodes " + std::to_string(opt.nnodes) + " needs --master host:port");
+  }
+  spec.args = {"train", opt.recipe, "--run-dir", dir};
+  for (const auto& o : opt.overrides) spec.args.insert(spec.args.end(), {"--set", o});
+  if (opt.peak_tflops > 0) spec.args.insert(spec.args.end(), {"--peak-tflops", fmt::format("{}", opt.peak_tflops)});
+  if (opt.quiet) spec.args.push_back("--quiet");
+  if (!opt.resume.empty()) spec.args.insert(spec.args.end(), {"--resume", opt.resume});
+  if (const int rc = launch_workers(spec); rc != 0) throw std::runtime_error("training failed");
+}
 
-  if (opt.nproc > 1 || opt.nnodes > 1) {  // this process launches the workers
-    check_supported_layout(cfg, opt.nproc * opt.nnodes);
-    ipc::WorkerSpec spec;
-    spec.nproc = opt.nproc;
-    spec.nnodes = opt.nnodes;
-    spec.node_rank = opt.node_rank;
-    if (!opt.master.empty()) {
-      const auto colon = opt.master.rfind(':');
-      if (colon == std::string::npos) throw std::invalid_argument("--master '" + opt.master + "' is not host:port");
-      spec.master_addr = opt.master.substr(0, colon);
-      spec.master_port = std::stoi(opt.master.substr(colon + 1));
-    } else if (opt.nnodes > 1) {
-      throw std::invalid_argument("--nnodes " + std::to_string(opt.nnodes) + " needs --master host:port");
-    }
-    spec.args = {"train", opt.recipe, "--run-dir", dir};
-    for (const auto& o : opt.overrides) spec.args.insert(spec.args.end(), {"--set", o});
-    if (opt.peak_tflops > 0) spec.args.insert(spec.args.end(), {"--peak-tflops", fmt::format("{}", opt.peak_tflops)});
-    if (opt.quiet) spec.args.push_back("--quiet");
-    if (!opt.resume.empty()) spec.args.insert(spec.args.end(), {"--resume", opt.resume});
-    if (const int rc = launch_workers(spec); rc != 0) throw std::runtime_error("training failed");
-    return;
-  }
+// A run without a controller: rank 0 runs the recipe's policies, and every rank takes
+// part in live control (rank 0 broadcasts its commands at each step boundary); rank 0's
+// stop signal decides for all, whoever launched the ranks.
+void control_locally(TrainHooks& hooks, const std::shared_ptr<Recipe>& recipe, bool leader) {
+  run_policies_locally(hooks, recipe, leader);
+  install_stop_signals();
+  hooks.controlled = true;
+  hooks.take_commands = [policy_commands = hooks.take_commands] {
+    const std::string policy = policy_commands ? policy_commands() : std::string();
+    const std::string stop = take_stop_command();
+    if (stop.empty() || policy.empty()) return policy + stop;
+    // Both in one boundary: the policy's commands, then the stop.
+    auto commands = nlohmann::json::parse(policy);
+    commands.push_back(nlohmann::json::parse(stop).at(0));
+    return commands.dump();
+  };
+}
 
-  TrainHooks hooks;
-  hooks.resume = opt.resume;
-  hooks.show_progress = !opt.quiet;
-  hooks.peak_flops = opt.peak_tflops * 1e12;
-  if (recipe->has_lr_function()) hooks.lr = [recipe](int64_t step) { return recipe->lr_at(step); };
-  // Under a controller the controller runs the policies; otherwise rank 0 does.
-  const auto link = attach_controller(hooks, recipe->has_policy("on_anomaly"));
-  if (!link) {
-    run_policies_locally(hooks, recipe, !env || env->rank == 0);
-    // Every rank takes part in live control (rank 0 broadcasts its commands at each step
-    // boundary); rank 0's stop signal decides for all, whoever launched the ranks.
-    install_stop_signals();
-    hooks.controlled = true;
-    hooks.take_commands = [policy_commands = hooks.take_commands] {
-      const std::string policy = policy_commands ? policy_commands() : std::string();
-      const std::string stop = take_stop_command();
-      if (stop.empty() || policy.empty()) return policy + stop;
-      // Both in one boundary: the policy's commands, then the stop.
-      auto commands = nlohmann::json::parse(policy);
-      commands.push_back(nlohmann::json::parse(stop).at(0));
-      return commands.dump();
-    };
+// One rank of a job of several processes.
+void train_as_rank(const LaunchEnv& env, RunConfig cfg, const std::string& dir, const TrainHooks& hooks,
+                   ipc::WorkerLink* link) {
+  if (cfg.threads == 0) {  // ranks sharing this machine share its cores
+    const char* lws = std::getenv("LOCAL_WORLD_SIZE");
+    const int local = lws ? std::max(1, std::atoi(lws)) : 1;
+    cfg.threads = std::max(1, available_cores() / local);
   }
-  std::unique_ptr<Distributed> dist;
-  if (env && env->world > 1) {
-    // One rank of a job: ranks sharing this machine share its cores.
-    if (cfg.threads == 0) {
-      const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-      const int local = lws ? std::max(1, std::atoi(lws)) : 1;
-      cfg.threads = std::max(1, available_cores() / local);
-    }
-    if (env->rank != 0) spdlog::set_level(spdlog::level::warn);
-    try {
-      dist = init_distributed(*env, cfg.parallel,
-                              std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_s * 1000)),
-                              cfg.device == "cuda");
-      report_result(link.get(), Trainer(cfg, dir, hooks, dist.get()).run());
-    } catch (const std::exception& e) {
-      report_failure(link.get(), e.what());
-      throw std::runtime_error(fmt::format("rank {}: {}", env->rank, e.what()));
-    }
-    return;
-  }
-  TrainResult r;
+  if (env.rank != 0) spdlog::set_level(spdlog::level::warn);
   try {
-    r = Trainer(cfg, dir, hooks).run();
+    auto dist = init_distributed(env, cfg.parallel,
+                                 std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_s * 1000)),
+                                 cfg.device == "cuda");
+    report_result(link, Trainer(cfg, dir, hooks, dist.get()).run());
   } catch (const std::exception& e) {
-    report_failure(link.get(), e.what());
-    throw;
+    report_failure(link, e.what());
+    throw std::runtime_error(fmt::format("rank {}: {}", env.rank, e.what()));
   }
-  report_result(link.get(), r);
+}
+
+void print_outcome(const TrainResult& r) {
   if (r.stopped) {
     spdlog::info("stopped at step {} (checkpoint saved); `--resume auto` continues from it", r.steps);
     return;
@@ -118,6 +101,34 @@ void run_training(const Options& opt) {
     spdlog::info("validation loss {:.4f} (unigram baseline {:.4f}, perplexity {:.1f})", *r.final_val_loss,
                  r.unigram_baseline, std::exp(*r.final_val_loss));
   spdlog::info("weights: {}", r.weights_path);
+}
+
+void run_training(const Options& opt) {
+  auto recipe = std::make_shared<Recipe>(Recipe::load_file(resolve_recipe_path(opt.recipe), opt.overrides));
+  const RunConfig cfg = recipe->config();
+  const std::string dir = opt.run_dir.empty() ? "runs/" + cfg.name : opt.run_dir;
+  if (opt.nproc > 1 || opt.nnodes > 1) return launch_training(opt, cfg, dir);
+
+  const auto env = launch_env_from_environment();
+  TrainHooks hooks;
+  hooks.resume = opt.resume;
+  hooks.show_progress = !opt.quiet;
+  hooks.peak_flops = opt.peak_tflops * 1e12;
+  hooks.loss_tap = loss_tap_from_environment();  // tests' fault injection (docs/daemon.md)
+  if (recipe->has_lr_function()) hooks.lr = [recipe](int64_t step) { return recipe->lr_at(step); };
+  // Under a controller the controller runs the policies and sends the commands.
+  const auto link = attach_controller(hooks, recipe->has_policy("on_anomaly"));
+  if (!link) control_locally(hooks, recipe, !env || env->rank == 0);
+  if (env && env->world > 1) return train_as_rank(*env, cfg, dir, hooks, link.get());
+  TrainResult r;
+  try {
+    r = Trainer(cfg, dir, hooks).run();
+  } catch (const std::exception& e) {
+    report_failure(link.get(), e.what());
+    throw;
+  }
+  report_result(link.get(), r);
+  print_outcome(r);
 }
 
 }  // namespace

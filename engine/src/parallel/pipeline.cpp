@@ -27,9 +27,11 @@ std::vector<int64_t> pipeline_schedule(const std::string& kind, int stage, int s
   return ops;
 }
 
-Pipeline::Pipeline(Comm& pp, Transformer model, std::string schedule, std::vector<int64_t> activation, DType compute)
+Pipeline::Pipeline(Comm& pp, Transformer model, std::string schedule, std::vector<int64_t> activation, DType compute,
+                   Comm* tied_embeddings)
     : pp_(pp), model_(std::move(model)), schedule_(std::move(schedule)), activation_(std::move(activation)),
       compute_(compute),
+      tied_embeddings_(tied_embeddings),
       fp32_(torch::TensorOptions().dtype(torch::kFloat32).device(model_->parameters()[0].device())) {}
 
 namespace {
@@ -41,7 +43,8 @@ constexpr int kEvalTags = 1 << 24;
 }  // namespace
 
 double Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
-                       const std::function<void(int64_t)>& before_backward) {
+                       const std::function<void(int64_t)>& before_backward,
+                       const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
   const int stage = pp_.rank(), stages = pp_.size();
   const bool first = stage == 0, last = stage == stages - 1;
   const auto n = static_cast<int64_t>(batches.size());
@@ -62,6 +65,7 @@ double Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
       }
       auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets); });
       if (last) {
+        out = on_loss(m, out);
         loss_sum += out.item<double>();
       } else {
         sends.push_back(pp_.send(out.detach().to(torch::kFloat32).contiguous(), stage + 1, forward_tag(m),
@@ -86,6 +90,10 @@ double Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
     }
   }
   for (auto& s : sends) s->wait();
+  if (tied_embeddings_) {
+    auto g = model_->tok_embeddings.grad();
+    tied_embeddings_->all_reduce_sum(g, "tied embedding gradients");
+  }
   return loss_sum;
 }
 

@@ -94,4 +94,25 @@ std::optional<AnomalyDecision> decide_anomaly(const std::function<nlohmann::json
   }
 }
 
+AnomalyJudge::AnomalyJudge(const AnomalyConfig& cfg, Policy policy, Comm* world, spdlog::logger& log)
+    : cfg_(cfg), detector_(cfg, static_cast<bool>(policy)), policy_(std::move(policy)), world_(world), log_(log) {}
+
+void AnomalyJudge::set_config(const AnomalyConfig& cfg) {
+  cfg_ = cfg;
+  detector_.set_config(cfg);
+}
+
+AnomalyJudge::Verdict AnomalyJudge::judge(int64_t step, double loss, double grad_norm) {
+  Verdict v;
+  v.anomaly = detector_.check(loss, grad_norm);
+  v.lr_factor = cfg_.lr_factor;
+  if (!v.anomaly || !policy_) return v;
+  if (const auto decision = decide_anomaly(policy_, world_, step, v.anomaly, log_)) {
+    v.anomaly.action = decision->action;
+    v.lr_factor = decision->lr_factor.value_or(v.lr_factor);
+    v.decided_by = "on_anomaly";
+  }
+  return v;
+}
+
 }  // namespace tide

@@ -58,4 +58,28 @@ struct AnomalyDecision {
 std::optional<AnomalyDecision> decide_anomaly(const std::function<nlohmann::json(const nlohmann::json&)>& policy,
                                               Comm* world, int64_t step, const Anomaly& anomaly, spdlog::logger& log);
 
+// The anomaly check of every step: the detector's verdict, and on an anomaly the
+// recipe's on_anomaly policy's decision when it has one (every rank gets the same).
+class AnomalyJudge {
+ public:
+  using Policy = std::function<nlohmann::json(const nlohmann::json&)>;
+  struct Verdict {
+    Anomaly anomaly;  // false: a normal step
+    std::string decided_by = "recipe";  // or "on_anomaly"
+    double lr_factor = 0;               // what scale_lr multiplies optimizer.lr_scale by
+  };
+  // world: every rank of the job (null: one process); policy may be empty.
+  AnomalyJudge(const AnomalyConfig& cfg, Policy policy, Comm* world, spdlog::logger& log);
+  // 1-based step; the loss and global norm are the same on every rank.
+  Verdict judge(int64_t step, double loss, double grad_norm);
+  void set_config(const AnomalyConfig& cfg);
+
+ private:
+  AnomalyConfig cfg_;
+  AnomalyDetector detector_;
+  Policy policy_;
+  Comm* world_;
+  spdlog::logger& log_;
+};
+
 }  // namespace tide

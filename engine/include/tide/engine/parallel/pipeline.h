@@ -27,16 +27,21 @@ std::vector<int64_t> pipeline_schedule(const std::string& kind, int stage, int s
 class Pipeline {
  public:
   // activation: the shape passed between stages, [micro_batch, T (/ tp with sequence
-  // parallelism), dim], fp32.
-  Pipeline(Comm& pp, Transformer model, std::string schedule, std::vector<int64_t> activation, DType compute);
+  // parallelism), dim], fp32. tied_embeddings: the group of the first and the last stage
+  // when they share the embeddings (null on the stages between, or untied); their
+  // gradients are summed over it after each step's backward.
+  Pipeline(Comm& pp, Transformer model, std::string schedule, std::vector<int64_t> activation, DType compute,
+           Comm* tied_embeddings = nullptr);
 
   // One step: forward and backward of every micro-batch (each stage is given them all;
-  // the first uses the tokens, the last the targets). The last stage scales each loss
-  // by loss_scale before backward. before_backward(m) runs before micro-batch m's
-  // backward on this stage. Returns the sum of the micro-batch losses on the last
-  // stage, 0 elsewhere.
+  // the first uses the tokens, the last the targets). On the last stage on_loss(m, loss)
+  // gives the loss to use for micro-batch m (a test's fault injection; else the loss
+  // itself), scaled by loss_scale before backward. before_backward(m) runs before
+  // micro-batch m's backward on this stage. Returns the sum of the micro-batch losses on
+  // the last stage, 0 elsewhere.
   double train(const std::vector<Batch>& batches, double loss_scale,
-               const std::function<void(int64_t)>& before_backward);
+               const std::function<void(int64_t)>& before_backward,
+               const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss);
   // Forward only (no grad): the batch's loss on the last stage, 0 elsewhere.
   double forward_loss(const Batch& batch);
 
@@ -46,6 +51,7 @@ class Pipeline {
   std::string schedule_;
   std::vector<int64_t> activation_;
   DType compute_;
+  Comm* tied_embeddings_;
   torch::TensorOptions fp32_;  // activations on the model's device
   int eval_tag_ = 0;
 };

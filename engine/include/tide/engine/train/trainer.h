@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json_fwd.hpp>
 #include <spdlog/common.h>
 
@@ -17,6 +18,10 @@
 namespace tide {
 
 struct Distributed;
+
+// Given the loss of micro-batch `micro` of 0-based step `step`, where a rank computes it,
+// the loss to use: a seam for tests' fault injection (fault_injection.h).
+using LossTap = std::function<at::Tensor(int64_t step, int64_t micro, const at::Tensor& loss)>;
 
 struct TrainHooks {
   // Learning rate of 0-based step `step` when the schedule is a Lua function.
@@ -45,6 +50,8 @@ struct TrainHooks {
   std::function<nlohmann::json(const nlohmann::json& anomaly)> anomaly_policy;
   // More destinations for the run log (train.log), e.g. the controller's log events.
   std::vector<spdlog::sink_ptr> log_sinks;
+  // Empty: every loss as computed.
+  LossTap loss_tap;
 };
 
 
@@ -66,10 +73,9 @@ class Trainer {
   ~Trainer();
   TrainResult run();
 
+  struct State;  // what the constructor set up (trainer.cpp)
+
  private:
-  // Every rank calls it; the leader writes.
-  void save_weights(const std::string& path);
-  struct State;
   std::unique_ptr<State> s_;
 };
 

@@ -1,0 +1,81 @@
+#include "tide/engine/parallel/parallelize.h"
+
+#include <torch/torch.h>
+
+#include "tide/engine/model/parameter_names.h"
+#include "tide/engine/model/tensor_parallel.h"
+#include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/parallel/comm.h"
+#include "tide/engine/parallel/data_parallel.h"
+#include "tide/engine/parallel/distributed.h"
+#include "tide/engine/parallel/pipeline.h"
+
+namespace tide {
+
+ParallelModel::ParallelModel() = default;
+ParallelModel::ParallelModel(ParallelModel&&) noexcept = default;
+ParallelModel& ParallelModel::operator=(ParallelModel&&) noexcept = default;
+ParallelModel::~ParallelModel() {
+  if (model) model->set_parameter_units(nullptr);
+}
+
+namespace {
+// The model of this rank's stage and tensor-parallel slice, initialised and on `device`.
+Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineStage& stage, c10::Device device) {
+  TensorParallel tp;
+  if (dist && dist->tp->size() > 1)
+    tp = TensorParallel{dist->tp.get(), dist->tp->rank(), dist->tp->size(), cfg.parallel.sequence_parallel};
+  Transformer model(cfg.model, tp, stage);
+  // Initialised on the host (the same values as a CPU run), then moved: the flat buffers
+  // are allocated where the parameters live.
+  model->reset_parameters(static_cast<uint64_t>(cfg.seed));
+  model->train();
+  if (device.is_cuda()) model->to(device);
+  return model;
+}
+
+// The flat buffers laid out for the ZeRO stage. A parameter every tensor-parallel rank
+// holds whole counts once in the gradient norm, and the last stage's copy of tied
+// embeddings not at all.
+std::unique_ptr<FlatParameters> flatten(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch,
+                                        Transformer model, const PipelineStage& stage) {
+  FlatParameters::Options layout;
+  layout.unit_of = block_unit;
+  if (dist) layout = DataParallel::flat_options(cfg.parallel, static_cast<int>(batch.dp));
+  layout.counted = [m = model.get(), rank = model->tensor_parallel().rank, stage](const std::string& name) {
+    return stage_owns(stage, name) && (rank == 0 || m->tp_slice(name).dim >= 0);
+  };
+  return std::make_unique<FlatParameters>(*model, cfg.optimizer, layout);
+}
+}  // namespace
+
+ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch, c10::Device device) {
+  ParallelModel out;
+  const int pp = dist ? dist->pp->size() : 1;
+  if (pp > 1)
+    out.stage = partition_stages(cfg.model, pp, cfg.data.seq_len,
+                                 cfg.parallel.pipeline_stages)[static_cast<size_t>(dist->pp->rank())];
+  out.model = build_model(cfg, dist, out.stage, device);
+  out.flat = flatten(cfg, dist, batch, out.model, out.stage);
+  if (dist) {
+    out.data_parallel = std::make_unique<DataParallel>(*dist->dp, *out.flat, cfg.parallel,
+                                                       std::vector<Comm*>{dist->tp.get(), dist->pp.get()});
+    out.model->set_parameter_units(out.data_parallel->parameter_units());
+    out.optim = out.data_parallel->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
+  } else {
+    out.optim = std::make_unique<AdamW>(*out.flat, cfg.optimizer, cfg.parallel.offload_optimizer);
+  }
+  if (pp > 1) {
+    const auto& tp = out.model->tensor_parallel();
+    const int64_t t = cfg.data.seq_len / (tp.sequence_parallel ? tp.size : 1);
+    // Tied embeddings: the first and last stages' gradients are summed after backward.
+    Comm* tied = cfg.model.tie_embeddings ? dist->embedding.get() : nullptr;
+    out.pipeline = std::make_unique<Pipeline>(*dist->pp, out.model, cfg.parallel.pipeline_schedule,
+                                              std::vector<int64_t>{batch.micro_batch, t, cfg.model.dim},
+                                              cfg.precision.compute, tied);
+  }
+  return out;
+}
+
+}  // namespace tide

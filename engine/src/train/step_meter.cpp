@@ -1,0 +1,72 @@
+#include "step_meter.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/parallel/comm.h"
+#include "tide/engine/parallel/data_parallel.h"
+#include "tide/engine/parallel/distributed.h"
+#include "tide/engine/parallel/parallelize.h"
+#include "tide/engine/train/flops.h"
+#include "tide/engine/train/runtime.h"
+
+namespace tide {
+
+StepMeter::StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed* dist, c10::Device device,
+                     double peak_flops, spdlog::logger& log)
+    : pm_(pm),
+      dist_(dist),
+      device_(device),
+      compute_(cfg.precision.compute),
+      log_(log),
+      peak_(peak_flops > 0 ? peak_flops : measure_matmul_peak(device.is_cuda() ? "cuda" : "cpu", compute_)),
+      reprobes_left_(peak_flops > 0 ? 0 : 3),
+      flops_per_token_(train_flops_per_token(cfg.model, cfg.data.seq_len)),
+      world_(dist ? dist->world->size() : 1),
+      flat_bytes_(pm.flat->numel() * static_cast<int64_t>(sizeof(float))) {
+  log_.info("matmul peak {:.1f} GFLOP/s; {:.3g} FLOPs per token", peak_ / 1e9, flops_per_token_);
+}
+
+int64_t StepMeter::bytes_sent() const {
+  int64_t total = 0;
+  if (dist_)
+    for (const auto* c : {dist_->dp.get(), dist_->tp.get(), dist_->pp.get(), dist_->embedding.get()})
+      if (c) total += c->bytes_sent();
+  return total;
+}
+
+void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left) {
+  const double dt = std::chrono::duration<double>(Clock::now() - began_).count();
+  ema_step_ = ema_step_ < 0 ? dt : 0.9 * ema_step_ + 0.1 * dt;
+  m.step_seconds = dt;
+  m.tokens_per_second = static_cast<double>(tokens) / dt;
+  m.eta_seconds = ema_step_ * static_cast<double>(steps_left);
+  // Every rank measured the peak of its own share of the machine.
+  m.mfu = m.tokens_per_second * flops_per_token_ / (peak_ * world_);
+  if (m.mfu > 1.0 && reprobes_left_ > 0) {
+    // The model ran faster than the probe did: the machine was busy when it probed.
+    --reprobes_left_;
+    peak_ = std::max(peak_, measure_matmul_peak(device_.is_cuda() ? "cuda" : "cpu", compute_));
+    log_.info("matmul peak re-measured: {:.1f} GFLOP/s", peak_ / 1e9);
+    m.mfu = m.tokens_per_second * flops_per_token_ / (peak_ * world_);
+  }
+  const auto mem = read_memory();
+  m.rss_mb = mem.rss_mb;
+  m.peak_rss_mb = mem.peak_rss_mb;
+  m.peak_gpu_mb = peak_device_mb(device_);
+  const DataParallel* dp = pm_.data_parallel.get();
+  m.param_bytes = dp ? dp->param_bytes() : flat_bytes_;
+  m.grad_bytes = dp ? dp->grad_bytes() : flat_bytes_;
+  m.optimizer_bytes = pm_.optim->state_bytes();
+  if (dp) {
+    m.transient_bytes = dp->peak_transient_bytes();
+    const int64_t sent = bytes_sent();
+    m.comm_bytes = sent - comm_before_;
+    comm_before_ = sent;
+  }
+}
+
+}  // namespace tide

@@ -1,0 +1,95 @@
+#include "train_step.h"
+
+#include <torch/torch.h>
+
+#include "tide/engine/data/token_dataset.h"
+#include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/parallel/comm.h"
+#include "tide/engine/parallel/data_parallel.h"
+#include "tide/engine/parallel/distributed.h"
+#include "tide/engine/parallel/pipeline.h"
+#include "tide/engine/train/evaluate.h"
+
+namespace tide {
+
+TrainStep::TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg, LossTap tap)
+    : pm_(pm),
+      dist_(dist),
+      cfg_(cfg),
+      tap_(tap ? std::move(tap) : [](int64_t, int64_t, const at::Tensor& loss) { return loss; }),
+      batch_(batch_layout(cfg, dist ? dist->world->size() : 1)),
+      dp_rank_(dist ? dist->dp->rank() : 0),
+      overlap_last_backward_(!(pm.pipeline && cfg.model.tie_embeddings)) {}
+
+StepLoss TrainStep::forward_backward(int64_t step, const std::vector<Batch>& batches, double grad_clip) {
+  const auto accum = static_cast<int64_t>(batches.size());
+  auto* dp = pm_.data_parallel.get();
+  if (dp)
+    dp->zero_grad();
+  else
+    pm_.flat->zero_grad();
+  const auto before_backward = [&](int64_t micro) {
+    if (dp) dp->begin_backward(overlap_last_backward_ && micro + 1 == accum);
+  };
+  const auto on_loss = [&](int64_t micro, at::Tensor loss) { return tap_(step, micro, loss); };
+  const double scale = 1.0 / static_cast<double>(accum);
+  double loss_sum = pm_.pipeline ? pm_.pipeline->train(batches, scale, before_backward, on_loss)
+                                 : whole_model(batches, before_backward, on_loss);
+  loss_sum = across_stages(loss_sum);
+  // Every rank gets the same global norm, so clipping and the skip decision agree.
+  StepLoss out;
+  if (dp) {
+    loss_sum = dp->sum(loss_sum) / static_cast<double>(batch_.dp);
+    out.grad_norm = dp->reduce_gradients();
+    if (const double f = clip_factor(out.grad_norm, grad_clip); f != 1.0) dp->scale_gradients(f);
+  } else {
+    out.grad_norm = clip_grad_norm(pm_.flat->grad(), grad_clip);
+  }
+  out.loss = loss_sum / static_cast<double>(accum);
+  return out;
+}
+
+void TrainStep::update(double lr) {
+  pm_.optim->step(lr);
+  if (pm_.data_parallel) pm_.data_parallel->gather_parameters();
+}
+
+double TrainStep::whole_model(const std::vector<Batch>& batches, const std::function<void(int64_t)>& before_backward,
+                              const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
+  double loss_sum = 0;
+  for (size_t micro = 0; micro < batches.size(); ++micro) {
+    const Batch& b = batches[micro];
+    auto loss = with_compute_dtype(cfg_.precision.compute, [&] { return pm_.model->loss(b.tokens, b.targets); });
+    loss = on_loss(static_cast<int64_t>(micro), loss);
+    before_backward(static_cast<int64_t>(micro));
+    (loss / static_cast<double>(batches.size())).backward();
+    loss_sum += loss.item<double>();
+  }
+  return loss_sum;
+}
+
+double TrainStep::across_stages(double x) {
+  if (!pm_.pipeline) return x;
+  auto t = torch::tensor({x}, torch::kFloat64);
+  dist_->pp->all_reduce_sum(t, "loss");
+  return t.item<double>();
+}
+
+double TrainStep::validation_loss(const TokenSplit& split, int64_t batches) {
+  const int64_t seq_len = cfg_.data.seq_len, micro = batch_.micro_batch;
+  double total = 0;
+  if (pm_.pipeline) {
+    pm_.model->eval();
+    total = across_stages(sum_eval_losses([&](const Batch& b) { return pm_.pipeline->forward_loss(b); }, split,
+                                          seq_len, micro, batches, dp_rank_, batch_.dp));
+    pm_.model->train();
+  } else {
+    total = evaluate_loss_sum(pm_.model, split, seq_len, micro, batches, dp_rank_, batch_.dp);
+  }
+  if (pm_.data_parallel) total = pm_.data_parallel->sum(total);
+  return total / static_cast<double>(batches);
+}
+
+}  // namespace tide

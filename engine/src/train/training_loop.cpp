@@ -1,0 +1,323 @@
+#include "training_loop.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/data/token_dataset.h"
+#include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/lr_schedule.h"
+#include "tide/engine/parallel/comm.h"
+#include "tide/engine/parallel/data_parallel.h"
+#include "tide/engine/parallel/distributed.h"
+#include "tide/engine/train/evaluate.h"
+#include "tide/engine/train/run_files.h"
+
+namespace tide {
+namespace {
+using json = nlohmann::json;
+
+// A run rewrites the steps after the one it starts from: drop their old rows. Returns
+// the loss of the last row kept (a run resumed at its end reports it as its final loss).
+std::optional<double> truncate_metrics(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::string kept, line;
+  std::optional<double> last_loss;
+  while (std::getline(in, line)) {
+    const auto j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("step", int64_t{0}) <= last_step) {
+      kept += line + "\n";
+      if (j.contains("loss") && j["loss"].is_number()) last_loss = j["loss"].get<double>();
+    }
+  }
+  in.close();
+  std::ofstream(path, std::ios::trunc) << kept;
+  return last_loss;
+}
+
+// eval.every = 0 means never, the last step included.
+bool evaluation_due(const EvalConfig& e, int64_t steps_done, bool last) {
+  return e.every > 0 && (steps_done % e.every == 0 || last);
+}
+bool checkpoint_due(const CheckpointConfig& c, int64_t steps_done, bool last) {
+  return (c.every > 0 && steps_done % c.every == 0) || last;
+}
+}  // namespace
+
+TrainingLoop::TrainingLoop(Trainer::State& s)
+    : s_(s),
+      cfg_(s.cfg),
+      scheduled_lr_(s.hooks.lr ? s.hooks.lr
+                               : [&cfg = s.cfg](int64_t step) {
+                                   return scheduled_lr(cfg.schedule, cfg.optimizer.lr, step);
+                                 }),
+      step_(s.pm, s.dist, s.cfg, s.hooks.loss_tap),
+      meter_(s.cfg, s.pm, s.dist, s.device, s.hooks.peak_flops, *s.log),
+      judge_(s.cfg.anomaly, s.hooks.anomaly_policy, s.dist ? s.dist->world.get() : nullptr, *s.log) {
+  if (s.hooks.controlled)
+    control_ = std::make_unique<LiveControl>(s.dist ? s.dist->world.get() : nullptr, s.hooks.take_commands,
+                                             s.hooks.on_event, s.batch);
+  const TokenSplit& val = s.data->split("val");
+  can_eval_ = val.size() > cfg_.data.seq_len;
+  result_.unigram_baseline = can_eval_ ? unigram_entropy(val) : 0.0;
+  resume();
+  // Data-parallel ranks read different samples; tensor-parallel ranks and pipeline
+  // stages of one replica read the same.
+  const int64_t micro = s.batch.micro_batch;
+  loader_ = std::make_unique<BatchLoader>(s.data->split("train"), static_cast<uint64_t>(cfg_.seed), micro,
+                                          cfg_.data.seq_len, resumed_.loader_cursor, cfg_.data.prefetch,
+                                          s.dp_rank * micro, s.batch.dp * micro);
+  open_metrics();
+  tokens_seen_ = resumed_.step * cfg_.batch.global_batch * cfg_.data.seq_len;
+  saved_step_ = resumed_.step > 0 ? resumed_.step : -1;
+  watch_checkpoints();
+}
+
+void TrainingLoop::resume() {
+  if (s_.hooks.resume.empty()) return;
+  std::optional<std::string> from = s_.hooks.resume;
+  if (s_.hooks.resume == "auto") from = s_.checkpointer->latest_valid();
+  if (!from) {
+    s_.log->info("no checkpoint to resume from: starting at step 0");
+    return;
+  }
+  resumed_ = s_.checkpointer->load(*from);
+  s_.log->info("resumed from {} at step {}", *from, resumed_.step);
+}
+
+void TrainingLoop::open_metrics() {
+  if (!s_.leader) return;
+  // Rows after the starting step are from an attempt that did not reach a checkpoint
+  // (or from an earlier run in this directory): this run writes those steps anew.
+  const std::string path = (s_.dir / "metrics.jsonl").string();
+  const auto loss = truncate_metrics(path, resumed_.step);
+  if (resumed_.step > 0) {
+    result_.steps = resumed_.step;
+    if (loss) result_.final_loss = *loss;
+  }
+  metrics_ = std::make_unique<JsonlWriter>(path);
+}
+
+void TrainingLoop::watch_checkpoints() {
+  // Every failed save is in the run log when it happens (training goes on); under a
+  // daemon rank 0 also reports each save as an event.
+  decltype(s_.hooks.on_event) emit;
+  if (s_.hooks.controlled && s_.leader) emit = s_.hooks.on_event;
+  s_.checkpointer->on_finished([log = s_.log, emit](int64_t step, const std::string& dir, const std::string& error) {
+    if (!error.empty()) log->error("checkpoint failed: step {}: {}", step, error);
+    if (!emit) return;
+    if (error.empty())
+      emit("checkpoint", {{"step", step}, {"path", dir}});
+    else
+      emit("checkpoint_failed", {{"step", step}, {"error", error}});
+  });
+}
+
+std::vector<Batch> TrainingLoop::next_batches(int64_t n) {
+  std::vector<Batch> out;
+  for (int64_t i = 0; i < n; ++i) {
+    Batch b = loader_->next();
+    if (s_.device.is_cuda()) {
+      b.tokens = b.tokens.to(s_.device, /*non_blocking=*/true);
+      b.targets = b.targets.to(s_.device, /*non_blocking=*/true);
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+TrainResult TrainingLoop::run() {
+  for (int64_t step = resumed_.step; step < cfg_.schedule.steps; ++step) {
+    StepMetrics m;
+    if (control_ && at_boundary(step, m)) return stopped(step);
+    meter_.start_step();
+    const double lr = cfg_.optimizer.lr_scale * scheduled_lr_(step);
+    const auto batches = next_batches(accumulation_steps(cfg_.batch.global_batch, s_.batch));
+    const StepLoss loss = step_.forward_backward(step, batches, cfg_.optimizer.grad_clip);
+    const AnomalyJudge::Verdict verdict = judge_.judge(step + 1, loss.loss, loss.grad_norm);
+    const Anomaly& anomaly = verdict.anomaly;
+    m.skipped = !std::isfinite(loss.grad_norm) || (anomaly && anomaly.action != AnomalyAction::None);
+    if (anomaly) {
+      m.anomaly = anomaly.kind;
+      m.anomaly_action = anomaly_action_name(anomaly.action);
+      if (anomaly.action == AnomalyAction::ScaleLr) s_.cfg.optimizer.lr_scale *= verdict.lr_factor;
+    }
+    if (!m.skipped) step_.update(lr);
+    measure(m, step, loss, lr);
+    if (can_eval_ && evaluation_due(cfg_.eval, m.step, m.step == cfg_.schedule.steps))
+      result_.final_val_loss = m.val_loss = step_.validation_loss(s_.data->split("val"), cfg_.eval.batches);
+    report(m, static_cast<bool>(anomaly));
+    if (anomaly) {
+      const Next next = respond(verdict, m, step);
+      if (next == Next::rolled_back) continue;
+      if (next == Next::stop) {
+        result_.final_loss = m.loss;
+        return stopped(m.step);
+      }
+    }
+    if (checkpoint_due(cfg_.checkpoint, m.step, m.step == cfg_.schedule.steps)) save_checkpoint(m.step);
+    result_.steps = m.step;
+    result_.final_loss = m.loss;
+  }
+  return finish();
+}
+
+bool TrainingLoop::at_boundary(int64_t step, StepMetrics& m) {
+  const BoundaryActions act = control_->at_boundary(step, s_.cfg);
+  apply(act.effects);
+  for (const auto& [field, value] : act.changes) s_.log->info("step {}: {} set to {}", step, field, value);
+  m.changes = act.changes;
+  if ((act.checkpoint || act.stop) && saved_step_ != step) save_checkpoint(step);
+  if (act.stop) s_.log->info("stopped at step {} by request", step);
+  return act.stop;
+}
+
+void TrainingLoop::apply(const std::vector<LiveEffect>& effects) {
+  for (const LiveEffect effect : effects) {
+    switch (effect) {
+      case LiveEffect::Optimizer: s_.pm.optim->config().weight_decay = cfg_.optimizer.weight_decay; break;
+      case LiveEffect::LogLevel: s_.log->set_level(spdlog::level::from_str(cfg_.log_level)); break;
+      case LiveEffect::Anomaly: judge_.set_config(cfg_.anomaly); break;
+      case LiveEffect::None:
+      case LiveEffect::EachStep:
+      case LiveEffect::LrSchedule: break;  // read from the configuration where they are used
+    }
+  }
+}
+
+void TrainingLoop::measure(StepMetrics& m, int64_t step, const StepLoss& loss, double lr) {
+  const int64_t tokens = cfg_.batch.global_batch * cfg_.data.seq_len;
+  meter_.finish_step(m, tokens, cfg_.schedule.steps - step - 1);
+  m.step = step + 1;
+  m.total_steps = cfg_.schedule.steps;
+  m.loss = loss.loss;
+  m.grad_norm = loss.grad_norm;
+  m.lr = lr;
+  tokens_seen_ += tokens;
+  m.tokens_seen = tokens_seen_;
+}
+
+void TrainingLoop::report(const StepMetrics& m, bool anomaly) {
+  if (metrics_) metrics_->write(to_json(m));
+  const bool due = m.step % cfg_.log_every == 0 || m.step == cfg_.schedule.steps || m.val_loss;
+  if (s_.leader && s_.hooks.show_progress && due) progress_.update(m);
+  if (due) s_.log->info("{}", ProgressLine::format(m));
+  if (m.skipped && !anomaly) s_.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
+  if (s_.hooks.on_step) s_.hooks.on_step(m);
+}
+
+TrainingLoop::Next TrainingLoop::respond(const AnomalyJudge::Verdict& v, const StepMetrics& m, int64_t& step) {
+  const Anomaly& anomaly = v.anomaly;
+  json event = {{"step", m.step},         {"kind", anomaly.kind},       {"value", anomaly.value},
+                {"score", anomaly.score}, {"action", m.anomaly_action}, {"by", v.decided_by}};
+  if (anomaly.action == AnomalyAction::ScaleLr) event["lr_factor"] = v.lr_factor;
+  if (!std::isfinite(anomaly.value)) event["value"] = nullptr;
+  std::optional<std::string> from;
+  if (anomaly.action == AnomalyAction::Rollback) {
+    s_.checkpointer->wait();
+    from = s_.checkpointer->latest_valid();
+    if (!from) event["action"] = "skip";  // nothing to roll back to
+  }
+  s_.log->warn("step {}: {} (value {}, score {:.1f}): {}", m.step, anomaly.kind, anomaly.value, anomaly.score,
+               event["action"].get<std::string>());
+  if (from) {
+    const ResumeState back = s_.checkpointer->load(*from);
+    event["to_step"] = back.step;
+    s_.log->warn("rolled back to {} (step {}); the data goes on from where it was", *from, back.step);
+  }
+  const bool emit = s_.leader && s_.hooks.on_event;
+  if (emit) s_.hooks.on_event("anomaly", event);
+  if (from) {
+    const int64_t back_step = event["to_step"].get<int64_t>();
+    tokens_seen_ = back_step * cfg_.batch.global_batch * cfg_.data.seq_len;
+    saved_step_ = back_step;
+    step = back_step - 1;  // the loop's ++ continues at the checkpoint's step
+    return Next::rolled_back;
+  }
+  if (anomaly.action != AnomalyAction::Stop) return Next::step;
+  if (emit) s_.hooks.on_event("stopping", {{"step", m.step}, {"reason", anomaly.kind}});
+  return Next::stop;
+}
+
+void TrainingLoop::save_checkpoint(int64_t steps_done) {
+  const auto before = std::chrono::steady_clock::now();
+  s_.checkpointer->save(steps_done, s_.pm.optim->steps_taken(), loader_->cursor());
+  saved_step_ = steps_done;
+  s_.log->info("checkpoint: step {} held training for {:.3f} s ({})", steps_done,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count(),
+               cfg_.checkpoint.async ? "snapshot to host memory; written in the background" : "written");
+}
+
+TrainResult TrainingLoop::stopped(int64_t steps) {
+  progress_.finish();
+  s_.checkpointer->wait();
+  result_.stopped = true;
+  result_.steps = steps;
+  return result_;
+}
+
+TrainResult TrainingLoop::finish() {
+  progress_.finish();
+  s_.checkpointer->wait();
+  result_.weights_path = (s_.dir / "model.safetensors").string();
+  save_weights(result_.weights_path);
+  if (!s_.leader) return result_;
+  json summary = {{"steps", result_.steps},
+                  {"final_loss", result_.final_loss},
+                  {"unigram_baseline", result_.unigram_baseline},
+                  {"weights", "model.safetensors"}};
+  if (result_.final_val_loss) summary["final_val_loss"] = *result_.final_val_loss;
+  std::ofstream(s_.dir / "summary.json", std::ios::trunc) << summary.dump(2) << "\n";
+  s_.log->info("done: {}", summary.dump());
+  return result_;
+}
+
+// Every rank calls it; the leader writes one process's model.
+void TrainingLoop::save_weights(const std::string& path) {
+  const int pp = s_.dist ? s_.dist->pp->size() : 1;
+  auto save = [&] {
+    if (s_.pm.model->tensor_parallel().size == 1 && pp == 1) {
+      if (s_.leader) save_model(path, s_.pm.model);
+      return;
+    }
+    // The slices of the tensor-parallel ranks joined, the stages' parts sent to the first
+    // stage of the first replica, and one process's model written by the leader.
+    Transformer whole{nullptr};
+    if (s_.leader) whole = Transformer(cfg_.model);
+    auto params = s_.leader ? whole->named_parameters() : torch::OrderedDict<std::string, torch::Tensor>();
+    const bool sender = pp > 1 && !s_.leader && s_.dist->dp->rank() == 0 && s_.dist->tp->rank() == 0;
+    std::vector<std::unique_ptr<PendingCollective>> sends;
+    int tag = 0;
+    s_.pm.model->for_each_whole_parameter([&](const std::string& name, const torch::Tensor& t) {
+      if (!stage_owns(s_.pm.stage, name)) return;
+      if (s_.leader) params[name].copy_(t);
+      if (sender) sends.push_back(s_.dist->pp->send(t.contiguous(), 0, tag++, "weights " + name));
+    });
+    for (auto& w : sends) w->wait();
+    if (!s_.leader) return;
+    if (pp > 1) {
+      torch::NoGradGuard no_grad;
+      const auto stages = partition_stages(cfg_.model, pp, cfg_.data.seq_len, cfg_.parallel.pipeline_stages);
+      for (int st = 1; st < pp; ++st) {
+        int from_tag = 0;
+        for (auto& item : params)
+          if (stage_owns(stages[static_cast<size_t>(st)], item.key()))
+            s_.dist->pp->recv(item.value(), st, from_tag++, "weights " + item.key());
+      }
+    }
+    save_model(path, whole);
+  };
+  if (s_.pm.data_parallel)
+    s_.pm.data_parallel->with_full_parameters(save);
+  else
+    save();
+}
+
+}  // namespace tide
