@@ -20,9 +20,10 @@ StepMeter::StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed*
     : pm_(pm),
       dist_(dist),
       device_(device),
+      device_kind_(device.is_cuda() ? "cuda" : "cpu"),
       compute_(cfg.precision.compute),
       log_(log),
-      peak_(peak_flops > 0 ? peak_flops : measure_matmul_peak(device.is_cuda() ? "cuda" : "cpu", compute_)),
+      peak_(peak_flops > 0 ? peak_flops : measure_matmul_peak(device_kind_, compute_)),
       reprobes_left_(peak_flops > 0 ? 0 : 3),
       flops_per_token_(train_flops_per_token(cfg.model, cfg.data.seq_len)),
       world_(dist ? dist->world->size() : 1),
@@ -49,7 +50,7 @@ void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left) 
   if (m.mfu > 1.0 && reprobes_left_ > 0) {
     // The model ran faster than the probe did: the machine was busy when it probed.
     --reprobes_left_;
-    peak_ = std::max(peak_, measure_matmul_peak(device_.is_cuda() ? "cuda" : "cpu", compute_));
+    peak_ = std::max(peak_, measure_matmul_peak(device_kind_, compute_));
     log_.info("matmul peak re-measured: {:.1f} GFLOP/s", peak_ / 1e9);
     m.mfu = m.tokens_per_second * flops_per_token_ / (peak_ * world_);
   }

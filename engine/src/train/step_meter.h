@@ -37,6 +37,7 @@ class StepMeter {
   const ParallelModel& pm_;
   Distributed* dist_;
   c10::Device device_;
+  const char* device_kind_;  // for the matmul probe
   DType compute_;
   spdlog::logger& log_;
   double peak_;

@@ -14,13 +14,14 @@
 
 namespace tide {
 
-TrainStep::TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg, LossTap tap)
+TrainStep::TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg, const BatchLayout& batch,
+                     int64_t dp_rank, LossTap tap)
     : pm_(pm),
       dist_(dist),
       cfg_(cfg),
       tap_(tap ? std::move(tap) : [](int64_t, int64_t, const at::Tensor& loss) { return loss; }),
-      batch_(batch_layout(cfg, dist ? dist->world->size() : 1)),
-      dp_rank_(dist ? dist->dp->rank() : 0),
+      batch_(batch),
+      dp_rank_(dp_rank),
       overlap_last_backward_(!(pm.pipeline && cfg.model.tie_embeddings)) {}
 
 StepLoss TrainStep::forward_backward(int64_t step, const std::vector<Batch>& batches, double grad_clip) {

@@ -23,8 +23,10 @@ struct StepLoss {
 
 class TrainStep {
  public:
-  // `tap` may be empty (every loss as computed).
-  TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg, LossTap tap);
+  // `batch` and `dp_rank`: this rank's place in the job's batch layout. `tap` may be
+  // empty (every loss as computed).
+  TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg, const BatchLayout& batch, int64_t dp_rank,
+            LossTap tap);
 
   // Forward and backward of `batches` (this rank's micro-batches of 0-based step `step`),
   // gradients reduced and clipped to grad_clip (0: not clipped).

@@ -58,7 +58,7 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
                                : [&cfg = s.cfg](int64_t step) {
                                    return scheduled_lr(cfg.schedule, cfg.optimizer.lr, step);
                                  }),
-      step_(s.pm, s.dist, s.cfg, s.hooks.loss_tap),
+      step_(s.pm, s.dist, s.cfg, s.batch, s.dp_rank, s.hooks.loss_tap),
       meter_(s.cfg, s.pm, s.dist, s.device, s.hooks.peak_flops, *s.log),
       judge_(s.cfg.anomaly, s.hooks.anomaly_policy, s.dist ? s.dist->world.get() : nullptr, *s.log) {
   if (s.hooks.controlled)
@@ -75,7 +75,7 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
                                           cfg_.data.seq_len, resumed_.loader_cursor, cfg_.data.prefetch,
                                           s.dp_rank * micro, s.batch.dp * micro);
   open_metrics();
-  tokens_seen_ = resumed_.step * cfg_.batch.global_batch * cfg_.data.seq_len;
+  tokens_seen_ = resumed_.step * tokens_per_step();
   saved_step_ = resumed_.step > 0 ? resumed_.step : -1;
   watch_checkpoints();
 }
@@ -193,7 +193,7 @@ void TrainingLoop::apply(const std::vector<LiveEffect>& effects) {
 }
 
 void TrainingLoop::measure(StepMetrics& m, int64_t step, const StepLoss& loss, double lr) {
-  const int64_t tokens = cfg_.batch.global_batch * cfg_.data.seq_len;
+  const int64_t tokens = tokens_per_step();
   meter_.finish_step(m, tokens, cfg_.schedule.steps - step - 1);
   m.step = step + 1;
   m.total_steps = cfg_.schedule.steps;
@@ -236,7 +236,7 @@ TrainingLoop::Next TrainingLoop::respond(const AnomalyJudge::Verdict& v, const S
   if (emit) s_.hooks.on_event("anomaly", event);
   if (from) {
     const int64_t back_step = event["to_step"].get<int64_t>();
-    tokens_seen_ = back_step * cfg_.batch.global_batch * cfg_.data.seq_len;
+    tokens_seen_ = back_step * tokens_per_step();
     saved_step_ = back_step;
     step = back_step - 1;  // the loop's ++ continues at the checkpoint's step
     return Next::rolled_back;

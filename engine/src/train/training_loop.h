@@ -27,6 +27,8 @@ class TrainingLoop {
  private:
   enum class Next { step, rolled_back, stop };
 
+  // All ranks' tokens in a step; the batch size may change live.
+  int64_t tokens_per_step() const { return cfg_.batch.global_batch * cfg_.data.seq_len; }
   void resume();
   void open_metrics();
   void watch_checkpoints();
