@@ -37,8 +37,8 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
 };
 }  // namespace
 
-NormImpl::NormImpl(NormKind kind, int64_t dim, double eps, Comm* sequence_parallel)
-    : kind_(kind), dim_(dim), eps_(eps), sequence_parallel_(sequence_parallel) {
+NormImpl::NormImpl(NormKind kind, int64_t dim, double eps, std::shared_ptr<TensorParallelGroup> sequence_parallel)
+    : kind_(kind), dim_(dim), eps_(eps), sequence_parallel_(std::move(sequence_parallel)) {
   weight = register_parameter("weight", torch::ones({dim}));
   if (kind == NormKind::LayerNorm) bias = register_parameter("bias", torch::zeros({dim}));
 }
@@ -51,9 +51,9 @@ void NormImpl::reset_parameters() {
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   // Each rank saw part of the sequence: the weights' gradients are summed over ranks.
-  const auto w = sequence_parallel_ ? copy_to_tp(weight, *sequence_parallel_) : weight;
+  const auto w = sequence_parallel_ ? sequence_parallel_->copy_to(weight) : weight;
   if (kind_ == NormKind::LayerNorm) {
-    const auto b = sequence_parallel_ && bias.defined() ? copy_to_tp(bias, *sequence_parallel_) : bias;
+    const auto b = sequence_parallel_ && bias.defined() ? sequence_parallel_->copy_to(bias) : bias;
     return torch::layer_norm(x, {dim_}, w, b, eps_);
   }
   // RMSNorm: x / sqrt(mean(x^2) + eps) * w, statistics in fp32 (or fp64 for fp64 x).
@@ -78,30 +78,30 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
 
 // Into a column-parallel layer: the whole sequence on every rank.
 torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallel& tp) {
-  if (!tp.comm) return x;
-  return tp.sequence_parallel ? gather_sequence(x, *tp.comm) : copy_to_tp(x, *tp.comm);
+  if (!tp.group) return x;
+  return tp.sequence_parallel ? tp.group->gather_sequence(x) : tp.group->copy_to(x);
 }
 
 // A row-parallel layer: the partial sums added over ranks (and with sequence
 // parallelism each rank keeps its part of the sequence), then the bias, once.
 torch::Tensor leave_tp(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                        const TensorParallel& tp) {
-  if (!tp.comm) return torch::linear(x, weight, bias);
+  if (!tp.group) return torch::linear(x, weight, bias);
   const auto y = torch::linear(x, weight);
-  auto out = tp.sequence_parallel ? reduce_scatter_sequence(y, *tp.comm) : reduce_from_tp(y, *tp.comm);
+  auto out = tp.sequence_parallel ? tp.group->reduce_scatter_sequence(y) : tp.group->reduce_from(y);
   if (!bias.defined()) return out;
-  return out + (tp.sequence_parallel ? copy_to_tp(bias, *tp.comm) : bias);
+  return out + (tp.sequence_parallel ? tp.group->copy_to(bias) : bias);
 }
 }  // namespace
 
 AttentionImpl::AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp) : cfg_(cfg), tp_(tp) {
   const int64_t d = cfg.dim, hd = head_dim(cfg), kv = resolved_kv_heads(cfg);
-  heads_ = cfg.n_heads / tp.size;
-  if (kv % tp.size == 0) {
-    kv_heads_ = kv / tp.size;
+  heads_ = cfg.n_heads / tp.size();
+  if (kv % tp.size() == 0) {
+    kv_heads_ = kv / tp.size();
   } else {  // fewer key/value heads than ranks: held whole, one head used here
     kv_heads_ = 1;
-    kv_first_ = tp.rank * heads_ / (cfg.n_heads / kv);
+    kv_first_ = tp.rank() * heads_ / (cfg.n_heads / kv);
   }
   const int64_t local = heads_ * hd;
   if (cfg.family == Family::BLOOM) {
@@ -134,9 +134,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
       // Every rank holds the key/value projections whole and uses one head's rows; the
       // gradients of the rows are summed over the ranks that used them.
       auto project = [&](const torch::nn::Linear& proj) {
-        const auto w = copy_to_tp(proj->weight, *tp_.comm).narrow(0, kv_first_ * hd, hd);
+        const auto w = tp_.group->copy_to(proj->weight).narrow(0, kv_first_ * hd, hd);
         const auto bias_rows =
-            proj->bias.defined() ? copy_to_tp(proj->bias, *tp_.comm).narrow(0, kv_first_ * hd, hd) : torch::Tensor();
+            proj->bias.defined() ? tp_.group->copy_to(proj->bias).narrow(0, kv_first_ * hd, hd) : torch::Tensor();
         return torch::linear(x, w, bias_rows).view({b, t, 1, hd}).transpose(1, 2);
       };
       k = project(k_proj);
@@ -167,7 +167,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
 }
 
 MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.mlp), tp_(tp) {
-  const int64_t d = cfg.dim, f = resolved_ffn_dim(cfg) / tp.size;
+  const int64_t d = cfg.dim, f = resolved_ffn_dim(cfg) / tp.size();
   const bool bloom_names = cfg.family == Family::BLOOM && cfg.mlp == MlpKind::GELU;
   if (kind_ == MlpKind::SwiGLU) gate = register_module("gate_proj", linear(d, f, cfg.mlp_bias));
   up = register_module(bloom_names ? "dense_h_to_4h" : "up_proj", linear(d, f, cfg.mlp_bias));
@@ -181,7 +181,7 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x_in) {
 }
 
 BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {
-  Comm* sp = tp.sequence_parallel ? tp.comm : nullptr;
+  const auto sp = tp.sequence_parallel ? tp.group : nullptr;
   input_norm = register_module("input_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
   attention = register_module(cfg.family == Family::BLOOM ? "self_attention" : "self_attn", Attention(cfg, tp));
   post_attention_norm = register_module("post_attention_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));

@@ -9,7 +9,6 @@
 
 #include "tide/engine/model/linear_cross_entropy.h"
 #include "tide/engine/model/parameter_units.h"
-#include "tide/engine/parallel/comm.h"
 #include "tide/engine/run_layout.h"
 #include "recompute.h"
 
@@ -42,15 +41,15 @@ std::shared_ptr<torch::nn::Module> holder_of(const std::string& name, torch::Ten
 
 TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, PipelineStage stage)
     : cfg_(cfg), tp_(tp), stage_(stage) {
-  if (!tp_.comm) tp_ = TensorParallel{};
+  if (!tp_.group) tp_ = TensorParallel{};
   if (stage_.end_block < 0) stage_.end_block = cfg.n_layers;
   TORCH_CHECK(0 <= stage_.first_block && stage_.first_block <= stage_.end_block && stage_.end_block <= cfg.n_layers,
               "pipeline stage blocks [", stage_.first_block, ", ", stage_.end_block, ") outside the model's ",
               cfg.n_layers);
-  check_tensor_parallel(cfg, tp_.size, false, 0);
-  vocab_local_ = padded_vocab(cfg.vocab_size, tp_.size) / tp_.size;
-  vocab_first_ = tp_.rank * vocab_local_;
-  Comm* sp = tp_.sequence_parallel ? tp_.comm : nullptr;
+  check_tensor_parallel(cfg, tp_.size(), false, 0);
+  vocab_local_ = padded_vocab(cfg.vocab_size, tp_.size()) / tp_.size();
+  vocab_first_ = tp_.rank() * vocab_local_;
+  const auto sp = tp_.sequence_parallel ? tp_.group : nullptr;
   const bool bloom = cfg.family == Family::BLOOM;
   auto backbone = std::make_shared<torch::nn::Module>();
   // The last stage's copy of tied embeddings has the first stage's name (and values).
@@ -86,8 +85,8 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
         torch::pow(cfg.rope_theta, torch::arange(0, hd, 2, torch::kFloat64) / static_cast<double>(hd)).reciprocal();
   } else if (cfg.positions == PositionKind::ALiBi) {
     const auto s = alibi_slopes(cfg.n_heads);
-    const int64_t heads = cfg.n_heads / tp_.size;  // this rank's heads
-    alibi_slopes_ = torch::tensor(s, torch::kFloat64).narrow(0, tp_.rank * heads, heads).to(torch::kFloat32);
+    const int64_t heads = cfg.n_heads / tp_.size();  // this rank's heads
+    alibi_slopes_ = torch::tensor(s, torch::kFloat64).narrow(0, tp_.rank() * heads, heads).to(torch::kFloat32);
   }
   reset_parameters(0);
 }
@@ -100,17 +99,17 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 TpSlice TransformerImpl::tp_slice(const std::string& name) const {
   TpSlice out;
-  if (tp_.size == 1) return out;
+  if (tp_.size() == 1) return out;
   if (ends_with(name, "embed_tokens.weight") || ends_with(name, "word_embeddings.weight") || name == "lm_head.weight")
-    return {0, vocab_first_, vocab_local_, vocab_local_ * tp_.size, cfg_.vocab_size};
+    return {0, vocab_first_, vocab_local_, vocab_local_ * tp_.size(), cfg_.vocab_size};
   auto split = [&](int dim) {
     const auto params = named_parameters(true);
     const auto* p = params.find(name);
     TORCH_CHECK(p, "no parameter ", name);
     const int64_t n = p->size(dim);
-    return TpSlice{dim, tp_.rank * n, n, n * tp_.size, n * tp_.size};
+    return TpSlice{dim, tp_.rank() * n, n, n * tp_.size(), n * tp_.size()};
   };
-  const bool kv_split = resolved_kv_heads(cfg_) % tp_.size == 0;
+  const bool kv_split = resolved_kv_heads(cfg_) % tp_.size() == 0;
   for (const char* column : {".q_proj.", ".gate_proj.", ".up_proj.", ".dense_h_to_4h.", ".query_key_value."})
     if (name.find(column) != std::string::npos) return split(0);
   if (kv_split && (name.find(".k_proj.") != std::string::npos || name.find(".v_proj.") != std::string::npos))
@@ -129,10 +128,9 @@ void TransformerImpl::for_each_whole_parameter(
       fn(item.key(), item.value());
       continue;
     }
-    const auto local = item.value().contiguous();
-    auto all = torch::empty({local.numel() * tp_.size}, local.options());
-    tp_.comm->all_gather(local.view({-1}), all, "whole parameter " + item.key());
-    std::vector<int64_t> shape{tp_.size};
+    const auto local = item.value();
+    const auto all = tp_.group->all_gather(local, "whole parameter " + item.key());
+    std::vector<int64_t> shape{tp_.size()};
     for (const auto d : local.sizes()) shape.push_back(d);
     auto whole = torch::cat(all.view(shape).unbind(0), slice.dim);
     if (slice.valid < slice.whole) whole = whole.narrow(slice.dim, 0, slice.valid);
@@ -201,22 +199,22 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {
   if (units_) units_->before_forward(0);
   torch::Tensor x;  // [B, T, D], or [B, T / tp, D] with sequence parallelism
   int64_t first_position = 0;
-  if (tp_.size > 1) {
+  if (tp_.size() > 1) {
     // Each rank looks up the tokens of its vocabulary slice; the sum over ranks has them all.
     const auto local = tokens - vocab_first_;
     const auto outside = local.lt(0).logical_or_(local.ge(vocab_local_));
     x = torch::embedding(tok_embeddings, local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
     if (tp_.sequence_parallel) {
-      x = reduce_scatter_sequence(x, *tp_.comm);
-      first_position = tp_.rank * x.size(1);
+      x = tp_.group->reduce_scatter_sequence(x);
+      first_position = tp_.rank() * x.size(1);
     } else {
-      x = reduce_from_tp(x, *tp_.comm);
+      x = tp_.group->reduce_from(x);
     }
   } else {
     x = torch::embedding(tok_embeddings, tokens);
   }
   if (pos_embeddings.defined()) {
-    const auto table = tp_.sequence_parallel ? copy_to_tp(pos_embeddings, *tp_.comm) : pos_embeddings;
+    const auto table = tp_.sequence_parallel ? tp_.group->copy_to(pos_embeddings) : pos_embeddings;
     x = x + table.narrow(0, first_position, x.size(1));
   }
   if (embedding_norm) x = embedding_norm(x);
@@ -226,7 +224,7 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {
 
 torch::Tensor TransformerImpl::run_blocks(torch::Tensor x) {
   // Attention sees the whole sequence, also when the residual stream is split.
-  const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size : 1);
+  const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
   const auto bias = attention_bias(t, x.options());
   torch::Tensor cos, sin;
   if (rope_inv_freq_.defined()) {
@@ -275,7 +273,7 @@ torch::Tensor TransformerImpl::stage_forward(const torch::Tensor& input, const t
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
-  TORCH_CHECK(tp_.size == 1, "whole logits are not computed under tensor parallelism; use loss()");
+  TORCH_CHECK(tp_.size() == 1, "whole logits are not computed under tensor parallelism; use loss()");
   auto logits = torch::matmul(hidden(tokens), output_weight().t());  // [B, T, V]
   if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
   return logits;
@@ -287,12 +285,12 @@ torch::Tensor TransformerImpl::loss(const torch::Tensor& tokens, const torch::Te
 
 torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Tensor& targets) {
   torch::Tensor loss;
-  if (tp_.size > 1) {
+  if (tp_.size() > 1) {
     // Logits of this rank's vocabulary slice for every position; the softmax spans ranks.
-    const auto whole = tp_.sequence_parallel ? gather_sequence(h, *tp_.comm) : copy_to_tp(h, *tp_.comm);
+    const auto whole = tp_.sequence_parallel ? tp_.group->gather_sequence(h) : tp_.group->copy_to(h);
     const auto logits = torch::matmul(whole.reshape({-1, cfg_.dim}), output_weight().t());
     const int64_t valid = std::clamp<int64_t>(cfg_.vocab_size - vocab_first_, 0, vocab_local_);
-    loss = vocab_parallel_cross_entropy(logits, targets.reshape({-1}), vocab_first_, valid, *tp_.comm);
+    loss = tp_.group->vocab_parallel_cross_entropy(logits, targets.reshape({-1}), vocab_first_, valid);
   } else {
     loss = linear_cross_entropy(h.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}));
   }

@@ -10,6 +10,7 @@
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/pipeline.h"
+#include "tensor_parallel_group.h"
 
 namespace tide {
 
@@ -25,7 +26,7 @@ namespace {
 Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineStage& stage, c10::Device device) {
   TensorParallel tp;
   if (dist && dist->tp->size() > 1)
-    tp = TensorParallel{dist->tp.get(), dist->tp->rank(), dist->tp->size(), cfg.parallel.sequence_parallel};
+    tp = TensorParallel{tensor_parallel_group(*dist->tp), cfg.parallel.sequence_parallel};
   Transformer model(cfg.model, tp, stage);
   // Initialised on the host (the same values as a CPU run), then moved: the flat buffers
   // are allocated where the parameters live.
@@ -43,7 +44,7 @@ std::unique_ptr<FlatParameters> flatten(const RunConfig& cfg, Distributed* dist,
   FlatParameters::Options layout;
   layout.unit_of = block_unit;
   if (dist) layout = DataParallel::flat_options(cfg.parallel, static_cast<int>(batch.dp));
-  layout.counted = [m = model.get(), rank = model->tensor_parallel().rank, stage](const std::string& name) {
+  layout.counted = [m = model.get(), rank = model->tensor_parallel().rank(), stage](const std::string& name) {
     return stage_owns(stage, name) && (rank == 0 || m->tp_slice(name).dim >= 0);
   };
   return std::make_unique<FlatParameters>(*model, cfg.optimizer, layout);
@@ -68,7 +69,7 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   }
   if (pp > 1) {
     const auto& tp = out.model->tensor_parallel();
-    const int64_t t = cfg.data.seq_len / (tp.sequence_parallel ? tp.size : 1);
+    const int64_t t = cfg.data.seq_len / (tp.sequence_parallel ? tp.size() : 1);
     // Tied embeddings: the first and last stages' gradients are summed after backward.
     Comm* tied = cfg.model.tie_embeddings ? dist->embedding.get() : nullptr;
     out.pipeline = std::make_unique<Pipeline>(*dist->pp, out.model, cfg.parallel.pipeline_schedule,

@@ -283,7 +283,7 @@ TrainResult TrainingLoop::finish() {
 void TrainingLoop::save_weights(const std::string& path) {
   const int pp = s_.dist ? s_.dist->pp->size() : 1;
   auto save = [&] {
-    if (s_.pm.model->tensor_parallel().size == 1 && pp == 1) {
+    if (s_.pm.model->tensor_parallel().size() == 1 && pp == 1) {
       if (s_.leader) save_model(path, s_.pm.model);
       return;
     }

@@ -1,46 +1,59 @@
-// Megatron-style tensor parallelism: this rank's share of the model, and the autograd
-// functions that join the shares. Column-parallel linears split their output features
-// (attention heads, MLP hidden units), row-parallel ones their input features; a pair
-// needs one all-reduce forward and one backward. With sequence parallelism the
-// activations between the pairs (norms, dropout, residuals) are split along the
-// sequence instead of replicated, and the all-reduces become all-gathers and
+// Megatron-style tensor parallelism as the model sees it: this rank's share of the
+// model, and the operations that join the shares. Column-parallel linears split their
+// output features (attention heads, MLP hidden units), row-parallel ones their input
+// features; a pair needs one all-reduce forward and one backward. With sequence
+// parallelism the activations between the pairs (norms, dropout, residuals) are split
+// along the sequence instead of replicated, and the all-reduces become all-gathers and
 // reduce-scatters of the same volume.
+//
+// The model is written against TensorParallelGroup only. The parallelize step
+// (parallel/parallelize.h) implements it over the tensor-parallel process group and
+// hands it to the model, so nothing in model/ knows how the shares travel.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 
-#include "tide/engine/config.h"
-
 namespace tide {
 
-class Comm;
+class TensorParallelGroup {
+ public:
+  virtual ~TensorParallelGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Forward identity, backward all-reduce (Megatron's f): before a column-parallel
+  // layer, and on a weight every rank holds whole but uses only partly.
+  virtual at::Tensor copy_to(const at::Tensor& x) = 0;
+  // Forward all-reduce, backward identity (Megatron's g): after a row-parallel layer.
+  virtual at::Tensor reduce_from(const at::Tensor& x) = 0;
+  // [B, T / tp, ...] → [B, T, ...]; backward reduce-scatters (sequence parallelism).
+  virtual at::Tensor gather_sequence(const at::Tensor& x) = 0;
+  // [B, T, ...] partial sums → [B, T / tp, ...] summed; backward all-gathers.
+  virtual at::Tensor reduce_scatter_sequence(const at::Tensor& x) = 0;
+  // Mean cross-entropy over rows of logits split by vocabulary: `logits` [N, V / tp] are
+  // this rank's columns [first, first + V / tp) of which the first `valid` are real
+  // (padding follows); targets [N] int64 in the whole vocabulary.
+  virtual at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
+                                                  int64_t first, int64_t valid) = 0;
+  // No autograd: every rank's `local` (n elements), rank j's at chunk j of the
+  // size() * n result. `what` names the tensor in errors.
+  virtual at::Tensor all_gather(const at::Tensor& local, const std::string& what) = 0;
+};
 
 struct TensorParallel {
-  Comm* comm = nullptr;  // null: no tensor parallelism
-  int rank = 0, size = 1;
+  std::shared_ptr<TensorParallelGroup> group;  // null: no tensor parallelism
   bool sequence_parallel = false;
+
+  int rank() const { return group ? group->rank() : 0; }
+  int size() const { return group ? group->size() : 1; }
 };
 
 // The vocabulary rounded up to a multiple of tp (each rank holds an equal slice; the
 // padded rows are never looked up and their logits are masked out).
-int64_t padded_vocab(int64_t vocab, int64_t tp);
-
-// Forward identity, backward all-reduce (Megatron's f): before a column-parallel layer,
-// and on a weight every rank holds whole but uses only partly.
-at::Tensor copy_to_tp(const at::Tensor& x, Comm& tp);
-// Forward all-reduce, backward identity (Megatron's g): after a row-parallel layer.
-at::Tensor reduce_from_tp(const at::Tensor& x, Comm& tp);
-// [B, T / tp, ...] → [B, T, ...]; backward reduce-scatters (sequence parallelism).
-at::Tensor gather_sequence(const at::Tensor& x, Comm& tp);
-// [B, T, ...] partial sums → [B, T / tp, ...] summed; backward all-gathers.
-at::Tensor reduce_scatter_sequence(const at::Tensor& x, Comm& tp);
-
-// Mean cross-entropy over rows of logits split by vocabulary: `logits` [N, V / tp] are
-// this rank's columns [first, first + V / tp) of which the first `valid` are real
-// (padding follows); targets [N] int64 in the whole vocabulary.
-at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t first,
-                                        int64_t valid, Comm& tp);
+inline int64_t padded_vocab(int64_t vocab, int64_t tp) { return (vocab + tp - 1) / tp * tp; }
 
 }  // namespace tide

@@ -27,7 +27,7 @@ class ParameterUnits;
 // weight's gradient is summed over the tensor-parallel group.
 class NormImpl : public torch::nn::Module {
  public:
-  NormImpl(NormKind kind, int64_t dim, double eps, Comm* sequence_parallel = nullptr);
+  NormImpl(NormKind kind, int64_t dim, double eps, std::shared_ptr<TensorParallelGroup> sequence_parallel = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
   void reset_parameters();
 
@@ -37,7 +37,7 @@ class NormImpl : public torch::nn::Module {
   NormKind kind_;
   int64_t dim_;
   double eps_;
-  Comm* sequence_parallel_;
+  std::shared_ptr<TensorParallelGroup> sequence_parallel_;
 };
 TORCH_MODULE(Norm);
 
@@ -147,7 +147,6 @@ class TransformerImpl : public torch::nn::Module {
   torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options);
 
  private:
-
   torch::Tensor embed(const torch::Tensor& tokens);
   torch::Tensor run_blocks(torch::Tensor x);
   torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);

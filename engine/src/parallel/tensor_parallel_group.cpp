@@ -1,17 +1,12 @@
-#include "tide/engine/model/tensor_parallel.h"
+#include "tensor_parallel_group.h"
 
 #include <limits>
 
-#include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "tide/engine/config_schema.h"
 #include "tide/engine/parallel/comm.h"
 
 namespace tide {
-
-int64_t padded_vocab(int64_t vocab, int64_t tp) { return (vocab + tp - 1) / tp * tp; }
-
 namespace {
 Comm& comm_of(torch::autograd::AutogradContext* ctx) {
   return *reinterpret_cast<Comm*>(ctx->saved_data["comm"].toInt());
@@ -130,17 +125,36 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     return {grad.to(dtype), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
+
+class CommTensorParallelGroup : public TensorParallelGroup {
+ public:
+  explicit CommTensorParallelGroup(Comm& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  at::Tensor copy_to(const at::Tensor& x) override { return CopyToTp::apply(x, address(comm_)); }
+  at::Tensor reduce_from(const at::Tensor& x) override { return ReduceFromTp::apply(x, address(comm_)); }
+  at::Tensor gather_sequence(const at::Tensor& x) override { return GatherSequence::apply(x, address(comm_)); }
+  at::Tensor reduce_scatter_sequence(const at::Tensor& x) override {
+    return ReduceScatterSequence::apply(x, address(comm_));
+  }
+  at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t first,
+                                          int64_t valid) override {
+    return VocabParallelCrossEntropy::apply(logits, targets, first, valid, address(comm_));
+  }
+  at::Tensor all_gather(const at::Tensor& local, const std::string& what) override {
+    const auto in = local.contiguous().view({-1});
+    auto all = torch::empty({in.numel() * comm_.size()}, in.options());
+    comm_.all_gather(in, all, what);
+    return all;
+  }
+
+ private:
+  Comm& comm_;
+};
 }  // namespace
 
-at::Tensor copy_to_tp(const at::Tensor& x, Comm& tp) { return CopyToTp::apply(x, address(tp)); }
-at::Tensor reduce_from_tp(const at::Tensor& x, Comm& tp) { return ReduceFromTp::apply(x, address(tp)); }
-at::Tensor gather_sequence(const at::Tensor& x, Comm& tp) { return GatherSequence::apply(x, address(tp)); }
-at::Tensor reduce_scatter_sequence(const at::Tensor& x, Comm& tp) {
-  return ReduceScatterSequence::apply(x, address(tp));
-}
-at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t first,
-                                        int64_t valid, Comm& tp) {
-  return VocabParallelCrossEntropy::apply(logits, targets, first, valid, address(tp));
+std::shared_ptr<TensorParallelGroup> tensor_parallel_group(Comm& comm) {
+  return std::make_shared<CommTensorParallelGroup>(comm);
 }
 
 }  // namespace tide
