@@ -10,7 +10,6 @@
 #include <tuple>
 
 #include <fmt/format.h>
-#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 #include <zmq_addon.hpp>
 
@@ -18,10 +17,7 @@
 
 namespace tide::ipc {
 namespace fs = std::filesystem;
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+using json = nlohmann::json;
 
 namespace {
 constexpr auto kTick = std::chrono::milliseconds(50);
@@ -71,8 +67,9 @@ void Controller::Impl::bind_endpoints() {
         "an allowlist of client keys (--clients {}) needs this daemon's CURVE key (--curve-key)", opt.allowlist_file));
   }
   // Options apply to the binds that follow them: local endpoints first, without CURVE.
-  for (auto [socket, endpoints, bound] : {std::tuple{&commands, &opt.command_endpoints, &command_eps},
-                                          std::tuple{&events, &opt.event_endpoints, &event_eps}}) {
+  for (auto [socket, endpoints, bound] :
+       {std::tuple{&commands, &opt.command_endpoints, &service.command_endpoints},
+        std::tuple{&bus->socket(), &opt.event_endpoints, &service.event_endpoints}}) {
     for (const auto& ep : *endpoints)
       if (!is_tcp(ep)) bind_one(*socket, ep, curve.has_value(), *bound);
     if (curve) {
@@ -145,34 +142,28 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
     if (state_lock >= 0) ::close(state_lock);
     throw std::runtime_error(fmt::format("another controller (tided or an embedded engine) serves {}", opt.state_dir));
   }
-  epoch = fmt::format("{}-{}", static_cast<int64_t>(unix_now()), ::getpid());
-  registry = std::make_unique<RunRegistry>(opt.state_dir);
-  // Runs that had workers when the last controller ended: queued again, to resume.
-  for (auto* r : registry->all()) {
-    if (has_workers(r->state)) {
-      spdlog::info("run {} was {} when the controller last ended: queued to resume from its latest checkpoint",
-                   r->id, state_name(r->state));
-      r->state = RunState::queued;
-      r->resume = true;
-      registry->save(*r);
-    }
-  }
-  for (auto* s : {&commands, &workers}) {
-    s->set(zmq::sockopt::maxmsgsize, kTransportLimit);
-    s->set(zmq::sockopt::linger, 0);
-    s->set(zmq::sockopt::router_mandatory, false);
-  }
-  events.set(zmq::sockopt::linger, 0);
-  // Every subscription reaches us (for the snapshot), and a subscriber that does not
-  // read loses messages beyond this many instead of slowing anything down.
-  events.set(zmq::sockopt::xpub_verbose, 1);
-  events.set(zmq::sockopt::sndhwm, 10000);
+  evaluator = std::make_unique<RecipeEvaluator>();
+  bus = std::make_unique<EventBus>(ctx, fmt::format("{}-{}", static_cast<int64_t>(unix_now()), ::getpid()));
+  runs = std::make_unique<RunBook>(opt.state_dir, *bus);
+  policies = std::make_unique<PolicyHost>(*runs, *bus, *evaluator,
+                                          [this](RunRecord& r, const json& command, const std::string& id) {
+                                            requests->apply(r, command, id);
+                                          });
+  runs->on_finished([this](const std::string& run) { policies->forget(run); });
+  for (auto* r : runs->registry().all())
+    if (!is_finished(r->state)) policies->load(*r);
+  supervisor = std::make_unique<Supervisor>(opt, ctx, *runs, *policies, *bus);
+  exports = std::make_unique<Exports>(opt, *runs, *bus);
+  commands.set(zmq::sockopt::maxmsgsize, kTransportLimit);
+  commands.set(zmq::sockopt::linger, 0);
+  commands.set(zmq::sockopt::router_mandatory, false);
   bind_endpoints();
-  worker_ep = "ipc://" + (fs::absolute(opt.state_dir) / "workers.sock").string();
-  workers.bind(worker_ep);
+  if (curve) service.curve_public_key = curve->public_key;
+  requests = std::make_unique<Requests>(opt, service, *runs, *supervisor, *policies, *exports, *bus, *evaluator,
+                                        stopping);
   std::ofstream(fs::path(opt.state_dir) / "endpoints.json", std::ios::trunc)
-      << json{{"commands", command_eps},
-              {"events", event_eps},
+      << json{{"commands", service.command_endpoints},
+              {"events", service.event_endpoints},
               {"pid", ::getpid()},
               {"curve_public_key", curve ? json(curve->public_key) : json(nullptr)}}
              .dump(2)
@@ -183,11 +174,19 @@ Controller::Controller(ControllerOptions options) : impl_(std::make_unique<Impl>
 Controller::~Controller() = default;
 
 Controller::Impl::~Impl() {
+  // The parts go first (their sockets close); the lock last.
+  requests.reset();
+  exports.reset();
+  supervisor.reset();
+  policies.reset();
+  runs.reset();
+  bus.reset();
+  evaluator.reset();
   if (state_lock >= 0) ::close(state_lock);
 }
 
-std::vector<std::string> Controller::command_endpoints() const { return impl_->command_eps; }
-std::vector<std::string> Controller::event_endpoints() const { return impl_->event_eps; }
+std::vector<std::string> Controller::command_endpoints() const { return impl_->service.command_endpoints; }
+std::vector<std::string> Controller::event_endpoints() const { return impl_->service.event_endpoints; }
 void Controller::stop() {
   // A second stop (a second SIGTERM or Ctrl-C) does not wait for the runs' checkpoints.
   if (impl_->stopping.exchange(true)) impl_->hurry = true;
@@ -196,34 +195,60 @@ void Controller::stop() {
 void Controller::run() {
   auto& m = *impl_;
   spdlog::info("controller serving commands on {} and events on {}; {} cpu slots; gpus: {}",
-               fmt::join(m.command_eps, ", "), fmt::join(m.event_eps, ", "), m.opt.cpu_slots,
-               m.opt.gpus.empty() ? "none" : fmt::format("{}", fmt::join(m.opt.gpus, ",")));
-  while (!m.stopping) {
-    zmq::pollitem_t items[] = {{m.commands.handle(), 0, ZMQ_POLLIN, 0},
-                               {m.events.handle(), 0, ZMQ_POLLIN, 0},
-                               {m.workers.handle(), 0, ZMQ_POLLIN, 0},
-                               {m.zap.handle(), 0, ZMQ_POLLIN, 0}};
-    try {
-      zmq::poll(items, m.curve ? 4 : 3, kTick);
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      throw;
-    }
-    // Nothing a client or a worker sends may take the controller down: every handler
-    // turns its failures into replies or log lines.
-    try {
-      if (m.curve && (items[3].revents & ZMQ_POLLIN)) m.serve_zap();
-      if (items[2].revents & ZMQ_POLLIN) m.serve_workers();
-      if (items[0].revents & ZMQ_POLLIN) m.serve_commands();
-      if (items[1].revents & ZMQ_POLLIN) m.serve_subscriptions();
-      m.supervise();
-      m.watch_exports();
-      m.schedule();
-    } catch (const std::exception& e) {
-      spdlog::error("controller: {}", e.what());
-    }
-  }
+               fmt::join(m.service.command_endpoints, ", "), fmt::join(m.service.event_endpoints, ", "),
+               m.opt.cpu_slots, m.opt.gpus.empty() ? "none" : fmt::format("{}", fmt::join(m.opt.gpus, ",")));
+  while (!m.stopping) m.tick();
   m.shutdown();
+}
+
+void Controller::Impl::tick() {
+  zmq::pollitem_t items[] = {{commands.handle(), 0, ZMQ_POLLIN, 0},
+                             {bus->socket().handle(), 0, ZMQ_POLLIN, 0},
+                             {supervisor->socket().handle(), 0, ZMQ_POLLIN, 0},
+                             {zap.handle(), 0, ZMQ_POLLIN, 0}};
+  try {
+    zmq::poll(items, curve ? 4 : 3, kTick);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return;
+    throw;
+  }
+  // Nothing a client or a worker sends may take the controller down: every handler
+  // turns its failures into replies or log lines.
+  try {
+    if (curve && (items[3].revents & ZMQ_POLLIN)) serve_zap();
+    if (items[2].revents & ZMQ_POLLIN) supervisor->serve_workers();
+    if (items[0].revents & ZMQ_POLLIN) serve_commands();
+    if (items[1].revents & ZMQ_POLLIN)
+      bus->serve_subscriptions([this](const std::string& prefix) { runs->snapshot(prefix); });
+    reply_to_finished_submits(false);
+    supervisor->supervise();
+    exports->watch();
+    supervisor->schedule();
+  } catch (const std::exception& e) {
+    spdlog::error("controller: {}", e.what());
+  }
+}
+
+void Controller::Impl::shutdown() {
+  // A submit being evaluated is answered: its run is queued for the next controller.
+  try {
+    reply_to_finished_submits(true);
+  } catch (const std::exception& e) {
+    spdlog::error("controller: {}", e.what());
+  }
+  supervisor->shutdown(hurry);
+  exports->end();
+  spdlog::info("controller stopped");
+}
+
+void Controller::Impl::send_reply(const ReplyTo& to, const std::string& text) {
+  (void)commands.send(zmq::buffer(to.identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  if (to.delimited) (void)commands.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  (void)commands.send(zmq::buffer(text), zmq::send_flags::dontwait);
+}
+
+void Controller::Impl::reply_to_finished_submits(bool wait) {
+  for (const auto& [to, text] : requests->finished_submits(wait)) send_reply(to, text);
 }
 
 void Controller::Impl::serve_commands() {
@@ -231,108 +256,32 @@ void Controller::Impl::serve_commands() {
     std::vector<zmq::message_t> parts;
     if (!zmq::recv_multipart(commands, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
     // [identity][body] from a DEALER, [identity][empty][body] from a REQ.
-    const bool delimited = parts.size() == 3 && parts[1].size() == 0;
-    json id = nullptr;
+    ReplyTo to{parts[0].to_string(), parts.size() == 3 && parts[1].size() == 0, nullptr};
     std::string reply;
-    if (parts.size() != 2 && !delimited) {
+    if (parts.size() != 2 && !to.delimited) {
       spdlog::warn("command socket: dropped a message of {} frames (want one body frame)", parts.size() - 1);
-      reply = reply_error(id, ErrorCode::bad_request,
+      reply = reply_error(to.id, ErrorCode::bad_request,
                           fmt::format("a request is one frame; this message had {}", parts.size() - 1));
     } else {
       const auto& frame = parts.back();
       try {
-        const Request req = parse_request(frame.to_string_view(), id);
+        const Request req = parse_request(frame.to_string_view(), to.id);
         // CURVE clients carry the role their key was allowed with; local (ipc) ones none.
         const char* role = zmq_msg_gets(const_cast<zmq_msg_t*>(frame.handle()), "User-Id");
         if (role && std::string(role) == "observer" && changes_something(req.type))
           throw ProtocolError(ErrorCode::unauthorized, fmt::format("'{}' needs the operator role; this key is an observer's", req.type));
-        reply = reply_ok(id, handle(req));
+        const std::optional<json> body = requests->handle(req, to);
+        if (!body) continue;  // answered when its recipe has been evaluated
+        reply = reply_ok(to.id, *body);
       } catch (const ProtocolError& e) {
         spdlog::warn("request refused ({}): {}", error_name(e.code()), e.what());
-        reply = reply_error(id, e.code(), e.what());
+        reply = reply_error(to.id, e.code(), e.what());
       } catch (const std::exception& e) {
         spdlog::error("request failed: {}", e.what());
-        reply = reply_error(id, ErrorCode::internal, e.what());
+        reply = reply_error(to.id, ErrorCode::internal, e.what());
       }
     }
-    (void)commands.send(parts[0], zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    if (delimited) (void)commands.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    (void)commands.send(zmq::buffer(reply), zmq::send_flags::dontwait);
-  }
-}
-
-void Controller::Impl::serve_subscriptions() {
-  zmq::message_t msg;
-  while (events.recv(msg, zmq::recv_flags::dontwait)) {
-    const auto data = msg.to_string_view();
-    if (!data.empty() && data[0] == 1) snapshot(std::string(data.substr(1)));
-  }
-}
-
-void Controller::Impl::publish(const std::string& run, const std::string& kind, json body, bool is_snapshot) {
-  const int64_t n = is_snapshot ? seq[run] : ++seq[run];
-  json event = {{"v", kProtocolVersion}, {"run", run},   {"seq", n},        {"kind", kind},
-                {"time", unix_now()},    {"epoch", epoch}, {"body", std::move(body)}};
-  if (is_snapshot) event["snapshot"] = true;
-  const std::string topic = run_topic(run, kind);
-  const std::string text = event.dump(-1, ' ', false, json::error_handler_t::replace);
-  (void)events.send(zmq::buffer(topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  (void)events.send(zmq::buffer(text), zmq::send_flags::dontwait);
-}
-
-void Controller::Impl::set_state(RunRecord& r, RunState s, json extra) {
-  const RunState before = r.state;
-  r.state = s;
-  if (is_finished(s)) r.finished = unix_now();
-  registry->save(r);
-  extra["state"] = state_name(s);
-  extra["previous"] = state_name(before);
-  extra["attempt"] = r.attempt;
-  extra["restarts"] = r.restarts;
-  spdlog::info("run {}: {} -> {}{}", r.id, state_name(before), state_name(s),
-               r.error.empty() || !is_finished(s) ? "" : " (" + r.error + ")");
-  // Why a run failed or restarts belongs in its own log, beside its training lines.
-  if (s == RunState::failed && !r.error.empty()) run_log(r.id, spdlog::level::err, "failed: " + r.error);
-  if (s == RunState::restarting && extra.contains("reason"))
-    run_log(r.id, spdlog::level::warn, "restarting: " + extra["reason"].get<std::string>());
-  if (is_finished(s) && !r.error.empty()) extra["error"] = r.error;
-  publish(r.id, "state", std::move(extra));
-  if (is_finished(s)) {
-    configs.erase(r.id);
-    policies.erase(r.id);
-  }
-}
-
-void Controller::Impl::run_log(const std::string& run, spdlog::level::level_enum level, const std::string& line) {
-  spdlog::log(level, "run {}: {}", run, line);
-  try {
-    // The file is the workers' too: each line goes out in one append.
-    auto sink = std::make_shared<spdlog::sinks::basic_file_sink_st>(
-        (fs::path(registry->run_dir(run)) / "train.log").string(), false);
-    spdlog::logger("controller", sink).log(level, "{}", line);
-  } catch (const std::exception& e) {
-    spdlog::warn("run {}: cannot append to its train.log: {}", run, e.what());
-  }
-  publish(run, "log", {{"level", spdlog::level::to_string_view(level).data()}, {"line", line}});
-}
-
-void Controller::Impl::snapshot(const std::string& prefix) {
-  // What a late subscriber missed: each unfinished run's state and latest metrics, and
-  // the state of the last finished ones.
-  auto runs = registry->all();
-  int finished_shown = 0;
-  for (auto it = runs.rbegin(); it != runs.rend(); ++it) {
-    RunRecord& r = **it;
-    if (is_finished(r.state) && ++finished_shown > 20) continue;
-    const std::string state_topic = run_topic(r.id, "state");
-    if (state_topic.compare(0, prefix.size(), prefix) == 0)
-      publish(r.id, "state",
-              {{"state", state_name(r.state)}, {"attempt", r.attempt}, {"restarts", r.restarts},
-               {"last_step", r.last_step}},
-              true);
-    const auto metrics = last_metrics.find(r.id);
-    if (metrics != last_metrics.end() && run_topic(r.id, "metrics").compare(0, prefix.size(), prefix) == 0)
-      publish(r.id, "metrics", metrics->second, true);
+    send_reply(to, reply);
   }
 }
 

@@ -1,6 +1,5 @@
-// A run's checkpoints as the controller sees them (listed from disk), and exports of
-// them to Hugging Face files. An export needs LibTorch, which the controller never
-// loads, so it runs `tide ckpt export` as a child process, watched like a worker.
+#include "exports.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -8,11 +7,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "controller_impl.h"
+#include "tide/ipc/protocol.h"
 #include "tide/engine/checkpoint/checkpoint_index.h"
 
 namespace tide::ipc {
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 namespace {
 // Finished exports kept for `exports` requests; older ones are forgotten.
@@ -47,6 +47,8 @@ json describe_checkpoint(const CheckpointEntry& c) {
 }
 }  // namespace
 
+Exports::Exports(const ControllerOptions& opt, RunBook& runs, EventBus& bus) : opt_(opt), runs_(runs), bus_(bus) {}
+
 json ExportJob::to_json() const {
   json j = {{"id", id},       {"run", run}, {"step", step},   {"checkpoint", checkpoint}, {"out", out},
             {"dtype", dtype}, {"log", log}, {"state", state}, {"started", started}};
@@ -55,17 +57,17 @@ json ExportJob::to_json() const {
   return j;
 }
 
-json Controller::Impl::checkpoints_of(const json& body) {
-  const RunRecord& r = find_run(body);
-  json list = json::array();
-  for (const auto& c : list_checkpoints((fs::path(registry->run_dir(r.id)) / "checkpoints").string()))
-    list.push_back(describe_checkpoint(c));
-  return {{"run", r.id}, {"checkpoints", list}};
+json Exports::checkpoints_of(const json& body) {
+  const RunRecord& r = runs_.find(body);
+  json found = json::array();
+  for (const auto& c : list_checkpoints((fs::path(runs_.registry().run_dir(r.id)) / "checkpoints").string()))
+    found.push_back(describe_checkpoint(c));
+  return {{"run", r.id}, {"checkpoints", found}};
 }
 
-json Controller::Impl::start_export(const json& body) {
-  const RunRecord& r = find_run(body);
-  const fs::path run_dir = registry->run_dir(r.id);
+json Exports::start(const json& body) {
+  const RunRecord& r = runs_.find(body);
+  const fs::path run_dir = runs_.registry().run_dir(r.id);
   const int64_t asked = optional_int(body, "step", -1, 0, INT64_MAX);  // -1: the newest
   const std::string dtype = body.contains("dtype") ? require_string(body, "dtype") : "F32";
   if (dtype != "F32" && dtype != "BF16" && dtype != "F16")
@@ -90,13 +92,13 @@ json Controller::Impl::start_export(const json& body) {
     throw ProtocolError(ErrorCode::bad_request,
                         fmt::format("run {} has no committed checkpoint at step {} (newest: {})", r.id, step,
                                     all.back().step));
-  for (const auto& [n, job] : exports)
+  for (const auto& [n, job] : jobs_)
     if (job.state == "running" && job.out == out.string())
       throw ProtocolError(ErrorCode::invalid_state, fmt::format("{} is already writing {}", job.id, out.string()));
 
   ExportJob job;
   // Only the oldest finished ones are ever forgotten, so the newest number stays known.
-  const int64_t number = exports.empty() ? 1 : exports.rbegin()->first + 1;
+  const int64_t number = jobs_.empty() ? 1 : jobs_.rbegin()->first + 1;
   job.id = fmt::format("export-{}", number);
   job.run = r.id;
   job.step = step;
@@ -106,7 +108,7 @@ json Controller::Impl::start_export(const json& body) {
   job.log = (run_dir / (job.id + ".log")).string();
   job.started = unix_now();
   WorkerSpec spec;
-  spec.executable = opt.worker_executable;
+  spec.executable = opt_.worker_executable;
   spec.args = {"ckpt", "export", job.checkpoint, "-o", job.out, "--dtype", dtype};
   spec.log_file = job.log;
   spec.working_dir = run_dir.string();
@@ -120,29 +122,29 @@ json Controller::Impl::start_export(const json& body) {
   }
   spdlog::info("run {}: {} of step {} to {} ({})", r.id, job.id, step, job.out, dtype);
   json reply = job.to_json();
-  publish(r.id, "export", reply);
-  exports.emplace(number, std::move(job));
+  bus_.publish(r.id, "export", reply);
+  jobs_.emplace(number, std::move(job));
   return {{"run", r.id}, {"export", reply}};
 }
 
-json Controller::Impl::exports_of(const json& body) {
-  const RunRecord& r = find_run(body);
+json Exports::list(const json& body) {
+  const RunRecord& r = runs_.find(body);
   if (body.contains("export")) {  // one export, for a client waiting on it
     const std::string id = require_string(body, "export");
-    for (const auto& [n, job] : exports)
+    for (const auto& [n, job] : jobs_)
       if (job.run == r.id && job.id == id) return {{"run", r.id}, {"export", job.to_json()}};
     throw ProtocolError(ErrorCode::not_found,
                         fmt::format("run {} has no export '{}' (exports end with their daemon)", r.id, id));
   }
-  json list = json::array();
-  for (const auto& [n, job] : exports)
-    if (job.run == r.id) list.push_back(job.to_json());
-  return {{"run", r.id}, {"exports", list}};
+  json found = json::array();
+  for (const auto& [n, job] : jobs_)
+    if (job.run == r.id) found.push_back(job.to_json());
+  return {{"run", r.id}, {"exports", found}};
 }
 
-void Controller::Impl::watch_exports() {
+void Exports::watch() {
   size_t finished = 0;
-  for (auto& [n, job] : exports) {
+  for (auto& [n, job] : jobs_) {
     if (!job.child) {
       ++finished;
       continue;
@@ -158,27 +160,27 @@ void Controller::Impl::watch_exports() {
       spdlog::info("run {}: {} wrote {}", job.run, job.id, job.out);
     else
       spdlog::error("run {}: {} failed: {}", job.run, job.id, job.error);
-    publish(job.run, "export", job.to_json());
+    bus_.publish(job.run, "export", job.to_json());
   }
   // Forget the oldest finished ones.
-  for (auto it = exports.begin(); finished > kFinishedExportsKept && it != exports.end();) {
+  for (auto it = jobs_.begin(); finished > kFinishedExportsKept && it != jobs_.end();) {
     if (it->second.child) {
       ++it;
       continue;
     }
-    it = exports.erase(it);
+    it = jobs_.erase(it);
     --finished;
   }
 }
 
-void Controller::Impl::end_exports() {
-  for (auto& [n, job] : exports) {
+void Exports::end() {
+  for (auto& [n, job] : jobs_) {
     if (!job.child) continue;
     job.child.reset();  // SIGKILL: what it wrote is incomplete either way
     job.state = "failed";
     job.error = "the controller shut down";
     job.finished = unix_now();
-    publish(job.run, "export", job.to_json());
+    bus_.publish(job.run, "export", job.to_json());
   }
 }
 

@@ -150,6 +150,11 @@ RunRecord* RunRegistry::find(const std::string& id) {
   return it == runs_.end() ? nullptr : &it->second;
 }
 
+const RunRecord* RunRegistry::find(const std::string& id) const {
+  const auto it = runs_.find(id);
+  return it == runs_.end() ? nullptr : &it->second;
+}
+
 RunRecord* RunRegistry::find_by_key(const std::string& key) {
   if (key.empty()) return nullptr;
   for (auto& [id, r] : runs_)

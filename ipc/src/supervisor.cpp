@@ -10,12 +10,14 @@
 #include <spdlog/spdlog.h>
 #include <zmq_addon.hpp>
 
-#include "controller_impl.h"
+#include "supervisor.h"
 
 #include "tide/engine/io/json_input.h"
+#include "tide/ipc/protocol.h"
 
 namespace tide::ipc {
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 namespace {
 // A worker asked to end (SIGTERM) gets this long before SIGKILL.
@@ -40,39 +42,82 @@ std::optional<Route> parse_route(std::string_view id) {
 }
 }  // namespace
 
-bool Controller::Impl::wants_gpus(const RunRecord& r) { return config_of(r).device == "cuda"; }
+Supervisor::Supervisor(const ControllerOptions& opt, zmq::context_t& ctx, RunBook& runs, PolicyHost& policies,
+                       EventBus& bus)
+    : opt_(opt), runs_(runs), policies_(policies), bus_(bus), workers_(ctx, zmq::socket_type::router) {
+  workers_.set(zmq::sockopt::maxmsgsize, kTransportLimit);
+  workers_.set(zmq::sockopt::linger, 0);
+  workers_.set(zmq::sockopt::router_mandatory, false);
+  endpoint_ = "ipc://" + (fs::absolute(opt_.state_dir) / "workers.sock").string();
+  workers_.bind(endpoint_);
+}
 
-int Controller::Impl::slots_in_use() const {
+ActiveRun* Supervisor::find(const std::string& run) {
+  const auto it = active_.find(run);
+  return it == active_.end() ? nullptr : &it->second;
+}
+
+void Supervisor::command(const std::string& run, json command) {
+  ActiveRun* a = find(run);
+  if (!a) return;
+  if (command.value("op", "") == "stop") a->stop_requested = true;
+  a->pending.push_back(std::move(command));
+  deliver(run);
+}
+
+void Supervisor::cancel(const std::string& run) {
+  ActiveRun* a = find(run);
+  if (!a) return;
+  a->cancel_requested = true;
+  if (a->group && !a->ending) {
+    a->ending = true;
+    a->group->terminate(std::chrono::seconds(5));
+  }
+}
+
+void Supervisor::describe(const std::string& run, json& status) const {
+  const auto a = active_.find(run);
+  if (a == active_.end() || !a->second.group) return;
+  json pids = json::object();
+  for (const auto& [pid, rank] : a->second.group->live()) pids[std::to_string(rank)] = pid;
+  status["pids"] = pids;
+  if (!a->second.gpus.empty()) status["gpus"] = a->second.gpus;
+}
+
+int Supervisor::slots_in_use() const {
   int used = 0;
-  for (const auto& [id, a] : active)
-    if (a.group && a.gpus.empty()) used += static_cast<int>(registry->find(id) ? registry->find(id)->workers : 0);
+  for (const auto& [id, a] : active_) {
+    if (!a.group || !a.gpus.empty()) continue;
+    const RunRecord* r = runs_.registry().find(id);
+    used += r ? r->workers : 0;
+  }
   return used;
 }
 
-std::vector<std::string> Controller::Impl::free_gpus() const {
+std::vector<std::string> Supervisor::free_gpus() const {
   std::vector<std::string> out;
-  for (const auto& gpu : opt.gpus) {
+  for (const auto& gpu : opt_.gpus) {
     bool taken = false;
-    for (const auto& [id, a] : active) taken = taken || std::find(a.gpus.begin(), a.gpus.end(), gpu) != a.gpus.end();
+    for (const auto& [id, a] : active_) taken = taken || std::find(a.gpus.begin(), a.gpus.end(), gpu) != a.gpus.end();
     if (!taken) out.push_back(gpu);
   }
   return out;
 }
 
-void Controller::Impl::schedule() {
+void Supervisor::schedule() {
   // Highest priority first, FIFO within one, per pool (CPU slots, GPUs): the head of a
   // pool's queue waits for enough free slots rather than being overtaken by smaller
   // runs; runs of the other pool go on.
   std::vector<RunRecord*> queue;
-  for (auto* r : registry->all())
+  for (auto* r : runs_.registry().all())
     if (r->state == RunState::queued) queue.push_back(r);
   std::stable_sort(queue.begin(), queue.end(), [](const RunRecord* a, const RunRecord* b) { return a->priority > b->priority; });
   bool cpu_blocked = false, gpu_blocked = false;
   for (RunRecord* r : queue) {
-    const bool gpu = wants_gpus(*r);
+    const bool gpu = runs_.config_of(*r).device == "cuda";
     bool& blocked = gpu ? gpu_blocked : cpu_blocked;
     if (blocked) continue;
-    const int free = gpu ? static_cast<int>(free_gpus().size()) : opt.cpu_slots - slots_in_use();
+    const int free = gpu ? static_cast<int>(free_gpus().size()) : opt_.cpu_slots - slots_in_use();
     if (r->workers > free) {
       blocked = true;
       continue;
@@ -81,11 +126,11 @@ void Controller::Impl::schedule() {
   }
 }
 
-void Controller::Impl::launch(RunRecord& r) {
-  const RunConfig& cfg = config_of(r);
-  const fs::path dir = registry->run_dir(r.id);
+void Supervisor::launch(RunRecord& r) {
+  const RunConfig& cfg = runs_.config_of(r);
+  const fs::path dir = runs_.registry().run_dir(r.id);
   WorkerSpec spec;
-  spec.executable = opt.worker_executable;
+  spec.executable = opt_.worker_executable;
   spec.args = {"train", (dir / "recipe.lua").string(), "--run-dir", dir.string(), "--quiet"};
   for (const auto& o : r.overrides) spec.args.insert(spec.args.end(), {"--set", o});
   for (const auto& [path, value] : r.live.items()) spec.args.insert(spec.args.end(), {"--set", path + "=" + value.dump()});
@@ -96,7 +141,7 @@ void Controller::Impl::launch(RunRecord& r) {
     gpus.resize(static_cast<size_t>(r.workers));
   } else if (cfg.threads == 0) {
     // The slots share the machine's cores.
-    spec.args.insert(spec.args.end(), {"--set", fmt::format("threads={}", std::max(1, opt.cores / opt.cpu_slots))});
+    spec.args.insert(spec.args.end(), {"--set", fmt::format("threads={}", std::max(1, opt_.cores / opt_.cpu_slots))});
   }
   if (r.resume) spec.args.insert(spec.args.end(), {"--resume", "auto"});
   spec.nproc = r.workers;
@@ -104,18 +149,18 @@ void Controller::Impl::launch(RunRecord& r) {
   spec.log_dir = dir.string();
   spec.die_with_parent = true;
   r.attempt += 1;
-  spec.env = {{"TIDE_CONTROLLER", worker_ep}, {"TIDE_RUN_ID", r.id}, {"TIDE_ATTEMPT", std::to_string(r.attempt)}};
+  spec.env = {{"TIDE_CONTROLLER", endpoint_}, {"TIDE_RUN_ID", r.id}, {"TIDE_ATTEMPT", std::to_string(r.attempt)}};
   if (!gpus.empty()) spec.env["CUDA_VISIBLE_DEVICES"] = fmt::format("{}", fmt::join(gpus, ","));
-  ActiveRun& a = active[r.id];
+  ActiveRun& a = active_[r.id];
   a = ActiveRun{};
   a.gpus = gpus;
   try {
     a.batch = batch_layout(cfg, r.workers);  // as every worker derives it
     a.group = std::make_unique<WorkerGroup>(spec);
   } catch (const std::exception& e) {
-    active.erase(r.id);
+    active_.erase(r.id);
     r.error = fmt::format("cannot start the workers: {}", e.what());
-    set_state(r, RunState::failed);
+    runs_.set_state(r, RunState::failed);
     return;
   }
   a.started = Clock::now();
@@ -124,82 +169,60 @@ void Controller::Impl::launch(RunRecord& r) {
   r.error.clear();
   json detail = {{"resume", r.resume}};
   if (!gpus.empty()) detail["gpus"] = gpus;
-  set_state(r, RunState::starting, detail);
+  runs_.set_state(r, RunState::starting, detail);
   r.resume = true;  // any later start of this run continues from its checkpoints
-  registry->save(r);
+  runs_.registry().save(r);
 }
 
-void Controller::Impl::deliver(const std::string& run) {
-  auto it = active.find(run);
-  if (it == active.end() || it->second.rank0.empty() || it->second.pending.empty()) return;
+void Supervisor::deliver(const std::string& run) {
+  auto it = active_.find(run);
+  if (it == active_.end() || it->second.rank0.empty() || it->second.pending.empty()) return;
   const std::string text = json{{"type", "commands"}, {"commands", it->second.pending}}.dump();
-  (void)workers.send(zmq::buffer(it->second.rank0), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  (void)workers.send(zmq::buffer(text), zmq::send_flags::dontwait);
+  (void)workers_.send(zmq::buffer(it->second.rank0), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  (void)workers_.send(zmq::buffer(text), zmq::send_flags::dontwait);
   it->second.pending = json::array();
 }
 
-void Controller::Impl::serve_workers() {
+void Supervisor::serve_workers() {
   while (true) {
     std::vector<zmq::message_t> parts;
-    if (!zmq::recv_multipart(workers, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
+    if (!zmq::recv_multipart(workers_, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
     if (parts.size() != 2) {  // the link sends [identity][one JSON frame]
       spdlog::warn("worker socket: dropped a message of {} frames", parts.size());
       continue;
     }
-    const zmq::message_t& identity = parts[0];
-    const zmq::message_t& body = parts[1];
-    const auto route = parse_route(identity.to_string_view());
-    const json msg = parse_json_or_discard(body.to_string_view());
+    const std::string identity = parts[0].to_string();
+    const auto route = parse_route(identity);
+    const json msg = parse_json_or_discard(parts[1].to_string_view());
     if (!route || !msg.is_object() || !msg.contains("type")) {
-      spdlog::warn("worker socket: dropped a malformed message from '{}'", identity.to_string());
+      spdlog::warn("worker socket: dropped a malformed message from '{}'", identity);
       continue;
     }
-    RunRecord* r = registry->find(route->run);
-    auto a = active.find(route->run);
+    RunRecord* r = runs_.registry().find(route->run);
+    auto a = active_.find(route->run);
     // A message of an earlier attempt (a group being replaced) changes nothing.
-    if (!r || a == active.end() || !a->second.group || route->attempt != r->attempt) continue;
+    if (!r || a == active_.end() || !a->second.group || route->attempt != r->attempt) continue;
     ActiveRun& run = a->second;
     run.last_seen[route->rank] = Clock::now();
     const std::string type = msg.value("type", "");
     const json b = msg.value("body", json::object());
     if (type == "hello") {
       if (route->rank == 0) {
-        run.rank0 = identity.to_string();
+        run.rank0 = identity;
         deliver(r->id);
       }
     } else if (type == "metrics") {
-      if (r->state == RunState::starting) set_state(*r, RunState::running);
-      r->last_step = b.value("step", r->last_step);
-      last_metrics[r->id] = b;
-      publish(r->id, "metrics", b);
-      step_policy(*r, b);
+      runs_.record_metrics(*r, b);
+      policies_.on_step(*r, b);
     } else if (type == "decide") {
-      anomaly_policy(*r, identity.to_string(), b);
+      const json decision = policies_.on_anomaly(*r, b);
+      const std::string text = json{{"type", "answer"}, {"query", b.value("query", int64_t{0})}, {"body", decision}}.dump();
+      (void)workers_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+      (void)workers_.send(zmq::buffer(text), zmq::send_flags::dontwait);
     } else if (type == "event") {
-      const std::string kind = b.value("kind", "");
-      const json detail = b.value("body", json::object());
-      if (kind == "paused") {
-        set_state(*r, RunState::paused, {{"step", detail.value("step", int64_t{0})}});
-      } else if (kind == "resumed") {
-        set_state(*r, RunState::running, {{"step", detail.value("step", int64_t{0})}});
-      } else if (kind == "stopping") {
-        set_state(*r, RunState::stopping, {{"step", detail.value("step", int64_t{0})}});
-      } else if (kind == "checkpoint" || kind == "checkpoint_failed") {
-        json e = detail;
-        e["ok"] = kind == "checkpoint";
-        publish(r->id, "checkpoint", e);
-      } else if (kind == "applied" || kind == "rejected") {
-        if (kind == "applied") record_live_change(*r, detail.value("values", json::object()));
-        json e = detail;
-        e["result"] = kind;
-        publish(r->id, "control", e);
-      } else if (kind == "anomaly") {
-        publish(r->id, "anomaly", detail);
-      } else {
-        spdlog::warn("run {}: unknown worker event '{}'", r->id, kind);
-      }
+      on_event(*r, b);
     } else if (type == "log") {
-      publish(r->id, "log", b);
+      bus_.publish(r->id, "log", b);
     } else if (type == "done") {
       run.done = b;
     } else if (type == "error") {
@@ -211,12 +234,37 @@ void Controller::Impl::serve_workers() {
   }
 }
 
-void Controller::Impl::supervise() {
+void Supervisor::on_event(RunRecord& r, const json& b) {
+  const std::string kind = b.value("kind", "");
+  const json detail = b.value("body", json::object());
+  if (kind == "paused") {
+    runs_.set_state(r, RunState::paused, {{"step", detail.value("step", int64_t{0})}});
+  } else if (kind == "resumed") {
+    runs_.set_state(r, RunState::running, {{"step", detail.value("step", int64_t{0})}});
+  } else if (kind == "stopping") {
+    runs_.set_state(r, RunState::stopping, {{"step", detail.value("step", int64_t{0})}});
+  } else if (kind == "checkpoint" || kind == "checkpoint_failed") {
+    json e = detail;
+    e["ok"] = kind == "checkpoint";
+    bus_.publish(r.id, "checkpoint", e);
+  } else if (kind == "applied" || kind == "rejected") {
+    if (kind == "applied") runs_.record_live_change(r, detail.value("values", json::object()));
+    json e = detail;
+    e["result"] = kind;
+    bus_.publish(r.id, "control", e);
+  } else if (kind == "anomaly") {
+    bus_.publish(r.id, "anomaly", detail);
+  } else {
+    spdlog::warn("run {}: unknown worker event '{}'", r.id, kind);
+  }
+}
+
+void Supervisor::supervise() {
   const auto now = Clock::now();
   std::vector<std::string> ended;
-  for (auto& [id, a] : active) {
+  for (auto& [id, a] : active_) {
     if (!a.group) continue;
-    RunRecord* r = registry->find(id);
+    RunRecord* r = runs_.registry().find(id);
     for (const auto& exit : a.group->reap()) {
       if (exit.ok() || a.ending) continue;
       a.fault = fmt::format("rank {} (pid {}) {}", exit.rank, exit.pid, exit.describe());
@@ -240,30 +288,30 @@ void Controller::Impl::supervise() {
     if (a.group->all_ended()) ended.push_back(id);
   }
   for (const auto& id : ended) {
-    RunRecord* r = registry->find(id);
-    ActiveRun a = std::move(active[id]);
-    active.erase(id);
+    RunRecord* r = runs_.registry().find(id);
+    ActiveRun a = std::move(active_[id]);
+    active_.erase(id);
     a.group.reset();
     finish_group(*r, a);
   }
 }
 
-void Controller::Impl::finish_group(RunRecord& r, ActiveRun& a) {
+void Supervisor::finish_group(RunRecord& r, ActiveRun& a) {
   if (a.cancel_requested) {
-    set_state(r, RunState::cancelled);
+    runs_.set_state(r, RunState::cancelled);
     return;
   }
   if (!a.fault.empty()) {
     if (r.restarts < r.max_restarts) {
       r.restarts += 1;
       r.error = a.fault;
-      set_state(r, RunState::restarting, {{"reason", a.fault}});
+      runs_.set_state(r, RunState::restarting, {{"reason", a.fault}});
       r.error.clear();
       launch(r);  // the same slots, from the latest checkpoint
       return;
     }
     r.error = fmt::format("{} (after {} restarts)", a.fault, r.restarts);
-    set_state(r, RunState::failed);
+    runs_.set_state(r, RunState::failed);
     return;
   }
   if (a.done && a.done->is_object()) {
@@ -272,17 +320,17 @@ void Controller::Impl::finish_group(RunRecord& r, ActiveRun& a) {
     r.last_step = a.done->value("steps", r.last_step);
   }
   const bool stopped = a.stop_requested || (a.done && a.done->value("stopped", false));
-  set_state(r, stopped ? RunState::stopped : RunState::completed,
+  runs_.set_state(r, stopped ? RunState::stopped : RunState::completed,
             {{"last_step", r.last_step}, {"final_loss", r.final_loss ? json(*r.final_loss) : json(nullptr)}});
 }
 
-void Controller::Impl::shutdown() {
+void Supervisor::shutdown(const std::atomic<bool>& hurry) {
   // The runs' workers end with the controller and the next controller resumes the runs
   // from their latest checkpoints; a run that trains saves one first: a stop reaches
   // every rank at the next step boundary, where they checkpoint and exit. A run whose
   // rank 0 has not said hello yet has done no step since its last checkpoint.
   std::vector<std::string> saving;
-  for (auto& [id, a] : active) {
+  for (auto& [id, a] : active_) {
     if (!a.group || a.ending) continue;
     if (a.rank0.empty()) {
       a.ending = true;
@@ -294,44 +342,42 @@ void Controller::Impl::shutdown() {
     deliver(id);
     saving.push_back(id);
   }
-  const auto deadline = Clock::now() + std::chrono::seconds(opt.shutdown_timeout_s);
+  const auto deadline = Clock::now() + std::chrono::seconds(opt_.shutdown_timeout_s);
   auto all_ended = [&] {
-    for (auto& [id, a] : active)
+    for (auto& [id, a] : active_)
       if (a.group && !a.group->all_ended()) return false;
     return true;
   };
   while (!all_ended() && Clock::now() < deadline && !hurry) {
-    zmq::pollitem_t item{workers.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::pollitem_t item{workers_.handle(), 0, ZMQ_POLLIN, 0};
     try {
       zmq::poll(&item, 1, std::chrono::milliseconds(50));
       if (item.revents & ZMQ_POLLIN) serve_workers();  // checkpoint and log events still go out
     } catch (const std::exception& e) {
       spdlog::error("controller: {}", e.what());
     }
-    for (auto& [id, a] : active) {
+    for (auto& [id, a] : active_) {
       if (!a.group) continue;
       (void)a.group->reap();
       a.group->enforce_deadline();
     }
   }
   for (const auto& id : saving)
-    if (auto it = active.find(id); it != active.end() && it->second.group && !it->second.group->all_ended())
+    if (auto it = active_.find(id); it != active_.end() && it->second.group && !it->second.group->all_ended())
       spdlog::warn("run {}: no checkpoint within {} s of the shutdown; it resumes from its previous one", id,
-                   opt.shutdown_timeout_s);
-  for (auto& [id, a] : active)
+                   opt_.shutdown_timeout_s);
+  for (auto& [id, a] : active_)
     if (a.group) a.group->terminate(kGrace);
-  for (auto& [id, a] : active) {
+  for (auto& [id, a] : active_) {
     if (a.group) a.group->end(kGrace);
-    if (RunRecord* r = registry->find(id); r && has_workers(r->state)) {
+    if (RunRecord* r = runs_.registry().find(id); r && has_workers(r->state)) {
       r->state = RunState::queued;
       r->resume = true;
-      registry->save(*r);
-      publish(id, "state", {{"state", "queued"}, {"reason", "the controller is shutting down"}});
+      runs_.registry().save(*r);
+      bus_.publish(id, "state", {{"state", "queued"}, {"reason", "the controller is shutting down"}});
     }
   }
-  active.clear();
-  end_exports();
-  spdlog::info("controller stopped");
+  active_.clear();
 }
 
 }  // namespace tide::ipc

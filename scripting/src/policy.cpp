@@ -115,4 +115,51 @@ RunPolicies::Answer RunPolicies::on_step(const json& metrics) {
   return call("on_step", metrics);
 }
 
+std::unique_ptr<PolicyRunner> PolicyRunner::for_recipe(std::shared_ptr<Recipe> recipe, Report report) {
+  if (!recipe->has_policy("on_anomaly") && !recipe->has_policy("on_step")) return nullptr;
+  return std::unique_ptr<PolicyRunner>(new PolicyRunner(std::move(recipe), std::move(report)));
+}
+
+PolicyRunner::PolicyRunner(std::shared_ptr<Recipe> recipe, Report report)
+    : policies_(std::move(recipe)), report_(std::move(report)) {}
+
+void PolicyRunner::step(const json& metrics, const std::function<void(const json& command)>& apply) {
+  if (!policies_.active("on_step")) return;
+  const auto answer = policies_.on_step(metrics);
+  const int64_t step = metrics.value("step", int64_t{0});
+  if (!answer.error.empty()) {
+    report_.warn(fmt::format("step {}: {}", step, answer.error));
+    report_.event({{"policy", "on_step"}, {"step", step}, {"error", answer.error}});
+    return;
+  }
+  if (answer.value.empty()) return;
+  json results = json::array();
+  for (const auto& command : answer.value) {
+    json result = {{"op", command["op"]}};
+    try {
+      apply(command);
+      result["ok"] = true;
+    } catch (const std::exception& e) {
+      result["ok"] = false;
+      result["error"] = e.what();
+    }
+    results.push_back(result);
+  }
+  report_.event({{"policy", "on_step"}, {"step", step}, {"commands", answer.value}, {"results", results}});
+}
+
+json PolicyRunner::anomaly(json anomaly) {
+  // Asked after the policy was switched off, the declared action stands, unreported.
+  if (!policies_.active("on_anomaly")) return nullptr;
+  const auto answer = policies_.on_anomaly(anomaly);
+  json body = {{"policy", "on_anomaly"}, {"step", anomaly.value("step", int64_t{0})}, {"anomaly", anomaly}};
+  body["decision"] = answer.value;
+  if (!answer.error.empty()) {
+    report_.warn(answer.error);
+    body["error"] = answer.error;
+  }
+  report_.event(std::move(body));
+  return answer.value;
+}
+
 }  // namespace tide

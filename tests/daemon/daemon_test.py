@@ -212,6 +212,25 @@ def part_bad_input():
     err = conn.request("submit", {"recipe": "while true do end"}, ok=False, timeout=30)
     assert err["code"] == "invalid_recipe" and time.time() - t0 < 15, err
     print(f"  infinite loop refused in {time.time() - t0:.1f} s: {err['message'][:90]}")
+    # A recipe under evaluation holds up no other request: while one spends its whole
+    # time budget (string.rep costs time, not instructions), a stop is answered, and the
+    # submit's refusal comes after it.
+    victim = submit(conn, recipe("victim", 5), workers=2, overrides=["parallel.dp=2"])  # queued: 1 slot is free
+    slow = Conn(d.tcp("commands"))
+    slow.sock.send_multipart([json.dumps({"v": 1, "id": 1, "type": "submit", "body": {
+        "recipe": 'while true do local s = string.rep("x", 1048576) end', "workdir": WORK}}).encode()])
+    time.sleep(0.3)  # the evaluation is under way
+    t0 = time.time()
+    stopped = conn.request("stop", {"run": victim})
+    took = time.time() - t0
+    assert stopped["state"] == "stopped", stopped
+    assert not slow.sock.poll(0), "the slow recipe's submit was answered before the stop"
+    assert slow.sock.poll(30000), "no reply to the slow recipe's submit"
+    reply = json.loads(slow.sock.recv_multipart()[-1])
+    assert not reply["ok"] and reply["error"]["code"] == "invalid_recipe" and "time" in reply["error"]["message"], reply
+    slow.close()
+    print(f"  stop answered in {took * 1000:.1f} ms while a recipe was being evaluated; "
+          f"then the recipe: {reply['error']['message'][:60]}")
     err = conn.request("submit", {"recipe": recipe("w", 5), "workers": 3}, ok=False)
     assert err["code"] == "unavailable", err
     # What a worker would refuse is refused at submit, naming the field: no run is made.

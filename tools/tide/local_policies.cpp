@@ -10,16 +10,14 @@
 namespace tide::cli {
 
 void run_policies_locally(TrainHooks& hooks, std::shared_ptr<Recipe> recipe, bool leader) {
-  const bool on_anomaly = recipe->has_policy("on_anomaly"), on_step = recipe->has_policy("on_step");
-  if (!on_anomaly && !on_step) return;
-  auto policies = std::make_shared<RunPolicies>(recipe);
-  if (on_anomaly)
-    hooks.anomaly_policy = [policies](nlohmann::json anomaly) {
-      auto answer = policies->on_anomaly(anomaly);
-      if (!answer.error.empty()) spdlog::warn("{}", answer.error);
-      return answer.value;
-    };
-  if (!on_step) return;
+  // What a controller publishes as a policy event, a run without one logs.
+  PolicyRunner::Report report{[](const std::string& line) { spdlog::warn("{}", line); },
+                              [](nlohmann::json body) { spdlog::info("policy: {}", body.dump()); }};
+  std::shared_ptr<PolicyRunner> runner = PolicyRunner::for_recipe(recipe, std::move(report));
+  if (!runner) return;
+  if (recipe->has_policy("on_anomaly"))
+    hooks.anomaly_policy = [runner](nlohmann::json anomaly) { return runner->anomaly(std::move(anomaly)); };
+  if (!recipe->has_policy("on_step")) return;
   // The commands wait for the next boundary's live control, as a controller's would.
   hooks.controlled = true;
   if (!leader) return;
@@ -36,15 +34,12 @@ void run_policies_locally(TrainHooks& hooks, std::shared_ptr<Recipe> recipe, boo
     return text;
   };
   auto previous = hooks.on_step;
-  hooks.on_step = [policies, queue, previous](const StepMetrics& m) {
+  hooks.on_step = [runner, queue, previous](const StepMetrics& m) {
     if (previous) previous(m);
-    if (!policies->active("on_step")) return;
-    const auto answer = policies->on_step(to_json(m));
-    if (!answer.error.empty()) spdlog::warn("step {}: {}", m.step, answer.error);
-    if (answer.value.empty()) return;
-    spdlog::info("step {}: on_step answered {}", m.step, answer.value.dump());
-    std::lock_guard<std::mutex> lock(queue->mu);
-    for (const auto& c : answer.value) queue->commands.push_back(c);
+    runner->step(to_json(m), [&queue](const nlohmann::json& command) {
+      std::lock_guard<std::mutex> lock(queue->mu);
+      queue->commands.push_back(command);
+    });
   };
 }
 

@@ -56,6 +56,7 @@ class RunRegistry {
   std::string allocate(const std::string& name);
   void save(const RunRecord& r);  // atomic; throws on I/O errors
   RunRecord* find(const std::string& id);
+  const RunRecord* find(const std::string& id) const;
   RunRecord* find_by_key(const std::string& idempotency_key);
   std::vector<RunRecord*> all();  // in submission order
   int64_t next_seq() { return ++seq_; }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -54,6 +55,36 @@ class RunPolicies {
   std::shared_ptr<Recipe> recipe_;
   std::set<std::string> off_;
   int64_t anomalies_ = 0;
+};
+
+// The one runner of a run's policies, for a controller's runs and for a run without one
+// (rank 0 of `tide train`): it calls a policy, hands each command on_step answered to
+// the caller's `apply`, and reports what the policy answered and what came of it. Where
+// the commands go and where reports are seen is the caller's.
+class PolicyRunner {
+ public:
+  struct Report {
+    // Why a policy failed (it is switched off from then on), for the run's log.
+    std::function<void(const std::string& line)> warn;
+    // The "policy" event body (docs/protocol.md, Events): {policy, step, commands,
+    // results} for on_step, {policy, step, anomaly, decision[, error]} for on_anomaly.
+    std::function<void(nlohmann::json body)> event;
+  };
+  // Null when the recipe defines neither on_step nor on_anomaly.
+  static std::unique_ptr<PolicyRunner> for_recipe(std::shared_ptr<Recipe> recipe, Report report);
+
+  bool active(const std::string& name) const { return policies_.active(name); }
+  // on_step(metrics); each command in turn to apply(command), which throws to refuse it
+  // (the refusal is reported in the command's result, and the next command goes on).
+  void step(const nlohmann::json& metrics, const std::function<void(const nlohmann::json& command)>& apply);
+  // The decision on an anomaly as decide_anomaly asks it (null: the declared action).
+  nlohmann::json anomaly(nlohmann::json anomaly);
+
+ private:
+  PolicyRunner(std::shared_ptr<Recipe> recipe, Report report);
+
+  RunPolicies policies_;
+  Report report_;
 };
 
 }  // namespace tide

@@ -1,0 +1,61 @@
+// The runs as the controller knows them: the registry on disk, and for each unfinished
+// run its resolved recipe (live changes included) and its latest metrics. Every state
+// change goes through set_state: saved, logged, published.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/common.h>
+
+#include "event_bus.h"
+#include "tide/engine/config.h"
+#include "tide/ipc/run_registry.h"
+
+namespace tide::ipc {
+
+class RunBook {
+ public:
+  // Loads the registry; runs that had workers when the last controller ended are queued
+  // again, to resume from their latest checkpoints.
+  RunBook(const std::string& state_dir, EventBus& bus);
+
+  RunRegistry& registry() { return registry_; }
+  const RunRegistry& registry() const { return registry_; }
+  // The run a request body names ("run"); not_found when there is none.
+  RunRecord& find(const nlohmann::json& body);
+  // A new run, queued: its recipe text and resolved config written beside its record.
+  RunRecord& add(RunRecord r, const RunConfig& cfg, const std::string& recipe_text);
+
+  // The resolved recipe with the live changes taken so far (read back from the run
+  // directory after a controller restart).
+  const RunConfig& config_of(const RunRecord& r);
+  void set_state(RunRecord& r, RunState s, nlohmann::json extra = nlohmann::json::object());
+  // A live change the run took: the view of its recipe, and the record a restart replays.
+  void record_live_change(RunRecord& r, const nlohmann::json& values);
+  // A step's metrics from rank 0: the run's progress, kept for status and snapshots.
+  void record_metrics(RunRecord& r, const nlohmann::json& metrics);
+  const nlohmann::json* latest_metrics(const std::string& run) const;
+
+  // A line of the controller's about a run, where the run's own lines are: appended to
+  // its train.log and published as a log event (the controller's log has it too).
+  void log(const std::string& run, spdlog::level::level_enum level, const std::string& line);
+  // What a late subscriber to `prefix` missed: each unfinished run's state and latest
+  // metrics, and the state of the last finished ones.
+  void snapshot(const std::string& prefix);
+
+  // Called with a run's id when it finishes, for the parts that hold state about it.
+  void on_finished(std::function<void(const std::string& run)> fn) { finished_listeners_.push_back(std::move(fn)); }
+
+ private:
+  RunRegistry registry_;
+  EventBus& bus_;
+  std::map<std::string, RunConfig> configs_;  // unfinished runs
+  std::map<std::string, nlohmann::json> metrics_;
+  std::vector<std::function<void(const std::string&)>> finished_listeners_;
+};
+
+}  // namespace tide::ipc
