@@ -8,16 +8,10 @@
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
-#include "tide/engine/checkpoint/checkpoint.h"
-#include "tide/engine/config_schema.h"
+#include "tide/engine/checkpoint/checkpoint_index.h"
+#include "tide/engine/checkpoint/hf_export.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/io/safetensors.h"
-#include "tide/engine/model/hf_convert.h"
-#include "tide/engine/model/parameter_units.h"
-#include "tide/engine/model/transformer.h"
-#include "tide/engine/optim/adamw.h"
-#include "tide/engine/optim/flat_parameters.h"
-#include "tide/engine/train/run_files.h"
 
 namespace tide::cli {
 namespace fs = std::filesystem;
@@ -26,13 +20,6 @@ namespace {
 // A run directory's checkpoints folder, or the folder itself.
 std::string checkpoints_root(const std::string& path) {
   return fs::is_directory(fs::path(path) / "checkpoints") ? (fs::path(path) / "checkpoints").string() : path;
-}
-
-void fail_if_unsound(const std::string& dir) {
-  const auto problems = verify_checkpoint(dir);
-  if (problems.empty()) return;
-  for (const auto& p : problems) spdlog::error("{}", p);
-  throw std::runtime_error(fmt::format("checkpoint {} failed verification ({} problems)", dir, problems.size()));
 }
 }  // namespace
 
@@ -68,7 +55,7 @@ void add_checkpoint_command(CLI::App& app) {
       if (all.empty()) throw std::runtime_error(fmt::format("no committed checkpoint under {}", dir));
       dir = all.back().path;
     }
-    fail_if_unsound(dir);
+    require_sound_checkpoint(dir);
     std::cout << fmt::format("{}: sound ({} files)\n", dir, read_manifest(dir)["files"].size());
   });
 
@@ -95,19 +82,7 @@ void add_checkpoint_command(CLI::App& app) {
   exp->add_option("-o,--out", opt->out, "Directory to write")->required();
   exp->add_option("--dtype", opt->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
   exp->callback([opt] {
-    fail_if_unsound(opt->path);
-    const RunConfig cfg = config_from_json(read_manifest(opt->path)["recipe"]);
-    // One process's model: the checkpoint's pieces are joined whatever layout saved them.
-    Transformer model(cfg.model);
-    FlatParameters::Options layout;
-    layout.unit_of = block_unit;
-    FlatParameters flat(*model, cfg.optimizer, layout);
-    AdamW optim(flat, cfg.optimizer);
-    Checkpointer(fs::path(opt->path).parent_path().string(), CheckpointParts{&cfg, model.get(), &flat, &optim, nullptr})
-        .load(opt->path);
-    // The run's tokenizer, two levels up (<run>/checkpoints/step-N), completes the directory.
-    export_hf(opt->out, model, 0, opt->dtype,
-              tokenizer_beside(fs::absolute(opt->path).lexically_normal().parent_path().parent_path()));
+    export_checkpoint_hf(opt->path, opt->out, opt->dtype);
     spdlog::info("wrote {}", opt->out);
   });
 }

@@ -1,0 +1,19 @@
+// A checkpoint of any layout as Hugging Face files: safetensors + config.json, and the
+// run's tokenizer when the checkpoint lies in a run directory. What `tide ckpt export`
+// and a daemon's `export` request run.
+#pragma once
+
+#include <string>
+
+namespace tide {
+
+// Verifies `step_dir` (every file's size and hash; a problem is logged and the export
+// refused), joins its pieces into one process's model and writes `out` in `dtype` (F32,
+// BF16 or F16).
+void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& dtype);
+
+// Throws naming the checkpoint and how many problems verify_checkpoint found (each one
+// logged at error).
+void require_sound_checkpoint(const std::string& step_dir);
+
+}  // namespace tide
