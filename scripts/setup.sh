@@ -37,6 +37,8 @@ PACKAGES=(
   sentencepiece libsentencepiece-dev
   # The Go binding (bindings/go, cgo).
   golang-go
+  # make test's format and tidy checks (scripts/lint.sh).
+  clang-format-14 clang-tidy-14
   # The bundled default corpus (King James Bible, public domain).
   bible-kjv
 )

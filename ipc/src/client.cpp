@@ -76,7 +76,7 @@ json Client::request(const std::string& type, const json& body) {
     }
     zmq::message_t msg;
     if (!socket_->recv(msg, zmq::recv_flags::dontwait)) continue;
-    if (msg.size() == 0 && msg.more()) continue;  // a REQ-style delimiter
+    if (msg.empty() && msg.more()) continue;  // a REQ-style delimiter
     const json reply = parse_json_or_discard(msg.to_string_view());
     if (!reply.is_object()) throw ClientError("transport", "the daemon sent a reply that is not a JSON object");
     if (reply.value("id", json()) != json(id)) continue;  // a late reply to an earlier request

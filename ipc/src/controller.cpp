@@ -67,9 +67,8 @@ void Controller::Impl::bind_endpoints() {
         "an allowlist of client keys (--clients {}) needs this daemon's CURVE key (--curve-key)", opt.allowlist_file));
   }
   // Options apply to the binds that follow them: local endpoints first, without CURVE.
-  for (auto [socket, endpoints, bound] :
-       {std::tuple{&commands, &opt.command_endpoints, &service.command_endpoints},
-        std::tuple{&bus->socket(), &opt.event_endpoints, &service.event_endpoints}}) {
+  for (auto [socket, endpoints, bound] : {std::tuple{&commands, &opt.command_endpoints, &service.command_endpoints},
+                                          std::tuple{&bus->socket(), &opt.event_endpoints, &service.event_endpoints}}) {
     for (const auto& ep : *endpoints)
       if (!is_tcp(ep)) bind_one(*socket, ep, curve.has_value(), *bound);
     if (curve) {
@@ -145,10 +144,9 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
   evaluator = std::make_unique<RecipeEvaluator>();
   bus = std::make_unique<EventBus>(ctx, fmt::format("{}-{}", static_cast<int64_t>(unix_now()), ::getpid()));
   runs = std::make_unique<RunBook>(opt.state_dir, *bus);
-  policies = std::make_unique<PolicyHost>(*runs, *bus, *evaluator,
-                                          [this](RunRecord& r, const json& command, const std::string& id) {
-                                            requests->apply(r, command, id);
-                                          });
+  policies = std::make_unique<PolicyHost>(
+      *runs, *bus, *evaluator,
+      [this](RunRecord& r, const json& command, const std::string& id) { requests->apply(r, command, id); });
   runs->on_finished([this](const std::string& run) { policies->forget(run); });
   for (auto* r : runs->registry().all())
     if (!is_finished(r->state)) policies->load(*r);
@@ -159,8 +157,8 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
   commands.set(zmq::sockopt::router_mandatory, false);
   bind_endpoints();
   if (curve) service.curve_public_key = curve->public_key;
-  requests = std::make_unique<Requests>(opt, service, *runs, *supervisor, *policies, *exports, *bus, *evaluator,
-                                        stopping);
+  requests =
+      std::make_unique<Requests>(opt, service, *runs, *supervisor, *policies, *exports, *bus, *evaluator, stopping);
   std::ofstream(fs::path(opt.state_dir) / "endpoints.json", std::ios::trunc)
       << json{{"commands", service.command_endpoints},
               {"events", service.event_endpoints},
@@ -256,7 +254,7 @@ void Controller::Impl::serve_commands() {
     std::vector<zmq::message_t> parts;
     if (!zmq::recv_multipart(commands, std::back_inserter(parts), zmq::recv_flags::dontwait)) return;
     // [identity][body] from a DEALER, [identity][empty][body] from a REQ.
-    ReplyTo to{parts[0].to_string(), parts.size() == 3 && parts[1].size() == 0, nullptr};
+    ReplyTo to{parts[0].to_string(), parts.size() == 3 && parts[1].empty(), nullptr};
     std::string reply;
     if (parts.size() != 2 && !to.delimited) {
       spdlog::warn("command socket: dropped a message of {} frames (want one body frame)", parts.size() - 1);

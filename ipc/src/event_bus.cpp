@@ -7,9 +7,7 @@
 namespace tide::ipc {
 using json = nlohmann::json;
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 EventBus::EventBus(zmq::context_t& ctx, std::string epoch)
     : socket_(ctx, zmq::socket_type::xpub), epoch_(std::move(epoch)) {
@@ -22,8 +20,9 @@ EventBus::EventBus(zmq::context_t& ctx, std::string epoch)
 
 void EventBus::publish(const std::string& run, const std::string& kind, json body, bool snapshot) {
   const int64_t n = snapshot ? seq_[run] : ++seq_[run];
-  json event = {{"v", kProtocolVersion}, {"run", run},     {"seq", n},           {"kind", kind},
-                {"time", unix_now()},    {"epoch", epoch_}, {"body", std::move(body)}};
+  json event = {{"v", kProtocolVersion},  {"run", run},         {"seq", n},
+                {"kind", kind},           {"time", unix_now()}, {"epoch", epoch_},
+                {"body", std::move(body)}};
   if (snapshot) event["snapshot"] = true;
   const std::string topic = run_topic(run, kind);
   const std::string text = event.dump(-1, ' ', false, json::error_handler_t::replace);

@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "tide/ipc/protocol.h"
 #include "tide/engine/checkpoint/checkpoint_index.h"
+#include "tide/ipc/protocol.h"
 
 namespace tide::ipc {
 namespace fs = std::filesystem;

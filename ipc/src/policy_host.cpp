@@ -30,7 +30,8 @@ void PolicyHost::load(const RunRecord& r) {
   const std::string path = (fs::path(runs_book_.registry().run_dir(r.id)) / "recipe.lua").string();
   Loading& l = runs_[r.id];
   l = Loading{};
-  l.recipe = evaluator_.post([path, overrides = r.overrides] { return Recipe::load_file(path, overrides, policy_limits()); });
+  l.recipe =
+      evaluator_.post([path, overrides = r.overrides] { return Recipe::load_file(path, overrides, policy_limits()); });
 }
 
 PolicyRunner* PolicyHost::runner_of(RunRecord& r) {
@@ -51,7 +52,8 @@ PolicyRunner* PolicyHost::runner_of(RunRecord& r) {
     return nullptr;
   }
   const std::string run = r.id;
-  loaded.recipe->on_print([this, run](const std::string& line) { runs_book_.log(run, spdlog::level::info, "print: " + line); });
+  loaded.recipe->on_print(
+      [this, run](const std::string& line) { runs_book_.log(run, spdlog::level::info, "print: " + line); });
   PolicyRunner::Report report{[this, run](const std::string& line) { runs_book_.log(run, spdlog::level::warn, line); },
                               [this, run](json body) { bus_.publish(run, "policy", std::move(body)); }};
   l.runner = PolicyRunner::for_recipe(loaded.recipe, std::move(report));

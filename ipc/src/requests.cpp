@@ -200,10 +200,10 @@ std::optional<json> Requests::begin_submit(const json& b, const ReplyTo& to) {
   if (!fs::path(s.workdir).is_absolute() || !fs::is_directory(s.workdir))
     throw ProtocolError(ErrorCode::bad_request, fmt::format("workdir '{}' is not an absolute directory", s.workdir));
   // Relative paths in the recipe (data.path) resolve against the workdir, as the workers will.
-  s.evaluated = evaluator_.post([text = s.text, chunk = s.source == "inline" ? "recipe" : s.source,
-                                 overrides = s.overrides] {
-    return Recipe::load_string(text, chunk, overrides, submit_limits());
-  });
+  s.evaluated =
+      evaluator_.post([text = s.text, chunk = s.source == "inline" ? "recipe" : s.source, overrides = s.overrides] {
+        return Recipe::load_string(text, chunk, overrides, submit_limits());
+      });
   submits_.push_back(std::move(s));
   return std::nullopt;
 }
@@ -252,8 +252,8 @@ json Requests::finish_submit(const PendingSubmit& s) {
                         fmt::format("the run needs {} GPUs (device = \"cuda\", one per worker) and this daemon has {}",
                                     workers, opt_.gpus.size()));
   if (cfg.device != "cuda" && workers > opt_.cpu_slots)
-    throw ProtocolError(ErrorCode::unavailable, fmt::format("the run needs {} workers and this daemon has {} slots",
-                                                            workers, opt_.cpu_slots));
+    throw ProtocolError(ErrorCode::unavailable,
+                        fmt::format("the run needs {} workers and this daemon has {} slots", workers, opt_.cpu_slots));
   try {
     // What every worker would refuse, refused here, before the run exists.
     check_supported_layout(cfg, static_cast<int>(workers));

@@ -18,8 +18,8 @@ using json = nlohmann::json;
 RunBook::RunBook(const std::string& state_dir, EventBus& bus) : registry_(state_dir), bus_(bus) {
   for (auto* r : registry_.all()) {
     if (has_workers(r->state)) {
-      spdlog::info("run {} was {} when the controller last ended: queued to resume from its latest checkpoint",
-                   r->id, state_name(r->state));
+      spdlog::info("run {} was {} when the controller last ended: queued to resume from its latest checkpoint", r->id,
+                   state_name(r->state));
       r->state = RunState::queued;
       r->resume = true;
       registry_.save(*r);
@@ -134,7 +134,9 @@ void RunBook::snapshot(const std::string& prefix) {
     if (is_finished(r.state) && ++finished_shown > 20) continue;
     if (run_topic(r.id, "state").compare(0, prefix.size(), prefix) == 0)
       bus_.publish(r.id, "state",
-                   {{"state", state_name(r.state)}, {"attempt", r.attempt}, {"restarts", r.restarts},
+                   {{"state", state_name(r.state)},
+                    {"attempt", r.attempt},
+                    {"restarts", r.restarts},
                     {"last_step", r.last_step}},
                    true);
     const json* metrics = latest_metrics(r.id);

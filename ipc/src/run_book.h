@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/common.h>
+#include <nlohmann/json.hpp>
 
 #include "event_bus.h"
 #include "tide/engine/config.h"

@@ -216,7 +216,8 @@ void Supervisor::serve_workers() {
       policies_.on_step(*r, b);
     } else if (type == "decide") {
       const json decision = policies_.on_anomaly(*r, b);
-      const std::string text = json{{"type", "answer"}, {"query", b.value("query", int64_t{0})}, {"body", decision}}.dump();
+      const std::string text =
+          json{{"type", "answer"}, {"query", b.value("query", int64_t{0})}, {"body", decision}}.dump();
       (void)workers_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
       (void)workers_.send(zmq::buffer(text), zmq::send_flags::dontwait);
     } else if (type == "event") {
@@ -321,7 +322,7 @@ void Supervisor::finish_group(RunRecord& r, ActiveRun& a) {
   }
   const bool stopped = a.stop_requested || (a.done && a.done->value("stopped", false));
   runs_.set_state(r, stopped ? RunState::stopped : RunState::completed,
-            {{"last_step", r.last_step}, {"final_loss", r.final_loss ? json(*r.final_loss) : json(nullptr)}});
+                  {{"last_step", r.last_step}, {"final_loss", r.final_loss ? json(*r.final_loss) : json(nullptr)}});
 }
 
 void Supervisor::shutdown(const std::atomic<bool>& hurry) {

@@ -31,14 +31,14 @@ struct ActiveRun {
   std::string rank0;  // routing id of rank 0's link, once it said hello
   std::map<int, Clock::time_point> last_seen;
   Clock::time_point started;
-  std::vector<std::string> gpus;  // the devices its workers see (a cuda run)
-  BatchLayout batch;              // how the group cuts a step's batch, which a live change must fit
+  std::vector<std::string> gpus;                     // the devices its workers see (a cuda run)
+  BatchLayout batch;                                 // how the group cuts a step's batch, which a live change must fit
   nlohmann::json pending = nlohmann::json::array();  // commands for rank 0 not yet delivered
   bool stop_requested = false, cancel_requested = false;
-  bool ending = false;  // the group is being ended
-  std::string fault;    // why it is being ended after a failure
+  bool ending = false;                 // the group is being ended
+  std::string fault;                   // why it is being ended after a failure
   std::optional<nlohmann::json> done;  // rank 0's result
-  std::string worker_error;  // the first error a worker reported
+  std::string worker_error;            // the first error a worker reported
 };
 
 class Supervisor {

@@ -12,7 +12,7 @@ namespace tide::cli {
 void run_policies_locally(TrainHooks& hooks, std::shared_ptr<Recipe> recipe, bool leader) {
   // What a controller publishes as a policy event, a run without one logs.
   PolicyRunner::Report report{[](const std::string& line) { spdlog::warn("{}", line); },
-                              [](nlohmann::json body) { spdlog::info("policy: {}", body.dump()); }};
+                              [](const nlohmann::json& body) { spdlog::info("policy: {}", body.dump()); }};
   std::shared_ptr<PolicyRunner> runner = PolicyRunner::for_recipe(recipe, std::move(report));
   if (!runner) return;
   if (recipe->has_policy("on_anomaly"))

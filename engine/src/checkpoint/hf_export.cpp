@@ -36,7 +36,8 @@ void export_checkpoint_hf(const std::string& step_dir, const std::string& out, c
   Checkpointer(fs::path(step_dir).parent_path().string(), CheckpointParts{&cfg, model.get(), &flat, &optim, nullptr})
       .load(step_dir);
   // The run's tokenizer, two levels up (<run>/checkpoints/step-N), completes the directory.
-  export_hf(out, model, 0, dtype, tokenizer_beside(fs::absolute(step_dir).lexically_normal().parent_path().parent_path()));
+  export_hf(out, model, 0, dtype,
+            tokenizer_beside(fs::absolute(step_dir).lexically_normal().parent_path().parent_path()));
 }
 
 }  // namespace tide

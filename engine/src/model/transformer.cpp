@@ -7,10 +7,10 @@
 #include <torch/torch.h>
 #include <xxhash.h>
 
+#include "recompute.h"
 #include "tide/engine/model/linear_cross_entropy.h"
 #include "tide/engine/model/parameter_units.h"
 #include "tide/engine/run_layout.h"
-#include "recompute.h"
 
 namespace tide {
 

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "tensor_parallel_group.h"
 #include "tide/engine/model/parameter_names.h"
 #include "tide/engine/model/tensor_parallel.h"
 #include "tide/engine/optim/adamw.h"
@@ -10,7 +11,6 @@
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/pipeline.h"
-#include "tensor_parallel_group.h"
 
 namespace tide {
 

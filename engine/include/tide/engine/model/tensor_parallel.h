@@ -37,8 +37,8 @@ class TensorParallelGroup {
   // Mean cross-entropy over rows of logits split by vocabulary: `logits` [N, V / tp] are
   // this rank's columns [first, first + V / tp) of which the first `valid` are real
   // (padding follows); targets [N] int64 in the whole vocabulary.
-  virtual at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
-                                                  int64_t first, int64_t valid) = 0;
+  virtual at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t first,
+                                                  int64_t valid) = 0;
   // No autograd: every rank's `local` (n elements), rank j's at chunk j of the
   // size() * n result. `what` names the tensor in errors.
   virtual at::Tensor all_gather(const at::Tensor& local, const std::string& what) = 0;

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The format and tidy checks of `make test` (the lint.changed_lines test): clang-format
+# (.clang-format) and clang-tidy (.clang-tidy) on the C and C++ lines changed since
+# $TIDE_LINT_BASE (default HEAD~1: the commit being landed; a clone without that commit
+# has nothing to compare and passes). Only changed lines are held to them: the tree was
+# written before the files existed, and a change should not inherit its neighbours' debts.
+#
+# Usage: scripts/lint.sh [BUILD_DIR]   (BUILD_DIR holds compile_commands.json; default build)
+set -euo pipefail
+if [[ ${1:-} == --help || ${1:-} == -h ]]; then sed -n 2,9p "$0"; exit 0; fi
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+base=${TIDE_LINT_BASE:-HEAD~1}
+cd "$root"
+for tool in git-clang-format-14 clang-format-14 clang-tidy-14 clang-tidy-diff-14.py; do
+  command -v "$tool" >/dev/null || { echo "lint: $tool is missing (scripts/setup.sh installs it)" >&2; exit 1; }
+done
+if ! git rev-parse -q --verify "$base^{commit}" >/dev/null; then
+  echo "lint: no commit $base to compare with; nothing to check"
+  exit 0
+fi
+paths=(engine ipc scripting capi tools tests bench examples)
+status=0
+
+# git clang-format formats only the changed lines; --diff prints what it would change.
+format=$(git clang-format-14 --binary clang-format-14 --diff --extensions c,cpp,h "$base" -- "${paths[@]}" || true)
+if grep -q '^diff ' <<<"$format"; then
+  echo "lint: lines changed since $base are not formatted as .clang-format says:" >&2
+  echo "$format" >&2
+  echo "lint: git clang-format-14 $base fixes them" >&2
+  status=1
+fi
+
+# clang-tidy-diff reports on changed lines of the sources in compile_commands.json. The
+# build's precompiled headers are GCC's, which clang cannot read: clang-tidy gets copies
+# of the prefix headers without them.
+db=$(mktemp -d)
+trap 'rm -rf "$db"' EXIT
+python3 - "$build/compile_commands.json" "$db" <<'PY'
+import json, os, shutil, sys
+entries = json.load(open(sys.argv[1]))
+out = sys.argv[2]
+for e in entries:
+    words = e["command"].split(" ")
+    for i, w in enumerate(words):
+        if w.endswith("cmake_pch.hxx") and i > 0 and words[i - 1] == "-include":
+            copy = os.path.join(out, w.strip("/").replace("/", "_"))
+            if not os.path.exists(copy):
+                shutil.copyfile(w, copy)
+            words[i] = copy
+    e["command"] = " ".join(words)
+json.dump(entries, open(os.path.join(out, "compile_commands.json"), "w"))
+PY
+tidy=$(git diff -U0 --no-color "$base" -- "${paths[@]}" |
+  clang-tidy-diff-14.py -clang-tidy-binary clang-tidy-14 -p1 -path "$db" -quiet -j "$(nproc)" -iregex '.*\.(c|cpp)' \
+    -extra-arg=-Wno-unknown-warning-option 2>&1 || true)
+if grep -qE '(warning|error): |^Failed: ' <<<"$tidy"; then
+  echo "lint: clang-tidy on lines changed since $base:" >&2
+  grep -E -A3 '(warning|error): |^Failed: ' <<<"$tidy" >&2
+  status=1
+fi
+((status == 0)) && echo "lint: lines changed since $base pass clang-format and clang-tidy"
+exit $status
