@@ -12,22 +12,24 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" && pwd)
 base=${TIDE_LINT_BASE:-HEAD~1}
 cd "$root"
-for tool in git-clang-format-14 clang-format-14 clang-tidy-14 clang-tidy-diff-14.py; do
+for tool in clang-format-14 clang-format-diff-14 clang-tidy-14 clang-tidy-diff-14.py; do
   command -v "$tool" >/dev/null || { echo "lint: $tool is missing (scripts/setup.sh installs it)" >&2; exit 1; }
 done
 if ! git rev-parse -q --verify "$base^{commit}" >/dev/null; then
   echo "lint: no commit $base to compare with; nothing to check"
   exit 0
 fi
-paths=(engine ipc scripting capi tools tests bench examples)
+paths=(engine ipc scripting capi tools worker tests bench examples)
 status=0
 
-# git clang-format formats only the changed lines; --diff prints what it would change.
-format=$(git clang-format-14 --binary clang-format-14 --diff --extensions c,cpp,h "$base" -- "${paths[@]}" || true)
-if grep -q '^diff ' <<<"$format"; then
+# The changed lines, a moved file's unchanged ones not among them (-M).
+changes=$(git diff -U0 -M --no-color "$base" -- "${paths[@]}")
+# clang-format-diff formats only those lines and prints what it would change.
+format=$(clang-format-diff-14 -p1 -binary clang-format-14 -iregex '.*\.(c|cpp|h)' <<<"$changes" || true)
+if grep -q '^[-+]' <<<"$format"; then
   echo "lint: lines changed since $base are not formatted as .clang-format says:" >&2
   echo "$format" >&2
-  echo "lint: git clang-format-14 $base fixes them" >&2
+  echo "lint: git diff -U0 -M $base | clang-format-diff-14 -p1 -i fixes them" >&2
   status=1
 fi
 
@@ -51,9 +53,8 @@ for e in entries:
     e["command"] = " ".join(words)
 json.dump(entries, open(os.path.join(out, "compile_commands.json"), "w"))
 PY
-tidy=$(git diff -U0 --no-color "$base" -- "${paths[@]}" |
-  clang-tidy-diff-14.py -clang-tidy-binary clang-tidy-14 -p1 -path "$db" -quiet -j "$(nproc)" -iregex '.*\.(c|cpp)' \
-    -extra-arg=-Wno-unknown-warning-option 2>&1 || true)
+tidy=$(clang-tidy-diff-14.py -clang-tidy-binary clang-tidy-14 -p1 -path "$db" -quiet -j "$(nproc)" -iregex '.*\.(c|cpp)' \
+    -extra-arg=-Wno-unknown-warning-option 2>&1 <<<"$changes" || true)
 if grep -qE '(warning|error): |^Failed: ' <<<"$tidy"; then
   echo "lint: clang-tidy on lines changed since $base:" >&2
   grep -E -A3 '(warning|error): |^Failed: ' <<<"$tidy" >&2

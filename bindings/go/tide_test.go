@@ -1,7 +1,7 @@
 package tide
 
 // The Go binding against an embedded engine and a tided process: a whole run (submit ->
-// metrics -> set lr -> checkpoint -> stop) and its errors. Needs TIDE_BIN and TIDED_BIN.
+// metrics -> set lr -> checkpoint -> stop) and its errors. Needs TIDE_BIN, TIDE_WORKER_BIN and TIDED_BIN.
 
 import (
 	"context"
@@ -132,7 +132,7 @@ func wholeRun(t *testing.T, engine *Engine) {
 
 func TestEmbedded(t *testing.T) {
 	engine, err := OpenEmbedded(EmbeddedOptions{StateDir: filepath.Join(work, "embedded"),
-		WorkerExecutable: os.Getenv("TIDE_BIN"), CPUSlots: 1})
+		WorkerExecutable: os.Getenv("TIDE_WORKER_BIN"), CPUSlots: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestEmbedded(t *testing.T) {
 func TestDaemon(t *testing.T) {
 	state := filepath.Join(work, "daemon")
 	daemon := exec.Command(os.Getenv("TIDED_BIN"), "--foreground", "--state-dir", state, "--cpu-slots", "1",
-		"--no-tcp", "--worker", os.Getenv("TIDE_BIN"))
+		"--no-tcp", "--worker", os.Getenv("TIDE_WORKER_BIN"))
 	if err := daemon.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestDaemon(t *testing.T) {
 
 func TestBadRecipe(t *testing.T) {
 	engine, err := OpenEmbedded(EmbeddedOptions{StateDir: filepath.Join(work, "bad"),
-		WorkerExecutable: os.Getenv("TIDE_BIN")})
+		WorkerExecutable: os.Getenv("TIDE_WORKER_BIN")})
 	if err != nil {
 		t.Fatal(err)
 	}

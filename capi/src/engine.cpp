@@ -29,11 +29,12 @@ std::string default_worker() {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&tide_version), &info) && info.dli_fname) {
     const fs::path dir = fs::absolute(info.dli_fname).parent_path();
-    for (const auto& candidate : {dir / "tide", dir.parent_path() / "bin" / "tide", dir.parent_path() / "tools" / "tide"})
+    for (const auto& candidate :
+         {dir / "tide-worker", dir.parent_path() / "bin" / "tide-worker", dir.parent_path() / "tools" / "tide-worker"})
       if (fs::exists(candidate)) return candidate.string();
   }
   throw Failure(TIDE_ERR_INVALID_ARGUMENT,
-                "no worker executable: set worker_executable or $TIDE_WORKER to the tide binary");
+                "no worker executable: set worker_executable or $TIDE_WORKER to the tide-worker binary");
 }
 }  // namespace
 }  // namespace tide::capi

@@ -109,7 +109,7 @@ json Exports::start(const json& body) {
   job.started = unix_now();
   WorkerSpec spec;
   spec.executable = opt_.worker_executable;
-  spec.args = {"ckpt", "export", job.checkpoint, "-o", job.out, "--dtype", dtype};
+  spec.args = {"export", job.checkpoint, "-o", job.out, "--dtype", dtype};
   spec.log_file = job.log;
   spec.working_dir = run_dir.string();
   spec.die_with_parent = true;
@@ -151,7 +151,7 @@ void Exports::watch() {
     }
     for (const auto& exit : job.child->reap()) {
       job.state = exit.ok() ? "done" : "failed";
-      if (!exit.ok()) job.error = fmt::format("tide ckpt export {}: {}", exit.describe(), last_error_line(job.log));
+      if (!exit.ok()) job.error = fmt::format("tide-worker export {}: {}", exit.describe(), last_error_line(job.log));
     }
     if (!job.child->all_ended()) continue;
     job.child.reset();

@@ -1,6 +1,6 @@
 // A run's checkpoints as the controller sees them (listed from disk), and exports of
 // them to Hugging Face files. An export needs LibTorch, which the controller never
-// loads, so it runs `tide ckpt export` as a child process, watched like a worker.
+// loads, so it runs `tide-worker export` as a child process, watched like a worker.
 #pragma once
 
 #include <cstdint>

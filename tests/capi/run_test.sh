@@ -5,6 +5,7 @@
 # Usage: run_test.sh RUN_BINARY TIDE TIDED [cuda PYTHON]
 set -eu
 RUN=$1 TIDE=$2 TIDED=$3 MODE=${4:-cpu}
+WORKER="$(dirname "$TIDE")/tide-worker"  # what the engines start for each rank
 if [ "$MODE" = cuda ]; then
   "$5" "$(dirname "$0")/../tools/cuda_probe.py" || exit $?
 fi
@@ -18,11 +19,11 @@ trap cleanup EXIT
 "$TIDE" data prepare /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 --out "$WORK/ds" \
   --tokenizer bytes --val-fraction 0.1 2>/dev/null
 if [ "$MODE" = cuda ]; then
-  TIDE_TEST_DEVICE=cuda "$RUN" embedded "$WORK/embedded" "$TIDE" "$WORK" "$(dirname "$0")/tiny.lua"
+  TIDE_TEST_DEVICE=cuda "$RUN" embedded "$WORK/embedded" "$WORKER" "$WORK" "$(dirname "$0")/tiny.lua"
   exit 0
 fi
-"$RUN" embedded "$WORK/embedded" "$TIDE" "$WORK" "$(dirname "$0")/tiny.lua"
-"$TIDED" --foreground --state-dir "$WORK/daemon" --cpu-slots 2 --no-tcp --worker "$TIDE" 2>"$WORK/tided.log" &
+"$RUN" embedded "$WORK/embedded" "$WORKER" "$WORK" "$(dirname "$0")/tiny.lua"
+"$TIDED" --foreground --state-dir "$WORK/daemon" --cpu-slots 2 --no-tcp --worker "$WORKER" 2>"$WORK/tided.log" &
 DAEMON=$!
 i=0
 until [ -f "$WORK/daemon/endpoints.json" ]; do

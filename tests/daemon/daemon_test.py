@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from tided_client import Conn, Events, Tided, is_state, losses, summary, wait_status  # noqa: E402
 
 TIDED, TIDE, PART = sys.argv[1], sys.argv[2], sys.argv[3]
+WORKER = os.path.join(os.path.dirname(TIDE), "tide-worker")  # what tided starts for each rank and export
 WORK = tempfile.mkdtemp(prefix="tided-test-")
 
 
@@ -53,7 +54,7 @@ def set_lr_live(conn, events, run):
 
 
 def part_control():
-    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2).start()
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=2).start()
     conn = Conn(d.tcp("commands"))
     early = Events(d.tcp("events"), "run.")
     time.sleep(0.3)  # the subscription reaches the daemon before the first event
@@ -159,7 +160,7 @@ def part_control():
 
 
 def part_bad_input():
-    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2).start()
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=2).start()
     conn = Conn(d.tcp("commands"))
     # A run that keeps training while everything below is thrown at the daemon.
     run = submit(conn, recipe("steady", 600))
@@ -296,7 +297,7 @@ def part_bad_input():
 
 
 def part_faults():
-    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2).start()
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=2).start()
     conn = Conn(d.tcp("commands"))
     events = Events(d.tcp("events"), "run.")
     time.sleep(0.3)
@@ -384,7 +385,7 @@ def part_faults():
 
 def part_anomaly():
     # The daemon's workers inherit the injection: step 12's loss is NaN in every run.
-    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2, env={"TIDE_INJECT_NAN_AT": "12"}).start()
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=2, env={"TIDE_INJECT_NAN_AT": "12"}).start()
     conn = Conn(d.tcp("commands"))
     events = Events(d.tcp("events"), "run.")
     time.sleep(0.3)
@@ -440,7 +441,7 @@ def part_policy():
     # Recipe policies run by the controller: on_step answers with a live change, and
     # on_anomaly decides what each injected NaN (steps 12 and 25) triggers on both ranks.
     env = {"TIDE_INJECT_NAN_AT": "12,25"}
-    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=2, env=env).start()
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=2, env=env).start()
     conn = Conn(d.tcp("commands"))
     events = Events(d.tcp("events"), "run.")
     time.sleep(0.3)
@@ -584,7 +585,7 @@ def part_security():
     op, obs, stranger = zmq.curve_keypair(), zmq.curve_keypair(), zmq.curve_keypair()
     with open(os.path.join(WORK, "clients.txt"), "w") as f:
         f.write(f"# who may talk to this daemon\noperator {op[0].decode()} alice\nobserver {obs[0].decode()} dashboard\n")
-    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=1,
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=1,
               extra=["--curve-key", os.path.join(keys, "server.key"), "--clients", os.path.join(WORK, "clients.txt"),
                      "--bind", "tcp://0.0.0.0:*", "--publish", "tcp://0.0.0.0:*"]).start()
     assert d.endpoints["curve_public_key"] == server_pub.decode()
@@ -626,7 +627,7 @@ NETNS_SETUP = ("ip link set lo up && ip link add h0 type veth peer name h1 && "
 
 def tided_in_netns(args, state):
     return subprocess.Popen(["unshare", "--net", "sh", "-c", NETNS_SETUP, "sh", TIDED, "--foreground", "--state-dir",
-                             state, "--port", "0", "--worker", TIDE, *args],
+                             state, "--port", "0", "--worker", WORKER, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -676,7 +677,7 @@ def part_exposure():
     for args, why in ((["--clients", clients], "needs this daemon's CURVE key"),
                       (["--curve-key", key, "--clients", twice], "twice.txt:2: key"),
                       (["--curve-key", loose, "--clients", clients], "readable by others (mode 0644)")):
-        p = subprocess.run([TIDED, "--foreground", "--state-dir", state, "--port", "0", "--worker", TIDE, *args],
+        p = subprocess.run([TIDED, "--foreground", "--state-dir", state, "--port", "0", "--worker", WORKER, *args],
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 1 and why in p.stderr, (args, p.returncode, p.stderr)
         print(f"refused {why}: {p.stderr.strip().splitlines()[-1][-100:]}")
@@ -689,7 +690,7 @@ def part_fuzz():
     # client is served between them.
     import random
     rng = random.Random(20261123)
-    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=1).start()
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=1).start()
     fuzz = Conn(d.tcp("commands"))
     normal = Conn(d.tcp("commands"))
     valid = [json.dumps({"v": 1, "id": 1, "type": t, "body": b}).encode() for t, b in (
@@ -755,7 +756,7 @@ def part_cuda():
     if probe.returncode != 0:
         sys.exit(probe.returncode)
     import torch
-    d = Tided(TIDED, TIDE, os.path.join(WORK, "state"), slots=1, extra=("--gpus", "0")).start()
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=1, extra=("--gpus", "0")).start()
     conn = Conn(d.tcp("commands"))
     events = Events(d.tcp("events"), "run.")
     time.sleep(0.3)

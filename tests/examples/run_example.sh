@@ -9,7 +9,7 @@ trap 'rm -rf "$WORK"' EXIT
 "$TIDE" data prepare /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 \
   /usr/share/common-licenses/GPL-2 /usr/share/common-licenses/MPL-2.0 --out "$WORK/ds" --tokenizer bytes \
   --val-fraction 0.05 2>/dev/null
-export TIDE_EXAMPLE_DATA="$WORK/ds" TIDE_STATE_DIR="$WORK/state" TIDE_WORKER="$TIDE" TIDE_LIBRARY="$LIB"
+export TIDE_EXAMPLE_DATA="$WORK/ds" TIDE_STATE_DIR="$WORK/state" TIDE_WORKER="$(dirname "$TIDE")/tide-worker" TIDE_LIBRARY="$LIB"
 LIBDIR=$(dirname "$LIB")
 case $LANG_ in
   c) "$C_EXAMPLE" > "$WORK/out" ;;

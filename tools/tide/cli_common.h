@@ -6,9 +6,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tide/worker/commands.h"
+
 namespace tide::cli {
 
-void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_recipe_command(CLI::App& app);
 void add_generate_commands(CLI::App& app);  // generate, eval
@@ -18,8 +19,7 @@ void add_checkpoint_command(CLI::App& app);
 // logs, checkpoints, export, daemon: clients of a running tided.
 void add_client_commands(CLI::App& app);
 
-// "--set key=value" (repeatable) on a subcommand.
-void add_overrides(CLI::App& cmd, std::vector<std::string>& overrides);
+using worker::add_overrides;
 
 // Human-friendly counts: 6,738,415,616.
 std::string with_commas(int64_t n);

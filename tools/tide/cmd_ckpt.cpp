@@ -75,16 +75,7 @@ void add_checkpoint_command(CLI::App& app) {
     }
   });
 
-  auto* exp = ckpt->add_subcommand("export",
-                                   "Write Hugging Face safetensors + config.json (and the run's tokenizer) from a "
-                                   "checkpoint saved under any layout");
-  exp->add_option("dir", opt->path, "A step directory")->required();
-  exp->add_option("-o,--out", opt->out, "Directory to write")->required();
-  exp->add_option("--dtype", opt->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
-  exp->callback([opt] {
-    export_checkpoint_hf(opt->path, opt->out, opt->dtype);
-    spdlog::info("wrote {}", opt->out);
-  });
+  worker::add_export_command(*ckpt, "export");
 }
 
 }  // namespace tide::cli

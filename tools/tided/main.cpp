@@ -28,12 +28,12 @@ void on_signal(int) {
   if (g_controller) g_controller->stop();
 }
 
-// The tide binary beside this one (installed layout) or in the build tree's tools/tide.
+// The tide-worker beside this program (the build tree's tools/, or an installation's bin/).
 std::string default_worker() {
   const fs::path self = fs::read_symlink("/proc/self/exe").parent_path();
-  for (const auto& candidate : {self / "tide", self.parent_path() / "tide" / "tide"})
+  for (const auto& candidate : {self / "tide-worker", self.parent_path() / "bin" / "tide-worker"})
     if (fs::exists(candidate)) return candidate.string();
-  return (self / "tide").string();
+  return (self / "tide-worker").string();
 }
 
 // Returns in the parent once the detached daemon has bound its sockets (or failed).
@@ -102,7 +102,8 @@ int main(int argc, char** argv) {
   app.add_option("--recipe-dir", opt.recipe_dirs,
                  "A directory whose recipes clients may name (recipe_name), besides the bundled ones; repeatable")
       ->check(CLI::ExistingDirectory);
-  app.add_option("--worker", opt.worker_executable, "The tide executable the workers run (default: beside tided)");
+  app.add_option("--worker", opt.worker_executable,
+                 "The tide-worker executable each rank and export runs (default: beside tided)");
   app.add_option("--log-level", level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);

@@ -1,7 +1,7 @@
 """The Python binding against an embedded engine and a tided process: a whole run
 (submit -> metrics -> set lr -> checkpoint -> stop) and its errors.
 
-Needs TIDE_BIN and TIDED_BIN (the executables) and TIDE_LIBRARY (libtide.so.0), as
+Needs TIDE_BIN, TIDE_WORKER_BIN and TIDED_BIN (the executables) and TIDE_LIBRARY (libtide.so.0), as
 ctest sets them: python3 -m unittest discover -s bindings/python/tests"""
 import os
 import shutil
@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import tide  # noqa: E402
 
 TIDE_BIN, TIDED_BIN = os.environ["TIDE_BIN"], os.environ["TIDED_BIN"]
+TIDE_WORKER_BIN = os.environ["TIDE_WORKER_BIN"]
 
 # The recipe the C API tests use too.
 with open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "tests", "capi", "tiny.lua")) as f:
@@ -91,7 +92,7 @@ class WholeRun:
 class Embedded(WholeRun, unittest.TestCase):
     def setUp(self):
         self.engine = tide.Engine.embedded(state_dir=os.path.join(WORK, f"embedded-{self._testMethodName}"),
-                                           worker=TIDE_BIN, cpu_slots=1)
+                                           worker=TIDE_WORKER_BIN, cpu_slots=1)
 
     def tearDown(self):
         self.engine.close()
@@ -108,7 +109,7 @@ class Daemon(WholeRun, unittest.TestCase):
     def setUpClass(cls):
         state = os.path.join(WORK, "daemon")
         cls.proc = subprocess.Popen([TIDED_BIN, "--foreground", "--state-dir", state, "--cpu-slots", "1",
-                                     "--no-tcp", "--worker", TIDE_BIN], stderr=subprocess.DEVNULL)
+                                     "--no-tcp", "--worker", TIDE_WORKER_BIN], stderr=subprocess.DEVNULL)
         ready = os.path.join(state, "endpoints.json")
         deadline = time.time() + 30
         while not os.path.exists(ready) and time.time() < deadline:

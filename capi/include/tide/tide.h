@@ -109,7 +109,7 @@ TIDE_API int tide_engine_connect(tide_engine **out, const char *endpoint, const 
 typedef struct tide_embedded_options {
   uint32_t version;
   const char *state_dir;         /* registry and run directories; NULL: as for tided */
-  const char *worker_executable; /* the tide binary; NULL: $TIDE_WORKER, else beside libtide */
+  const char *worker_executable; /* tide-worker; NULL: $TIDE_WORKER, else beside libtide */
   int32_t cpu_slots;             /* 0: 1 */
   int32_t cores;                 /* cores the slots share; 0: this machine's */
   const char *gpus;              /* "auto" (NULL), "none", or "0,1" */

@@ -1,5 +1,5 @@
 //! The Rust binding against an embedded engine and a tided process: a whole run (submit ->
-//! metrics -> set lr -> checkpoint -> stop) and its errors. Needs TIDE_BIN and TIDED_BIN.
+//! metrics -> set lr -> checkpoint -> stop) and its errors. Needs TIDE_BIN, TIDE_WORKER_BIN and TIDED_BIN.
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,6 +13,10 @@ const RECIPE: &str = include_str!("../../../../tests/capi/tiny.lua");
 
 fn tide_bin() -> String {
     env::var("TIDE_BIN").expect("TIDE_BIN: the tide executable")
+}
+
+fn worker_bin() -> String {
+    env::var("TIDE_WORKER_BIN").expect("TIDE_WORKER_BIN: the tide-worker executable")
 }
 
 /// A fresh directory holding the prepared dataset `ds`.
@@ -120,7 +124,7 @@ fn embedded() {
     let work = workdir("embedded");
     let engine = Engine::embedded(&tide::EmbeddedOptions {
         state_dir: Some(work.join("state").to_string_lossy().into()),
-        worker_executable: Some(tide_bin()),
+        worker_executable: Some(worker_bin()),
         cpu_slots: 1,
         ..Default::default()
     })
@@ -160,7 +164,7 @@ fn daemon() {
                 "1",
                 "--no-tcp",
                 "--worker",
-                &tide_bin(),
+                &worker_bin(),
                 "--state-dir",
             ])
             .arg(&state)

@@ -15,7 +15,7 @@ struct ControllerOptions {
   std::string state_dir;                       // registry, run directories, ipc sockets
   std::vector<std::string> command_endpoints;  // bound; "tcp://127.0.0.1:*" picks a port
   std::vector<std::string> event_endpoints;
-  std::string worker_executable;  // the tide binary the workers run
+  std::string worker_executable;  // tide-worker: what each rank and each export runs
   // Where `recipe_name` may find recipes besides the bundled ones (recipes_dir()).
   std::vector<std::string> recipe_dirs;
   int cpu_slots = 1;              // CPU runs share these (one slot per worker process)

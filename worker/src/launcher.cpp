@@ -7,12 +7,11 @@
 
 #include <spdlog/spdlog.h>
 
-#include "stop_signals.h"
+#include "tide/worker/stop_signals.h"
 
-namespace tide::cli {
+namespace tide::worker {
 
 int launch_workers(ipc::WorkerSpec spec) {
-  if (spec.executable.empty()) spec.executable = "/proc/self/exe";
   spec.die_with_parent = true;  // a killed launcher takes its workers with it
   ipc::WorkerGroup group(spec);
   const int world = spec.nproc * spec.nnodes;
@@ -47,4 +46,4 @@ int launch_workers(ipc::WorkerSpec spec) {
   return 0;
 }
 
-}  // namespace tide::cli
+}  // namespace tide::worker

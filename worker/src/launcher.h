@@ -4,10 +4,10 @@
 
 #include "tide/ipc/worker_group.h"
 
-namespace tide::cli {
+namespace tide::worker {
 
-// Runs `spec` (executable empty: this program) to the end; returns the exit status for
+// Runs `spec` to the end; returns the exit status for
 // the launcher: 0 when every worker succeeded.
 int launch_workers(ipc::WorkerSpec spec);
 
-}  // namespace tide::cli
+}  // namespace tide::worker

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/sinks/base_sink.h>
 
-namespace tide::cli {
+namespace tide::worker {
 namespace {
 
 // The controller answers within its policy budget; this covers a busy controller.
@@ -73,4 +73,4 @@ void report_failure(ipc::WorkerLink* link, const std::string& message) {
   if (link) link->send("error", {{"message", message}});
 }
 
-}  // namespace tide::cli
+}  // namespace tide::worker

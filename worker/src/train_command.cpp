@@ -6,11 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "cli_common.h"
 #include "controlled_worker.h"
 #include "launcher.h"
 #include "local_policies.h"
-#include "stop_signals.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/launch_env.h"
 #include "tide/engine/run_layout.h"
@@ -18,8 +16,10 @@
 #include "tide/engine/train/runtime.h"
 #include "tide/engine/train/trainer.h"
 #include "tide/scripting/recipe.h"
+#include "tide/worker/commands.h"
+#include "tide/worker/stop_signals.h"
 
-namespace tide::cli {
+namespace tide::worker {
 namespace {
 
 struct Options {
@@ -30,7 +30,7 @@ struct Options {
   int nproc = 1, nnodes = 1, node_rank = 0;
 };
 
-// This process starts nproc workers (of nnodes machines), each a `tide train` of one rank.
+// This process starts nproc workers (of nnodes machines), each a `tide-worker train` of one rank.
 void launch_training(const Options& opt, const RunConfig& cfg, const std::string& dir) {
   check_supported_layout(cfg, opt.nproc * opt.nnodes);
   ipc::WorkerSpec spec;
@@ -45,6 +45,7 @@ void launch_training(const Options& opt, const RunConfig& cfg, const std::string
   } else if (opt.nnodes > 1) {
     throw std::invalid_argument("--nnodes " + std::to_string(opt.nnodes) + " needs --master host:port");
   }
+  spec.executable = worker_beside_self();
   spec.args = {"train", opt.recipe, "--run-dir", dir};
   for (const auto& o : opt.overrides) spec.args.insert(spec.args.end(), {"--set", o});
   if (opt.peak_tflops > 0) spec.args.insert(spec.args.end(), {"--peak-tflops", fmt::format("{}", opt.peak_tflops)});
@@ -157,4 +158,4 @@ void add_train_command(CLI::App& app) {
   cmd->callback([opt] { run_training(*opt); });
 }
 
-}  // namespace tide::cli
+}  // namespace tide::worker

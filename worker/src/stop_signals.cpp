@@ -1,4 +1,4 @@
-#include "stop_signals.h"
+#include "tide/worker/stop_signals.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <atomic>
 #include <cstring>
 
-namespace tide::cli {
+namespace tide::worker {
 namespace {
 
 volatile sig_atomic_t g_first_signal = 0;
@@ -43,4 +43,4 @@ std::string take_stop_command() {
   return R"([{"op":"stop"}])";
 }
 
-}  // namespace tide::cli
+}  // namespace tide::worker

@@ -7,7 +7,7 @@
 #include "tide/engine/train/trainer.h"
 #include "tide/ipc/worker_link.h"
 
-namespace tide::cli {
+namespace tide::worker {
 
 // When the environment names a controller (TIDE_CONTROLLER), connects to it and sets
 // the hooks: every rank heartbeats and takes part in live control; rank 0 also sends
@@ -20,4 +20,4 @@ std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks, bool ask_a
 void report_result(ipc::WorkerLink* link, const TrainResult& result);
 void report_failure(ipc::WorkerLink* link, const std::string& message);
 
-}  // namespace tide::cli
+}  // namespace tide::worker

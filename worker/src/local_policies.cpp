@@ -7,7 +7,7 @@
 
 #include "tide/scripting/policy.h"
 
-namespace tide::cli {
+namespace tide::worker {
 
 void run_policies_locally(TrainHooks& hooks, std::shared_ptr<Recipe> recipe, bool leader) {
   // What a controller publishes as a policy event, a run without one logs.
@@ -43,4 +43,4 @@ void run_policies_locally(TrainHooks& hooks, std::shared_ptr<Recipe> recipe, boo
   };
 }
 
-}  // namespace tide::cli
+}  // namespace tide::worker

@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace tide::cli {
+namespace tide::worker {
 
 // Installs the handlers for SIGINT and SIGTERM (idempotent).
 void install_stop_signals();
@@ -16,4 +16,4 @@ int stop_signal();
 // stop, the first time it is called after a stop signal; "" otherwise.
 std::string take_stop_command();
 
-}  // namespace tide::cli
+}  // namespace tide::worker

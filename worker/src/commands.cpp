@@ -1,0 +1,59 @@
+#include "tide/worker/commands.h"
+
+#include <filesystem>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "tide/engine/checkpoint/hf_export.h"
+#include "tide/worker/stop_signals.h"
+
+namespace tide::worker {
+namespace fs = std::filesystem;
+
+void add_overrides(CLI::App& cmd, std::vector<std::string>& overrides) {
+  cmd.add_option("--set", overrides, "Override a recipe field, e.g. --set optimizer.lr=1e-4 (repeatable)")
+      ->type_name("KEY=VALUE");
+}
+
+void add_export_command(CLI::App& app, const std::string& name) {
+  struct Options {
+    std::string dir, out, dtype = "F32";
+  };
+  auto opt = std::make_shared<Options>();
+  auto* exp = app.add_subcommand(name,
+                                 "Write Hugging Face safetensors + config.json (and the run's tokenizer) from a "
+                                 "checkpoint saved under any layout");
+  exp->add_option("dir", opt->dir, "A step directory")->required();
+  exp->add_option("-o,--out", opt->out, "Directory to write")->required();
+  exp->add_option("--dtype", opt->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
+  exp->callback([opt] {
+    export_checkpoint_hf(opt->dir, opt->out, opt->dtype);
+    spdlog::info("wrote {}", opt->out);
+  });
+}
+
+int run_command_line(CLI::App& app, int argc, char** argv) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("tide"));
+  spdlog::set_pattern("[%H:%M:%S] [%^%l%$] %v");
+  std::string level = "info";
+  app.add_option("--log-level", level, "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
+  app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(level)); });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+  // Stopped by SIGINT / SIGTERM after saving its work: the shell's convention for a
+  // command a signal ended.
+  if (const int sig = stop_signal(); sig != 0) return 128 + sig;
+  return 0;
+}
+
+std::string worker_beside_self() { return (fs::read_symlink("/proc/self/exe").parent_path() / "tide-worker").string(); }
+
+}  // namespace tide::worker
