@@ -53,7 +53,9 @@ def main():
         subprocess.run([a.tide, "data", "prepare", "/usr/share/common-licenses/GPL-3",
                         "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(work, "ds"),
                         "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
-        d = Tided(a.tided, a.tide, os.path.join(work, "state"), slots=1).start()
+        # The daemon starts tide-worker (beside tide); a build from before it existed ran tide.
+        worker = os.path.join(os.path.dirname(a.tide), "tide-worker")
+        d = Tided(a.tided, worker if os.path.exists(worker) else a.tide, os.path.join(work, "state"), slots=1).start()
         conn = Conn(d.tcp("commands"))
         body = {"recipe": RECIPE % a.steps, "workdir": work}
 
