@@ -29,7 +29,7 @@ build: configure
 
 # Only the executables: what the demo and the benchmarks run (the tests build under `make test`).
 tools: configure
-	@cmake --build $(BUILD) -j $(JOBS) --target tide tided
+	@cmake --build $(BUILD) -j $(JOBS) --target tide tide-worker tided
 
 $(CORPUS):
 	@scripts/fetch_corpus.sh $(CORPUS)

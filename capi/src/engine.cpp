@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "tide/engine/io/json_input.h"
+#include "tide/ipc/worker_group.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -22,16 +23,14 @@ Handles<tide_engine>& engines() {
 }
 
 namespace {
-// The tide binary an embedded engine's workers run: $TIDE_WORKER, else beside this
-// library (installed: lib/../bin/tide; build tree: capi/../tools/tide).
+// The tide-worker an embedded engine's workers run: $TIDE_WORKER, else the one that
+// belongs with this library (installed: lib/../bin; build tree: capi/../tools).
 std::string default_worker() {
   if (const char* env = std::getenv("TIDE_WORKER"); env && *env) return env;
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&tide_version), &info) && info.dli_fname) {
-    const fs::path dir = fs::absolute(info.dli_fname).parent_path();
-    for (const auto& candidate :
-         {dir / "tide-worker", dir.parent_path() / "bin" / "tide-worker", dir.parent_path() / "tools" / "tide-worker"})
-      if (fs::exists(candidate)) return candidate.string();
+    const std::string found = tide::ipc::find_tide_worker(fs::absolute(info.dli_fname).parent_path().string());
+    if (!found.empty()) return found;
   }
   throw Failure(TIDE_ERR_INVALID_ARGUMENT,
                 "no worker executable: set worker_executable or $TIDE_WORKER to the tide-worker binary");

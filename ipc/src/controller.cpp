@@ -172,14 +172,6 @@ Controller::Controller(ControllerOptions options) : impl_(std::make_unique<Impl>
 Controller::~Controller() = default;
 
 Controller::Impl::~Impl() {
-  // The parts go first (their sockets close); the lock last.
-  requests.reset();
-  exports.reset();
-  supervisor.reset();
-  policies.reset();
-  runs.reset();
-  bus.reset();
-  evaluator.reset();
   if (state_lock >= 0) ::close(state_lock);
 }
 

@@ -36,7 +36,8 @@ struct Controller::Impl {
   std::atomic<bool> hurry{false};  // stop without waiting for the runs' checkpoints
   int state_lock = -1;  // flock on <state>/controller.lock, held for the controller's life
 
-  // Destroyed in reverse: requests first, the evaluator (which joins its thread) last.
+  // Destroyed in reverse, before ctx (their sockets close first): requests first, the
+  // evaluator (which joins its thread) last.
   std::unique_ptr<RecipeEvaluator> evaluator;
   std::unique_ptr<EventBus> bus;
   std::unique_ptr<RunBook> runs;

@@ -71,7 +71,7 @@ void Supervisor::cancel(const std::string& run) {
   a->cancel_requested = true;
   if (a->group && !a->ending) {
     a->ending = true;
-    a->group->terminate(std::chrono::seconds(5));
+    a->group->terminate(kGrace);
   }
 }
 

@@ -11,12 +11,21 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
 
 namespace tide::ipc {
+
+std::string find_tide_worker(const std::string& dir) {
+  const std::filesystem::path d(dir);
+  for (const auto& candidate :
+       {d / "tide-worker", d.parent_path() / "bin" / "tide-worker", d.parent_path() / "tools" / "tide-worker"})
+    if (std::filesystem::exists(candidate)) return candidate.string();
+  return "";
+}
 
 int free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

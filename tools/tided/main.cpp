@@ -18,6 +18,7 @@
 
 #include "tide/ipc/client.h"
 #include "tide/ipc/controller.h"
+#include "tide/ipc/worker_group.h"
 
 namespace fs = std::filesystem;
 
@@ -28,12 +29,11 @@ void on_signal(int) {
   if (g_controller) g_controller->stop();
 }
 
-// The tide-worker beside this program (the build tree's tools/, or an installation's bin/).
+// The tide-worker that belongs with this tided (beside it, or in an installation's bin/).
 std::string default_worker() {
   const fs::path self = fs::read_symlink("/proc/self/exe").parent_path();
-  for (const auto& candidate : {self / "tide-worker", self.parent_path() / "bin" / "tide-worker"})
-    if (fs::exists(candidate)) return candidate.string();
-  return (self / "tide-worker").string();
+  const std::string found = tide::ipc::find_tide_worker(self.string());
+  return found.empty() ? (self / "tide-worker").string() : found;
 }
 
 // Returns in the parent once the detached daemon has bound its sockets (or failed).

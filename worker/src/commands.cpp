@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "tide/engine/checkpoint/hf_export.h"
+#include "tide/ipc/worker_group.h"
 #include "tide/worker/stop_signals.h"
 
 namespace tide::worker {
@@ -54,6 +55,10 @@ int run_command_line(CLI::App& app, int argc, char** argv) {
   return 0;
 }
 
-std::string worker_beside_self() { return (fs::read_symlink("/proc/self/exe").parent_path() / "tide-worker").string(); }
+std::string worker_beside_self() {
+  const fs::path self = fs::read_symlink("/proc/self/exe").parent_path();
+  const std::string found = ipc::find_tide_worker(self.string());
+  return found.empty() ? (self / "tide-worker").string() : found;
+}
 
 }  // namespace tide::worker

@@ -13,6 +13,11 @@
 
 namespace tide::ipc {
 
+// The tide-worker executable that belongs with a program or library in `dir`: in `dir`
+// itself (the build tree's tools/), in ../bin (an installation) or in ../tools (a
+// library in the build tree's capi/). Empty when none exists.
+std::string find_tide_worker(const std::string& dir);
+
 struct WorkerSpec {
   std::string executable;         // the worker program (the tide binary)
   std::vector<std::string> args;  // after argv[0]

@@ -26,8 +26,8 @@ void add_overrides(CLI::App& cmd, std::vector<std::string>& overrides);
 // the work (saved first), else 0.
 int run_command_line(CLI::App& app, int argc, char** argv);
 
-// The worker executable beside this program's (the `tide-worker` of the same build or
-// installation): what the launcher starts for each rank.
+// The tide-worker of this program's build or installation (ipc::find_tide_worker):
+// what the launcher starts for each rank.
 std::string worker_beside_self();
 
 }  // namespace tide::worker
