@@ -293,6 +293,52 @@ def part_bad_input():
     assert r["state"] == "completed" and r["last_step"] == 600, r
     assert d.proc.poll() is None, "tided died"
     print(f"the steady run completed all 600 steps while the bad input arrived")
+    part_pending_submits(d, conn)
+
+
+def slow_submit(d, key, name):
+    """A submit on a connection of its own whose recipe takes a while to evaluate (tenths
+    of a second of 1 MB strings, far inside the 3 s budget) and then succeeds; the reply is
+    left to read."""
+    c = Conn(d.tcp("commands"))
+    text = "for i = 1, 20000 do local s = string.rep('x', 1048576 + i) end\n" + recipe(name, 5)
+    c.sock.send_multipart([json.dumps({"v": 1, "id": 1, "type": "submit", "body": {
+        "recipe": text, "workdir": WORK, "idempotency_key": key}}).encode()])
+    return c
+
+
+def reply_of(c, what):
+    assert c.sock.poll(30000), f"no reply to {what}"
+    reply = json.loads(c.sock.recv_multipart()[-1])
+    c.close()
+    assert reply["ok"], (what, reply)
+    return reply["body"]
+
+
+def part_pending_submits(d, conn):
+    # One idempotency key submitted twice while its recipe is still being evaluated: one run.
+    first, second = slow_submit(d, "twice", "twice"), slow_submit(d, "twice", "twice")
+    a, b = reply_of(first, "the first submit"), reply_of(second, "the second submit")
+    assert a["run"]["id"] == b["run"]["id"] and (a["duplicate"], b["duplicate"]) == (False, True), (a, b)
+    named = [r for r in conn.request("list")["runs"] if r["name"] == "twice"]
+    assert len(named) == 1, named
+    print(f"  one key submitted twice during evaluation: one run, {a['run']['id']}")
+    conn.request("cancel", {"run": a["run"]["id"]})
+
+    # A shutdown answers a submit still under evaluation, and the run it made is there
+    # for the next daemon on the same state.
+    pending = slow_submit(d, "at-shutdown", "pending")
+    time.sleep(0.05)  # the submit reaches the daemon first
+    assert conn.request("shutdown")["stopping"]
+    body = reply_of(pending, "the submit pending at shutdown")
+    assert body["run"]["state"] == "queued" and not body["duplicate"], body
+    assert d.proc.wait(timeout=60) == 0, "tided did not exit cleanly on shutdown"
+    d.start()
+    again = Conn(d.tcp("commands"))
+    r = again.request("status", {"run": body["run"]["id"]})["run"]
+    assert r["name"] == "pending", r
+    print(f"  a submit pending at shutdown answered ({body['run']['id']}, queued) and kept by the next daemon")
+    again.close()
     d.stop()
 
 
