@@ -1,4 +1,4 @@
-# LibTorch from PyTorch 2.x (>= 2.4), the only LibTorch tide builds against.
+# LibTorch from PyTorch 2.x (>= 2.5), the only LibTorch tide builds against.
 #
 # Where it comes from, first match wins:
 #   -DTIDE_LIBTORCH=<dir>   a LibTorch archive (or any prefix holding share/cmake/Torch)
@@ -72,7 +72,7 @@ if(EXISTS "${TIDE_TORCH_PREFIX}/lib/libtorch_cuda.so" AND (NOT CUDA_NVRTC_LIB OR
   endif()
 endif()
 
-find_package(Torch 2.4 REQUIRED CONFIG)
+find_package(Torch 2.5 REQUIRED CONFIG)
 message(STATUS "LibTorch ${Torch_VERSION} at ${TIDE_TORCH_PREFIX}")
 
 # A CUDA wheel loads the CUDA libraries of its nvidia-* packages (site-packages/nvidia/*),

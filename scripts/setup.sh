@@ -5,7 +5,7 @@
 # Usage: scripts/setup.sh [--cuda]
 # The torch of .venv, first match wins:
 #   TIDE_TORCH (a pip requirement, e.g. torch==2.13.0);
-#   python3's own CUDA build of torch >= 2.4 (a GPU host's PyTorch; .venv sees it);
+#   python3's own CUDA build of torch >= 2.5 (a GPU host's PyTorch; .venv sees it);
 #   torch==2.14.1, the CUDA 13 build, where a CUDA toolkit is installed (nvcc): one build
 #     then compiles the CUDA code and runs the CPU tests;
 #   torch==2.13.0, the CPU build.
@@ -84,7 +84,7 @@ host_torch_ok() {
   python3 - <<'PY' 2>/dev/null
 import sys, torch
 major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-sys.exit(0 if torch.version.cuda and (major, minor) >= (2, 4) else 1)
+sys.exit(0 if torch.version.cuda and (major, minor) >= (2, 5) else 1)
 PY
 }
 cuda_toolkit() { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }

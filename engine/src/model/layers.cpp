@@ -1,6 +1,8 @@
 // Norm, attention, MLP and block of the decoder. See transformer.h for the shape legend.
 #include <cmath>
+#include <optional>
 
+#include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/dropout.h>
 #include <torch/nn/functional/normalization.h>
@@ -150,19 +152,18 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
     q = apply_rope(q, cos, sin);
     k = apply_rope(k, cos, sin);
   }
-  if (k_heads != h) {  // grouped-query: each key/value head serves H / K query heads
-    const int64_t rep = h / k_heads;
-    k = k.unsqueeze(2).expand({b, k_heads, rep, t, hd}).reshape({b, h, t, hd});
-    v = v.unsqueeze(2).expand({b, k_heads, rep, t, hd}).reshape({b, h, t, hd});
-  }
-  const auto q3 = q.reshape({b * h, t, hd});
-  const auto kt3 = k.reshape({b * h, t, hd}).transpose(1, 2);  // [B*H, Hd, T]
-  // scores = bias + (q k^T) / sqrt(Hd), the scale and the add fused into the GEMM.
-  torch::Tensor input = bias;
-  if (bias.dim() == 3) input = bias.unsqueeze(0).expand({b, h, t, t}).reshape({b * h, t, t});
-  auto probs = torch::softmax(torch::baddbmm(input, q3, kt3, 1.0, 1.0 / std::sqrt(static_cast<double>(hd))), -1);
-  if (cfg_.dropout > 0 && is_training()) probs = F::dropout(probs, F::DropoutFuncOptions().p(cfg_.dropout));
-  const auto ctx = torch::bmm(probs, v.reshape({b * h, t, hd})).view({b, h, t, hd}).transpose(1, 2).reshape({b, t, h * hd});
+  // One kernel for scores, softmax and the weighted sum: flash / memory-efficient / cuDNN
+  // on CUDA, the blocked flash kernel on the host (the math fallback where neither takes
+  // the inputs). Grouped-query attention reads each key/value head for its H / K query
+  // heads without repeating it; causal-only attention passes no mask, so a backend that
+  // skips the masked blocks can.
+  std::optional<at::Tensor> mask;
+  if (bias.defined()) mask = bias.scalar_type() == q.scalar_type() ? bias : bias.to(q.scalar_type());
+  const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;
+  const auto ctx = at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/!bias.defined(),
+                                                    /*scale=*/std::nullopt, /*enable_gqa=*/k_heads != h)
+                       .transpose(1, 2)
+                       .reshape({b, t, h * hd});
   return leave_tp(ctx, out->weight, out->bias, tp_);  // [B, T, D]
 }
 

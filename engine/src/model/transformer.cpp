@@ -182,15 +182,17 @@ torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOpti
   if (bias_cache_.defined() && bias_cache_.size(-1) == t && bias_cache_.dtype() == opts.dtype() &&
       bias_cache_.device() == opts.device())
     return bias_cache_;
+  // Causal attention alone needs no mask: the attention kernel is told it is causal.
+  if (!alibi_slopes_.defined()) return {};
   const auto pos = torch::arange(t, opts);
   const auto distance = pos.unsqueeze(0) - pos.unsqueeze(1);  // [T, T]: j - i
   const auto future = distance.gt(0);
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  if (!alibi_slopes_.defined()) return bias_cache_ = torch::zeros({t, t}, opts).masked_fill_(future, neg_inf);
   // ALiBi: slope_h * (j - i) for j <= i. Softmax is shift-invariant per row, so this
-  // equals BLOOM's slope_h * j.
-  const auto slopes = alibi_slopes_.to(opts.device(), opts.dtype()).view({-1, 1, 1});
-  return bias_cache_ = (slopes * distance.unsqueeze(0)).masked_fill_(future.unsqueeze(0), neg_inf);  // [H, T, T]
+  // equals BLOOM's slope_h * j. Four dimensions: the host's flash kernel takes a mask
+  // only in that form.
+  const auto slopes = alibi_slopes_.to(opts.device(), opts.dtype()).view({1, -1, 1, 1});
+  return bias_cache_ = (slopes * distance.view({1, 1, t, t})).masked_fill_(future.view({1, 1, t, t}), neg_inf);
 }
 
 torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {

@@ -48,9 +48,9 @@ TORCH_MODULE(Norm);
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp);
-  // x [B, T, D] (with sequence parallelism [B, T / tp, D]); bias [T, T] causal mask or
-  // [H / tp, T, T] mask + ALiBi of this rank's heads; cos/sin [T, Hd] when RoPE is
-  // used, else undefined. Returns the same shape as x.
+  // x [B, T, D] (with sequence parallelism [B, T / tp, D]); bias undefined (causal) or
+  // [1, H / tp, T, T] causal mask + ALiBi of this rank's heads; cos/sin [T, Hd] when
+  // RoPE is used, else undefined. Returns the same shape as x.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
                         const torch::Tensor& sin);
 
@@ -143,7 +143,8 @@ class TransformerImpl : public torch::nn::Module {
   // The owner must outlive the model's forward and backward passes.
   void set_parameter_units(ParameterUnits* units) { units_ = units; }
 
-  // Additive attention bias: [T, T] causal mask (0 / -inf), or [H, T, T] with ALiBi.
+  // Additive attention bias with ALiBi: [1, H, T, T], -inf above the diagonal. Undefined
+  // without ALiBi (the attention is causal with no mask).
   torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options);
 
  private:
