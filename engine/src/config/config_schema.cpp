@@ -237,8 +237,11 @@ void add_schedule_checkpoint_and_eval_fields(std::vector<FieldSpec>& s) {
                                 REF(schedule.decay)));
   s.push_back(number("schedule.min_lr", 0, 10, kFixed, "Learning rate at the end of the decay.", REF(schedule.min_lr)));
   // Precision, checkpoints, evaluation.
-  s.push_back(choice<DType>("precision.compute", {{"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, kFixed,
-                            "Compute dtype (bf16: autocast with fp32 master weights).", REF(precision.compute)));
+  s.push_back(choice<DType>(
+      "precision.compute", {{"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, kFixed,
+      "Compute dtype. bf16: matmuls, attention and the residual stream in bf16 from a copy of the weights cast once "
+      "per step; weights, optimizer state, gradients, norm statistics and loss stay fp32.",
+      REF(precision.compute)));
   s.push_back(integer("checkpoint.every", 0, 1e12, LiveEffect::EachStep,
                       "Steps between checkpoints (run-dir/checkpoints/step-N); 0: at the end only.",
                       REF(checkpoint.every)));

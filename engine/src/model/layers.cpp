@@ -56,7 +56,7 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   const auto w = sequence_parallel_ ? sequence_parallel_->copy_to(weight) : weight;
   if (kind_ == NormKind::LayerNorm) {
     const auto b = sequence_parallel_ && bias.defined() ? sequence_parallel_->copy_to(bias) : bias;
-    return torch::layer_norm(x, {dim_}, w, b, eps_);
+    return torch::layer_norm(x, {dim_}, w, b, eps_).to(x.scalar_type());  // autocast computes it in fp32
   }
   // RMSNorm: x / sqrt(mean(x^2) + eps) * w, statistics in fp32 (or fp64 for fp64 x).
   const auto xf = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
@@ -66,6 +66,13 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
 namespace {
 torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// x W^T + b through at::linear. LibTorch's Linear module multiplies by weight.t(), a view,
+// which bf16 autocast casts afresh at every use; at::linear casts the weight itself,
+// once per step (see WeightCastScope).
+torch::Tensor project(const torch::nn::Linear& l, const torch::Tensor& x) {
+  return torch::linear(x, l->weight, l->bias);
 }
 
 // HF rotary convention: the head dimension is split in halves, (x1, x2) → (-x2, x1).
@@ -126,26 +133,26 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
   torch::Tensor q, k, v;
   if (qkv) {
     // BLOOM's fused layout: output features are ordered [H, 3, Hd].
-    const auto fused = qkv(x).view({b, t, h, 3, hd});
+    const auto fused = project(qkv, x).view({b, t, h, 3, hd});
     q = fused.select(3, 0).transpose(1, 2);  // [B, H, T, Hd]
     k = fused.select(3, 1).transpose(1, 2);
     v = fused.select(3, 2).transpose(1, 2);
   } else {
-    q = q_proj(x).view({b, t, h, hd}).transpose(1, 2);  // [B, H, T, Hd]
+    q = project(q_proj, x).view({b, t, h, hd}).transpose(1, 2);  // [B, H, T, Hd]
     if (kv_first_ >= 0) {
       // Every rank holds the key/value projections whole and uses one head's rows; the
       // gradients of the rows are summed over the ranks that used them.
-      auto project = [&](const torch::nn::Linear& proj) {
+      auto one_head = [&](const torch::nn::Linear& proj) {
         const auto w = tp_.group->copy_to(proj->weight).narrow(0, kv_first_ * hd, hd);
         const auto bias_rows =
             proj->bias.defined() ? tp_.group->copy_to(proj->bias).narrow(0, kv_first_ * hd, hd) : torch::Tensor();
         return torch::linear(x, w, bias_rows).view({b, t, 1, hd}).transpose(1, 2);
       };
-      k = project(k_proj);
-      v = project(v_proj);
+      k = one_head(k_proj);
+      v = one_head(v_proj);
     } else {
-      k = k_proj(x).view({b, t, k_heads, hd}).transpose(1, 2);  // [B, K, T, Hd]
-      v = v_proj(x).view({b, t, k_heads, hd}).transpose(1, 2);
+      k = project(k_proj, x).view({b, t, k_heads, hd}).transpose(1, 2);  // [B, K, T, Hd]
+      v = project(v_proj, x).view({b, t, k_heads, hd}).transpose(1, 2);
     }
   }
   if (cos.defined()) {
@@ -177,7 +184,8 @@ MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.m
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x_in) {
   const auto x = enter_tp(x_in, tp_);
-  const auto hidden = kind_ == MlpKind::SwiGLU ? torch::silu(gate(x)) * up(x) : torch::gelu(up(x), "tanh");
+  const auto hidden =
+      kind_ == MlpKind::SwiGLU ? torch::silu(project(gate, x)) * project(up, x) : torch::gelu(project(up, x), "tanh");
   return leave_tp(hidden, down->weight, down->bias, tp_);
 }
 

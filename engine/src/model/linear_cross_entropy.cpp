@@ -1,5 +1,6 @@
 #include "tide/engine/model/linear_cross_entropy.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 namespace tide {
@@ -35,7 +36,14 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
 }  // namespace
 
 at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets) {
-  return LinearCrossEntropy::apply(h, weight, targets);
+  // Under autocast the weight's working copy (cast once per step, its gradient flowing
+  // back to the fp32 weight) enters the node: autocast inside it would cast the weight
+  // with gradients off, every micro-batch.
+  const auto device = weight.device().type();
+  if (!at::autocast::is_autocast_enabled(device)) return LinearCrossEntropy::apply(h, weight, targets);
+  const auto dtype = at::autocast::get_autocast_dtype(device);
+  const auto w = at::autocast::cached_cast(dtype, weight, device);
+  return LinearCrossEntropy::apply(h.scalar_type() == w.scalar_type() ? h : h.to(w.scalar_type()), w, targets);
 }
 
 }  // namespace tide

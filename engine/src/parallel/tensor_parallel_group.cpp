@@ -113,7 +113,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     ctx->save_for_backward({e, index, mine});
     ctx->saved_data["n"] = n;
     ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
-    return loss.to(logits.scalar_type());
+    return loss;  // fp32 whatever the logits' dtype: a bf16 loss keeps three digits
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list g) {

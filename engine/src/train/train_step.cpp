@@ -36,6 +36,9 @@ StepLoss TrainStep::forward_backward(int64_t step, const std::vector<Batch>& bat
   };
   const auto on_loss = [&](int64_t micro, at::Tensor loss) { return tap_(step, micro, loss); };
   const double scale = 1.0 / static_cast<double>(accum);
+  // The weights stand still until the optimizer step: their bf16 copies serve every
+  // micro-batch (ZeRO-3 gathers and frees them unit by unit instead).
+  const WeightCastScope working_copy(cfg_.parallel.zero != 3);
   double loss_sum = pm_.pipeline ? pm_.pipeline->train(batches, scale, before_backward, on_loss)
                                  : whole_model(batches, before_backward, on_loss);
   loss_sum = across_stages(loss_sum);

@@ -9,8 +9,41 @@
 
 namespace tide {
 
-// fn() with matmuls in the compute dtype (bf16: autocast on the host and on CUDA, its
-// cast cache cleared after).
+// fn() with matmuls in the compute dtype (bf16: autocast on the host and on CUDA). Each
+// fp32 weight is cast once and the copy reused until the innermost WeightCastScope on
+// this thread ends, or, outside one, until fn returns. With gradients off nothing is
+// cached: a copy made then would carry no path back to its weight.
 at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& fn);
+
+// x in the dtype autocast computes in on x's device while it is on (the residual
+// stream's dtype under bf16 compute); x itself otherwise.
+at::Tensor in_compute_dtype(const at::Tensor& x);
+
+// While one lives on this thread, the bf16 working copy of each weight, made at its first
+// use, serves every forward until the scope ends: one cast per weight per optimizer step
+// rather than one per micro-batch. The weights must not change while it lives. Inactive:
+// copies live for one forward (ZeRO-3, whose point is not to hold the whole model).
+class WeightCastScope {
+ public:
+  explicit WeightCastScope(bool active);
+  ~WeightCastScope();
+  WeightCastScope(const WeightCastScope&) = delete;
+  WeightCastScope& operator=(const WeightCastScope&) = delete;
+
+ private:
+  bool active_;
+};
+
+// Runs fn with autocast as `like` describes (enabled and dtype per device), its cache off:
+// a recomputation in backward, which may run on another thread than the step's scope.
+class AutocastState {
+ public:
+  static AutocastState current();
+  at::Tensor run_uncached(const std::function<at::Tensor()>& fn) const;
+
+ private:
+  bool cpu_ = false, cuda_ = false;
+  at::ScalarType cpu_dtype_ = at::kBFloat16, cuda_dtype_ = at::kBFloat16;
+};
 
 }  // namespace tide

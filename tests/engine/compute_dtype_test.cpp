@@ -1,0 +1,132 @@
+// bf16 compute: the working copy of the weights made once per optimizer step, gradients
+// that still reach every fp32 weight, and a recomputation (activation checkpointing) in
+// the precision of the forward it repeats.
+#include <set>
+#include <string>
+
+#include <ATen/record_function.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/transformer.h"
+#include "tiny_models.h"
+
+namespace tide {
+namespace {
+
+struct MicroBatch {
+  torch::Tensor tokens, targets;
+};
+
+std::vector<MicroBatch> micro_batches(const ModelConfig& c, int n) {
+  torch::manual_seed(5);
+  std::vector<MicroBatch> out;
+  for (int i = 0; i < n; ++i)
+    out.push_back({torch::randint(0, c.vocab_size, {2, 16}), torch::randint(0, c.vocab_size, {2, 16})});
+  return out;
+}
+
+// Counts the casts of the model's weights to another dtype on this thread while it lives
+// (a record-function callback is a plain function: its state is thread-local).
+class WeightCasts {
+ public:
+  explicit WeightCasts(torch::nn::Module& m) {
+    weights().clear();
+    for (const auto& p : m.parameters()) weights().insert(p.unsafeGetTensorImpl());
+    count() = 0;
+    handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start).needsInputs(true).scopes({}));
+  }
+  ~WeightCasts() { at::removeCallback(handle_); }
+  WeightCasts(const WeightCasts&) = delete;
+  WeightCasts& operator=(const WeightCasts&) = delete;
+  static int& count() {
+    thread_local int n = 0;
+    return n;
+  }
+
+ private:
+  static std::set<const c10::TensorImpl*>& weights() {
+    thread_local std::set<const c10::TensorImpl*> w;
+    return w;
+  }
+  static std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+    if (std::string(fn.name()) != "aten::_to_copy") return nullptr;
+    const auto inputs = fn.inputs();
+    if (!inputs.empty() && inputs[0].isTensor() && weights().count(inputs[0].toTensor().unsafeGetTensorImpl()))
+      ++count();
+    return nullptr;
+  }
+  at::CallbackHandle handle_;
+};
+
+// The gradients of `batches` accumulated as one optimizer step does, bf16 compute.
+std::vector<torch::Tensor> step_gradients(Transformer& m, const std::vector<MicroBatch>& batches, bool scope) {
+  for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
+  {
+    const WeightCastScope working_copy(scope);
+    for (const auto& b : batches)
+      with_compute_dtype(DType::BFloat16, [&] { return m->loss(b.tokens, b.targets); }).backward();
+  }
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : m->parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+void expect_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(a[i].defined() && b[i].defined()) << "parameter " << i << " got no gradient";
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i;
+  }
+}
+
+TEST(ComputeDtype, AStepCastsEachWeightOnceAndEveryWeightGetsItsGradient) {
+  const ModelConfig c = testing::tiny_llama();
+  torch::manual_seed(1);
+  Transformer m(c);
+  const auto batches = micro_batches(c, 3);
+  auto casts_in = [&](bool scope) {
+    int casts = 0;
+    {
+      WeightCasts counter(*m);
+      const WeightCastScope working_copy(scope);
+      for (const auto& b : batches) with_compute_dtype(DType::BFloat16, [&] { return m->loss(b.tokens, b.targets); });
+      casts = WeightCasts::count();
+    }
+    return casts;
+  };
+  const int per_micro_batch = casts_in(false), per_step = casts_in(true);
+  // Every matrix but the embedding table (a lookup, not a product) is multiplied in bf16.
+  int matrices = 0;
+  for (const auto& p : m->named_parameters())
+    matrices += p.value().dim() == 2 && p.key() != "model.embed_tokens.weight";
+  EXPECT_EQ(per_step, matrices) << "each weight cast once in a step";
+  EXPECT_EQ(per_micro_batch, 3 * per_step) << "without a scope every micro-batch casts every weight again";
+
+  // The copies reused by later micro-batches still lead back to their weights: the
+  // gradients are those of casting afresh every time, bit for bit.
+  expect_identical(step_gradients(m, batches, true), step_gradients(m, batches, false));
+}
+
+TEST(ComputeDtype, ActivationCheckpointingRecomputesInTheForwardsPrecision) {
+  ModelConfig c = testing::tiny_llama();
+  torch::manual_seed(2);
+  Transformer plain(c);
+  c.activation_checkpointing = true;
+  Transformer recomputed(c);
+  {
+    torch::NoGradGuard ng;
+    auto from = plain->named_parameters();
+    for (auto& p : recomputed->named_parameters()) p.value().copy_(from[p.key()]);
+  }
+  const auto batches = micro_batches(c, 2);
+  // The same bf16 operations on the same inputs: the same gradients, bit for bit, with or
+  // without the working-copy scope (a recomputation in fp32 would differ in the low bits).
+  const auto want = step_gradients(plain, batches, true);
+  expect_identical(step_gradients(recomputed, batches, true), want);
+  expect_identical(step_gradients(recomputed, batches, false), want);
+}
+
+}  // namespace
+}  // namespace tide
