@@ -1,8 +1,11 @@
 """PyTorch-eager LLaMA training step, the peer of `tide train` in bench/train_vs_pytorch.py.
 
 The model is the usual eager implementation (RMSNorm, rotary embeddings in the HF
-rotate-half form, SwiGLU, causal softmax attention, untied output), trained with
-torch.optim.AdamW in fp32 on windows of the same token file tide reads.
+rotate-half form, SwiGLU, causal softmax attention, grouped-query with --kv-heads, untied
+output), trained with torch.optim.AdamW on windows of the same token file tide reads: in
+fp32, or with --bf16 under bf16 autocast (fp32 weights and optimizer state); --sdpa
+attends through F.scaled_dot_product_attention and --fused-adamw uses AdamW(fused=True),
+the best eager setup for a GPU.
 Run with .venv/bin/python (the PyTorch whose LibTorch tide links).
 """
 import argparse
@@ -38,32 +41,38 @@ def rotate_half(x):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, n_heads):
+    def __init__(self, dim, n_heads, kv_heads, sdpa):
         super().__init__()
-        self.h, self.hd = n_heads, dim // n_heads
+        self.h, self.kv, self.hd, self.sdpa = n_heads, kv_heads, dim // n_heads, sdpa
         self.q_proj = nn.Linear(dim, dim, bias=False)
-        self.k_proj = nn.Linear(dim, dim, bias=False)
-        self.v_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv_heads * self.hd, bias=False)
+        self.v_proj = nn.Linear(dim, kv_heads * self.hd, bias=False)
         self.o_proj = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x, cos, sin, mask):
         b, t, d = x.shape
         q = self.q_proj(x).view(b, t, self.h, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.h, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.h, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
-        att = att.masked_fill(mask, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, d)
-        return self.o_proj(y)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h)
+        else:
+            if self.kv != self.h:
+                k = k.repeat_interleave(self.h // self.kv, 1)
+                v = v.repeat_interleave(self.h // self.kv, 1)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(self.hd)
+            att = att.masked_fill(mask, float("-inf")).softmax(-1)
+            y = att @ v
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
 
 
 class Block(nn.Module):
-    def __init__(self, dim, n_heads, ffn):
+    def __init__(self, dim, n_heads, kv_heads, ffn, sdpa):
         super().__init__()
         self.input_layernorm = RMSNorm(dim)
-        self.self_attn = Attention(dim, n_heads)
+        self.self_attn = Attention(dim, n_heads, kv_heads, sdpa)
         self.post_attention_layernorm = RMSNorm(dim)
         self.gate_proj = nn.Linear(dim, ffn, bias=False)
         self.up_proj = nn.Linear(dim, ffn, bias=False)
@@ -76,10 +85,10 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, vocab, dim, layers, heads, ffn, seq):
+    def __init__(self, vocab, dim, layers, heads, kv_heads, ffn, seq, sdpa):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList([Block(dim, heads, ffn) for _ in range(layers)])
+        self.layers = nn.ModuleList([Block(dim, heads, kv_heads, ffn, sdpa) for _ in range(layers)])
         self.norm = RMSNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         hd = dim // heads
@@ -100,7 +109,7 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         logits = self.lm_head(self.norm(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
 def main():
@@ -109,6 +118,7 @@ def main():
     ap.add_argument("--dim", type=int, required=True)
     ap.add_argument("--layers", type=int, required=True)
     ap.add_argument("--heads", type=int, required=True)
+    ap.add_argument("--kv-heads", type=int, default=0, help="key/value heads (0: as many as --heads)")
     ap.add_argument("--vocab", type=int, required=True)
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--batch", type=int, required=True)
@@ -117,6 +127,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 weights and optimizer state)")
+    ap.add_argument("--sdpa", action="store_true", help="attention through F.scaled_dot_product_attention")
+    ap.add_argument("--fused-adamw", action="store_true", help="torch.optim.AdamW(fused=True)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the model (inductor); the warm-up steps take the compilation")
     a = ap.parse_args()
@@ -126,11 +139,12 @@ def main():
     torch.manual_seed(0)
     tokens = np.memmap(a.data, dtype=np.uint16, mode="r")
     rng = np.random.default_rng(0)
-    model = Llama(a.vocab, a.dim, a.layers, a.heads, ffn_dim(a.dim, a.multiple_of), a.seq).to(a.device)
+    model = Llama(a.vocab, a.dim, a.layers, a.heads, a.kv_heads or a.heads, ffn_dim(a.dim, a.multiple_of), a.seq,
+                  a.sdpa).to(a.device)
     decay = [p for p in model.parameters() if p.dim() > 1 and p is not model.embed_tokens.weight]
     rest = [p for p in model.parameters() if not (p.dim() > 1 and p is not model.embed_tokens.weight)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+                            lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=a.fused_adamw or None)
     forward = torch.compile(model) if a.compile else model
     times = []
     for step in range(a.warmup + a.steps):
@@ -140,7 +154,8 @@ def main():
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         window = window.to(a.device, non_blocking=True)
-        loss = forward(window[:, :-1], window[:, 1:])
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.bf16):
+            loss = forward(window[:, :-1], window[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -9,6 +9,9 @@ SHAPES = {
     "small": dict(dim=512, layers=8, heads=8, vocab=32000, seq=512, batch=4),
     # For a GPU (--device cuda): about 250M parameters.
     "gpu": dict(dim=1024, layers=16, heads=16, vocab=32000, seq=1024, batch=16),
+    # The two shapes of issue 17's GPU comparison (H100, bf16): 134M and 886M parameters.
+    "s1": dict(dim=768, layers=12, heads=12, vocab=32000, seq=1024, batch=16),
+    "s2": dict(dim=2048, layers=16, heads=16, kv=8, vocab=32000, seq=2048, batch=4),
 }
 
 
@@ -18,7 +21,7 @@ def overrides(shape, data, steps, **more):
     s = SHAPES[shape]
     sets = {
         "model.vocab_size": s["vocab"], "model.dim": s["dim"], "model.n_layers": s["layers"],
-        "model.n_heads": s["heads"], "model.n_kv_heads": 0, "model.multiple_of": 256,
+        "model.n_heads": s["heads"], "model.n_kv_heads": s.get("kv", 0), "model.multiple_of": 256,
         "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
         "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"], "schedule.steps": steps,
         "schedule.warmup_steps": 0, "eval.every": 0, "log_every": 1000,

@@ -1,12 +1,16 @@
 """Trains the same LLaMA shape through tide and through PyTorch, side by side.
 
-Prints tokens/s of each and their ratio, peak memory, and MFU against the fp32 matmul
-peak measured here. PyTorch runs eager as installed (glibc malloc), eager with its best
-allocator settings (jemalloc preloaded with the options tide uses; CPU only), and
-torch.compile (inductor; the warm-up steps take the compilation).
+Prints tokens/s of each and their ratio, peak memory, and MFU against the matmul peak of
+the precision measured here. In fp32 PyTorch runs eager as installed (glibc malloc), eager
+with its best allocator settings (jemalloc preloaded with the options tide uses; CPU only),
+and torch.compile (inductor; the warm-up steps take the compilation). With --precision bf16
+(tide's precision.compute = "bf16") the peers are eager bf16 autocast, the same with
+F.scaled_dot_product_attention and AdamW(fused=True), and that under torch.compile.
 Usage: .venv/bin/python bench/train_vs_pytorch.py --tide build/tools/tide [--shape tiny|small|all]
+       .venv/bin/python bench/train_vs_pytorch.py --device cuda --precision bf16 --shape s1   (also s2, gpu)
 """
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -24,11 +28,11 @@ JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 JEMALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1,background_thread:false"
 
 
-def matmul_peak(threads, device):
+def matmul_peak(threads, device, dtype):
     torch.set_num_threads(threads)
     best = 0.0
     for n in ((1024, 2048) if device == "cpu" else (4096, 8192)):
-        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
         c = a @ b
         for _ in range(3):
             if device == "cuda":
@@ -42,21 +46,22 @@ def matmul_peak(threads, device):
 
 
 def flops_per_token(s, ffn):
-    matmul_params = s["layers"] * (4 * s["dim"] ** 2 + 3 * s["dim"] * ffn) + s["vocab"] * s["dim"]
+    d, kv_rows = s["dim"], s.get("kv", s["heads"]) * (s["dim"] // s["heads"])
+    matmul_params = s["layers"] * (2 * d * d + 2 * d * kv_rows + 3 * d * ffn) + s["vocab"] * d
     return 6 * matmul_params + 12 * s["layers"] * s["dim"] * s["seq"]
 
 
-def run_tide(tide, s, steps, warmup, threads, data, device):
+def run_tide(tide, s, steps, warmup, threads, data, device, precision):
     run_dir = tempfile.mkdtemp(prefix="tide-bench-")
     recipe = os.path.join(ROOT, "recipes", "llama", "llama-tiny.lua")
     sets = {
         "model.vocab_size": s["vocab"], "model.dim": s["dim"], "model.n_layers": s["layers"],
-        "model.n_heads": s["heads"], "model.n_kv_heads": 0, "model.multiple_of": 256,
+        "model.n_heads": s["heads"], "model.n_kv_heads": s.get("kv", 0), "model.multiple_of": 256,
         "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
         "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"],
         "schedule.steps": warmup + steps, "schedule.warmup_steps": 0, "eval.every": 0,
         "optimizer.lr": 3e-4, "optimizer.beta2": 0.95, "threads": threads, "log_every": 1000,
-        "device": device,
+        "device": device, "precision.compute": precision,
     }
     cmd = [tide, "train", recipe, "--run-dir", run_dir, "--quiet"]
     for k, v in sets.items():
@@ -66,12 +71,13 @@ def run_tide(tide, s, steps, warmup, threads, data, device):
     timed = rows[warmup:]
     secs = sum(r["step_seconds"] for r in timed)
     out = {"tokens_per_second": s["batch"] * s["seq"] * len(timed) / secs,
-           "peak_rss_mb": max(r["peak_rss_mb"] for r in rows), "final_loss": rows[-1]["loss"]}
+           "peak_rss_mb": max(r["peak_rss_mb"] for r in rows), "final_loss": rows[-1]["loss"],
+           "peak_device_mb": max(r.get("peak_gpu_mb") or 0 for r in rows) if device == "cuda" else None}
     shutil.rmtree(run_dir, ignore_errors=True)
     return out
 
 
-def run_torch(s, steps, warmup, threads, data, jemalloc, device, compile=False):
+def run_torch(s, steps, warmup, threads, data, jemalloc, device, compile=False, flags=()):
     env = dict(os.environ)
     if jemalloc:
         env["LD_PRELOAD"] = JEMALLOC
@@ -80,6 +86,7 @@ def run_torch(s, steps, warmup, threads, data, jemalloc, device, compile=False):
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--device", device]
     for k in ("dim", "layers", "heads", "vocab", "seq", "batch"):
         cmd += [f"--{k}", str(s[k])]
+    cmd += ["--kv-heads", str(s.get("kv", 0)), *flags]
     if compile:
         cmd.append("--compile")
     res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
@@ -90,9 +97,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tide", default=os.path.join(ROOT, "build", "tools", "tide"))
     ap.add_argument("--data", default=os.path.join(ROOT, "data", "kjv"))
-    ap.add_argument("--shape", default="all", choices=["tiny", "small", "gpu", "all"])
+    ap.add_argument("--shape", default="all", choices=["tiny", "small", "gpu", "s1", "s2", "all"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: both on GPU 0 (tide with device=cuda), MFU against the fp32 matmul peak there")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="tide's precision.compute; bf16 changes the peers to bf16 autocast ones")
     ap.add_argument("--steps", type=int, default=0, help="timed steps (default: 30 tiny, 8 small)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -100,30 +109,38 @@ def main():
     if not os.path.exists(os.path.join(a.data, "dataset.json")):
         sys.exit(f"bench: no dataset at {a.data}; run `make data` first")
 
-    peak = matmul_peak(a.threads, a.device)
+    bf16 = a.precision == "bf16"
+    peak = matmul_peak(a.threads, a.device, torch.bfloat16 if bf16 else torch.float32)
     where = f"{a.threads} threads" if a.device == "cpu" else torch.cuda.get_device_name(0)
-    print(f"PyTorch {torch.__version__}; fp32 matmul peak (torch.mm, {where}): {peak / 1e9:.1f} GFLOP/s")
+    print(f"PyTorch {torch.__version__}; {a.precision} matmul peak (torch.mm, {where}): {peak / 1e9:.1f} GFLOP/s")
     shapes = ["tiny", "small"] if a.shape == "all" else [a.shape]
     for name in shapes:
         s = SHAPES[name]
         steps = a.steps or (30 if name == "tiny" else 8)
         ffn = 256 * ((int(2 * 4 * s["dim"] / 3) + 255) // 256)
         fpt = flops_per_token(s, ffn)
-        print(f"\n{name}: dim {s['dim']}, {s['layers']} layers, {s['heads']} heads, vocab {s['vocab']}, "
-              f"seq {s['seq']}, batch {s['batch']}; {steps} timed steps after {a.warmup}")
-        results = {
-            "tide": run_tide(a.tide, s, steps, a.warmup, a.threads, a.data, a.device),
-            "pytorch eager": run_torch(s, steps, a.warmup, a.threads, a.data, False, a.device),
-        }
-        if a.device == "cpu":
-            results["pytorch eager + jemalloc"] = run_torch(s, steps, a.warmup, a.threads, a.data, True, a.device)
-        results["pytorch torch.compile"] = run_torch(s, steps, a.warmup, a.threads, a.data, False, a.device,
-                                                     compile=True)
+        print(f"\n{name}: dim {s['dim']}, {s['layers']} layers, {s['heads']} heads ({s.get('kv', s['heads'])} kv), "
+              f"vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; {steps} timed steps after {a.warmup}, "
+              f"{a.precision}")
+        peer = functools.partial(run_torch, s, steps, a.warmup, a.threads, a.data, device=a.device)
+        results = {"tide": run_tide(a.tide, s, steps, a.warmup, a.threads, a.data, a.device, a.precision)}
+        if bf16:
+            best = ("--bf16", "--sdpa", "--fused-adamw")
+            results["pytorch eager bf16"] = peer(False, flags=("--bf16",))
+            results["eager bf16 + SDPA + fused AdamW"] = peer(False, flags=best)
+            results["the same, torch.compile"] = peer(False, compile=True, flags=best)
+        else:
+            results["pytorch eager"] = peer(False)
+            if a.device == "cpu":
+                results["pytorch eager + jemalloc"] = peer(True)
+            results["pytorch torch.compile"] = peer(False, compile=True)
         base = results["tide"]["tokens_per_second"]
-        print(f"  {'':26s} {'tokens/s':>10s} {'tide x':>8s} {'MFU':>7s} {'peak MB':>9s}")
+        memory = "GPU MB" if a.device == "cuda" else "peak MB"
+        print(f"  {'':32s} {'tokens/s':>10s} {'tide x':>8s} {'MFU':>7s} {memory:>9s}")
         for k, r in results.items():
             tps = r["tokens_per_second"]
-            print(f"  {k:26s} {tps:10.0f} {base / tps:8.2f} {100 * tps * fpt / peak:6.1f}% {r['peak_rss_mb']:9.0f}")
+            mb = r["peak_device_mb"] if a.device == "cuda" else r["peak_rss_mb"]
+            print(f"  {k:32s} {tps:10.0f} {base / tps:8.2f} {100 * tps * fpt / peak:6.1f}% {mb or 0:9.0f}")
 
 
 if __name__ == "__main__":
