@@ -3,8 +3,9 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "tide/engine/parallel/comm.h"
 #include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/loss_sum.h"
+#include "tide/engine/parallel/comm.h"
 
 namespace tide {
 
@@ -51,7 +52,7 @@ double Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
   const auto& fp32 = fp32_;
   std::vector<torch::Tensor> inputs(static_cast<size_t>(n)), outputs(static_cast<size_t>(n));
   std::vector<std::unique_ptr<PendingCollective>> sends;
-  double loss_sum = 0;
+  LossSum loss_sum;
   for (const int64_t op : pipeline_schedule(schedule_, stage, stages, n)) {
     const int64_t m = std::abs(op) - 1;
     const auto i = static_cast<size_t>(m);
@@ -66,7 +67,7 @@ double Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
       auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets); });
       if (last) {
         out = on_loss(m, out);
-        loss_sum += out.item<double>();
+        loss_sum.add(out);
       } else {
         sends.push_back(pp_.send(out.detach().to(torch::kFloat32).contiguous(), stage + 1, forward_tag(m),
                                  fmt::format("activations of micro-batch {}", m)));
@@ -94,7 +95,7 @@ double Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
     auto g = model_->tok_embeddings.grad();
     tied_embeddings_->all_reduce_sum(g, "tied embedding gradients");
   }
-  return loss_sum;
+  return loss_sum.value();
 }
 
 double Pipeline::forward_loss(const Batch& b) {

@@ -4,6 +4,7 @@
 
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/loss_sum.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
 #include "tide/engine/parallel/comm.h"
@@ -62,16 +63,16 @@ void TrainStep::update(double lr) {
 
 double TrainStep::whole_model(const std::vector<Batch>& batches, const std::function<void(int64_t)>& before_backward,
                               const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
-  double loss_sum = 0;
+  LossSum loss_sum;
   for (size_t micro = 0; micro < batches.size(); ++micro) {
     const Batch& b = batches[micro];
     auto loss = with_compute_dtype(cfg_.precision.compute, [&] { return pm_.model->loss(b.tokens, b.targets); });
     loss = on_loss(static_cast<int64_t>(micro), loss);
     before_backward(static_cast<int64_t>(micro));
     (loss / static_cast<double>(batches.size())).backward();
-    loss_sum += loss.item<double>();
+    loss_sum.add(loss);
   }
-  return loss_sum;
+  return loss_sum.value();
 }
 
 double TrainStep::across_stages(double x) {
