@@ -8,37 +8,31 @@ namespace tide {
 namespace {
 thread_local int weight_cast_scopes = 0;  // active WeightCastScopes on this thread
 
-// Restores this thread's autocast settings (and clears its cache when asked) however the
-// region ends.
+// Sets this thread's autocast settings and cache switch for a region, and restores them
+// (clearing the cache first when asked) however the region ends.
 class AutocastGuard {
  public:
-  AutocastGuard(bool cpu, at::ScalarType cpu_dtype, bool cuda, at::ScalarType cuda_dtype, bool cache, bool clear)
-      : cpu_(at::autocast::is_autocast_enabled(at::kCPU)),
-        cuda_(at::autocast::is_autocast_enabled(at::kCUDA)),
-        cache_(at::autocast::is_autocast_cache_enabled()),
-        cpu_dtype_(at::autocast::get_autocast_dtype(at::kCPU)),
-        cuda_dtype_(at::autocast::get_autocast_dtype(at::kCUDA)),
-        clear_(clear) {
-    set(cpu, cpu_dtype, cuda, cuda_dtype, cache);
+  AutocastGuard(const AutocastState& to, bool cache, bool clear)
+      : before_(AutocastState::current()), cache_before_(at::autocast::is_autocast_cache_enabled()), clear_(clear) {
+    set(to, cache);
   }
   ~AutocastGuard() {
     if (clear_) at::autocast::clear_cache();
-    set(cpu_, cpu_dtype_, cuda_, cuda_dtype_, cache_);
+    set(before_, cache_before_);
   }
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
 
  private:
-  static void set(bool cpu, at::ScalarType cpu_dtype, bool cuda, at::ScalarType cuda_dtype, bool cache) {
-    at::autocast::set_autocast_enabled(at::kCPU, cpu);
-    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
-    at::autocast::set_autocast_enabled(at::kCUDA, cuda);
-    at::autocast::set_autocast_dtype(at::kCUDA, cuda_dtype);
+  static void set(const AutocastState& s, bool cache) {
+    at::autocast::set_autocast_enabled(at::kCPU, s.cpu);
+    at::autocast::set_autocast_dtype(at::kCPU, s.cpu_dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, s.cuda);
+    at::autocast::set_autocast_dtype(at::kCUDA, s.cuda_dtype);
     at::autocast::set_autocast_cache_enabled(cache);
   }
-  bool cpu_, cuda_, cache_;
-  at::ScalarType cpu_dtype_, cuda_dtype_;
-  bool clear_;
+  AutocastState before_;
+  bool cache_before_, clear_;
 };
 }  // namespace
 
@@ -47,15 +41,14 @@ at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& 
   // bf16 on the host and on CUDA devices alike (a device with no tensors in the region
   // is unaffected).
   const bool cache = c10::GradMode::is_enabled();
-  AutocastGuard on(true, at::kBFloat16, true, at::kBFloat16, cache, cache && weight_cast_scopes == 0);
+  AutocastGuard on({true, true, at::kBFloat16, at::kBFloat16}, cache, cache && weight_cast_scopes == 0);
   return fn();
 }
 
 at::Tensor in_compute_dtype(const at::Tensor& x) {
   const auto device = x.device().type();
   if (!at::autocast::is_autocast_enabled(device)) return x;
-  const auto dtype = at::autocast::get_autocast_dtype(device);
-  return x.scalar_type() == dtype ? x : x.to(dtype);
+  return x.to(at::autocast::get_autocast_dtype(device));
 }
 
 WeightCastScope::WeightCastScope(bool active) : active_(active) {
@@ -67,16 +60,12 @@ WeightCastScope::~WeightCastScope() {
 }
 
 AutocastState AutocastState::current() {
-  AutocastState s;
-  s.cpu_ = at::autocast::is_autocast_enabled(at::kCPU);
-  s.cuda_ = at::autocast::is_autocast_enabled(at::kCUDA);
-  s.cpu_dtype_ = at::autocast::get_autocast_dtype(at::kCPU);
-  s.cuda_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
-  return s;
+  return {at::autocast::is_autocast_enabled(at::kCPU), at::autocast::is_autocast_enabled(at::kCUDA),
+          at::autocast::get_autocast_dtype(at::kCPU), at::autocast::get_autocast_dtype(at::kCUDA)};
 }
 
 at::Tensor AutocastState::run_uncached(const std::function<at::Tensor()>& fn) const {
-  AutocastGuard as_then(cpu_, cpu_dtype_, cuda_, cuda_dtype_, /*cache=*/false, /*clear=*/false);
+  AutocastGuard as_then(*this, /*cache=*/false, /*clear=*/false);
   return fn();
 }
 

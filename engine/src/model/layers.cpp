@@ -165,7 +165,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
   // heads without repeating it; causal-only attention passes no mask, so a backend that
   // skips the masked blocks can.
   std::optional<at::Tensor> mask;
-  if (bias.defined()) mask = bias.scalar_type() == q.scalar_type() ? bias : bias.to(q.scalar_type());
+  if (bias.defined()) mask = bias.to(q.scalar_type());  // no copy when the dtypes agree
   const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;
   const auto ctx = at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/!bias.defined(),
                                                     /*scale=*/std::nullopt, /*enable_gqa=*/k_heads != h)

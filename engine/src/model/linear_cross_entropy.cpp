@@ -43,7 +43,7 @@ at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
   if (!at::autocast::is_autocast_enabled(device)) return LinearCrossEntropy::apply(h, weight, targets);
   const auto dtype = at::autocast::get_autocast_dtype(device);
   const auto w = at::autocast::cached_cast(dtype, weight, device);
-  return LinearCrossEntropy::apply(h.scalar_type() == w.scalar_type() ? h : h.to(w.scalar_type()), w, targets);
+  return LinearCrossEntropy::apply(h.to(w.scalar_type()), w, targets);
 }
 
 }  // namespace tide

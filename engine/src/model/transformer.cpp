@@ -178,22 +178,26 @@ void TransformerImpl::reset_parameters(uint64_t seed) {
 const torch::Tensor& TransformerImpl::output_weight() const { return lm_head.defined() ? lm_head : tok_embeddings; }
 
 torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOptions& options) {
+  // Causal attention alone needs no mask: the attention kernel is told it is causal.
+  if (!alibi_slopes_.defined()) return {};
   const auto opts = options.requires_grad(false);
   // Every forward of a run asks for the same mask: build it once.
   if (bias_cache_.defined() && bias_cache_.size(-1) == t && bias_cache_.dtype() == opts.dtype() &&
       bias_cache_.device() == opts.device())
     return bias_cache_;
-  // Causal attention alone needs no mask: the attention kernel is told it is causal.
-  if (!alibi_slopes_.defined()) return {};
-  const auto pos = torch::arange(t, opts);
+  // Built in fp32 and rounded once to the stream's dtype (bf16 holds integers exactly
+  // only up to 256, so j - i itself would round).
+  const auto fp32 = opts.dtype(torch::kFloat32);
+  const auto pos = torch::arange(t, fp32);
   const auto distance = pos.unsqueeze(0) - pos.unsqueeze(1);  // [T, T]: j - i
   const auto future = distance.gt(0);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   // ALiBi: slope_h * (j - i) for j <= i. Softmax is shift-invariant per row, so this
   // equals BLOOM's slope_h * j. Four dimensions: the host's flash kernel takes a mask
   // only in that form.
-  const auto slopes = alibi_slopes_.to(opts.device(), opts.dtype()).view({1, -1, 1, 1});
-  return bias_cache_ = (slopes * distance.view({1, 1, t, t})).masked_fill_(future.view({1, 1, t, t}), neg_inf);
+  const auto slopes = alibi_slopes_.to(opts.device(), torch::kFloat32).view({1, -1, 1, 1});
+  const auto bias = (slopes * distance.view({1, 1, t, t})).masked_fill_(future.view({1, 1, t, t}), neg_inf);
+  return bias_cache_ = bias.to(opts.dtype());
 }
 
 torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {

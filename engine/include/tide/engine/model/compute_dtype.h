@@ -34,16 +34,15 @@ class WeightCastScope {
   bool active_;
 };
 
-// Runs fn with autocast as `like` describes (enabled and dtype per device), its cache off:
-// a recomputation in backward, which may run on another thread than the step's scope.
-class AutocastState {
- public:
+// This thread's autocast settings, kept to run code later as it ran then: a recomputation
+// in backward, which may run on another thread than the step's scope, runs with the
+// forward's settings and without the cast cache.
+struct AutocastState {
+  bool cpu = false, cuda = false;
+  at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kBFloat16;
+
   static AutocastState current();
   at::Tensor run_uncached(const std::function<at::Tensor()>& fn) const;
-
- private:
-  bool cpu_ = false, cuda_ = false;
-  at::ScalarType cpu_dtype_ = at::kBFloat16, cuda_dtype_ = at::kBFloat16;
 };
 
 }  // namespace tide
