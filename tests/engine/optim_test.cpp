@@ -84,7 +84,11 @@ TEST(FlatParameters, UnitsArePaddedAndShardedWithoutGapsOrOverlap) {
   EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
 }
 
-TEST(AdamW, MatchesTorchAdamWWithParameterGroups) {
+// Both kernels: the host's (CPU parameters) and PyTorch's fused one that CUDA parameters
+// get, run here on the CPU.
+class AdamWKernels : public ::testing::TestWithParam<AdamWKernel> {};
+
+TEST_P(AdamWKernels, MatchTorchAdamWWithParameterGroups) {
   Transformer ours(testing::tiny_llama()), ref(testing::tiny_llama());
   ours->reset_parameters(3);
   ref->reset_parameters(3);
@@ -95,7 +99,7 @@ TEST(AdamW, MatchesTorchAdamWWithParameterGroups) {
   o.beta2 = 0.95;
   o.eps = 1e-8;
   FlatParameters flat(*ours, o);
-  AdamW adam(flat, o);
+  AdamW adam(flat, o, false, GetParam());
 
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto& item : ref->named_parameters())
@@ -122,6 +126,64 @@ TEST(AdamW, MatchesTorchAdamWWithParameterGroups) {
   }
   for (const auto& item : ours->named_parameters())
     EXPECT_TRUE(torch::allclose(item.value(), rp[item.key()], 1e-5, 1e-6)) << item.key();
+}
+
+INSTANTIATE_TEST_SUITE_P(HostAndFused, AdamWKernels, ::testing::Values(AdamWKernel::host, AdamWKernel::fused),
+                         [](const auto& info) { return info.param == AdamWKernel::host ? "host" : "fused"; });
+
+TEST_P(AdamWKernels, ASkippedStepLeavesEverythingAsItWas) {
+  // The gate skips on the device; what follows a skipped step is what would have
+  // followed without it, bit for bit (the bias correction did not advance).
+  auto make = [&] {
+    auto p = torch::linspace(-1.0, 1.0, 1000), g = torch::zeros(1000);
+    std::vector<OptimSegment> segs{{0, 0, 600, true, true}, {600, 600, 400, false, true}};
+    return std::make_tuple(p, g, segs);
+  };
+  OptimConfig o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  auto [p1, g1, s1] = make();
+  auto [p2, g2, s2] = make();
+  AdamW with_skip(p1, g1, s1, o, false, GetParam()), without(p2, g2, s2, o, false, GetParam());
+  torch::manual_seed(5);
+  const auto first = torch::randn(1000), second = torch::randn(1000);
+  g1.copy_(first);
+  g2.copy_(first);
+  with_skip.step(o.lr);
+  without.step(o.lr);
+  const auto p_before = p1.clone(), m_before = with_skip.exp_avg().clone(), v_before = with_skip.exp_avg_sq().clone();
+  g1.copy_(second * 1e6);  // a step the gate refuses
+  with_skip.step(o.lr, {{}, torch::full({}, true)});
+  EXPECT_TRUE(torch::equal(p1, p_before));
+  EXPECT_TRUE(torch::equal(with_skip.exp_avg(), m_before));
+  EXPECT_TRUE(torch::equal(with_skip.exp_avg_sq(), v_before));
+  EXPECT_EQ(with_skip.steps_taken(), 1);
+  g1.copy_(second);
+  g2.copy_(second);
+  with_skip.step(o.lr, {{}, torch::full({}, false)});
+  without.step(o.lr);
+  EXPECT_EQ(with_skip.steps_taken(), 2);
+  EXPECT_TRUE(torch::equal(p1, p2));
+  EXPECT_TRUE(torch::equal(with_skip.exp_avg(), without.exp_avg()));
+}
+
+TEST_P(AdamWKernels, ClippingIsTheStepOnScaledGradients) {
+  // The clip factor the gate carries scales the gradients inside the update.
+  OptimConfig o;
+  o.lr = 1e-2;
+  torch::manual_seed(6);
+  const auto g = torch::randn(500) * 3;
+  auto pa = torch::linspace(-1.0, 1.0, 500), pb = pa.clone(), ga = g.clone(), gb = g * 0.25;
+  std::vector<OptimSegment> segs{{0, 0, 500, true, true}};
+  AdamW clipped(pa, ga, segs, o, false, GetParam()), scaled(pb, gb, segs, o, false, GetParam());
+  for (int i = 0; i < 3; ++i) {
+    ga.copy_(g);  // the fused kernel leaves the gradients it was given scaled
+    clipped.step(o.lr, {torch::full({}, 0.25, torch::kFloat64), {}});
+    scaled.step(o.lr);
+  }
+  // The host kernel forms g * 0.25, the fused one g / (1 / 0.25): a power of two either
+  // way, so the same bits as gradients scaled beforehand.
+  EXPECT_TRUE(torch::equal(pa, pb));
 }
 
 TEST(AdamW, OffloadAndShardsGiveTheSameBits) {
@@ -157,13 +219,20 @@ TEST(AdamW, OffloadAndShardsGiveTheSameBits) {
   EXPECT_FALSE(torch::equal(flats[0]->data(), torch::zeros_like(flats[0]->data())));
 }
 
-TEST(ClipGradNorm, ScalesToTheMaximum) {
-  auto g = torch::full({4}, 3.0);  // norm 6
-  EXPECT_DOUBLE_EQ(clip_grad_norm(g, 1.5), 6.0);
-  EXPECT_NEAR(g.norm().item<double>(), 1.5, 1e-5);
-  auto h = torch::full({4}, 0.1);
-  clip_grad_norm(h, 1.0);
-  EXPECT_NEAR(h[0].item<double>(), 0.1, 1e-7);  // under the limit: unchanged
+TEST(UpdateGate, ClipsToTheMaximumAndSkipsWhatIsNotFinite) {
+  const auto f64 = [](double x) { return torch::full({}, x, torch::kFloat64); };
+  auto gate = gate_update(f64(6.0), 1.5);
+  EXPECT_DOUBLE_EQ(gate.clip.item<double>(), 1.5 / (6.0 + 1e-6));
+  EXPECT_FALSE(gate.skip.item<bool>());
+  EXPECT_DOUBLE_EQ(gate_update(f64(1.0), 1.5).clip.item<double>(), 1.0);  // under the limit
+  EXPECT_FALSE(gate_update(f64(6.0), 0.0).clip.defined());                // no clipping asked
+  for (const double bad : {std::nan(""), static_cast<double>(INFINITY)}) {
+    gate = gate_update(f64(bad), 1.5);
+    EXPECT_TRUE(gate.skip.item<bool>()) << bad;
+    EXPECT_DOUBLE_EQ(gate.clip.item<double>(), 1.0) << bad;
+  }
+  EXPECT_TRUE(gate_update(f64(1.0), 1.5, torch::full({}, true)).skip.item<bool>());
+  EXPECT_FALSE(gate_update(f64(1.0), 1.5, torch::full({}, false)).skip.item<bool>());
 }
 
 TEST(LrSchedule, WarmupThenDecay) {

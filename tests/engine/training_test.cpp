@@ -103,6 +103,40 @@ TEST(Training, LuaStyleScheduleHookDrivesTheLearningRate) {
   fs::remove_all(dir);
 }
 
+TEST(Training, TheHostReadsAStepAfterQueueingTheNextUnlessAPolicyMustJudgeIt) {
+  // The order in which the trainer starts a step (the loss tap of its first micro-batch)
+  // and reports one (on_step) shows when the host reads a step's values: one step late by
+  // default; before the update with an on_anomaly policy. The numbers are the same.
+  const fs::path dir = fs::temp_directory_path() / ("tide_run_lag_" + std::to_string(::getpid()));
+  RunConfig c = tiny_run("lag");
+  c.eval.every = 0;
+  c.checkpoint.every = 0;  // the last step's checkpoint only
+  auto run = [&](bool policy) {
+    fs::remove_all(dir);
+    std::vector<std::string> order;
+    TrainHooks hooks;
+    hooks.show_progress = false;
+    hooks.peak_flops = 1e11;
+    hooks.loss_tap = [&](int64_t step, int64_t micro, const at::Tensor& loss) {
+      if (micro == 0) order.push_back("start " + std::to_string(step + 1));
+      return loss;
+    };
+    hooks.on_step = [&](const StepMetrics& m) { order.push_back("report " + std::to_string(m.step)); };
+    if (policy) hooks.anomaly_policy = [](const nlohmann::json&) { return nlohmann::json(); };
+    Trainer(c, dir.string(), hooks).run();
+    return std::make_pair(order, losses_of(dir));
+  };
+  const auto [lagged, lagged_losses] = run(false);
+  EXPECT_EQ(lagged, (std::vector<std::string>{"start 1", "start 2", "report 1", "start 3", "report 2", "start 4",
+                                              "report 3", "start 5", "report 4", "start 6", "report 5", "report 6"}));
+  const auto [judged, judged_losses] = run(true);
+  EXPECT_EQ(judged, (std::vector<std::string>{"start 1", "report 1", "start 2", "report 2", "start 3", "report 3",
+                                              "start 4", "report 4", "start 5", "report 5", "start 6", "report 6"}));
+  ASSERT_EQ(lagged_losses.size(), 6u);
+  EXPECT_EQ(lagged_losses, judged_losses);
+  fs::remove_all(dir);
+}
+
 TEST(Training, GradientAccumulationEqualsOneLargeBatch) {
   // Two micro-batches of 4 and one micro-batch of 8 see the same 8 windows, so the first
   // step's loss and gradient norm (both taken before any update) are the same numbers,

@@ -9,6 +9,8 @@ void LossSum::add(const at::Tensor& loss) {
   sum_ = sum_.defined() ? sum_ + x : x;
 }
 
-double LossSum::value() const { return sum_.defined() ? sum_.item<double>() : 0.0; }
+at::Tensor LossSum::total(c10::Device device) const {
+  return sum_.defined() ? sum_ : at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
+}
 
 }  // namespace tide

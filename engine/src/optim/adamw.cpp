@@ -1,6 +1,8 @@
 #include "tide/engine/optim/adamw.h"
 
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -8,11 +10,20 @@
 
 namespace tide {
 
-AdamW::AdamW(FlatParameters& flat, const OptimConfig& cfg, bool offload)
-    : AdamW(flat.data(), flat.grad(), flat.segments(), cfg, offload) {}
+UpdateGate gate_update(const torch::Tensor& norm, double max_norm, const torch::Tensor& skip) {
+  torch::NoGradGuard no_grad;
+  UpdateGate gate;
+  const auto finite = torch::isfinite(norm);
+  gate.skip = skip.defined() ? finite.logical_not().logical_or(skip) : finite.logical_not();
+  if (max_norm > 0) gate.clip = torch::where(finite.logical_and(norm > max_norm), max_norm / (norm + 1e-6), 1.0);
+  return gate;
+}
+
+AdamW::AdamW(FlatParameters& flat, const OptimConfig& cfg, bool offload, AdamWKernel kernel)
+    : AdamW(flat.data(), flat.grad(), flat.segments(), cfg, offload, kernel) {}
 
 AdamW::AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment> segments, const OptimConfig& cfg,
-             bool offload)
+             bool offload, AdamWKernel kernel)
     : params_(std::move(params)), grads_(std::move(grads)), segments_(std::move(segments)), cfg_(cfg) {
   int64_t n = 0;
   for (const auto& s : segments_) {
@@ -35,11 +46,21 @@ AdamW::AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment
   }
   m_ = torch::zeros({n}, opts);
   v_ = torch::zeros({n}, opts);
+  TORCH_CHECK(!(offload && kernel == AdamWKernel::fused), "AdamW: offload runs the host kernel, not the fused one");
+  fused_ = kernel == AdamWKernel::fused || (kernel == AdamWKernel::automatic && !offload && !params_.is_cpu());
+  if (fused_) {
+    TORCH_CHECK(params_.scalar_type() == torch::kFloat32 && grads_.scalar_type() == torch::kFloat32,
+                "AdamW: the fused kernel takes fp32 parameters and gradients");
+    steps_ = torch::zeros({}, params_.options());
+  }
 }
+
+int64_t AdamW::steps_taken() const { return fused_ ? static_cast<int64_t>(steps_.item<float>()) : t_; }
 
 void AdamW::restore(int64_t steps_taken) {
   torch::NoGradGuard no_grad;
   t_ = steps_taken;
+  if (fused_) steps_.fill_(static_cast<double>(steps_taken));
   if (!host_master_.defined()) return;
   int64_t at = 0;
   for (const auto& s : segments_) {
@@ -53,8 +74,16 @@ int64_t AdamW::state_bytes() const {
   return bytes(m_) + bytes(v_) + bytes(host_master_) + bytes(host_grad_);
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, const UpdateGate& gate) {
   torch::NoGradGuard no_grad;
+  if (fused_) {
+    fused_step(lr, gate);
+    return;
+  }
+  // The host kernel reads the gate: free for CPU tensors; with offload from a GPU, the one
+  // wait for the device in a step (the update needs the gradients on the host anyway).
+  if (gate.skip.defined() && gate.skip.item<bool>()) return;
+  const float grad_factor = gate.clip.defined() ? static_cast<float>(gate.clip.item<double>()) : 1.0f;
   ++t_;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
@@ -71,32 +100,42 @@ void AdamW::step(double lr) {
     }
     auto m = m_.narrow(0, at, s.numel), v = v_.narrow(0, at, s.numel);
     const double decay = s.decayed ? 1.0 - lr * cfg_.weight_decay : 1.0;
-    if (p.is_cpu() && p.scalar_type() == torch::kFloat32) {
-      adamw_update_cpu(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), s.numel,
-                       static_cast<float>(decay), static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
-                       static_cast<float>(cfg_.eps), static_cast<float>(lr / bc1),
-                       static_cast<float>(1.0 / std::sqrt(bc2)));
-    } else {
-      // Other devices: the same update from tensor ops, as torch.optim.AdamW computes it.
-      p.mul_(decay);
-      m.mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
-      v.mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
-      p.addcdiv_(m, v.sqrt().div_(std::sqrt(bc2)).add_(cfg_.eps), -lr / bc1);
-    }
+    adamw_update_cpu(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), s.numel,
+                     grad_factor, static_cast<float>(decay), static_cast<float>(cfg_.beta1),
+                     static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(lr / bc1),
+                     static_cast<float>(1.0 / std::sqrt(bc2)));
     if (offloaded) params_.narrow(0, s.param_offset, s.numel).copy_(p);
     at += s.numel;
   }
 }
 
-double clip_factor(double norm, double max_norm) {
-  return max_norm > 0 && std::isfinite(norm) && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
-}
-
-double clip_grad_norm(torch::Tensor& grad, double max_norm) {
-  torch::NoGradGuard no_grad;
-  const double norm = grad.norm().item<double>();
-  if (const double f = clip_factor(norm, max_norm); f != 1.0) grad.mul_(f);
-  return norm;
+void AdamW::fused_step(double lr, const UpdateGate& gate) {
+  // PyTorch's fused AdamW divides the gradients by grad_scale (and leaves them so) and
+  // returns at once where found_inf is set; it reads the step count, which is ours to move.
+  std::optional<torch::Tensor> grad_scale, found_inf;
+  if (gate.clip.defined()) grad_scale = gate.clip.reciprocal().to(torch::kFloat32);
+  steps_.add_(1);
+  if (gate.skip.defined()) {
+    found_inf = gate.skip.to(torch::kFloat32);
+    steps_.sub_(*found_inf);
+  }
+  for (const bool decayed : {true, false}) {
+    std::vector<torch::Tensor> p, g, m, v, steps;
+    int64_t at = 0;
+    for (const auto& s : segments_) {
+      if (s.decayed == decayed && s.numel > 0) {
+        p.push_back(params_.narrow(0, s.param_offset, s.numel));
+        g.push_back(grads_.narrow(0, s.grad_offset, s.numel));
+        m.push_back(m_.narrow(0, at, s.numel));
+        v.push_back(v_.narrow(0, at, s.numel));
+        steps.push_back(steps_);
+      }
+      at += s.numel;
+    }
+    if (p.empty()) continue;
+    at::_fused_adamw_(p, g, m, v, {}, steps, lr, cfg_.beta1, cfg_.beta2, decayed ? cfg_.weight_decay : 0.0, cfg_.eps,
+                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
+  }
 }
 
 }  // namespace tide

@@ -10,12 +10,12 @@
 
 namespace tide {
 
-void adamw_update_cpu(float* p, const float* g, float* m, float* v, int64_t n, float decay, float b1, float b2,
-                      float eps, float step_size, float inv_sqrt_bc2) {
+void adamw_update_cpu(float* p, const float* g, float* m, float* v, int64_t n, float grad_factor, float decay, float b1,
+                      float b2, float eps, float step_size, float inv_sqrt_bc2) {
   at::parallel_for(0, n, int64_t{1} << 15, [&](int64_t lo, int64_t hi) {
 #pragma omp simd
     for (int64_t i = lo; i < hi; ++i) {
-      const float gi = g[i];
+      const float gi = g[i] * grad_factor;
       const float mi = b1 * m[i] + (1.0f - b1) * gi;
       const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
       m[i] = mi;

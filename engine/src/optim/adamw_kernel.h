@@ -6,8 +6,9 @@
 namespace tide {
 
 // p = p * decay - step_size * m' / (sqrt(v') * inv_sqrt_bc2 + eps), with
-// m' = b1 m + (1 - b1) g and v' = b2 v + (1 - b2) g^2, over n elements.
-void adamw_update_cpu(float* p, const float* g, float* m, float* v, int64_t n, float decay, float b1, float b2,
-                      float eps, float step_size, float inv_sqrt_bc2);
+// m' = b1 m + (1 - b1) g' and v' = b2 v + (1 - b2) g'^2, g' = g * grad_factor (clipping),
+// over n elements.
+void adamw_update_cpu(float* p, const float* g, float* m, float* v, int64_t n, float grad_factor, float decay, float b1,
+                      float b2, float eps, float step_size, float inv_sqrt_bc2);
 
 }  // namespace tide

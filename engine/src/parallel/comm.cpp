@@ -25,7 +25,10 @@ void Comm::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::str
     progress->waiting = fmt::format("{} ({}) on group {}", op, what, name);
   }
   try {
-    if (!work->wait(timeout))
+    // NCCL's wait with a timeout blocks the host until the collective has run; without one
+    // it orders this rank's stream after it and returns, so the host goes on queueing the
+    // step. The group's own watchdog (Options::timeout) still ends a collective that hangs.
+    if (!work->wait(gloo ? timeout : ::kNoTimeout))
       throw std::runtime_error(fmt::format("did not complete within {} s", timeout.count() / 1000.0));
   } catch (const std::exception& e) {
     const auto* c10_error = dynamic_cast<const c10::Error*>(&e);  // its what() carries a backtrace

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <deque>
 #include <mutex>
+#include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -117,33 +118,34 @@ void DataParallel::begin_backward(bool last_micro_batch) {
   b.armed = true;
 }
 
-double DataParallel::squared_norm_of_pieces(int rank) {
+namespace {
+// The squared L2 norm of `pieces` in fp64 on their device: each piece's norm in one
+// multi-tensor launch, then squared and summed in one order.
+torch::Tensor squared_norm(const std::vector<torch::Tensor>& pieces, const torch::TensorOptions& options) {
+  if (pieces.empty()) return torch::zeros({}, options.dtype(torch::kFloat64));
+  return torch::stack(at::_foreach_norm(pieces)).to(torch::kFloat64).square().sum();
+}
+}  // namespace
+
+torch::Tensor DataParallel::squared_norm_of_pieces(int rank) {
   const bool local = cfg_.zero >= 2;
   const torch::Tensor& g = local ? grads_->shard() : flat_.grad();
-  double sum = 0;
-  for (const auto& seg : flat_.shard_segments(rank, dp_.size(), local, local)) {
-    if (!seg.counted) continue;
-    const double x = g.narrow(0, seg.grad_offset, seg.numel).norm().item<double>();
-    sum += x * x;
-  }
-  return sum;
+  std::vector<torch::Tensor> pieces;
+  for (const auto& seg : flat_.shard_segments(rank, dp_.size(), local, local))
+    if (seg.counted && seg.numel > 0) pieces.push_back(g.narrow(0, seg.grad_offset, seg.numel));
+  return squared_norm(pieces, g.options());
 }
 
-double DataParallel::model_parallel_sum(double norm2) {
-  for (Comm* group : model_parallel_) {
-    if (!group || group->size() == 1) continue;
-    auto t = torch::tensor({norm2}, torch::kFloat64);
-    group->all_reduce_sum(t, "gradient norm");
-    norm2 = t.item<double>();
-  }
+torch::Tensor DataParallel::model_parallel_sum(torch::Tensor norm2) {
+  for (Comm* group : model_parallel_)
+    if (group && group->size() > 1) group->all_reduce_sum(norm2, "gradient norm");
   return norm2;
 }
 
-double DataParallel::reduce_gradients() {
+torch::Tensor DataParallel::reduce_gradients() {
   torch::NoGradGuard no_grad;
   const int n_ranks = dp_.size();
   const double inv = 1.0 / static_cast<double>(n_ranks);
-  double norm2 = 0;
   if (!grads_) {
     auto& g = flat_.grad();
     if (buckets_ && buckets_->armed) {
@@ -189,16 +191,17 @@ double DataParallel::reduce_gradients() {
       }
     }
     if (n_ranks > 1) g.mul_(inv);
-    for (int j = 0; j < n_ranks; ++j) norm2 += squared_norm_of_pieces(j);
-    return std::sqrt(model_parallel_sum(norm2));
+    std::vector<torch::Tensor> parts;
+    for (int j = 0; j < n_ranks; ++j) parts.push_back(squared_norm_of_pieces(j));
+    return model_parallel_sum(torch::stack(parts).sum()).sqrt();
   }
   grads_->finish();
   if (n_ranks > 1) scale_gradients(inv);
-  auto parts = torch::zeros({n_ranks}, torch::kFloat64);
-  parts[dp_.rank()] = squared_norm_of_pieces(dp_.rank());
+  const auto mine = squared_norm_of_pieces(dp_.rank());
+  auto parts = torch::zeros({n_ranks}, mine.options());
+  parts[dp_.rank()].copy_(mine);
   dp_.all_reduce_sum(parts, "gradient norm");
-  for (int j = 0; j < n_ranks; ++j) norm2 += parts[j].item<double>();
-  return std::sqrt(model_parallel_sum(norm2));
+  return model_parallel_sum(parts.sum()).sqrt();
 }
 
 void DataParallel::scale_gradients(double factor) {
@@ -277,11 +280,13 @@ void DataParallel::with_full_parameters(const std::function<void()>& fn) {
   params_->release_all();
 }
 
-double DataParallel::sum(double x) {
-  auto t = torch::tensor({x}, torch::kFloat64);
+torch::Tensor DataParallel::sum(const torch::Tensor& x) {
+  auto t = x.to(torch::kFloat64).reshape({1}).clone();
   dp_.all_reduce_sum(t, "loss");
-  return t.item<double>();
+  return t.reshape({});
 }
+
+double DataParallel::sum(double x) { return sum(torch::tensor(x, torch::kFloat64)).item<double>(); }
 
 int64_t DataParallel::param_bytes() const {
   const auto numel = params_ ? params_->shard().numel() : flat_.numel();

@@ -43,9 +43,9 @@ int backward_tag(int64_t m) { return static_cast<int>(2 * m + 1); }
 constexpr int kEvalTags = 1 << 24;
 }  // namespace
 
-double Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
-                       const std::function<void(int64_t)>& before_backward,
-                       const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
+at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
+                           const std::function<void(int64_t)>& before_backward,
+                           const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
   const int stage = pp_.rank(), stages = pp_.size();
   const bool first = stage == 0, last = stage == stages - 1;
   const auto n = static_cast<int64_t>(batches.size());
@@ -95,7 +95,7 @@ double Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
     auto g = model_->tok_embeddings.grad();
     tied_embeddings_->all_reduce_sum(g, "tied embedding gradients");
   }
-  return loss_sum.value();
+  return loss_sum.total(fp32_.device());
 }
 
 double Pipeline::forward_loss(const Batch& b) {

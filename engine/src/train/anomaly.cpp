@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/json_input.h"
@@ -23,6 +25,32 @@ double median(std::vector<double> v) {
 }
 }  // namespace
 
+AnomalyDetector::Window AnomalyDetector::window() const {
+  const std::vector<double> losses(losses_.begin(), losses_.end());
+  Window w{};
+  w.loss_median = median(losses);
+  std::vector<double> dev;
+  for (const double x : losses) dev.push_back(std::abs(x - w.loss_median));
+  // 1.4826 x MAD estimates the standard deviation of normal data; the floor keeps a
+  // flat window from turning rounding into a spike.
+  w.loss_sigma = std::max(1.4826 * median(dev), 1e-3 * std::abs(w.loss_median) + 1e-12);
+  w.norm_median = std::max(median(std::vector<double>(norms_.begin(), norms_.end())), 1e-12);
+  return w;
+}
+
+AnomalyDetector::Limits AnomalyDetector::limits(const Window& w) const {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  const bool spikes = every_kind_ || cfg_.on_loss_spike != AnomalyAction::None;
+  const bool explosions = every_kind_ || cfg_.on_grad_explosion != AnomalyAction::None;
+  return {spikes ? w.loss_median + cfg_.spike_z * w.loss_sigma : inf,
+          explosions ? cfg_.explosion_factor * w.norm_median : inf};
+}
+
+AnomalyDetector::Limits AnomalyDetector::limits() const {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  return losses_.size() >= kMinWindow ? limits(window()) : Limits{inf, inf};
+}
+
 Anomaly AnomalyDetector::check(double loss, double grad_norm) {
   Anomaly a;
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
@@ -32,27 +60,20 @@ Anomaly AnomalyDetector::check(double loss, double grad_norm) {
     return a;
   }
   if (losses_.size() >= kMinWindow) {
-    const std::vector<double> window(losses_.begin(), losses_.end());
-    const double med = median(window);
-    std::vector<double> dev;
-    for (const double x : window) dev.push_back(std::abs(x - med));
-    // 1.4826 x MAD estimates the standard deviation of normal data; the floor keeps a
-    // flat window from turning rounding into a spike.
-    const double sigma = std::max(1.4826 * median(dev), 1e-3 * std::abs(med) + 1e-12);
-    const double z = (loss - med) / sigma;
-    if (z > cfg_.spike_z && (every_kind_ || cfg_.on_loss_spike != AnomalyAction::None)) {
+    // The comparisons skip_on_device makes, on the same doubles: host and device agree.
+    const Window w = window();
+    const Limits lim = limits(w);
+    if (loss > lim.loss) {
       a.kind = "loss_spike";
       a.value = loss;
-      a.score = z;
+      a.score = (loss - w.loss_median) / w.loss_sigma;
       a.action = cfg_.on_loss_spike;
       return a;
     }
-    const double norm_med = median(std::vector<double>(norms_.begin(), norms_.end()));
-    const double multiple = grad_norm / std::max(norm_med, 1e-12);
-    if (multiple > cfg_.explosion_factor && (every_kind_ || cfg_.on_grad_explosion != AnomalyAction::None)) {
+    if (grad_norm > lim.grad_norm) {
       a.kind = "grad_explosion";
       a.value = grad_norm;
-      a.score = multiple;
+      a.score = grad_norm / w.norm_median;
       a.action = cfg_.on_grad_explosion;
       return a;
     }
@@ -97,9 +118,26 @@ std::optional<AnomalyDecision> decide_anomaly(const std::function<nlohmann::json
 AnomalyJudge::AnomalyJudge(const AnomalyConfig& cfg, Policy policy, Comm* world, spdlog::logger& log)
     : cfg_(cfg), detector_(cfg, static_cast<bool>(policy)), policy_(std::move(policy)), world_(world), log_(log) {}
 
-void AnomalyJudge::set_config(const AnomalyConfig& cfg) {
-  cfg_ = cfg;
-  detector_.set_config(cfg);
+void AnomalyJudge::set_config(const AnomalyConfig& cfg) { next_cfg_ = cfg; }
+
+void AnomalyJudge::begin_step() {
+  if (!next_cfg_) return;
+  cfg_ = *next_cfg_;
+  detector_.set_config(cfg_);
+  next_cfg_.reset();
+}
+
+at::Tensor AnomalyJudge::skip_on_device(const at::Tensor& loss, const at::Tensor& grad_norm) const {
+  TORCH_CHECK(!policy_, "AnomalyJudge: with an on_anomaly policy a step is judged on the host before its update");
+  at::NoGradGuard no_grad;
+  const auto finite = at::isfinite(loss).logical_and(at::isfinite(grad_norm));
+  auto skip = cfg_.on_nonfinite != AnomalyAction::None ? finite.logical_not() : at::zeros_like(finite);
+  // Without a policy the limits are infinite for kinds whose action is none (and until the
+  // window fills): those are never exceeded, as in check().
+  const AnomalyDetector::Limits lim = detector_.limits();
+  if (std::isfinite(lim.loss)) skip = skip.logical_or(finite.logical_and(loss > lim.loss));
+  if (std::isfinite(lim.grad_norm)) skip = skip.logical_or(finite.logical_and(grad_norm > lim.grad_norm));
+  return skip;
 }
 
 AnomalyJudge::Verdict AnomalyJudge::judge(int64_t step, double loss, double grad_norm) {

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include <ATen/core/Tensor.h>
 #include <nlohmann/json_fwd.hpp>
 
 namespace spdlog {
@@ -30,14 +31,27 @@ struct Anomaly {
 
 class AnomalyDetector {
  public:
+  // Above these a loss is a spike and a norm an explosion: from the window, infinite
+  // until it holds enough steps and for kinds that are not flagged.
+  struct Limits {
+    double loss, grad_norm;
+  };
   // every_kind: flag spikes and explosions even when their declared action is none (a
   // recipe policy decides what they trigger).
   AnomalyDetector(const AnomalyConfig& cfg, bool every_kind) : cfg_(cfg), every_kind_(every_kind) {}
   // The verdict on one step; normal steps enter the window, anomalous ones do not.
   Anomaly check(double loss, double grad_norm);
+  Limits limits() const;
+  const AnomalyConfig& config() const { return cfg_; }
   void set_config(const AnomalyConfig& cfg) { cfg_ = cfg; }
 
  private:
+  struct Window {
+    double loss_median, loss_sigma, norm_median;
+  };
+  Window window() const;  // with kMinWindow steps at least
+  Limits limits(const Window& w) const;
+
   AnomalyConfig cfg_;
   bool every_kind_;
   std::deque<double> losses_, norms_;
@@ -60,6 +74,8 @@ std::optional<AnomalyDecision> decide_anomaly(const std::function<nlohmann::json
 
 // The anomaly check of every step: the detector's verdict, and on an anomaly the
 // recipe's on_anomaly policy's decision when it has one (every rank gets the same).
+// Without a policy the update's skip decision is made on the device, from the limits of
+// the steps judged before, so the host can judge a step after the next has been queued.
 class AnomalyJudge {
  public:
   using Policy = std::function<nlohmann::json(const nlohmann::json&)>;
@@ -72,10 +88,21 @@ class AnomalyJudge {
   AnomalyJudge(const AnomalyConfig& cfg, Policy policy, Comm* world, spdlog::logger& log);
   // 1-based step; the loss and global norm are the same on every rank.
   Verdict judge(int64_t step, double loss, double grad_norm);
+  // False with an on_anomaly policy: its answer decides whether an update is skipped, so
+  // a step must be judged before its update.
+  bool judges_on_device() const { return !policy_; }
+  // The update's skip flag (a bool scalar on their device) for a step's loss and norm
+  // still on the device: what judge() decides for them when next called. No policy only.
+  at::Tensor skip_on_device(const at::Tensor& loss, const at::Tensor& grad_norm) const;
+  // Takes effect at the next begin_step(), so that a step gated on the device is judged
+  // under the configuration it was gated by.
   void set_config(const AnomalyConfig& cfg);
+  // Before a step is gated (skip_on_device) or judged at its update.
+  void begin_step();
 
  private:
   AnomalyConfig cfg_;
+  std::optional<AnomalyConfig> next_cfg_;
   AnomalyDetector detector_;
   Policy policy_;
   Comm* world_;

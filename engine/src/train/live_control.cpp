@@ -32,11 +32,14 @@ std::string LiveControl::receive() {
   return world_ ? world_->broadcast_text(text, 0, "control commands") : text;
 }
 
-BoundaryActions LiveControl::at_boundary(int64_t step, RunConfig& cfg) {
+BoundaryActions LiveControl::at_boundary(int64_t step, RunConfig& cfg, const std::function<void()>& before_commands) {
   BoundaryActions out;
+  bool first = true;
   while (true) {
     const std::string text = receive();
     if (!text.empty()) {
+      if (first && before_commands) before_commands();
+      first = false;
       const json commands = parse_json_or_discard(text);
       if (!commands.is_array()) {
         spdlog::error("control: ignoring commands that are not a JSON array: {}", text);

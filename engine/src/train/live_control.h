@@ -41,7 +41,9 @@ class LiveControl {
   // since the last boundary, applied in order. `set` changes `cfg` only when
   // check_live_change accepts it; otherwise nothing changes and a "rejected" event says
   // why. While paused this waits here, every rank, until a resume or a stop arrives.
-  BoundaryActions at_boundary(int64_t step, RunConfig& cfg);
+  // before_commands runs once, before the first command is applied (not at all when none
+  // came): the trainer brings its view of the run up to the boundary there.
+  BoundaryActions at_boundary(int64_t step, RunConfig& cfg, const std::function<void()>& before_commands = {});
 
  private:
   std::string receive();  // rank 0's commands on every rank

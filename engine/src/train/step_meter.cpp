@@ -39,8 +39,17 @@ int64_t StepMeter::bytes_sent() const {
   return total;
 }
 
-void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left) {
-  const double dt = std::chrono::duration<double>(Clock::now() - began_).count();
+StepMeter::StepCost StepMeter::end_step() {
+  StepCost cost;
+  cost.seconds = std::chrono::duration<double>(Clock::now() - began_).count();
+  const int64_t sent = bytes_sent();
+  cost.comm_bytes = sent - comm_before_;
+  comm_before_ = sent;
+  return cost;
+}
+
+void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left, const StepCost& cost) {
+  const double dt = cost.seconds;
   ema_step_ = ema_step_ < 0 ? dt : 0.9 * ema_step_ + 0.1 * dt;
   m.step_seconds = dt;
   m.tokens_per_second = static_cast<double>(tokens) / dt;
@@ -64,9 +73,7 @@ void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left) 
   m.optimizer_bytes = pm_.optim->state_bytes();
   if (dp) {
     m.transient_bytes = dp->peak_transient_bytes();
-    const int64_t sent = bytes_sent();
-    m.comm_bytes = sent - comm_before_;
-    comm_before_ = sent;
+    m.comm_bytes = cost.comm_bytes;
   }
 }
 

@@ -25,10 +25,16 @@ class StepMeter {
   StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed* dist, c10::Device device, double peak_flops,
             spdlog::logger& log);
 
+  // What a step cost this rank, taken at its end: it is reported later, when read.
+  struct StepCost {
+    double seconds = 0;      // the host's time for it: the device's, as the host waits a step later
+    int64_t comm_bytes = 0;  // sent during it
+  };
   void start_step() { began_ = Clock::now(); }
+  StepCost end_step();
   // Fills m's time, throughput, MFU, memory and communication for a step of `tokens`
-  // tokens (all ranks) that began at start_step(), `steps_left` before the end.
-  void finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left);
+  // tokens (all ranks) that cost `cost`, `steps_left` before the end.
+  void finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left, const StepCost& cost);
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -25,7 +25,7 @@ TrainStep::TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg,
       dp_rank_(dp_rank),
       overlap_last_backward_(!(pm.pipeline && cfg.model.tie_embeddings)) {}
 
-StepLoss TrainStep::forward_backward(int64_t step, const std::vector<Batch>& batches, double grad_clip) {
+StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& batches) {
   const auto accum = static_cast<int64_t>(batches.size());
   auto* dp = pm_.data_parallel.get();
   if (dp)
@@ -40,29 +40,30 @@ StepLoss TrainStep::forward_backward(int64_t step, const std::vector<Batch>& bat
   // The weights stand still until the optimizer step: their bf16 copies serve every
   // micro-batch (ZeRO-3 gathers and frees them unit by unit instead).
   const WeightCastScope working_copy(cfg_.parallel.zero != 3);
-  double loss_sum = pm_.pipeline ? pm_.pipeline->train(batches, scale, before_backward, on_loss)
-                                 : whole_model(batches, before_backward, on_loss);
+  at::Tensor loss_sum = pm_.pipeline ? pm_.pipeline->train(batches, scale, before_backward, on_loss)
+                                     : whole_model(batches, before_backward, on_loss);
   loss_sum = across_stages(loss_sum);
   // Every rank gets the same global norm, so clipping and the skip decision agree.
-  StepLoss out;
+  StepValues out;
   if (dp) {
     loss_sum = dp->sum(loss_sum) / static_cast<double>(batch_.dp);
     out.grad_norm = dp->reduce_gradients();
-    if (const double f = clip_factor(out.grad_norm, grad_clip); f != 1.0) dp->scale_gradients(f);
   } else {
-    out.grad_norm = clip_grad_norm(pm_.flat->grad(), grad_clip);
+    torch::NoGradGuard no_grad;
+    out.grad_norm = pm_.flat->grad().norm().to(torch::kFloat64);
   }
   out.loss = loss_sum / static_cast<double>(accum);
   return out;
 }
 
-void TrainStep::update(double lr) {
-  pm_.optim->step(lr);
+void TrainStep::update(double lr, const UpdateGate& gate) {
+  pm_.optim->step(lr, gate);
   if (pm_.data_parallel) pm_.data_parallel->gather_parameters();
 }
 
-double TrainStep::whole_model(const std::vector<Batch>& batches, const std::function<void(int64_t)>& before_backward,
-                              const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
+at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches,
+                                  const std::function<void(int64_t)>& before_backward,
+                                  const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
   LossSum loss_sum;
   for (size_t micro = 0; micro < batches.size(); ++micro) {
     const Batch& b = batches[micro];
@@ -72,14 +73,14 @@ double TrainStep::whole_model(const std::vector<Batch>& batches, const std::func
     (loss / static_cast<double>(batches.size())).backward();
     loss_sum.add(loss);
   }
-  return loss_sum.value();
+  return loss_sum.total(batches.front().tokens.device());
 }
 
-double TrainStep::across_stages(double x) {
+at::Tensor TrainStep::across_stages(const at::Tensor& x) {
   if (!pm_.pipeline) return x;
-  auto t = torch::tensor({x}, torch::kFloat64);
+  auto t = x.reshape({1}).clone();
   dist_->pp->all_reduce_sum(t, "loss");
-  return t.item<double>();
+  return t.reshape({});
 }
 
 double TrainStep::validation_loss(const TokenSplit& split, int64_t batches) {
@@ -87,8 +88,9 @@ double TrainStep::validation_loss(const TokenSplit& split, int64_t batches) {
   double total = 0;
   if (pm_.pipeline) {
     pm_.model->eval();
-    total = across_stages(sum_eval_losses([&](const Batch& b) { return pm_.pipeline->forward_loss(b); }, split,
-                                          seq_len, micro, batches, dp_rank_, batch_.dp));
+    const double stage_total = sum_eval_losses([&](const Batch& b) { return pm_.pipeline->forward_loss(b); }, split,
+                                               seq_len, micro, batches, dp_rank_, batch_.dp);
+    total = across_stages(torch::tensor(stage_total, torch::kFloat64)).item<double>();
     pm_.model->train();
   } else {
     total = evaluate_loss_sum(pm_.model, split, seq_len, micro, batches, dp_rank_, batch_.dp);

@@ -9,6 +9,7 @@
 
 #include "tide/engine/config.h"
 #include "tide/engine/data/batch_loader.h"
+#include "tide/engine/optim/adamw.h"
 #include "tide/engine/parallel/parallelize.h"
 #include "tide/engine/train/trainer.h"
 
@@ -16,9 +17,11 @@ namespace tide {
 
 class TokenSplit;
 
-struct StepLoss {
-  double loss = 0;       // mean over the step's micro-batches and ranks
-  double grad_norm = 0;  // global, before clipping; the same on every rank
+// A step's loss and gradient norm where the device left them: fp64 scalars, the same on
+// every rank, read by the host a step later (StepReadout).
+struct StepValues {
+  at::Tensor loss;       // mean over the step's micro-batches and ranks
+  at::Tensor grad_norm;  // global, before clipping
 };
 
 class TrainStep {
@@ -29,20 +32,20 @@ class TrainStep {
             LossTap tap);
 
   // Forward and backward of `batches` (this rank's micro-batches of 0-based step `step`),
-  // gradients reduced and clipped to grad_clip (0: not clipped).
-  StepLoss forward_backward(int64_t step, const std::vector<Batch>& batches, double grad_clip);
-  // The update with the gradients forward_backward left (ZeRO: then every rank gathers
-  // the updated pieces).
-  void update(double lr);
+  // the gradients reduced over the data-parallel ranks. Nothing here waits for the device.
+  StepValues forward_backward(int64_t step, const std::vector<Batch>& batches);
+  // The update with the gradients forward_backward left, clipped or skipped as `gate`
+  // says (ZeRO: then every rank gathers the updated pieces).
+  void update(double lr, const UpdateGate& gate);
   // Mean validation loss over `batches` micro-batches of `split`, shared among the
   // data-parallel ranks; the same on every rank.
   double validation_loss(const TokenSplit& split, int64_t batches);
 
  private:
   // The sum of the micro-batch losses; each backward of loss / micro-batches.
-  double whole_model(const std::vector<Batch>& batches, const std::function<void(int64_t)>& before_backward,
-                     const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss);
-  double across_stages(double x);  // the loss lives on the last pipeline stage
+  at::Tensor whole_model(const std::vector<Batch>& batches, const std::function<void(int64_t)>& before_backward,
+                         const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss);
+  at::Tensor across_stages(const at::Tensor& x);  // the loss lives on the last pipeline stage
 
   ParallelModel& pm_;
   Distributed* dist_;

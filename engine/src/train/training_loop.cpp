@@ -4,10 +4,12 @@
 #include <cmath>
 #include <fstream>
 #include <optional>
+#include <stdexcept>
 
-#include <nlohmann/json.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/token_dataset.h"
@@ -135,48 +137,112 @@ std::vector<Batch> TrainingLoop::next_batches(int64_t n) {
 
 TrainResult TrainingLoop::run() {
   for (int64_t step = resumed_.step; step < cfg_.schedule.steps; ++step) {
-    StepMetrics m;
-    if (control_ && at_boundary(step, m)) return stopped(step);
-    meter_.start_step();
-    const double lr = cfg_.optimizer.lr_scale * scheduled_lr_(step);
-    const auto batches = next_batches(accumulation_steps(cfg_.batch.global_batch, s_.batch));
-    const StepLoss loss = step_.forward_backward(step, batches, cfg_.optimizer.grad_clip);
-    const AnomalyJudge::Verdict verdict = judge_.judge(step + 1, loss.loss, loss.grad_norm);
-    const Anomaly& anomaly = verdict.anomaly;
-    m.skipped = !std::isfinite(loss.grad_norm) || (anomaly && anomaly.action != AnomalyAction::None);
-    if (anomaly) {
-      m.anomaly = anomaly.kind;
-      m.anomaly_action = anomaly_action_name(anomaly.action);
-      if (anomaly.action == AnomalyAction::ScaleLr) s_.cfg.optimizer.lr_scale *= verdict.lr_factor;
-    }
-    if (!m.skipped) step_.update(lr);
-    measure(m, step, loss, lr);
-    if (can_eval_ && evaluation_due(cfg_.eval, m.step, m.step == cfg_.schedule.steps))
-      result_.final_val_loss = m.val_loss = step_.validation_loss(s_.data->split("val"), cfg_.eval.batches);
-    report(m, static_cast<bool>(anomaly));
-    if (anomaly) {
-      const Next next = respond(verdict, m, step);
-      if (next == Next::rolled_back) continue;
-      if (next == Next::stop) {
-        result_.final_loss = m.loss;
-        return stopped(m.step);
-      }
-    }
-    if (checkpoint_due(cfg_.checkpoint, m.step, m.step == cfg_.schedule.steps)) save_checkpoint(m.step);
-    result_.steps = m.step;
-    result_.final_loss = m.loss;
+    Changes changes;
+    if (control_ && at_boundary(step, changes)) return stopped(step);
+    // rolled_back: `step` is the one before the checkpoint's, where the loop goes on
+    if (run_step(step, changes) == Next::stop) return stopped(result_.steps);
   }
   return finish();
 }
 
-bool TrainingLoop::at_boundary(int64_t step, StepMetrics& m) {
-  const BoundaryActions act = control_->at_boundary(step, s_.cfg);
+bool TrainingLoop::at_boundary(int64_t& step, Changes& changes) {
+  // Commands see the run as it stands at the boundary: the step before is settled first
+  // (commands are rare, so this costs nothing in the steps between).
+  Next settled = Next::step;
+  const auto settle_step_before = [&] {
+    if (pending_) settled = settle(step, /*step_end=*/false);
+  };
+  const BoundaryActions act = control_->at_boundary(step, s_.cfg, settle_step_before);
+  if (settled == Next::stop) return true;
+  if (settled == Next::rolled_back) ++step;  // the checkpoint's step, saved already
   apply(act.effects);
   for (const auto& [field, value] : act.changes) s_.log->info("step {}: {} set to {}", step, field, value);
-  m.changes = act.changes;
+  changes = act.changes;
   if ((act.checkpoint || act.stop) && saved_step_ != step) save_checkpoint(step);
   if (act.stop) s_.log->info("stopped at step {} by request", step);
   return act.stop;
+}
+
+TrainingLoop::Next TrainingLoop::run_step(int64_t& step, const Changes& changes) {
+  meter_.start_step();
+  std::vector<Batch> batches =
+      carried_.empty() ? next_batches(accumulation_steps(cfg_.batch.global_batch, s_.batch)) : std::move(carried_);
+  carried_.clear();
+  const StepValues values = step_.forward_backward(step, batches);
+  if (pending_) {
+    // The step before, read while this one's work runs on the device. A rollback discards
+    // this step's gradients; its batches are the next step's, as the data goes on.
+    const Next next = settle(step, /*step_end=*/false);
+    if (next == Next::rolled_back) carried_ = std::move(batches);
+    if (next != Next::step) return next;
+  }
+  // After the step before was judged: its scale_lr applies to this update.
+  const double lr = cfg_.optimizer.lr_scale * scheduled_lr_(step);
+  judge_.begin_step();
+  std::optional<AnomalyJudge::Verdict> verdict;
+  at::Tensor skip;
+  if (judge_.judges_on_device()) {
+    skip = judge_.skip_on_device(values.loss, values.grad_norm);
+  } else {
+    verdict = judge_.judge(step + 1, values.loss.item<double>(), values.grad_norm.item<double>());
+    const bool act = verdict->anomaly && verdict->anomaly.action != AnomalyAction::None;
+    skip = torch::full({}, act, values.grad_norm.options().dtype(torch::kBool));
+  }
+  const UpdateGate gate = gate_update(values.grad_norm, cfg_.optimizer.grad_clip, skip);
+  step_.update(lr, gate);
+  pending_.emplace(PendingStep{step, StepReadout(values, gate.skip), std::move(verdict), lr, meter_.end_step(),
+                               tokens_per_step(), changes});
+  return step_end_has_work(step) ? settle(step, /*step_end=*/true) : Next::step;
+}
+
+bool TrainingLoop::step_end_has_work(int64_t step) const {
+  const int64_t done = step + 1;
+  const bool last = done == cfg_.schedule.steps;
+  return !judge_.judges_on_device() || last || (can_eval_ && evaluation_due(cfg_.eval, done, last)) ||
+         checkpoint_due(cfg_.checkpoint, done, last);
+}
+
+TrainingLoop::Next TrainingLoop::settle(int64_t& step, bool step_end) {
+  const PendingStep p = std::move(*pending_);
+  pending_.reset();
+  const StepLoss loss = p.readout.read();
+  const AnomalyJudge::Verdict verdict = p.verdict ? *p.verdict : judge_.judge(p.step + 1, loss.loss, loss.grad_norm);
+  const Anomaly& anomaly = verdict.anomaly;
+  // The device skipped by the same comparisons on the same values (AnomalyJudge).
+  const bool skip = !std::isfinite(loss.grad_norm) || (anomaly && anomaly.action != AnomalyAction::None);
+  if (skip != loss.skipped)
+    throw std::logic_error(fmt::format("step {}: the device {} the update but the host judged {} (anomaly '{}')",
+                                       p.step + 1, loss.skipped ? "skipped" : "applied", skip ? "skip" : "apply",
+                                       anomaly.kind));
+  StepMetrics m;
+  m.changes = p.changes;
+  m.skipped = loss.skipped;
+  if (anomaly) {
+    m.anomaly = anomaly.kind;
+    m.anomaly_action = anomaly_action_name(anomaly.action);
+    if (anomaly.action == AnomalyAction::ScaleLr) s_.cfg.optimizer.lr_scale *= verdict.lr_factor;
+  }
+  measure(m, p, loss);
+  if (step_end && can_eval_ && evaluation_due(cfg_.eval, m.step, m.step == cfg_.schedule.steps))
+    result_.final_val_loss = m.val_loss = step_.validation_loss(s_.data->split("val"), cfg_.eval.batches);
+  report(m, static_cast<bool>(anomaly));
+  if (anomaly) {
+    int64_t at = p.step;
+    const Next next = respond(verdict, m, at);
+    if (next == Next::rolled_back) {
+      step = at;
+      return next;
+    }
+    if (next == Next::stop) {
+      result_.steps = m.step;
+      result_.final_loss = m.loss;
+      return next;
+    }
+  }
+  if (step_end && checkpoint_due(cfg_.checkpoint, m.step, m.step == cfg_.schedule.steps)) save_checkpoint(m.step);
+  result_.steps = m.step;
+  result_.final_loss = m.loss;
+  return Next::step;
 }
 
 void TrainingLoop::apply(const std::vector<LiveEffect>& effects) {
@@ -192,15 +258,14 @@ void TrainingLoop::apply(const std::vector<LiveEffect>& effects) {
   }
 }
 
-void TrainingLoop::measure(StepMetrics& m, int64_t step, const StepLoss& loss, double lr) {
-  const int64_t tokens = tokens_per_step();
-  meter_.finish_step(m, tokens, cfg_.schedule.steps - step - 1);
-  m.step = step + 1;
+void TrainingLoop::measure(StepMetrics& m, const PendingStep& p, const StepLoss& loss) {
+  meter_.finish_step(m, p.tokens, cfg_.schedule.steps - p.step - 1, p.cost);
+  m.step = p.step + 1;
   m.total_steps = cfg_.schedule.steps;
   m.loss = loss.loss;
   m.grad_norm = loss.grad_norm;
-  m.lr = lr;
-  tokens_seen_ += tokens;
+  m.lr = p.lr;
+  tokens_seen_ += p.tokens;
   m.tokens_seen = tokens_seen_;
 }
 

@@ -1,4 +1,5 @@
-// AdamW (decoupled weight decay) over ranges of flat fp32 buffers.
+// AdamW (decoupled weight decay) over ranges of flat fp32 buffers, and the gate that
+// clips or skips its step from values that stay on the gradients' device.
 #pragma once
 
 #include <vector>
@@ -10,6 +11,23 @@
 
 namespace tide {
 
+// What an optimizer step does with the gradients it is given, decided on their device so
+// that the host never waits for the gradient norm: the factor that clips them and whether
+// the step is skipped (the parameters, moments and step count then stay as they were).
+struct UpdateGate {
+  torch::Tensor clip;  // fp64 scalar; undefined: 1
+  torch::Tensor skip;  // bool scalar; undefined: the step is taken
+};
+
+// The gate for gradients of global L2 norm `norm` (an fp64 scalar on their device):
+// clipped to max_norm (0: never), skipped where the norm is not finite or `skip` is set.
+UpdateGate gate_update(const torch::Tensor& norm, double max_norm, const torch::Tensor& skip = {});
+
+// How the update runs: one vectorised pass per segment on the host's cores, reading the
+// gate there (CPU parameters, and offload); or PyTorch's fused multi-tensor AdamW on the
+// parameters' device, gated there, with the step count a device scalar (other devices).
+enum class AdamWKernel { automatic, host, fused };
+
 class AdamW {
  public:
   // Updates `segments` of the 1-D buffers `params` and `grads` (the whole model, or the
@@ -18,14 +36,18 @@ class AdamW {
   // (pinned when the parameters are on a GPU), the update runs there on the host's
   // cores, and the result is copied back to the parameters' device.
   AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment> segments, const OptimConfig& cfg,
-        bool offload = false);
+        bool offload = false, AdamWKernel kernel = AdamWKernel::automatic);
   // The whole of a FlatParameters.
-  AdamW(FlatParameters& flat, const OptimConfig& cfg, bool offload = false);
+  AdamW(FlatParameters& flat, const OptimConfig& cfg, bool offload = false,
+        AdamWKernel kernel = AdamWKernel::automatic);
 
-  // One update with learning rate `lr` (weight decay, betas and eps from config()).
-  void step(double lr);
+  // One update with learning rate `lr` (weight decay, betas and eps from config()), the
+  // gradients clipped and the step skipped as `gate` says.
+  void step(double lr, const UpdateGate& gate = {});
   int64_t numel() const { return m_.numel(); }
-  int64_t steps_taken() const { return t_; }
+  // The updates taken (skipped ones not counted); the fused kernel's count is read from
+  // its device.
+  int64_t steps_taken() const;
   // Bytes of optimizer state: the moments, and with offload the host master and
   // gradient copies.
   int64_t state_bytes() const;
@@ -45,13 +67,10 @@ class AdamW {
   OptimConfig cfg_;
   torch::Tensor m_, v_;
   torch::Tensor host_master_, host_grad_;  // offload only
-  int64_t t_ = 0;
+  bool fused_ = false;
+  int64_t t_ = 0;        // the host kernel's step count
+  torch::Tensor steps_;  // the fused kernel's: an fp32 scalar on the parameters' device
+  void fused_step(double lr, const UpdateGate& gate);
 };
-
-// Scales `grad` in place so its L2 norm is at most max_norm (0: no clipping); returns
-// the norm before clipping.
-double clip_grad_norm(torch::Tensor& grad, double max_norm);
-// The factor that brings a gradient of L2 norm `norm` down to max_norm (1: unchanged).
-double clip_factor(double norm, double max_norm);
 
 }  // namespace tide

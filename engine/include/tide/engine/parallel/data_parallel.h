@@ -14,6 +14,8 @@
 #include <memory>
 #include <vector>
 
+#include <torch/types.h>
+
 #include "tide/engine/config.h"
 #include "tide/engine/optim/flat_parameters.h"
 
@@ -46,12 +48,10 @@ class DataParallel {
   // never told `last_micro_batch` reduce everything in reduce_gradients().
   void begin_backward(bool last_micro_batch);
   // After the last backward: finishes the reduction, averages over the group and
-  // returns the global L2 norm of the gradients (over the model-parallel parts too),
-  // summed piece by piece in one order for every stage, so that all stages give the
-  // same bits.
-  double reduce_gradients();
-  // Scales the gradients this rank owns (for clipping).
-  void scale_gradients(double factor);
+  // returns the global L2 norm of the gradients (over the model-parallel parts too) as an
+  // fp64 scalar on their device, never read here: summed piece by piece in one order for
+  // every stage, so that all stages give the same bits.
+  torch::Tensor reduce_gradients();
   void zero_grad();
   // The optimizer over what this rank owns.
   std::unique_ptr<AdamW> make_optimizer(const OptimConfig& optim, bool offload);
@@ -60,7 +60,9 @@ class DataParallel {
   // Every rank calls it: fn runs with all parameters whole (stage 3 gathers them).
   void with_full_parameters(const std::function<void()>& fn);
 
-  // Sum of a scalar over the group (losses for reporting).
+  // Sum of a scalar over the group (losses for reporting): on the scalar's device, or
+  // read on the host.
+  torch::Tensor sum(const torch::Tensor& x);
   double sum(double x);
   // What this rank holds between steps.
   int64_t param_bytes() const;
@@ -72,8 +74,9 @@ class DataParallel {
 
  private:
   struct Buckets;
-  double squared_norm_of_pieces(int rank);
-  double model_parallel_sum(double norm2);
+  void scale_gradients(double factor);
+  torch::Tensor squared_norm_of_pieces(int rank);
+  torch::Tensor model_parallel_sum(torch::Tensor norm2);
   Comm& dp_;
   std::vector<Comm*> model_parallel_;
   FlatParameters& flat_;

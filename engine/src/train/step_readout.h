@@ -1,0 +1,34 @@
+// A step's loss, gradient norm and skip flag brought to the host without stalling the
+// device (internal): the copy is queued behind the step's work, and read once the host has
+// queued the next step, so the device always has work while the host waits.
+#pragma once
+
+#include <optional>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+
+#include "train_step.h"
+
+namespace tide {
+
+// What the host learns of a step.
+struct StepLoss {
+  double loss = 0;       // mean over the step's micro-batches and ranks
+  double grad_norm = 0;  // global, before clipping; the same on every rank
+  bool skipped = false;  // the update was skipped (as the device decided)
+};
+
+class StepReadout {
+ public:
+  // Queues the copy of `values` and of the update's `skip` flag (a bool scalar).
+  StepReadout(const StepValues& values, const at::Tensor& skip);
+  // Waits for that copy only (not for later work on the device) and returns it.
+  StepLoss read() const;
+
+ private:
+  at::Tensor host_;                   // loss, norm, skip as fp64; pinned when copied from a GPU
+  std::optional<c10::Event> copied_;  // recorded after the copy; none on the CPU
+};
+
+}  // namespace tide
