@@ -52,6 +52,22 @@ AdamW::AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment
     TORCH_CHECK(params_.scalar_type() == torch::kFloat32 && grads_.scalar_type() == torch::kFloat32,
                 "AdamW: the fused kernel takes fp32 parameters and gradients");
     steps_ = torch::zeros({}, params_.options());
+    for (const bool decayed : {true, false}) {
+      FusedGroup group;
+      group.decayed = decayed;
+      int64_t at = 0;
+      for (const auto& s : segments_) {
+        if (s.decayed == decayed && s.numel > 0) {
+          group.params.push_back(params_.narrow(0, s.param_offset, s.numel));
+          group.grads.push_back(grads_.narrow(0, s.grad_offset, s.numel));
+          group.exp_avg.push_back(m_.narrow(0, at, s.numel));
+          group.exp_avg_sq.push_back(v_.narrow(0, at, s.numel));
+          group.steps.push_back(steps_);
+        }
+        at += s.numel;
+      }
+      if (!group.params.empty()) fused_groups_.push_back(std::move(group));
+    }
   }
 }
 
@@ -119,23 +135,10 @@ void AdamW::fused_step(double lr, const UpdateGate& gate) {
     found_inf = gate.skip.to(torch::kFloat32);
     steps_.sub_(*found_inf);
   }
-  for (const bool decayed : {true, false}) {
-    std::vector<torch::Tensor> p, g, m, v, steps;
-    int64_t at = 0;
-    for (const auto& s : segments_) {
-      if (s.decayed == decayed && s.numel > 0) {
-        p.push_back(params_.narrow(0, s.param_offset, s.numel));
-        g.push_back(grads_.narrow(0, s.grad_offset, s.numel));
-        m.push_back(m_.narrow(0, at, s.numel));
-        v.push_back(v_.narrow(0, at, s.numel));
-        steps.push_back(steps_);
-      }
-      at += s.numel;
-    }
-    if (p.empty()) continue;
-    at::_fused_adamw_(p, g, m, v, {}, steps, lr, cfg_.beta1, cfg_.beta2, decayed ? cfg_.weight_decay : 0.0, cfg_.eps,
-                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
-  }
+  for (auto& group : fused_groups_)
+    at::_fused_adamw_(group.params, group.grads, group.exp_avg, group.exp_avg_sq, {}, group.steps, lr, cfg_.beta1,
+                      cfg_.beta2, group.decayed ? cfg_.weight_decay : 0.0, cfg_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false, grad_scale, found_inf);
 }
 
 }  // namespace tide

@@ -70,6 +70,13 @@ class AdamW {
   bool fused_ = false;
   int64_t t_ = 0;        // the host kernel's step count
   torch::Tensor steps_;  // the fused kernel's: an fp32 scalar on the parameters' device
+  // The fused kernel's tensor lists (views of the buffers), made once: the decayed
+  // segments' group and the others'.
+  struct FusedGroup {
+    bool decayed = false;
+    std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
+  };
+  std::vector<FusedGroup> fused_groups_;
   void fused_step(double lr, const UpdateGate& gate);
 };
 
