@@ -6,8 +6,8 @@
 # The torch of .venv, first match wins:
 #   TIDE_TORCH (a pip requirement, e.g. torch==2.13.0);
 #   python3's own CUDA build of torch >= 2.5 (a GPU host's PyTorch; .venv sees it);
-#   torch==2.14.1, the CUDA 13 build, where a CUDA toolkit is installed (nvcc): one build
-#     then compiles the CUDA code and runs the CPU tests;
+#   torch==2.14.1, the CUDA 13 build, where a CUDA toolkit is installed (nvcc) and the disk
+#     has 10 GiB free: one build then compiles the CUDA code and runs the CPU tests;
 #   torch==2.13.0, the CPU build.
 # --cuda (make gpu-demo, make gpu-test): fail unless that torch is a CUDA build.
 # Debian 12 and Ubuntu 22.04 / 24.04 (apt, the same package names).
@@ -88,10 +88,27 @@ sys.exit(0 if torch.version.cuda and (major, minor) >= (2, 5) else 1)
 PY
 }
 cuda_toolkit() { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }
+# The CUDA build takes about 5.6 GB in .venv, the CPU build 1.2 GB; the build folder and
+# the tests need a few GB more. A disk that cannot hold the CUDA build gets the CPU one (the
+# CPU tests run the same; only the CUDA code goes uncompiled), said aloud.
+free_gib() { df -Pk "$1" | awk 'NR == 2 { printf "%d", $4 / 1048576 }'; }
+cuda_torch_min_free_gib=10
 if [[ -n ${TIDE_TORCH:-} ]]; then
   torch_spec=$TIDE_TORCH
 elif cuda_toolkit; then
   torch_spec=torch==2.14.1
+  free=$(free_gib "$root")
+  if [[ ! -x $venv/bin/python ]] && ((free < cuda_torch_min_free_gib)); then
+    if ((cuda)); then
+      echo "setup: $free GiB free on the disk of $root; the CUDA build of torch needs" \
+           "$cuda_torch_min_free_gib GiB (free some space, or set TIDE_TORCH)" >&2
+      exit 1
+    fi
+    echo "setup: warning: only $free GiB free on the disk of $root, under the" \
+         "$cuda_torch_min_free_gib GiB the CUDA build of torch needs: installing the CPU build" \
+         "torch==2.13.0 instead (the CUDA code will not be compiled)" >&2
+    torch_spec=torch==2.13.0
+  fi
 else
   torch_spec=torch==2.13.0
 fi
@@ -105,8 +122,11 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 # pip, without the warnings this machine kind's pip configuration prints for every package
 # (a find-links folder that lacks most of them).
+# Its temporary files go beside .venv, on the disk that must hold the result anyway, not in
+# a /tmp that may be a small tmpfs.
 pip_install() {
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "$@" \
+  mkdir -p "$venv/pip-tmp"
+  TMPDIR=$venv/pip-tmp "$venv/bin/pip" install --quiet --disable-pip-version-check "$@" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
