@@ -88,6 +88,8 @@ class Conn:
         reply = self.raw([json.dumps(msg).encode()], timeout)
         assert reply is not None, f"no reply to {type_} within {timeout} s"
         assert reply["id"] == self.next_id, reply
+        if ok is None:  # either answer: the caller looks
+            return reply
         if ok:
             assert reply["ok"], f"{type_} {body}: {reply.get('error')}"
             return reply["body"]
