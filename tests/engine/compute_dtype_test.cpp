@@ -128,5 +128,14 @@ TEST(ComputeDtype, ActivationCheckpointingRecomputesInTheForwardsPrecision) {
   expect_identical(step_gradients(recomputed, batches, false), want);
 }
 
+TEST(ComputeDtype, AutoIsBf16OnCudaAndFp32OnTheCpuAndMustBeResolved) {
+  const c10::Device cpu(c10::kCPU), cuda(c10::kCUDA, 0);
+  EXPECT_EQ(resolve_compute_dtype(DType::Auto, cuda), DType::BFloat16);
+  EXPECT_EQ(resolve_compute_dtype(DType::Auto, cpu), DType::Float32);
+  EXPECT_EQ(resolve_compute_dtype(DType::Float32, cuda), DType::Float32) << "a recipe's fp32 stands";
+  EXPECT_EQ(resolve_compute_dtype(DType::BFloat16, cpu), DType::BFloat16) << "a recipe's bf16 stands";
+  EXPECT_THROW(with_compute_dtype(DType::Auto, [] { return torch::ones({1}); }), std::logic_error);
+}
+
 }  // namespace
 }  // namespace tide

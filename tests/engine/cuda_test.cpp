@@ -35,6 +35,7 @@ namespace fs = std::filesystem;
 RunConfig tiny_run(const std::string& device, int64_t steps) {
   RunConfig c = testing::tiny_byte_run("cuda-" + device);
   c.device = device;
+  c.precision.compute = DType::Float32;  // the comparisons below are fp32 ones (auto is bf16 on CUDA)
   c.optimizer.lr = 3e-3;
   c.schedule.steps = steps;
   c.schedule.warmup_steps = 0;
@@ -85,6 +86,17 @@ TEST(Cuda, FirstStepEqualsTheCpuStepFromTheSameInitialValues) {
   EXPECT_GT(b[0].peak_gpu_mb, 0.0) << "peak device memory is reported on CUDA";
   fs::remove_all(run_dir("ref"));
   fs::remove_all(run_dir("dev"));
+}
+
+TEST(Cuda, ARecipeThatSaysNothingTrainsInBf16AndRecordsIt) {
+  SKIP_WITHOUT_CUDA();
+  RunConfig c = tiny_run("cuda", 1);
+  c.precision.compute = DType::Auto;
+  const fs::path dir = run_dir("auto");
+  train(c, dir);
+  std::ifstream in(dir / "config.json");
+  EXPECT_EQ(nlohmann::json::parse(in)["precision"]["compute"], "bf16");
+  fs::remove_all(dir);
 }
 
 TEST(Cuda, Bf16TrainsToWithinOnePercentOfFp32) {

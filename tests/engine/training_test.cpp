@@ -75,6 +75,9 @@ TEST(Training, RunWritesItsDirectoryAndIsRepeatable) {
   EXPECT_EQ(r.steps, 6);
   for (const char* f : {"config.json", "metrics.jsonl", "train.log", "model.safetensors", "tokenizer.json", "summary.json"})
     EXPECT_TRUE(fs::exists(a / f)) << f;
+  // The recipe left precision.compute at auto: the record says what the CPU ran.
+  std::ifstream config(a / "config.json");
+  EXPECT_EQ(nlohmann::json::parse(config)["precision"]["compute"], "fp32");
   const auto la = losses_of(a), lb = losses_of(b);
   ASSERT_EQ(la.size(), 6u);
   EXPECT_EQ(la, lb);  // same seed, same data: the same run

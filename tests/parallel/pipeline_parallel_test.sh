@@ -7,6 +7,7 @@
 #    stages given in the recipe and 4 micro-batches;
 #  - dp2 x pp2 (and ZeRO-1 on it, equal to it exactly), tp2 x pp2 with sequence
 #    parallelism, ZeRO-2 dp2 x pp2 (LLaMA), and dp2 x tp2 x pp2 on 8 ranks;
+#  - pp2 in bf16 sends bf16 between stages (half the bytes) and agrees with one process;
 #  - the combinations that cannot work are refused up front, naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -24,6 +25,27 @@ train llama llama4-pp2-given --nproc 2 --set model.n_layers=4 --set parallel.pp=
   --set "parallel.pipeline_stages=[3,1]" --set parallel.micro_batches=4
 compare "$work/llama4-1" "$work/llama4-pp2-given" 0 || fail "pp2 with given stages differs from one process"
 grep -q "blocks \[0, 3)" "$work/llama4-pp2-given/train.log" || { cat "$work/llama4-pp2-given/train.log"; fail "the given stages were not used"; }
+
+# bf16 compute: activations and their gradients cross between stages in bf16, the dtype
+# they have on both sides, so the bytes halve. Against one process the losses agree to
+# bf16's resolution (2^-8 relative: the gradient norm's sums run in another order across
+# stages, and bf16 rounding carries that into the weights); a wrong byte count or layout
+# on the wire would be off by far more.
+train llama llama-bf16-1 --set precision.compute=bf16
+train llama llama-bf16-pp2 --nproc 2 --set parallel.pp=2 --set precision.compute=bf16
+"${TIDE_PYTHON:-python3}" - "$work/llama-bf16-1" "$work/llama-bf16-pp2" "$work/llama-pp2-1f1b" <<'PY' || fail "bf16 pp2"
+import json, sys
+rows = [[json.loads(l) for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:]]
+one, bf16, fp32 = rows
+assert len(one) == len(bf16) == len(fp32) == 10
+for a, b in zip(one, bf16):
+    assert abs(a["loss"] - b["loss"]) <= 2**-8 * a["loss"], (a["step"], a["loss"], b["loss"])
+for a, b in zip(fp32, bf16):
+    # the pipeline's messages halve; a few scalars (loss, gradient norm) stay as they are
+    assert abs(b["comm_bytes"] - a["comm_bytes"] / 2) <= 64, (a["step"], a["comm_bytes"], b["comm_bytes"])
+print(f"  bf16 pp2: losses within 2^-8 of one process, {bf16[0]['comm_bytes']} bytes a step against "
+      f"{fp32[0]['comm_bytes']} in fp32")
+PY
 
 echo "3D layouts:"
 train bloom bloom-dp2-pp2 --nproc 4 --set parallel.pp=2

@@ -11,7 +11,8 @@ source "$(dirname "$0")/common.sh" "$1"
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*}
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 
-cuda=(--set device=cuda)
+# fp32: the comparisons are fp32 ones (precision.compute is bf16 on CUDA by default).
+cuda=(--set device=cuda --set precision.compute=fp32)
 train llama cuda-1 "${cuda[@]}"
 train llama cuda-zero3-dp2 --nproc 2 "${cuda[@]}" --set parallel.backend=gloo --set parallel.zero=3
 train llama cuda-tp2 --nproc 2 "${cuda[@]}" --set parallel.backend=gloo --set parallel.tp=2

@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "tide/engine/parallel/distributed.h"
 #include "tide/worker/stop_signals.h"
 
 namespace tide::worker {
@@ -34,8 +35,9 @@ int launch_workers(ipc::WorkerSpec spec) {
       // A worker that stopped on the forwarded SIGTERM exits 128 + SIGTERM, its work saved.
       const bool stopped = forwarded && WIFEXITED(exit.status) && WEXITSTATUS(exit.status) == 128 + SIGTERM;
       if (exit.ok() || stopped) continue;
-      spdlog::error("rank {} (pid {}) {}; stopping the other {} workers", exit.rank, exit.pid, exit.describe(),
-                    group.live_count());
+      const bool peer_lost = WIFEXITED(exit.status) && WEXITSTATUS(exit.status) == kPeerLostExitStatus;
+      spdlog::error("rank {} (pid {}) {}{}; stopping the other {} workers", exit.rank, exit.pid, exit.describe(),
+                    peer_lost ? " (it lost a peer host: its line above names it)" : "", group.live_count());
       // Workers blocked in a collective may not react to SIGTERM at once: give them a
       // moment, then kill them.
       group.end(std::chrono::seconds(10));

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -71,6 +72,7 @@ struct Checkpointer::Impl {
   int rank = 0, world = 1, dp_rank = 0, dp = 1, zero = 0;
   std::unique_ptr<StoreClient> store;  // used by the writer thread only
   std::thread writer;
+  std::atomic<bool> abandoned{false};
   Listener listener;
 
   struct Entry {
@@ -117,6 +119,12 @@ Checkpointer::~Checkpointer() { wait(); }
 
 void Checkpointer::wait() {
   if (impl_->writer.joinable()) impl_->writer.join();
+}
+
+void Checkpointer::abandon() {
+  impl_->abandoned = true;
+  wait();
+  impl_->abandoned = false;
 }
 
 void Checkpointer::on_finished(Listener listener) {
@@ -218,9 +226,16 @@ void Checkpointer::Impl::write(const Snapshot& snap) {
   json files = report["files"];
   const auto patience = std::chrono::milliseconds(
       static_cast<int64_t>(std::max(600.0, parts.cfg->parallel.timeout_s) * 1000));
+  const auto deadline = std::chrono::steady_clock::now() + patience;
   for (int r = 1; r < world; ++r) {
-    const auto other = store->wait(fmt::format("tide/ckpt/{}/{}", step_dir_name(snap.step), r), patience);
-    if (!other) throw std::runtime_error(fmt::format("rank {} did not finish its files", r));
+    // Polled rather than waited for: a run that fails meanwhile abandons the save at once.
+    std::optional<std::string> other;
+    while (!(other = store->get_if_set(fmt::format("tide/ckpt/{}/{}", step_dir_name(snap.step), r)))) {
+      if (abandoned) throw std::runtime_error("abandoned: the run failed before every rank had written its files");
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error(fmt::format("rank {} did not finish its files", r));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
     const json theirs = parse_json_or_discard(*other);
     if (theirs.is_object() && theirs.contains("error"))
       throw std::runtime_error(fmt::format("rank {}: {}", r, theirs["error"].get<std::string>()));

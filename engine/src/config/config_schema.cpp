@@ -238,9 +238,10 @@ void add_schedule_checkpoint_and_eval_fields(std::vector<FieldSpec>& s) {
   s.push_back(number("schedule.min_lr", 0, 10, kFixed, "Learning rate at the end of the decay.", REF(schedule.min_lr)));
   // Precision, checkpoints, evaluation.
   s.push_back(choice<DType>(
-      "precision.compute", {{"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, kFixed,
+      "precision.compute", {{"auto", DType::Auto}, {"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, kFixed,
       "Compute dtype. bf16: matmuls, attention and the residual stream in bf16 from a copy of the weights cast once "
-      "per step; weights, optimizer state, gradients, norm statistics and loss stay fp32.",
+      "per step; weights, optimizer state, gradients, norm statistics and loss stay fp32. auto: bf16 on CUDA, fp32 "
+      "on the CPU (the run's config.json records which).",
       REF(precision.compute)));
   s.push_back(integer("checkpoint.every", 0, 1e12, LiveEffect::EachStep,
                       "Steps between checkpoints (run-dir/checkpoints/step-N); 0: at the end only.",
@@ -314,6 +315,11 @@ void add_parallel_fields(std::vector<FieldSpec>& s) {
   s.push_back(number("parallel.timeout_s", 1, 86400, kFixed,
                      "Seconds a collective or the rendezvous may take before the job fails, naming it.",
                      REF(parallel.timeout_s)));
+  s.push_back(number("parallel.node_timeout_s", 0, 86400, kFixed,
+                     "Seconds without a heartbeat from a rank (one a second, through the rendezvous store) before "
+                     "the other ranks declare its host lost, name it and end; 0: never (a blocked collective still "
+                     "fails after parallel.timeout_s).",
+                     REF(parallel.node_timeout_s)));
   s.push_back(choice<std::string>("parallel.backend", {{"auto", "auto"}, {"gloo", "gloo"}}, kFixed,
                                   "Collectives: auto (NCCL between CUDA ranks, Gloo between CPU ranks) or gloo on "
                                   "either device (CUDA tensors through host memory; ranks may then share a GPU).",

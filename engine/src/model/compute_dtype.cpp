@@ -1,5 +1,7 @@
 #include "tide/engine/model/compute_dtype.h"
 
+#include <stdexcept>
+
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
@@ -36,7 +38,13 @@ class AutocastGuard {
 };
 }  // namespace
 
+DType resolve_compute_dtype(DType requested, const c10::Device& device) {
+  if (requested != DType::Auto) return requested;
+  return device.is_cuda() ? DType::BFloat16 : DType::Float32;
+}
+
 at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& fn) {
+  if (compute == DType::Auto) throw std::logic_error("with_compute_dtype: precision.compute 'auto' was not resolved");
   if (compute != DType::BFloat16) return fn();
   // bf16 on the host and on CUDA devices alike (a device with no tensors in the region
   // is unaffected).

@@ -1,9 +1,7 @@
 #include "tide/engine/parallel/distributed.h"
 
-#include <condition_variable>
 #include <csignal>
-#include <mutex>
-#include <thread>
+#include <cstdlib>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -25,6 +23,8 @@
 #endif
 
 #include "comm_impl.h"
+#include "heartbeat.h"
+#include "tide/engine/parallel/network_address.h"
 #include "tide/engine/parallel/store_client.h"
 
 namespace tide {
@@ -33,91 +33,41 @@ struct Distributed::Store {
   c10::intrusive_ptr<c10d::Store> store;
 };
 
-struct Distributed::Heartbeat {
-  // A diagnosis must not hang: every store operation gives up after 5 s.
-  Heartbeat(const LaunchEnv& env, std::chrono::milliseconds timeout)
-      : rank(env.rank), store(env, std::min(timeout, std::chrono::milliseconds(5000))) {
-    thread = std::thread([this] { run(); });
-  }
-  ~Heartbeat() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stopping = true;
-    }
-    cv.notify_all();
-    thread.join();
-  }
-
-  static int64_t now_ms() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  }
-  static std::string key(int r) { return fmt::format("tide/heartbeat/{}", r); }
-
-  void run() {
-    std::unique_lock<std::mutex> lock(mu);
-    while (!stopping) {
-      std::string waiting;
-      {
-        std::lock_guard<std::mutex> p(progress->mu);
-        waiting = progress->waiting;
-      }
-      try {
-        store.set(key(rank), fmt::format("{}\n{}\n{}", now_ms(), progress->completed.load(), waiting));
-      } catch (const std::exception&) {
-        return;  // the store is gone (rank 0 ended): nobody is listening
-      }
-      cv.wait_for(lock, std::chrono::seconds(1), [this] { return stopping; });
-    }
-  }
-
-  std::string describe(const std::vector<int>& ranks) {
-    std::lock_guard<std::mutex> lock(mu);
-    std::vector<std::string> parts;
-    for (const int r : ranks) {
-      if (r == rank) continue;
-      try {
-        const auto v = store.get_if_set(key(r));
-        if (!v) {
-          parts.push_back(fmt::format("rank {} never reported", r));
-          continue;
-        }
-        const auto a = v->find('\n'), b = v->find('\n', a + 1);
-        const double age = static_cast<double>(now_ms() - std::stoll(v->substr(0, a))) / 1000.0;
-        const std::string done = v->substr(a + 1, b - a - 1), waiting = v->substr(b + 1);
-        if (age > 5.0)
-          parts.push_back(fmt::format("rank {} silent for {:.0f} s after {} collectives (stopped, killed or "
-                                      "unreachable)",
-                                      r, age, done));
-        else if (waiting.empty())
-          parts.push_back(fmt::format("rank {} alive after {} collectives but in none (computing, or stuck outside "
-                                      "communication)",
-                                      r, done));
-        else
-          parts.push_back(fmt::format("rank {} alive, waiting in {}", r, waiting));
-      } catch (const std::exception& e) {
-        parts.push_back(fmt::format("rank {} unknown (rendezvous store unreachable: {})", r, e.what()));
-      }
-    }
-    return fmt::format("{}", fmt::join(parts, "; "));
-  }
-
-  int rank;
-  std::shared_ptr<CommProgress> progress = std::make_shared<CommProgress>();
-  StoreClient store;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool stopping = false;
-  std::thread thread;
-};
-
 namespace {
 
-bool is_loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
+#ifdef TIDE_HAVE_GLOO
+// Where this rank's Gloo pairs listen, which every peer must reach: the interfaces named by
+// GLOO_SOCKET_IFNAME (comma-separated, as PyTorch reads it), else the address that faces the
+// rendezvous host. Gloo's own default resolves the host name, which on most machines
+// (/etc/hosts) names a loopback address that no other host can connect to.
+std::vector<std::shared_ptr<::gloo::transport::Device>> gloo_devices(const LaunchEnv& env, const std::string& address) {
+  std::vector<std::shared_ptr<::gloo::transport::Device>> out;
+  const char* names = std::getenv("GLOO_SOCKET_IFNAME");
+  if (names && *names) {
+    std::string list = names;
+    for (size_t start = 0; start <= list.size();) {
+      const size_t end = std::min(list.find(',', start), list.size());
+      if (end > start) out.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(list.substr(start, end - start)));
+      start = end + 1;
+    }
+    spdlog::debug("rank {}: Gloo on the interfaces {} (GLOO_SOCKET_IFNAME)", env.rank, list);
+    return out;
+  }
+  spdlog::debug("rank {}: Gloo on {}, the address facing the rendezvous host {}", env.rank, address, env.master_addr);
+  out.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(address));
+  return out;
+}
+
+std::string describe_devices(const std::vector<std::shared_ptr<::gloo::transport::Device>>& devices) {
+  std::vector<std::string> names;
+  for (const auto& d : devices) names.push_back(d->str());
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+#endif
 
 std::unique_ptr<Comm> make_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& name,
                                  const std::vector<int>& ranks, int my_rank, const LaunchEnv& env,
-                                 std::chrono::milliseconds timeout, bool nccl,
+                                 std::chrono::milliseconds timeout, bool nccl, const std::string& address,
                                  const std::shared_ptr<Distributed::Heartbeat>& heartbeat) {
   auto impl = std::make_unique<Comm::Impl>();
   impl->name = name;
@@ -145,11 +95,17 @@ std::unique_ptr<Comm> make_group(const c10::intrusive_ptr<c10d::Store>& store, c
     } else {
 #ifdef TIDE_HAVE_GLOO
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-      opts->devices.push_back(is_loopback(env.master_addr)
-                                  ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                  : c10d::ProcessGroupGloo::createDefaultDevice());
+      opts->devices = gloo_devices(env, address);
       opts->threads = 1;
-      impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, impl->group_rank, size, opts);
+      try {
+        impl->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, impl->group_rank, size, opts);
+      } catch (const c10::Error& e) {
+        // Every rank connects to every other at the address each published in the store.
+        throw CommError(fmt::format(
+            "rank {}: connecting group {} (ranks {}) failed: {} (this rank listens on {}; "
+            "GLOO_SOCKET_IFNAME names the interface to use instead)",
+            my_rank, name, fmt::join(ranks, ", "), e.what_without_backtrace(), describe_devices(opts->devices)));
+      }
 #else
       throw std::runtime_error("this LibTorch was built without Gloo headers: CPU collectives are unavailable "
                                "(set device = \"cuda\" to use NCCL)");
@@ -183,10 +139,14 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
     throw CommError(fmt::format("rank {}: rendezvous at {}:{} with {} ranks failed: {}", env.rank, env.master_addr,
                                 env.master_port, env.world, e.what()));
   }
-  auto d = std::make_unique<Distributed>(Distributed{grid, env, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
+  // How the peers reach this host (and how they name it when it is lost).
+  const std::string address = local_address_toward(env.master_addr);
+  auto d = std::make_unique<Distributed>(
+      Distributed{grid, env, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
   d->store = std::make_shared<Distributed::Store>(Distributed::Store{store});
   try {
-    d->heartbeat = std::make_shared<Distributed::Heartbeat>(env, timeout);
+    d->heartbeat = std::make_shared<Distributed::Heartbeat>(
+        env, timeout, std::chrono::milliseconds(static_cast<int64_t>(parallel.node_timeout_s * 1000)), address);
   } catch (const std::exception& e) {
     spdlog::warn("rank {}: no heartbeat ({}); a timed-out collective will not name silent peers", env.rank, e.what());
   }
@@ -194,16 +154,26 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
   std::vector<int> all(static_cast<size_t>(env.world));
   for (int r = 0; r < env.world; ++r) all[static_cast<size_t>(r)] = r;
   const bool nccl = cuda && parallel.backend != "gloo";
-  d->world = make_group(store, "world", all, env.rank, env, timeout, nccl, hb);
-  d->dp = make_group(store, grid.dp_group_name(), grid.dp_group(), env.rank, env, timeout, nccl, hb);
-  d->tp = make_group(store, grid.tp_group_name(), grid.tp_group(), env.rank, env, timeout, nccl, hb);
-  d->pp = make_group(store, grid.pp_group_name(), grid.pp_group(), env.rank, env, timeout, nccl, hb);
+  d->world = make_group(store, "world", all, env.rank, env, timeout, nccl, address, hb);
+#ifdef TIDE_HAVE_GLOO
+  d->host = make_group(store, "host", all, env.rank, env, timeout, /*nccl=*/false, address, hb);
+#else
+  if (nccl)
+    spdlog::warn(
+        "rank {}: this LibTorch has no Gloo: control commands travel through NCCL, and each step boundary "
+        "waits for the device",
+        env.rank);
+#endif
+  d->dp = make_group(store, grid.dp_group_name(), grid.dp_group(), env.rank, env, timeout, nccl, address, hb);
+  d->tp = make_group(store, grid.tp_group_name(), grid.tp_group(), env.rank, env, timeout, nccl, address, hb);
+  d->pp = make_group(store, grid.pp_group_name(), grid.pp_group(), env.rank, env, timeout, nccl, address, hb);
   const auto stages = grid.pp_group();
   const int stage = grid.coords().pp;
   if (stage == 0 || stage == grid.pp() - 1) {
     std::vector<int> ends{stages.front()};
     if (stages.size() > 1) ends.push_back(stages.back());
-    d->embedding = make_group(store, "embedding." + grid.pp_group_name(), ends, env.rank, env, timeout, nccl, hb);
+    d->embedding =
+        make_group(store, "embedding." + grid.pp_group_name(), ends, env.rank, env, timeout, nccl, address, hb);
   }
   spdlog::debug("rank {}: {}", env.rank, grid.describe());
   return d;

@@ -30,10 +30,15 @@ std::vector<int64_t> pipeline_schedule(const std::string& kind, int stage, int s
 
 Pipeline::Pipeline(Comm& pp, Transformer model, std::string schedule, std::vector<int64_t> activation, DType compute,
                    Comm* tied_embeddings)
-    : pp_(pp), model_(std::move(model)), schedule_(std::move(schedule)), activation_(std::move(activation)),
+    : pp_(pp),
+      model_(std::move(model)),
+      schedule_(std::move(schedule)),
+      activation_(std::move(activation)),
       compute_(compute),
       tied_embeddings_(tied_embeddings),
-      fp32_(torch::TensorOptions().dtype(torch::kFloat32).device(model_->parameters()[0].device())) {}
+      wire_(torch::TensorOptions()
+                .dtype(compute == DType::BFloat16 ? torch::kBFloat16 : torch::kFloat32)
+                .device(model_->parameters()[0].device())) {}
 
 namespace {
 // Tags keep a step's messages apart: forward activations and backward gradients of
@@ -49,7 +54,6 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
   const int stage = pp_.rank(), stages = pp_.size();
   const bool first = stage == 0, last = stage == stages - 1;
   const auto n = static_cast<int64_t>(batches.size());
-  const auto& fp32 = fp32_;
   std::vector<torch::Tensor> inputs(static_cast<size_t>(n)), outputs(static_cast<size_t>(n));
   std::vector<std::unique_ptr<PendingCollective>> sends;
   LossSum loss_sum;
@@ -60,7 +64,7 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
     if (op > 0) {
       torch::Tensor in = b.tokens;
       if (!first) {
-        in = torch::empty(activation_, fp32);
+        in = torch::empty(activation_, wire_);
         pp_.recv(in, stage - 1, forward_tag(m), fmt::format("activations of micro-batch {}", m));
         in.requires_grad_(true);
       }
@@ -69,7 +73,7 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
         out = on_loss(m, out);
         loss_sum.add(out);
       } else {
-        sends.push_back(pp_.send(out.detach().to(torch::kFloat32).contiguous(), stage + 1, forward_tag(m),
+        sends.push_back(pp_.send(out.detach().to(wire_.dtype()).contiguous(), stage + 1, forward_tag(m),
                                  fmt::format("activations of micro-batch {}", m)));
       }
       inputs[i] = in;
@@ -79,12 +83,12 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
       if (last) {
         (outputs[i] * loss_scale).backward();
       } else {
-        auto grad = torch::empty(activation_, fp32);
+        auto grad = torch::empty(activation_, wire_);
         pp_.recv(grad, stage + 1, backward_tag(m), fmt::format("gradients of micro-batch {}", m));
         outputs[i].backward(grad.to(outputs[i].scalar_type()));
       }
       if (!first)
-        sends.push_back(pp_.send(inputs[i].grad().to(torch::kFloat32).contiguous(), stage - 1, backward_tag(m),
+        sends.push_back(pp_.send(inputs[i].grad().to(wire_.dtype()).contiguous(), stage - 1, backward_tag(m),
                                  fmt::format("gradients of micro-batch {}", m)));
       inputs[i] = torch::Tensor();  // this micro-batch's activations can go
       outputs[i] = torch::Tensor();
@@ -95,22 +99,21 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
     auto g = model_->tok_embeddings.grad();
     tied_embeddings_->all_reduce_sum(g, "tied embedding gradients");
   }
-  return loss_sum.total(fp32_.device());
+  return loss_sum.total(wire_.device());
 }
 
 double Pipeline::forward_loss(const Batch& b) {
   torch::NoGradGuard no_grad;
   const int stage = pp_.rank(), stages = pp_.size();
   const int tag = kEvalTags + (eval_tag_++ % kEvalTags);
-  const auto& fp32 = fp32_;
   torch::Tensor in = b.tokens;
   if (stage > 0) {
-    in = torch::empty(activation_, fp32);
+    in = torch::empty(activation_, wire_);
     pp_.recv(in, stage - 1, tag, "evaluation activations");
   }
   auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets); });
   if (stage == stages - 1) return out.item<double>();
-  pp_.send(out.to(torch::kFloat32).contiguous(), stage + 1, tag, "evaluation activations")->wait();
+  pp_.send(out.to(wire_.dtype()).contiguous(), stage + 1, tag, "evaluation activations")->wait();
   return 0.0;
 }
 

@@ -37,14 +37,4 @@ std::optional<std::string> StoreClient::get_if_set(const std::string& key) {
   return std::string(raw.begin(), raw.end());
 }
 
-std::optional<std::string> StoreClient::wait(const std::string& key, std::chrono::milliseconds timeout) {
-  try {
-    impl_->store->wait({key}, timeout);
-  } catch (const std::exception&) {
-    if (!impl_->store->check({key})) return std::nullopt;
-  }
-  const auto raw = impl_->store->get(key);
-  return std::string(raw.begin(), raw.end());
-}
-
 }  // namespace tide

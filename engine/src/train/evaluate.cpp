@@ -6,22 +6,27 @@
 #include <torch/torch.h>
 
 #include "tide/engine/data/batch_loader.h"
+#include "tide/engine/model/compute_dtype.h"
 
 namespace tide {
 
 double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
                      int64_t n_batches) {
-  return evaluate_loss_sum(model, split, seq_len, micro_batch, n_batches, 0, 1) / static_cast<double>(n_batches);
+  return evaluate_loss_sum(model, split, seq_len, micro_batch, n_batches, 0, 1, DType::Float32) /
+         static_cast<double>(n_batches);
 }
 
 double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
-                         int64_t n_batches, int64_t first, int64_t step) {
+                         int64_t n_batches, int64_t first, int64_t step, DType compute) {
   const auto device = model->parameters()[0].device();
   const bool was_training = model->is_training();
   model->eval();
   const double total = sum_eval_losses(
-      [&](const Batch& b) { return model->loss(b.tokens.to(device), b.targets.to(device)).item<double>(); }, split,
-      seq_len, micro_batch, n_batches, first, step);
+      [&](const Batch& b) {
+        return with_compute_dtype(compute, [&] { return model->loss(b.tokens.to(device), b.targets.to(device)); })
+            .item<double>();
+      },
+      split, seq_len, micro_batch, n_batches, first, step);
   model->train(was_training);
   return total;
 }

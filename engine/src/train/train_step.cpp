@@ -93,7 +93,7 @@ double TrainStep::validation_loss(const TokenSplit& split, int64_t batches) {
     total = across_stages(torch::tensor(stage_total, torch::kFloat64)).item<double>();
     pm_.model->train();
   } else {
-    total = evaluate_loss_sum(pm_.model, split, seq_len, micro, batches, dp_rank_, batch_.dp);
+    total = evaluate_loss_sum(pm_.model, split, seq_len, micro, batches, dp_rank_, batch_.dp, cfg_.precision.compute);
   }
   if (pm_.data_parallel) total = pm_.data_parallel->sum(total);
   return total / static_cast<double>(batches);

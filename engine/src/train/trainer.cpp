@@ -1,5 +1,6 @@
 #include "tide/engine/train/trainer.h"
 
+#include <exception>
 #include <filesystem>
 #include <fstream>
 
@@ -12,6 +13,7 @@
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/token_dataset.h"
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/optim/flat_parameters.h"
 #include "tide/engine/parallel/comm.h"
 #include "tide/engine/parallel/data_parallel.h"
@@ -81,6 +83,8 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   const int world = dist ? dist->world->size() : 1;
   check_supported_layout(cfg, world);
   s.cfg = cfg;
+  s.device = compute_device(cfg, dist ? dist->env.local_rank : 0);
+  s.cfg.precision.compute = resolve_compute_dtype(cfg.precision.compute, s.device);
   s.dir = run_dir;
   s.hooks = std::move(hooks);
   s.dist = dist;
@@ -88,7 +92,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   s.dp_rank = dist ? dist->dp->rank() : 0;
   s.batch = batch_layout(cfg, world);
   fs::create_directories(s.dir);
-  if (s.leader) std::ofstream(s.dir / "config.json", std::ios::trunc) << config_to_json(cfg).dump(2) << "\n";
+  if (s.leader) std::ofstream(s.dir / "config.json", std::ios::trunc) << config_to_json(s.cfg).dump(2) << "\n";
   s.log = open_run_log(s);
 
   const int threads = configure_threads(cfg.threads);
@@ -98,8 +102,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   if (s.data->vocab_size() > cfg.model.vocab_size)
     throw ConfigError("model.vocab_size", fmt::format("{} is smaller than the dataset's vocabulary of {} ids ({})",
                                                       cfg.model.vocab_size, s.data->vocab_size(), cfg.data.path));
-  s.device = compute_device(cfg, dist ? dist->env.local_rank : 0);
-  s.pm = parallelize(cfg, dist, s.batch, s.device);
+  s.pm = parallelize(s.cfg, dist, s.batch, s.device);
   s.checkpointer = std::make_unique<Checkpointer>(
       (s.dir / "checkpoints").string(), CheckpointParts{&s.cfg, s.pm.model.get(), s.pm.flat.get(), s.pm.optim.get(), dist});
   if (s.leader && fs::exists(s.data->tokenizer_path())) copy_tokenizer(s.data->tokenizer_path(), s.dir);
@@ -110,7 +113,13 @@ Trainer::State::State() = default;
 Trainer::State::~State() = default;
 
 Trainer::~Trainer() {
-  if (s_ && s_->checkpointer) s_->checkpointer->wait();
+  if (!s_ || !s_->checkpointer) return;
+  // Unwinding from a failure (a lost peer, a collective that failed): the save in flight
+  // may wait for files that will never come; the committed checkpoints stand.
+  if (std::uncaught_exceptions() > 0)
+    s_->checkpointer->abandon();
+  else
+    s_->checkpointer->wait();
 }
 
 TrainResult Trainer::run() { return TrainingLoop(*s_).run(); }

@@ -56,15 +56,14 @@ bool checkpoint_due(const CheckpointConfig& c, int64_t steps_done, bool last) {
 TrainingLoop::TrainingLoop(Trainer::State& s)
     : s_(s),
       cfg_(s.cfg),
-      scheduled_lr_(s.hooks.lr ? s.hooks.lr
-                               : [&cfg = s.cfg](int64_t step) {
-                                   return scheduled_lr(cfg.schedule, cfg.optimizer.lr, step);
-                                 }),
+      scheduled_lr_(s.hooks.lr
+                        ? s.hooks.lr
+                        : [&cfg = s.cfg](int64_t step) { return scheduled_lr(cfg.schedule, cfg.optimizer.lr, step); }),
       step_(s.pm, s.dist, s.cfg, s.batch, s.dp_rank, s.hooks.loss_tap),
       meter_(s.cfg, s.pm, s.dist, s.device, s.hooks.peak_flops, *s.log),
-      judge_(s.cfg.anomaly, s.hooks.anomaly_policy, s.dist ? s.dist->world.get() : nullptr, *s.log) {
+      judge_(s.cfg.anomaly, s.hooks.anomaly_policy, s.dist ? s.dist->control() : nullptr, *s.log) {
   if (s.hooks.controlled)
-    control_ = std::make_unique<LiveControl>(s.dist ? s.dist->world.get() : nullptr, s.hooks.take_commands,
+    control_ = std::make_unique<LiveControl>(s.dist ? s.dist->control() : nullptr, s.hooks.take_commands,
                                              s.hooks.on_event, s.batch);
   const TokenSplit& val = s.data->split("val");
   can_eval_ = val.size() > cfg_.data.seq_len;

@@ -15,7 +15,8 @@ enum class MlpKind { SwiGLU, GELU };
 // Parameter naming and fused-QKV layout of the Hugging Face family.
 enum class Family { LLaMA, BLOOM };
 enum class DecayKind { Constant, Cosine, Linear, Lua };
-enum class DType { Float32, BFloat16 };
+// Auto: resolved once a run knows its device (resolve_compute_dtype), never used as is.
+enum class DType { Float32, BFloat16, Auto };
 
 struct ModelConfig {
   Family family = Family::LLaMA;
@@ -74,7 +75,7 @@ struct ScheduleConfig {
 };
 
 struct PrecisionConfig {
-  DType compute = DType::Float32;  // bf16: autocast of matmuls, fp32 master weights
+  DType compute = DType::Auto;  // bf16: autocast of matmuls, fp32 master weights
 };
 
 struct CheckpointConfig {
@@ -97,6 +98,7 @@ struct ParallelConfig {
   double bucket_mb = 25.0;
   bool sequence_parallel = false;
   double timeout_s = 120;  // a collective or the rendezvous that takes longer fails
+  double node_timeout_s = 60;  // a rank with no heartbeat this long: its host is lost, the job ends
   // "auto": NCCL between CUDA ranks, Gloo between CPU ranks. "gloo": Gloo on either
   // device (CUDA tensors travel through host memory), so that ranks may share a GPU,
   // which NCCL refuses.

@@ -58,6 +58,10 @@ class Checkpointer {
   void save(int64_t step, int64_t optimizer_steps, int64_t loader_cursor);
   // Waits for the save in flight, if any.
   void wait();
+  // Ends the save in flight without committing it (the run has failed: the peers whose
+  // files rank 0 would wait for may be gone) and waits for its thread; the checkpoints
+  // committed before stay as they are.
+  void abandon();
   // Called once per save when it is committed (error empty) or has failed (`dir` empty),
   // from the thread that wrote it; rank 0 sees the whole save, other ranks their file.
   using Listener = std::function<void(int64_t step, const std::string& dir, const std::string& error)>;

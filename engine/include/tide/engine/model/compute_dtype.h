@@ -4,10 +4,16 @@
 #include <functional>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "tide/engine/config.h"
 
 namespace tide {
+
+// precision.compute for a run on `device`: auto is bf16 on CUDA (the fast path on every GPU
+// since Ampere; older ones run it without bf16 tensor cores and should say fp32) and fp32
+// on the CPU, whose bf16 matmuls are no faster on most cores; anything else as asked.
+DType resolve_compute_dtype(DType requested, const c10::Device& device);
 
 // fn() with matmuls in the compute dtype (bf16: autocast on the host and on CUDA). Each
 // fp32 weight is cast once and the copy reused until the innermost WeightCastScope on

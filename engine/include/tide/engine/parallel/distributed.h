@@ -10,10 +10,20 @@
 
 namespace tide {
 
+// The exit status of a rank that ended because a peer's host went silent
+// (parallel.node_timeout_s): the job can go on from its newest checkpoint once the host
+// is back, or on fewer hosts.
+constexpr int kPeerLostExitStatus = 75;
+
 struct Distributed {
   Grid grid;
   LaunchEnv env;  // where the rendezvous store is (StoreClient)
   std::unique_ptr<Comm> world, dp, tp, pp;
+  // Every rank again, over Gloo on the host whatever the device: the control plane (live
+  // commands, anomaly decisions) meets at each step boundary, and on a GPU a broadcast
+  // there through NCCL would make the host wait for the device's queued work. Null where
+  // this LibTorch has no Gloo (the world group carries control then, waiting).
+  std::unique_ptr<Comm> host;
   // The first and the last pipeline stage of this rank's (dp, tp) pipeline, which both
   // hold tied embeddings; null on the stages in between.
   std::unique_ptr<Comm> embedding;
@@ -23,6 +33,9 @@ struct Distributed {
   // collective times out names the peers that are silent (stopped, dead) or elsewhere.
   struct Heartbeat;
   std::shared_ptr<Heartbeat> heartbeat;
+
+  // The group that carries control: `host`, or `world` without Gloo.
+  Comm* control() const { return host ? host.get() : world.get(); }
 };
 
 // Rendezvous through a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT, then one

@@ -27,9 +27,10 @@ std::vector<int64_t> pipeline_schedule(const std::string& kind, int stage, int s
 class Pipeline {
  public:
   // activation: the shape passed between stages, [micro_batch, T (/ tp with sequence
-  // parallelism), dim], fp32. tied_embeddings: the group of the first and the last stage
-  // when they share the embeddings (null on the stages between, or untied); their
-  // gradients are summed over it after each step's backward.
+  // parallelism), dim], in the compute dtype (the residual stream's: bf16 halves the
+  // bytes between stages and changes no value, fp32 otherwise). tied_embeddings: the group of the first and the last
+  // stage when they share the embeddings (null on the stages between, or untied); their gradients are summed over it
+  // after each step's backward.
   Pipeline(Comm& pp, Transformer model, std::string schedule, std::vector<int64_t> activation, DType compute,
            Comm* tied_embeddings = nullptr);
 
@@ -52,7 +53,7 @@ class Pipeline {
   std::vector<int64_t> activation_;
   DType compute_;
   Comm* tied_embeddings_;
-  torch::TensorOptions fp32_;  // activations on the model's device
+  torch::TensorOptions wire_;  // activations and their gradients between stages, on the model's device
   int eval_tag_ = 0;
 };
 

@@ -21,8 +21,6 @@ class StoreClient {
   void set(const std::string& key, const std::string& value);
   // The value when the key exists now, else nullopt.
   std::optional<std::string> get_if_set(const std::string& key);
-  // The value once the key exists; nullopt after `timeout`.
-  std::optional<std::string> wait(const std::string& key, std::chrono::milliseconds timeout);
 
  private:
   struct Impl;

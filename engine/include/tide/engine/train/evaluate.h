@@ -16,9 +16,10 @@ namespace tide {
 double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
                      int64_t n_batches);
 // The sum of the losses of batches first, first + step, ... < n_batches: data-parallel
-// ranks each take a share and add up.
+// ranks each take a share and add up. `compute`: the dtype the forward runs in, as in
+// training (validation measures the model that trains).
 double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
-                         int64_t n_batches, int64_t first, int64_t step);
+                         int64_t n_batches, int64_t first, int64_t step, DType compute);
 // The same with the loss of a batch computed by `loss_of` (a pipeline's forward).
 double sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split,
                          int64_t seq_len, int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step);
