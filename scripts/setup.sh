@@ -41,6 +41,8 @@ PACKAGES=(
   clang-format-14 clang-tidy-14
   # The bundled default corpus (King James Bible, public domain).
   bible-kjv
+  # parallel.slurm: a private Slurm cluster runs examples/slurm (tests/parallel/private_slurm.sh).
+  slurmctld slurmd slurm-client munge
 )
 
 # The package names are Debian 12's; Ubuntu 22.04 and 24.04 have the same ones (in

@@ -34,8 +34,8 @@ LUA
 write_recipe llama "tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, multiple_of = 32, max_seq_len = 64 }"
 write_recipe bloom "tide.models.bloom { vocab_size = 301, dim = 48, n_layers = 2, n_heads = 4, max_seq_len = 64 }"
 
-compare() {  # compare REFERENCE_RUN OTHER_RUN EXACT(0|1)
-  "${TIDE_PYTHON:-python3}" - "$1" "$2" "$3" <<'PY'
+compare() {  # compare REFERENCE_RUN OTHER_RUN EXACT(0|1) [STEPS, default 10]
+  "${TIDE_PYTHON:-python3}" - "$1" "$2" "$3" "${4:-10}" <<'PY'
 import json, struct, sys
 import numpy as np
 
@@ -56,9 +56,9 @@ def weights(run):
         out[name] = np.frombuffer(data[b:end], dtype=np.float32).reshape(e["shape"])
     return out
 
-ref, other, exact = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+ref, other, exact, steps = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
 (la, va), (lb, vb) = losses(ref), losses(other)
-assert len(la) == len(lb) == 10, (len(la), len(lb))
+assert len(la) == len(lb) == steps, (len(la), len(lb), steps)
 for i, (a, b) in enumerate(zip(la, lb)):
     if exact:
         assert a == b, f"step {i + 1}: loss {a} != {b}"

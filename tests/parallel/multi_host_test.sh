@@ -11,31 +11,9 @@
 # Skipped (exit 77) where network namespaces cannot be made (not root, no iproute2).
 source "$(dirname "$0")/common.sh" "$1"
 
-tag=$$
-hosts=(tide-a-$tag tide-b-$tag)
-addresses=(10.231.0.1 10.231.0.2)
-cleanup() {
-  if [[ -n $launcher ]]; then kill -9 $launcher 2>/dev/null || true; fi
-  for h in "${hosts[@]}"; do
-    ip netns pids "$h" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-    ip netns delete "$h" 2>/dev/null || true
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-if [[ $(id -u) -ne 0 ]] || ! command -v ip > /dev/null || ! ip netns add "${hosts[0]}" 2> "$work/netns.err"; then
-  echo "skipped: network namespaces need root and iproute2 ($(cat "$work/netns.err" 2>/dev/null))"
-  exit 77
-fi
-ip netns add "${hosts[1]}"
-ip link add "veth-a-$tag" netns "${hosts[0]}" type veth peer name "veth-b-$tag" netns "${hosts[1]}"
-for i in 0 1; do
-  h=${hosts[$i]} dev=veth-$([[ $i == 0 ]] && echo a || echo b)-$tag
-  ip -n "$h" addr add "${addresses[$i]}/24" dev "$dev"
-  ip -n "$h" link set "$dev" up
-  ip -n "$h" link set lo up
-done
+source "$(dirname "$0")/netns_hosts.sh"
+trap 'if [[ -n $launcher ]]; then kill -9 $launcher 2>/dev/null || true; fi; remove_hosts; rm -rf "$work"' EXIT
+make_hosts || exit 77
 
 port=29611
 # across RUN NPROC [tide train options...]: one launcher per host, the same run directory
@@ -108,10 +86,10 @@ ended_naming() {
 # Host b's link goes down (no connection is reset: only the heartbeats can tell). Each side
 # ends within parallel.node_timeout_s, naming the other.
 start_across link 4
-ip -n "${hosts[1]}" link set "veth-b-$tag" down
+ip -n "${hosts[1]}" link set "${veths[1]}" down
 ended_naming "${pids[0]}" "$work/link-host0.log" "lost host ${addresses[1]}" "rank 1"
 ended_naming "${pids[1]}" "$work/link-host1.log" "lost host ${addresses[0]}"
-ip -n "${hosts[1]}" link set "veth-b-$tag" up
+ip -n "${hosts[1]}" link set "${veths[1]}" up
 
 # Every tide process of host b killed: host a's rank fails on the dropped connections and
 # names the host and rank it lost; a save in flight is abandoned, the committed ones stay.

@@ -49,7 +49,7 @@ int run_command_line(CLI::App& app, int argc, char** argv) {
     spdlog::error("{}", e.what());
     return 1;
   }
-  // Stopped by SIGINT / SIGTERM after saving its work: the shell's convention for a
+  // Stopped by a stop signal after saving its work: the shell's convention for a
   // command a signal ended.
   if (const int sig = stop_signal(); sig != 0) return 128 + sig;
   return 0;

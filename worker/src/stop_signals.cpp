@@ -34,6 +34,8 @@ void install_stop_signals() {
   sa.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  // Slurm's warning before a time limit (sbatch --signal=USR1@SECONDS, scancel --signal=USR1).
+  ::sigaction(SIGUSR1, &sa, nullptr);
 }
 
 int stop_signal() { return g_first_signal; }

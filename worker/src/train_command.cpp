@@ -75,12 +75,10 @@ void control_locally(TrainHooks& hooks, const std::shared_ptr<Recipe>& recipe, b
 // One rank of a job of several processes.
 void train_as_rank(const LaunchEnv& env, RunConfig cfg, const std::string& dir, const TrainHooks& hooks,
                    ipc::WorkerLink* link) {
-  if (cfg.threads == 0) {  // ranks sharing this machine share its cores
-    const char* lws = std::getenv("LOCAL_WORLD_SIZE");
-    const int local = lws ? std::max(1, std::atoi(lws)) : 1;
-    cfg.threads = std::max(1, available_cores() / local);
-  }
+  if (cfg.threads == 0) cfg.threads = std::max(1, available_cores() / env.local_world);  // ranks of a host share it
   if (env.rank != 0) spdlog::set_level(spdlog::level::warn);
+  spdlog::info("rank {} of {} (set by {}), rendezvous at {}:{}", env.rank, env.world, env.launcher, env.master_addr,
+               env.master_port);
   try {
     auto dist = init_distributed(env, cfg.parallel,
                                  std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_s * 1000)),
@@ -154,7 +152,9 @@ void add_train_command(CLI::App& app) {
                   "host:port of node 0's rendezvous store (default for one node: 127.0.0.1 and a free port)");
   cmd->footer(
       "A process started with WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in its environment (as "
-      "torchrun, Slurm scripts and Kubernetes indexed Jobs set them) runs as that rank.");
+      "torchrun sets them; JOB_COMPLETION_INDEX, a Kubernetes Indexed Job's, stands for RANK), or as a task of "
+      "Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the rendezvous on the step's first node), runs as "
+      "that rank. SIGUSR1, SIGTERM and SIGINT stop it at the next step boundary after a checkpoint.");
   cmd->callback([opt] { run_training(*opt); });
 }
 

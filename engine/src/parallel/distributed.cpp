@@ -19,6 +19,7 @@
 #define TIDE_HAVE_GLOO 1
 #endif
 #ifdef USE_C10D_NCCL
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -87,7 +88,9 @@ std::unique_ptr<Comm> make_group(const c10::intrusive_ptr<c10d::Store>& store, c
       opts->timeout = timeout;
       impl->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, impl->group_rank, size, opts);
       impl->gloo = false;
-      impl->device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+      const int gpus = static_cast<int>(c10::cuda::device_count());
+      impl->device = c10::Device(c10::kCUDA,
+                                 static_cast<c10::DeviceIndex>(cuda_device_of_local_rank(env.local_rank, gpus, false)));
 #else
       throw std::runtime_error(
           "this LibTorch has no NCCL: CUDA ranks need a CUDA build of LibTorch, or parallel.backend = \"gloo\"");

@@ -19,6 +19,7 @@
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/grid.h"
+#include "tide/engine/parallel/launch_env.h"
 #include "tide/engine/parallel/parallelize.h"
 #include "tide/engine/run_layout.h"
 #include "tide/engine/train/run_files.h"
@@ -30,19 +31,19 @@ namespace tide {
 namespace fs = std::filesystem;
 
 namespace {
-// The GPU of the rank that is local_rank-th on its host. NCCL needs one GPU per rank;
-// Gloo lets ranks share them, round robin.
+// The GPU of the rank that is local_rank-th on its host (cuda_device_of_local_rank).
 c10::Device compute_device(const RunConfig& cfg, int local_rank) {
   if (cfg.device != "cuda") return torch::kCPU;
   if (!torch::cuda::is_available())
     throw ConfigError("device", "cuda: no CUDA device is visible, or this LibTorch was built without CUDA");
   const int gpus = static_cast<int>(torch::cuda::device_count());
-  if (cfg.parallel.backend == "gloo") return {torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % gpus)};
-  if (local_rank >= gpus)
-    throw ConfigError("device", fmt::format("cuda: this is local rank {} but {} GPU{} visible; NCCL needs a GPU "
-                                            "per rank (parallel.backend = \"gloo\" lets ranks share them)",
-                                            local_rank, gpus, gpus == 1 ? " is" : "s are"));
-  return {torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank)};
+  const bool share = cfg.parallel.backend == "gloo";
+  try {
+    return {torch::kCUDA, static_cast<c10::DeviceIndex>(cuda_device_of_local_rank(local_rank, gpus, share))};
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("device",
+                      std::string("cuda: ") + e.what() + " (parallel.backend = \"gloo\" lets ranks share them)");
+  }
 }
 
 // train.log for the leader (also to the hooks' sinks), train-rank<N>.log for the others.
