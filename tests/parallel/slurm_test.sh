@@ -61,19 +61,30 @@ for _ in $(seq 1200); do
 done
 [[ $(wc -l < "$work/requeue/metrics.jsonl") -ge 3 ]] || { cat "$work/requeue.out"; fail "job $job: no steps in 120 s"; }
 scancel --signal=USR1 "$job"
-# Slurm holds a requeued job for 121 s before it may start again; the test does not wait.
+# Slurm holds a requeued job for 121 s before it may start again; the test lifts the hold.
 for _ in $(seq 600); do
   [[ $(job_field "$job" Restarts) == 1 && $(job_field "$job" JobState) == PENDING ]] && break
   sleep 0.1
 done
 [[ $(job_field "$job" Restarts) == 1 ]] || { cat "$work/requeue.out"; fail "job $job was not requeued after SIGUSR1"; }
+# Only once the first incarnation is gone from the node (it is idle again): a job let
+# out earlier can reach slurmd while that one is still being cleaned up, and fail.
+for _ in $(seq 600); do
+  [[ $(sinfo -h -n localhost -o %T) == idle ]] && break
+  sleep 0.1
+done
 scontrol update JobId="$job" StartTime=now
 for _ in $(seq 3000); do
   state=$(job_field "$job" JobState)
   [[ $state == COMPLETED || $state == FAILED || $state == CANCELLED ]] && break
   sleep 0.1
 done
-[[ $state == COMPLETED ]] || { cat "$work/requeue.out"; fail "job $job ended $state after its requeue"; }
+[[ $state == COMPLETED ]] || {
+  cat "$work/requeue.out"
+  scontrol show job "$job"
+  tail -n 30 "$slurm_dir"/log/*.log
+  fail "job $job ended $state after its requeue"
+}
 grep -q "checkpoint saved before the time limit: requeueing job $job" "$work/requeue.out" ||
   { cat "$work/requeue.out"; fail "the script did not requeue on exit status 138"; }
 logs=("$work/requeue.out" "$work/requeue/train.log")

@@ -285,8 +285,14 @@ TrainingLoop::Next TrainingLoop::respond(const AnomalyJudge::Verdict& v, const S
   if (!std::isfinite(anomaly.value)) event["value"] = nullptr;
   std::optional<std::string> from;
   if (anomaly.action == AnomalyAction::Rollback) {
+    // Rank 0 chooses for all: its wait ends once the save in flight is committed, while
+    // another rank's ends when its own shards are written, and it could read the older
+    // checkpoint as the newest (ranks rolled back to different steps, then hung).
     s_.checkpointer->wait();
-    from = s_.checkpointer->latest_valid();
+    std::string chosen = s_.leader ? s_.checkpointer->latest_valid().value_or("") : "";
+    if (Comm* control = s_.dist ? s_.dist->control() : nullptr)
+      chosen = control->broadcast_text(chosen, 0, "rollback checkpoint");
+    if (!chosen.empty()) from = chosen;
     if (!from) event["action"] = "skip";  // nothing to roll back to
   }
   s_.log->warn("step {}: {} (value {}, score {:.1f}): {}", m.step, anomaly.kind, anomaly.value, anomaly.score,
