@@ -67,12 +67,16 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [[ $(job_field "$job" Restarts) == 1 ]] || { cat "$work/requeue.out"; fail "job $job was not requeued after SIGUSR1"; }
-# Only once the first incarnation is gone from the node (it is idle again): a job let
-# out earlier can reach slurmd while that one is still being cleaned up, and fail.
+# The hold guards slurmd, which revokes the first incarnation's credential when it ends:
+# a job let out in the same second as that end failed to launch (FAILED, exit 1, 1 run in
+# 3 beside a CPU hog; none in 5 once the test waited), which fits slurmd comparing the new
+# credential's time with the revocation's at one-second resolution. So the test lifts the
+# hold once the node is idle again and two seconds have passed.
 for _ in $(seq 600); do
   [[ $(sinfo -h -n localhost -o %T) == idle ]] && break
   sleep 0.1
 done
+sleep 2
 scontrol update JobId="$job" StartTime=now
 for _ in $(seq 3000); do
   state=$(job_field "$job" JobState)
