@@ -2,7 +2,9 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <initializer_list>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -36,6 +38,12 @@ class Vars {
     return v;
   }
   bool has(const std::string& name) const { return get(name).has_value(); }
+  // The first of `names` that is set, as (name, value).
+  std::optional<std::pair<std::string, std::string>> first(std::initializer_list<const char*> names) const {
+    for (const char* name : names)
+      if (auto v = get(name)) return std::make_pair(std::string(name), *v);
+    return std::nullopt;
+  }
   int integer(const std::string& name, int fallback, int lo, int hi) const {
     const auto v = get(name);
     return v ? static_cast<int>(env_int(name, *v, lo, hi)) : fallback;
@@ -44,6 +52,16 @@ class Vars {
  private:
   const EnvLookup& lookup_;
 };
+
+// parse(value) of a variable (name, value), its error prefixed with both.
+template <class Parse>
+auto parse_var(const std::pair<std::string, std::string>& var, Parse parse) {
+  try {
+    return parse(var.second);
+  } catch (const std::invalid_argument& err) {
+    throw std::invalid_argument(fmt::format("environment variable {}='{}': {}", var.first, var.second, err.what()));
+  }
+}
 
 // MASTER_ADDR and MASTER_PORT, which every launcher honours.
 void read_master(const Vars& vars, LaunchEnv& e) {
@@ -73,36 +91,21 @@ LaunchEnv from_world_size(const Vars& vars) {
 
 LaunchEnv from_srun(const Vars& vars) {
   LaunchEnv e;
-  const std::string world_var = vars.has("SLURM_NTASKS") ? "SLURM_NTASKS" : "SLURM_STEP_NUM_TASKS";
-  e.world = vars.integer(world_var, 1, 1, 1 << 20);
+  if (const auto n = vars.first({"SLURM_NTASKS", "SLURM_STEP_NUM_TASKS"}))
+    e.world = static_cast<int>(env_int(n->first, n->second, 1, 1 << 20));
   e.rank = vars.integer("SLURM_PROCID", 0, 0, e.world - 1);
   e.local_rank = vars.integer("SLURM_LOCALID", 0, 0, e.world - 1);
   const int node = vars.integer("SLURM_NODEID", 0, 0, e.world - 1);
-  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
-    if (auto v = vars.get(name)) {
-      try {
-        e.local_world = slurm_tasks_on_node(*v, node);
-      } catch (const std::invalid_argument& err) {
-        throw std::invalid_argument(fmt::format("environment variable {}='{}': {}", name, *v, err.what()));
-      }
-      break;
-    }
-  }
-  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
-    if (auto v = vars.get(name)) {
-      try {
-        e.master_addr = first_host_of_slurm_nodelist(*v);
-      } catch (const std::invalid_argument& err) {
-        throw std::invalid_argument(fmt::format("environment variable {}='{}': {}", name, *v, err.what()));
-      }
-      break;
-    }
-  }
-  if (const auto job = vars.get("SLURM_JOB_ID"))
-    e.master_port = slurm_default_master_port(env_int("SLURM_JOB_ID", *job, 0, 1L << 62));
-  read_master(vars, e);
+  if (const auto v = vars.first({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}))
+    e.local_world = parse_var(*v, [node](const std::string& list) { return slurm_tasks_on_node(list, node); });
+  if (const auto v = vars.first({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}))
+    e.master_addr = parse_var(*v, first_host_of_slurm_nodelist);
   e.launcher = "srun";
-  if (auto job = vars.get("SLURM_JOB_ID")) e.launcher += " (Slurm job " + *job + ")";
+  if (const auto job = vars.get("SLURM_JOB_ID")) {
+    e.master_port = slurm_default_master_port(env_int("SLURM_JOB_ID", *job, 0, 1L << 62));
+    e.launcher += " (Slurm job " + *job + ")";
+  }
+  read_master(vars, e);
   return e;
 }
 
