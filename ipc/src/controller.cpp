@@ -60,8 +60,6 @@ void Controller::Impl::bind_endpoints() {
     if (opt.allowlist_file.empty())
       throw std::invalid_argument("a CURVE key needs an allowlist of client keys (--clients)");
     allowed = read_allowlist(opt.allowlist_file);
-    zap.set(zmq::sockopt::linger, 0);
-    zap.bind("inproc://zeromq.zap.01");
   } else if (!opt.allowlist_file.empty()) {
     throw std::invalid_argument(fmt::format(
         "an allowlist of client keys (--clients {}) needs this daemon's CURVE key (--curve-key)", opt.allowlist_file));
@@ -87,10 +85,20 @@ void Controller::Impl::serve_zap() {
   if (!zmq::recv_multipart(zap, std::back_inserter(req), zmq::recv_flags::dontwait) || req.size() < 6) return;
   std::string status = "400", text = "unknown client key", user;
   const std::string mechanism = req[5].to_string();
+  const bool worker = req[2].to_string() == Supervisor::kWorkerZapDomain;
   if (mechanism == "CURVE" && req.size() >= 7 && req[6].size() == 32) {
     char z85[41];
     zmq_z85_encode(z85, static_cast<const uint8_t*>(req[6].data()), 32);
-    if (const auto it = allowed.find(z85); it != allowed.end()) {
+    if (worker) {
+      // The ranks of a run under a scheduler: its key, admitted while its job is active.
+      if (const auto run = supervisor->run_of_worker_key(z85)) {
+        status = "200";
+        text = "OK";
+        user = *run;
+      } else {
+        spdlog::warn("refused a worker from {} with a key of no active run: {}", req[3].to_string(), z85);
+      }
+    } else if (const auto it = allowed.find(z85); it != allowed.end()) {
       status = "200";
       text = "OK";
       user = role_name(it->second);
@@ -148,6 +156,13 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
       *runs, *bus, *evaluator,
       [this](RunRecord& r, const json& command, const std::string& id) { requests->apply(r, command, id); });
   runs->on_finished([this](const std::string& run) { policies->forget(run); });
+  // The ZAP handler is bound before any CURVE socket: a CURVE handshake that finds no
+  // handler is let through.
+  if (!opt.curve_key_file.empty() || opt.slurm.enabled) {
+    zap.set(zmq::sockopt::linger, 0);
+    zap.bind("inproc://zeromq.zap.01");
+    zap_bound = true;
+  }
   for (auto* r : runs->registry().all())
     if (!is_finished(r->state)) policies->load(*r);
   supervisor = std::make_unique<Supervisor>(opt, ctx, *runs, *policies, *bus);
@@ -197,7 +212,7 @@ void Controller::Impl::tick() {
                              {supervisor->socket().handle(), 0, ZMQ_POLLIN, 0},
                              {zap.handle(), 0, ZMQ_POLLIN, 0}};
   try {
-    zmq::poll(items, curve ? 4 : 3, kTick);
+    zmq::poll(items, zap_bound ? 4 : 3, kTick);
   } catch (const zmq::error_t& e) {
     if (e.num() == EINTR) return;
     throw;
@@ -205,7 +220,7 @@ void Controller::Impl::tick() {
   // Nothing a client or a worker sends may take the controller down: every handler
   // turns its failures into replies or log lines.
   try {
-    if (curve && (items[3].revents & ZMQ_POLLIN)) serve_zap();
+    if (zap_bound && (items[3].revents & ZMQ_POLLIN)) serve_zap();
     if (items[2].revents & ZMQ_POLLIN) supervisor->serve_workers();
     if (items[0].revents & ZMQ_POLLIN) serve_commands();
     if (items[1].revents & ZMQ_POLLIN)

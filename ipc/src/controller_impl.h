@@ -30,6 +30,7 @@ struct Controller::Impl {
   zmq::socket_t commands{ctx, zmq::socket_type::router};
   zmq::socket_t zap{ctx, zmq::socket_type::rep};  // ZAP handler: CURVE clients by key
   std::optional<CurveKeyPair> curve;
+  bool zap_bound = false;  // with a CURVE key, or a TCP worker socket (runs under Slurm)
   std::map<std::string, Role> allowed;
   ServiceInfo service;
   std::atomic<bool> stopping{false};

@@ -87,6 +87,30 @@ CurveKeyPair read_curve_keys(const std::string& path) {
   return k;
 }
 
+void write_worker_link_keys(const WorkerLinkKeys& keys, const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot write '{}': {}", tmp, std::strerror(errno)));
+  const std::string text =
+      nlohmann::json{{"public", keys.own.public_key}, {"secret", keys.own.secret_key}, {"server", keys.server_public}}
+          .dump(2) +
+      "\n";
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+}
+
+WorkerLinkKeys read_worker_link_keys(const std::string& path) {
+  WorkerLinkKeys keys{read_curve_keys(path), ""};
+  const auto j = parse_json_or_discard(read_all(path));
+  keys.server_public = j.value("server", "");
+  if (!is_z85_key(keys.server_public))
+    throw std::runtime_error(fmt::format("'{}' names no server key (\"server\": 40 Z85 characters)", path));
+  return keys;
+}
+
 std::string read_public_key(const std::string& key_or_path) {
   if (is_z85_key(key_or_path)) return key_or_path;
   const std::string text = read_all(key_or_path);

@@ -169,6 +169,7 @@ json Requests::info() {
           {"slots", {{"kind", "cpu"}, {"total", opt_.cpu_slots}, {"used", supervisor_.slots_in_use()}}},
           {"gpus", {{"devices", opt_.gpus}, {"free", supervisor_.free_gpus()}}},
           {"cores", opt_.cores},
+          {"scheduler", opt_.slurm.enabled ? json("slurm") : json("local")},
           {"endpoints", {{"commands", service_.command_endpoints}, {"events", service_.event_endpoints}}},
           {"curve_public_key", service_.curve_public_key ? json(*service_.curve_public_key) : json(nullptr)},
           {"runs", {{"queued", queued}, {"active", running}}}};
@@ -247,11 +248,14 @@ json Requests::finish_submit(const PendingSubmit& s) {
                         fmt::format("name '{}' may hold only letters, digits, '.', '_' and '-' (64 at most)", cfg.name));
   const int64_t layout = std::max<int64_t>(cfg.parallel.dp, 1) * cfg.parallel.tp * cfg.parallel.pp;
   const int64_t workers = optional_int(s.body, "workers", layout, 1, 4096);
-  if (cfg.device == "cuda" && workers > static_cast<int64_t>(opt_.gpus.size()))
+  // Under Slurm the cluster's size is the scheduler's to judge (a job no partition can
+  // hold waits, and says why).
+  const bool local = !opt_.slurm.enabled;
+  if (local && cfg.device == "cuda" && workers > static_cast<int64_t>(opt_.gpus.size()))
     throw ProtocolError(ErrorCode::unavailable,
                         fmt::format("the run needs {} GPUs (device = \"cuda\", one per worker) and this daemon has {}",
                                     workers, opt_.gpus.size()));
-  if (cfg.device != "cuda" && workers > opt_.cpu_slots)
+  if (local && cfg.device != "cuda" && workers > opt_.cpu_slots)
     throw ProtocolError(ErrorCode::unavailable,
                         fmt::format("the run needs {} workers and this daemon has {} slots", workers, opt_.cpu_slots));
   try {

@@ -72,6 +72,7 @@ json RunRecord::to_json() const {
             {"last_step", last_step},
             {"final_loss", final_loss ? json(*final_loss) : json(nullptr)},
             {"error", error},
+            {"scheduler", scheduler},
             {"submitted", submitted},
             {"started", started},
             {"finished", finished}};
@@ -102,6 +103,7 @@ RunRecord RunRecord::from_json(const json& j) {
   r.last_step = j.value("last_step", int64_t{0});
   if (j.contains("final_loss") && j["final_loss"].is_number()) r.final_loss = j["final_loss"].get<double>();
   r.error = j.value("error", "");
+  if (j.contains("scheduler") && j["scheduler"].is_object()) r.scheduler = j["scheduler"];
   r.submitted = j.value("submitted", 0.0);
   r.started = j.value("started", 0.0);
   r.finished = j.value("finished", 0.0);

@@ -12,6 +12,10 @@
 
 #include "supervisor.h"
 
+#include <unistd.h>
+
+#include "slurm_job.h"
+
 #include "tide/engine/io/json_input.h"
 #include "tide/ipc/protocol.h"
 
@@ -50,6 +54,35 @@ Supervisor::Supervisor(const ControllerOptions& opt, zmq::context_t& ctx, RunBoo
   workers_.set(zmq::sockopt::router_mandatory, false);
   endpoint_ = "ipc://" + (fs::absolute(opt_.state_dir) / "workers.sock").string();
   workers_.bind(endpoint_);
+  if (!opt_.slurm.enabled) return;
+  // Ranks on other hosts: CURVE, whatever the address. The socket's key is made here, not
+  // the operator's daemon key, so that no file a job can read opens the command socket;
+  // each run's ranks get a key pair of their own, which the ZAP handler admits for that run
+  // alone (run_of_worker_key), and options set now apply to the binds that follow.
+  tcp_key_ = generate_curve_keys();
+  workers_.set(zmq::sockopt::curve_server, true);
+  workers_.set(zmq::sockopt::curve_secretkey, tcp_key_->secret_key);
+  workers_.set(zmq::sockopt::zap_domain, kWorkerZapDomain);
+  try {
+    workers_.bind(opt_.slurm.worker_endpoint);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error(
+        fmt::format("cannot bind the worker endpoint {}: {}", opt_.slurm.worker_endpoint, e.what()));
+  }
+  tcp_endpoint_ = workers_.get(zmq::sockopt::last_endpoint);
+  for (const char* any : {"tcp://0.0.0.0:", "tcp://[::]:"}) {
+    if (tcp_endpoint_.rfind(any, 0) != 0) continue;
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    tcp_endpoint_ = fmt::format("tcp://{}:{}", host, tcp_endpoint_.substr(std::string(any).size()));
+  }
+  spdlog::info("runs go to Slurm; their ranks connect to {}", tcp_endpoint_);
+}
+
+std::optional<std::string> Supervisor::run_of_worker_key(const std::string& key) const {
+  for (const auto& [id, a] : active_)
+    if (!a.worker_key.empty() && a.worker_key == key) return id;
+  return std::nullopt;
 }
 
 ActiveRun* Supervisor::find(const std::string& run) {
@@ -60,7 +93,16 @@ ActiveRun* Supervisor::find(const std::string& run) {
 void Supervisor::command(const std::string& run, json command) {
   ActiveRun* a = find(run);
   if (!a) return;
-  if (command.value("op", "") == "stop") a->stop_requested = true;
+  if (command.value("op", "") == "stop") {
+    a->stop_requested = true;
+    // A job still waiting in the scheduler's queue has trained nothing since its last
+    // checkpoint: it leaves the queue rather than wait to be told.
+    if (a->rank0.empty() && a->executor && !a->ending && a->executor->live().empty()) {
+      a->ending = true;
+      a->executor->terminate(kGrace);
+      return;
+    }
+  }
   a->pending.push_back(std::move(command));
   deliver(run);
 }
@@ -69,25 +111,23 @@ void Supervisor::cancel(const std::string& run) {
   ActiveRun* a = find(run);
   if (!a) return;
   a->cancel_requested = true;
-  if (a->group && !a->ending) {
+  if (a->executor && !a->ending) {
     a->ending = true;
-    a->group->terminate(kGrace);
+    a->executor->terminate(kGrace);
   }
 }
 
 void Supervisor::describe(const std::string& run, json& status) const {
   const auto a = active_.find(run);
-  if (a == active_.end() || !a->second.group) return;
-  json pids = json::object();
-  for (const auto& [pid, rank] : a->second.group->live()) pids[std::to_string(rank)] = pid;
-  status["pids"] = pids;
+  if (a == active_.end() || !a->second.executor) return;
+  a->second.executor->describe(status);
   if (!a->second.gpus.empty()) status["gpus"] = a->second.gpus;
 }
 
 int Supervisor::slots_in_use() const {
   int used = 0;
   for (const auto& [id, a] : active_) {
-    if (!a.group || !a.gpus.empty()) continue;
+    if (!a.executor || !a.local || !a.gpus.empty()) continue;
     const RunRecord* r = runs_.registry().find(id);
     used += r ? r->workers : 0;
   }
@@ -114,6 +154,10 @@ void Supervisor::schedule() {
   std::stable_sort(queue.begin(), queue.end(), [](const RunRecord* a, const RunRecord* b) { return a->priority > b->priority; });
   bool cpu_blocked = false, gpu_blocked = false;
   for (RunRecord* r : queue) {
+    if (opt_.slurm.enabled) {  // Slurm queues it
+      launch(*r);
+      continue;
+    }
     const bool gpu = runs_.config_of(*r).device == "cuda";
     bool& blocked = gpu ? gpu_blocked : cpu_blocked;
     if (blocked) continue;
@@ -135,11 +179,12 @@ void Supervisor::launch(RunRecord& r) {
   for (const auto& o : r.overrides) spec.args.insert(spec.args.end(), {"--set", o});
   for (const auto& [path, value] : r.live.items()) spec.args.insert(spec.args.end(), {"--set", path + "=" + value.dump()});
   std::vector<std::string> gpus;
-  if (cfg.device == "cuda") {
+  const bool local = !opt_.slurm.enabled;  // else Slurm gives each rank its GPU and its cores
+  if (local && cfg.device == "cuda") {
     // Rank r of the group uses the r-th device it sees (cuda:LOCAL_RANK).
     gpus = free_gpus();
     gpus.resize(static_cast<size_t>(r.workers));
-  } else if (cfg.threads == 0) {
+  } else if (local && cfg.threads == 0) {
     // The slots share the machine's cores.
     spec.args.insert(spec.args.end(), {"--set", fmt::format("threads={}", std::max(1, opt_.cores / opt_.cpu_slots))});
   }
@@ -156,7 +201,10 @@ void Supervisor::launch(RunRecord& r) {
   a.gpus = gpus;
   try {
     a.batch = batch_layout(cfg, r.workers);  // as every worker derives it
-    a.group = std::make_unique<WorkerGroup>(spec);
+    if (local)
+      a.executor = std::make_unique<LocalWorkers>(spec);
+    else
+      a.executor = start_slurm_job(r, spec, a);
   } catch (const std::exception& e) {
     active_.erase(r.id);
     r.error = fmt::format("cannot start the workers: {}", e.what());
@@ -164,14 +212,48 @@ void Supervisor::launch(RunRecord& r) {
     return;
   }
   a.started = Clock::now();
-  for (int rank = 0; rank < r.workers; ++rank) a.last_seen[rank] = a.started;
   if (r.started == 0) r.started = unix_now();
+  r.scheduler = a.executor->scheduler();
   r.error.clear();
   json detail = {{"resume", r.resume}};
   if (!gpus.empty()) detail["gpus"] = gpus;
+  if (!r.scheduler.is_null()) detail["scheduler"] = r.scheduler;
   runs_.set_state(r, RunState::starting, detail);
   r.resume = true;  // any later start of this run continues from its checkpoints
   runs_.registry().save(r);
+}
+
+std::unique_ptr<RunExecutor> Supervisor::start_slurm_job(RunRecord& r, const WorkerSpec& spec, ActiveRun& a) {
+  const RunConfig& cfg = runs_.config_of(r);
+  const fs::path dir = runs_.registry().run_dir(r.id);
+  // A job an earlier controller submitted for this run may outlive it (a crash): one job
+  // per run.
+  if (r.scheduler.is_object() && r.scheduler.contains("slurm_job") &&
+      !slurm_state_is_final(r.scheduler.value("state", "")))
+    cancel_slurm_job(r.scheduler.value("slurm_job", ""));
+  const CurveKeyPair own = generate_curve_keys();
+  const std::string key_file = (dir / "worker-link.key").string();
+  write_worker_link_keys({own, tcp_key_->public_key}, key_file);
+  a.local = false;
+  a.worker_key = own.public_key;
+  SlurmJobSpec job;
+  job.name = "tide-" + r.id;
+  job.executable = spec.executable;
+  job.args = spec.args;
+  // Slurm may requeue the job itself (preemption, a node failure): its script must then
+  // continue from the checkpoints, as every later start of a run does.
+  if (!r.resume) job.args.insert(job.args.end(), {"--resume", "auto"});
+  job.env = spec.env;
+  job.env["TIDE_CONTROLLER"] = tcp_endpoint_;
+  job.env["TIDE_CONTROLLER_KEY_FILE"] = key_file;
+  job.ranks = r.workers;
+  job.gpus = cfg.device == "cuda";
+  job.gpus_per_node = opt_.slurm.gpus_per_node;
+  job.cpus_per_task = job.gpus ? 0 : cfg.threads;
+  job.working_dir = r.workdir;
+  job.run_dir = dir.string();
+  job.sbatch_args = opt_.slurm.sbatch_args;
+  return std::make_unique<SlurmJob>(job);
 }
 
 void Supervisor::deliver(const std::string& run) {
@@ -198,10 +280,16 @@ void Supervisor::serve_workers() {
       spdlog::warn("worker socket: dropped a malformed message from '{}'", identity);
       continue;
     }
+    // Over TCP the ZAP handler named the run whose key the sender holds: a run's key
+    // speaks for that run alone.
+    if (const char* key_run = zmq_msg_gets(parts[1].handle(), "User-Id"); key_run && route->run != key_run) {
+      spdlog::warn("worker socket: dropped a message as '{}' sent with the key of run {}", identity, key_run);
+      continue;
+    }
     RunRecord* r = runs_.registry().find(route->run);
     auto a = active_.find(route->run);
     // A message of an earlier attempt (a group being replaced) changes nothing.
-    if (!r || a == active_.end() || !a->second.group || route->attempt != r->attempt) continue;
+    if (!r || a == active_.end() || !a->second.executor || route->attempt != r->attempt) continue;
     ActiveRun& run = a->second;
     run.last_seen[route->rank] = Clock::now();
     const std::string type = msg.value("type", "");
@@ -264,35 +352,41 @@ void Supervisor::supervise() {
   const auto now = Clock::now();
   std::vector<std::string> ended;
   for (auto& [id, a] : active_) {
-    if (!a.group) continue;
+    if (!a.executor) continue;
     RunRecord* r = runs_.registry().find(id);
-    for (const auto& exit : a.group->reap()) {
-      if (exit.ok() || a.ending) continue;
-      a.fault = fmt::format("rank {} (pid {}) {}", exit.rank, exit.pid, exit.describe());
+    for (const auto& fault : a.executor->reap()) {
+      if (a.ending) continue;
+      a.fault = fault;
       if (!a.worker_error.empty()) a.fault += ": " + a.worker_error;
     }
+    const auto live = a.executor->live();
     if (a.fault.empty() && !a.ending) {
-      for (const auto& [pid, rank] : a.group->live()) {
-        const double silent = std::chrono::duration<double>(now - a.last_seen[rank]).count();
+      for (const auto& [rank, running] : live) {
+        const double silent = std::chrono::duration<double>(now - std::max(a.last_seen[rank], running.since)).count();
         if (silent > r->heartbeat_timeout_s) {
-          a.fault = fmt::format("rank {} (pid {}) sent no heartbeat for {:.0f} s", rank, pid, silent);
+          a.fault = fmt::format("rank {} ({}) sent no heartbeat for {:.0f} s", rank, running.who, silent);
           break;
         }
       }
     }
-    if (!a.fault.empty() && !a.ending) {
-      spdlog::error("run {}: {}; ending its {} workers", id, a.fault, a.group->live_count());
-      a.ending = true;
-      a.group->terminate(kGrace);
+    if (json scheduler = a.executor->scheduler(); scheduler != r->scheduler) {
+      r->scheduler = std::move(scheduler);
+      runs_.registry().save(*r);
+      bus_.publish(id, "scheduler", r->scheduler);
     }
-    a.group->enforce_deadline();
-    if (a.group->all_ended()) ended.push_back(id);
+    if (!a.fault.empty() && !a.ending) {
+      spdlog::error("run {}: {}; ending its {} live workers", id, a.fault, live.size());
+      a.ending = true;
+      a.executor->terminate(kGrace);
+    }
+    a.executor->enforce_deadline();
+    if (a.executor->all_ended()) ended.push_back(id);
   }
   for (const auto& id : ended) {
     RunRecord* r = runs_.registry().find(id);
     ActiveRun a = std::move(active_[id]);
     active_.erase(id);
-    a.group.reset();
+    a.executor.reset();
     finish_group(*r, a);
   }
 }
@@ -332,10 +426,10 @@ void Supervisor::shutdown(const std::atomic<bool>& hurry) {
   // rank 0 has not said hello yet has done no step since its last checkpoint.
   std::vector<std::string> saving;
   for (auto& [id, a] : active_) {
-    if (!a.group || a.ending) continue;
+    if (!a.executor || a.ending) continue;
     if (a.rank0.empty()) {
       a.ending = true;
-      a.group->terminate(kGrace);
+      a.executor->terminate(kGrace);
       continue;
     }
     spdlog::info("run {}: saving a checkpoint before the controller stops", id);
@@ -346,7 +440,7 @@ void Supervisor::shutdown(const std::atomic<bool>& hurry) {
   const auto deadline = Clock::now() + std::chrono::seconds(opt_.shutdown_timeout_s);
   auto all_ended = [&] {
     for (auto& [id, a] : active_)
-      if (a.group && !a.group->all_ended()) return false;
+      if (a.executor && !a.executor->all_ended()) return false;
     return true;
   };
   while (!all_ended() && Clock::now() < deadline && !hurry) {
@@ -358,20 +452,21 @@ void Supervisor::shutdown(const std::atomic<bool>& hurry) {
       spdlog::error("controller: {}", e.what());
     }
     for (auto& [id, a] : active_) {
-      if (!a.group) continue;
-      (void)a.group->reap();
-      a.group->enforce_deadline();
+      if (!a.executor) continue;
+      (void)a.executor->reap();
+      a.executor->enforce_deadline();
     }
   }
   for (const auto& id : saving)
-    if (auto it = active_.find(id); it != active_.end() && it->second.group && !it->second.group->all_ended())
+    if (auto it = active_.find(id); it != active_.end() && it->second.executor && !it->second.executor->all_ended())
       spdlog::warn("run {}: no checkpoint within {} s of the shutdown; it resumes from its previous one", id,
                    opt_.shutdown_timeout_s);
   for (auto& [id, a] : active_)
-    if (a.group) a.group->terminate(kGrace);
+    if (a.executor) a.executor->terminate(kGrace);
   for (auto& [id, a] : active_) {
-    if (a.group) a.group->end(kGrace);
+    if (a.executor) a.executor->end(kGrace);
     if (RunRecord* r = runs_.registry().find(id); r && has_workers(r->state)) {
+      if (a.executor) r->scheduler = a.executor->scheduler();
       r->state = RunState::queued;
       r->resume = true;
       runs_.registry().save(*r);

@@ -17,9 +17,10 @@
 
 #include "policy_host.h"
 #include "run_book.h"
+#include "run_executor.h"
 #include "tide/engine/run_layout.h"
 #include "tide/ipc/controller.h"
-#include "tide/ipc/worker_group.h"
+#include "tide/ipc/curve.h"
 
 namespace tide::ipc {
 
@@ -27,7 +28,9 @@ using Clock = std::chrono::steady_clock;
 
 // What the controller holds for a run while it has workers.
 struct ActiveRun {
-  std::unique_ptr<WorkerGroup> group;
+  std::unique_ptr<RunExecutor> executor;
+  bool local = true;       // its workers use this machine's slots (not a scheduler's nodes)
+  std::string worker_key;  // the public key its ranks use on the TCP worker socket, if any
   std::string rank0;  // routing id of rank 0's link, once it said hello
   std::map<int, Clock::time_point> last_seen;
   Clock::time_point started;
@@ -57,8 +60,12 @@ class Supervisor {
   void command(const std::string& run, nlohmann::json command);
   // Ends the run's workers; the run is cancelled once they have.
   void cancel(const std::string& run);
-  // The pids of its workers and its devices, into a status reply.
+  // The pids of its workers (or its scheduler's job) and its devices, into a status reply.
   void describe(const std::string& run, nlohmann::json& status) const;
+  // The run whose ranks use this public key (Z85) on the TCP worker socket: the
+  // controller's ZAP handler admits only these.
+  std::optional<std::string> run_of_worker_key(const std::string& key) const;
+  static constexpr const char* kWorkerZapDomain = "tide-workers";
 
   int slots_in_use() const;  // CPU slots
   std::vector<std::string> free_gpus() const;
@@ -69,6 +76,7 @@ class Supervisor {
 
  private:
   void launch(RunRecord& r);
+  std::unique_ptr<RunExecutor> start_slurm_job(RunRecord& r, const WorkerSpec& spec, ActiveRun& a);
   void deliver(const std::string& run);
   void on_event(RunRecord& r, const nlohmann::json& body);
   void finish_group(RunRecord& r, ActiveRun& a);
@@ -78,7 +86,9 @@ class Supervisor {
   PolicyHost& policies_;
   EventBus& bus_;
   zmq::socket_t workers_;
-  std::string endpoint_;
+  std::string endpoint_;                 // ipc, for local workers
+  std::string tcp_endpoint_;             // what ranks on other hosts connect to (Slurm runs)
+  std::optional<CurveKeyPair> tcp_key_;  // the TCP worker socket's own, made at each start
   std::map<std::string, ActiveRun> active_;
 };
 

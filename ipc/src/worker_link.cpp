@@ -15,7 +15,7 @@ namespace tide::ipc {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-std::optional<WorkerIdentity> worker_identity_from_environment() {
+std::optional<WorkerIdentity> worker_identity_from_environment(int rank) {
   const char* endpoint = std::getenv("TIDE_CONTROLLER");
   const char* run = std::getenv("TIDE_RUN_ID");
   if (!endpoint || !run || !*endpoint) return std::nullopt;
@@ -23,11 +23,13 @@ std::optional<WorkerIdentity> worker_identity_from_environment() {
   id.endpoint = endpoint;
   id.run = run;
   if (const char* a = std::getenv("TIDE_ATTEMPT")) id.attempt = std::atoll(a);
-  if (const char* r = std::getenv("RANK")) id.rank = std::atoi(r);
+  if (const char* k = std::getenv("TIDE_CONTROLLER_KEY_FILE")) id.key_file = k;
+  id.rank = rank;
   return id;
 }
 
 WorkerLink::WorkerLink(WorkerIdentity id) : id_(std::move(id)) {
+  if (!id_.key_file.empty()) keys_ = read_worker_link_keys(id_.key_file);
   send("hello", {{"pid", ::getpid()}});
   thread_ = std::thread([this] { loop(); });
 }
@@ -73,6 +75,11 @@ void WorkerLink::loop() {
     socket.set(zmq::sockopt::routing_id, fmt::format("{}:{}:{}", id_.run, id_.attempt, id_.rank));
     socket.set(zmq::sockopt::linger, 1000);
     socket.set(zmq::sockopt::sndhwm, 10000);
+    if (keys_) {
+      socket.set(zmq::sockopt::curve_serverkey, keys_->server_public);
+      socket.set(zmq::sockopt::curve_publickey, keys_->own.public_key);
+      socket.set(zmq::sockopt::curve_secretkey, keys_->own.secret_key);
+    }
     socket.connect(id_.endpoint);
     auto next_heartbeat = Clock::now();
     while (true) {

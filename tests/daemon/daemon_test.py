@@ -1,7 +1,7 @@
 """End-to-end tests of tided with real worker processes, spoken to only through libzmq
 and JSON as docs/protocol.md describes (see tided_client.py).
 
-Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security|exposure|fuzz|cuda}
+Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security|exposure|fuzz|cuda|slurm}
 """
 import json
 import os
@@ -858,6 +858,184 @@ def part_cuda():
     print(f"the export of {run} loads in {type(model).__name__}")
     d.stop()
 
+PRIVATE_SLURM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parallel", "private_slurm.sh")
+
+
+def private_slurm(command):
+    """Runs a command of private_slurm.sh (the one parallel.slurm uses) in bash."""
+    return subprocess.run(["bash", "-c", f'source "{PRIVATE_SLURM}"; {command}'], capture_output=True, text=True)
+
+
+def part_slurm():
+    # tided hands runs to a real (private) Slurm: each run is one batch job whose srun
+    # tasks are its ranks, and they connect back over TCP with CURVE, so that status,
+    # metrics, live control, checkpoints and stop work as for local workers.
+    why = private_slurm("private_slurm_missing").stdout.strip()
+    if why:
+        print(f"skipped: {why}")
+        sys.exit(77)
+    cluster = os.path.join(WORK, "slurm")
+    started = private_slurm(f'start_private_slurm "{cluster}"')
+    assert started.returncode == 0, started.stderr
+    env = {"SLURM_CONF": os.path.join(cluster, "slurm.conf")}
+    try:
+        slurm_runs(env)
+    finally:
+        private_slurm(f'slurm_dir="{cluster}"; stop_private_slurm')
+
+
+def squeue_state(job, env):
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                         env={**os.environ, **env})
+    return out.stdout.strip()
+
+
+def slurm_runs(env):
+    state = os.path.join(WORK, "state")
+    d = Tided(TIDED, WORKER, state, slots=1, env=env,
+              extra=["--slurm", "--worker-endpoint", "tcp://127.0.0.1:*"]).start()
+    conn = Conn(d.tcp("commands"))
+    events = Events(d.tcp("events"), "run.")
+    time.sleep(0.3)
+    assert conn.request("info")["scheduler"] == "slurm"
+
+    # A short dp2 job to its end, against one local process (within 1e-5, as dp2 is).
+    short = recipe("sl", 20)
+    with open(os.path.join(WORK, "sl.lua"), "w") as f:
+        f.write(short)
+    ref = subprocess.Popen([TIDE, "train", "sl.lua", "--run-dir", "sl-ref", "--quiet"], cwd=WORK)
+    run = submit(conn, short, overrides=["parallel.dp=2"], workers=2)  # 2 ranks on a 1-slot daemon: Slurm places them
+    r = wait_status(conn, run, lambda r: r["state"] in ("completed", "failed"), timeout=300, what="end")
+    assert r["state"] == "completed", r
+    assert r["scheduler"]["state"] == "COMPLETED" and r["scheduler"]["nodes"] == "localhost", r["scheduler"]
+    job = r["scheduler"]["slurm_job"]
+    assert squeue_state(job, env) == "COMPLETED"
+    assert ref.wait(timeout=300) == 0
+    got, want = losses(r["run_dir"]), losses(os.path.join(WORK, "sl-ref"))
+    assert len(got) == len(want) == 20, (len(got), len(want))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    assert worst <= 1e-5, f"Slurm dp2 against one process: relative difference {worst:.2e}"
+    print(f"{run}: Slurm job {job} COMPLETED on localhost; 20 losses within {worst:.1e} of one local process")
+
+    # A long one: status, live control, a checkpoint and stop, as for local workers.
+    run = submit(conn, recipe("sll", 100000), overrides=["parallel.dp=2"], workers=2)
+    # (tided asks squeue every two seconds: its view may lag the ranks' by that much.)
+    r = wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 10 and
+                    r["scheduler"]["state"] == "RUNNING", what="step 10 of a RUNNING job")
+    job = r["scheduler"]["slurm_job"]
+    assert squeue_state(job, env) == "RUNNING", squeue_state(job, env)
+    listed = subprocess.run([TIDE, "runs", "--endpoint", d.tcp("commands")], check=True, capture_output=True,
+                            text=True).stdout
+    assert f"slurm job {job} RUNNING" in listed, listed
+    k = set_lr_live(conn, events, run)
+    conn.request("checkpoint", {"run": run})
+    ck = events.wait_for(lambda e: e["run"] == run and e["kind"] == "checkpoint", what="checkpoint event")
+    assert ck["body"]["ok"] and os.path.exists(os.path.join(ck["body"]["path"], "COMMITTED")), ck
+    conn.request("stop", {"run": run})
+    r = wait_status(conn, run, lambda r: r["state"] == "stopped", what="stopped")
+    r = wait_status(conn, run, lambda r: r["scheduler"]["state"] == "COMPLETED", what="job completed")
+    rows = {row["step"]: row for row in conn.request("metrics", {"run": run, "limit": 100000})["metrics"]}
+    assert rows[k + 1]["lr"] == 5e-4 and rows[k]["lr"] == 1e-3, (rows[k], rows[k + 1])
+    for log in ("train.log", "train-rank1.log"):
+        assert f"step {k}: optimizer.lr set to 0.0005" in open(os.path.join(r["run_dir"], log)).read(), log
+    ckpts = os.listdir(os.path.join(r["run_dir"], "checkpoints"))
+    assert f"step-{max(rows):08d}" in ckpts, (max(rows), ckpts)
+    out = subprocess.run([TIDE, "export", run, "-o", "hf", "--endpoint", d.tcp("commands")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0 and os.path.exists(os.path.join(r["run_dir"], "hf", "model.safetensors")), out.stderr
+    print(f"{run}: Slurm job {job}: lr set live at step {k}, checkpoint at step {ck['body']['step']}, "
+          f"stopped at step {max(rows)} with a checkpoint; the job COMPLETED; tide export wrote hf/")
+
+    # tided stops while a job trains: the ranks save a checkpoint and the job ends; the next
+    # tided submits the run again as a new job, which continues from that checkpoint.
+    run = submit(conn, recipe("slr", 100000), overrides=["parallel.dp=2"], workers=2)
+    r = wait_status(conn, run, lambda r: r["last_step"] >= 10 and r["scheduler"]["state"] == "RUNNING", what="step 10")
+    first_job = r["scheduler"]["slurm_job"]
+    d.stop()
+    saved = json.load(open(os.path.join(r["run_dir"], "run.json")))
+    assert saved["state"] == "queued" and saved["resume"], saved
+    steps = sorted(os.listdir(os.path.join(r["run_dir"], "checkpoints")))
+    assert steps, "no checkpoint at the shutdown"
+    saved_step = int(steps[-1].split("-")[1])
+    d.start()
+    conn = Conn(d.tcp("commands"))
+    events = Events(d.tcp("events"), "run.")
+    r = wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] > saved_step, what="resumed")
+    assert r["scheduler"]["slurm_job"] != first_job and squeue_state(first_job, env) == "COMPLETED", r["scheduler"]
+    rows = conn.request("metrics", {"run": run, "limit": 100000})["metrics"]
+    resumed = [row["step"] for row in rows if row["step"] > saved_step]
+    assert resumed and resumed[0] == saved_step + 1, (saved_step, resumed[:3])
+    conn.request("cancel", {"run": run})
+    wait_status(conn, run, lambda r: r["state"] == "cancelled", what="cancelled")
+    print(f"{run}: tided stopped during Slurm job {first_job}: checkpoint at step {saved_step}, job COMPLETED; "
+          f"the next tided's job {r['scheduler']['slurm_job']} continued from step {saved_step + 1}")
+
+    # A job that holds the node's CPUs, and one that must wait for them: the waiting one
+    # is stopped while still queued (it leaves the queue), the other cancelled.
+    busy = submit(conn, recipe("slb", 100000), overrides=["parallel.dp=2"], workers=2)
+    wait_status(conn, busy, lambda r: r["state"] == "running" and r["scheduler"]["state"] == "RUNNING", what="running")
+    queued = submit(conn, recipe("slq", 100000), overrides=["parallel.dp=4"], workers=4)
+    r = wait_status(conn, queued, lambda r: (r.get("scheduler") or {}).get("reason") == "Resources",
+                    what="a job pending for resources")
+    assert r["state"] == "starting" and r["scheduler"]["state"] == "PENDING", r
+    pending_job = r["scheduler"]["slurm_job"]
+
+    # The worker socket admits a run's key for that run alone, and no other key.
+    run_dir = conn.request("status", {"run": busy})["run"]["run_dir"]
+    with open(os.path.join(run_dir, "slurm-job.sh")) as f:
+        endpoint = next(line.split("=", 1)[1].strip().strip("'") for line in f
+                        if line.startswith("export TIDE_CONTROLLER="))
+    keys = json.load(open(os.path.join(run_dir, "worker-link.key")))
+    assert oct(os.stat(os.path.join(run_dir, "worker-link.key")).st_mode & 0o777) == "0o600"
+    ctx = zmq.Context.instance()
+    for who, own in (("the busy run's key", (keys["public"].encode(), keys["secret"].encode())),
+                     ("an unknown key", zmq.curve_keypair())):
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.CURVE_SERVERKEY, keys["server"].encode())
+        s.setsockopt(zmq.CURVE_PUBLICKEY, own[0])
+        s.setsockopt(zmq.CURVE_SECRETKEY, own[1])
+        s.setsockopt(zmq.ROUTING_ID, f"{queued}:1:0".encode())
+        s.connect(endpoint)
+        s.send(json.dumps({"type": "done", "body": {"steps": 99, "final_loss": 1.0}}).encode())
+        time.sleep(1)
+        s.close()
+    log = open(os.path.join(state, "tided-test.log")).read()
+    assert f"dropped a message as '{queued}:1:0' sent with the key of run {busy}" in log, log[-2000:]
+    assert "refused a worker from" in log, log[-2000:]
+
+    conn.request("stop", {"run": queued})
+    r = wait_status(conn, queued, lambda r: r["state"] == "stopped", what="stopped while queued")
+    assert r["last_step"] == 0 and squeue_state(pending_job, env) == "CANCELLED", (r, squeue_state(pending_job, env))
+    conn.request("cancel", {"run": busy})
+    r = wait_status(conn, busy, lambda r: r["state"] == "cancelled", what="cancelled")
+    busy_job = r["scheduler"]["slurm_job"]
+    assert squeue_state(busy_job, env) == "CANCELLED", squeue_state(busy_job, env)
+    print(f"{queued} (Slurm job {pending_job}, queued behind {busy}) stopped while pending: CANCELLED, "
+          f"{busy} cancelled: Slurm job {busy_job} CANCELLED; a run's key opens no other run, a stranger's none")
+
+    # More ranks than the partition has CPUs: Slurm keeps the job waiting, and says why.
+    big = submit(conn, recipe("slx", 10), overrides=["parallel.dp=8", "batch.micro_batch=1"], workers=8)
+    r = wait_status(conn, big, lambda r: (r.get("scheduler") or {}).get("reason") == "PartitionConfig",
+                    what="a job pending for the partition's size")
+    listed = subprocess.run([TIDE, "runs", "--endpoint", d.tcp("commands")], check=True, capture_output=True,
+                            text=True).stdout
+    assert f"slurm job {r['scheduler']['slurm_job']} PENDING (PartitionConfig)" in listed, listed
+    conn.request("cancel", {"run": big})
+    wait_status(conn, big, lambda r: r["state"] == "cancelled", what="cancelled")
+    print(f"8 ranks on a 4-CPU cluster: {listed.splitlines()[-1]}")
+    d.stop()
+
+    # What sbatch refuses, the run reports in sbatch's words.
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state2"), slots=1, env=env,
+              extra=["--slurm", "--worker-endpoint", "tcp://127.0.0.1:*", "--sbatch-arg=--partition=nosuch"]).start()
+    conn = Conn(d.tcp("commands"))
+    bad = submit(conn, recipe("sly", 10))
+    r = wait_status(conn, bad, lambda r: r["state"] == "failed", what="failed")
+    assert "sbatch" in r["error"] and "invalid partition specified: nosuch" in r["error"], r["error"]
+    print(f"--sbatch-arg=--partition=nosuch: {r['error']}")
+    d.stop()
+
 
 try:
     subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-3",
@@ -865,7 +1043,7 @@ try:
                     "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
     {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly,
      "policy": part_policy, "slots": part_slots, "security": part_security,
-     "exposure": part_exposure, "fuzz": part_fuzz, "cuda": part_cuda}[PART]()
+     "exposure": part_exposure, "fuzz": part_fuzz, "cuda": part_cuda, "slurm": part_slurm}[PART]()
     print(f"daemon {PART}: ok")
 finally:
     subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)

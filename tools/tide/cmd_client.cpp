@@ -64,11 +64,16 @@ std::string fmt_loss(const json& v) { return v.is_number() ? fmt::format("{:.4f}
 
 void print_run_line(const json& r) {
   const json m = r.value("metrics", json::object());
-  std::printf("%-28s %-10s step %6lld/%-6lld loss %-8s workers %d attempt %lld%s\n", r.value("id", "").c_str(),
+  const json job = r.value("scheduler", json());
+  const std::string slurm = job.is_object() && job.contains("slurm_job")
+                                ? fmt::format("  slurm job {} {}{}", job.value("slurm_job", ""), job.value("state", ""),
+                                              job.contains("reason") ? " (" + job.value("reason", "") + ")" : "")
+                                : "";
+  std::printf("%-28s %-10s step %6lld/%-6lld loss %-8s workers %d attempt %lld%s%s\n", r.value("id", "").c_str(),
               r.value("state", "").c_str(), static_cast<long long>(r.value("last_step", int64_t{0})),
               static_cast<long long>(r.value("total_steps", int64_t{0})),
               fmt_loss(m.value("loss", r.value("final_loss", json()))).c_str(), r.value("workers", 1),
-              static_cast<long long>(r.value("attempt", int64_t{0})),
+              static_cast<long long>(r.value("attempt", int64_t{0})), slurm.c_str(),
               r.value("error", "").empty() ? "" : ("  " + r.value("error", "")).c_str());
 }
 

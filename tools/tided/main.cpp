@@ -104,6 +104,20 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--worker", opt.worker_executable,
                  "The tide-worker executable each rank and export runs (default: beside tided)");
+  app.add_flag("--slurm", opt.slurm.enabled,
+               "Hand each run to Slurm as a batch job (sbatch) instead of starting local workers; the state "
+               "directory must be on a filesystem the nodes share (docs/multinode.md)");
+  app.add_option("--sbatch-arg", opt.slurm.sbatch_args,
+                 "With --slurm: an option for every sbatch, such as --sbatch-arg=--partition=gpu; repeatable")
+      ->allow_extra_args(false);
+  app.add_option("--slurm-gpus-per-node", opt.slurm.gpus_per_node,
+                 "With --slurm: ranks of a cuda run per node, one GPU each")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--worker-endpoint", opt.slurm.worker_endpoint,
+                 "With --slurm: the TCP endpoint the ranks connect back to (CURVE, a key per run); on 0.0.0.0 they "
+                 "connect to this host's name")
+      ->capture_default_str();
   app.add_option("--log-level", level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   CLI11_PARSE(app, argc, argv);

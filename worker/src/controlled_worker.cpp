@@ -32,8 +32,8 @@ class LinkSink : public spdlog::sinks::base_sink<std::mutex> {
 
 }  // namespace
 
-std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks, bool ask_anomaly_policy) {
-  const auto id = ipc::worker_identity_from_environment();
+std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks, bool ask_anomaly_policy, int rank) {
+  const auto id = ipc::worker_identity_from_environment(rank);
   if (!id) return nullptr;
   auto link = std::make_unique<ipc::WorkerLink>(*id);
   hooks.controlled = true;

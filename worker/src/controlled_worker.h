@@ -13,8 +13,9 @@ namespace tide::worker {
 // the hooks: every rank heartbeats and takes part in live control; rank 0 also sends
 // metrics, events and the run log's lines, and receives the commands. With
 // `ask_anomaly_policy` (the recipe has on_anomaly), rank 0 asks the controller, which
-// runs the policy. Null otherwise.
-std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks, bool ask_anomaly_policy);
+// runs the policy. `rank`: this process's, as its launcher's variables give it. Null
+// otherwise.
+std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks, bool ask_anomaly_policy, int rank);
 
 // Rank 0's last words to the controller: the result, or why training failed.
 void report_result(ipc::WorkerLink* link, const TrainResult& result);

@@ -116,7 +116,7 @@ void run_training(const Options& opt) {
   hooks.loss_tap = loss_tap_from_environment();  // tests' fault injection (docs/daemon.md)
   if (recipe->has_lr_function()) hooks.lr = [recipe](int64_t step) { return recipe->lr_at(step); };
   // Under a controller the controller runs the policies and sends the commands.
-  const auto link = attach_controller(hooks, recipe->has_policy("on_anomaly"));
+  const auto link = attach_controller(hooks, recipe->has_policy("on_anomaly"), env ? env->rank : 0);
   if (!link) control_locally(hooks, recipe, !env || env->rank == 0);
   if (env && env->world > 1) return train_as_rank(*env, cfg, dir, hooks, link.get());
   TrainResult r;

@@ -31,6 +31,17 @@ struct ControllerOptions {
   // boundary; runs that have not saved within this long are ended without one (and
   // resume from their previous checkpoint).
   int shutdown_timeout_s = 120;
+  // Runs handed to Slurm (sbatch) instead of started as local workers (docs/multinode.md,
+  // "tided on Slurm"): each run is one batch job whose srun tasks are its ranks; they
+  // connect back to the worker endpoint over TCP with CURVE, a key per run.
+  struct Slurm {
+    bool enabled = false;
+    std::vector<std::string> sbatch_args;  // given to every sbatch (partition, account, time limit)
+    int gpus_per_node = 8;                 // a cuda run's ranks per node, one GPU each
+    // Bound for the ranks; they connect to its address, or to this host's name where it
+    // binds every interface (0.0.0.0), as the cluster's nodes resolve it.
+    std::string worker_endpoint = "tcp://0.0.0.0:7452";
+  } slurm;
 };
 
 // The CUDA devices a controller hands out. "auto": CUDA_VISIBLE_DEVICES when it is set,

@@ -23,6 +23,16 @@ CurveKeyPair generate_curve_keys();
 void write_curve_keys(const CurveKeyPair& keys, const std::string& dir, const std::string& name);
 // Reads a key file; throws naming the file and what is wrong.
 CurveKeyPair read_curve_keys(const std::string& path);
+// The keys of a run's workers on the controller's TCP worker socket (a run under a
+// scheduler: docs/multinode.md, "tided on Slurm"): the run's own pair and the socket's
+// public key, in a key file with one more field, "server". Written owner-only and
+// replaced at each start of the run, so that a key lives as long as one attempt.
+struct WorkerLinkKeys {
+  CurveKeyPair own;
+  std::string server_public;
+};
+void write_worker_link_keys(const WorkerLinkKeys& keys, const std::string& path);
+WorkerLinkKeys read_worker_link_keys(const std::string& path);
 // A public key given as 40 Z85 characters or as a file holding them (a .pub or a .key).
 std::string read_public_key(const std::string& key_or_path);
 

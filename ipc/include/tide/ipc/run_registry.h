@@ -39,6 +39,9 @@ struct RunRecord {
   int64_t total_steps = 0, last_step = 0;
   std::optional<double> final_loss;
   std::string error;
+  // The scheduler's job while it runs under one, and after: {"slurm_job": "12", "state":
+  // "RUNNING", "nodes": "node07"}; null for local workers.
+  nlohmann::json scheduler;
   double submitted = 0, started = 0, finished = 0;  // Unix seconds
 
   nlohmann::json to_json() const;

@@ -18,21 +18,25 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tide/ipc/curve.h"
+
 namespace tide::ipc {
 
 struct WorkerIdentity {
   std::string endpoint;  // the controller's worker socket
+  std::string key_file;  // over TCP: the run's CURVE keys (write_worker_link_keys)
   std::string run;
   int64_t attempt = 0;
   int rank = 0;
 };
 
-// From TIDE_CONTROLLER, TIDE_RUN_ID, TIDE_ATTEMPT and RANK; nullopt when not under a
-// controller.
-std::optional<WorkerIdentity> worker_identity_from_environment();
+// From TIDE_CONTROLLER, TIDE_CONTROLLER_KEY_FILE, TIDE_RUN_ID and TIDE_ATTEMPT, for the
+// rank the launcher's variables give (launch_env.h); nullopt when not under a controller.
+std::optional<WorkerIdentity> worker_identity_from_environment(int rank);
 
 class WorkerLink {
  public:
+  // Throws when the key file cannot be read.
   explicit WorkerLink(WorkerIdentity id);
   // Sends what is queued (up to a second), then closes.
   ~WorkerLink();
@@ -51,6 +55,7 @@ class WorkerLink {
   void loop();
 
   WorkerIdentity id_;
+  std::optional<WorkerLinkKeys> keys_;
   std::mutex mu_;
   std::deque<std::string> outgoing_;
   nlohmann::json commands_ = nlohmann::json::array();
