@@ -12,6 +12,9 @@ find_package(cppzmq REQUIRED)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(LUAJIT REQUIRED IMPORTED_TARGET luajit)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# tided's HTTP server (dashboard, /metrics) and the Prometheus text format it serves.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+find_package(prometheus-cpp CONFIG REQUIRED COMPONENTS core)
 # ICU's regex engine runs Hugging Face pre-tokenizer patterns (\p{L}, look-ahead,
 # nested classes) exactly.
 pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc icu-i18n)

@@ -33,6 +33,8 @@ PACKAGES=(
   libcereal-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev
   nlohmann-json3-dev libcli11-dev libcpp-httplib-dev
+  # tided's /metrics: prometheus-cpp's metric families and text serializer.
+  prometheus-cpp-dev
   libxxhash-dev libzstd-dev libicu-dev
   sentencepiece libsentencepiece-dev
   # The Go binding (bindings/go, cgo).

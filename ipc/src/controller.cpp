@@ -174,11 +174,23 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
   if (curve) service.curve_public_key = curve->public_key;
   requests =
       std::make_unique<Requests>(opt, service, *runs, *supervisor, *policies, *exports, *bus, *evaluator, stopping);
+  if (opt.http.port >= 0) {
+    // Through the ipc command socket: local, and the path the CLI's requests take.
+    const auto ipc = std::find_if(service.command_endpoints.begin(), service.command_endpoints.end(),
+                                  [](const std::string& ep) { return ep.rfind("ipc://", 0) == 0; });
+    if (ipc == service.command_endpoints.end())
+      throw std::invalid_argument("the HTTP server needs an ipc command endpoint to reach the controller");
+    http = std::make_unique<HttpServer>(HttpOptions{opt.http.address, opt.http.port, *ipc,
+                                                    (fs::path(opt.state_dir) / "dashboard.token").string(),
+                                                    opt.http.insecure});
+    service.http_url = http->url();
+  }
   std::ofstream(fs::path(opt.state_dir) / "endpoints.json", std::ios::trunc)
       << json{{"commands", service.command_endpoints},
               {"events", service.event_endpoints},
               {"pid", ::getpid()},
-              {"curve_public_key", curve ? json(curve->public_key) : json(nullptr)}}
+              {"curve_public_key", curve ? json(curve->public_key) : json(nullptr)},
+              {"http", http ? json(http->url()) : json(nullptr)}}
              .dump(2)
       << "\n";
 }
@@ -192,6 +204,7 @@ Controller::Impl::~Impl() {
 
 std::vector<std::string> Controller::command_endpoints() const { return impl_->service.command_endpoints; }
 std::vector<std::string> Controller::event_endpoints() const { return impl_->service.event_endpoints; }
+std::string Controller::http_url() const { return impl_->http ? impl_->http->url() : ""; }
 void Controller::stop() {
   // A second stop (a second SIGTERM or Ctrl-C) does not wait for the runs' checkpoints.
   if (impl_->stopping.exchange(true)) impl_->hurry = true;
@@ -235,6 +248,7 @@ void Controller::Impl::tick() {
 }
 
 void Controller::Impl::shutdown() {
+  http.reset();  // no page waits on a controller that has stopped answering
   // A submit being evaluated is answered: its run is queued for the next controller.
   try {
     reply_to_finished_submits(true);

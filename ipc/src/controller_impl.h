@@ -14,6 +14,7 @@
 
 #include "event_bus.h"
 #include "exports.h"
+#include "http_server.h"
 #include "policy_host.h"
 #include "recipe_evaluator.h"
 #include "requests.h"
@@ -46,6 +47,7 @@ struct Controller::Impl {
   std::unique_ptr<Supervisor> supervisor;
   std::unique_ptr<Exports> exports;
   std::unique_ptr<Requests> requests;
+  std::unique_ptr<HttpServer> http;  // a client of the command socket: stopped first
 
   explicit Impl(ControllerOptions o);
   ~Impl();

@@ -89,6 +89,21 @@ Requests::Requests(const ControllerOptions& opt, const ServiceInfo& service, Run
       stopping_(stopping) {}
 
 std::optional<json> Requests::handle(const Request& req, const ReplyTo& to) {
+  // Counted once the type is known to be one: made-up types add no series to /metrics.
+  try {
+    auto reply = dispatch(req, to);
+    ++counts_[req.type];
+    return reply;
+  } catch (const ProtocolError& e) {
+    if (e.code() != ErrorCode::unknown_type) ++counts_[req.type];
+    throw;
+  } catch (const std::exception&) {
+    ++counts_[req.type];
+    throw;
+  }
+}
+
+std::optional<json> Requests::dispatch(const Request& req, const ReplyTo& to) {
   const auto& b = req.body;
   if (req.type == "info") return info();
   if (req.type == "shutdown") {
@@ -169,8 +184,12 @@ json Requests::info() {
           {"slots", {{"kind", "cpu"}, {"total", opt_.cpu_slots}, {"used", supervisor_.slots_in_use()}}},
           {"gpus", {{"devices", opt_.gpus}, {"free", supervisor_.free_gpus()}}},
           {"cores", opt_.cores},
+          {"requests", counts_},
           {"scheduler", opt_.slurm.enabled ? json("slurm") : json("local")},
-          {"endpoints", {{"commands", service_.command_endpoints}, {"events", service_.event_endpoints}}},
+          {"endpoints",
+           {{"commands", service_.command_endpoints},
+            {"events", service_.event_endpoints},
+            {"http", service_.http_url.empty() ? json(nullptr) : json(service_.http_url)}}},
           {"curve_public_key", service_.curve_public_key ? json(*service_.curve_public_key) : json(nullptr)},
           {"runs", {{"queued", queued}, {"active", running}}}};
 }

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <future>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -34,6 +35,7 @@ struct ReplyTo {
 struct ServiceInfo {
   std::vector<std::string> command_endpoints, event_endpoints;
   std::optional<std::string> curve_public_key;
+  std::string http_url;  // the dashboard's, when it serves one
 };
 
 class Requests {
@@ -52,6 +54,7 @@ class Requests {
   void apply(RunRecord& r, const nlohmann::json& command, const std::string& request_id);
 
  private:
+  std::optional<nlohmann::json> dispatch(const Request& req, const ReplyTo& to);
   struct PendingSubmit {
     ReplyTo to;
     nlohmann::json body;
@@ -79,6 +82,7 @@ class Requests {
   RecipeEvaluator& evaluator_;
   std::atomic<bool>& stopping_;
   std::vector<PendingSubmit> submits_;  // in the order they came
+  std::map<std::string, int64_t> counts_;  // requests handled, by type
 };
 
 }  // namespace tide::ipc

@@ -1,7 +1,7 @@
 """End-to-end tests of tided with real worker processes, spoken to only through libzmq
 and JSON as docs/protocol.md describes (see tided_client.py).
 
-Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security|exposure|fuzz|cuda|slurm}
+Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security|exposure|fuzz|cuda|slurm|http}
 """
 import json
 import os
@@ -858,6 +858,112 @@ def part_cuda():
     print(f"the export of {run} loads in {type(model).__name__}")
     d.stop()
 
+def http(method, url, body=None, headers=None):
+    """One HTTP request with the standard library; returns (status, parsed JSON or text)."""
+    import urllib.error
+    import urllib.request
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
+                                                                         **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def scrape(url):
+    """GET /metrics parsed by the Prometheus client library's own parser: {(name, labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+    status, text = http("GET", url + "metrics")
+    assert status == 200, (status, text)
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def part_http():
+    # tided's HTTP server: /metrics as Prometheus parses it, the runs as JSON, and the
+    # controls, which need the dashboard token and refuse another site's page.
+    state = os.path.join(WORK, "state")
+    d = Tided(TIDED, WORKER, state, slots=2).start()
+    url = d.endpoints["http"]
+    assert url.startswith("http://127.0.0.1:"), url
+    token = open(os.path.join(state, "dashboard.token")).read().strip()
+    assert len(token) == 64 and oct(os.stat(os.path.join(state, "dashboard.token")).st_mode & 0o777) == "0o600"
+    conn = Conn(d.tcp("commands"))
+    assert conn.request("info")["endpoints"]["http"] == url
+
+    run = submit(conn, recipe("web", 100000), overrides=["parallel.dp=2"], workers=2)
+    wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 5, what="step 5")
+    samples = scrape(url)
+    step = samples[("tide_run_step", (("run", run),))]
+    loss = samples[("tide_run_loss", (("run", run),))]
+    assert samples[("tide_run_state", (("run", run), ("state", "running")))] == 1
+    assert samples[("tide_runs", (("state", "running"),))] == 1
+    assert samples[("tide_cpu_slots", ())] == 2 and samples[("tide_cpu_slots_used", ())] == 2
+    assert samples[("tide_requests_total", (("type", "submit"),))] == 1
+    rows = {row["step"]: row for row in conn.request("metrics", {"run": run, "limit": 100000})["metrics"]}
+    # The same double, printed with 16 significant digits by prometheus-cpp: within 1e-15.
+    assert abs(rows[int(step)]["loss"] - loss) <= 1e-15 * abs(loss), (rows[int(step)]["loss"], loss)
+    assert samples[("tide_run_tokens_per_second", (("run", run),))] > 0
+    print(f"/metrics: {len(samples)} samples; {run} at step {int(step)}, loss {loss} as in metrics.jsonl")
+
+    status, body = http("GET", f"{url}api/runs/{run}")
+    assert status == 200 and body["run"]["id"] == run and body["run"]["workers"] == 2, (status, body)
+    status, body = http("GET", f"{url}api/runs/{run}/metrics?since_step=2&limit=2")
+    assert status == 200 and [r["step"] for r in body["metrics"]] == [3, 4], body
+    assert http("GET", f"{url}api/runs/nosuch-1")[0] == 404
+    assert http("GET", f"{url}api/runs/{run}/metrics?limit=x")[0] == 400
+    assert http("GET", f"{url}api/runs")[1]["runs"][0]["id"] == run
+
+    # Controls: none without the token, none from another site's page, none with a body too big.
+    auth = {"Authorization": f"Bearer {token}"}
+    for headers, why in (({}, "token"), ({"Authorization": "Bearer " + "0" * 64}, "token"),
+                         ({**auth, "Origin": "http://evil.example"}, "another site")):
+        status, body = http("POST", f"{url}api/runs/{run}/pause", {}, headers)
+        assert status == 403 and why in body["error"]["message"], (status, body)
+    status, _ = http("POST", f"{url}api/runs/{run}/set", {"values": {"optimizer.lr": 1e-4}, "pad": "x" * 100000}, auth)
+    assert status == 413, status
+    before = conn.request("status", {"run": run})["run"]
+    time.sleep(1)
+    after = conn.request("status", {"run": run})["run"]
+    assert after["state"] == "running" and after["last_step"] > before["last_step"] and after["live"] == {}, after
+    print("refused: no token, a wrong token, another site's Origin (403), a 100 kB body (413); the run went on")
+
+    events = Events(d.tcp("events"), f"run.{run}.")
+    time.sleep(0.3)
+    status, body = http("POST", f"{url}api/runs/{run}/set", {"values": {"optimizer.lr": 5e-4}}, auth)
+    assert status == 200 and body["accepted"] == {"optimizer.lr": 5e-4}, (status, body)
+    applied = events.wait_for(lambda e: e["kind"] == "control", what="control event")
+    assert applied["body"]["result"] == "applied", applied
+    k = applied["body"]["step"]
+    status, body = http("POST", f"{url}api/runs/{run}/pause", {}, {**auth, "Origin": url.rstrip("/")})
+    assert status == 200 and body["accepted"] == "pause", (status, body)
+    paused = events.wait_for(is_state(run, "paused"), what="paused")
+    assert http("POST", f"{url}api/runs/{run}/resume", {}, auth)[0] == 200
+    events.wait_for(is_state(run, "running"), what="resumed")
+    wait_status(conn, run, lambda r: r["last_step"] > k + 1, what="steps after the change")
+    rows = {row["step"]: row for row in conn.request("metrics", {"run": run, "limit": 100000})["metrics"]}
+    assert rows[k]["lr"] == 1e-3 and rows[k + 1]["lr"] == 5e-4, (rows[k], rows[k + 1])
+    assert http("POST", f"{url}api/runs/{run}/cancel", {}, auth)[0] == 200
+    wait_status(conn, run, lambda r: r["state"] == "cancelled", what="cancelled")
+    print(f"with the token: lr 5e-4 from step {k + 1}, paused at step {paused['body']['step']}, resumed, cancelled")
+    d.stop()
+
+    # Beyond loopback only when told so (there is no TLS yet).
+    out = subprocess.run([TIDED, "--foreground", "--state-dir", os.path.join(WORK, "wide"), "--port", "0",
+                          "--worker", WORKER, "--http", "0.0.0.0:0"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "needs --http-insecure" in out.stderr, (out.returncode, out.stderr)
+    print(f"refused: {out.stderr.strip().splitlines()[-1][-100:]}")
+
+
 PRIVATE_SLURM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parallel", "private_slurm.sh")
 
 
@@ -1043,7 +1149,8 @@ try:
                     "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
     {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly,
      "policy": part_policy, "slots": part_slots, "security": part_security,
-     "exposure": part_exposure, "fuzz": part_fuzz, "cuda": part_cuda, "slurm": part_slurm}[PART]()
+     "exposure": part_exposure, "fuzz": part_fuzz, "cuda": part_cuda, "slurm": part_slurm,
+     "http": part_http}[PART]()
     print(f"daemon {PART}: ok")
 finally:
     subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)

@@ -84,9 +84,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cores", opt.cores, "Cores the slots share (default: this machine's)")->check(CLI::Range(1, 65536));
   app.add_option("--port", port, "Loopback TCP port for commands; events use the next one (0: any free ports)")
-      ->check(CLI::Range(0, 65534))
+      ->check(CLI::Range(0, 65532))
       ->capture_default_str();
-  app.add_flag("--no-tcp", no_tcp, "Serve only the ipc sockets in the state directory");
+  app.add_flag("--no-tcp", no_tcp, "Serve only the ipc sockets in the state directory (no HTTP either)");
+  std::string http;
+  bool no_http = false;
+  app.add_option("--http", http,
+                 "Dashboard and /metrics at ADDRESS:PORT (default 127.0.0.1 and --port + 3; any free port with "
+                 "--port 0)");
+  app.add_flag("--no-http", no_http, "Serve no HTTP");
+  app.add_flag("--http-insecure", opt.http.insecure,
+               "Allow --http beyond loopback without TLS (anyone on the network may read the runs)");
   app.add_option("--bind", opt.command_endpoints, "More command endpoints (ZeroMQ syntax)");
   app.add_option("--publish", opt.event_endpoints, "More event endpoints (ZeroMQ syntax)");
   app.add_option("--curve-key", opt.curve_key_file,
@@ -135,6 +143,18 @@ int main(int argc, char** argv) {
     if (!no_tcp) {
       opt.command_endpoints.push_back(port == 0 ? "tcp://127.0.0.1:*" : fmt::format("tcp://127.0.0.1:{}", port));
       opt.event_endpoints.push_back(port == 0 ? "tcp://127.0.0.1:*" : fmt::format("tcp://127.0.0.1:{}", port + 1));
+    }
+    if (!no_http && !no_tcp) {  // HTTP is TCP: --no-tcp serves none
+      opt.http.port = port == 0 ? 0 : port + 3;
+      if (!http.empty()) {
+        const auto colon = http.rfind(':');
+        const std::string digits = colon == std::string::npos ? "" : http.substr(colon + 1);
+        const bool ok = colon > 0 && !digits.empty() && digits.size() <= 5 &&
+                        digits.find_first_not_of("0123456789") == std::string::npos && std::stoi(digits) <= 65535;
+        if (!ok) throw std::invalid_argument("--http takes ADDRESS:PORT (port 0-65535), not '" + http + "'");
+        opt.http.address = http.substr(0, colon);
+        opt.http.port = std::stoi(digits);
+      }
     }
     opt.gpus = tide::ipc::resolve_gpus(gpus);
     if (opt.worker_executable.empty()) opt.worker_executable = default_worker();

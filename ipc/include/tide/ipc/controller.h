@@ -42,6 +42,13 @@ struct ControllerOptions {
     // binds every interface (0.0.0.0), as the cluster's nodes resolve it.
     std::string worker_endpoint = "tcp://0.0.0.0:7452";
   } slurm;
+  // The HTTP server: Prometheus /metrics and the runs' JSON API and controls
+  // (docs/dashboard.md). port -1: none; 0: any free port.
+  struct Http {
+    std::string address = "127.0.0.1";
+    int port = -1;
+    bool insecure = false;  // beyond loopback without TLS
+  } http;
 };
 
 // The CUDA devices a controller hands out. "auto": CUDA_VISIBLE_DEVICES when it is set,
@@ -63,6 +70,8 @@ class Controller {
   // The endpoints actually bound (wildcard ports resolved).
   std::vector<std::string> command_endpoints() const;
   std::vector<std::string> event_endpoints() const;
+  // http://address:port/ of the HTTP server; empty without one.
+  std::string http_url() const;
 
   // Serves until stop(). On the way out, every run with workers saves a checkpoint
   // (bounded by shutdown_timeout_s), its workers end, and it is queued again to resume

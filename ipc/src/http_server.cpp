@@ -1,0 +1,215 @@
+#include "http_server.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include "prometheus_text.h"
+#include "tide/engine/io/json_input.h"
+#include "tide/ipc/client.h"
+#include "tide/ipc/curve.h"
+
+namespace tide::ipc {
+using json = nlohmann::json;
+
+namespace {
+constexpr size_t kBodyLimit = 64 * 1024;  // a control's JSON; nothing larger is ever needed
+
+// The HTTP status of a controller's error reply.
+int http_status(const std::string& code) {
+  if (code == "not_found") return 404;
+  if (code == "unauthorized") return 403;
+  if (code == "invalid_state") return 409;
+  if (code == "timeout") return 504;
+  if (code == "transport" || code == "internal") return 502;
+  return 400;  // bad_request, invalid_value, invalid_recipe, ...
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+bool same_bytes(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+}  // namespace
+
+std::string load_or_make_token(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if ((st.st_mode & 077) != 0)
+      throw std::runtime_error(
+          fmt::format("'{}' holds the dashboard token and is readable by others (mode {:04o}); chmod 600 it", path,
+                      st.st_mode & 07777));
+    std::ifstream in(path);
+    std::string token;
+    in >> token;
+    if (token.size() >= 32) return token;
+    throw std::runtime_error(fmt::format("'{}' holds no token (64 hex characters); delete it to make one", path));
+  }
+  std::random_device random;  // the kernel's generator
+  std::string token;
+  for (int i = 0; i < 8; ++i) token += fmt::format("{:08x}", random());
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
+  const std::string text = token + "\n";
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  if (!ok) throw std::runtime_error(fmt::format("cannot write '{}'", path));
+  return token;
+}
+
+struct HttpServer::Impl {
+  HttpOptions opt;
+  std::string token;
+  int port = 0;
+  httplib::Server server;
+  std::thread thread;
+  std::mutex client_mu;  // one connection to the controller, one request at a time
+  std::unique_ptr<Client> client;
+
+  // A request on the controller's command socket, answered as HTTP.
+  void forward(httplib::Response& res, const std::string& type, const json& body) {
+    try {
+      json reply;
+      {
+        std::lock_guard<std::mutex> lock(client_mu);
+        reply = client->request(type, body);
+      }
+      send_json(res, 200, reply);
+    } catch (const ClientError& e) {
+      send_json(res, http_status(e.code()), {{"error", {{"code", e.code()}, {"message", e.what()}}}});
+    }
+  }
+
+  json ask(const std::string& type, const json& body = json::object()) {
+    std::lock_guard<std::mutex> lock(client_mu);
+    return client->request(type, body);
+  }
+
+  // Why a control may not go on ("" when it may): the token, and no page of another site.
+  std::string refusal(const httplib::Request& req) const {
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    if (auth.rfind(prefix, 0) != 0 || !same_bytes(auth.substr(prefix.size()), token))
+      return "a control needs the dashboard token (Authorization: Bearer <token>; tided prints where it is)";
+    if (req.has_header("Origin")) {
+      const std::string origin = req.get_header_value("Origin");
+      const std::string own = fmt::format("http://{}:{}", opt.address, port);
+      const std::string own_host = "http://" + req.get_header_value("Host");
+      if (origin != own && origin != own_host)
+        return fmt::format("a control from another site ({}) is refused", origin);
+    }
+    return "";
+  }
+
+  void routes() {
+    // Whatever a handler throws becomes a 500 naming it; the server goes on.
+    server.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown error";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      spdlog::error("http {} {}: {}", req.method, req.path, what);
+      send_json(res, 500, {{"error", {{"code", "internal"}, {"message", what}}}});
+    });
+    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      try {
+        const json info = ask("info");
+        const json runs = ask("list").value("runs", json::array());
+        res.set_content(prometheus_text(info, runs), "text/plain; version=0.0.4; charset=utf-8");
+      } catch (const ClientError& e) {
+        res.status = http_status(e.code());
+        res.set_content(fmt::format("# the controller did not answer: {}\n", e.what()), "text/plain");
+      }
+    });
+    server.Get("/api/info",
+               [this](const httplib::Request&, httplib::Response& res) { forward(res, "info", json::object()); });
+    server.Get("/api/runs",
+               [this](const httplib::Request&, httplib::Response& res) { forward(res, "list", json::object()); });
+    server.Get(R"(/api/runs/([A-Za-z0-9._-]{1,128}))", [this](const httplib::Request& req, httplib::Response& res) {
+      forward(res, "status", {{"run", req.matches[1].str()}});
+    });
+    server.Get(
+        R"(/api/runs/([A-Za-z0-9._-]{1,128})/metrics)", [this](const httplib::Request& req, httplib::Response& res) {
+          json body = {{"run", req.matches[1].str()}};
+          try {
+            for (const char* key : {"since_step", "limit"})
+              if (req.has_param(key)) body[key] = std::stoll(req.get_param_value(key));
+          } catch (const std::exception&) {
+            return send_json(res, 400,
+                             {{"error", {{"code", "bad_request"}, {"message", "since_step and limit are integers"}}}});
+          }
+          forward(res, "metrics", body);
+        });
+    server.Get(R"(/api/runs/([A-Za-z0-9._-]{1,128})/checkpoints)",
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 forward(res, "checkpoints", {{"run", req.matches[1].str()}});
+               });
+    server.Post(
+        R"(/api/runs/([A-Za-z0-9._-]{1,128})/(pause|resume|stop|cancel|checkpoint|set))",
+        [this](const httplib::Request& req, httplib::Response& res) {
+          if (const std::string why = refusal(req); !why.empty())
+            return send_json(res, 403, {{"error", {{"code", "unauthorized"}, {"message", why}}}});
+          json body = {{"run", req.matches[1].str()}};
+          const std::string op = req.matches[2].str();
+          if (op == "set") {
+            const json given = parse_json_or_discard(req.body);
+            if (!given.is_object() || !given.contains("values") || !given["values"].is_object())
+              return send_json(
+                  res, 400,
+                  {{"error", {{"code", "bad_request"}, {"message", "set takes {\"values\": {FIELD: VALUE}}"}}}});
+            body["values"] = given["values"];
+          }
+          forward(res, op, body);
+        });
+  }
+};
+
+HttpServer::HttpServer(HttpOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.opt = std::move(options);
+  if (!m.opt.insecure && !is_loopback_endpoint(fmt::format("tcp://{}:{}", m.opt.address, m.opt.port)))
+    throw std::invalid_argument(fmt::format(
+        "serving the dashboard on {} (beyond loopback) needs --http-insecure: it has no TLS yet", m.opt.address));
+  m.token = load_or_make_token(m.opt.token_file);
+  m.client = std::make_unique<Client>(m.opt.command_endpoint);
+  m.server.set_payload_max_length(kBodyLimit);
+  m.server.set_read_timeout(5, 0);
+  m.server.set_write_timeout(5, 0);
+  m.server.new_task_queue = [] { return new httplib::ThreadPool(4); };
+  m.routes();
+  m.port = m.opt.port == 0 ? m.server.bind_to_any_port(m.opt.address) : m.opt.port;
+  if (m.opt.port != 0 && !m.server.bind_to_port(m.opt.address, m.opt.port)) m.port = -1;
+  if (m.port <= 0) throw std::runtime_error(fmt::format("cannot serve HTTP on {}:{}", m.opt.address, m.opt.port));
+  m.thread = std::thread([&m] { m.server.listen_after_bind(); });
+  spdlog::info("dashboard at {} (controls need the token in {})", url(), m.opt.token_file);
+}
+
+HttpServer::~HttpServer() {
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+std::string HttpServer::url() const { return fmt::format("http://{}:{}/", impl_->opt.address, impl_->port); }
+
+}  // namespace tide::ipc

@@ -1,0 +1,109 @@
+#include "prometheus_text.h"
+
+#include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
+
+#include <map>
+#include <sstream>
+
+namespace tide::ipc {
+using json = nlohmann::json;
+
+namespace {
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+MetricFamily family(std::string name, std::string help, MetricType type = MetricType::Gauge) {
+  return MetricFamily{std::move(name), std::move(help), type, {}};
+}
+
+void add(MetricFamily& f, std::vector<ClientMetric::Label> labels, double value) {
+  ClientMetric m;
+  m.label = std::move(labels);
+  if (f.type == MetricType::Counter)
+    m.counter.value = value;
+  else
+    m.gauge.value = value;
+  f.metric.push_back(std::move(m));
+}
+
+double number(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : 0.0;
+}
+
+// A metrics row's field → a gauge per run; scale turns MiB into bytes.
+struct RowGauge {
+  const char* field;
+  const char* name;
+  const char* help;
+  double scale = 1.0;
+};
+constexpr double kMiB = 1024.0 * 1024.0;
+const RowGauge kRowGauges[] = {
+    {"loss", "tide_run_loss", "Training loss of the run's latest step"},
+    {"val_loss", "tide_run_validation_loss", "Validation loss at the run's latest evaluation"},
+    {"lr", "tide_run_learning_rate", "Learning rate of the latest step"},
+    {"grad_norm", "tide_run_grad_norm", "Gradient norm of the latest step (before clipping)"},
+    {"tokens_per_second", "tide_run_tokens_per_second", "Training throughput of the latest step"},
+    {"mfu", "tide_run_mfu", "Model FLOPs utilisation of the latest step (0..1)"},
+    {"step_seconds", "tide_run_step_seconds", "Wall time of the latest step"},
+    {"tokens", "tide_run_tokens", "Tokens trained so far"},
+    {"comm_bytes", "tide_run_communication_bytes", "Bytes rank 0 sent in collectives in the latest step"},
+    {"rss_mb", "tide_run_resident_bytes", "Resident memory of rank 0", kMiB},
+    {"peak_rss_mb", "tide_run_peak_resident_bytes", "Peak resident memory of rank 0", kMiB},
+    {"peak_gpu_mb", "tide_run_peak_device_bytes", "Peak device memory rank 0's allocator handed out", kMiB},
+};
+}  // namespace
+
+std::string prometheus_text(const json& info, const json& runs) {
+  std::vector<MetricFamily> out;
+  auto state = family("tide_run_state", "1 for the run's current state");
+  auto step = family("tide_run_step", "Latest step the run reported");
+  auto total = family("tide_run_total_steps", "Steps the run's schedule trains");
+  auto attempts = family("tide_run_restarts_total", "Restarts of the run after faults", MetricType::Counter);
+  std::vector<MetricFamily> rows;
+  for (const auto& g : kRowGauges) rows.push_back(family(g.name, g.help));
+  std::map<std::string, double> by_state;
+  for (const auto& r : runs) {
+    const std::string id = r.value("id", ""), s = r.value("state", "");
+    by_state[s] += 1;
+    add(state, {{"run", id}, {"state", s}}, 1);
+    add(step, {{"run", id}}, number(r, "last_step"));
+    add(total, {{"run", id}}, number(r, "total_steps"));
+    add(attempts, {{"run", id}}, number(r, "restarts"));
+    const json m = r.value("metrics", json::object());
+    for (size_t i = 0; i < std::size(kRowGauges); ++i)
+      if (m.contains(kRowGauges[i].field) && m[kRowGauges[i].field].is_number())
+        add(rows[i], {{"run", id}}, number(m, kRowGauges[i].field) * kRowGauges[i].scale);
+  }
+  out.push_back(std::move(state));
+  out.push_back(std::move(step));
+  out.push_back(std::move(total));
+  out.push_back(std::move(attempts));
+  for (auto& f : rows)
+    if (!f.metric.empty()) out.push_back(std::move(f));
+
+  auto runs_by_state = family("tide_runs", "Runs the daemon holds, by state");
+  for (const auto& [s, n] : by_state) add(runs_by_state, {{"state", s}}, n);
+  out.push_back(std::move(runs_by_state));
+  const json slots = info.value("slots", json::object());
+  auto slots_total = family("tide_cpu_slots", "CPU worker slots of the daemon");
+  add(slots_total, {}, number(slots, "total"));
+  auto slots_used = family("tide_cpu_slots_used", "CPU worker slots in use");
+  add(slots_used, {}, number(slots, "used"));
+  out.push_back(std::move(slots_total));
+  out.push_back(std::move(slots_used));
+  auto requests = family("tide_requests_total", "Requests the daemon answered, by type", MetricType::Counter);
+  const json counts = info.value("requests", json::object());
+  for (const auto& [type, n] : counts.items())
+    if (n.is_number()) add(requests, {{"type", type}}, n.get<double>());
+  out.push_back(std::move(requests));
+
+  std::ostringstream text;
+  prometheus::TextSerializer().Serialize(text, out);
+  return text.str();
+}
+
+}  // namespace tide::ipc
