@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -25,7 +26,7 @@ namespace tide::ipc {
 using json = nlohmann::json;
 
 namespace {
-constexpr size_t kBodyLimit = 64 * 1024;  // a control's JSON; nothing larger is ever needed
+constexpr size_t kBodyLimit = size_t{64} * 1024;  // a control's JSON; nothing larger is ever needed
 
 // The HTTP status of a controller's error reply.
 int http_status(const std::string& code) {
@@ -124,7 +125,7 @@ struct HttpServer::Impl {
     server.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "unknown error";
       try {
-        std::rethrow_exception(ep);
+        std::rethrow_exception(std::move(ep));
       } catch (const std::exception& e) {
         what = e.what();
       } catch (...) {

@@ -104,6 +104,7 @@ void TrainingLoop::open_metrics() {
     if (loss) result_.final_loss = *loss;
   }
   metrics_ = std::make_unique<JsonlWriter>(path);
+  tensorboard_ = std::make_unique<TensorBoardLog>((s_.dir / "tb").string(), resumed_.step);
 }
 
 void TrainingLoop::watch_checkpoints() {
@@ -270,6 +271,7 @@ void TrainingLoop::measure(StepMetrics& m, const PendingStep& p, const StepLoss&
 
 void TrainingLoop::report(const StepMetrics& m, bool anomaly) {
   if (metrics_) metrics_->write(to_json(m));
+  if (tensorboard_) tensorboard_->write(m);
   const bool due = m.step % cfg_.log_every == 0 || m.step == cfg_.schedule.steps || m.val_loss;
   if (s_.leader && s_.hooks.show_progress && due) progress_.update(m);
   if (due) s_.log->info("{}", ProgressLine::format(m));

@@ -22,6 +22,7 @@
 #include "live_control.h"
 #include "step_meter.h"
 #include "step_readout.h"
+#include "tensorboard_log.h"
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/train/metrics.h"
@@ -88,6 +89,7 @@ class TrainingLoop {
   ResumeState resumed_;
   std::unique_ptr<BatchLoader> loader_;
   std::unique_ptr<JsonlWriter> metrics_;  // the leader's
+  std::unique_ptr<TensorBoardLog> tensorboard_;  // the leader's, beside metrics_
   ProgressLine progress_;
   bool can_eval_ = false;
   TrainResult result_;

@@ -3,6 +3,7 @@
 //
 //   <run>/config.json       the resolved run configuration
 //   <run>/metrics.jsonl     one record per step (and per validation)
+//   <run>/tb/               the same figures as TensorBoard event files
 //   <run>/train.log         the run's log
 //   <run>/model.safetensors final weights, HF names; metadata "tide_model" = model config
 //   <run>/tokenizer.json    copy of the dataset's tokenizer (or tokenizer.model)
