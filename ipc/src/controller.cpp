@@ -178,9 +178,11 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
     // Through the ipc command socket: local, and the path the CLI's requests take.
     const auto ipc = std::find_if(service.command_endpoints.begin(), service.command_endpoints.end(),
                                   [](const std::string& ep) { return ep.rfind("ipc://", 0) == 0; });
-    if (ipc == service.command_endpoints.end())
-      throw std::invalid_argument("the HTTP server needs an ipc command endpoint to reach the controller");
-    http = std::make_unique<HttpServer>(HttpOptions{opt.http.address, opt.http.port, *ipc,
+    const auto events = std::find_if(service.event_endpoints.begin(), service.event_endpoints.end(),
+                                     [](const std::string& ep) { return ep.rfind("ipc://", 0) == 0; });
+    if (ipc == service.command_endpoints.end() || events == service.event_endpoints.end())
+      throw std::invalid_argument("the HTTP server needs the ipc command and event endpoints to reach the controller");
+    http = std::make_unique<HttpServer>(HttpOptions{opt.http.address, opt.http.port, *ipc, *events,
                                                     (fs::path(opt.state_dir) / "dashboard.token").string(),
                                                     opt.http.insecure});
     service.http_url = http->url();

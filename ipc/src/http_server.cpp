@@ -4,11 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <mutex>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -27,6 +30,13 @@ using json = nlohmann::json;
 
 namespace {
 constexpr size_t kBodyLimit = size_t{64} * 1024;  // a control's JSON; nothing larger is ever needed
+// Each event stream holds one of the pool's threads while it is open: the cap leaves
+// threads for scrapes and pages.
+constexpr int kThreads = 12;
+constexpr int kMaxStreams = 8;
+// How long a stream waits for an event before it writes a comment, so that a client
+// that has gone is noticed and proxies keep the connection.
+constexpr auto kStreamIdle = std::chrono::seconds(10);
 
 // The HTTP status of a controller's error reply.
 int http_status(const std::string& code) {
@@ -84,6 +94,48 @@ struct HttpServer::Impl {
   std::thread thread;
   std::mutex client_mu;  // one connection to the controller, one request at a time
   std::unique_ptr<Client> client;
+  std::atomic<int> streams{0};
+  std::atomic<bool> stopping{false};
+
+  // GET /api/events[?run=ID]: the event socket's events as server-sent events, each
+  // "id: <seq>", "event: <kind>", "data: <the event's JSON>"; a late subscriber's
+  // snapshot comes first, as on the event socket.
+  void stream(const httplib::Request& req, httplib::Response& res) {
+    std::string prefix = "run.";
+    if (req.has_param("run")) {
+      const std::string run = req.get_param_value("run");
+      static const std::regex valid(R"([A-Za-z0-9._-]{1,128})");
+      if (!std::regex_match(run, valid))
+        return send_json(res, 400, {{"error", {{"code", "bad_request"}, {"message", "run: a run id"}}}});
+      prefix += run + ".";
+    }
+    if (streams.fetch_add(1) >= kMaxStreams) {
+      streams.fetch_sub(1);
+      return send_json(
+          res, 503,
+          {{"error",
+            {{"code", "unavailable"}, {"message", fmt::format("{} event streams are open already", kMaxStreams)}}}});
+    }
+    auto sub = std::make_shared<Subscriber>(opt.event_endpoint, std::vector<std::string>{prefix});
+    res.set_header("Cache-Control", "no-store");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, sub](size_t, httplib::DataSink& sink) {
+          const auto idle_until = std::chrono::steady_clock::now() + kStreamIdle;
+          while (!stopping && sink.is_writable()) {
+            if (const auto e = sub->next(std::chrono::milliseconds(250))) {
+              const std::string text =
+                  fmt::format("id: {}\nevent: {}\ndata: {}\n\n", e->message.value("seq", int64_t{0}),
+                              e->message.value("kind", std::string("event")),
+                              e->message.dump(-1, ' ', false, json::error_handler_t::replace));
+              return sink.write(text.data(), text.size());
+            }
+            if (std::chrono::steady_clock::now() >= idle_until) return sink.write(": idle\n\n", 8);
+          }
+          return false;
+        },
+        [this](bool) { streams.fetch_sub(1); });
+  }
 
   // A request on the controller's command socket, answered as HTTP.
   void forward(httplib::Response& res, const std::string& type, const json& body) {
@@ -143,6 +195,7 @@ struct HttpServer::Impl {
         res.set_content(fmt::format("# the controller did not answer: {}\n", e.what()), "text/plain");
       }
     });
+    server.Get("/api/events", [this](const httplib::Request& req, httplib::Response& res) { stream(req, res); });
     server.Get("/api/info",
                [this](const httplib::Request&, httplib::Response& res) { forward(res, "info", json::object()); });
     server.Get("/api/runs",
@@ -197,7 +250,7 @@ HttpServer::HttpServer(HttpOptions options) : impl_(std::make_unique<Impl>()) {
   m.server.set_payload_max_length(kBodyLimit);
   m.server.set_read_timeout(5, 0);
   m.server.set_write_timeout(5, 0);
-  m.server.new_task_queue = [] { return new httplib::ThreadPool(4); };
+  m.server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
   m.routes();
   m.port = m.opt.port == 0 ? m.server.bind_to_any_port(m.opt.address) : m.opt.port;
   if (m.opt.port != 0 && !m.server.bind_to_port(m.opt.address, m.opt.port)) m.port = -1;
@@ -207,6 +260,7 @@ HttpServer::HttpServer(HttpOptions options) : impl_(std::make_unique<Impl>()) {
 }
 
 HttpServer::~HttpServer() {
+  impl_->stopping = true;
   impl_->server.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }

@@ -1,5 +1,6 @@
 // tided's HTTP face (docs/dashboard.md): Prometheus metrics (GET /metrics), the runs as
-// JSON (GET /api/...) and their controls (POST /api/runs/<id>/<op>). It holds no state of
+// JSON (GET /api/...), their events as a server-sent event stream (GET /api/events) and
+// their controls (POST /api/runs/<id>/<op>). It holds no state of
 // its own: every page and every control is a request on the controller's ipc command
 // socket, the path the CLI takes, so the two cannot disagree. Controls need the dashboard
 // token (Authorization: Bearer) and are refused from another site's page (Origin).
@@ -14,6 +15,7 @@ struct HttpOptions {
   std::string address = "127.0.0.1";
   int port = 0;                  // 0: any free port
   std::string command_endpoint;  // the controller's ipc command socket
+  std::string event_endpoint;    // and its ipc event socket (server-sent events)
   std::string token_file;        // made owner-only on first start, then reused
   bool insecure = false;         // serve beyond loopback without TLS (refused otherwise)
 };

@@ -952,6 +952,46 @@ def part_http():
     wait_status(conn, run, lambda r: r["last_step"] > k + 1, what="steps after the change")
     rows = {row["step"]: row for row in conn.request("metrics", {"run": run, "limit": 100000})["metrics"]}
     assert rows[k]["lr"] == 1e-3 and rows[k + 1]["lr"] == 5e-4, (rows[k], rows[k + 1])
+
+    # Server-sent events: the run's events as they happen, and at most 8 streams at once.
+    from http.client import HTTPConnection
+    host, port = url[len("http://"):].rstrip("/").split(":")
+
+    def open_stream(path):
+        c = HTTPConnection(host, int(port), timeout=10)
+        c.request("GET", path)
+        return c, c.getresponse()
+
+    conn_, resp = open_stream(f"/api/events?run={run}")
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/event-stream")
+    metrics, fields = [], {}
+    while len(metrics) < 3:
+        line = resp.readline().decode().rstrip("\n")
+        if line.startswith(":"):
+            continue
+        if line:
+            name, value = line.split(": ", 1)
+            fields[name] = value
+            continue
+        if fields.get("event") == "metrics":
+            data = json.loads(fields["data"])
+            assert data["run"] == run and int(fields["id"]) == data["seq"], fields
+            if not data.get("snapshot"):
+                metrics.append(data["body"]["step"])
+        fields = {}
+    assert metrics == sorted(metrics) and len(set(metrics)) == 3, metrics
+    others = [open_stream("/api/events") for _ in range(7)]
+    status = open_stream("/api/events")[1].status
+    assert status == 503, status
+    for c, r in [(conn_, resp)] + others:
+        c.close()
+    deadline = time.time() + 30
+    while (status := open_stream(f"/api/events?run={run}")[1].status) == 503:  # freed as each stream next writes
+        assert time.time() < deadline, "the closed streams were not freed"
+        time.sleep(0.2)
+    assert status == 200 and http("GET", f"{url}api/events?run=../x")[0] == 400
+    print(f"/api/events: metrics of steps {metrics} as they happened; a 9th stream refused (503), freed once closed")
+
     assert http("POST", f"{url}api/runs/{run}/cancel", {}, auth)[0] == 200
     wait_status(conn, run, lambda r: r["state"] == "cancelled", what="cancelled")
     print(f"with the token: lr 5e-4 from step {k + 1}, paused at step {paused['body']['step']}, resumed, cancelled")
