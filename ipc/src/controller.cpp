@@ -176,15 +176,14 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
       std::make_unique<Requests>(opt, service, *runs, *supervisor, *policies, *exports, *bus, *evaluator, stopping);
   if (opt.http.port >= 0) {
     // Through the ipc command socket: local, and the path the CLI's requests take.
-    const auto ipc = std::find_if(service.command_endpoints.begin(), service.command_endpoints.end(),
-                                  [](const std::string& ep) { return ep.rfind("ipc://", 0) == 0; });
-    const auto events = std::find_if(service.event_endpoints.begin(), service.event_endpoints.end(),
-                                     [](const std::string& ep) { return ep.rfind("ipc://", 0) == 0; });
-    if (ipc == service.command_endpoints.end() || events == service.event_endpoints.end())
+    auto ipc_of = [](const std::vector<std::string>& endpoints) {
+      for (const auto& ep : endpoints)
+        if (ep.rfind("ipc://", 0) == 0) return ep;
       throw std::invalid_argument("the HTTP server needs the ipc command and event endpoints to reach the controller");
-    http = std::make_unique<HttpServer>(HttpOptions{opt.http.address, opt.http.port, *ipc, *events,
-                                                    (fs::path(opt.state_dir) / "dashboard.token").string(),
-                                                    opt.http.insecure});
+    };
+    http = std::make_unique<HttpServer>(
+        HttpOptions{opt.http.address, opt.http.port, ipc_of(service.command_endpoints), ipc_of(service.event_endpoints),
+                    (fs::path(opt.state_dir) / "dashboard.token").string(), opt.http.insecure});
     service.http_url = http->url();
   }
   std::ofstream(fs::path(opt.state_dir) / "endpoints.json", std::ios::trunc)

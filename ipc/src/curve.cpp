@@ -1,9 +1,7 @@
 #include "tide/ipc/curve.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.h>
 
+#include "private_file.h"
 #include "tide/engine/io/json_input.h"
 
 namespace tide::ipc {
@@ -57,26 +56,13 @@ void write_curve_keys(const CurveKeyPair& keys, const std::string& dir, const st
   const fs::path key = fs::path(dir) / (name + ".key"), pub = fs::path(dir) / (name + ".pub");
   for (const auto& p : {key, pub})
     if (fs::exists(p)) throw std::runtime_error(fmt::format("'{}' exists; keys are never overwritten", p.string()));
-  {
-    // Created owner-only: the secret is never readable by others, not even for a moment.
-    const int fd = ::open(key.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) throw std::runtime_error(fmt::format("cannot write '{}': {}", key.string(), std::strerror(errno)));
-    const std::string text =
-        nlohmann::json{{"public", keys.public_key}, {"secret", keys.secret_key}}.dump(2) + "\n";
-    const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    ::close(fd);
-    if (!ok) throw std::runtime_error(fmt::format("cannot write '{}'", key.string()));
-  }
+  create_private_file(key.string(),
+                      nlohmann::json{{"public", keys.public_key}, {"secret", keys.secret_key}}.dump(2) + "\n");
   std::ofstream(pub) << keys.public_key << "\n";
 }
 
 CurveKeyPair read_curve_keys(const std::string& path) {
-  // As ssh does with private keys: a secret others can read is refused, not used.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-    throw std::runtime_error(fmt::format("'{}' holds a secret key and is readable by others (mode {:04o}); "
-                                         "chmod 600 it",
-                                         path, st.st_mode & 07777));
+  require_private_file(path, "a secret key");
   const auto j = parse_json_or_discard(read_all(path));
   if (!j.is_object() || !j.contains("public") || !j.contains("secret") || !j["public"].is_string() ||
       !j["secret"].is_string())
@@ -90,15 +76,12 @@ CurveKeyPair read_curve_keys(const std::string& path) {
 void write_worker_link_keys(const WorkerLinkKeys& keys, const std::string& path) {
   const std::string tmp = path + ".tmp";
   ::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot write '{}': {}", tmp, std::strerror(errno)));
-  const std::string text =
+  create_private_file(
+      tmp,
       nlohmann::json{{"public", keys.own.public_key}, {"secret", keys.own.secret_key}, {"server", keys.server_public}}
-          .dump(2) +
-      "\n";
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0)
+              .dump(2) +
+          "\n");
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
     throw std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
 }
 

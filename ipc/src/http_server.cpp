@@ -1,17 +1,10 @@
 #include "http_server.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <random>
-#include <regex>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -20,15 +13,19 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include "private_file.h"
 #include "prometheus_text.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/ipc/client.h"
 #include "tide/ipc/curve.h"
+#include "tide/ipc/protocol.h"
 
 namespace tide::ipc {
 using json = nlohmann::json;
 
 namespace {
+// /api/runs/<id>: a run id as is_safe_name allows it (the route's first match).
+const std::string kRunPath = R"(/api/runs/([A-Za-z0-9._-]{1,64}))";
 constexpr size_t kBodyLimit = size_t{64} * 1024;  // a control's JSON; nothing larger is ever needed
 // Each event stream holds one of the pool's threads while it is open: the cap leaves
 // threads for scrapes and pages.
@@ -62,13 +59,8 @@ bool same_bytes(const std::string& a, const std::string& b) {
 }  // namespace
 
 std::string load_or_make_token(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) {
-    if ((st.st_mode & 077) != 0)
-      throw std::runtime_error(
-          fmt::format("'{}' holds the dashboard token and is readable by others (mode {:04o}); chmod 600 it", path,
-                      st.st_mode & 07777));
-    std::ifstream in(path);
+  require_private_file(path, "the dashboard token");
+  if (std::ifstream in(path); in) {
     std::string token;
     in >> token;
     if (token.size() >= 32) return token;
@@ -77,12 +69,7 @@ std::string load_or_make_token(const std::string& path) {
   std::random_device random;  // the kernel's generator
   std::string token;
   for (int i = 0; i < 8; ++i) token += fmt::format("{:08x}", random());
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) throw std::runtime_error(fmt::format("cannot write '{}': {}", path, std::strerror(errno)));
-  const std::string text = token + "\n";
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::close(fd);
-  if (!ok) throw std::runtime_error(fmt::format("cannot write '{}'", path));
+  create_private_file(path, token + "\n");
   return token;
 }
 
@@ -104,8 +91,7 @@ struct HttpServer::Impl {
     std::string prefix = "run.";
     if (req.has_param("run")) {
       const std::string run = req.get_param_value("run");
-      static const std::regex valid(R"([A-Za-z0-9._-]{1,128})");
-      if (!std::regex_match(run, valid))
+      if (!is_safe_name(run))
         return send_json(res, 400, {{"error", {{"code", "bad_request"}, {"message", "run: a run id"}}}});
       prefix += run + ".";
     }
@@ -137,23 +123,19 @@ struct HttpServer::Impl {
         [this](bool) { streams.fetch_sub(1); });
   }
 
-  // A request on the controller's command socket, answered as HTTP.
-  void forward(httplib::Response& res, const std::string& type, const json& body) {
-    try {
-      json reply;
-      {
-        std::lock_guard<std::mutex> lock(client_mu);
-        reply = client->request(type, body);
-      }
-      send_json(res, 200, reply);
-    } catch (const ClientError& e) {
-      send_json(res, http_status(e.code()), {{"error", {{"code", e.code()}, {"message", e.what()}}}});
-    }
-  }
-
+  // A request on the controller's command socket; throws ClientError.
   json ask(const std::string& type, const json& body = json::object()) {
     std::lock_guard<std::mutex> lock(client_mu);
     return client->request(type, body);
+  }
+
+  // The same, answered as HTTP.
+  void forward(httplib::Response& res, const std::string& type, const json& body) {
+    try {
+      send_json(res, 200, ask(type, body));
+    } catch (const ClientError& e) {
+      send_json(res, http_status(e.code()), {{"error", {{"code", e.code()}, {"message", e.what()}}}});
+    }
   }
 
   // Why a control may not go on ("" when it may): the token, and no page of another site.
@@ -200,11 +182,11 @@ struct HttpServer::Impl {
                [this](const httplib::Request&, httplib::Response& res) { forward(res, "info", json::object()); });
     server.Get("/api/runs",
                [this](const httplib::Request&, httplib::Response& res) { forward(res, "list", json::object()); });
-    server.Get(R"(/api/runs/([A-Za-z0-9._-]{1,128}))", [this](const httplib::Request& req, httplib::Response& res) {
+    server.Get(kRunPath, [this](const httplib::Request& req, httplib::Response& res) {
       forward(res, "status", {{"run", req.matches[1].str()}});
     });
     server.Get(
-        R"(/api/runs/([A-Za-z0-9._-]{1,128})/metrics)", [this](const httplib::Request& req, httplib::Response& res) {
+        kRunPath + "/metrics", [this](const httplib::Request& req, httplib::Response& res) {
           json body = {{"run", req.matches[1].str()}};
           try {
             for (const char* key : {"since_step", "limit"})
@@ -215,12 +197,11 @@ struct HttpServer::Impl {
           }
           forward(res, "metrics", body);
         });
-    server.Get(R"(/api/runs/([A-Za-z0-9._-]{1,128})/checkpoints)",
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 forward(res, "checkpoints", {{"run", req.matches[1].str()}});
-               });
+    server.Get(kRunPath + "/checkpoints", [this](const httplib::Request& req, httplib::Response& res) {
+      forward(res, "checkpoints", {{"run", req.matches[1].str()}});
+    });
     server.Post(
-        R"(/api/runs/([A-Za-z0-9._-]{1,128})/(pause|resume|stop|cancel|checkpoint|set))",
+        kRunPath + "/(pause|resume|stop|cancel|checkpoint|set)",
         [this](const httplib::Request& req, httplib::Response& res) {
           if (const std::string why = refusal(req); !why.empty())
             return send_json(res, 403, {{"error", {{"code", "unauthorized"}, {"message", why}}}});

@@ -125,9 +125,10 @@ void Supervisor::describe(const std::string& run, json& status) const {
 }
 
 int Supervisor::slots_in_use() const {
+  if (opt_.slurm.enabled) return 0;  // the ranks run on Slurm's nodes
   int used = 0;
   for (const auto& [id, a] : active_) {
-    if (!a.executor || !a.local || !a.gpus.empty()) continue;
+    if (!a.executor || !a.gpus.empty()) continue;
     const RunRecord* r = runs_.registry().find(id);
     used += r ? r->workers : 0;
   }
@@ -234,7 +235,6 @@ std::unique_ptr<RunExecutor> Supervisor::start_slurm_job(RunRecord& r, const Wor
   const CurveKeyPair own = generate_curve_keys();
   const std::string key_file = (dir / "worker-link.key").string();
   write_worker_link_keys({own, tcp_key_->public_key}, key_file);
-  a.local = false;
   a.worker_key = own.public_key;
   SlurmJobSpec job;
   job.name = "tide-" + r.id;

@@ -29,7 +29,6 @@ using Clock = std::chrono::steady_clock;
 // What the controller holds for a run while it has workers.
 struct ActiveRun {
   std::unique_ptr<RunExecutor> executor;
-  bool local = true;       // its workers use this machine's slots (not a scheduler's nodes)
   std::string worker_key;  // the public key its ranks use on the TCP worker socket, if any
   std::string rank0;  // routing id of rank 0's link, once it said hello
   std::map<int, Clock::time_point> last_seen;
