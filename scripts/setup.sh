@@ -45,6 +45,8 @@ PACKAGES=(
   bible-kjv
   # parallel.slurm: a private Slurm cluster runs examples/slurm (tests/parallel/private_slurm.sh).
   slurmctld slurmd slurm-client munge
+  # daemon.dashboard: the dashboard in headless Chromium, driven by Selenium.
+  chromium chromium-driver python3-selenium
 )
 
 # The package names are Debian 12's; Ubuntu 22.04 and 24.04 have the same ones (in
@@ -81,6 +83,21 @@ if ! command -v cargo >/dev/null && [[ ! -x ${HOME:-/root}/.cargo/bin/cargo ]]; 
 fi
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+
+# The dashboard's chart library (uPlot), pinned by ipc/web/package-lock.json, compiled into
+# tided (cmake/EmbedWeb.cmake). npm from the machine's Node.js where it has one (it may be
+# NodeSource's, which Debian's npm package conflicts with), else Debian's.
+if ! command -v npm >/dev/null; then
+  SUDO=""; if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+web=$root/ipc/web
+if [[ ! -f $web/node_modules/.package-lock.json ]] ||
+   ! cmp -s <(sed -n '/"node_modules\//,$p' "$web/package-lock.json") \
+             <(sed -n '/"node_modules\//,$p' "$web/node_modules/.package-lock.json"); then
+  echo "setup: npm ci in ipc/web (uPlot for the dashboard)"
+  (cd "$web" && npm ci --no-audit --no-fund --loglevel=error)
+fi
 
 # LibTorch 2.x and the Python references, in .venv.
 venv=$root/.venv

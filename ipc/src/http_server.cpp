@@ -19,6 +19,7 @@
 #include "tide/ipc/client.h"
 #include "tide/ipc/curve.h"
 #include "tide/ipc/protocol.h"
+#include "web_assets.h"
 
 namespace tide::ipc {
 using json = nlohmann::json;
@@ -154,6 +155,24 @@ struct HttpServer::Impl {
     return "";
   }
 
+  // The dashboard (ipc/web, compiled in): one page whose script routes by the URL's
+  // fragment, and its assets. The policy lets the page run only its own scripts and talk
+  // only to this server, and no other site may frame it.
+  void serve_pages() {
+    for (const WebAsset& asset : web_assets()) {
+      server.Get(std::string(asset.path), [&asset](const httplib::Request&, httplib::Response& res) {
+        res.set_header("Content-Security-Policy",
+                       "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
+                       "frame-ancestors 'none'");
+        res.set_header("X-Content-Type-Options", "nosniff");
+        res.set_header("Referrer-Policy", "no-referrer");
+        // Assets change only with the binary; a reload after an upgrade must see the new ones.
+        res.set_header("Cache-Control", "no-cache");
+        res.set_content(asset.bytes.data(), asset.bytes.size(), std::string(asset.content_type));
+      });
+    }
+  }
+
   void routes() {
     // Whatever a handler throws becomes a 500 naming it; the server goes on.
     server.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
@@ -200,8 +219,23 @@ struct HttpServer::Impl {
     server.Get(kRunPath + "/checkpoints", [this](const httplib::Request& req, httplib::Response& res) {
       forward(res, "checkpoints", {{"run", req.matches[1].str()}});
     });
+    server.Get(kRunPath + "/logs", [this](const httplib::Request& req, httplib::Response& res) {
+      json body = {{"run", req.matches[1].str()}, {"source", "train"}};
+      try {
+        for (const char* key : {"lines", "rank"})
+          if (req.has_param(key)) body[key] = std::stoll(req.get_param_value(key));
+      } catch (const std::exception&) {
+        return send_json(res, 400, {{"error", {{"code", "bad_request"}, {"message", "lines and rank are integers"}}}});
+      }
+      if (req.has_param("source")) body["source"] = req.get_param_value("source");
+      forward(res, "logs", body);
+    });
+    server.Get(kRunPath + "/recipe", [this](const httplib::Request& req, httplib::Response& res) {
+      forward(res, "recipe", {{"run", req.matches[1].str()}});
+    });
+    serve_pages();
     server.Post(
-        kRunPath + "/(pause|resume|stop|cancel|checkpoint|set)",
+        kRunPath + "/(pause|resume|stop|cancel|checkpoint|set|export)",
         [this](const httplib::Request& req, httplib::Response& res) {
           if (const std::string why = refusal(req); !why.empty())
             return send_json(res, 403, {{"error", {{"code", "unauthorized"}, {"message", why}}}});
@@ -214,6 +248,15 @@ struct HttpServer::Impl {
                   res, 400,
                   {{"error", {{"code", "bad_request"}, {"message", "set takes {\"values\": {FIELD: VALUE}}"}}}});
             body["values"] = given["values"];
+          } else if (op == "export") {
+            // The controller checks each of these as it checks the CLI's.
+            const json given = req.body.empty() ? json::object() : parse_json_or_discard(req.body);
+            if (!given.is_object())
+              return send_json(
+                  res, 400,
+                  {{"error", {{"code", "bad_request"}, {"message", "export takes {\"out\", \"step\", \"dtype\"}"}}}});
+            for (const char* key : {"out", "step", "dtype"})
+              if (given.contains(key)) body[key] = given[key];
           }
           forward(res, op, body);
         });

@@ -123,6 +123,7 @@ std::optional<json> Requests::dispatch(const Request& req, const ReplyTo& to) {
   if (req.type == "exports") return exports_.list(b);
   if (req.type == "metrics") return metrics(b);
   if (req.type == "logs") return logs(b);
+  if (req.type == "recipe") return recipe(b);
   throw ProtocolError(ErrorCode::unknown_type, fmt::format("unknown request type '{}'", req.type));
 }
 
@@ -168,6 +169,17 @@ json Requests::logs(const json& b) {
   json out = json::array();
   for (auto& l : tail_lines(file, static_cast<size_t>(lines))) out.push_back(std::move(l));
   return {{"run", r.id}, {"source", source}, {"lines", out}};
+}
+
+json Requests::recipe(const json& b) {
+  const RunRecord& r = runs_.find(b);
+  const fs::path file = fs::path(runs_.registry().run_dir(r.id)) / "recipe.lua";
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw ProtocolError(ErrorCode::not_found, fmt::format("run {} has no {}", r.id, file.string()));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return {
+      {"run", r.id}, {"recipe", text.str()}, {"source", r.recipe_source}, {"overrides", r.overrides}, {"live", r.live}};
 }
 
 json Requests::info() {
@@ -294,6 +306,15 @@ json Requests::finish_submit(const PendingSubmit& s) {
   r.max_restarts = cfg.supervise.max_restarts;
   r.heartbeat_timeout_s = cfg.supervise.heartbeat_timeout_s;
   r.total_steps = cfg.schedule.steps;
+  r.layout = {{"dp", workers / (cfg.parallel.tp * cfg.parallel.pp)},
+              {"tp", cfg.parallel.tp},
+              {"pp", cfg.parallel.pp},
+              {"zero", cfg.parallel.zero},
+              {"offload", cfg.parallel.offload_optimizer},
+              {"device", cfg.device},
+              {"micro_batch", cfg.batch.micro_batch},
+              {"global_batch", cfg.batch.global_batch},
+              {"seq_len", cfg.data.seq_len}};
   r.submitted = unix_now();
   RunRecord& added = runs_.add(std::move(r), cfg, s.text);
   policies_.load(added);

@@ -69,6 +69,7 @@ class Requests {
   nlohmann::json list(const nlohmann::json& body);
   nlohmann::json metrics(const nlohmann::json& body);
   nlohmann::json logs(const nlohmann::json& body);
+  nlohmann::json recipe(const nlohmann::json& body);
   nlohmann::json status_of(const RunRecord& r);
   nlohmann::json info();
 

@@ -73,6 +73,7 @@ json RunRecord::to_json() const {
             {"final_loss", final_loss ? json(*final_loss) : json(nullptr)},
             {"error", error},
             {"scheduler", scheduler},
+            {"layout", layout},
             {"submitted", submitted},
             {"started", started},
             {"finished", finished}};
@@ -104,6 +105,7 @@ RunRecord RunRecord::from_json(const json& j) {
   if (j.contains("final_loss") && j["final_loss"].is_number()) r.final_loss = j["final_loss"].get<double>();
   r.error = j.value("error", "");
   if (j.contains("scheduler") && j["scheduler"].is_object()) r.scheduler = j["scheduler"];
+  if (j.contains("layout") && j["layout"].is_object()) r.layout = j["layout"];
   r.submitted = j.value("submitted", 0.0);
   r.started = j.value("started", 0.0);
   r.finished = j.value("finished", 0.0);

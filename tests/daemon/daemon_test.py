@@ -922,6 +922,28 @@ def part_http():
     assert http("GET", f"{url}api/runs/nosuch-1")[0] == 404
     assert http("GET", f"{url}api/runs/{run}/metrics?limit=x")[0] == 400
     assert http("GET", f"{url}api/runs")[1]["runs"][0]["id"] == run
+    layout = http("GET", f"{url}api/runs/{run}")[1]["run"]["layout"]
+    assert layout == {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "offload": False, "device": "cpu", "micro_batch": 2,
+                      "global_batch": 8, "seq_len": 64}, layout
+    status, body = http("GET", f"{url}api/runs/{run}/recipe")
+    assert status == 200 and body["recipe"] == recipe("web", 100000) and body["overrides"] == ["parallel.dp=2"], body
+    status, body = http("GET", f"{url}api/runs/{run}/logs?lines=1")
+    assert status == 200 and len(body["lines"]) == 1 and body["source"] == "train", body
+    assert http("GET", f"{url}api/runs/{run}/logs?lines=x")[0] == 400
+
+    # The dashboard's page and assets, compiled in, under a policy that runs only its own scripts.
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as r:
+        page = r.read().decode()
+        assert r.headers["Content-Type"].startswith("text/html"), r.headers
+        policy = r.headers["Content-Security-Policy"]
+        assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, policy
+    assert '<script type="module" src="/assets/main.js">' in page, page[:300]
+    for asset, kind in (("assets/uPlot.min.js", "text/javascript"), ("assets/app.css", "text/css")):
+        with urllib.request.urlopen(url + asset, timeout=10) as r:
+            assert r.headers["Content-Type"].startswith(kind) and len(r.read()) > 1000, (asset, r.headers)
+    assert http("GET", f"{url}assets/nosuch.js")[0] == 404
+    print(f"the run's layout, recipe and log tail as JSON; the dashboard's page and assets with their policy")
 
     # Controls: none without the token, none from another site's page, none with a body too big.
     auth = {"Authorization": f"Bearer {token}"}

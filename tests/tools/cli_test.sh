@@ -9,7 +9,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 # Every command has --help.
 for cmd in "" train eval generate "data" "data prepare" "recipe" "recipe show" "recipe check" "recipe fields" \
-           "convert" "convert export" "convert import" "ckpt" "ckpt list" "ckpt verify" "ckpt inspect" "ckpt export"; do
+           "convert" "convert export" "convert import" "ckpt" "ckpt list" "ckpt verify" "ckpt inspect" "ckpt export" \
+           "dashboard"; do
   $tide $cmd --help > "$work/help.txt" || fail "tide $cmd --help exited non-zero"
   grep -qi "usage" "$work/help.txt" || fail "tide $cmd --help printed no usage"
 done

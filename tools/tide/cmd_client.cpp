@@ -1,5 +1,6 @@
 // The CLI as a client of tided: every command is one or two requests of
 // docs/protocol.md, so what it does any ZeroMQ client can do.
+#include <spawn.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -409,6 +410,32 @@ void add_keygen_command(CLI::App& app) {
   });
 }
 
+void add_dashboard_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  auto open = std::make_shared<bool>(false);
+  auto* cmd = app.add_subcommand("dashboard", "Print the address of tided's web dashboard (docs/dashboard.md)");
+  cmd->add_flag("--open", *open, "Also open it in the desktop's browser (xdg-open)");
+  add_connection(*cmd, *c);
+  cmd->callback([c, open] {
+    guarded([&] {
+      const json info = c->client().request("info");
+      const json url = info.value("endpoints", json::object()).value("http", json());
+      if (!url.is_string())
+        throw std::runtime_error("this tided serves no HTTP (it was started with --no-http or --no-tcp)");
+      std::printf("%s\n", url.get<std::string>().c_str());
+      std::fprintf(stderr, "controls need the token in %s/dashboard.token (paste it in the page's token box)\n",
+                   info.value("state_dir", std::string("<state dir>")).c_str());
+      if (!*open) return;
+      std::string command = "xdg-open";
+      std::string address = url.get<std::string>();
+      char* argv[] = {command.data(), address.data(), nullptr};
+      pid_t pid = 0;
+      if (posix_spawnp(&pid, command.c_str(), nullptr, nullptr, argv, environ) != 0)
+        throw std::runtime_error("cannot run xdg-open: open the address above in a browser");
+    });
+  });
+}
+
 void add_daemon_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("daemon", "Ask a running tided about itself, or stop it");
   cmd->require_subcommand(1);
@@ -431,9 +458,10 @@ void add_daemon_command(CLI::App& app) {
 
 void add_client_commands(CLI::App& app) {
   // In the order `tide --help` lists them.
-  for (auto add : {add_submit_command, add_runs_command, add_status_command, add_watch_command,
-                   add_run_control_commands, add_set_command, add_metrics_command, add_logs_command,
-                   add_checkpoints_command, add_export_command, add_keygen_command, add_daemon_command})
+  for (auto add :
+       {add_submit_command, add_runs_command, add_status_command, add_watch_command, add_run_control_commands,
+        add_set_command, add_metrics_command, add_logs_command, add_checkpoints_command, add_export_command,
+        add_dashboard_command, add_keygen_command, add_daemon_command})
     add(app);
 }
 

@@ -42,6 +42,9 @@ struct RunRecord {
   // The scheduler's job while it runs under one, and after: {"slurm_job": "12", "state":
   // "RUNNING", "nodes": "node07"}; null for local workers.
   nlohmann::json scheduler;
+  // How the run is laid out, from its recipe at submit, for lists and dashboards:
+  // {"dp", "tp", "pp", "zero", "offload", "device", "micro_batch", "global_batch", "seq_len"}.
+  nlohmann::json layout = nlohmann::json::object();
   double submitted = 0, started = 0, finished = 0;  // Unix seconds
 
   nlohmann::json to_json() const;

@@ -1,0 +1,359 @@
+// One run: its figures and curves, updated live from the run's event stream; its events,
+// checkpoints, log and recipe; and its controls (which need the dashboard token).
+import * as api from "./api.js";
+import { PALETTE, StepChart, smooth, throttle, viewSettings } from "./charts.js";
+import { append, bytes, clear, duration, el, layoutText, num, percent, toast, when } from "./dom.js";
+import { eta } from "./runs_page.js";
+
+const MiB = 1024 * 1024;
+const LOG_LINES = 300;
+const EVENT_LINES = 200;
+
+// Each chart: its series and how a column is taken from the rows (smoothed or not).
+const CHARTS = [
+  {
+    id: "chart-loss",
+    title: "loss",
+    series: [
+      { label: "loss (raw)", color: PALETTE[0], kind: "faint" },
+      { label: "loss", color: PALETTE[0] },
+      { label: "validation loss", color: PALETTE[1] },
+      { label: "anomaly", color: "#e03131", kind: "points" },
+    ],
+    columns: (rows, w) => {
+      const loss = rows.map((r) => r.loss ?? null);
+      return [
+        w > 0 ? loss : loss.map(() => null),
+        smooth(loss, w),
+        rows.map((r) => r.val_loss ?? null),
+        rows.map((r) => (r.anomaly ? r.loss ?? null : null)),
+      ];
+    },
+  },
+  { id: "chart-lr", title: "learning rate", series: [{ label: "lr", color: PALETTE[2] }], columns: (rows) => [rows.map((r) => r.lr)] },
+  {
+    id: "chart-grad-norm",
+    title: "gradient norm",
+    series: [{ label: "grad norm", color: PALETTE[3] }],
+    columns: (rows, w) => [smooth(rows.map((r) => r.grad_norm ?? null), w)],
+  },
+  {
+    id: "chart-throughput",
+    title: "tokens / s",
+    series: [{ label: "tokens/s", color: PALETTE[4] }],
+    columns: (rows, w) => [smooth(rows.map((r) => r.tokens_per_second), w)],
+  },
+  {
+    id: "chart-mfu",
+    title: "MFU (%)",
+    series: [{ label: "MFU %", color: PALETTE[5] }],
+    columns: (rows, w) => [smooth(rows.map((r) => 100 * r.mfu), w)],
+  },
+  {
+    id: "chart-step-time",
+    title: "step time (s)",
+    series: [{ label: "step s", color: PALETTE[6] }],
+    columns: (rows, w) => [smooth(rows.map((r) => r.step_seconds), w)],
+  },
+  {
+    id: "chart-memory",
+    title: "memory of rank 0 (MiB)",
+    series: [
+      { label: "host resident", color: PALETTE[0] },
+      { label: "host peak", color: PALETTE[1] },
+      { label: "device peak", color: PALETTE[2] },
+    ],
+    columns: (rows) => [rows.map((r) => r.rss_mb), rows.map((r) => r.peak_rss_mb), rows.map((r) => r.peak_gpu_mb)],
+  },
+  {
+    id: "chart-comm",
+    title: "sent by rank 0 per step (MiB)",
+    series: [{ label: "collectives MiB", color: PALETTE[7] }],
+    columns: (rows) => [rows.map((r) => (r.comm_bytes ?? 0) / MiB)],
+  },
+];
+
+function field(label, value, id) {
+  return el("div", { class: "field" }, el("span", { class: "label" }, label), el("span", { class: "value", id }, value));
+}
+
+function summary(run) {
+  const m = run.metrics || {};
+  const where = run.scheduler
+    ? `slurm job ${run.scheduler.slurm_job} ${run.scheduler.state || ""} ${run.scheduler.nodes || ""}`
+    : Object.entries(run.pids || {})
+        .map(([rank, pid]) => `${rank}:${pid}`)
+        .join(" ");
+  return [
+    field("state", el("span", { class: `badge ${run.state}` }, run.state), "run-state"),
+    field("step", `${run.last_step} / ${run.total_steps}`, "run-step"),
+    field("ETA", duration(eta(run))),
+    field("loss", num(m.loss), "run-loss"),
+    field("validation", num(m.val_loss)),
+    field("lr", num(m.lr), "run-lr"),
+    field("tokens/s", num(m.tokens_per_second, 3)),
+    field("MFU", m.mfu === undefined ? "–" : percent(m.mfu)),
+    field("layout", layoutText(run.layout)),
+    field("workers", `${run.workers}${where ? ` (${where})` : ""}`),
+    field("restarts", `${run.restarts} of ${run.max_restarts}`),
+    field("submitted", when(run.submitted)),
+    run.error ? field("error", run.error) : null,
+  ];
+}
+
+// A typed value from the field box: JSON where it parses (numbers, true, null), text otherwise.
+function typed(text) {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+function controls(id, result) {
+  const act = async (op, body, what) => {
+    try {
+      const reply = await api.control(id, op, body);
+      const text = `${what}: ${reply.accepted ? `accepted (${typeof reply.accepted === "string" ? reply.accepted : JSON.stringify(reply.accepted)})` : reply.state || "done"}`;
+      result.textContent = text;
+      result.className = "result ok";
+      toast(text);
+    } catch (e) {
+      result.textContent = `${what}: refused: ${e.message}`;
+      result.className = "result refused";
+      toast(result.textContent, true);
+    }
+  };
+  const lr = el("input", { id: "lr-input", type: "number", step: "any", placeholder: "new lr", size: 10 });
+  const name = el("input", { id: "field-name", placeholder: "field (optimizer.grad_clip)", size: 22 });
+  const value = el("input", { id: "field-value", placeholder: "value", size: 10 });
+  const out = el("input", { id: "export-out", placeholder: "out (in the run dir)", size: 18 });
+  const dtype = el("select", { id: "export-dtype" }, ["F32", "BF16", "F16"].map((d) => el("option", { value: d }, d)));
+  const button = (label, bid, onclick, cls) => el("button", { id: bid, type: "button", onclick, class: cls }, label);
+  return el(
+    "section",
+    { class: "controls" },
+    el("h2", {}, "Controls"),
+    el(
+      "div",
+      { class: "row" },
+      button("Pause", "pause", () => act("pause", {}, "pause")),
+      button("Resume", "resume", () => act("resume", {}, "resume")),
+      button("Checkpoint now", "checkpoint", () => act("checkpoint", {}, "checkpoint")),
+      button("Stop (checkpoint, end)", "stop", () => act("stop", {}, "stop")),
+      button(
+        "Cancel",
+        "cancel",
+        () => window.confirm(`Cancel ${id} without a checkpoint?`) && act("cancel", {}, "cancel"),
+        "danger",
+      ),
+    ),
+    el(
+      "div",
+      { class: "row" },
+      lr,
+      button("Set lr", "set-lr", () => act("set", { values: { "optimizer.lr": Number(lr.value) } }, `lr ${lr.value}`)),
+      name,
+      value,
+      button("Set", "set-field", () => act("set", { values: { [name.value]: typed(value.value) } }, `${name.value} ${value.value}`)),
+    ),
+    el(
+      "div",
+      { class: "row" },
+      out,
+      dtype,
+      button("Export (Hugging Face)", "export", () =>
+        act("export", { ...(out.value ? { out: out.value } : {}), dtype: dtype.value }, "export"),
+      ),
+    ),
+    result,
+  );
+}
+
+function eventLine(kind, event) {
+  const b = event.body || {};
+  let text;
+  if (kind === "state") text = `${b.previous} → ${b.state}${b.reason ? `: ${b.reason}` : ""}${b.error ? `: ${b.error}` : ""}`;
+  else if (kind === "anomaly")
+    text = `step ${b.step}: ${b.kind} (value ${num(b.value)}, score ${num(b.score)}) → ${b.action}${b.by ? ` by ${b.by}` : ""}`;
+  else if (kind === "control")
+    text = `${b.result} at step ${b.step}: ${b.values ? JSON.stringify(b.values) : b.error || ""}`;
+  else if (kind === "checkpoint") text = b.ok ? `step ${b.step} saved: ${b.path}` : `step ${b.step} failed: ${b.error}`;
+  else if (kind === "export") text = `${b.id} ${b.state}${b.error ? `: ${b.error}` : ""}`;
+  else if (kind === "policy") text = `${b.policy} at step ${b.step}${b.error ? `: ${b.error}` : ""}`;
+  else if (kind === "scheduler") text = `slurm job ${b.slurm_job} ${b.state}${b.reason ? ` (${b.reason})` : ""}`;
+  else text = JSON.stringify(b);
+  return el(
+    "li",
+    { class: `event ${kind}` },
+    el("span", { class: "time" }, new Date(event.time * 1000).toLocaleTimeString()),
+    el("span", { class: "kind" }, kind),
+    text,
+  );
+}
+
+// What the metrics rows record of a run's past (live changes, anomalies), for the events
+// list of a page opened after they happened.
+function historyLines(rows) {
+  const lines = [];
+  for (const r of rows) {
+    const what = [];
+    if (r.changes) what.push(`set ${Object.entries(r.changes).map(([k, v]) => `${k} = ${JSON.stringify(v)}`).join(", ")}`);
+    if (r.anomaly) what.push(`${r.anomaly.kind} → ${r.anomaly.action}`);
+    if (r.skipped) what.push("update skipped");
+    if (what.length)
+      lines.push(el("li", { class: `event ${r.anomaly ? "anomaly" : "control"}` }, el("span", { class: "kind" }, `step ${r.step}`), what.join("; ")));
+  }
+  return lines.reverse().slice(0, EVENT_LINES);
+}
+
+function checkpointTable(list) {
+  if (!list.length) return el("p", { class: "muted" }, "No checkpoint yet.");
+  return el(
+    "table",
+    { class: "checkpoints" },
+    el("thead", {}, el("tr", {}, ["step", "size", "files", "layout", "tokens", "manifest"].map((h) => el("th", {}, h)))),
+    el(
+      "tbody",
+      {},
+      list.map((c) =>
+        el(
+          "tr",
+          {},
+          el("td", { class: "num" }, c.step),
+          el("td", { class: "num" }, c.error ? "–" : bytes(c.bytes)),
+          el("td", { class: "num" }, c.files ?? "–"),
+          el("td", {}, c.layout ? `${c.layout.dp}×${c.layout.tp}×${c.layout.pp} ZeRO-${c.layout.zero}` : "–"),
+          el("td", { class: "num" }, c.tokens_seen ?? "–"),
+          el("td", { class: c.error ? "error-text" : "" }, c.error || "readable (files are hashed on every load)"),
+        ),
+      ),
+    ),
+  );
+}
+
+export function mount(view, id) {
+  const settings = viewSettings.get();
+  const header = el("div", { class: "fields", id: "run-summary" });
+  const result = el("p", { class: "result", id: "control-result" });
+  const smoothing = el("input", { id: "smoothing", type: "range", min: 0, max: 0.99, step: 0.01, value: settings.smoothing });
+  const smoothingText = el("span", { class: "muted" }, String(settings.smoothing));
+  const log = el("input", { id: "log-scale", type: "checkbox", checked: settings.log });
+  const grid = el("div", { class: "charts" });
+  const events = el("ul", { class: "events", id: "events" });
+  const checkpointBox = el("div", { id: "checkpoints" });
+  const logBox = el("pre", { class: "log", id: "log" });
+  const recipeBox = el("div", { id: "recipe" });
+  view.append(
+    el("div", { class: "toolbar" }, el("h1", {}, id), el("a", { href: `#/compare/${encodeURIComponent(id)}` }, "compare…")),
+    header,
+    controls(id, result),
+    el(
+      "div",
+      { class: "toolbar" },
+      el("label", {}, "smoothing ", smoothing, smoothingText),
+      el("label", {}, log, " log scale"),
+    ),
+    grid,
+    el("div", { class: "two" }, el("section", {}, el("h2", {}, "Events"), events), el("section", {}, el("h2", {}, "Checkpoints"), checkpointBox)),
+    el("section", {}, el("h2", {}, "Log"), logBox),
+    el("section", {}, el("h2", {}, "Recipe"), recipeBox),
+  );
+  const charts = CHARTS.map((c) => ({ spec: c, chart: new StepChart(grid, c.title, c.series, { log: settings.log, id: c.id, sync: `run-${id}` }) }));
+
+  let run = null;
+  const rows = new Map(); // step → row: a rollback's steps replace the rows they repeat
+  const drawCharts = () => {
+    const ordered = [...rows.values()].sort((a, b) => a.step - b.step);
+    const x = ordered.map((r) => r.step);
+    for (const { spec, chart } of charts) chart.setData(x, spec.columns(ordered, settings.smoothing));
+  };
+  const drawSummary = () => run && append(clear(header), summary(run));
+  const redraw = throttle(() => {
+    drawCharts();
+    drawSummary();
+  }, 250);
+  const loadCheckpoints = async () => {
+    try {
+      append(clear(checkpointBox), checkpointTable(await api.checkpoints(id)));
+    } catch (e) {
+      checkpointBox.textContent = e.message;
+    }
+  };
+  const reloadRun = throttle(async () => {
+    try {
+      run = await api.run(id);
+      drawSummary();
+    } catch (e) {
+      toast(e.message, true);
+    }
+  }, 300);
+  const addLog = (line) => {
+    logBox.append(`${line}\n`);
+    while (logBox.childNodes.length > LOG_LINES) logBox.firstChild.remove();
+    logBox.scrollTop = logBox.scrollHeight;
+  };
+
+  smoothing.addEventListener("input", () => {
+    settings.smoothing = Number(smoothing.value);
+    smoothingText.textContent = smoothing.value;
+    viewSettings.set(settings);
+    drawCharts();
+  });
+  log.addEventListener("change", () => {
+    settings.log = log.checked;
+    viewSettings.set(settings);
+    for (const { chart } of charts) chart.setLog(settings.log);
+    drawCharts();
+  });
+  const onResize = throttle(() => charts.forEach(({ chart }) => chart.resize()), 200);
+  window.addEventListener("resize", onResize);
+
+  // Subscribed first, so that nothing between the first read and the stream is lost;
+  // rows are keyed by step, so one seen twice is drawn once.
+  let loaded = false;
+  const source = api.events(id, (kind, event) => {
+    if (kind === "metrics") {
+      rows.set(event.body.step, event.body);
+      if (run) {
+        run.metrics = event.body;
+        run.last_step = event.body.step;
+      }
+      if (loaded) redraw();
+      return;
+    }
+    if (kind === "log") return addLog(event.body.line);
+    if (event.snapshot) return;
+    events.prepend(eventLine(kind, event));
+    while (events.childNodes.length > EVENT_LINES) events.lastChild.remove();
+    if (kind === "state" || kind === "control" || kind === "scheduler") reloadRun();
+    if (kind === "checkpoint") loadCheckpoints();
+  });
+
+  (async () => {
+    try {
+      run = await api.run(id);
+      drawSummary();
+      const past = await api.metrics(id);
+      for (const r of past) if (!rows.has(r.step)) rows.set(r.step, r);
+      events.append(...historyLines(past));
+      loaded = true;
+      drawCharts();
+      for (const line of await api.logTail(id, 200)) addLog(line);
+      loadCheckpoints();
+      const r = await api.recipe(id);
+      append(clear(recipeBox), [
+        el("p", { class: "muted" }, `from ${r.source}; overrides: ${r.overrides.length ? r.overrides.join(", ") : "none"}; live changes: ${JSON.stringify(r.live)}`),
+        el("pre", { class: "recipe" }, r.recipe),
+      ]);
+    } catch (e) {
+      toast(`${id}: ${e.message}`, true);
+    }
+  })();
+
+  return () => {
+    source.close();
+    window.removeEventListener("resize", onResize);
+    charts.forEach(({ chart }) => chart.destroy());
+  };
+}
