@@ -186,6 +186,13 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
                     (fs::path(opt.state_dir) / "dashboard.token").string(), opt.http.insecure});
     service.http_url = http->url();
   }
+  if (!opt.alerts.webhooks.empty() || !opt.alerts.commands.empty()) {
+    alerts = std::make_unique<Alerts>(AlertOptions{opt.alerts.webhooks, opt.alerts.commands, opt.alerts.stall_factor,
+                                                   opt.alerts.stall_min_s, service.http_url});
+    bus->observe([this](const std::string& run, const std::string& kind, const json& body) {
+      if (alerts) alerts->on_event(run, kind, body, unix_now());
+    });
+  }
   std::ofstream(fs::path(opt.state_dir) / "endpoints.json", std::ios::trunc)
       << json{{"commands", service.command_endpoints},
               {"events", service.event_endpoints},
@@ -243,6 +250,7 @@ void Controller::Impl::tick() {
     supervisor->supervise();
     exports->watch();
     supervisor->schedule();
+    if (alerts) alerts->tick(unix_now());
   } catch (const std::exception& e) {
     spdlog::error("controller: {}", e.what());
   }
@@ -258,6 +266,7 @@ void Controller::Impl::shutdown() {
   }
   supervisor->shutdown(hurry);
   exports->end();
+  alerts.reset();  // what is still queued gets a few seconds to go out
   spdlog::info("controller stopped");
 }
 

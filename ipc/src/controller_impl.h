@@ -12,6 +12,7 @@
 
 #include <zmq.hpp>
 
+#include "alerts.h"
 #include "event_bus.h"
 #include "exports.h"
 #include "http_server.h"
@@ -42,6 +43,7 @@ struct Controller::Impl {
   // evaluator (which joins its thread) last.
   std::unique_ptr<RecipeEvaluator> evaluator;
   std::unique_ptr<EventBus> bus;
+  std::unique_ptr<Alerts> alerts;  // observes bus; flushed at the end of shutdown
   std::unique_ptr<RunBook> runs;
   std::unique_ptr<PolicyHost> policies;
   std::unique_ptr<Supervisor> supervisor;

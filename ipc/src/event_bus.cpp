@@ -24,6 +24,8 @@ void EventBus::publish(const std::string& run, const std::string& kind, json bod
                 {"kind", kind},           {"time", unix_now()}, {"epoch", epoch_},
                 {"body", std::move(body)}};
   if (snapshot) event["snapshot"] = true;
+  if (!snapshot)
+    for (const auto& observe : observers_) observe(run, kind, event["body"]);
   const std::string topic = run_topic(run, kind);
   const std::string text = event.dump(-1, ' ', false, json::error_handler_t::replace);
   (void)socket_.send(zmq::buffer(topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);

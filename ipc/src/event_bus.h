@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
@@ -22,6 +23,11 @@ class EventBus {
 
   // A snapshot event repeats the run's current number: it is a copy of what was sent.
   void publish(const std::string& run, const std::string& kind, nlohmann::json body, bool snapshot = false);
+  // `fn` sees every event published from now on, snapshots aside, on the publishing
+  // (controller's) thread: it must not block.
+  void observe(std::function<void(const std::string& run, const std::string& kind, const nlohmann::json& body)> fn) {
+    observers_.push_back(std::move(fn));
+  }
   // Reads the subscriptions that arrived; on_subscribe(prefix) for each new one, so that
   // a late subscriber gets what it missed.
   void serve_subscriptions(const std::function<void(const std::string& prefix)>& on_subscribe);
@@ -30,6 +36,7 @@ class EventBus {
   zmq::socket_t socket_;
   std::string epoch_;
   std::map<std::string, int64_t> seq_;  // per run
+  std::vector<std::function<void(const std::string&, const std::string&, const nlohmann::json&)>> observers_;
 };
 
 double unix_now();

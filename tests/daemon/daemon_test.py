@@ -1,7 +1,7 @@
 """End-to-end tests of tided with real worker processes, spoken to only through libzmq
 and JSON as docs/protocol.md describes (see tided_client.py).
 
-Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security|exposure|fuzz|cuda|slurm|http}
+Usage: daemon_test.py TIDED TIDE {control|bad_input|faults|anomaly|policy|slots|security|exposure|fuzz|cuda|slurm|http|alerts}
 """
 import json
 import os
@@ -1205,6 +1205,112 @@ def slurm_runs(env):
     d.stop()
 
 
+def part_alerts():
+    # Alerts to a local webhook receiver and to a command: an anomaly action, a failed
+    # checkpoint, a stall (a worker stopped with SIGSTOP) and its end, a fault and a failure
+    # (workers killed). The receiver answers the first POST with 500 (retried), and is held
+    # while the stall is raised: the command still gets it and the controller still answers.
+    import http.server
+    import threading
+    received, posts, open_gate = [], [], threading.Event()
+    open_gate.set()
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            posts.append(body["kind"])
+            open_gate.wait(60)
+            status = 500 if len(posts) == 1 else 204
+            self.send_response(status)
+            self.end_headers()
+            if status == 204:
+                received.append(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hook = f"http://127.0.0.1:{server.server_port}/hooks/tide"
+    by_command = os.path.join(WORK, "alerts.jsonl")
+
+    # A webhook that is not one stops tided at start, naming it.
+    bad = subprocess.run([TIDED, "--foreground", "--state-dir", os.path.join(WORK, "bad"), "--port", "0",
+                          "--alert-webhook", "ftp://example.com/x"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "ftp://example.com/x" in bad.stderr, (bad.returncode, bad.stderr)
+
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=2, env={"TIDE_INJECT_NAN_AT": "12"},
+              extra=["--alert-webhook", hook, "--alert-command", f"printf '%s\\n' \"$1\" >> {by_command}",
+                     "--alert-stall-factor", "5", "--alert-stall-min", "1"]).start()
+    url = d.endpoints["http"]
+    conn = Conn(d.tcp("commands"))
+
+    def alerts(kind, run, where="command"):
+        if where == "command":
+            if not os.path.exists(by_command):
+                return []
+            with open(by_command) as f:
+                seen = [json.loads(line) for line in f]
+        else:
+            seen = list(received)
+        return [a for a in seen if a["kind"] == kind and a["run"] == run]
+
+    def wait_alert(kind, run, where="command", timeout=60):
+        deadline = time.time() + timeout
+        while not (found := alerts(kind, run, where)):
+            assert time.time() < deadline, f"no {kind} alert for {run} by {where} within {timeout} s"
+            time.sleep(0.1)
+        return found[0]
+
+    # An anomaly whose action is taken (the NaN of step 12 is skipped); the receiver's 500 is retried.
+    skip = submit(conn, recipe("skip", 30))
+    a = wait_alert("anomaly", skip, "webhook")
+    assert a["step"] == 12 and a["detail"]["action"] == "skip" and a["detail"]["kind"] == "nonfinite", a
+    assert a["source"] == "tide" and a["dashboard"] == f"{url}#/run/{skip}" and "nonfinite" in a["text"], a
+    assert posts[0] == "anomaly" and len(posts) >= 2, posts
+    assert wait_alert("anomaly", skip)["text"] == a["text"]
+    print(f"anomaly alert: '{a['text']}', delivered on a retry after a 500, and by the command")
+
+    # A failed checkpoint (a file where its temporary directory goes).
+    reply = conn.request("submit", {"recipe": recipe("nosave", 20, every=5), "workdir": WORK})["run"]
+    os.makedirs(os.path.join(reply["run_dir"], "checkpoints"), exist_ok=True)
+    open(os.path.join(reply["run_dir"], "checkpoints", "step-00000010.tmp"), "w").close()
+    c = wait_alert("checkpoint_failed", reply["id"], "webhook")
+    assert c["step"] == 10 and c["detail"]["error"], c
+    print(f"checkpoint alert: '{c['text'][:100]}'")
+    wait_status(conn, reply["id"], lambda r: r["state"] == "completed", what="nosave completes")
+
+    # A stall: the worker stopped. The webhook receiver is held meanwhile; the command is
+    # not, and the controller answers.
+    long = submit(conn, recipe("long", 100000, extra="supervise = { max_restarts = 1 },"))
+    r = wait_status(conn, long, lambda r: r["state"] == "running" and r["last_step"] >= 20, what="step 20")
+    open_gate.clear()
+    pid = r["pids"]["0"]
+    os.kill(pid, signal.SIGSTOP)
+    stall = wait_alert("stall", long)
+    assert stall["detail"]["seconds_since_step"] >= 1 and stall["detail"]["limit_seconds"] >= 1, stall
+    assert conn.request("info")["runs"]["active"] == 1  # answered while the receiver is held
+    os.kill(pid, signal.SIGCONT)
+    over = wait_alert("stall_over", long)
+    assert over["step"] > stall["step"], (stall, over)
+    open_gate.set()
+    assert wait_alert("stall", long, "webhook", timeout=90)["text"] == stall["text"]
+    print(f"stall alert: '{stall['text']}' while the webhook was held; then '{over['text']}'")
+
+    # A fault (restart 1 of 1), then a failure.
+    os.kill(conn.request("status", {"run": long})["run"]["pids"]["0"], signal.SIGKILL)
+    fault = wait_alert("fault", long)
+    assert "restart 1" in fault["text"], fault
+    r = wait_status(conn, long, lambda r: r["state"] == "running" and r["attempt"] == 2 and r["pids"], what="restarted")
+    os.kill(r["pids"]["0"], signal.SIGKILL)
+    failed = wait_alert("failed", long)
+    assert failed["detail"]["state"] == "failed", failed
+    wait_alert("failed", long, "webhook")
+    print(f"fault alert: '{fault['text'][:90]}'; failure alert: '{failed['text'][:90]}'")
+    d.stop()
+    server.shutdown()
+
+
 try:
     subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-3",
                     "/usr/share/common-licenses/Apache-2.0", "--out", os.path.join(WORK, "ds"),
@@ -1212,7 +1318,7 @@ try:
     {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly,
      "policy": part_policy, "slots": part_slots, "security": part_security,
      "exposure": part_exposure, "fuzz": part_fuzz, "cuda": part_cuda, "slurm": part_slurm,
-     "http": part_http}[PART]()
+     "http": part_http, "alerts": part_alerts}[PART]()
     print(f"daemon {PART}: ok")
 finally:
     subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)

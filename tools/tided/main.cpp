@@ -95,6 +95,18 @@ int main(int argc, char** argv) {
   app.add_flag("--no-http", no_http, "Serve no HTTP");
   app.add_flag("--http-insecure", opt.http.insecure,
                "Allow --http beyond loopback without TLS (anyone on the network may read the runs)");
+  app.add_option("--alert-webhook", opt.alerts.webhooks,
+                 "POST alerts (anomaly actions, faults, failures, failed checkpoints, stalls) as JSON to this http(s) "
+                 "URL; repeatable");
+  app.add_option("--alert-command", opt.alerts.commands,
+                 "Run this with /bin/sh for each alert, its JSON as $1; repeatable");
+  app.add_option("--alert-stall-factor", opt.alerts.stall_factor,
+                 "A run is stalled after this many of its median step intervals with no step")
+      ->check(CLI::Range(1.0, 1e6))
+      ->capture_default_str();
+  app.add_option("--alert-stall-min", opt.alerts.stall_min_s, "... and at least this many seconds")
+      ->check(CLI::Range(0.1, 1e7))
+      ->capture_default_str();
   app.add_option("--bind", opt.command_endpoints, "More command endpoints (ZeroMQ syntax)");
   app.add_option("--publish", opt.event_endpoints, "More event endpoints (ZeroMQ syntax)");
   app.add_option("--curve-key", opt.curve_key_file,

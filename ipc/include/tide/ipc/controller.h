@@ -49,6 +49,13 @@ struct ControllerOptions {
     int port = -1;
     bool insecure = false;  // beyond loopback without TLS
   } http;
+  // Alerts (docs/dashboard.md): anomaly actions, faults, failures, failed checkpoints and
+  // stalls, posted to webhooks and given to commands.
+  struct Alerting {
+    std::vector<std::string> webhooks, commands;
+    double stall_factor = 10;  // stalled: no step for this many median step intervals,
+    double stall_min_s = 60;   // and at least this long
+  } alerts;
 };
 
 // The CUDA devices a controller hands out. "auto": CUDA_VISIBLE_DEVICES when it is set,
