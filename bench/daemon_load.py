@@ -1,10 +1,12 @@
-"""tided under load: thousands of status requests and a subscriber that never reads,
-while a run trains, against the same run trained with the daemon idle.
+"""tided under load: thousands of status requests, a subscriber that never reads, open
+dashboards (server-sent event streams, read as a browser reads them) and a Prometheus
+scrape every second, while a run trains, against the same run trained with the daemon idle.
 
-Prints the request latency percentiles and the training speed of both runs, side by side,
-as a ratio. Usage: .venv/bin/python bench/daemon_load.py [--steps 300]
+Prints the request and scrape latency percentiles and the training speed of both runs,
+side by side, as a ratio. Usage: .venv/bin/python bench/daemon_load.py [--steps 300]
 """
 import argparse
+import http.client
 import os
 import shutil
 import statistics
@@ -34,6 +36,48 @@ RECIPE = """return tide.recipe {
 """
 
 
+class Dashboard(threading.Thread):
+    """A browser's dashboard page: one event stream of the run, read as it comes."""
+
+    def __init__(self, url, run):
+        super().__init__(daemon=True)
+        host, port = url[len("http://"):].rstrip("/").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        self.conn.request("GET", f"/api/events?run={run}")
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200, self.response.status
+        self.events = 0
+
+    def run(self):
+        try:
+            for line in self.response:
+                if line.startswith(b"event: "):
+                    self.events += 1
+        except (OSError, ValueError):  # closed at the end
+            pass
+
+
+class Scraper(threading.Thread):
+    """Prometheus: GET /metrics once a second."""
+
+    def __init__(self, url):
+        super().__init__(daemon=True)
+        self.url, self.latencies, self.stop = url + "metrics", [], threading.Event()
+
+    def run(self):
+        import urllib.request
+        while not self.stop.wait(1.0):
+            s = time.perf_counter()
+            with urllib.request.urlopen(self.url, timeout=10) as r:
+                r.read()
+            self.latencies.append(time.perf_counter() - s)
+
+
+def ms(values):
+    q = statistics.quantiles(values, n=100) if len(values) > 1 else values * 99
+    return f"p50 {q[49] * 1e3:.2f} ms, p90 {q[89] * 1e3:.2f} ms, p99 {q[98] * 1e3:.2f} ms, max {max(values) * 1e3:.2f} ms"
+
+
 def median_step_seconds(conn, run):
     rows = conn.request("metrics", {"run": run, "limit": 100000})["metrics"]
     return statistics.median(r["step_seconds"] for r in rows[5:])
@@ -44,6 +88,7 @@ def main():
     ap.add_argument("--tide", default=os.path.join(ROOT, "build", "tools", "tide"))
     ap.add_argument("--tided", default=os.path.join(ROOT, "build", "tools", "tided"))
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--dashboards", type=int, default=2, help="open dashboard pages (event streams; tided allows 8)")
     ap.add_argument("--rate", type=float, default=1000,
                     help="status requests per second (0: back to back; on 2 cores the client and the daemon "
                          "then take a core from training)")
@@ -77,6 +122,10 @@ def main():
         loaded = conn.request("submit", body)["run"]["id"]
         wait_status(conn, loaded, lambda r: r["state"] == "running" and r["last_step"] >= 10, what="running")
         client = Conn(d.tcp("commands"), ctx=ctx)
+        pages = [Dashboard(d.endpoints["http"], loaded) for _ in range(a.dashboards)]
+        scraper = Scraper(d.endpoints["http"])
+        for t in pages + [scraper]:
+            t.start()
         # Status requests at --rate for as long as the run trains.
         latencies = []
         t0 = time.perf_counter()
@@ -91,18 +140,22 @@ def main():
             if r["state"] != "running":
                 break
         load_seconds = time.perf_counter() - t0
+        scraper.stop.set()
+        scraper.join()
         wait_status(conn, loaded, lambda r: r["state"] == "completed", timeout=900, what="end")
+        for page in pages:
+            page.conn.close()
         loaded_step = median_step_seconds(conn, loaded)
         idle_steps.append(idle_run())  # idle before and after: the machine's drift
         idle_step = statistics.mean(idle_steps)
         d.stop()
 
-        q = statistics.quantiles(latencies, n=100)
         pace = f"paced at {a.rate:.0f}/s" if a.rate > 0 else "back to back"
         print(f"{len(latencies)} status requests in {load_seconds:.1f} s ({len(latencies) / load_seconds:.0f}/s, "
               f"{pace}) on one connection, for the whole of a {a.steps}-step run")
-        print(f"latency: p50 {q[49] * 1e3:.2f} ms, p90 {q[89] * 1e3:.2f} ms, p99 {q[98] * 1e3:.2f} ms, "
-              f"max {max(latencies) * 1e3:.2f} ms")
+        print(f"latency: {ms(latencies)}")
+        print(f"{a.dashboards} dashboard streams received {[p.events for p in pages]} events; "
+              f"{len(scraper.latencies)} scrapes of /metrics: {ms(scraper.latencies)}")
         print(f"median step: idle daemon {idle_step * 1e3:.1f} ms (runs before and after: "
               f"{idle_steps[0] * 1e3:.1f}, {idle_steps[1] * 1e3:.1f}), under load {loaded_step * 1e3:.1f} ms; "
               f"training speed under load / idle = {idle_step / loaded_step:.3f} "

@@ -47,6 +47,8 @@ PACKAGES=(
   slurmctld slurmd slurm-client munge
   # daemon.dashboard: the dashboard in headless Chromium, driven by Selenium.
   chromium chromium-driver python3-selenium
+  # daemon.http: a self-signed certificate for tided's HTTPS.
+  openssl
 )
 
 # The package names are Debian 12's; Ubuntu 22.04 and 24.04 have the same ones (in

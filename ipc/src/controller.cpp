@@ -181,9 +181,10 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
         if (ep.rfind("ipc://", 0) == 0) return ep;
       throw std::invalid_argument("the HTTP server needs the ipc command and event endpoints to reach the controller");
     };
-    http = std::make_unique<HttpServer>(
-        HttpOptions{opt.http.address, opt.http.port, ipc_of(service.command_endpoints), ipc_of(service.event_endpoints),
-                    (fs::path(opt.state_dir) / "dashboard.token").string(), opt.http.insecure});
+    http = std::make_unique<HttpServer>(HttpOptions{opt.http.address, opt.http.port, ipc_of(service.command_endpoints),
+                                                    ipc_of(service.event_endpoints),
+                                                    (fs::path(opt.state_dir) / "dashboard.token").string(),
+                                                    opt.http.insecure, opt.http.tls_cert, opt.http.tls_key});
     service.http_url = http->url();
   }
   if (!opt.alerts.webhooks.empty() || !opt.alerts.commands.empty()) {

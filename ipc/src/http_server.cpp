@@ -78,7 +78,8 @@ struct HttpServer::Impl {
   HttpOptions opt;
   std::string token;
   int port = 0;
-  httplib::Server server;
+  std::unique_ptr<httplib::Server> owned;  // an SSLServer with TLS
+  httplib::Server* server = nullptr;
   std::thread thread;
   std::mutex client_mu;  // one connection to the controller, one request at a time
   std::unique_ptr<Client> client;
@@ -147,8 +148,9 @@ struct HttpServer::Impl {
       return "a control needs the dashboard token (Authorization: Bearer <token>; tided prints where it is)";
     if (req.has_header("Origin")) {
       const std::string origin = req.get_header_value("Origin");
-      const std::string own = fmt::format("http://{}:{}", opt.address, port);
-      const std::string own_host = "http://" + req.get_header_value("Host");
+      const std::string scheme = opt.tls_cert.empty() ? "http://" : "https://";
+      const std::string own = fmt::format("{}{}:{}", scheme, opt.address, port);
+      const std::string own_host = scheme + req.get_header_value("Host");
       if (origin != own && origin != own_host)
         return fmt::format("a control from another site ({}) is refused", origin);
     }
@@ -160,7 +162,7 @@ struct HttpServer::Impl {
   // only to this server, and no other site may frame it.
   void serve_pages() {
     for (const WebAsset& asset : web_assets()) {
-      server.Get(std::string(asset.path), [&asset](const httplib::Request&, httplib::Response& res) {
+      server->Get(std::string(asset.path), [&asset](const httplib::Request&, httplib::Response& res) {
         res.set_header("Content-Security-Policy",
                        "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; "
                        "frame-ancestors 'none'");
@@ -175,7 +177,7 @@ struct HttpServer::Impl {
 
   void routes() {
     // Whatever a handler throws becomes a 500 naming it; the server goes on.
-    server.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    server->set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
       std::string what = "unknown error";
       try {
         std::rethrow_exception(std::move(ep));
@@ -186,7 +188,7 @@ struct HttpServer::Impl {
       spdlog::error("http {} {}: {}", req.method, req.path, what);
       send_json(res, 500, {{"error", {{"code", "internal"}, {"message", what}}}});
     });
-    server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
       try {
         const json info = ask("info");
         const json runs = ask("list").value("runs", json::array());
@@ -196,15 +198,15 @@ struct HttpServer::Impl {
         res.set_content(fmt::format("# the controller did not answer: {}\n", e.what()), "text/plain");
       }
     });
-    server.Get("/api/events", [this](const httplib::Request& req, httplib::Response& res) { stream(req, res); });
-    server.Get("/api/info",
-               [this](const httplib::Request&, httplib::Response& res) { forward(res, "info", json::object()); });
-    server.Get("/api/runs",
-               [this](const httplib::Request&, httplib::Response& res) { forward(res, "list", json::object()); });
-    server.Get(kRunPath, [this](const httplib::Request& req, httplib::Response& res) {
+    server->Get("/api/events", [this](const httplib::Request& req, httplib::Response& res) { stream(req, res); });
+    server->Get("/api/info",
+                [this](const httplib::Request&, httplib::Response& res) { forward(res, "info", json::object()); });
+    server->Get("/api/runs",
+                [this](const httplib::Request&, httplib::Response& res) { forward(res, "list", json::object()); });
+    server->Get(kRunPath, [this](const httplib::Request& req, httplib::Response& res) {
       forward(res, "status", {{"run", req.matches[1].str()}});
     });
-    server.Get(
+    server->Get(
         kRunPath + "/metrics", [this](const httplib::Request& req, httplib::Response& res) {
           json body = {{"run", req.matches[1].str()}};
           try {
@@ -216,10 +218,10 @@ struct HttpServer::Impl {
           }
           forward(res, "metrics", body);
         });
-    server.Get(kRunPath + "/checkpoints", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Get(kRunPath + "/checkpoints", [this](const httplib::Request& req, httplib::Response& res) {
       forward(res, "checkpoints", {{"run", req.matches[1].str()}});
     });
-    server.Get(kRunPath + "/logs", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Get(kRunPath + "/logs", [this](const httplib::Request& req, httplib::Response& res) {
       json body = {{"run", req.matches[1].str()}, {"source", "train"}};
       try {
         for (const char* key : {"lines", "rank"})
@@ -230,11 +232,11 @@ struct HttpServer::Impl {
       if (req.has_param("source")) body["source"] = req.get_param_value("source");
       forward(res, "logs", body);
     });
-    server.Get(kRunPath + "/recipe", [this](const httplib::Request& req, httplib::Response& res) {
+    server->Get(kRunPath + "/recipe", [this](const httplib::Request& req, httplib::Response& res) {
       forward(res, "recipe", {{"run", req.matches[1].str()}});
     });
     serve_pages();
-    server.Post(
+    server->Post(
         kRunPath + "/(pause|resume|stop|cancel|checkpoint|set|export)",
         [this](const httplib::Request& req, httplib::Response& res) {
           if (const std::string why = refusal(req); !why.empty())
@@ -266,29 +268,49 @@ struct HttpServer::Impl {
 HttpServer::HttpServer(HttpOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.opt = std::move(options);
-  if (!m.opt.insecure && !is_loopback_endpoint(fmt::format("tcp://{}:{}", m.opt.address, m.opt.port)))
-    throw std::invalid_argument(fmt::format(
-        "serving the dashboard on {} (beyond loopback) needs --http-insecure: it has no TLS yet", m.opt.address));
+  const bool tls = !m.opt.tls_cert.empty();
+  if (tls != !m.opt.tls_key.empty())
+    throw std::invalid_argument("HTTPS needs both a certificate (--http-cert) and its private key (--http-key)");
+  if (!tls && !m.opt.insecure && !is_loopback_endpoint(fmt::format("tcp://{}:{}", m.opt.address, m.opt.port)))
+    throw std::invalid_argument(
+        fmt::format("serving the dashboard on {} (beyond loopback) needs TLS (--http-cert and --http-key) or "
+                    "--http-insecure",
+                    m.opt.address));
+  if (tls) {
+    require_private_file(m.opt.tls_key, "the HTTPS private key");
+    auto ssl = std::make_unique<httplib::SSLServer>(m.opt.tls_cert.c_str(), m.opt.tls_key.c_str());
+    if (!ssl->is_valid())
+      throw std::invalid_argument(
+          fmt::format("cannot serve HTTPS with certificate '{}' and key '{}' (unreadable, "
+                      "not PEM, or not a pair)",
+                      m.opt.tls_cert, m.opt.tls_key));
+    m.owned = std::move(ssl);
+  } else {
+    m.owned = std::make_unique<httplib::Server>();
+  }
+  m.server = m.owned.get();
   m.token = load_or_make_token(m.opt.token_file);
   m.client = std::make_unique<Client>(m.opt.command_endpoint);
-  m.server.set_payload_max_length(kBodyLimit);
-  m.server.set_read_timeout(5, 0);
-  m.server.set_write_timeout(5, 0);
-  m.server.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
+  m.server->set_payload_max_length(kBodyLimit);
+  m.server->set_read_timeout(5, 0);
+  m.server->set_write_timeout(5, 0);
+  m.server->new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
   m.routes();
-  m.port = m.opt.port == 0 ? m.server.bind_to_any_port(m.opt.address) : m.opt.port;
-  if (m.opt.port != 0 && !m.server.bind_to_port(m.opt.address, m.opt.port)) m.port = -1;
+  m.port = m.opt.port == 0 ? m.server->bind_to_any_port(m.opt.address) : m.opt.port;
+  if (m.opt.port != 0 && !m.server->bind_to_port(m.opt.address, m.opt.port)) m.port = -1;
   if (m.port <= 0) throw std::runtime_error(fmt::format("cannot serve HTTP on {}:{}", m.opt.address, m.opt.port));
-  m.thread = std::thread([&m] { m.server.listen_after_bind(); });
+  m.thread = std::thread([&m] { m.server->listen_after_bind(); });
   spdlog::info("dashboard at {} (controls need the token in {})", url(), m.opt.token_file);
 }
 
 HttpServer::~HttpServer() {
   impl_->stopping = true;
-  impl_->server.stop();
+  impl_->server->stop();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-std::string HttpServer::url() const { return fmt::format("http://{}:{}/", impl_->opt.address, impl_->port); }
+std::string HttpServer::url() const {
+  return fmt::format("{}://{}:{}/", impl_->opt.tls_cert.empty() ? "http" : "https", impl_->opt.address, impl_->port);
+}
 
 }  // namespace tide::ipc

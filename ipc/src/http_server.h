@@ -18,6 +18,7 @@ struct HttpOptions {
   std::string event_endpoint;    // and its ipc event socket (server-sent events)
   std::string token_file;        // made owner-only on first start, then reused
   bool insecure = false;         // serve beyond loopback without TLS (refused otherwise)
+  std::string tls_cert, tls_key;  // PEM files: serve HTTPS (the key must be owner-only)
 };
 
 class HttpServer {
@@ -29,7 +30,7 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  std::string url() const;  // http://address:port/
+  std::string url() const;  // http://address:port/, or https://
 
   struct Impl;
 

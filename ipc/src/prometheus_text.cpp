@@ -49,12 +49,36 @@ const RowGauge kRowGauges[] = {
     {"tokens_per_second", "tide_run_tokens_per_second", "Training throughput of the latest step"},
     {"mfu", "tide_run_mfu", "Model FLOPs utilisation of the latest step (0..1)"},
     {"step_seconds", "tide_run_step_seconds", "Wall time of the latest step"},
+    {"data_seconds", "tide_run_data_seconds", "Of the latest step, rank 0's time blocked on the data loader"},
+    {"comm_seconds", "tide_run_communication_seconds", "Of the latest step, rank 0's time blocked on collectives"},
+    {"checkpoint_seconds", "tide_run_checkpoint_stall_seconds", "Time saves held training just before the latest step"},
     {"tokens", "tide_run_tokens", "Tokens trained so far"},
     {"comm_bytes", "tide_run_communication_bytes", "Bytes rank 0 sent in collectives in the latest step"},
     {"rss_mb", "tide_run_resident_bytes", "Resident memory of rank 0", kMiB},
     {"peak_rss_mb", "tide_run_peak_resident_bytes", "Peak resident memory of rank 0", kMiB},
     {"peak_gpu_mb", "tide_run_peak_device_bytes", "Peak device memory rank 0's allocator handed out", kMiB},
 };
+// A rank's own figures of its latest step (status "ranks") → a gauge per run and rank.
+const RowGauge kRankGauges[] = {
+    {"step", "tide_rank_step", "Latest step the rank reported"},
+    {"step_seconds", "tide_rank_step_seconds", "Wall time of the rank's latest step"},
+    {"data_seconds", "tide_rank_data_seconds", "Of it, time blocked on the data loader"},
+    {"comm_seconds", "tide_rank_communication_seconds", "Of it, time blocked on collectives"},
+    {"checkpoint_seconds", "tide_rank_checkpoint_stall_seconds", "Time saves held the rank just before the step"},
+    {"comm_bytes", "tide_rank_communication_bytes", "Bytes the rank sent in collectives in the step"},
+    {"rss_mb", "tide_rank_resident_bytes", "Resident memory of the rank", kMiB},
+    {"peak_rss_mb", "tide_rank_peak_resident_bytes", "Peak resident memory of the rank", kMiB},
+    {"peak_gpu_mb", "tide_rank_peak_device_bytes", "Peak device memory the rank's allocator handed out", kMiB},
+};
+
+// Each gauge of `table` that `row` has, labelled.
+template <size_t N>
+void add_row(std::vector<MetricFamily>& families, const RowGauge (&table)[N], const json& row,
+             const std::vector<ClientMetric::Label>& labels) {
+  for (size_t i = 0; i < N; ++i)
+    if (row.contains(table[i].field) && row[table[i].field].is_number())
+      add(families[i], labels, number(row, table[i].field) * table[i].scale);
+}
 }  // namespace
 
 std::string prometheus_text(const json& info, const json& runs) {
@@ -63,8 +87,13 @@ std::string prometheus_text(const json& info, const json& runs) {
   auto step = family("tide_run_step", "Latest step the run reported");
   auto total = family("tide_run_total_steps", "Steps the run's schedule trains");
   auto attempts = family("tide_run_restarts_total", "Restarts of the run after faults", MetricType::Counter);
-  std::vector<MetricFamily> rows;
+  std::vector<MetricFamily> rows, ranks;
   for (const auto& g : kRowGauges) rows.push_back(family(g.name, g.help));
+  for (const auto& g : kRankGauges) ranks.push_back(family(g.name, g.help));
+  auto saved = family("tide_run_checkpoints_total", "Checkpoints committed under this daemon", MetricType::Counter);
+  auto failed = family("tide_run_checkpoint_failures_total", "Checkpoint saves that failed under this daemon",
+                       MetricType::Counter);
+  auto save_seconds = family("tide_run_checkpoint_seconds", "Seconds the latest committed save took, start to commit");
   std::map<std::string, double> by_state;
   for (const auto& r : runs) {
     const std::string id = r.value("id", ""), s = r.value("state", "");
@@ -73,17 +102,27 @@ std::string prometheus_text(const json& info, const json& runs) {
     add(step, {{"run", id}}, number(r, "last_step"));
     add(total, {{"run", id}}, number(r, "total_steps"));
     add(attempts, {{"run", id}}, number(r, "restarts"));
-    const json m = r.value("metrics", json::object());
-    for (size_t i = 0; i < std::size(kRowGauges); ++i)
-      if (m.contains(kRowGauges[i].field) && m[kRowGauges[i].field].is_number())
-        add(rows[i], {{"run", id}}, number(m, kRowGauges[i].field) * kRowGauges[i].scale);
+    add_row(rows, kRowGauges, r.value("metrics", json::object()), {{"run", id}});
+    const json by_rank = r.value("ranks", json::object());
+    for (const auto& [rank, figures] : by_rank.items())
+      add_row(ranks, kRankGauges, figures, {{"run", id}, {"rank", rank}});
+    const json stats = r.value("checkpoint_stats", json());
+    if (stats.is_object()) {
+      add(saved, {{"run", id}}, number(stats, "saved"));
+      add(failed, {{"run", id}}, number(stats, "failed"));
+      if (stats.value("last_seconds", json()).is_number())
+        add(save_seconds, {{"run", id}}, number(stats, "last_seconds"));
+    }
   }
   out.push_back(std::move(state));
   out.push_back(std::move(step));
   out.push_back(std::move(total));
   out.push_back(std::move(attempts));
-  for (auto& f : rows)
-    if (!f.metric.empty()) out.push_back(std::move(f));
+  for (auto* group : {&rows, &ranks})
+    for (auto& f : *group)
+      if (!f.metric.empty()) out.push_back(std::move(f));
+  for (auto* f : {&saved, &failed, &save_seconds})
+    if (!f->metric.empty()) out.push_back(std::move(*f));
 
   auto runs_by_state = family("tide_runs", "Runs the daemon holds, by state");
   for (const auto& [s, n] : by_state) add(runs_by_state, {{"state", s}}, n);

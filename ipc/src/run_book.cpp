@@ -104,8 +104,40 @@ void RunBook::record_live_change(RunRecord& r, const json& values) {
 void RunBook::record_metrics(RunRecord& r, const json& metrics) {
   if (r.state == RunState::starting) set_state(r, RunState::running);
   r.last_step = metrics.value("step", r.last_step);
-  metrics_[r.id] = metrics;
-  bus_.publish(r.id, "metrics", metrics);
+  json& latest = metrics_[r.id] = metrics;
+  // Each rank's latest step time (a rank may be a step behind rank 0 here): the
+  // dashboard's per-rank chart follows these.
+  if (const auto it = ranks_.find(r.id); it != ranks_.end() && it->second.size() > 1) {
+    json times = json::object();
+    for (const auto& [rank, figures] : it->second.items()) times[rank] = figures.value("step_seconds", 0.0);
+    latest["rank_step_seconds"] = std::move(times);
+  }
+  bus_.publish(r.id, "metrics", latest);
+}
+
+void RunBook::record_rank(const RunRecord& r, int rank, const json& figures) {
+  if (figures.is_object()) ranks_[r.id][std::to_string(rank)] = figures;
+}
+
+void RunBook::record_checkpoint(const RunRecord& r, const json& event) {
+  json& stats = checkpoint_stats_[r.id];
+  if (stats.is_null()) stats = {{"saved", 0}, {"failed", 0}, {"last_seconds", nullptr}, {"last_step", nullptr}};
+  const bool ok = event.value("ok", false);
+  stats[ok ? "saved" : "failed"] = stats[ok ? "saved" : "failed"].get<int64_t>() + 1;
+  if (ok) {
+    stats["last_seconds"] = event.value("seconds", 0.0);
+    stats["last_step"] = event.value("step", int64_t{0});
+  }
+}
+
+json RunBook::ranks_of(const std::string& run) const {
+  const auto it = ranks_.find(run);
+  return it == ranks_.end() ? json::object() : it->second;
+}
+
+json RunBook::checkpoint_stats_of(const std::string& run) const {
+  const auto it = checkpoint_stats_.find(run);
+  return it == checkpoint_stats_.end() ? json(nullptr) : it->second;
 }
 
 const json* RunBook::latest_metrics(const std::string& run) const {

@@ -39,6 +39,15 @@ class RunBook {
   // A step's metrics from rank 0: the run's progress, kept for status and snapshots.
   void record_metrics(RunRecord& r, const nlohmann::json& metrics);
   const nlohmann::json* latest_metrics(const std::string& run) const;
+  // A rank's own figures of a step (every rank's, rank 0's included): kept, the latest of
+  // each rank, and their step times given to the run's next metrics event.
+  void record_rank(const RunRecord& r, int rank, const nlohmann::json& figures);
+  // A save committed or failed, from its checkpoint event: counted for status and /metrics.
+  void record_checkpoint(const RunRecord& r, const nlohmann::json& event);
+  // The run's latest figures of each rank ({"0": {...}, ...}) and its saves so far
+  // ({"saved", "failed", "last_seconds", "last_step"}), as status shows them.
+  nlohmann::json ranks_of(const std::string& run) const;
+  nlohmann::json checkpoint_stats_of(const std::string& run) const;
 
   // A line of the controller's about a run, where the run's own lines are: appended to
   // its train.log and published as a log event (the controller's log has it too).
@@ -55,6 +64,8 @@ class RunBook {
   EventBus& bus_;
   std::map<std::string, RunConfig> configs_;  // unfinished runs
   std::map<std::string, nlohmann::json> metrics_;
+  std::map<std::string, nlohmann::json> ranks_;             // run → {"<rank>": figures}
+  std::map<std::string, nlohmann::json> checkpoint_stats_;  // run → counts since this controller began
   std::vector<std::function<void(const std::string&)>> finished_listeners_;
 };
 

@@ -299,6 +299,8 @@ void Supervisor::serve_workers() {
         run.rank0 = identity;
         deliver(r->id);
       }
+    } else if (type == "rank") {
+      runs_.record_rank(*r, route->rank, b);
     } else if (type == "metrics") {
       runs_.record_metrics(*r, b);
       policies_.on_step(*r, b);
@@ -335,6 +337,7 @@ void Supervisor::on_event(RunRecord& r, const json& b) {
   } else if (kind == "checkpoint" || kind == "checkpoint_failed") {
     json e = detail;
     e["ok"] = kind == "checkpoint";
+    runs_.record_checkpoint(r, e);
     bus_.publish(r.id, "checkpoint", e);
   } else if (kind == "applied" || kind == "rejected") {
     if (kind == "applied") runs_.record_live_change(r, detail.value("values", json::object()));

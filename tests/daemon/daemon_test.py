@@ -681,6 +681,16 @@ def tided_in_netns(args, state):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def endpoints_of(p, state):
+    """The endpoints.json of tided process `p` (in a namespace), once it has written it."""
+    deadline = time.time() + 30
+    while not os.path.exists(os.path.join(state, "endpoints.json")):
+        assert p.poll() is None and time.time() < deadline, p.communicate()[0]
+        time.sleep(0.05)
+    time.sleep(0.1)  # its one write follows its creation
+    return json.load(open(os.path.join(state, "endpoints.json")))
+
+
 def part_exposure():
     # Every spelling of an endpoint beyond loopback is refused without CURVE, on the
     # command socket and the event socket alike: the check reads what ZeroMQ bound.
@@ -696,12 +706,7 @@ def part_exposure():
     # Loopback by interface name is loopback.
     p = tided_in_netns(["--bind", "tcp://lo:*", "--publish", "tcp://lo:*"], state)
     try:
-        deadline = time.time() + 30
-        while not os.path.exists(os.path.join(state, "endpoints.json")):
-            assert p.poll() is None and time.time() < deadline, p.communicate()[0]
-            time.sleep(0.05)
-        time.sleep(0.1)
-        ep = json.load(open(os.path.join(state, "endpoints.json")))
+        ep = endpoints_of(p, state)
         assert sum(e.startswith("tcp://127.0.0.1:") for e in ep["commands"]) == 2, ep
         info = Conn(ep["commands"][0]).request("info")  # the ipc socket reaches into the namespace
         assert info["protocol"] == 1, info
@@ -975,6 +980,34 @@ def part_http():
     rows = {row["step"]: row for row in conn.request("metrics", {"run": run, "limit": 100000})["metrics"]}
     assert rows[k]["lr"] == 1e-3 and rows[k + 1]["lr"] == 5e-4, (rows[k], rows[k + 1])
 
+    # Where each step's time went: parts timed inside the step's own interval, one after
+    # another on one thread, so they add up to no more than it.
+    for row in rows.values():
+        parts = row["data_seconds"] + row["comm_seconds"]
+        assert 0 <= parts <= row["step_seconds"] * (1 + 1e-9), row
+    assert any(row["comm_seconds"] > 0 for row in rows.values())  # dp2 waits on Gloo's all-reduce
+    # A checkpoint now: its duration and the stall it caused, in /metrics and the next step's row.
+    assert http("POST", f"{url}api/runs/{run}/checkpoint", {}, auth)[0] == 200
+    saved = events.wait_for(lambda e: e["kind"] == "checkpoint", what="checkpoint event")["body"]
+    assert saved["ok"] and saved["seconds"] > 0, saved
+    wait_status(conn, run, lambda r: r["last_step"] > saved["step"] + 1, what="the step after the save")
+    after = conn.request("metrics", {"run": run, "since_step": saved["step"], "limit": 1})["metrics"][0]
+    assert after["step"] == saved["step"] + 1 and after["checkpoint_seconds"] > 0, after
+    samples = scrape(url)
+    assert samples[("tide_run_checkpoints_total", (("run", run),))] == 1
+    assert samples[("tide_run_checkpoint_failures_total", (("run", run),))] == 0
+    assert abs(samples[("tide_run_checkpoint_seconds", (("run", run),))] - saved["seconds"]) <= 1e-15 * saved["seconds"]
+    # Each rank's own figures: both ranks, their latest steps near rank 0's.
+    last = int(samples[("tide_run_step", (("run", run),))])
+    for rank in ("0", "1"):
+        labels = (("rank", rank), ("run", run))
+        assert samples[("tide_rank_step_seconds", labels)] > 0 and samples[("tide_rank_resident_bytes", labels)] > 0
+        assert abs(samples[("tide_rank_step", labels)] - last) <= 2, (rank, samples[("tide_rank_step", labels)], last)
+    status = http("GET", f"{url}api/runs/{run}")[1]["run"]
+    assert set(status["ranks"]) == {"0", "1"} and set(status["metrics"]["rank_step_seconds"]) == {"0", "1"}, status
+    print(f"step {after['step']}: held {after['checkpoint_seconds']:.4f} s by the save of step {saved['step']} "
+          f"({saved['seconds']:.3f} s to commit); per-rank figures of ranks 0 and 1 in /metrics")
+
     # Server-sent events: the run's events as they happen, and at most 8 streams at once.
     from http.client import HTTPConnection
     host, port = url[len("http://"):].rstrip("/").split(":")
@@ -1019,11 +1052,46 @@ def part_http():
     print(f"with the token: lr 5e-4 from step {k + 1}, paused at step {paused['body']['step']}, resumed, cancelled")
     d.stop()
 
-    # Beyond loopback only when told so (there is no TLS yet).
+    # Beyond loopback only with TLS, or when told so.
     out = subprocess.run([TIDED, "--foreground", "--state-dir", os.path.join(WORK, "wide"), "--port", "0",
                           "--worker", WORKER, "--http", "0.0.0.0:0"], capture_output=True, text=True, timeout=30)
-    assert out.returncode == 1 and "needs --http-insecure" in out.stderr, (out.returncode, out.stderr)
+    assert out.returncode == 1 and "needs TLS" in out.stderr and "--http-insecure" in out.stderr, out.stderr
     print(f"refused: {out.stderr.strip().splitlines()[-1][-100:]}")
+
+    # HTTPS: a self-signed certificate for 127.0.0.1; the client trusts it alone.
+    import ssl
+    import urllib.request
+    cert, key = os.path.join(WORK, "cert.pem"), os.path.join(WORK, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                   check=True, capture_output=True)
+    os.chmod(key, 0o644)
+    tls = ["--http", "127.0.0.1:0", "--http-cert", cert, "--http-key", key]
+    out = subprocess.run([TIDED, "--foreground", "--state-dir", os.path.join(WORK, "tls"), "--port", "0",
+                          "--worker", WORKER, *tls], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "readable by others" in out.stderr and key in out.stderr, out.stderr
+    os.chmod(key, 0o600)
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "tls"), slots=1, extra=tls).start()
+    secure = d.endpoints["http"]
+    assert secure.startswith("https://127.0.0.1:"), secure
+    trusted = ssl.create_default_context(cafile=cert)
+    with urllib.request.urlopen(secure + "api/info", context=trusted, timeout=10) as r:
+        assert json.loads(r.read())["endpoints"]["http"] == secure
+    try:  # the default trust store does not know a self-signed certificate
+        urllib.request.urlopen(secure + "api/info", timeout=10)
+        raise AssertionError("an untrusted certificate was accepted")
+    except urllib.error.URLError as e:
+        assert "CERTIFICATE_VERIFY_FAILED" in str(e), e
+    d.stop()
+    # With TLS, an address beyond loopback is served (in a private network namespace).
+    wide_state = os.path.join(WORK, "wide-tls")
+    p = tided_in_netns(["--http", "0.0.0.0:0", "--http-cert", cert, "--http-key", key], wide_state)
+    try:
+        assert endpoints_of(p, wide_state)["http"].startswith("https://0.0.0.0:")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+    print(f"HTTPS at {secure} with its certificate; refused with a key others can read; 0.0.0.0 served with TLS")
 
 
 PRIVATE_SLURM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parallel", "private_slurm.sh")

@@ -26,7 +26,6 @@ try:
     from selenium.webdriver.chrome.service import Service
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 except ImportError:
     webdriver = None
 if not (CHROMIUM and CHROMEDRIVER and webdriver):
@@ -35,19 +34,8 @@ if not (CHROMIUM and CHROMEDRIVER and webdriver):
 
 WORK = tempfile.mkdtemp(prefix="tided-test-")
 STATE = os.path.join(WORK, "state")
-RECIPE = """return tide.recipe {
-  name = "web", seed = 7, threads = 1,
-  model = tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2,
-                              multiple_of = 32, max_seq_len = 64 },
-  data = { path = "ds", seq_len = 64, prefetch = 2 },
-  batch = { micro_batch = 2, global_batch = 8 },
-  optimizer = { lr = 1e-3 },
-  schedule = { steps = 100000, warmup_steps = 2, decay = "constant" },
-  checkpoint = { every = 0, keep_last = 3 },
-  eval = { every = 0 },
-  log_every = 1000,
-}
-"""
+# The C API tests' tiny LLaMA, trained until stopped, on the dataset "ds" in the workdir.
+RECIPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "capi", "tiny.lua")
 
 
 def api(url, path, method="GET", body=None, token=None):
@@ -73,8 +61,8 @@ def wait(what, predicate, timeout=60):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def submit(*sets):
-    out = subprocess.run([TIDE, "submit", os.path.join(WORK, "web.lua"), "--state-dir", STATE,
+def submit(*sets, workers=1):
+    out = subprocess.run([TIDE, "submit", RECIPE, "--state-dir", STATE, "--workers", str(workers),
                           *[a for s in sets for a in ("--set", s)]],
                          cwd=WORK, check=True, capture_output=True, text=True)
     return out.stdout.split()[0]
@@ -117,11 +105,9 @@ def click(driver, css):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(WORK, "web.lua"), "w") as f:
-        f.write(RECIPE)
     subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-3", "--out", os.path.join(WORK, "ds"),
                     "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
-    d = Tided(TIDED, WORKER, STATE, slots=2).start()
+    d = Tided(TIDED, WORKER, STATE, slots=3).start()
     driver = None
     try:
         url = d.endpoints["http"]
@@ -129,8 +115,9 @@ def main():
         printed = subprocess.run([TIDE, "dashboard", "--state-dir", STATE], check=True, capture_output=True,
                                  text=True)
         assert printed.stdout.strip() == url and "dashboard.token" in printed.stderr, printed
-        # Two runs: one that trains until the test ends it, and a short one at another rate.
-        long_run = submit()
+        # Two runs: one on two ranks that trains until the test ends it, and a short one at
+        # another rate.
+        long_run = submit("parallel.dp=2", workers=2)
         short_run = submit("optimizer.lr=3e-3", "schedule.steps=40")
         wait("the short run to complete", lambda: api(url, f"api/runs/{short_run}")[1]["run"]["state"] == "completed",
              timeout=120)
@@ -141,6 +128,11 @@ def main():
         first = wait("points on the loss chart", lambda: points(driver, "#chart-loss"))
         wait("new points on the loss chart", lambda: points(driver, "#chart-loss") >= first + 5)
         assert "running" in text_of(driver, "#run-state"), text_of(driver, "#run-state")
+        # Where rank 0's steps went, and each rank's step time as the stream brings it.
+        assert points(driver, "#chart-time-split") > 0
+        wait("the per-rank chart", lambda: points(driver, "#chart-ranks") >= 3)
+        legend = read(driver, "#chart-ranks", lambda e: e.get_attribute("textContent"))
+        assert "rank 0" in legend and "rank 1" in legend, legend
         print(f"run page: the loss chart went from {first} to {points(driver, '#chart-loss')} points live")
 
         # A control without the token is refused, and nothing changes.
@@ -214,7 +206,7 @@ def main():
         wait("the runs table", lambda: text_of(driver, f'tr[data-run="{short_run}"]'))
         assert "completed" in text_of(driver, f'tr[data-run="{short_run}"]')
         assert "running" in text_of(driver, f'tr[data-run="{long_run}"]')
-        assert "1×1×1" in text_of(driver, f'tr[data-run="{long_run}"]'), text_of(driver, f'tr[data-run="{long_run}"]')
+        assert "2×1×1" in text_of(driver, f'tr[data-run="{long_run}"]'), text_of(driver, f'tr[data-run="{long_run}"]')
         driver.save_screenshot(os.path.join(OUT, "runs-page.png"))
 
         # The page ran only its own scripts, under its policy, without an error.

@@ -95,6 +95,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-http", no_http, "Serve no HTTP");
   app.add_flag("--http-insecure", opt.http.insecure,
                "Allow --http beyond loopback without TLS (anyone on the network may read the runs)");
+  app.add_option("--http-cert", opt.http.tls_cert, "Serve HTTPS with this PEM certificate (chain)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--http-key", opt.http.tls_key, "... and this PEM private key (owner-only)")->check(CLI::ExistingFile);
   app.add_option("--alert-webhook", opt.alerts.webhooks,
                  "POST alerts (anomaly actions, faults, failures, failed checkpoints, stalls) as JSON to this http(s) "
                  "URL; repeatable");

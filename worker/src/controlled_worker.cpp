@@ -39,8 +39,15 @@ std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks, bool ask_a
   hooks.controlled = true;
   // Every rank takes part in the decision's broadcast; only rank 0 asks.
   if (ask_anomaly_policy) hooks.anomaly_policy = [](const nlohmann::json&) { return nlohmann::json(); };
-  if (id->rank != 0) return link;
   ipc::WorkerLink* l = link.get();
+  // Every rank: what only it knows of each step (its time, where the time went, its
+  // memory), for per-rank views in which a slow rank stands out.
+  auto each_rank = hooks.on_step;
+  hooks.on_step = [l, each_rank](const StepMetrics& m) {
+    l->send("rank", rank_figures(m));
+    if (each_rank) each_rank(m);
+  };
+  if (id->rank != 0) return link;
   if (ask_anomaly_policy)
     hooks.anomaly_policy = [l](const nlohmann::json& anomaly) {
       const auto answer = l->ask("decide", {{"anomaly", anomaly}}, kPolicyWait);
@@ -53,8 +60,8 @@ std::unique_ptr<ipc::WorkerLink> attach_controller(TrainHooks& hooks, bool ask_a
   };
   auto previous = hooks.on_step;
   hooks.on_step = [l, previous](const StepMetrics& m) {
+    if (previous) previous(m);  // this rank's own figures of the step reach the controller first
     l->send("metrics", to_json(m));
-    if (previous) previous(m);
   };
   auto sink = std::make_shared<LinkSink>(l);
   sink->set_level(spdlog::level::info);

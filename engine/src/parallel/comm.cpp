@@ -18,12 +18,14 @@ int Comm::rank() const { return impl_->group_rank; }
 int Comm::size() const { return static_cast<int>(impl_->ranks.size()); }
 const std::vector<int>& Comm::ranks() const { return impl_->ranks; }
 int64_t Comm::bytes_sent() const { return impl_->bytes_sent; }
+double Comm::wait_seconds() const { return impl_->wait_seconds; }
 
 void Comm::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& op, const std::string& what) {
   if (progress) {
     std::lock_guard<std::mutex> lock(progress->mu);
     progress->waiting = fmt::format("{} ({}) on group {}", op, what, name);
   }
+  const auto began = std::chrono::steady_clock::now();
   try {
     // NCCL's wait with a timeout blocks the host until the collective has run; without one
     // it orders this rank's stream after it and returns, so the host goes on queueing the
@@ -38,6 +40,7 @@ void Comm::Impl::wait(const c10::intrusive_ptr<c10d::Work>& work, const std::str
                                 fmt::join(ranks, ","), ranks.at(static_cast<size_t>(group_rank)), reason,
                                 peers.empty() ? "" : "; " + peers));
   }
+  wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   if (progress) {
     ++progress->completed;
     std::lock_guard<std::mutex> lock(progress->mu);

@@ -38,6 +38,7 @@ struct Comm::Impl {
   std::chrono::milliseconds timeout{60000};
   c10::intrusive_ptr<CollectiveBackend> pg;  // null for a group of one
   int64_t bytes_sent = 0;
+  double wait_seconds = 0;  // the host blocked in wait()
   std::shared_ptr<CommProgress> progress;
   // The state of the group's other ranks, for an error message (may be empty).
   std::function<std::string(const std::vector<int>& ranks)> diagnose;

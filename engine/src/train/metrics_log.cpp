@@ -9,22 +9,25 @@ namespace tide {
 
 nlohmann::json to_json(const StepMetrics& m) {
   auto finite = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
-  nlohmann::json j = {{"step", m.step},
-                      {"total_steps", m.total_steps},
-                      {"loss", finite(m.loss)},
-                      {"grad_norm", finite(m.grad_norm)},
-                      {"lr", m.lr},
-                      {"tokens", m.tokens_seen},
-                      {"step_seconds", m.step_seconds},
-                      {"tokens_per_second", m.tokens_per_second},
-                      {"mfu", m.mfu},
-                      {"rss_mb", m.rss_mb},
-                      {"peak_rss_mb", m.peak_rss_mb},
-                      {"peak_gpu_mb", m.peak_gpu_mb},
-                      {"model_state_bytes",
-                       {{"params", m.param_bytes}, {"grads", m.grad_bytes}, {"optimizer", m.optimizer_bytes}}},
-                      {"comm_bytes", m.comm_bytes},
-                      {"transient_peak_bytes", m.transient_bytes}};
+  nlohmann::json j = {
+      {"step", m.step},
+      {"total_steps", m.total_steps},
+      {"loss", finite(m.loss)},
+      {"grad_norm", finite(m.grad_norm)},
+      {"lr", m.lr},
+      {"tokens", m.tokens_seen},
+      {"step_seconds", m.step_seconds},
+      {"data_seconds", m.data_seconds},
+      {"comm_seconds", m.comm_seconds},
+      {"checkpoint_seconds", m.checkpoint_seconds},
+      {"tokens_per_second", m.tokens_per_second},
+      {"mfu", m.mfu},
+      {"rss_mb", m.rss_mb},
+      {"peak_rss_mb", m.peak_rss_mb},
+      {"peak_gpu_mb", m.peak_gpu_mb},
+      {"model_state_bytes", {{"params", m.param_bytes}, {"grads", m.grad_bytes}, {"optimizer", m.optimizer_bytes}}},
+      {"comm_bytes", m.comm_bytes},
+      {"transient_peak_bytes", m.transient_bytes}};
   if (m.skipped) j["skipped"] = true;
   if (!m.anomaly.empty()) j["anomaly"] = {{"kind", m.anomaly}, {"action", m.anomaly_action}};
   if (m.val_loss) j["val_loss"] = finite(*m.val_loss);
@@ -33,6 +36,18 @@ nlohmann::json to_json(const StepMetrics& m) {
     for (const auto& [field, value] : m.changes) changes[field] = nlohmann::json::parse(value);
   }
   return j;
+}
+
+nlohmann::json rank_figures(const StepMetrics& m) {
+  return {{"step", m.step},
+          {"step_seconds", m.step_seconds},
+          {"data_seconds", m.data_seconds},
+          {"comm_seconds", m.comm_seconds},
+          {"checkpoint_seconds", m.checkpoint_seconds},
+          {"rss_mb", m.rss_mb},
+          {"peak_rss_mb", m.peak_rss_mb},
+          {"peak_gpu_mb", m.peak_gpu_mb},
+          {"comm_bytes", m.comm_bytes}};
 }
 
 JsonlWriter::JsonlWriter(const std::string& path) : path_(path), out_(path, std::ios::app) {

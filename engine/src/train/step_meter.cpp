@@ -31,12 +31,29 @@ StepMeter::StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed*
   log_.info("matmul peak {:.1f} GFLOP/s; {:.3g} FLOPs per token", peak_ / 1e9, flops_per_token_);
 }
 
-int64_t StepMeter::bytes_sent() const {
-  int64_t total = 0;
+std::vector<const Comm*> StepMeter::groups() const {
+  std::vector<const Comm*> out;
   if (dist_)
     for (const auto* c : {dist_->dp.get(), dist_->tp.get(), dist_->pp.get(), dist_->embedding.get()})
-      if (c) total += c->bytes_sent();
+      if (c) out.push_back(c);
+  return out;
+}
+
+int64_t StepMeter::bytes_sent() const {
+  int64_t total = 0;
+  for (const Comm* c : groups()) total += c->bytes_sent();
   return total;
+}
+
+double StepMeter::comm_wait_seconds() const {
+  double total = 0;
+  for (const Comm* c : groups()) total += c->wait_seconds();
+  return total;
+}
+
+void StepMeter::start_step() {
+  began_ = Clock::now();
+  comm_wait_at_start_ = comm_wait_seconds();  // not the waits of evaluations and saves between steps
 }
 
 StepMeter::StepCost StepMeter::end_step() {
@@ -45,6 +62,10 @@ StepMeter::StepCost StepMeter::end_step() {
   const int64_t sent = bytes_sent();
   cost.comm_bytes = sent - comm_before_;
   comm_before_ = sent;
+  cost.comm_seconds = comm_wait_seconds() - comm_wait_at_start_;
+  cost.data_seconds = data_seconds_;
+  cost.checkpoint_seconds = checkpoint_seconds_;
+  data_seconds_ = checkpoint_seconds_ = 0;
   return cost;
 }
 
@@ -52,6 +73,9 @@ void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left, 
   const double dt = cost.seconds;
   ema_step_ = ema_step_ < 0 ? dt : 0.9 * ema_step_ + 0.1 * dt;
   m.step_seconds = dt;
+  m.data_seconds = cost.data_seconds;
+  m.comm_seconds = cost.comm_seconds;
+  m.checkpoint_seconds = cost.checkpoint_seconds;
   m.tokens_per_second = static_cast<double>(tokens) / dt;
   m.eta_seconds = ema_step_ * static_cast<double>(steps_left);
   // Every rank measured the peak of its own share of the machine.

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include <c10/core/Device.h>
 
@@ -16,6 +17,7 @@ class logger;
 
 namespace tide {
 
+class Comm;
 struct Distributed;
 struct ParallelModel;
 
@@ -29,8 +31,13 @@ class StepMeter {
   struct StepCost {
     double seconds = 0;      // the host's time for it: the device's, as the host waits a step later
     int64_t comm_bytes = 0;  // sent during it
+    // Where the time went: blocked on collectives and on the data loader during the
+    // step, and held by checkpoint saves since the step before ended.
+    double comm_seconds = 0, data_seconds = 0, checkpoint_seconds = 0;
   };
-  void start_step() { began_ = Clock::now(); }
+  void start_step();
+  void add_data_seconds(double s) { data_seconds_ += s; }
+  void add_checkpoint_seconds(double s) { checkpoint_seconds_ += s; }
   StepCost end_step();
   // Fills m's time, throughput, MFU, memory and communication for a step of `tokens`
   // tokens (all ranks) that cost `cost`, `steps_left` before the end.
@@ -38,7 +45,9 @@ class StepMeter {
 
  private:
   using Clock = std::chrono::steady_clock;
+  std::vector<const Comm*> groups() const;  // this rank's process groups
   int64_t bytes_sent() const;
+  double comm_wait_seconds() const;
 
   const ParallelModel& pm_;
   Distributed* dist_;
@@ -52,6 +61,7 @@ class StepMeter {
   int world_;
   int64_t flat_bytes_;
   int64_t comm_before_ = 0;
+  double comm_wait_at_start_ = 0, data_seconds_ = 0, checkpoint_seconds_ = 0;
   double ema_step_ = -1;  // seconds, for the ETA
   Clock::time_point began_;
 };

@@ -132,6 +132,9 @@ void TensorBoardLog::write(const StepMetrics& m) {
   add("speed/tokens_per_second", m.tokens_per_second);
   add("speed/mfu", m.mfu);
   add("speed/step_seconds", m.step_seconds);
+  add("time/data_seconds", m.data_seconds);
+  add("time/comm_seconds", m.comm_seconds);
+  add("time/checkpoint_seconds", m.checkpoint_seconds);
   add("memory/rss_mb", m.rss_mb);
   add("memory/peak_gpu_mb", m.peak_gpu_mb);
   add("comm/bytes", static_cast<double>(m.comm_bytes));

@@ -112,17 +112,23 @@ void TrainingLoop::watch_checkpoints() {
   // daemon rank 0 also reports each save as an event.
   decltype(s_.hooks.on_event) emit;
   if (s_.hooks.controlled && s_.leader) emit = s_.hooks.on_event;
-  s_.checkpointer->on_finished([log = s_.log, emit](int64_t step, const std::string& dir, const std::string& error) {
-    if (!error.empty()) log->error("checkpoint failed: step {}: {}", step, error);
-    if (!emit) return;
-    if (error.empty())
-      emit("checkpoint", {{"step", step}, {"path", dir}});
-    else
-      emit("checkpoint_failed", {{"step", step}, {"error", error}});
-  });
+  s_.checkpointer->on_finished(
+      [log = s_.log, emit, started = save_started_](int64_t step, const std::string& dir, const std::string& error) {
+        if (!error.empty()) log->error("checkpoint failed: step {}: {}", step, error);
+        if (!emit) return;
+        // Saves do not overlap (each waits for the one in flight), so the latest start is this one's.
+        const auto since =
+            std::chrono::steady_clock::now().time_since_epoch() - std::chrono::steady_clock::duration(started->load());
+        const double seconds = std::chrono::duration<double>(since).count();
+        if (error.empty())
+          emit("checkpoint", {{"step", step}, {"path", dir}, {"seconds", seconds}});
+        else
+          emit("checkpoint_failed", {{"step", step}, {"error", error}, {"seconds", seconds}});
+      });
 }
 
 std::vector<Batch> TrainingLoop::next_batches(int64_t n) {
+  const auto began = std::chrono::steady_clock::now();
   std::vector<Batch> out;
   for (int64_t i = 0; i < n; ++i) {
     Batch b = loader_->next();
@@ -132,6 +138,7 @@ std::vector<Batch> TrainingLoop::next_batches(int64_t n) {
     }
     out.push_back(std::move(b));
   }
+  meter_.add_data_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count());
   return out;
 }
 
@@ -320,10 +327,13 @@ TrainingLoop::Next TrainingLoop::respond(const AnomalyJudge::Verdict& v, const S
 
 void TrainingLoop::save_checkpoint(int64_t steps_done) {
   const auto before = std::chrono::steady_clock::now();
+  s_.checkpointer->wait();  // the save before reports its own start, not this one's
+  save_started_->store(std::chrono::steady_clock::now().time_since_epoch().count());
   s_.checkpointer->save(steps_done, s_.pm.optim->steps_taken(), loader_->cursor());
   saved_step_ = steps_done;
-  s_.log->info("checkpoint: step {} held training for {:.3f} s ({})", steps_done,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count(),
+  const double held = std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
+  meter_.add_checkpoint_seconds(held);
+  s_.log->info("checkpoint: step {} held training for {:.3f} s ({})", steps_done, held,
                cfg_.checkpoint.async ? "snapshot to host memory; written in the background" : "written");
 }
 

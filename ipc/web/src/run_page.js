@@ -9,6 +9,16 @@ const MiB = 1024 * 1024;
 const LOG_LINES = 300;
 const EVENT_LINES = 200;
 
+// A chart of one value of each row, smoothed with the page's setting or not.
+function single(id, title, label, color, value, smoothed = true) {
+  return {
+    id,
+    title,
+    series: [{ label, color }],
+    columns: (rows, w) => [smoothed ? smooth(rows.map(value), w) : rows.map(value)],
+  };
+}
+
 // Each chart: its series and how a column is taken from the rows (smoothed or not).
 const CHARTS = [
   {
@@ -30,30 +40,28 @@ const CHARTS = [
       ];
     },
   },
-  { id: "chart-lr", title: "learning rate", series: [{ label: "lr", color: PALETTE[2] }], columns: (rows) => [rows.map((r) => r.lr)] },
+  single("chart-lr", "learning rate", "lr", PALETTE[2], (r) => r.lr, false),
+  single("chart-grad-norm", "gradient norm", "grad norm", PALETTE[3], (r) => r.grad_norm ?? null),
+  single("chart-throughput", "tokens / s", "tokens/s", PALETTE[4], (r) => r.tokens_per_second),
+  single("chart-mfu", "MFU (%)", "MFU %", PALETTE[5], (r) => 100 * r.mfu),
+  single("chart-step-time", "step time (s)", "step s", PALETTE[6], (r) => r.step_seconds),
   {
-    id: "chart-grad-norm",
-    title: "gradient norm",
-    series: [{ label: "grad norm", color: PALETTE[3] }],
-    columns: (rows, w) => [smooth(rows.map((r) => r.grad_norm ?? null), w)],
-  },
-  {
-    id: "chart-throughput",
-    title: "tokens / s",
-    series: [{ label: "tokens/s", color: PALETTE[4] }],
-    columns: (rows, w) => [smooth(rows.map((r) => r.tokens_per_second), w)],
-  },
-  {
-    id: "chart-mfu",
-    title: "MFU (%)",
-    series: [{ label: "MFU %", color: PALETTE[5] }],
-    columns: (rows, w) => [smooth(rows.map((r) => 100 * r.mfu), w)],
-  },
-  {
-    id: "chart-step-time",
-    title: "step time (s)",
-    series: [{ label: "step s", color: PALETTE[6] }],
-    columns: (rows, w) => [smooth(rows.map((r) => r.step_seconds), w)],
+    id: "chart-time-split",
+    title: "where rank 0's step went (s)",
+    series: [
+      { label: "compute", color: PALETTE[0] },
+      { label: "communication", color: PALETTE[1] },
+      { label: "data", color: PALETTE[2] },
+      { label: "checkpoint stall", color: PALETTE[6] },
+    ],
+    columns: (rows, w) => {
+      const part = (key) => rows.map((r) => r[key] ?? null);
+      // Compute is what the step spent neither waiting for data nor on collectives.
+      const compute = rows.map((r) =>
+        r.data_seconds === undefined ? null : Math.max(0, r.step_seconds - r.data_seconds - r.comm_seconds),
+      );
+      return [smooth(compute, w), smooth(part("comm_seconds"), w), smooth(part("data_seconds"), w), part("checkpoint_seconds")];
+    },
   },
   {
     id: "chart-memory",
@@ -72,6 +80,51 @@ const CHARTS = [
     columns: (rows) => [rows.map((r) => (r.comm_bytes ?? 0) / MiB)],
   },
 ];
+
+// Step time of each rank, from the metrics events (each carries every rank's latest);
+// with many ranks, the fastest, the median and the slowest.
+const MAX_RANK_SERIES = 16;
+class RankChart {
+  constructor(parent, workers, sync) {
+    this.workers = workers;
+    this.each = workers <= MAX_RANK_SERIES;
+    const series = this.each
+      ? [...Array(workers).keys()].map((r) => ({ label: `rank ${r}`, color: PALETTE[r % PALETTE.length] }))
+      : [
+          { label: "fastest", color: PALETTE[2] },
+          { label: "median", color: PALETTE[0] },
+          { label: "slowest", color: PALETTE[1] },
+        ];
+    this.byStep = new Map();
+    this.chart = new StepChart(parent, "step time by rank (s)", series, { id: "chart-ranks", sync, log: false });
+  }
+
+  add(step, times) {
+    if (times) this.byStep.set(step, times);
+  }
+
+  draw(log) {
+    this.chart.setLog(log);
+    const steps = [...this.byStep.keys()].sort((a, b) => a - b);
+    const columns = this.each
+      ? [...Array(this.workers).keys()].map((r) => steps.map((s) => this.byStep.get(s)[String(r)] ?? null))
+      : [0, 0.5, 1].map((q) =>
+          steps.map((s) => {
+            const v = Object.values(this.byStep.get(s)).sort((a, b) => a - b);
+            return v[Math.round(q * (v.length - 1))];
+          }),
+        );
+    this.chart.setData(steps, columns);
+  }
+
+  resize() {
+    this.chart.resize();
+  }
+
+  destroy() {
+    this.chart.destroy();
+  }
+}
 
 function field(label, value, id) {
   return el("div", { class: "field" }, el("span", { class: "label" }, label), el("span", { class: "value", id }, value));
@@ -262,11 +315,13 @@ export function mount(view, id) {
   const charts = CHARTS.map((c) => ({ spec: c, chart: new StepChart(grid, c.title, c.series, { log: settings.log, id: c.id, sync: `run-${id}` }) }));
 
   let run = null;
+  let rankChart = null; // once the run's worker count is known, for more than one
   const rows = new Map(); // step → row: a rollback's steps replace the rows they repeat
   const drawCharts = () => {
     const ordered = [...rows.values()].sort((a, b) => a.step - b.step);
     const x = ordered.map((r) => r.step);
     for (const { spec, chart } of charts) chart.setData(x, spec.columns(ordered, settings.smoothing));
+    if (rankChart) rankChart.draw(settings.log);
   };
   const drawSummary = () => run && append(clear(header), summary(run));
   const redraw = throttle(() => {
@@ -306,7 +361,10 @@ export function mount(view, id) {
     for (const { chart } of charts) chart.setLog(settings.log);
     drawCharts();
   });
-  const onResize = throttle(() => charts.forEach(({ chart }) => chart.resize()), 200);
+  const onResize = throttle(() => {
+    charts.forEach(({ chart }) => chart.resize());
+    if (rankChart) rankChart.resize();
+  }, 200);
   window.addEventListener("resize", onResize);
 
   // Subscribed first, so that nothing between the first read and the stream is lost;
@@ -315,6 +373,7 @@ export function mount(view, id) {
   const source = api.events(id, (kind, event) => {
     if (kind === "metrics") {
       rows.set(event.body.step, event.body);
+      if (rankChart) rankChart.add(event.body.step, event.body.rank_step_seconds);
       if (run) {
         run.metrics = event.body;
         run.last_step = event.body.step;
@@ -334,6 +393,10 @@ export function mount(view, id) {
     try {
       run = await api.run(id);
       drawSummary();
+      if (run.workers > 1) {
+        rankChart = new RankChart(grid, run.workers, `run-${id}`);
+        if (run.metrics) rankChart.add(run.metrics.step, run.metrics.rank_step_seconds);
+      }
       const past = await api.metrics(id);
       for (const r of past) if (!rows.has(r.step)) rows.set(r.step, r);
       events.append(...historyLines(past));
@@ -355,5 +418,6 @@ export function mount(view, id) {
     source.close();
     window.removeEventListener("resize", onResize);
     charts.forEach(({ chart }) => chart.destroy());
+    if (rankChart) rankChart.destroy();
   };
 }

@@ -48,6 +48,7 @@ struct ControllerOptions {
     std::string address = "127.0.0.1";
     int port = -1;
     bool insecure = false;  // beyond loopback without TLS
+    std::string tls_cert, tls_key;  // PEM certificate and private key: HTTPS
   } http;
   // Alerts (docs/dashboard.md): anomaly actions, faults, failures, failed checkpoints and
   // stalls, posted to webhooks and given to commands.

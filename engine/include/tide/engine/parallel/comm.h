@@ -70,6 +70,10 @@ class Comm {
 
   // Bytes this rank has sent through this group (payload, by the algorithm's count).
   int64_t bytes_sent() const;
+  // Seconds the host has spent blocked waiting for this group's operations: on Gloo the
+  // communication a step could not hide; on NCCL only where the host waits (the device's
+  // own waits on its stream are not seen here).
+  double wait_seconds() const;
 
  private:
   std::unique_ptr<Impl> impl_;

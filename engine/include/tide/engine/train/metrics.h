@@ -19,6 +19,9 @@ struct StepMetrics {
   double loss = 0, grad_norm = 0, lr = 0;
   int64_t tokens_seen = 0;
   double step_seconds = 0, tokens_per_second = 0, mfu = 0;
+  // Of step_seconds, this rank's time blocked on the data loader and on collectives (the
+  // rest is compute); and the time checkpoint saves held training just before the step.
+  double data_seconds = 0, comm_seconds = 0, checkpoint_seconds = 0;
   double rss_mb = 0, peak_rss_mb = 0;
   // The most device memory the caching allocator has handed to tensors so far (MiB;
   // PyTorch's max_memory_allocated). 0 on the CPU.
@@ -37,6 +40,9 @@ struct StepMetrics {
 };
 
 nlohmann::json to_json(const StepMetrics& m);
+// What differs between the ranks of one step: its step, step/data/comm/checkpoint seconds,
+// memory and bytes sent.
+nlohmann::json rank_figures(const StepMetrics& m);
 
 // Appends one JSON object per line, flushed per line so a reader can tail it.
 class JsonlWriter {
