@@ -53,7 +53,7 @@ class Dashboard(threading.Thread):
             for line in self.response:
                 if line.startswith(b"event: "):
                     self.events += 1
-        except (OSError, ValueError):  # closed at the end
+        except (OSError, ValueError, AttributeError):  # closed at the end (http.client drops its file)
             pass
 
 
@@ -74,7 +74,7 @@ class Scraper(threading.Thread):
 
 
 def ms(values):
-    q = statistics.quantiles(values, n=100) if len(values) > 1 else values * 99
+    q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else values * 99
     return f"p50 {q[49] * 1e3:.2f} ms, p90 {q[89] * 1e3:.2f} ms, p99 {q[98] * 1e3:.2f} ms, max {max(values) * 1e3:.2f} ms"
 
 
