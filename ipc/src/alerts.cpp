@@ -126,6 +126,22 @@ class Courier {
   std::thread thread_;  // last: started once the rest is ready
 };
 
+// The parts of an http(s) URL the client needs.
+struct WebhookUrl {
+  std::string origin;  // "https://hooks.example.com:8443"
+  std::string path;    // "/services/T0/B0" ("/" when none)
+};
+
+// Throws std::invalid_argument naming the URL.
+WebhookUrl parse_webhook_url(const std::string& url) {
+  // scheme://host[:port][/path]; a host name, an IPv4 address or a bracketed IPv6 one.
+  static const std::regex form(R"(^(https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?)(/\S*)?$)");
+  std::smatch m;
+  if (url.size() > 2048 || !std::regex_match(url, m, form))
+    throw std::invalid_argument(fmt::format("alert webhook '{}' is not an http:// or https:// URL", url));
+  return {m[1].str(), m[4].matched ? m[4].str() : "/"};
+}
+
 std::string post_webhook(const WebhookUrl& hook, const std::string& text) {
   httplib::Client client(hook.origin);
   client.set_connection_timeout(kTimeoutSeconds, 0);
@@ -157,15 +173,6 @@ double median(std::deque<double> values) {
   return *middle;
 }
 }  // namespace
-
-WebhookUrl parse_webhook_url(const std::string& url) {
-  // scheme://host[:port][/path]; a host name, an IPv4 address or a bracketed IPv6 one.
-  static const std::regex form(R"(^(https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?)(/\S*)?$)");
-  std::smatch m;
-  if (url.size() > 2048 || !std::regex_match(url, m, form))
-    throw std::invalid_argument(fmt::format("alert webhook '{}' is not an http:// or https:// URL", url));
-  return {m[1].str(), m[4].matched ? m[4].str() : "/"};
-}
 
 struct Alerts::Impl {
   AlertOptions opt;

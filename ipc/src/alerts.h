@@ -43,11 +43,4 @@ class Alerts {
   std::unique_ptr<Impl> impl_;
 };
 
-// The parts of an http(s) URL the client needs; throws std::invalid_argument naming it.
-struct WebhookUrl {
-  std::string origin;  // "https://hooks.example.com:8443"
-  std::string path;    // "/services/T0/B0" ("/" when none)
-};
-WebhookUrl parse_webhook_url(const std::string& url);
-
 }  // namespace tide::ipc

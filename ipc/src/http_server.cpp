@@ -78,8 +78,7 @@ struct HttpServer::Impl {
   HttpOptions opt;
   std::string token;
   int port = 0;
-  std::unique_ptr<httplib::Server> owned;  // an SSLServer with TLS
-  httplib::Server* server = nullptr;
+  std::unique_ptr<httplib::Server> server;  // an SSLServer with TLS
   std::thread thread;
   std::mutex client_mu;  // one connection to the controller, one request at a time
   std::unique_ptr<Client> client;
@@ -284,11 +283,10 @@ HttpServer::HttpServer(HttpOptions options) : impl_(std::make_unique<Impl>()) {
           fmt::format("cannot serve HTTPS with certificate '{}' and key '{}' (unreadable, "
                       "not PEM, or not a pair)",
                       m.opt.tls_cert, m.opt.tls_key));
-    m.owned = std::move(ssl);
+    m.server = std::move(ssl);
   } else {
-    m.owned = std::make_unique<httplib::Server>();
+    m.server = std::make_unique<httplib::Server>();
   }
-  m.server = m.owned.get();
   m.token = load_or_make_token(m.opt.token_file);
   m.client = std::make_unique<Client>(m.opt.command_endpoint);
   m.server->set_payload_max_length(kBodyLimit);
@@ -300,6 +298,17 @@ HttpServer::HttpServer(HttpOptions options) : impl_(std::make_unique<Impl>()) {
   if (m.opt.port != 0 && !m.server->bind_to_port(m.opt.address, m.opt.port)) m.port = -1;
   if (m.port <= 0) throw std::runtime_error(fmt::format("cannot serve HTTP on {}:{}", m.opt.address, m.opt.port));
   m.thread = std::thread([&m] { m.server->listen_after_bind(); });
+  // httplib's stop() does nothing until the listening loop has begun: a server stopped
+  // right after it started (tided failing later in its start) would listen forever.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!m.server->is_running()) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      m.server->stop();
+      m.thread.join();
+      throw std::runtime_error(fmt::format("HTTP on {}:{} did not start listening", m.opt.address, m.port));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   spdlog::info("dashboard at {} (controls need the token in {})", url(), m.opt.token_file);
 }
 

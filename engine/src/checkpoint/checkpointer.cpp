@@ -64,6 +64,10 @@ torch::Tensor moments(AdamW& optim, int kind) { return kind == 1 ? optim.exp_avg
 json tp_json(const TpSlice& t) {
   return {{"dim", t.dim}, {"first", t.first}, {"length", t.length}, {"valid", t.valid}};
 }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 }  // namespace
 
 struct Checkpointer::Impl {
@@ -87,9 +91,9 @@ struct Checkpointer::Impl {
     json manifest;  // rank 0
   };
 
-  void fail(int64_t step, const std::string& what) {
-    spdlog::error("checkpoint: step {}: {}", step, what);
-    if (listener) listener(step, "", what);
+  void fail(const Snapshot& snap, const std::string& what) {
+    spdlog::error("checkpoint: step {}: {}", snap.step, what);
+    if (listener) listener(snap.step, "", what, seconds_since(snap.taken));
   }
 
   void write(const Snapshot& snap);
@@ -198,7 +202,7 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
     try {
       impl_->write(*snap);
     } catch (const std::exception& e) {
-      impl_->fail(snap->step, e.what());
+      impl_->fail(*snap, e.what());
     }
   };
   if (m.parts.cfg->checkpoint.async)
@@ -330,11 +334,11 @@ void Checkpointer::Impl::commit(const Snapshot& snap, const json& files) {
   write_durably((fs::path(root) / "latest").string(), step_dir_name(snap.step) + "\n");
   uint64_t bytes = 0;
   for (const auto& [name, info] : files.items()) bytes += info.at("bytes").get<uint64_t>();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - snap.taken).count();
+  const double seconds = seconds_since(snap.taken);
   spdlog::info("checkpoint: step {} saved in {} ({} bytes in {:.3f} s, {:.0f} MB/s)", snap.step, dir.string(), bytes,
                seconds, static_cast<double>(bytes) / 1e6 / std::max(seconds, 1e-9));
   prune(snap.step);
-  if (listener) listener(snap.step, dir.string(), "");
+  if (listener) listener(snap.step, dir.string(), "", seconds);
 }
 
 void Checkpointer::Impl::prune(int64_t newest) {

@@ -113,13 +113,9 @@ void TrainingLoop::watch_checkpoints() {
   decltype(s_.hooks.on_event) emit;
   if (s_.hooks.controlled && s_.leader) emit = s_.hooks.on_event;
   s_.checkpointer->on_finished(
-      [log = s_.log, emit, started = save_started_](int64_t step, const std::string& dir, const std::string& error) {
+      [log = s_.log, emit](int64_t step, const std::string& dir, const std::string& error, double seconds) {
         if (!error.empty()) log->error("checkpoint failed: step {}: {}", step, error);
         if (!emit) return;
-        // Saves do not overlap (each waits for the one in flight), so the latest start is this one's.
-        const auto since =
-            std::chrono::steady_clock::now().time_since_epoch() - std::chrono::steady_clock::duration(started->load());
-        const double seconds = std::chrono::duration<double>(since).count();
         if (error.empty())
           emit("checkpoint", {{"step", step}, {"path", dir}, {"seconds", seconds}});
         else
@@ -327,8 +323,6 @@ TrainingLoop::Next TrainingLoop::respond(const AnomalyJudge::Verdict& v, const S
 
 void TrainingLoop::save_checkpoint(int64_t steps_done) {
   const auto before = std::chrono::steady_clock::now();
-  s_.checkpointer->wait();  // the save before reports its own start, not this one's
-  save_started_->store(std::chrono::steady_clock::now().time_since_epoch().count());
   s_.checkpointer->save(steps_done, s_.pm.optim->steps_taken(), loader_->cursor());
   saved_step_ = steps_done;
   const double held = std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();

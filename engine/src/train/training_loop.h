@@ -10,7 +10,6 @@
 // for at the boundary) and with an on_anomaly policy, whose answer decides the update.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -96,8 +95,6 @@ class TrainingLoop {
   TrainResult result_;
   int64_t tokens_seen_ = 0;
   int64_t saved_step_ = -1;  // the newest checkpoint's step
-  // When the save in flight began (steady clock ticks), for its checkpoint event.
-  std::shared_ptr<std::atomic<int64_t>> save_started_ = std::make_shared<std::atomic<int64_t>>(0);
   std::optional<PendingStep> pending_;
   std::vector<Batch> carried_;  // drawn for a step a rollback discarded: the next step's
 };

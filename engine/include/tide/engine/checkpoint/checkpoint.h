@@ -64,7 +64,8 @@ class Checkpointer {
   void abandon();
   // Called once per save when it is committed (error empty) or has failed (`dir` empty),
   // from the thread that wrote it; rank 0 sees the whole save, other ranks their file.
-  using Listener = std::function<void(int64_t step, const std::string& dir, const std::string& error)>;
+  // `seconds`: from the snapshot to the commit or the failure.
+  using Listener = std::function<void(int64_t step, const std::string& dir, const std::string& error, double seconds)>;
   void on_finished(Listener listener);
 
   // Reads `dir` (written under any layout) into this rank's parameters and moments.
