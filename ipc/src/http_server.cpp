@@ -215,6 +215,7 @@ struct HttpServer::Impl {
             return send_json(res, 400,
                              {{"error", {{"code", "bad_request"}, {"message", "since_step and limit are integers"}}}});
           }
+          if (req.has_param("source")) body["source"] = req.get_param_value("source");
           forward(res, "metrics", body);
         });
     server->Get(kRunPath + "/checkpoints", [this](const httplib::Request& req, httplib::Response& res) {

@@ -143,14 +143,20 @@ json Requests::metrics(const json& b) {
   const RunRecord& r = runs_.find(b);
   const int64_t since = optional_int(b, "since_step", 0, 0, INT64_MAX);
   const int64_t limit = optional_int(b, "limit", 1000, 1, 100000);
+  // "train": rank 0's rows (metrics.jsonl); "ranks": every rank's figures of each step,
+  // as columns by rank (ranks.jsonl, runs of several ranks).
+  const std::string source = b.contains("source") ? require_string(b, "source") : "train";
+  if (source != "train" && source != "ranks")
+    throw ProtocolError(ErrorCode::bad_request,
+                        fmt::format("metrics source '{}' is neither 'train' nor 'ranks'", source));
   json rows = json::array();
-  std::ifstream in(fs::path(runs_.registry().run_dir(r.id)) / "metrics.jsonl");
+  std::ifstream in(fs::path(runs_.registry().run_dir(r.id)) / (source == "train" ? "metrics.jsonl" : "ranks.jsonl"));
   std::string line;
   while (std::getline(in, line) && static_cast<int64_t>(rows.size()) < limit) {
     json row = parse_json_or_discard(line);
     if (row.is_object() && row.value("step", int64_t{0}) > since) rows.push_back(std::move(row));
   }
-  return {{"run", r.id}, {"metrics", rows}};
+  return {{"run", r.id}, {"source", source}, {"metrics", rows}};
 }
 
 json Requests::logs(const json& b) {

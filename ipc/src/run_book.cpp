@@ -9,6 +9,7 @@
 
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/json_input.h"
+#include "tide/engine/io/step_rows.h"
 #include "tide/ipc/protocol.h"
 
 namespace tide::ipc {
@@ -78,6 +79,7 @@ void RunBook::set_state(RunRecord& r, RunState s, json extra) {
   bus_.publish(r.id, "state", std::move(extra));
   if (is_finished(s)) {
     configs_.erase(r.id);
+    rank_rows_.erase(r.id);
     for (const auto& fn : finished_listeners_) fn(r.id);
   }
 }
@@ -104,19 +106,55 @@ void RunBook::record_live_change(RunRecord& r, const json& values) {
 void RunBook::record_metrics(RunRecord& r, const json& metrics) {
   if (r.state == RunState::starting) set_state(r, RunState::running);
   r.last_step = metrics.value("step", r.last_step);
-  json& latest = metrics_[r.id] = metrics;
-  // Each rank's latest step time (a rank may be a step behind rank 0 here): the
-  // dashboard's per-rank chart follows these.
-  if (const auto it = ranks_.find(r.id); it != ranks_.end() && it->second.size() > 1) {
-    json times = json::object();
-    for (const auto& [rank, figures] : it->second.items()) times[rank] = figures.value("step_seconds", 0.0);
-    latest["rank_step_seconds"] = std::move(times);
-  }
-  bus_.publish(r.id, "metrics", latest);
+  bus_.publish(r.id, "metrics", metrics_[r.id] = metrics);
 }
 
 void RunBook::record_rank(const RunRecord& r, int rank, const json& figures) {
-  if (figures.is_object()) ranks_[r.id][std::to_string(rank)] = figures;
+  if (!figures.is_object()) return;
+  ranks_[r.id][std::to_string(rank)] = figures;
+  const auto step = figures.find("step");
+  if (r.workers < 2 || step == figures.end() || !step->is_number_integer()) return;
+  RankRows& rows = rank_rows_[r.id];
+  if (rows.attempt != r.attempt) {
+    rows.pending.clear();
+    rows.attempt = r.attempt;
+  }
+  auto& of_step = rows.pending[step->get<int64_t>()];
+  of_step[rank] = figures;
+  if (static_cast<int64_t>(of_step.size()) == r.workers) {
+    write_rank_row(r, rows, step->get<int64_t>());
+    // A step some rank never reported (it was replaced, or its message was dropped) is
+    // not waited for once a later one is complete.
+    rows.pending.erase(rows.pending.begin(), rows.pending.upper_bound(step->get<int64_t>()));
+  }
+  // A rank that stopped reporting holds back every row; keep a bounded few steps.
+  constexpr size_t kPendingSteps = 64;
+  while (rows.pending.size() > kPendingSteps) rows.pending.erase(rows.pending.begin());
+}
+
+// The per-rank figures as columns indexed by rank: compact for many ranks, and what a
+// per-rank chart draws.
+void RunBook::write_rank_row(const RunRecord& r, RankRows& rows, int64_t step) {
+  static const char* const kColumns[] = {"step_seconds", "data_seconds", "comm_seconds", "checkpoint_seconds",
+                                         "rss_mb",       "peak_rss_mb",  "peak_gpu_mb",  "comm_bytes"};
+  json row = {{"step", step}};
+  for (const char* column : kColumns) {
+    json values = json::array();
+    for (const auto& [rank, figures] : rows.pending.at(step))
+      values.push_back(figures.contains(column) ? figures[column] : json(nullptr));
+    row[column] = std::move(values);
+  }
+  const std::string path = (fs::path(registry_.run_dir(r.id)) / "ranks.jsonl").string();
+  try {
+    // The rows past this step are from an attempt that did not reach a checkpoint, or from
+    // before the controller restarted: this attempt writes those steps anew.
+    if (rows.written < 0 || step <= rows.written) truncate_step_rows(path, step - 1);
+    rows.written = step;
+    JsonlWriter(path).write(row);
+  } catch (const std::exception& e) {
+    spdlog::warn("run {}: cannot write its ranks.jsonl: {}", r.id, e.what());
+  }
+  bus_.publish(r.id, "ranks", std::move(row));
 }
 
 void RunBook::record_checkpoint(const RunRecord& r, const json& event) {

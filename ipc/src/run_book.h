@@ -3,6 +3,7 @@
 // change goes through set_state: saved, logged, published.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -39,8 +40,9 @@ class RunBook {
   // A step's metrics from rank 0: the run's progress, kept for status and snapshots.
   void record_metrics(RunRecord& r, const nlohmann::json& metrics);
   const nlohmann::json* latest_metrics(const std::string& run) const;
-  // A rank's own figures of a step (every rank's, rank 0's included): kept, the latest of
-  // each rank, and their step times given to the run's next metrics event.
+  // A rank's own figures of a step (every rank's, rank 0's included): the latest of each
+  // rank is kept for status. With more than one rank, once every rank has sent a step's
+  // figures they become a row of <run>/ranks.jsonl and a "ranks" event (rank_row()).
   void record_rank(const RunRecord& r, int rank, const nlohmann::json& figures);
   // A save committed or failed, from its checkpoint event: counted for status and /metrics.
   void record_checkpoint(const RunRecord& r, const nlohmann::json& event);
@@ -64,7 +66,16 @@ class RunBook {
   EventBus& bus_;
   std::map<std::string, RunConfig> configs_;  // unfinished runs
   std::map<std::string, nlohmann::json> metrics_;
+  // One step's figures of every rank: a row once all have come.
+  struct RankRows {
+    int64_t attempt = -1;  // of the figures pending: a new attempt's do not mix with them
+    std::map<int64_t, std::map<int, nlohmann::json>> pending;  // step → rank → figures
+    int64_t written = -1;                                      // the step of the last row this controller wrote
+  };
+  void write_rank_row(const RunRecord& r, RankRows& rows, int64_t step);
+
   std::map<std::string, nlohmann::json> ranks_;             // run → {"<rank>": figures}
+  std::map<std::string, RankRows> rank_rows_;               // unfinished runs of several ranks
   std::map<std::string, nlohmann::json> checkpoint_stats_;  // run → counts since this controller began
   std::vector<std::function<void(const std::string&)>> finished_listeners_;
 };

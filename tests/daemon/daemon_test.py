@@ -1004,9 +1004,27 @@ def part_http():
         assert samples[("tide_rank_step_seconds", labels)] > 0 and samples[("tide_rank_resident_bytes", labels)] > 0
         assert abs(samples[("tide_rank_step", labels)] - last) <= 2, (rank, samples[("tide_rank_step", labels)], last)
     status = http("GET", f"{url}api/runs/{run}")[1]["run"]
-    assert set(status["ranks"]) == {"0", "1"} and set(status["metrics"]["rank_step_seconds"]) == {"0", "1"}, status
+    assert set(status["ranks"]) == {"0", "1"}, status
+    # Their history: a row of both ranks per step in ranks.jsonl, rank 0's column the very
+    # figures of its metrics.jsonl row (the same double, printed and read back), and the
+    # same row as a ranks event.
+    streamed = events.wait_for(lambda e: e["kind"] == "ranks", what="ranks event")["body"]
+    code, body = http("GET", f"{url}api/runs/{run}/metrics?source=ranks&limit=100000")
+    assert code == 200 and body["source"] == "ranks", (code, body)
+    per_rank = {row["step"]: row for row in body["metrics"]}
+    steps = [row["step"] for row in body["metrics"]]
+    assert steps == sorted(set(steps)) and streamed == per_rank[streamed["step"]], (steps, streamed)
+    rows = {row["step"]: row for row in conn.request("metrics", {"run": run, "limit": 100000})["metrics"]}
+    assert len(per_rank) >= len(rows) - 2, (len(per_rank), len(rows))
+    for step, row in per_rank.items():
+        assert len(row["step_seconds"]) == 2 and all(t > 0 for t in row["step_seconds"]), row
+        for column in ("step_seconds", "data_seconds", "comm_seconds", "checkpoint_seconds", "comm_bytes"):
+            assert row[column][0] == rows[step][column], (column, row, rows[step])
+    code, body = http("GET", f"{url}api/runs/{run}/metrics?source=nosuch")
+    assert code == 400 and "nosuch" in body["error"]["message"], (code, body)
     print(f"step {after['step']}: held {after['checkpoint_seconds']:.4f} s by the save of step {saved['step']} "
-          f"({saved['seconds']:.3f} s to commit); per-rank figures of ranks 0 and 1 in /metrics")
+          f"({saved['seconds']:.3f} s to commit); per-rank figures of ranks 0 and 1 in /metrics; "
+          f"{len(per_rank)} rows of both ranks in ranks.jsonl")
 
     # Server-sent events: the run's events as they happen, and at most 8 streams at once.
     from http.client import HTTPConnection

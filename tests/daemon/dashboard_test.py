@@ -181,8 +181,14 @@ def main():
         driver.execute_script("const s = document.querySelector('#smoothing'); s.value = '0.6';"
                               "s.dispatchEvent(new Event('input'));")
         click(driver, "#log-scale")
+        history = api(url, f"api/runs/{long_run}/metrics?source=ranks&limit=100000")[1]["metrics"]
         driver.refresh()
         wait("the page after a reload", lambda: points(driver, "#chart-loss"))
+        # The per-rank chart of a page opened late has the run's history (ranks.jsonl), from
+        # its first step, not only what the stream brought since.
+        wait("the per-rank history", lambda: points(driver, "#chart-ranks") >= len(history), timeout=10)
+        first_rank_step = read(driver, "#chart-ranks", lambda e: e.get_attribute("data-first-step"))
+        assert first_rank_step == str(history[0]["step"]), (first_rank_step, history[0])
         assert driver.find_element(By.CSS_SELECTOR, "#smoothing").get_attribute("value") == "0.6"
         assert driver.find_element(By.CSS_SELECTOR, "#log-scale").is_selected()
         # The change is in the events of a page opened after it (from the metrics rows).

@@ -287,13 +287,17 @@ void add_metrics_command(CLI::App& app) {
   auto c = std::make_shared<Connection>();
   auto run = std::make_shared<std::string>();
   auto since = std::make_shared<int64_t>(0);
+  auto ranks = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand("metrics", "A run's metrics history (JSON lines)");
   cmd->add_option("run", *run, "Run id")->required();
   cmd->add_option("--since", *since, "Only steps after this one");
+  cmd->add_flag("--ranks", *ranks, "Every rank's figures of each step (columns by rank), not rank 0's rows");
   add_connection(*cmd, *c);
-  cmd->callback([c, run, since] {
+  cmd->callback([c, run, since, ranks] {
     guarded([&] {
-      const json reply = c->client().request("metrics", {{"run", *run}, {"since_step", *since}, {"limit", 100000}});
+      const json reply = c->client().request(
+          "metrics",
+          {{"run", *run}, {"since_step", *since}, {"limit", 100000}, {"source", *ranks ? "ranks" : "train"}});
       for (const auto& row : reply.at("metrics")) std::printf("%s\n", row.dump().c_str());
     });
   });

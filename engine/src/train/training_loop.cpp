@@ -25,25 +25,6 @@ namespace tide {
 namespace {
 using json = nlohmann::json;
 
-// A run rewrites the steps after the one it starts from: drop their old rows. Returns
-// the loss of the last row kept (a run resumed at its end reports it as its final loss).
-std::optional<double> truncate_metrics(const std::string& path, int64_t last_step) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  std::string kept, line;
-  std::optional<double> last_loss;
-  while (std::getline(in, line)) {
-    const auto j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("step", int64_t{0}) <= last_step) {
-      kept += line + "\n";
-      if (j.contains("loss") && j["loss"].is_number()) last_loss = j["loss"].get<double>();
-    }
-  }
-  in.close();
-  std::ofstream(path, std::ios::trunc) << kept;
-  return last_loss;
-}
-
 // eval.every = 0 means never, the last step included.
 bool evaluation_due(const EvalConfig& e, int64_t steps_done, bool last) {
   return e.every > 0 && (steps_done % e.every == 0 || last);
@@ -98,7 +79,7 @@ void TrainingLoop::open_metrics() {
   // Rows after the starting step are from an attempt that did not reach a checkpoint
   // (or from an earlier run in this directory): this run writes those steps anew.
   const std::string path = (s_.dir / "metrics.jsonl").string();
-  const auto loss = truncate_metrics(path, resumed_.step);
+  const auto loss = truncate_step_rows(path, resumed_.step);
   if (resumed_.step > 0) {
     result_.steps = resumed_.step;
     if (loss) result_.final_loss = *loss;

@@ -25,6 +25,7 @@
 #include "tensorboard_log.h"
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/data/batch_loader.h"
+#include "tide/engine/io/step_rows.h"
 #include "tide/engine/train/metrics.h"
 #include "train_step.h"
 #include "trainer_state.h"

@@ -2,7 +2,7 @@
 // event stream. The token stays in this browser's localStorage for this origin only.
 
 const TOKEN_KEY = "tide.dashboard.token";
-const EVENT_KINDS = ["state", "metrics", "control", "checkpoint", "export", "log", "anomaly", "scheduler", "policy"];
+const EVENT_KINDS = ["state", "metrics", "ranks", "control", "checkpoint", "export", "log", "anomaly", "scheduler", "policy"];
 
 export const token = {
   get: () => localStorage.getItem(TOKEN_KEY) || "",
@@ -33,12 +33,13 @@ export const checkpoints = async (id) => (await get(`${runPath(id)}/checkpoints`
 export const logTail = async (id, lines) => (await get(`${runPath(id)}/logs?lines=${lines}`)).lines;
 export const recipe = (id) => get(`${runPath(id)}/recipe`);
 
-// Every metrics row of a run, in pages of the protocol's largest size.
-export async function metrics(id) {
+// Every row of a run's metrics.jsonl ("train") or ranks.jsonl ("ranks"), in pages of
+// the protocol's largest size.
+export async function metrics(id, source = "train") {
   const page = 100000;
   const rows = [];
   for (let since = 0; ; ) {
-    const got = (await get(`${runPath(id)}/metrics?since_step=${since}&limit=${page}`)).metrics;
+    const got = (await get(`${runPath(id)}/metrics?source=${source}&since_step=${since}&limit=${page}`)).metrics;
     rows.push(...got);
     if (got.length < page) return rows;
     since = got[got.length - 1].step;

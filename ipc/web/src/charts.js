@@ -86,7 +86,9 @@ export class StepChart {
     this.x = x;
     this.columns = columns;
     this.plot.setData(this.shown());
-    this.box.dataset.points = String(x.length); // what is drawn, for tests and tools
+    // What is drawn, for tests and tools: how many steps, from which one.
+    this.box.dataset.points = String(x.length);
+    this.box.dataset.firstStep = x.length ? String(x[0]) : "";
   }
 
   setLog(log) {

@@ -81,8 +81,8 @@ const CHARTS = [
   },
 ];
 
-// Step time of each rank, from the metrics events (each carries every rank's latest);
-// with many ranks, the fastest, the median and the slowest.
+// Step time of each rank, from the run's ranks.jsonl and then its ranks events (rows of
+// columns by rank); with many ranks, the fastest, the median and the slowest.
 const MAX_RANK_SERIES = 16;
 class RankChart {
   constructor(parent, workers, sync) {
@@ -99,18 +99,18 @@ class RankChart {
     this.chart = new StepChart(parent, "step time by rank (s)", series, { id: "chart-ranks", sync, log: false });
   }
 
-  add(step, times) {
-    if (times) this.byStep.set(step, times);
+  add(row) {
+    if (Array.isArray(row.step_seconds)) this.byStep.set(row.step, row.step_seconds);
   }
 
   draw(log) {
     this.chart.setLog(log);
     const steps = [...this.byStep.keys()].sort((a, b) => a - b);
     const columns = this.each
-      ? [...Array(this.workers).keys()].map((r) => steps.map((s) => this.byStep.get(s)[String(r)] ?? null))
+      ? [...Array(this.workers).keys()].map((r) => steps.map((s) => this.byStep.get(s)[r] ?? null))
       : [0, 0.5, 1].map((q) =>
           steps.map((s) => {
-            const v = Object.values(this.byStep.get(s)).sort((a, b) => a - b);
+            const v = this.byStep.get(s).filter((x) => x !== null).sort((a, b) => a - b);
             return v[Math.round(q * (v.length - 1))];
           }),
         );
@@ -371,9 +371,15 @@ export function mount(view, id) {
   // rows are keyed by step, so one seen twice is drawn once.
   let loaded = false;
   const source = api.events(id, (kind, event) => {
+    if (kind === "ranks") {
+      if (rankChart) {
+        rankChart.add(event.body);
+        if (loaded) redraw();
+      }
+      return;
+    }
     if (kind === "metrics") {
       rows.set(event.body.step, event.body);
-      if (rankChart) rankChart.add(event.body.step, event.body.rank_step_seconds);
       if (run) {
         run.metrics = event.body;
         run.last_step = event.body.step;
@@ -395,7 +401,8 @@ export function mount(view, id) {
       drawSummary();
       if (run.workers > 1) {
         rankChart = new RankChart(grid, run.workers, `run-${id}`);
-        if (run.metrics) rankChart.add(run.metrics.step, run.metrics.rank_step_seconds);
+        // A row the stream brought during the read is as new as the file's.
+        for (const r of await api.metrics(id, "ranks")) if (!rankChart.byStep.has(r.step)) rankChart.add(r);
       }
       const past = await api.metrics(id);
       for (const r of past) if (!rows.has(r.step)) rows.set(r.step, r);

@@ -1,9 +1,8 @@
-// Per-step training metrics, their JSONL log and the terminal progress line.
+// Per-step training metrics, their JSON form and the terminal progress line.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -43,17 +42,6 @@ nlohmann::json to_json(const StepMetrics& m);
 // What differs between the ranks of one step: its step, step/data/comm/checkpoint seconds,
 // memory and bytes sent.
 nlohmann::json rank_figures(const StepMetrics& m);
-
-// Appends one JSON object per line, flushed per line so a reader can tail it.
-class JsonlWriter {
- public:
-  explicit JsonlWriter(const std::string& path);
-  void write(const nlohmann::json& record);
-
- private:
-  std::string path_;
-  std::ofstream out_;
-};
 
 // One line of progress on stderr: rewritten in place on a terminal, a new line per
 // report otherwise.

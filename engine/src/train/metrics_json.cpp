@@ -1,5 +1,4 @@
 #include <cmath>
-#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -48,16 +47,6 @@ nlohmann::json rank_figures(const StepMetrics& m) {
           {"peak_rss_mb", m.peak_rss_mb},
           {"peak_gpu_mb", m.peak_gpu_mb},
           {"comm_bytes", m.comm_bytes}};
-}
-
-JsonlWriter::JsonlWriter(const std::string& path) : path_(path), out_(path, std::ios::app) {
-  if (!out_) throw std::runtime_error("cannot open '" + path + "' for writing");
-}
-
-void JsonlWriter::write(const nlohmann::json& record) {
-  out_ << record.dump() << '\n';
-  out_.flush();
-  if (!out_) throw std::runtime_error("cannot write to '" + path_ + "'");
 }
 
 }  // namespace tide
