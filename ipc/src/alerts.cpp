@@ -9,7 +9,6 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <regex>
 #include <stdexcept>
 #include <thread>
 
@@ -18,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "run_command.h"
+#include "tide/engine/io/http_url.h"
 
 namespace tide::ipc {
 using json = nlohmann::json;
@@ -26,6 +26,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 // A receiver that is down for long loses the oldest alerts, not the controller's memory.
 constexpr size_t kQueueLimit = 1000;
+// Distinct webhooks of recipes with a courier (and a thread) each, for tided's lifetime.
+constexpr size_t kRecipeWebhooks = 64;
 constexpr int kAttempts = 4;  // the first, then after 1, 2 and 4 s
 constexpr auto kFirstRetry = std::chrono::seconds(1);
 constexpr auto kFlushTime = std::chrono::seconds(5);
@@ -126,23 +128,7 @@ class Courier {
   std::thread thread_;  // last: started once the rest is ready
 };
 
-// The parts of an http(s) URL the client needs.
-struct WebhookUrl {
-  std::string origin;  // "https://hooks.example.com:8443"
-  std::string path;    // "/services/T0/B0" ("/" when none)
-};
-
-// Throws std::invalid_argument naming the URL.
-WebhookUrl parse_webhook_url(const std::string& url) {
-  // scheme://host[:port][/path]; a host name, an IPv4 address or a bracketed IPv6 one.
-  static const std::regex form(R"(^(https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?)(/\S*)?$)");
-  std::smatch m;
-  if (url.size() > 2048 || !std::regex_match(url, m, form))
-    throw std::invalid_argument(fmt::format("alert webhook '{}' is not an http:// or https:// URL", url));
-  return {m[1].str(), m[4].matched ? m[4].str() : "/"};
-}
-
-std::string post_webhook(const WebhookUrl& hook, const std::string& text) {
+std::string post_webhook(const HttpUrl& hook, const std::string& text) {
   httplib::Client client(hook.origin);
   client.set_connection_timeout(kTimeoutSeconds, 0);
   client.set_read_timeout(kTimeoutSeconds, 0);
@@ -179,6 +165,26 @@ struct Alerts::Impl {
   std::string host = host_name();
   std::map<std::string, Pace> paces;  // the controller's thread only
   std::vector<std::unique_ptr<Courier>> couriers;
+  std::map<std::string, std::unique_ptr<Courier>> recipe_couriers;  // by URL
+
+  // The courier of a recipe's webhook; null when it cannot have one (said in the log).
+  Courier* recipe_courier(const std::string& run, const std::string& url) {
+    if (auto it = recipe_couriers.find(url); it != recipe_couriers.end()) return it->second.get();
+    try {
+      const HttpUrl hook = parse_http_url(url, "alert webhook");
+      if (recipe_couriers.size() >= kRecipeWebhooks) {
+        spdlog::error("run {}: alert webhook {} not used: recipes have named {} others already", run, url,
+                      kRecipeWebhooks);
+        return nullptr;
+      }
+      return (recipe_couriers[url] = std::make_unique<Courier>(
+                  hook.origin + hook.path, [hook](const std::string& text) { return post_webhook(hook, text); }))
+          .get();
+    } catch (const std::exception& e) {
+      spdlog::error("run {}: {}", run, e.what());
+      return nullptr;
+    }
+  }
 
   void raise(const std::string& run, const std::string& kind, int64_t step, const std::string& text, const json& detail,
              double now) {
@@ -195,6 +201,15 @@ struct Alerts::Impl {
                                                             : json(fmt::format("{}#/run/{}", opt.dashboard_url, run))}};
     auto body = std::make_shared<const std::string>(message.dump(-1, ' ', false, json::error_handler_t::replace));
     for (auto& courier : couriers) courier->post(body, fmt::format("{} of {}", kind, run));
+    if (!opt.run_webhooks) return;
+    std::vector<std::string> hooks;
+    try {
+      hooks = opt.run_webhooks(run);
+    } catch (const std::exception& e) {
+      spdlog::error("run {}: its recipe's alert webhooks cannot be read: {}", run, e.what());
+    }
+    for (const auto& url : hooks)
+      if (Courier* courier = recipe_courier(run, url)) courier->post(body, fmt::format("{} of {}", kind, run));
   }
 };
 
@@ -206,7 +221,7 @@ Alerts::Alerts(AlertOptions options) : impl_(std::make_unique<Impl>()) {
   if (!(m.opt.stall_min_s > 0))
     throw std::invalid_argument(fmt::format("alert stall minimum {} s is not positive", m.opt.stall_min_s));
   for (const auto& url : m.opt.webhooks) {
-    const WebhookUrl hook = parse_webhook_url(url);
+    const HttpUrl hook = parse_http_url(url, "alert webhook");
     m.couriers.push_back(std::make_unique<Courier>(
         hook.origin + hook.path, [hook](const std::string& text) { return post_webhook(hook, text); }));
   }
@@ -216,14 +231,16 @@ Alerts::Alerts(AlertOptions options) : impl_(std::make_unique<Impl>()) {
         fmt::format("`{}`", command), [command](const std::string& text) { return run_alert_command(command, text); }));
   }
   spdlog::info(
-      "alerts go to {} webhook(s) and {} command(s); a run is stalled after {}x its median step interval "
+      "alerts go to {} webhook(s) and {} command(s){}; a run is stalled after {}x its median step interval "
       "(at least {} s)",
-      m.opt.webhooks.size(), m.opt.commands.size(), m.opt.stall_factor, m.opt.stall_min_s);
+      m.opt.webhooks.size(), m.opt.commands.size(),
+      m.opt.run_webhooks ? ", and to the webhooks runs' recipes name" : "", m.opt.stall_factor, m.opt.stall_min_s);
 }
 
 // The couriers flush side by side: kFlushTime in all, not for each.
 Alerts::~Alerts() {
   for (auto& courier : impl_->couriers) courier->close();
+  for (auto& [url, courier] : impl_->recipe_couriers) courier->close();
 }
 
 void Alerts::on_event(const std::string& run, const std::string& kind, const json& body, double now) {

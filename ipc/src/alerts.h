@@ -1,11 +1,13 @@
 // Alerts (docs/dashboard.md, "Alerts"): what needs a person — an anomaly that triggered an
 // action, a fault that restarts a run, a run that failed, a failed checkpoint, a run that
 // stopped stepping — posted as JSON to webhooks and given to commands named in tided's
-// configuration. The controller's thread only decides and queues; a thread of its own
-// delivers, with retries, so a slow or dead receiver never holds the controller (and the
+// configuration, and posted to the webhooks a run's recipe names (alerts.webhooks; never
+// commands: a recipe's submitter must not run programs as tided's user). The controller's thread only decides and
+// queues; a thread of its own delivers, with retries, so a slow or dead receiver never holds the controller (and the
 // workers, which train, never wait on either).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +24,9 @@ struct AlertOptions {
   double stall_factor = 10;
   double stall_min_s = 60;
   std::string dashboard_url;  // "http://127.0.0.1:7453/": alerts link to the run's page
+  // The webhooks a run's recipe names (checked when it was submitted); none given: recipes'
+  // webhooks are not used.
+  std::function<std::vector<std::string>(const std::string& run)> run_webhooks;
 };
 
 class Alerts {

@@ -187,9 +187,17 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
                                                     opt.http.insecure, opt.http.tls_cert, opt.http.tls_key});
     service.http_url = http->url();
   }
-  if (!opt.alerts.webhooks.empty() || !opt.alerts.commands.empty()) {
-    alerts = std::make_unique<Alerts>(AlertOptions{opt.alerts.webhooks, opt.alerts.commands, opt.alerts.stall_factor,
-                                                   opt.alerts.stall_min_s, service.http_url});
+  if (!opt.alerts.webhooks.empty() || !opt.alerts.commands.empty() || opt.alerts.recipe_webhooks) {
+    AlertOptions alerting{opt.alerts.webhooks,    opt.alerts.commands, opt.alerts.stall_factor,
+                          opt.alerts.stall_min_s, service.http_url,    nullptr};
+    // On the controller's thread, as every alert is raised: the resolved recipe (read back
+    // from the run directory for a run that has just finished).
+    if (opt.alerts.recipe_webhooks)
+      alerting.run_webhooks = [this](const std::string& run) {
+        const RunRecord* r = runs->registry().find(run);
+        return r ? runs->config_of(*r).alerts.webhooks : std::vector<std::string>{};
+      };
+    alerts = std::make_unique<Alerts>(std::move(alerting));
     bus->observe([this](const std::string& run, const std::string& kind, const json& body) {
       if (alerts) alerts->on_event(run, kind, body, unix_now());
     });

@@ -1296,6 +1296,7 @@ def part_alerts():
     # checkpoint, a stall (a worker stopped with SIGSTOP) and its end, a fault and a failure
     # (workers killed). The receiver answers the first POST with 500 (retried), and is held
     # while the stall is raised: the command still gets it and the controller still answers.
+    # A run's recipe adds a webhook of its own (another path of the same receiver).
     import http.server
     import threading
     received, posts, open_gate = [], [], threading.Event()
@@ -1310,7 +1311,7 @@ def part_alerts():
             self.send_response(status)
             self.end_headers()
             if status == 204:
-                received.append(body)
+                received.append({**body, "path": self.path})
 
         def log_message(self, *args):
             pass
@@ -1318,6 +1319,7 @@ def part_alerts():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     hook = f"http://127.0.0.1:{server.server_port}/hooks/tide"
+    run_hook = f"http://127.0.0.1:{server.server_port}/hooks/run?team=ml"
     by_command = os.path.join(WORK, "alerts.jsonl")
 
     # A webhook that is not one stops tided at start, naming it.
@@ -1337,8 +1339,9 @@ def part_alerts():
                 return []
             with open(by_command) as f:
                 seen = [json.loads(line) for line in f]
-        else:
-            seen = list(received)
+        else:  # "webhook": tided's own; "recipe": the run's
+            path = {"webhook": "/hooks/tide", "recipe": "/hooks/run?team=ml"}[where]
+            seen = [a for a in received if a["path"] == path]
         return [a for a in seen if a["kind"] == kind and a["run"] == run]
 
     def wait_alert(kind, run, where="command", timeout=60):
@@ -1348,14 +1351,24 @@ def part_alerts():
             time.sleep(0.1)
         return found[0]
 
-    # An anomaly whose action is taken (the NaN of step 12 is skipped); the receiver's 500 is retried.
-    skip = submit(conn, recipe("skip", 30))
+    # A recipe's webhook that is not an http(s) URL: the submit is refused, naming it; no run.
+    before = len(conn.request("list")["runs"])
+    err = conn.request("submit", {"recipe": recipe("badhook", 30, extra='alerts = { webhooks = { "file:///etc/x" } },'),
+                                  "workdir": WORK}, ok=False)
+    assert err["code"] == "invalid_recipe" and "alerts.webhooks[1]" in err["message"] \
+        and "file:///etc/x" in err["message"], err
+    assert len(conn.request("list")["runs"]) == before
+
+    # An anomaly whose action is taken (the NaN of step 12 is skipped); the receiver's 500 is
+    # retried. The run's recipe names a webhook too: it gets the same alert.
+    skip = submit(conn, recipe("skip", 30, extra=f'alerts = {{ webhooks = {{ "{run_hook}" }} }},'))
     a = wait_alert("anomaly", skip, "webhook")
     assert a["step"] == 12 and a["detail"]["action"] == "skip" and a["detail"]["kind"] == "nonfinite", a
     assert a["source"] == "tide" and a["dashboard"] == f"{url}#/run/{skip}" and "nonfinite" in a["text"], a
     assert posts[0] == "anomaly" and len(posts) >= 2, posts
     assert wait_alert("anomaly", skip)["text"] == a["text"]
-    print(f"anomaly alert: '{a['text']}', delivered on a retry after a 500, and by the command")
+    assert wait_alert("anomaly", skip, "recipe")["text"] == a["text"]
+    print(f"anomaly alert: '{a['text']}', delivered on a retry after a 500, by the command and to the recipe's webhook")
 
     # A failed checkpoint (a file where its temporary directory goes).
     reply = conn.request("submit", {"recipe": recipe("nosave", 20, every=5), "workdir": WORK})["run"]
@@ -1365,6 +1378,8 @@ def part_alerts():
     assert c["step"] == 10 and c["detail"]["error"], c
     print(f"checkpoint alert: '{c['text'][:100]}'")
     wait_status(conn, reply["id"], lambda r: r["state"] == "completed", what="nosave completes")
+    # A recipe's webhook hears of its own run only.
+    assert not any(a["run"] != skip for a in received if a["path"] == "/hooks/run?team=ml"), received
 
     # A stall: the worker stopped. The webhook receiver is held meanwhile; the command is
     # not, and the controller answers.

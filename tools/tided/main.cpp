@@ -103,6 +103,8 @@ int main(int argc, char** argv) {
                  "URL; repeatable");
   app.add_option("--alert-command", opt.alerts.commands,
                  "Run this with /bin/sh for each alert, its JSON as $1; repeatable");
+  app.add_flag("!--no-recipe-alerts", opt.alerts.recipe_webhooks,
+               "Ignore the alert webhooks that recipes name (alerts.webhooks): only this daemon's own receivers");
   app.add_option("--alert-stall-factor", opt.alerts.stall_factor,
                  "A run is stalled after this many of its median step intervals with no step")
       ->check(CLI::Range(1.0, 1e6))

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tide/engine/io/http_url.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/run_layout.h"
 
@@ -103,6 +104,34 @@ FieldSpec int_list(std::string path, double lo, double hi, std::string doc, F re
     if (!v.is_array()) throw ConfigError(path, fmt::format("expected a list of integers, got {}", show(v)));
     std::vector<int64_t> out;
     for (size_t i = 0; i < v.size(); ++i) out.push_back(as_int(fmt::format("{}[{}]", path, i + 1), v[i], lo, hi));
+    ref(c) = std::move(out);
+  };
+  f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
+  return f;
+}
+
+// A list of http(s) URLs (a Lua table of strings; an empty table reads as {} or []).
+template <class F>
+FieldSpec url_list(std::string path, size_t most, std::string doc, F ref) {
+  FieldSpec f{path, FieldType::UrlList, {}, 0, static_cast<double>(most), LiveEffect::None, std::move(doc), {}, {}};
+  f.set = [=](RunConfig& c, const json& v) {
+    if (v.is_object() && v.empty()) {
+      ref(c).clear();
+      return;
+    }
+    if (!v.is_array()) throw ConfigError(path, fmt::format("expected a list of URLs, got {}", show(v)));
+    if (v.size() > most) throw ConfigError(path, fmt::format("has {} URLs; {} at most", v.size(), most));
+    std::vector<std::string> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string where = fmt::format("{}[{}]", path, i + 1);
+      if (!v[i].is_string()) throw ConfigError(where, fmt::format("expected a URL string, got {}", show(v[i])));
+      try {
+        parse_http_url(v[i].get<std::string>(), "URL");
+      } catch (const std::invalid_argument& e) {
+        throw ConfigError(where, e.what());
+      }
+      out.push_back(v[i].get<std::string>());
+    }
     ref(c) = std::move(out);
   };
   f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
@@ -290,6 +319,10 @@ void add_anomaly_and_supervision_fields(std::vector<FieldSpec>& s) {
   s.push_back(number("supervise.heartbeat_timeout_s", 1, 86400, kFixed,
                      "A worker silent this long is declared hung and its group restarted.",
                      REF(supervise.heartbeat_timeout_s)));
+  s.push_back(url_list("alerts.webhooks", 8,
+                       "Under tided: http(s) URLs that this run's alerts (anomaly actions, faults, failure, failed "
+                       "checkpoints, stalls) are posted to as JSON, besides tided's own --alert-webhook receivers.",
+                       REF(alerts.webhooks)));
 }
 
 void add_parallel_fields(std::vector<FieldSpec>& s) {
@@ -525,6 +558,7 @@ std::string schema_markdown() {
       case FieldType::String: type = "string"; break;
       case FieldType::Choice: type = fmt::format("{}", fmt::join(f.choices, " \\| ")); break;
       case FieldType::IntList: type = fmt::format("list of integers [{}, {}]", f.min, f.max); break;
+      case FieldType::UrlList: type = fmt::format("list of http(s) URLs (at most {})", f.max); break;
     }
     out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", f.path, type, f.get(defaults).dump(), f.live != LiveEffect::None ? "yes" : "",
                        f.doc);

@@ -124,6 +124,11 @@ struct SuperviseConfig {
   double heartbeat_timeout_s = 60;   // a rank silent this long is declared hung
 };
 
+// Where a run's alerts go besides tided's own receivers (docs/dashboard.md, "Alerts").
+struct AlertConfig {
+  std::vector<std::string> webhooks;  // http(s) URLs, each sent a POST of the alert's JSON
+};
+
 struct EvalConfig {
   int64_t every = 100;  // steps; 0: never
   int64_t batches = 8;
@@ -147,6 +152,7 @@ struct RunConfig {
   EvalConfig eval;
   SuperviseConfig supervise;
   AnomalyConfig anomaly;
+  AlertConfig alerts;
 };
 
 // The SwiGLU hidden size rule of the LLaMA reference code, or the explicit size.

@@ -56,6 +56,7 @@ struct ControllerOptions {
     std::vector<std::string> webhooks, commands;
     double stall_factor = 10;  // stalled: no step for this many median step intervals,
     double stall_min_s = 60;   // and at least this long
+    bool recipe_webhooks = true;  // also to the webhooks a run's recipe names (alerts.webhooks)
   } alerts;
 };
 
