@@ -1,12 +1,24 @@
-"""tided under load: thousands of status requests, a subscriber that never reads, open
-dashboards (server-sent event streams, read as a browser reads them) and a Prometheus
-scrape every second, while a run trains, against the same run trained with the daemon idle.
+"""tided under load, against tided idle, while a run trains.
 
-Prints the request and scrape latency percentiles and the training speed of both runs,
-side by side, as a ratio. Usage: .venv/bin/python bench/daemon_load.py [--steps 300]
+Part "requests": thousands of status requests, a subscriber that never reads, open
+dashboards (server-sent event streams, read as a browser reads them) and a Prometheus
+scrape every second, for the whole of one run, against the same run trained before and
+after with the daemon idle. Prints the request and scrape latency percentiles and the
+training speed of both, as a ratio.
+
+Part "dashboards": what issue 19 asks of the dashboard alone. One run trains through
+alternating phases: idle, then N dashboard streams open and /metrics scraped each second,
+then idle, ... (starting and ending idle, so that each loaded phase is compared with the
+idle phases either side of it and the machine's drift cancels). Prints the median step
+time of every phase, the loaded/idle speed ratios, and how long after a step ended its
+metrics event reached the streams (the step's `time` against the reader's clock: one
+host).
+
+Usage: .venv/bin/python bench/daemon_load.py [--part requests|dashboards|all] [--steps 300]
 """
 import argparse
 import http.client
+import json
 import os
 import shutil
 import statistics
@@ -37,7 +49,8 @@ RECIPE = """return tide.recipe {
 
 
 class Dashboard(threading.Thread):
-    """A browser's dashboard page: one event stream of the run, read as it comes."""
+    """A browser's dashboard page: one event stream of the run, read as it comes. For each
+    metrics event, how long after its step ended it arrived."""
 
     def __init__(self, url, run):
         super().__init__(daemon=True)
@@ -47,14 +60,27 @@ class Dashboard(threading.Thread):
         self.response = self.conn.getresponse()
         assert self.response.status == 200, self.response.status
         self.events = 0
+        self.delays = []  # step end to the stream; of which, to tided's publishing it:
+        self.to_daemon = []
 
     def run(self):
+        kind = None
         try:
             for line in self.response:
                 if line.startswith(b"event: "):
                     self.events += 1
+                    kind = line[len(b"event: "):].strip()
+                elif line.startswith(b"data: ") and kind == b"metrics":
+                    event = json.loads(line[len(b"data: "):])
+                    if not event.get("snapshot") and "time" in event["body"]:
+                        self.delays.append(time.time() - event["body"]["time"])
+                        self.to_daemon.append(event["time"] - event["body"]["time"])
         except (OSError, ValueError, AttributeError):  # closed at the end (http.client drops its file)
             pass
+
+    def close(self):
+        self.conn.close()
+        self.join(5)
 
 
 class Scraper(threading.Thread):
@@ -83,15 +109,132 @@ def median_step_seconds(conn, run):
     return statistics.median(r["step_seconds"] for r in rows[5:])
 
 
+def requests_part(a, d, conn, work):
+    body = {"recipe": RECIPE % a.steps, "workdir": work}
+
+    def idle_run():
+        run = conn.request("submit", body)["run"]["id"]
+        wait_status(conn, run, lambda r: r["state"] == "completed", timeout=900, what="end")
+        return median_step_seconds(conn, run)
+
+    idle_steps = [idle_run()]
+
+    # A subscriber to everything that never reads, with small buffers.
+    ctx = zmq.Context()
+    deaf = ctx.socket(zmq.SUB)
+    deaf.setsockopt(zmq.RCVHWM, 10)
+    deaf.setsockopt(zmq.RCVBUF, 4096)
+    deaf.setsockopt_string(zmq.SUBSCRIBE, "")
+    deaf.connect(d.tcp("events"))
+
+    loaded = conn.request("submit", body)["run"]["id"]
+    wait_status(conn, loaded, lambda r: r["state"] == "running" and r["last_step"] >= 10, what="running")
+    client = Conn(d.tcp("commands"), ctx=ctx)
+    pages = [Dashboard(d.endpoints["http"], loaded) for _ in range(a.dashboards)]
+    scraper = Scraper(d.endpoints["http"])
+    for t in pages + [scraper]:
+        t.start()
+    # Status requests at --rate for as long as the run trains.
+    latencies = []
+    t0 = time.perf_counter()
+    while True:
+        if a.rate > 0:
+            ahead = t0 + len(latencies) / a.rate - time.perf_counter()
+            if ahead > 0:
+                time.sleep(ahead)
+        s = time.perf_counter()
+        r = client.request("status", {"run": loaded})["run"]
+        latencies.append(time.perf_counter() - s)
+        if r["state"] != "running":
+            break
+    load_seconds = time.perf_counter() - t0
+    scraper.stop.set()
+    scraper.join()
+    wait_status(conn, loaded, lambda r: r["state"] == "completed", timeout=900, what="end")
+    for page in pages:
+        page.close()
+    loaded_step = median_step_seconds(conn, loaded)
+    idle_steps.append(idle_run())  # idle before and after: the machine's drift
+    idle_step = statistics.mean(idle_steps)
+    deaf.close(0)
+    client.close()
+
+    pace = f"paced at {a.rate:.0f}/s" if a.rate > 0 else "back to back"
+    print(f"[requests] {len(latencies)} status requests in {load_seconds:.1f} s "
+          f"({len(latencies) / load_seconds:.0f}/s, {pace}) on one connection, for the whole of a {a.steps}-step run")
+    print(f"[requests] latency: {ms(latencies)}")
+    print(f"[requests] {a.dashboards} dashboard streams received {[p.events for p in pages]} events; "
+          f"{len(scraper.latencies)} scrapes of /metrics: {ms(scraper.latencies)}")
+    print(f"[requests] median step: idle daemon {idle_step * 1e3:.1f} ms (runs before and after: "
+          f"{idle_steps[0] * 1e3:.1f}, {idle_steps[1] * 1e3:.1f}), under load {loaded_step * 1e3:.1f} ms; "
+          f"training speed under load / idle = {idle_step / loaded_step:.3f} "
+          f"(a subscriber that never read was connected throughout)")
+
+
+def dashboards_part(a, d, conn, work):
+    run = conn.request("submit", {"recipe": RECIPE % 10_000_000, "workdir": work})["run"]["id"]
+    wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 10, what="running")
+    phases = []  # (loaded, start, end): Unix seconds, the clock of the steps' `time`
+    delays, to_daemon, events, scrapes = [], [], [], []
+    for i in range(2 * a.pairs + 1):
+        loaded = i % 2 == 1
+        start = time.time()
+        if loaded:
+            pages = [Dashboard(d.endpoints["http"], run) for _ in range(a.dashboards)]
+            scraper = Scraper(d.endpoints["http"])
+            for t in pages + [scraper]:
+                t.start()
+        time.sleep(a.phase_seconds)
+        if loaded:
+            scraper.stop.set()
+            scraper.join()
+            for page in pages:
+                page.close()
+                delays += page.delays
+                to_daemon += page.to_daemon
+                events.append(page.events)
+            scrapes += scraper.latencies
+        phases.append((loaded, start, time.time()))
+    conn.request("cancel", {"run": run})
+    wait_status(conn, run, lambda r: r["state"] == "cancelled", timeout=120, what="cancelled")
+    rows = conn.request("metrics", {"run": run, "limit": 100000})["metrics"]
+
+    # A phase's steps: those that began and ended inside it (the first second of each is
+    # left out: streams opening or closing).
+    def median_of(phase):
+        _, start, end = phase
+        inside = [r["step_seconds"] for r in rows if start + 1 <= r["time"] - r["step_seconds"] and r["time"] <= end]
+        return statistics.median(inside), len(inside)
+
+    medians = [median_of(p) for p in phases]
+    print(f"[dashboards] one run, {len(phases)} phases of {a.phase_seconds:.0f} s: idle, then {a.dashboards} "
+          f"dashboard streams open and /metrics scraped each second, then idle, ...")
+    for (loaded, _, _), (m, n) in zip(phases, medians):
+        print(f"[dashboards]   {'loaded' if loaded else 'idle  '}: median step {m * 1e3:.2f} ms over {n} steps")
+    ratios = []
+    for i in range(1, len(phases), 2):
+        idle = (medians[i - 1][0] + medians[i + 1][0]) / 2
+        ratios.append(idle / medians[i][0])
+    print(f"[dashboards] training speed loaded / idle (each loaded phase against the idle ones either side): "
+          f"{', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f}")
+    print(f"[dashboards] {sum(events)} events to {len(events)} streams; step end to its metrics event at a stream: "
+          f"{ms(delays)} ({len(delays)} events, {sum(x > 1 for x in delays)} later than 1 s); of which from the "
+          f"step's end to tided publishing it: {ms(to_daemon)}")
+    print(f"[dashboards] {len(scrapes)} scrapes of /metrics: {ms(scrapes)}")
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tide", default=os.path.join(ROOT, "build", "tools", "tide"))
     ap.add_argument("--tided", default=os.path.join(ROOT, "build", "tools", "tided"))
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--part", choices=["requests", "dashboards", "all"], default="all")
+    ap.add_argument("--steps", type=int, default=300, help="steps of each run of the requests part")
     ap.add_argument("--dashboards", type=int, default=2, help="open dashboard pages (event streams; tided allows 8)")
     ap.add_argument("--rate", type=float, default=1000,
                     help="status requests per second (0: back to back; on 2 cores the client and the daemon "
                          "then take a core from training)")
+    ap.add_argument("--pairs", type=int, default=4, help="loaded phases of the dashboards part")
+    ap.add_argument("--phase-seconds", type=float, default=20, help="length of each phase of the dashboards part")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="tided-load-")
     try:
@@ -102,64 +245,11 @@ def main():
         worker = os.path.join(os.path.dirname(a.tide), "tide-worker")
         d = Tided(a.tided, worker if os.path.exists(worker) else a.tide, os.path.join(work, "state"), slots=1).start()
         conn = Conn(d.tcp("commands"))
-        body = {"recipe": RECIPE % a.steps, "workdir": work}
-
-        def idle_run():
-            run = conn.request("submit", body)["run"]["id"]
-            wait_status(conn, run, lambda r: r["state"] == "completed", timeout=900, what="end")
-            return median_step_seconds(conn, run)
-
-        idle_steps = [idle_run()]
-
-        # A subscriber to everything that never reads, with small buffers.
-        ctx = zmq.Context()
-        deaf = ctx.socket(zmq.SUB)
-        deaf.setsockopt(zmq.RCVHWM, 10)
-        deaf.setsockopt(zmq.RCVBUF, 4096)
-        deaf.setsockopt_string(zmq.SUBSCRIBE, "")
-        deaf.connect(d.tcp("events"))
-
-        loaded = conn.request("submit", body)["run"]["id"]
-        wait_status(conn, loaded, lambda r: r["state"] == "running" and r["last_step"] >= 10, what="running")
-        client = Conn(d.tcp("commands"), ctx=ctx)
-        pages = [Dashboard(d.endpoints["http"], loaded) for _ in range(a.dashboards)]
-        scraper = Scraper(d.endpoints["http"])
-        for t in pages + [scraper]:
-            t.start()
-        # Status requests at --rate for as long as the run trains.
-        latencies = []
-        t0 = time.perf_counter()
-        while True:
-            if a.rate > 0:
-                ahead = t0 + len(latencies) / a.rate - time.perf_counter()
-                if ahead > 0:
-                    time.sleep(ahead)
-            s = time.perf_counter()
-            r = client.request("status", {"run": loaded})["run"]
-            latencies.append(time.perf_counter() - s)
-            if r["state"] != "running":
-                break
-        load_seconds = time.perf_counter() - t0
-        scraper.stop.set()
-        scraper.join()
-        wait_status(conn, loaded, lambda r: r["state"] == "completed", timeout=900, what="end")
-        for page in pages:
-            page.conn.close()
-        loaded_step = median_step_seconds(conn, loaded)
-        idle_steps.append(idle_run())  # idle before and after: the machine's drift
-        idle_step = statistics.mean(idle_steps)
+        if a.part in ("requests", "all"):
+            requests_part(a, d, conn, work)
+        if a.part in ("dashboards", "all"):
+            dashboards_part(a, d, conn, work)
         d.stop()
-
-        pace = f"paced at {a.rate:.0f}/s" if a.rate > 0 else "back to back"
-        print(f"{len(latencies)} status requests in {load_seconds:.1f} s ({len(latencies) / load_seconds:.0f}/s, "
-              f"{pace}) on one connection, for the whole of a {a.steps}-step run")
-        print(f"latency: {ms(latencies)}")
-        print(f"{a.dashboards} dashboard streams received {[p.events for p in pages]} events; "
-              f"{len(scraper.latencies)} scrapes of /metrics: {ms(scraper.latencies)}")
-        print(f"median step: idle daemon {idle_step * 1e3:.1f} ms (runs before and after: "
-              f"{idle_steps[0] * 1e3:.1f}, {idle_steps[1] * 1e3:.1f}), under load {loaded_step * 1e3:.1f} ms; "
-              f"training speed under load / idle = {idle_step / loaded_step:.3f} "
-              f"(a subscriber that never read was connected throughout)")
     finally:
         subprocess.run(["pkill", "-KILL", "-f", work], check=False)
         shutil.rmtree(work, ignore_errors=True)

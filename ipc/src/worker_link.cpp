@@ -1,9 +1,13 @@
 #include "tide/ipc/worker_link.h"
 
+#include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
+#include <system_error>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -28,21 +32,36 @@ std::optional<WorkerIdentity> worker_identity_from_environment(int rank) {
   return id;
 }
 
+namespace {
+void wake(int fd) {
+  const uint64_t one = 1;
+  // Only fails when the counter is at its maximum: the thread is woken already.
+  (void)!::write(fd, &one, sizeof(one));
+}
+}  // namespace
+
 WorkerLink::WorkerLink(WorkerIdentity id) : id_(std::move(id)) {
   if (!id_.key_file.empty()) keys_ = read_worker_link_keys(id_.key_file);
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "worker link: eventfd");
   send("hello", {{"pid", ::getpid()}});
   thread_ = std::thread([this] { loop(); });
 }
 
 WorkerLink::~WorkerLink() {
   stop_ = true;
+  wake(wake_fd_);
   if (thread_.joinable()) thread_.join();
+  ::close(wake_fd_);
 }
 
 void WorkerLink::send(const std::string& type, json body) {
   json message = {{"type", type}, {"run", id_.run}, {"attempt", id_.attempt}, {"rank", id_.rank}, {"body", std::move(body)}};
-  std::lock_guard<std::mutex> lock(mu_);
-  outgoing_.push_back(message.dump(-1, ' ', false, json::error_handler_t::replace));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    outgoing_.push_back(message.dump(-1, ' ', false, json::error_handler_t::replace));
+  }
+  wake(wake_fd_);
 }
 
 std::string WorkerLink::take_commands() {
@@ -95,8 +114,14 @@ void WorkerLink::loop() {
       }
       for (auto& text : batch) (void)socket.send(zmq::buffer(text), zmq::send_flags::dontwait);
       if (stopping) break;  // linger delivers what was just sent
-      zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, std::chrono::milliseconds(50));
+      // The timeout paces the heartbeats; a send() wakes the poll at once.
+      zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+      zmq::poll(items, 2, std::chrono::milliseconds(50));
+      if (items[1].revents & ZMQ_POLLIN) {
+        uint64_t count = 0;
+        (void)!::read(wake_fd_, &count, sizeof(count));
+      }
+      zmq::pollitem_t& item = items[0];
       if (item.revents & ZMQ_POLLIN) {
         zmq::message_t msg;
         while (socket.recv(msg, zmq::recv_flags::dontwait)) {

@@ -50,6 +50,10 @@ try:
         want = [(r["step"], np.float32(r[field])) for r in rows if field in r]
         got = [(e.step, np.float32(e.value)) for e in events]
         assert got == want, f"{tag}: TensorBoard has {got}, metrics.jsonl {want}"
+    # Wall time: the row's time, a double in both (the event's wall_time is a double).
+    walls = [(e.step, e.wall_time) for e in acc.Scalars("train/loss")]
+    assert walls == [(r["step"], r["time"]) for r in rows], (walls, [r["time"] for r in rows])
+    assert all(a["time"] < b["time"] for a, b in zip(rows, rows[1:]))
     print(f"TensorBoard reads {len(files)} event files: steps 1-8 once each (5-8 from the resumed attempt), "
           f"loss, lr, grad_norm and eval/loss equal to metrics.jsonl as float32; tags {sorted(acc.Tags()['scalars'])}")
 finally:

@@ -15,6 +15,7 @@ nlohmann::json to_json(const StepMetrics& m) {
       {"grad_norm", finite(m.grad_norm)},
       {"lr", m.lr},
       {"tokens", m.tokens_seen},
+      {"time", m.time},
       {"step_seconds", m.step_seconds},
       {"data_seconds", m.data_seconds},
       {"comm_seconds", m.comm_seconds},

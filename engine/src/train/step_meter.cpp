@@ -59,6 +59,7 @@ void StepMeter::start_step() {
 StepMeter::StepCost StepMeter::end_step() {
   StepCost cost;
   cost.seconds = std::chrono::duration<double>(Clock::now() - began_).count();
+  cost.ended = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const int64_t sent = bytes_sent();
   cost.comm_bytes = sent - comm_before_;
   comm_before_ = sent;
@@ -73,6 +74,7 @@ void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left, 
   const double dt = cost.seconds;
   ema_step_ = ema_step_ < 0 ? dt : 0.9 * ema_step_ + 0.1 * dt;
   m.step_seconds = dt;
+  m.time = cost.ended;
   m.data_seconds = cost.data_seconds;
   m.comm_seconds = cost.comm_seconds;
   m.checkpoint_seconds = cost.checkpoint_seconds;

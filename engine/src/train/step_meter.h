@@ -34,6 +34,7 @@ class StepMeter {
     // Where the time went: blocked on collectives and on the data loader during the
     // step, and held by checkpoint saves since the step before ended.
     double comm_seconds = 0, data_seconds = 0, checkpoint_seconds = 0;
+    double ended = 0;  // Unix seconds, this host's clock
   };
   void start_step();
   void add_data_seconds(double s) { data_seconds_ += s; }

@@ -139,7 +139,7 @@ void TensorBoardLog::write(const StepMetrics& m) {
   add("memory/peak_gpu_mb", m.peak_gpu_mb);
   add("comm/bytes", static_cast<double>(m.comm_bytes));
   if (m.val_loss) add("eval/loss", *m.val_loss);
-  std::string e = event(now(), m.step);
+  std::string e = event(m.time > 0 ? m.time : now(), m.step);  // the row's time: the same in metrics.jsonl
   bytes_field(e, 5, summary);
   record(e);
 }

@@ -63,6 +63,9 @@ class WorkerLink {
   std::map<int64_t, nlohmann::json> answers_;  // by query number
   int64_t next_query_ = 1;
   std::atomic<bool> stop_{false};
+  // Written by send(): wakes the link's thread from its poll, so that a message goes out
+  // at once rather than at the poll's next timeout.
+  int wake_fd_ = -1;
   std::thread thread_;
 };
 

@@ -18,6 +18,7 @@ struct StepMetrics {
   double loss = 0, grad_norm = 0, lr = 0;
   int64_t tokens_seen = 0;
   double step_seconds = 0, tokens_per_second = 0, mfu = 0;
+  double time = 0;  // when the step ended: Unix seconds, by the clock of rank 0's host
   // Of step_seconds, this rank's time blocked on the data loader and on collectives (the
   // rest is compute); and the time checkpoint saves held training just before the step.
   double data_seconds = 0, comm_seconds = 0, checkpoint_seconds = 0;
