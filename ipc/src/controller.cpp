@@ -46,9 +46,11 @@ void bind_one(zmq::socket_t& socket, const std::string& ep, bool curve, std::vec
   bound.push_back(actual);
 }
 
-// Types that change runs or the daemon: operators only.
+// Types that change runs or the daemon, or spend its machine (a verification reads a
+// whole checkpoint): operators only.
 bool changes_something(const std::string& type) {
-  for (const char* t : {"submit", "pause", "resume", "stop", "cancel", "checkpoint", "set", "export", "shutdown"})
+  for (const char* t :
+       {"submit", "pause", "resume", "stop", "cancel", "checkpoint", "set", "export", "verify", "shutdown"})
     if (type == t) return true;
   return false;
 }

@@ -15,10 +15,10 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-// Finished exports kept for `exports` requests; older ones are forgotten.
+// Finished exports and verifications kept for requests; older ones are forgotten.
 constexpr size_t kFinishedExportsKept = 256;
 
-// Why a `tide ckpt export` child failed, from its log: the last error it logged.
+// Why a `tide-worker export` or `verify` child failed, from its log: the last error it logged.
 std::string last_error_line(const std::string& log) {
   std::ifstream in(log);
   std::string line, last, last_error;
@@ -50,8 +50,12 @@ json describe_checkpoint(const CheckpointEntry& c) {
 Exports::Exports(const ControllerOptions& opt, RunBook& runs, EventBus& bus) : opt_(opt), runs_(runs), bus_(bus) {}
 
 json ExportJob::to_json() const {
-  json j = {{"id", id},       {"run", run}, {"step", step},   {"checkpoint", checkpoint}, {"out", out},
-            {"dtype", dtype}, {"log", log}, {"state", state}, {"started", started}};
+  json j = {{"id", id},   {"kind", kind},   {"run", run},        {"step", step}, {"checkpoint", checkpoint},
+            {"log", log}, {"state", state}, {"started", started}};
+  if (kind == "export") {
+    j["out"] = out;
+    j["dtype"] = dtype;
+  }
   if (finished > 0) j["finished"] = finished;
   if (!error.empty()) j["error"] = error;
   return j;
@@ -60,9 +64,71 @@ json ExportJob::to_json() const {
 json Exports::checkpoints_of(const json& body) {
   const RunRecord& r = runs_.find(body);
   json found = json::array();
-  for (const auto& c : list_checkpoints((fs::path(runs_.registry().run_dir(r.id)) / "checkpoints").string()))
-    found.push_back(describe_checkpoint(c));
+  for (const auto& c : list_checkpoints((fs::path(runs_.registry().run_dir(r.id)) / "checkpoints").string())) {
+    json j = describe_checkpoint(c);
+    // The newest verification of it by this controller, if any.
+    for (auto it = jobs_.rbegin(); it != jobs_.rend(); ++it)
+      if (it->second.kind == "verify" && it->second.checkpoint == c.path) {
+        j["verify"] = it->second.to_json();
+        break;
+      }
+    found.push_back(std::move(j));
+  }
   return {{"run", r.id}, {"checkpoints", found}};
+}
+
+Exports::Chosen Exports::choose(const RunRecord& r, int64_t step) const {
+  const auto all = list_checkpoints((fs::path(runs_.registry().run_dir(r.id)) / "checkpoints").string());
+  if (all.empty())
+    throw ProtocolError(ErrorCode::invalid_state, fmt::format("run {} has no committed checkpoint", r.id));
+  if (step < 0) step = all.back().step;
+  auto it = std::find_if(all.begin(), all.end(), [&](const CheckpointEntry& c) { return c.step == step; });
+  if (it == all.end())
+    throw ProtocolError(
+        ErrorCode::bad_request,
+        fmt::format("run {} has no committed checkpoint at step {} (newest: {})", r.id, step, all.back().step));
+  return {step, it->path};
+}
+
+json Exports::launch(ExportJob job, std::vector<std::string> args) {
+  // Only the oldest finished ones are ever forgotten, so the newest number stays known.
+  const int64_t number = jobs_.empty() ? 1 : jobs_.rbegin()->first + 1;
+  job.id = fmt::format("{}-{}", job.kind, number);
+  const fs::path run_dir = runs_.registry().run_dir(job.run);
+  job.log = (run_dir / (job.id + ".log")).string();
+  job.started = unix_now();
+  WorkerSpec spec;
+  spec.executable = opt_.worker_executable;
+  spec.args = std::move(args);
+  spec.log_file = job.log;
+  spec.working_dir = run_dir.string();
+  spec.die_with_parent = true;
+  std::error_code ec;
+  fs::remove(job.log, ec);  // a log left by an earlier controller's job of this id
+  try {
+    job.child = std::make_unique<WorkerGroup>(spec);
+  } catch (const std::exception& e) {
+    throw ProtocolError(ErrorCode::internal, fmt::format("cannot start the {}: {}", job.kind, e.what()));
+  }
+  json reply = job.to_json();
+  bus_.publish(job.run, job.kind, reply);
+  jobs_.emplace(number, std::move(job));
+  return reply;
+}
+
+json Exports::verify(const json& body) {
+  const RunRecord& r = runs_.find(body);
+  const Chosen c = choose(r, optional_int(body, "step", -1, 0, INT64_MAX));  // -1: the newest
+  for (const auto& [n, job] : jobs_)
+    if (job.state == "running" && job.kind == "verify" && job.checkpoint == c.path)
+      throw ProtocolError(ErrorCode::invalid_state, fmt::format("{} is already verifying {}", job.id, c.path));
+  ExportJob job;
+  job.kind = "verify";
+  job.run = r.id;
+  job.step = c.step;
+  job.checkpoint = c.path;
+  spdlog::info("run {}: verifying the checkpoint of step {}", r.id, c.step);
+  return {{"run", r.id}, {"verify", launch(std::move(job), {"verify", c.path})}};
 }
 
 json Exports::start(const json& body) {
@@ -83,48 +149,20 @@ json Exports::start(const json& body) {
   if (own.rfind(out.string() + (out.string().back() == '/' ? "" : "/"), 0) == 0)
     throw ProtocolError(ErrorCode::bad_request,
                         fmt::format("out {} holds the run directory; name a directory of its own", out.string()));
-  const auto all = list_checkpoints((run_dir / "checkpoints").string());
-  if (all.empty())
-    throw ProtocolError(ErrorCode::invalid_state, fmt::format("run {} has no committed checkpoint", r.id));
-  const int64_t step = asked >= 0 ? asked : all.back().step;
-  auto it = std::find_if(all.begin(), all.end(), [&](const CheckpointEntry& c) { return c.step == step; });
-  if (it == all.end())
-    throw ProtocolError(ErrorCode::bad_request,
-                        fmt::format("run {} has no committed checkpoint at step {} (newest: {})", r.id, step,
-                                    all.back().step));
+  const Chosen c = choose(r, asked);
   for (const auto& [n, job] : jobs_)
-    if (job.state == "running" && job.out == out.string())
+    if (job.state == "running" && job.kind == "export" && job.out == out.string())
       throw ProtocolError(ErrorCode::invalid_state, fmt::format("{} is already writing {}", job.id, out.string()));
 
   ExportJob job;
-  // Only the oldest finished ones are ever forgotten, so the newest number stays known.
-  const int64_t number = jobs_.empty() ? 1 : jobs_.rbegin()->first + 1;
-  job.id = fmt::format("export-{}", number);
+  job.kind = "export";
   job.run = r.id;
-  job.step = step;
-  job.checkpoint = it->path;
+  job.step = c.step;
+  job.checkpoint = c.path;
   job.out = out.string();
   job.dtype = dtype;
-  job.log = (run_dir / (job.id + ".log")).string();
-  job.started = unix_now();
-  WorkerSpec spec;
-  spec.executable = opt_.worker_executable;
-  spec.args = {"export", job.checkpoint, "-o", job.out, "--dtype", dtype};
-  spec.log_file = job.log;
-  spec.working_dir = run_dir.string();
-  spec.die_with_parent = true;
-  std::error_code ec;
-  fs::remove(job.log, ec);  // a log left by an earlier controller's export of this id
-  try {
-    job.child = std::make_unique<WorkerGroup>(spec);
-  } catch (const std::exception& e) {
-    throw ProtocolError(ErrorCode::internal, fmt::format("cannot start the export: {}", e.what()));
-  }
-  spdlog::info("run {}: {} of step {} to {} ({})", r.id, job.id, step, job.out, dtype);
-  json reply = job.to_json();
-  bus_.publish(r.id, "export", reply);
-  jobs_.emplace(number, std::move(job));
-  return {{"run", r.id}, {"export", reply}};
+  spdlog::info("run {}: export of step {} to {} ({})", r.id, c.step, job.out, dtype);
+  return {{"run", r.id}, {"export", launch(std::move(job), {"export", c.path, "-o", out.string(), "--dtype", dtype})}};
 }
 
 json Exports::list(const json& body) {
@@ -132,13 +170,13 @@ json Exports::list(const json& body) {
   if (body.contains("export")) {  // one export, for a client waiting on it
     const std::string id = require_string(body, "export");
     for (const auto& [n, job] : jobs_)
-      if (job.run == r.id && job.id == id) return {{"run", r.id}, {"export", job.to_json()}};
+      if (job.run == r.id && job.id == id) return {{"run", r.id}, {job.kind, job.to_json()}};
     throw ProtocolError(ErrorCode::not_found,
                         fmt::format("run {} has no export '{}' (exports end with their daemon)", r.id, id));
   }
   json found = json::array();
   for (const auto& [n, job] : jobs_)
-    if (job.run == r.id) found.push_back(job.to_json());
+    if (job.run == r.id && job.kind == "export") found.push_back(job.to_json());
   return {{"run", r.id}, {"exports", found}};
 }
 
@@ -151,16 +189,17 @@ void Exports::watch() {
     }
     for (const auto& exit : job.child->reap()) {
       job.state = exit.ok() ? "done" : "failed";
-      if (!exit.ok()) job.error = fmt::format("tide-worker export {}: {}", exit.describe(), last_error_line(job.log));
+      if (!exit.ok())
+        job.error = fmt::format("tide-worker {} {}: {}", job.kind, exit.describe(), last_error_line(job.log));
     }
     if (!job.child->all_ended()) continue;
     job.child.reset();
     job.finished = unix_now();
     if (job.state == "done")
-      spdlog::info("run {}: {} wrote {}", job.run, job.id, job.out);
+      spdlog::info("run {}: {} {}", job.run, job.id, job.kind == "export" ? "wrote " + job.out : "found it sound");
     else
       spdlog::error("run {}: {} failed: {}", job.run, job.id, job.error);
-    bus_.publish(job.run, "export", job.to_json());
+    bus_.publish(job.run, job.kind, job.to_json());
   }
   // Forget the oldest finished ones.
   for (auto it = jobs_.begin(); finished > kFinishedExportsKept && it != jobs_.end();) {
@@ -180,7 +219,7 @@ void Exports::end() {
     job.state = "failed";
     job.error = "the controller shut down";
     job.finished = unix_now();
-    bus_.publish(job.run, "export", job.to_json());
+    bus_.publish(job.run, job.kind, job.to_json());
   }
 }
 

@@ -1,12 +1,15 @@
-// A run's checkpoints as the controller sees them (listed from disk), and exports of
-// them to Hugging Face files. An export needs LibTorch, which the controller never
-// loads, so it runs `tide-worker export` as a child process, watched like a worker.
+// A run's checkpoints as the controller sees them (listed from disk), exports of them to
+// Hugging Face files and verifications of their files against their manifests. An export
+// needs LibTorch, which the controller never loads, and a verification reads every byte
+// of a checkpoint, which the controller's thread must not wait on: each runs as a child
+// process (`tide-worker export`, `tide-worker verify`), watched like a worker.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -17,9 +20,10 @@
 
 namespace tide::ipc {
 
-// One export, kept in memory: a controller's exports end with it.
+// One export or verification, kept in memory: a controller's jobs end with it.
 struct ExportJob {
-  std::string id, run, checkpoint, out, dtype, log;
+  std::string kind;                                  // "export" or "verify": its request, its event and its id's prefix
+  std::string id, run, checkpoint, out, dtype, log;  // out and dtype: an export's
   int64_t step = 0;
   std::string state = "running";  // running, done, failed
   std::string error;
@@ -32,9 +36,10 @@ class Exports {
  public:
   Exports(const ControllerOptions& opt, RunBook& runs, EventBus& bus);
 
-  // The requests (docs/protocol.md): checkpoints, export, exports.
+  // The requests (docs/protocol.md): checkpoints, export, exports, verify.
   nlohmann::json checkpoints_of(const nlohmann::json& body);
   nlohmann::json start(const nlohmann::json& body);
+  nlohmann::json verify(const nlohmann::json& body);
   nlohmann::json list(const nlohmann::json& body);
   // Children that ended: their exports done or failed, published.
   void watch();
@@ -42,6 +47,17 @@ class Exports {
   void end();
 
  private:
+  // The committed checkpoint of `step` (-1: the newest) of run r; bad_request naming it
+  // when there is none.
+  struct Chosen {
+    int64_t step;
+    std::string path;
+  };
+  Chosen choose(const RunRecord& r, int64_t step) const;
+  // Starts `tide-worker <args>` for the job and publishes it; throws internal when it
+  // cannot start.
+  nlohmann::json launch(ExportJob job, std::vector<std::string> args);
+
   const ControllerOptions& opt_;
   RunBook& runs_;
   EventBus& bus_;

@@ -237,7 +237,7 @@ struct HttpServer::Impl {
     });
     serve_pages();
     server->Post(
-        kRunPath + "/(pause|resume|stop|cancel|checkpoint|set|export)",
+        kRunPath + "/(pause|resume|stop|cancel|checkpoint|set|export|verify)",
         [this](const httplib::Request& req, httplib::Response& res) {
           if (const std::string why = refusal(req); !why.empty())
             return send_json(res, 403, {{"error", {{"code", "unauthorized"}, {"message", why}}}});
@@ -259,6 +259,12 @@ struct HttpServer::Impl {
                   {{"error", {{"code", "bad_request"}, {"message", "export takes {\"out\", \"step\", \"dtype\"}"}}}});
             for (const char* key : {"out", "step", "dtype"})
               if (given.contains(key)) body[key] = given[key];
+          } else if (op == "verify") {
+            const json given = req.body.empty() ? json::object() : parse_json_or_discard(req.body);
+            if (!given.is_object())
+              return send_json(res, 400,
+                               {{"error", {{"code", "bad_request"}, {"message", "verify takes {\"step\"}"}}}});
+            if (given.contains("step")) body["step"] = given["step"];
           }
           forward(res, op, body);
         });

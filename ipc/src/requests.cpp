@@ -121,6 +121,7 @@ std::optional<json> Requests::dispatch(const Request& req, const ReplyTo& to) {
   if (req.type == "checkpoints") return exports_.checkpoints_of(b);
   if (req.type == "export") return exports_.start(b);
   if (req.type == "exports") return exports_.list(b);
+  if (req.type == "verify") return exports_.verify(b);
   if (req.type == "metrics") return metrics(b);
   if (req.type == "logs") return logs(b);
   if (req.type == "recipe") return recipe(b);

@@ -1022,6 +1022,33 @@ def part_http():
             assert row[column][0] == rows[step][column], (column, row, rows[step])
     code, body = http("GET", f"{url}api/runs/{run}/metrics?source=nosuch")
     assert code == 400 and "nosuch" in body["error"]["message"], (code, body)
+
+    # Verifying the checkpoint: a control (the token), done by a child process; sound, then
+    # a flipped byte found and named. The list shows each checkpoint's latest verdict.
+    assert http("POST", f"{url}api/runs/{run}/verify", {"step": saved["step"]})[0] == 403
+    def verify():
+        code, body = http("POST", f"{url}api/runs/{run}/verify", {"step": saved["step"]}, auth)
+        assert code == 200 and body["verify"]["state"] == "running", (code, body)
+        job = body["verify"]["id"]
+        return events.wait_for(lambda e: e["kind"] == "verify" and e["body"]["id"] == job
+                               and e["body"]["state"] != "running", what=f"{job} to end")["body"]
+    sound = verify()
+    assert sound["state"] == "done" and sound["step"] == saved["step"], sound
+    listed = {c["step"]: c for c in http("GET", f"{url}api/runs/{run}/checkpoints")[1]["checkpoints"]}
+    assert listed[saved["step"]]["verify"]["id"] == sound["id"], listed[saved["step"]]
+    victim = sorted(f for f in os.listdir(saved["path"]) if f.endswith(".safetensors"))[0]
+    with open(os.path.join(saved["path"], victim), "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 0xFF]))
+    broken = verify()
+    assert broken["state"] == "failed" and victim in broken["error"], broken
+    listed = {c["step"]: c for c in http("GET", f"{url}api/runs/{run}/checkpoints")[1]["checkpoints"]}
+    assert listed[saved["step"]]["verify"]["state"] == "failed", listed[saved["step"]]
+    code, body = http("POST", f"{url}api/runs/{run}/verify", {"step": 999999}, auth)
+    assert code == 400 and "999999" in body["error"]["message"], (code, body)
+    print(f"verify: step {saved['step']} sound; with a byte of {victim} flipped: '{broken['error'][:120]}'")
     print(f"step {after['step']}: held {after['checkpoint_seconds']:.4f} s by the save of step {saved['step']} "
           f"({saved['seconds']:.3f} s to commit); per-rank figures of ranks 0 and 1 in /metrics; "
           f"{len(per_rank)} rows of both ranks in ranks.jsonl")

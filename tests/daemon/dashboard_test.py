@@ -177,6 +177,16 @@ def main():
         wait("the page to show running", lambda: "running" in text_of(driver, "#run-state"))
         print(f"paused from the page at step {held} (held 1.5 s), resumed")
 
+        # A checkpoint now, then its verification, both from the page: the table shows the
+        # save and then its verdict.
+        click(driver, "#checkpoint")
+        wait("the checkpoint in the table", lambda: driver.find_elements(By.CSS_SELECTOR, "#checkpoints .verify-button"))
+        click(driver, "#checkpoints .verify-button")
+        wait("the checkpoint verified", lambda: read(driver, "#checkpoints td.verify",
+                                                      lambda e: e.get_attribute("data-state")) == "done", timeout=60)
+        assert "sound" in text_of(driver, "#checkpoints td.verify"), text_of(driver, "#checkpoints td.verify")
+        print(f"checkpoint now and verify from the page: '{text_of(driver, '#checkpoints td.verify')}'")
+
         # The view survives a reload: smoothing and log scale from localStorage.
         driver.execute_script("const s = document.querySelector('#smoothing'); s.value = '0.6';"
                               "s.dispatchEvent(new Event('input'));")

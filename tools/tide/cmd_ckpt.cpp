@@ -9,7 +9,6 @@
 
 #include "cli_common.h"
 #include "tide/engine/checkpoint/checkpoint_index.h"
-#include "tide/engine/checkpoint/hf_export.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/io/safetensors.h"
 
@@ -46,18 +45,7 @@ void add_checkpoint_command(CLI::App& app) {
     }
   });
 
-  auto* verify = ckpt->add_subcommand("verify", "Check every file's size and XXH3 hash against the manifest");
-  verify->add_option("dir", opt->path, "A step directory, or a run directory (its newest checkpoint)")->required();
-  verify->callback([opt] {
-    std::string dir = opt->path;
-    if (!fs::exists(fs::path(dir) / "manifest.json")) {
-      const auto all = list_checkpoints(checkpoints_root(dir));
-      if (all.empty()) throw std::runtime_error(fmt::format("no committed checkpoint under {}", dir));
-      dir = all.back().path;
-    }
-    require_sound_checkpoint(dir);
-    std::cout << fmt::format("{}: sound ({} files)\n", dir, read_manifest(dir)["files"].size());
-  });
+  worker::add_verify_command(*ckpt, "verify");
 
   auto* inspect = ckpt->add_subcommand("inspect", "The manifest and each file's pieces");
   inspect->add_option("dir", opt->path, "A step directory")->required();

@@ -1,10 +1,16 @@
 #include "tide/worker/commands.h"
 
 #include <filesystem>
+#include <iostream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "tide/engine/checkpoint/checkpoint_index.h"
 #include "tide/engine/checkpoint/hf_export.h"
 #include "tide/ipc/worker_group.h"
 #include "tide/worker/stop_signals.h"
@@ -31,6 +37,24 @@ void add_export_command(CLI::App& app, const std::string& name) {
   exp->callback([opt] {
     export_checkpoint_hf(opt->dir, opt->out, opt->dtype);
     spdlog::info("wrote {}", opt->out);
+  });
+}
+
+void add_verify_command(CLI::App& app, const std::string& name) {
+  auto dir = std::make_shared<std::string>();
+  auto* verify = app.add_subcommand(name, "Check every file's size and XXH3 hash against the manifest");
+  verify->add_option("dir", *dir, "A step directory, or a run directory (its newest checkpoint)")->required();
+  verify->callback([dir] {
+    std::string step_dir = *dir;
+    if (!fs::exists(fs::path(step_dir) / "manifest.json")) {
+      const fs::path root = fs::is_directory(fs::path(step_dir) / "checkpoints") ? fs::path(step_dir) / "checkpoints"
+                                                                                 : fs::path(step_dir);
+      const auto all = list_checkpoints(root.string());
+      if (all.empty()) throw std::runtime_error(fmt::format("no committed checkpoint under {}", root.string()));
+      step_dir = all.back().path;
+    }
+    require_sound_checkpoint(step_dir);
+    std::cout << fmt::format("{}: sound ({} files)\n", step_dir, read_manifest(step_dir)["files"].size());
   });
 }
 

@@ -21,7 +21,9 @@ void require_sound_checkpoint(const std::string& step_dir) {
   const auto problems = verify_checkpoint(step_dir);
   if (problems.empty()) return;
   for (const auto& p : problems) spdlog::error("{}", p);
-  throw std::runtime_error(fmt::format("checkpoint {} failed verification ({} problems)", step_dir, problems.size()));
+  // The first problem in the message too: a daemon reports a child's last error line.
+  throw std::runtime_error(fmt::format("checkpoint {} failed verification ({} problem{}; the first: {})", step_dir,
+                                       problems.size(), problems.size() == 1 ? "" : "s", problems.front()));
 }
 
 void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& dtype) {

@@ -2,7 +2,7 @@
 // event stream. The token stays in this browser's localStorage for this origin only.
 
 const TOKEN_KEY = "tide.dashboard.token";
-const EVENT_KINDS = ["state", "metrics", "ranks", "control", "checkpoint", "export", "log", "anomaly", "scheduler", "policy"];
+const EVENT_KINDS = ["state", "metrics", "ranks", "control", "checkpoint", "export", "verify", "log", "anomaly", "scheduler", "policy"];
 
 export const token = {
   get: () => localStorage.getItem(TOKEN_KEY) || "",

@@ -163,20 +163,23 @@ function typed(text) {
   }
 }
 
+// Sends a control and shows the daemon's answer in `result` (and a toast).
+async function act_(id, result, op, body, what) {
+  try {
+    const reply = await api.control(id, op, body);
+    const text = `${what}: ${reply.accepted ? `accepted (${typeof reply.accepted === "string" ? reply.accepted : JSON.stringify(reply.accepted)})` : reply.state || reply.verify?.state || "done"}`;
+    result.textContent = text;
+    result.className = "result ok";
+    toast(text);
+  } catch (e) {
+    result.textContent = `${what}: refused: ${e.message}`;
+    result.className = "result refused";
+    toast(result.textContent, true);
+  }
+}
+
 function controls(id, result) {
-  const act = async (op, body, what) => {
-    try {
-      const reply = await api.control(id, op, body);
-      const text = `${what}: ${reply.accepted ? `accepted (${typeof reply.accepted === "string" ? reply.accepted : JSON.stringify(reply.accepted)})` : reply.state || "done"}`;
-      result.textContent = text;
-      result.className = "result ok";
-      toast(text);
-    } catch (e) {
-      result.textContent = `${what}: refused: ${e.message}`;
-      result.className = "result refused";
-      toast(result.textContent, true);
-    }
-  };
+  const act = (op, body, what) => act_(id, result, op, body, what);
   const lr = el("input", { id: "lr-input", type: "number", step: "any", placeholder: "new lr", size: 10 });
   const name = el("input", { id: "field-name", placeholder: "field (optimizer.grad_clip)", size: 22 });
   const value = el("input", { id: "field-value", placeholder: "value", size: 10 });
@@ -232,7 +235,7 @@ function eventLine(kind, event) {
   else if (kind === "control")
     text = `${b.result} at step ${b.step}: ${b.values ? JSON.stringify(b.values) : b.error || ""}`;
   else if (kind === "checkpoint") text = b.ok ? `step ${b.step} saved: ${b.path}` : `step ${b.step} failed: ${b.error}`;
-  else if (kind === "export") text = `${b.id} ${b.state}${b.error ? `: ${b.error}` : ""}`;
+  else if (kind === "export" || kind === "verify") text = `${b.id} of step ${b.step} ${b.state}${b.error ? `: ${b.error}` : ""}`;
   else if (kind === "policy") text = `${b.policy} at step ${b.step}${b.error ? `: ${b.error}` : ""}`;
   else if (kind === "scheduler") text = `slurm job ${b.slurm_job} ${b.state}${b.reason ? ` (${b.reason})` : ""}`;
   else text = JSON.stringify(b);
@@ -260,12 +263,30 @@ function historyLines(rows) {
   return lines.reverse().slice(0, EVENT_LINES);
 }
 
-function checkpointTable(list) {
+// A checkpoint's verification by this daemon: every file's size and hash against its
+// manifest (a child process; the button asks for one).
+function verifyCell(c, onVerify) {
+  const v = c.verify;
+  const state = c.error
+    ? el("span", { class: "error-text" }, c.error)
+    : !v
+      ? el("span", { class: "muted" }, "not verified")
+      : v.state === "running"
+        ? "verifying…"
+        : v.state === "done"
+          ? el("span", { class: "ok-text" }, `sound (${when(v.finished)})`)
+          : el("span", { class: "error-text" }, v.error || "failed");
+  const busy = v && v.state === "running";
+  return el("td", { class: "verify", "data-step": c.step, "data-state": v ? v.state : "" }, state, " ",
+    el("button", { type: "button", class: "verify-button", disabled: busy, onclick: () => onVerify(c.step) }, "verify"));
+}
+
+function checkpointTable(list, onVerify) {
   if (!list.length) return el("p", { class: "muted" }, "No checkpoint yet.");
   return el(
     "table",
     { class: "checkpoints" },
-    el("thead", {}, el("tr", {}, ["step", "size", "files", "layout", "tokens", "manifest"].map((h) => el("th", {}, h)))),
+    el("thead", {}, el("tr", {}, ["step", "size", "files", "layout", "tokens", "verified"].map((h) => el("th", {}, h)))),
     el(
       "tbody",
       {},
@@ -278,7 +299,7 @@ function checkpointTable(list) {
           el("td", { class: "num" }, c.files ?? "–"),
           el("td", {}, c.layout ? `${c.layout.dp}×${c.layout.tp}×${c.layout.pp} ZeRO-${c.layout.zero}` : "–"),
           el("td", { class: "num" }, c.tokens_seen ?? "–"),
-          el("td", { class: c.error ? "error-text" : "" }, c.error || "readable (files are hashed on every load)"),
+          verifyCell(c, onVerify),
         ),
       ),
     ),
@@ -330,7 +351,10 @@ export function mount(view, id) {
   }, 250);
   const loadCheckpoints = async () => {
     try {
-      append(clear(checkpointBox), checkpointTable(await api.checkpoints(id)));
+      append(
+        clear(checkpointBox),
+        checkpointTable(await api.checkpoints(id), (step) => act_(id, result, "verify", { step }, `verify step ${step}`)),
+      );
     } catch (e) {
       checkpointBox.textContent = e.message;
     }
@@ -392,7 +416,7 @@ export function mount(view, id) {
     events.prepend(eventLine(kind, event));
     while (events.childNodes.length > EVENT_LINES) events.lastChild.remove();
     if (kind === "state" || kind === "control" || kind === "scheduler") reloadRun();
-    if (kind === "checkpoint") loadCheckpoints();
+    if (kind === "checkpoint" || kind === "verify") loadCheckpoints();
   });
 
   (async () => {

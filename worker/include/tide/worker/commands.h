@@ -16,6 +16,9 @@ namespace tide::worker {
 void add_train_command(CLI::App& app);
 // `export STEP_DIR -o OUT [--dtype F32|BF16|F16]`: a checkpoint as Hugging Face files.
 void add_export_command(CLI::App& app, const std::string& name);
+// `verify DIR`: every file of a checkpoint (a step directory, or a run's newest) against
+// its manifest's sizes and hashes; an error naming each problem when one is not sound.
+void add_verify_command(CLI::App& app, const std::string& name);
 
 // "--set key=value" (repeatable) on a subcommand.
 void add_overrides(CLI::App& cmd, std::vector<std::string>& overrides);

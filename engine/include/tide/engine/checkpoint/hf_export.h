@@ -12,8 +12,8 @@ namespace tide {
 // BF16 or F16).
 void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& dtype);
 
-// Throws naming the checkpoint and how many problems verify_checkpoint found (each one
-// logged at error).
+// Throws naming the checkpoint, how many problems verify_checkpoint found (each one
+// logged at error) and the first of them.
 void require_sound_checkpoint(const std::string& step_dir);
 
 }  // namespace tide
