@@ -150,6 +150,12 @@ def part_control():
     bad = subprocess.run([TIDE, "export", run, "-o", "hf2", "--step", "1", *ep], capture_output=True, text=True)
     assert bad.returncode != 0 and "no committed checkpoint at step 1" in bad.stderr, bad.stderr
     print(f"tide export of the dp2 checkpoint at step {stopped_at} equals tide ckpt export's, byte for byte")
+    # tide verify: the daemon checks the checkpoint's files; a step it lacks is refused.
+    out = subprocess.run([TIDE, "verify", run, *ep], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == \
+        os.path.join(run_dir, "checkpoints", f"step-{stopped_at:08d}") + ": sound", (out.stdout, out.stderr)
+    bad = subprocess.run([TIDE, "verify", run, "--step", "1", *ep], capture_output=True, text=True)
+    assert bad.returncode != 0 and "no committed checkpoint at step 1" in bad.stderr, bad.stderr
 
     # A stopped run resumes from its checkpoint when asked.
     conn.request("resume", {"run": run})

@@ -351,6 +351,25 @@ void add_checkpoints_command(CLI::App& app) {
   });
 }
 
+namespace {
+// Follows a daemon's export or verify job (`job`, as its request answered) until it ends;
+// throws naming it, its error and its log when it failed. Returns the ended job.
+json wait_for_job(ipc::Client& client, const std::string& run, json job, const char* doing) {
+  const std::string id = job.value("id", ""), kind = job.value("kind", "export");
+  const auto begun = std::chrono::steady_clock::now();
+  while (job.value("state", "") == "running") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    job = client.request("exports", {{"run", run}, {"export", id}}).at(kind);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
+    if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\r%s: %s, %.0f s", id.c_str(), doing, s);
+  }
+  if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
+  if (job.value("state", "") != "done")
+    throw std::runtime_error(fmt::format("{} failed: {} (log: {})", id, job.value("error", "?"), job.value("log", "")));
+  return job;
+}
+}  // namespace
+
 void add_export_command(CLI::App& app) {
   auto c = std::make_shared<Connection>();
   struct Export {
@@ -381,18 +400,39 @@ void add_export_command(CLI::App& app) {
         std::printf("%s\n", id.c_str());
         return;
       }
-      const auto begun = std::chrono::steady_clock::now();
-      while (job.value("state", "") == "running") {
-        std::this_thread::sleep_for(std::chrono::milliseconds(250));
-        job = client.request("exports", {{"run", x->run}, {"export", id}}).at("export");
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
-        if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\r%s: exporting, %.0f s", id.c_str(), s);
-      }
-      if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
-      if (job.value("state", "") != "done")
-        throw std::runtime_error(
-            fmt::format("{} failed: {} (log: {})", id, job.value("error", "?"), job.value("log", "")));
+      job = wait_for_job(client, x->run, std::move(job), "exporting");
       std::printf("%s\n", job.value("out", "").c_str());
+    });
+  });
+}
+
+void add_verify_command(CLI::App& app) {
+  auto c = std::make_shared<Connection>();
+  struct Verify {
+    std::string run;
+    int64_t step = -1;
+    bool no_wait = false;
+  };
+  auto v = std::make_shared<Verify>();
+  auto* cmd = app.add_subcommand(
+      "verify", "Have the daemon check a run's checkpoint: every file's size and hash against its manifest");
+  cmd->add_option("run", v->run, "Run id")->required();
+  cmd->add_option("--step", v->step, "The checkpoint's step (default: the newest)");
+  cmd->add_flag("--no-wait", v->no_wait, "Print the verification's id and return");
+  add_connection(*cmd, *c);
+  cmd->callback([c, v] {
+    guarded([&] {
+      auto client = c->client();
+      json body = {{"run", v->run}};
+      if (v->step >= 0) body["step"] = v->step;
+      json job = client.request("verify", body).at("verify");
+      const std::string id = job.value("id", "");
+      if (v->no_wait) {
+        std::printf("%s\n", id.c_str());
+        return;
+      }
+      job = wait_for_job(client, v->run, std::move(job), "verifying");
+      std::printf("%s: sound\n", job.value("checkpoint", "").c_str());
     });
   });
 }
@@ -465,7 +505,7 @@ void add_client_commands(CLI::App& app) {
   for (auto add :
        {add_submit_command, add_runs_command, add_status_command, add_watch_command, add_run_control_commands,
         add_set_command, add_metrics_command, add_logs_command, add_checkpoints_command, add_export_command,
-        add_dashboard_command, add_keygen_command, add_daemon_command})
+        add_verify_command, add_dashboard_command, add_keygen_command, add_daemon_command})
     add(app);
 }
 
