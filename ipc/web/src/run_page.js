@@ -164,7 +164,7 @@ function typed(text) {
 }
 
 // Sends a control and shows the daemon's answer in `result` (and a toast).
-async function act_(id, result, op, body, what) {
+async function sendControl(id, result, op, body, what) {
   try {
     const reply = await api.control(id, op, body);
     const text = `${what}: ${reply.accepted ? `accepted (${typeof reply.accepted === "string" ? reply.accepted : JSON.stringify(reply.accepted)})` : reply.state || reply.verify?.state || "done"}`;
@@ -179,7 +179,7 @@ async function act_(id, result, op, body, what) {
 }
 
 function controls(id, result) {
-  const act = (op, body, what) => act_(id, result, op, body, what);
+  const act = (op, body, what) => sendControl(id, result, op, body, what);
   const lr = el("input", { id: "lr-input", type: "number", step: "any", placeholder: "new lr", size: 10 });
   const name = el("input", { id: "field-name", placeholder: "field (optimizer.grad_clip)", size: 22 });
   const value = el("input", { id: "field-value", placeholder: "value", size: 10 });
@@ -265,20 +265,19 @@ function historyLines(rows) {
 
 // A checkpoint's verification by this daemon: every file's size and hash against its
 // manifest (a child process; the button asks for one).
-function verifyCell(c, onVerify) {
+function verdict(c) {
   const v = c.verify;
-  const state = c.error
-    ? el("span", { class: "error-text" }, c.error)
-    : !v
-      ? el("span", { class: "muted" }, "not verified")
-      : v.state === "running"
-        ? "verifying…"
-        : v.state === "done"
-          ? el("span", { class: "ok-text" }, `sound (${when(v.finished)})`)
-          : el("span", { class: "error-text" }, v.error || "failed");
-  const busy = v && v.state === "running";
-  return el("td", { class: "verify", "data-step": c.step, "data-state": v ? v.state : "" }, state, " ",
-    el("button", { type: "button", class: "verify-button", disabled: busy, onclick: () => onVerify(c.step) }, "verify"));
+  if (c.error) return el("span", { class: "error-text" }, c.error);
+  if (!v) return el("span", { class: "muted" }, "not verified");
+  if (v.state === "running") return "verifying…";
+  if (v.state === "done") return el("span", { class: "ok-text" }, `sound (${when(v.finished)})`);
+  return el("span", { class: "error-text" }, v.error || "failed");
+}
+
+function verifyCell(c, onVerify) {
+  const state = c.verify ? c.verify.state : "";
+  return el("td", { class: "verify", "data-step": c.step, "data-state": state }, verdict(c), " ",
+    el("button", { type: "button", class: "verify-button", disabled: state === "running", onclick: () => onVerify(c.step) }, "verify"));
 }
 
 function checkpointTable(list, onVerify) {
@@ -353,7 +352,7 @@ export function mount(view, id) {
     try {
       append(
         clear(checkpointBox),
-        checkpointTable(await api.checkpoints(id), (step) => act_(id, result, "verify", { step }, `verify step ${step}`)),
+        checkpointTable(await api.checkpoints(id), (step) => sendControl(id, result, "verify", { step }, `verify step ${step}`)),
       );
     } catch (e) {
       checkpointBox.textContent = e.message;
