@@ -14,6 +14,7 @@
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/live_change.h"
+#include "tide/engine/plan/plan.h"
 #include "tide/engine/run_layout.h"
 #include "tide/scripting/recipe.h"
 
@@ -271,6 +272,30 @@ std::vector<std::pair<ReplyTo, std::string>> Requests::finished_submits(bool wai
   return out;
 }
 
+LayoutChoice Requests::auto_layout(const RunConfig& cfg, int workers) const {
+  if (opt_.slurm.enabled || cfg.device == "cuda")
+    throw ProtocolError(ErrorCode::invalid_recipe,
+                        "parallel.auto: tided plans runs on its own CPU slots only; for GPU or Slurm runs, choose the "
+                        "layout with `tide plan --device ...` and set it in the recipe");
+  Cluster cluster;
+  cluster.devices_per_node = workers;
+  const std::string path = default_calibration_path();
+  try {
+    const auto stored = stored_cpu_device(path, workers);
+    cluster.device = stored ? *stored : nominal_cpu_device(workers);
+  } catch (const std::exception& e) {
+    spdlog::warn("parallel.auto: ignoring the calibration {}: {}", path, e.what());
+    cluster.device = nominal_cpu_device(workers);
+  }
+  try {
+    LayoutChoice choice = choose_layout(cfg, cluster);
+    spdlog::info("{}", choice.explanation);
+    return choice;
+  } catch (const std::exception& e) {
+    throw ProtocolError(ErrorCode::invalid_recipe, fmt::format("{} workers: {}", workers, e.what()));
+  }
+}
+
 json Requests::finish_submit(const PendingSubmit& s) {
   // The same key may have been submitted again while this one was evaluated.
   if (RunRecord* existing = runs_.registry().find_by_key(s.key))
@@ -298,6 +323,14 @@ json Requests::finish_submit(const PendingSubmit& s) {
   if (local && cfg.device != "cuda" && workers > opt_.cpu_slots)
     throw ProtocolError(ErrorCode::unavailable,
                         fmt::format("the run needs {} workers and this daemon has {} slots", workers, opt_.cpu_slots));
+  std::vector<std::string> overrides = s.overrides;
+  if (cfg.parallel.auto_layout) {
+    // The planner's layout, decided once here and handed to every worker as overrides.
+    const auto choice = auto_layout(cfg, static_cast<int>(workers));
+    choice.chosen.layout.apply_to(cfg);
+    cfg.parallel.auto_layout = false;
+    overrides.insert(overrides.end(), choice.overrides.begin(), choice.overrides.end());
+  }
   try {
     // What every worker would refuse, refused here, before the run exists.
     check_supported_layout(cfg, static_cast<int>(workers));
@@ -309,7 +342,7 @@ json Requests::finish_submit(const PendingSubmit& s) {
   r.priority = optional_int(s.body, "priority", 0, -1000, 1000);
   r.workers = static_cast<int>(workers);
   r.recipe_source = s.source;
-  r.overrides = s.overrides;
+  r.overrides = std::move(overrides);
   r.workdir = s.workdir;
   r.idempotency_key = s.key;
   r.max_restarts = cfg.supervise.max_restarts;

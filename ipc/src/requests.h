@@ -18,6 +18,7 @@
 #include "recipe_evaluator.h"
 #include "run_book.h"
 #include "supervisor.h"
+#include "tide/engine/plan/plan.h"
 #include "tide/ipc/controller.h"
 #include "tide/ipc/protocol.h"
 
@@ -64,6 +65,8 @@ class Requests {
   };
   std::optional<nlohmann::json> begin_submit(const nlohmann::json& body, const ReplyTo& to);
   nlohmann::json finish_submit(const PendingSubmit& s);
+  // parallel.auto for a run of `workers` CPU ranks on this daemon's machine.
+  LayoutChoice auto_layout(const RunConfig& cfg, int workers) const;
   nlohmann::json control(const std::string& op, const nlohmann::json& body, const nlohmann::json& request_id);
   nlohmann::json set(const nlohmann::json& body, const nlohmann::json& request_id);
   nlohmann::json list(const nlohmann::json& body);

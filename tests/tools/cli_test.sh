@@ -10,7 +10,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # Every command has --help.
 for cmd in "" train eval generate "data" "data prepare" "recipe" "recipe show" "recipe check" "recipe fields" \
            "convert" "convert export" "convert import" "ckpt" "ckpt list" "ckpt verify" "ckpt inspect" "ckpt export" \
-           "dashboard"; do
+           "dashboard" "plan"; do
   $tide $cmd --help > "$work/help.txt" || fail "tide $cmd --help exited non-zero"
   grep -qi "usage" "$work/help.txt" || fail "tide $cmd --help printed no usage"
 done
@@ -25,6 +25,26 @@ if $tide recipe check "$work/bad.lua" 2> "$work/err.txt"; then fail "a broken re
 grep -q "bad.lua:2: model.n_heads: 5 does not divide model.dim = 64" "$work/err.txt" || { cat "$work/err.txt"; fail "error lacks file:line"; }
 if $tide train "$work/nothing.lua" 2> "$work/err.txt"; then fail "a missing recipe trained"; fi
 grep -q "nothing.lua" "$work/err.txt" || fail "missing recipe not named"
+
+# tide plan: the ranking for a described cluster, as text and as JSON; refusals.
+$tide plan "$src/recipes/llama/llama-2-70b.lua" --nodes 4 --gpus-per-node 8 --device h100-80 > "$work/plan.txt"
+grep -q "layouts fit; the best 10" "$work/plan.txt" || { cat "$work/plan.txt"; fail "tide plan printed no ranking"; }
+grep -q "memory per rank" "$work/plan.txt" || fail "tide plan did not itemise memory"
+$tide plan llama/llama-2-70b --nodes 4 --gpus-per-node 8 --device h100-80 --json --top 3 > "$work/plan.json"
+python3 - "$work/plan.json" <<'PY' || fail "tide plan --json is not the documented shape"
+import json, sys
+plan = json.load(open(sys.argv[1]))
+assert plan["schema"] == "tide.plan/1" and len(plan["ranked"]) == 3, plan.keys()
+best = plan["ranked"][0]
+assert best["fits"] and best["memory"]["device"] <= plan["cluster"]["device"]["memory_bytes"], best
+assert best["layout"]["dp"] * best["layout"]["tp"] * best["layout"]["pp"] == 32, best["layout"]
+PY
+if $tide plan llama/llama-tiny --device tpu-v9 2> "$work/err.txt"; then fail "an unknown device was planned for"; fi
+grep -q "unknown device 'tpu-v9'" "$work/err.txt" || { cat "$work/err.txt"; fail "unknown device not named"; }
+if $tide plan llama/llama-2-70b --device l40s --gpus-per-node 2 --no-offload > "$work/none.txt" 2> "$work/err.txt"; then
+  fail "70B on two L40S was planned as fitting"
+fi
+grep -q "no layout fits" "$work/none.txt" || { cat "$work/none.txt"; fail "tide plan did not say nothing fits"; }
 
 # Data → train → generate → eval → export → import, on real text.
 cp /usr/share/common-licenses/GPL-3 "$work/gpl.txt"

@@ -15,6 +15,7 @@ void add_recipe_command(CLI::App& app);
 void add_generate_commands(CLI::App& app);  // generate, eval
 void add_convert_command(CLI::App& app);
 void add_checkpoint_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 // submit, runs, status, watch, pause, resume, stop, cancel, checkpoint, set, metrics,
 // logs, checkpoints, export, daemon: clients of a running tided.
 void add_client_commands(CLI::App& app);

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   tide::cli::add_generate_commands(app);
   tide::cli::add_convert_command(app);
   tide::cli::add_checkpoint_command(app);
+  tide::cli::add_plan_command(app);
   tide::cli::add_client_commands(app);
   return tide::worker::run_command_line(app, argc, argv);
 }

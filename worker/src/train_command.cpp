@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "auto_layout.h"
 #include "controlled_worker.h"
 #include "launcher.h"
 #include "local_policies.h"
@@ -26,7 +27,7 @@ struct Options {
   std::string recipe, run_dir, master, resume;
   std::vector<std::string> overrides;
   double peak_tflops = 0;
-  bool quiet = false;
+  bool quiet = false, auto_layout = false;
   int nproc = 1, nnodes = 1, node_rank = 0;
 };
 
@@ -102,13 +103,25 @@ void print_outcome(const TrainResult& r) {
   spdlog::info("weights: {}", r.weights_path);
 }
 
-void run_training(const Options& opt) {
+void run_training(Options opt) {
+  if (opt.auto_layout) opt.overrides.emplace_back("parallel.auto=true");
   auto recipe = std::make_shared<Recipe>(Recipe::load_file(resolve_recipe_path(opt.recipe), opt.overrides));
+  const auto env = launch_env_from_environment();
+  if (recipe->config().parallel.auto_layout) {
+    // Decided once here and handed to the workers as overrides; ranks that start on their
+    // own (or one launcher per node) decide each, from stored figures.
+    const bool launcher = opt.nproc > 1 || opt.nnodes > 1;
+    const int per_node = launcher ? opt.nproc : (env ? env->local_world : 1);
+    const int world_nodes = launcher ? opt.nnodes : (env ? std::max(1, env->world / std::max(1, env->local_world)) : 1);
+    const bool independent = (launcher && opt.nnodes > 1) || (!launcher && env && env->world > 1);
+    for (auto& o : auto_layout_overrides(recipe->config(), world_nodes, per_node, independent))
+      opt.overrides.push_back(std::move(o));
+    recipe = std::make_shared<Recipe>(Recipe::load_file(resolve_recipe_path(opt.recipe), opt.overrides));
+  }
   const RunConfig cfg = recipe->config();
   const std::string dir = opt.run_dir.empty() ? "runs/" + cfg.name : opt.run_dir;
   if (opt.nproc > 1 || opt.nnodes > 1) return launch_training(opt, cfg, dir);
 
-  const auto env = launch_env_from_environment();
   TrainHooks hooks;
   hooks.resume = opt.resume;
   hooks.show_progress = !opt.quiet;
@@ -141,6 +154,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--peak-tflops", opt->peak_tflops,
                   "Peak FLOP/s (in TFLOP/s) of one process for MFU; default: measured with a matmul probe");
   cmd->add_flag("--quiet", opt->quiet, "No progress line");
+  cmd->add_flag("--auto", opt->auto_layout,
+                "Let the planner choose the layout and micro-batch for these ranks (parallel.auto; tide plan shows "
+                "the ranking)");
   cmd->add_option("--resume", opt->resume,
                   "Continue from a checkpoint: 'auto' (the newest valid one in the run directory, else start afresh) "
                   "or a step directory (any layout wrote it)");

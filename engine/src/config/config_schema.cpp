@@ -331,6 +331,10 @@ void add_parallel_fields(std::vector<FieldSpec>& s) {
   s.push_back(integer("parallel.tp", 1, 1e4, kFixed, "Tensor-parallel degree.", REF(parallel.tp)));
   s.push_back(integer("parallel.pp", 1, 1e4, kFixed, "Pipeline-parallel degree.", REF(parallel.pp)));
   s.push_back(integer("parallel.zero", 0, 3, kFixed, "ZeRO stage on the data-parallel axis.", REF(parallel.zero)));
+  s.push_back(boolean("parallel.auto", kFixed,
+                      "Let the planner choose the layout and micro-batch for the ranks the run gets (as `tide "
+                      "plan` ranks them; the choice and the runner-up are logged). The global batch stays.",
+                      REF(parallel.auto_layout)));
   s.push_back(boolean("parallel.offload_optimizer", kFixed, "Keep optimizer state in host memory.",
                       REF(parallel.offload_optimizer)));
   s.push_back(integer("parallel.micro_batches", 0, 1e6, kFixed,

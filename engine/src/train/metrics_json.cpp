@@ -25,6 +25,8 @@ nlohmann::json to_json(const StepMetrics& m) {
       {"rss_mb", m.rss_mb},
       {"peak_rss_mb", m.peak_rss_mb},
       {"peak_gpu_mb", m.peak_gpu_mb},
+      {"peak_host_tensor_mb", m.peak_host_tensor_mb},
+      {"host_tensor_mb", m.host_tensor_mb},
       {"model_state_bytes", {{"params", m.param_bytes}, {"grads", m.grad_bytes}, {"optimizer", m.optimizer_bytes}}},
       {"comm_bytes", m.comm_bytes},
       {"transient_peak_bytes", m.transient_bytes}};
@@ -47,6 +49,8 @@ nlohmann::json rank_figures(const StepMetrics& m) {
           {"rss_mb", m.rss_mb},
           {"peak_rss_mb", m.peak_rss_mb},
           {"peak_gpu_mb", m.peak_gpu_mb},
+          {"peak_host_tensor_mb", m.peak_host_tensor_mb},
+          {"host_tensor_mb", m.host_tensor_mb},
           {"comm_bytes", m.comm_bytes}};
 }
 

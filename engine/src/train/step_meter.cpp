@@ -1,5 +1,7 @@
 #include "step_meter.h"
 
+#include "tide/engine/train/tensor_memory.h"
+
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
@@ -93,6 +95,8 @@ void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left, 
   m.rss_mb = mem.rss_mb;
   m.peak_rss_mb = mem.peak_rss_mb;
   m.peak_gpu_mb = peak_device_mb(device_);
+  m.peak_host_tensor_mb = static_cast<double>(peak_host_tensor_bytes()) / (1024.0 * 1024.0);
+  m.host_tensor_mb = static_cast<double>(host_tensor_bytes()) / (1024.0 * 1024.0);
   const DataParallel* dp = pm_.data_parallel.get();
   m.param_bytes = dp ? dp->param_bytes() : flat_bytes_;
   m.grad_bytes = dp ? dp->grad_bytes() : flat_bytes_;

@@ -137,6 +137,7 @@ void TensorBoardLog::write(const StepMetrics& m) {
   add("time/checkpoint_seconds", m.checkpoint_seconds);
   add("memory/rss_mb", m.rss_mb);
   add("memory/peak_gpu_mb", m.peak_gpu_mb);
+  add("memory/peak_host_tensor_mb", m.peak_host_tensor_mb);
   add("comm/bytes", static_cast<double>(m.comm_bytes));
   if (m.val_loss) add("eval/loss", *m.val_loss);
   std::string e = event(m.time > 0 ? m.time : now(), m.step);  // the row's time: the same in metrics.jsonl

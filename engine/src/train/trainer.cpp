@@ -24,6 +24,7 @@
 #include "tide/engine/run_layout.h"
 #include "tide/engine/train/run_files.h"
 #include "tide/engine/train/runtime.h"
+#include "tide/engine/train/tensor_memory.h"
 #include "trainer_state.h"
 #include "training_loop.h"
 
@@ -97,6 +98,8 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   s.log = open_run_log(s);
 
   const int threads = configure_threads(cfg.threads);
+  // Before the model exists: every tensor of the run is counted (peak_host_tensor_mb).
+  count_host_tensor_memory();
   // Dropout masks differ between data-parallel ranks, as they would between batches.
   torch::manual_seed(static_cast<uint64_t>(cfg.seed) + 1000003ull * static_cast<uint64_t>(s.dp_rank));
   s.data = std::make_unique<TokenDataset>(cfg.data.path);

@@ -87,6 +87,10 @@ struct CheckpointConfig {
 };
 
 struct ParallelConfig {
+  // The planner chooses dp, tp, pp, zero, offload, sequence parallelism, the pipeline
+  // schedule, activation checkpointing and the micro-batch for the world the run gets
+  // (plan/plan.h, choose_layout); the global batch stays the recipe's.
+  bool auto_layout = false;
   int64_t dp = 0;  // 0: inferred as world / (tp * pp)
   int64_t tp = 1;
   int64_t pp = 1;

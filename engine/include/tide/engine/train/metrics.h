@@ -26,6 +26,10 @@ struct StepMetrics {
   // The most device memory the caching allocator has handed to tensors so far (MiB;
   // PyTorch's max_memory_allocated). 0 on the CPU.
   double peak_gpu_mb = 0;
+  // The most host memory tensors held at once so far (MiB), counted by tide's CPU
+  // allocator (tensor_memory.h): on the CPU, what the planner's peak predicts.
+  double peak_host_tensor_mb = 0;
+  double host_tensor_mb = 0;  // what host tensors hold at the step's end
   // What this rank holds of the model state, in bytes, and what it sent this step.
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, comm_bytes = 0;
   // The most held at once, so far, of parameters gathered and gradients waiting to be

@@ -1,0 +1,219 @@
+// What one rank holds at its peak, following the engine's code paths:
+//   flat buffers (flat_parameters.h): fp32 parameters and gradients, whole or (ZeRO) the
+//     rank's pieces of every unit, each unit padded to a multiple of dp;
+//   AdamW (adamw.h): two fp32 moments over the owned elements, and with offload a host
+//     master and gradient copy instead, all in host memory;
+//   bf16 compute (compute_dtype.h): one bf16 copy of every matmul weight cast per step
+//     (ZeRO-3 and recomputed blocks: per forward, held by autograd until backward);
+//   ZeRO-3 (sharded_parameters.h): unit 0 whole for the step, plus the running block's
+//     unit and the prefetched one; ZeRO-2/3 (sharded_gradients.h): each unit's gradients
+//     in a buffer until reduce-scattered, unit 0's for the whole backward;
+//   autograd's saved tensors per block (layers.cpp), the loss's logits
+//     (linear_cross_entropy.cpp, tensor_parallel_group.cpp), the micro-batches a
+//     pipeline schedule keeps in flight (pipeline.cpp);
+//   the temporaries of the backward step that makes the most at once.
+// Shape legend: B micro-batch, T sequence, Tn the residual stream's sequence on this rank
+// (T / tp with sequence parallelism), N = B*T, D dim, Hd head dim, F this rank's MLP
+// width, V this rank's vocabulary rows, s the compute dtype's bytes.
+#include <algorithm>
+
+#include "estimates.h"
+#include "rank_model.h"
+#include "tide/engine/model/pipeline_stage.h"
+
+namespace tide::plan {
+
+namespace {
+
+struct Shape {
+  double B, T, Tn, N, Nn, s;
+};
+
+// Autograd's saved tensors of one block and micro-batch, run without recomputation.
+double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
+  const double D = static_cast<double>(r.dim), hd = static_cast<double>(r.head_dim);
+  const double H = static_cast<double>(r.heads), K = static_cast<double>(r.kv_heads);
+  const double F = static_cast<double>(r.ffn);
+  // Each norm keeps its input in fp32 and per row the inverse RMS (RMSNorm, rms_norm.cpp)
+  // or mean and inverse deviation (LayerNorm).
+  const double norm = x.Nn * D * 4 + x.Nn * 4 * (m.norm == NormKind::LayerNorm ? 2 : 1);
+  double bytes = 2 * norm;
+  // The attention and MLP inputs, the whole sequence (gathered under sequence
+  // parallelism), kept by the projections that read them.
+  bytes += 2 * x.N * D * x.s;
+  if (m.family == Family::BLOOM) {
+    bytes += x.N * 3 * H * hd * x.s;  // the fused q, k, v output, kept whole by their views
+  } else {
+    // q and k after RoPE (new tensors; the rotation itself keeps only cos and sin), v a
+    // view of its projection: what attention keeps.
+    bytes += x.N * (H + 2 * K) * hd * x.s;
+  }
+  bytes += x.N * H * hd * x.s;  // attention's output, kept by it and the output projection
+  bytes += x.B * H * x.T * 4;   // its log-sum-exp per row
+  // SwiGLU keeps the gate's input, silu's output, up's output and their product; GELU
+  // its input and output.
+  bytes += (m.mlp == MlpKind::SwiGLU ? 4 : 2) * x.N * F * x.s;
+  return bytes;
+}
+
+// The most backward of one block holds beyond the saved tensors: the incoming gradient,
+// the MLP's gradients at their widest (two of width F for SwiGLU while the product's
+// node runs, one for GELU) and one weight gradient before it is added into the flat
+// buffer. (Measured with the counting allocator: 13.2 MiB for B 8, T 256, D 256, F 704.)
+double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shape& x) {
+  const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
+  return x.Nn * D * x.s + (m.mlp == MlpKind::SwiGLU ? 2 : 1) * x.N * F * x.s + D * F * 4;
+}
+
+struct Head {
+  double saved = 0;          // final norm, the projection's input, the loss's saved logits
+  double forward_extra = 0;  // logits being made beside what is saved
+  double backward_extra = 0;
+  double logits = 0;  // of `saved`
+};
+
+Head head(const RankModel& r, int64_t tp, const Shape& x) {
+  Head h;
+  const double D = static_cast<double>(r.dim), V = static_cast<double>(r.vocab);
+  h.saved = x.Nn * D * 4 + x.Nn * 4;  // the final norm
+  h.saved += x.N * D * x.s;           // the projection's input, whole sequence
+  const double bf16 = x.s < 4 ? 1.0 : 0.0;
+  if (tp == 1) {
+    // linear_cross_entropy: fp32 log-probabilities [N, V] kept for backward (made from a
+    // bf16 product under bf16), turned into the gradient in place.
+    h.logits = x.N * V * 4;
+    h.forward_extra = bf16 * x.N * V * 2;
+    h.backward_extra = bf16 * x.N * V * 2 + x.N * D * x.s + V * D * 4 + bf16 * V * D * 2;
+  } else {
+    // Vocabulary-parallel: the local logits and their fp32 softmax (kept); backward
+    // clones the softmax into the gradient.
+    h.logits = x.N * V * 4;
+    h.forward_extra = x.N * V * x.s + bf16 * x.N * V * 4;
+    h.backward_extra = x.N * V * 4 + bf16 * x.N * V * 2 + x.N * D * x.s + V * D * 4 + bf16 * V * D * 2;
+  }
+  h.saved += h.logits;
+  return h;
+}
+
+struct StageMemory {
+  MemoryEstimate m;
+  std::vector<double> per_block;
+};
+
+StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const PlanLayout& L, DType compute,
+                         const PipelineStage& stage, int stage_index) {
+  const ModelConfig& mc = cfg.model;
+  const RankModel r = rank_model(mc, L.tp, stage);
+  const int64_t world = static_cast<int64_t>(L.dp) * L.tp * L.pp;
+  const int64_t pad = world > 1 ? L.dp : 1;  // FlatParameters::Options::pad_to
+  const double P = static_cast<double>(r.padded_elements(pad));
+  const double piece = P / L.dp;
+  const double unit0 = static_cast<double>(r.units(pad).front());
+  const double block_unit = static_cast<double>(r.largest_block_unit(pad));
+  StageMemory out;
+  MemoryEstimate& m = out.m;
+
+  m.parameters = (L.zero == 3 ? piece : P) * 4;
+  m.gradients = (L.zero >= 2 ? piece : P) * 4;
+  const double owned = L.zero >= 1 ? piece : P;
+  if (L.offload) {
+    m.host = 4 * owned * 4;  // moments, master and gradient copies
+  } else {
+    m.optimizer = 2 * owned * 4;
+  }
+  const bool bf16 = compute == DType::BFloat16;
+  const bool recompute = L.activation_checkpointing;
+  if (bf16) {
+    // Blocks recomputed in backward cast uncached: their copies live one block at a time.
+    const double blocks = recompute ? 1.0 : static_cast<double>(r.blocks);
+    m.working_copy = 2 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul));
+  }
+  if (L.zero == 3) m.gathered += (unit0 + 2 * block_unit) * 4;
+  if (L.zero >= 2 && L.micro_batches > 1) {
+    // The last two units a micro-batch's backward reduce-scatters (block 0 and unit 0)
+    // stay in flight through the next micro-batch's forward: their gradient buffers, the
+    // pieces they return and, through Gloo, its staging copy of the input.
+    const double staging = device.host ? 1.0 : 0.0;
+    m.gathered += (unit0 + block_unit) * 4 * (1.0 + 1.0 / L.dp + staging);
+  }
+
+  Shape x;
+  x.B = static_cast<double>(L.micro_batch);
+  x.T = static_cast<double>(cfg.data.seq_len);
+  x.Tn = L.sequence_parallel ? x.T / L.tp : x.T;
+  x.N = x.B * x.T;
+  x.Nn = x.B * x.Tn;
+  x.s = bf16 ? 2.0 : 4.0;
+  const double D = static_cast<double>(r.dim);
+
+  const double one_block = block_saved(mc, r, x);
+  out.per_block.assign(static_cast<size_t>(r.blocks), one_block);
+  const double blocks = static_cast<double>(r.blocks);
+  // One micro-batch's saved tensors: every block's (or, recomputed, each block's input),
+  // the received activations (kept in the wire dtype beside the norm's fp32 copy under
+  // bf16) and the stage's output held for the backward of a later op.
+  double per_micro_batch = recompute ? blocks * x.Nn * D * x.s : blocks * one_block;
+  if (!r.first && bf16) per_micro_batch += x.Nn * D * 2;
+  if (!r.last) per_micro_batch += x.Nn * D * x.s;
+  if (r.first) per_micro_batch += x.N * 8 * (L.tp > 1 ? 2 : 1);  // token ids kept by the lookup
+  Head h;
+  if (r.last) {
+    h = head(r, L.tp, x);
+    per_micro_batch += h.saved;
+  }
+
+  // Micro-batches in flight: 1F1B holds pp - stage (at most all of them), GPipe all.
+  int64_t in_flight = 1;
+  if (L.pp > 1)
+    in_flight = L.schedule == "gpipe" ? L.micro_batches : std::min<int64_t>(L.pp - stage_index, L.micro_batches);
+  m.activations = static_cast<double>(in_flight) * (per_micro_batch - h.logits);
+  m.loss = static_cast<double>(in_flight) * h.logits;
+
+  // The widest moment of one micro-batch beyond its saved tensors: the loss being made,
+  // the head's backward (the logits still held), or a block's backward, by when the head's
+  // saved tensors, logits included, are gone.
+  double block_extra = block_backward_extra(mc, r, x);
+  if (recompute) block_extra += one_block;  // the recomputed block's own saved tensors
+  // ZeRO-2/3: unit 0's gradient buffer from the head's backward (once the logits are
+  // released) to the embedding's, and the block units' while in flight (two at most,
+  // sharded_gradients.cpp).
+  if (L.zero >= 2) block_extra += (unit0 + 2 * block_unit) * 4;
+  m.backward_transient = r.last ? std::max({h.forward_extra, h.backward_extra, block_extra - h.saved}) : block_extra;
+  if (L.pp > 1) {
+    const double wire = bf16 ? 2.0 : 4.0;
+    m.communication = x.Nn * D * wire;  // the gradient or activation being received
+  }
+  // The asynchronous checkpoint's snapshot (checkpointer.cpp: the owned parameters and
+  // both moments, copied to the host) overlaps the steps after a save.
+  if (cfg.checkpoint.async && cfg.checkpoint.every > 0) m.checkpoint = 3 * owned * 4;
+  double tensors = m.parameters + m.gradients + m.optimizer + m.working_copy + m.gathered + m.activations + m.loss +
+                   m.backward_transient + m.communication;
+  if (device.host) tensors += m.host + m.checkpoint;  // the CPU's device memory is the host's
+  m.runtime = device.runtime_bytes + device.fragmentation * tensors;
+  m.device = tensors + m.runtime;
+  return out;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const RunConfig& cfg, const DeviceSpec& device, const PlanLayout& layout,
+                               DType compute) {
+  std::vector<PipelineStage> stages{PipelineStage{}};
+  if (layout.pp > 1) stages = partition_stages(cfg.model, layout.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages);
+  MemoryEstimate worst;
+  worst.device = -1;
+  std::vector<double> by_stage;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    StageMemory sm = stage_memory(cfg, device, layout, compute, stages[s], static_cast<int>(s));
+    by_stage.push_back(sm.m.device);
+    if (sm.m.device > worst.device) {
+      worst = sm.m;
+      worst.activations_by_block = std::move(sm.per_block);
+      worst.peak_stage = static_cast<int>(s);
+    }
+  }
+  worst.by_stage = std::move(by_stage);
+  return worst;
+}
+
+}  // namespace tide::plan

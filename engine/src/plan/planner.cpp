@@ -1,0 +1,273 @@
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "estimates.h"
+#include "tide/engine/config_schema.h"
+#include "tide/engine/model/pipeline_stage.h"
+#include "tide/engine/parallel/grid.h"
+#include "tide/engine/plan/plan.h"
+#include "tide/engine/run_layout.h"
+#include "tide/engine/train/flops.h"
+
+namespace tide {
+
+std::string PlanLayout::describe() const {
+  std::string s = fmt::format("dp{} tp{} pp{} zero{} mb{}x{}", dp, tp, pp, zero, micro_batch, micro_batches);
+  if (pp > 1) s += " " + schedule;
+  if (sequence_parallel) s += " sp";
+  if (activation_checkpointing) s += " ckpt";
+  if (offload) s += " offload";
+  return s;
+}
+
+void PlanLayout::apply_to(RunConfig& cfg) const {
+  cfg.parallel.dp = dp;
+  cfg.parallel.tp = tp;
+  cfg.parallel.pp = pp;
+  cfg.parallel.zero = zero;
+  cfg.parallel.offload_optimizer = offload;
+  cfg.parallel.sequence_parallel = sequence_parallel;
+  cfg.parallel.pipeline_schedule = schedule;
+  cfg.parallel.micro_batches = 0;
+  cfg.batch.micro_batch = micro_batch;
+  cfg.model.activation_checkpointing = activation_checkpointing;
+}
+
+namespace {
+
+std::vector<int> divisors(int64_t n) {
+  std::vector<int> out;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(static_cast<int>(d));
+  return out;
+}
+
+double usable_memory(const DeviceSpec& device, const PlanOptions& options) {
+  return device.memory_bytes * (1.0 - options.memory_headroom);
+}
+
+std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
+
+// The largest items of a memory estimate, for a refusal.
+std::string largest_items(const MemoryEstimate& m) {
+  std::vector<std::pair<double, const char*>> items = {{m.parameters, "parameters"},
+                                                       {m.gradients, "gradients"},
+                                                       {m.optimizer, "optimizer state"},
+                                                       {m.working_copy, "bf16 weights"},
+                                                       {m.gathered, "ZeRO buffers"},
+                                                       {m.activations, "activations"},
+                                                       {m.loss, "logits"},
+                                                       {m.backward_transient, "backward temporaries"}};
+  std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return fmt::format("{} {}, {} {}, {} {}", items[0].second, gib(items[0].first), items[1].second, gib(items[1].first),
+                     items[2].second, gib(items[2].first));
+}
+
+}  // namespace
+
+LayoutPlan evaluate_layout(const RunConfig& cfg, const Cluster& cluster, const PlanLayout& layout) {
+  LayoutPlan p;
+  p.layout = layout;
+  const DType compute = plan::planned_compute_dtype(cfg, cluster.device);
+  p.memory = plan::estimate_memory(cfg, cluster.device, layout, compute);
+  p.time = plan::estimate_time(cfg, cluster, layout, compute);
+  const double peak = compute == DType::BFloat16 ? cluster.device.bf16_flops : cluster.device.fp32_flops;
+  p.time.mfu = train_flops_per_token(cfg.model, cfg.data.seq_len) * p.time.tokens_per_second /
+               (static_cast<double>(cluster.world()) * peak);
+  p.fits = p.memory.device <= cluster.device.memory_bytes;
+  if (!p.fits)
+    p.reason = fmt::format("does not fit: needs {} of {} ({})", gib(p.memory.device), gib(cluster.device.memory_bytes),
+                           largest_items(p.memory));
+  return p;
+}
+
+PlanLayout layout_of(const RunConfig& cfg, int world) {
+  check_supported_layout(cfg, world);
+  const BatchLayout batch = batch_layout(cfg, world);
+  PlanLayout l;
+  l.dp = static_cast<int>(batch.dp);
+  l.tp = static_cast<int>(cfg.parallel.tp);
+  l.pp = static_cast<int>(cfg.parallel.pp);
+  l.zero = static_cast<int>(cfg.parallel.zero);
+  l.offload = cfg.parallel.offload_optimizer;
+  l.activation_checkpointing = cfg.model.activation_checkpointing;
+  l.sequence_parallel = cfg.parallel.sequence_parallel && l.tp > 1;
+  l.schedule = cfg.parallel.pipeline_schedule;
+  l.micro_batch = batch.micro_batch;
+  l.micro_batches = accumulation_steps(cfg.batch.global_batch, batch);
+  return l;
+}
+
+Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOptions& options) {
+  Plan plan;
+  plan.recipe = cfg.name;
+  plan.cluster = cluster;
+  plan.parameters = parameter_count(cfg.model);
+  plan.flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
+  plan.compute = plan::planned_compute_dtype(cfg, cluster.device);
+  const int world = cluster.world();
+  const int64_t global_batch = cfg.batch.global_batch;
+  const double usable = usable_memory(cluster.device, options);
+  const ModelConfig& m = cfg.model;
+
+  auto refuse = [&](PlanLayout l, std::string reason) {
+    LayoutPlan p;
+    p.layout = std::move(l);
+    p.reason = std::move(reason);
+    plan.rejected.push_back(std::move(p));
+  };
+
+  for (const int tp : divisors(world)) {
+    if (options.tp && tp != *options.tp) continue;
+    PlanLayout family;
+    family.tp = tp;
+    try {
+      check_tensor_parallel(m, tp, false, cfg.data.seq_len);
+    } catch (const ConfigError& e) {
+      family.dp = 0;
+      refuse(family, e.what());
+      continue;
+    }
+    for (const int pp : divisors(world / tp)) {
+      if (options.pp && pp != *options.pp) continue;
+      family.pp = pp;
+      family.dp = world / (tp * pp);
+      if (pp > m.n_layers) {
+        refuse(family, fmt::format("parallel.pp: {} stages for model.n_layers = {} blocks", pp, m.n_layers));
+        continue;
+      }
+      if (global_batch % family.dp != 0) {
+        refuse(family,
+               fmt::format("batch.global_batch: {} sequences do not split over dp = {}", global_batch, family.dp));
+        continue;
+      }
+      const int64_t per_rank = global_batch / family.dp;
+      for (int zero = 0; zero <= 3; ++zero) {
+        if (options.zero && zero != *options.zero) continue;
+        if (zero > 0 && family.dp == 1 && !options.zero) continue;  // nothing to shard
+        if (pp > 1 && (zero == 3 || (zero == 2 && m.tie_embeddings))) continue;
+        family.zero = zero;
+        LayoutPlan best_of_family;  // the fastest that fits, or the smallest that does not
+        bool any_fits = false;
+        double smallest = -1;
+        for (const bool offload : {false, true}) {
+          if (offload && !options.allow_offload) continue;
+          for (const bool ckpt : {false, true}) {
+            for (const bool sp : {false, true}) {
+              if (sp && (tp == 1 || cfg.data.seq_len % tp != 0)) continue;
+              for (const char* schedule : {"1f1b", "gpipe"}) {
+                if (pp == 1 && std::string(schedule) == "gpipe") continue;
+                PlanLayout l = family;
+                l.offload = offload;
+                l.activation_checkpointing = ckpt;
+                l.sequence_parallel = sp;
+                l.schedule = schedule;
+                LayoutPlan fastest;
+                int64_t largest = 0;
+                bool fits = false;
+                for (const int mb : divisors(per_rank)) {
+                  if (mb > options.max_micro_batch) break;
+                  l.micro_batch = mb;
+                  l.micro_batches = per_rank / mb;
+                  LayoutPlan p = evaluate_layout(cfg, cluster, l);
+                  p.fits = p.memory.device <= usable;
+                  if (!p.fits) {
+                    if (smallest < 0 || p.memory.device < smallest) {
+                      smallest = p.memory.device;
+                      if (!any_fits) {
+                        best_of_family = p;
+                        best_of_family.reason =
+                            fmt::format("does not fit: needs {} of {} at micro-batch {} ({})", gib(p.memory.device),
+                                        gib(usable), mb, largest_items(p.memory));
+                      }
+                    }
+                    break;  // larger micro-batches need more
+                  }
+                  largest = mb;
+                  if (!fits || p.time.step < fastest.time.step) fastest = p;
+                  fits = true;
+                }
+                if (!fits) continue;
+                fastest.largest_micro_batch = largest;
+                fastest.reason.clear();
+                any_fits = true;
+                plan.ranked.push_back(std::move(fastest));
+              }
+            }
+          }
+        }
+        if (!any_fits && smallest >= 0) plan.rejected.push_back(std::move(best_of_family));
+      }
+    }
+  }
+  std::sort(plan.ranked.begin(), plan.ranked.end(), [](const LayoutPlan& a, const LayoutPlan& b) {
+    return std::tie(a.time.step, a.memory.device) < std::tie(b.time.step, b.memory.device);
+  });
+  if (!plan.ranked.empty()) {
+    const double best = plan.ranked.front().time.step;
+    for (auto& p : plan.ranked)
+      if (p.time.step > best)
+        p.reason = fmt::format("{:.0f}% slower than the best", 100.0 * (p.time.step / best - 1.0));
+  }
+  try {
+    LayoutPlan own = evaluate_layout(cfg, cluster, layout_of(cfg, world));
+    own.fits = own.memory.device <= usable;
+    if (own.fits && !plan.ranked.empty() && own.time.step > plan.ranked.front().time.step)
+      own.reason =
+          fmt::format("{:.0f}% slower than the best", 100.0 * (own.time.step / plan.ranked.front().time.step - 1.0));
+    plan.recipe_layout = std::move(own);
+  } catch (const ConfigError& e) {
+    LayoutPlan own;
+    own.reason = e.what();
+    plan.recipe_layout = std::move(own);
+  }
+  return plan;
+}
+
+}  // namespace tide
+
+namespace tide {
+
+LayoutChoice choose_layout(const RunConfig& cfg, const Cluster& cluster, const PlanOptions& options) {
+  const Plan plan = plan_layouts(cfg, cluster, options);
+  if (plan.ranked.empty()) {
+    // The family that came closest to fitting, with its shortfall.
+    const LayoutPlan* closest = nullptr;
+    for (const auto& p : plan.rejected)
+      if (p.memory.device > 0 && (!closest || p.memory.device < closest->memory.device)) closest = &p;
+    throw ConfigError("parallel.auto", closest
+                                           ? fmt::format("no layout of {} ranks fits: the closest, {}, {}",
+                                                         cluster.world(), closest->layout.describe(), closest->reason)
+                                           : fmt::format("no layout of {} ranks can run this model", cluster.world()));
+  }
+  LayoutChoice c;
+  c.chosen = plan.ranked.front();
+  if (plan.ranked.size() > 1) c.runner_up = plan.ranked[1];
+  const auto& l = c.chosen.layout;
+  c.explanation = fmt::format(
+      "parallel.auto chose {} for {} ranks of {}: {:.3g} s per step, {:.0f} tokens/s, {} "
+      "per rank of {}",
+      l.describe(), cluster.world(), cluster.device.name, c.chosen.time.step, c.chosen.time.tokens_per_second,
+      gib(c.chosen.memory.device), gib(cluster.device.memory_bytes));
+  if (c.runner_up)
+    c.explanation += fmt::format("; runner-up {} ({:.1f}% slower)", c.runner_up->layout.describe(),
+                                 100.0 * (c.runner_up->time.step / c.chosen.time.step - 1.0));
+  c.explanation += fmt::format("; {} layouts fit, {} families refused", plan.ranked.size(), plan.rejected.size());
+  c.overrides = {"parallel.auto=false",
+                 fmt::format("parallel.dp={}", l.dp),
+                 fmt::format("parallel.tp={}", l.tp),
+                 fmt::format("parallel.pp={}", l.pp),
+                 fmt::format("parallel.zero={}", l.zero),
+                 fmt::format("parallel.offload_optimizer={}", l.offload),
+                 fmt::format("parallel.sequence_parallel={}", l.sequence_parallel),
+                 fmt::format("parallel.pipeline_schedule={}", l.schedule),
+                 "parallel.micro_batches=0",
+                 fmt::format("batch.micro_batch={}", l.micro_batch),
+                 fmt::format("model.activation_checkpointing={}", l.activation_checkpointing)};
+  return c;
+}
+
+}  // namespace tide

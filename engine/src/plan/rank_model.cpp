@@ -1,0 +1,69 @@
+#include "rank_model.h"
+
+#include <algorithm>
+
+namespace tide::plan {
+
+namespace {
+int64_t padded(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+}  // namespace
+
+std::vector<int64_t> RankModel::units(int64_t pad_to) const {
+  std::vector<int64_t> out{padded(outside_elements, pad_to)};
+  for (int64_t b = 0; b < blocks; ++b) out.push_back(padded(block_elements, pad_to));
+  return out;
+}
+
+int64_t RankModel::padded_elements(int64_t pad_to) const {
+  return padded(outside_elements, pad_to) + blocks * padded(block_elements, pad_to);
+}
+
+int64_t RankModel::largest_block_unit(int64_t pad_to) const { return blocks > 0 ? padded(block_elements, pad_to) : 0; }
+
+RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stage) {
+  RankModel r;
+  const int64_t d = m.dim, hd = head_dim(m), kv = resolved_kv_heads(m);
+  r.dim = d;
+  r.head_dim = hd;
+  r.heads = m.n_heads / tp;
+  r.ffn = resolved_ffn_dim(m) / tp;
+  r.vocab = (m.vocab_size + tp - 1) / tp;  // padded_vocab(V, tp) / tp
+  r.first = stage.first;
+  r.last = stage.last;
+  r.blocks = (stage.end_block < 0 ? m.n_layers : stage.end_block) - stage.first_block;
+
+  // A block (layers.cpp): two norms, attention, MLP.
+  const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;
+  const int64_t local = r.heads * hd;
+  int64_t attention = 0, attention_matmul = 0;
+  if (m.family == Family::BLOOM) {
+    attention_matmul = d * 3 * local + local * d;
+    attention = attention_matmul + (m.attention_bias ? 3 * local + d : 0);
+    r.kv_heads = r.heads;
+  } else {
+    const bool kv_split = kv % tp == 0;
+    r.kv_heads = kv_split ? kv / tp : 1;
+    const int64_t kv_rows = (kv_split ? kv / tp : kv) * hd;  // held whole when fewer than tp
+    attention_matmul = d * local + 2 * d * kv_rows + local * d;
+    attention = attention_matmul + (m.attention_bias ? local + 2 * kv_rows + d : 0);
+  }
+  const int64_t mlp_matrices = m.mlp == MlpKind::SwiGLU ? 3 : 2;
+  const int64_t mlp_matmul = mlp_matrices * d * r.ffn;
+  const int64_t mlp = mlp_matmul + (m.mlp_bias ? (mlp_matrices - 1) * r.ffn + d : 0);
+  r.block_matmul = attention_matmul + mlp_matmul;
+  r.block_elements = 2 * norm + attention + mlp;
+
+  // Unit 0 (transformer.cpp): the embedding on the first stage (and its copy on the last
+  // when tied), learned positions and the embedding norm on the first, the final norm and
+  // an untied head on the last.
+  int64_t outside = 0;
+  if (stage.first || (stage.last && m.tie_embeddings)) outside += r.vocab * d;
+  if (stage.first && m.positions == PositionKind::Learned) outside += m.max_seq_len * d;
+  if (stage.first && m.embedding_norm) outside += 2 * d;
+  if (stage.last) outside += norm + (m.tie_embeddings ? 0 : r.vocab * d);
+  r.outside_elements = outside;
+  r.head_matmul = stage.last ? r.vocab * d : 0;
+  return r;
+}
+
+}  // namespace tide::plan

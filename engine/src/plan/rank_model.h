@@ -1,0 +1,37 @@
+// The part of the model one rank holds (one tensor-parallel slice of one pipeline
+// stage), in the terms the memory and time models need: local widths, the elements of
+// each flat-buffer unit, the matmul weights. It mirrors TransformerImpl's constructor
+// (layers.cpp, transformer.cpp): a test compares it with the real model's buffers.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tide/engine/config.h"
+#include "tide/engine/model/pipeline_stage.h"
+
+namespace tide::plan {
+
+struct RankModel {
+  int64_t dim = 0, head_dim = 0;
+  int64_t heads = 0;     // query heads of this rank
+  int64_t kv_heads = 0;  // key/value heads this rank computes (1 when fewer than tp: held whole, one used)
+  int64_t ffn = 0;       // MLP width of this rank
+  int64_t vocab = 0;     // rows of this rank's embedding / output slice (padded vocabulary / tp)
+  int64_t blocks = 0;    // blocks of this stage
+  bool first = true, last = true;
+  int64_t block_elements = 0;    // parameters of one block on this rank
+  int64_t block_matmul = 0;      // of which matmul weights
+  int64_t outside_elements = 0;  // unit 0: embeddings, final norm, output head of this stage
+  int64_t head_matmul = 0;       // the output projection's weight (last stage), tied or not
+
+  // Elements of each flat-buffer unit, each padded to a multiple of pad_to (FlatParameters):
+  // unit 0 first, then this stage's blocks.
+  std::vector<int64_t> units(int64_t pad_to) const;
+  int64_t padded_elements(int64_t pad_to) const;
+  int64_t largest_block_unit(int64_t pad_to) const;
+};
+
+RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stage);
+
+}  // namespace tide::plan

@@ -1,0 +1,193 @@
+// Seconds of one optimizer step on the slowest pipeline stage, following what the
+// engine runs:
+//   matmuls at the device's matmul rate (its peak times the efficiency the table assumes
+//     or --calibrate measured); causal attention at half its counted FLOPs (the flash
+//     kernels skip the masked blocks), recomputation one more forward of the blocks;
+//   elementwise work (norms, activations, softmax, residuals, the loss) as memory
+//     traffic: every saved activation written in forward, read in backward and its
+//     gradient written and read once more;
+//   tensor parallelism: four all-reduces (or gather + reduce-scatter pairs) of the
+//     residual stream per block and micro-batch, on the critical path;
+//   data parallelism: gradient all-reduce (ZeRO-0) or reduce-scatter (1-3, every
+//     micro-batch for 2-3) overlapping the backward that produces it, the parameter
+//     all-gather after the update (ZeRO-1/2) or before each block (ZeRO-3, prefetched);
+//   pipelines: one send and receive per micro-batch and direction, and the fill and drain
+//     bubble of (pp - 1) micro-batch slots;
+//   AdamW reading and writing 28 bytes per owned element; offload moves gradients to the
+//     host and parameters back, and updates at the host's speed.
+#include <algorithm>
+#include <cmath>
+
+#include "estimates.h"
+#include "rank_model.h"
+#include "tide/engine/model/pipeline_stage.h"
+
+namespace tide::plan {
+
+namespace {
+
+// A ring collective over `ranks` of `bytes` per rank: all-reduce moves 2 (n-1)/n of
+// them, all-gather and reduce-scatter (n-1)/n.
+double ring_seconds(double bytes, int ranks, double factor, double bandwidth, double latency) {
+  if (ranks <= 1) return 0.0;
+  const double n = ranks;
+  return factor * (n - 1) / n * bytes / bandwidth + latency * std::log2(n);
+}
+
+// Host memory bandwidth a GPU's share of its node's CPUs reaches for the offloaded AdamW.
+constexpr double kHostAdamBandwidth = 20e9;
+
+// Operators one block runs per micro-batch, forward and backward (about 40 forward:
+// norms, projections, RoPE, attention, SwiGLU, residuals; twice that backward), and the
+// embedding, head and loss.
+constexpr double kOpsPerBlock = 120, kOpsOutsideBlocks = 30;
+
+// Attention's share of the 12 T FLOPs per width and token it is counted for: causal
+// kernels skip the masked half; ALiBi hands the kernel a mask, which skips nothing.
+double attention_fraction(const ModelConfig& mc) { return mc.positions == PositionKind::ALiBi ? 1.0 : 0.5; }
+
+// Per token of one micro-batch on this rank's stage: matmul FLOPs (6 per weight, and
+// attention's) and elementwise traffic: about four passes over what a block saves
+// (written, read back, its gradient written and read), the ALiBi mask's rows read in
+// forward and backward, five passes over the logits; recomputation adds one forward's
+// writes.
+TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, double s, bool recompute) {
+  const double blocks = static_cast<double>(r.blocks);
+  const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
+  const double attn_width = static_cast<double>(r.heads * r.head_dim);
+  TokenCost c;
+  c.matmul_flops = 6.0 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul)) +
+                   12.0 * attention_fraction(mc) * blocks * attn_width * T;
+  double saved = D * (4 * 2 + 2 * s) + static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim) * s +
+                 attn_width * s + (mc.mlp == MlpKind::SwiGLU ? 4 : 2) * F * s;
+  if (mc.positions == PositionKind::ALiBi) saved += 2.0 * static_cast<double>(r.heads) * T * s / 4.0;
+  c.elementwise_bytes = 4.0 * blocks * saved;
+  if (r.last) c.elementwise_bytes += 5.0 * static_cast<double>(r.vocab) * 4;
+  if (recompute) c.elementwise_bytes *= 1.25;
+  return c;
+}
+
+}  // namespace
+
+DType planned_compute_dtype(const RunConfig& cfg, const DeviceSpec& device) {
+  if (cfg.precision.compute != DType::Auto) return cfg.precision.compute;
+  return device.host ? DType::Float32 : DType::BFloat16;
+}
+
+TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const PlanLayout& L, DType compute) {
+  const ModelConfig& mc = cfg.model;
+  const DeviceSpec& dev = cluster.device;
+  const bool bf16 = compute == DType::BFloat16;
+  const double s = bf16 ? 2.0 : 4.0;
+  const double peak = bf16 ? dev.bf16_flops : dev.fp32_flops;
+  const double matmul_rate = peak * dev.matmul_efficiency;
+  const double memory_rate = dev.memory_bandwidth * dev.bandwidth_efficiency;
+  const int per_node = cluster.devices_per_node;
+  // Rank order (grid.h): tp fastest, then dp, then pp. A group whose span of ranks
+  // exceeds a node crosses the slower link.
+  const double tp_bw = L.tp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
+  const double dp_bw = L.tp * L.dp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
+  const double pp_bw = L.tp * L.dp * L.pp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
+  const double lat = dev.collective_latency;
+
+  const double T = static_cast<double>(cfg.data.seq_len);
+  const double B = static_cast<double>(L.micro_batch);
+  const double M = static_cast<double>(L.micro_batches);
+  const double tokens_mb = B * T;  // per micro-batch and rank
+
+  std::vector<PipelineStage> stages{PipelineStage{}};
+  if (L.pp > 1) stages = partition_stages(mc, L.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages);
+  const int64_t world = static_cast<int64_t>(L.dp) * L.tp * L.pp;
+  const int64_t pad = world > 1 ? L.dp : 1;
+
+  TimeEstimate worst;
+  double worst_busy = -1;
+  for (const auto& stage : stages) {
+    const RankModel r = rank_model(mc, L.tp, stage);
+    const double blocks = static_cast<double>(r.blocks);
+    const double D = static_cast<double>(r.dim);
+    const double attn_width = static_cast<double>(r.heads * r.head_dim);
+    TimeEstimate t;
+    const TokenCost cost = stage_token_cost(mc, r, T, s, false);
+    t.compute = M * tokens_mb * cost.matmul_flops / matmul_rate;
+    if (L.activation_checkpointing)
+      t.recompute = M * tokens_mb *
+                    (2.0 * blocks * static_cast<double>(r.block_matmul) +
+                     4.0 * attention_fraction(mc) * blocks * attn_width * T) /
+                    matmul_rate;
+    t.elementwise =
+        M * tokens_mb * stage_token_cost(mc, r, T, s, L.activation_checkpointing).elementwise_bytes / memory_rate +
+        M * (blocks * kOpsPerBlock * (L.activation_checkpointing ? 4.0 / 3.0 : 1.0) + kOpsOutsideBlocks) *
+            dev.op_overhead;
+
+    if (L.tp > 1) {
+      const double per_collective = tokens_mb * D * s;
+      t.tp_comm = M * blocks * 4 * ring_seconds(per_collective, L.tp, 2.0, tp_bw, lat);
+      if (stage.last) t.tp_comm += M * 2 * ring_seconds(tokens_mb * D * s, L.tp, 2.0, tp_bw, lat);
+    }
+
+    // Data parallelism over the flat fp32 buffers.
+    const double P = static_cast<double>(r.padded_elements(pad));
+    const double grad_bytes = P * 4;
+    double reduce = 0, gather = 0;
+    if (L.zero == 0) reduce = ring_seconds(grad_bytes, L.dp, 2.0, dp_bw, lat);
+    if (L.zero == 1) reduce = ring_seconds(grad_bytes, L.dp, 1.0, dp_bw, lat);
+    if (L.zero >= 2) reduce = M * ring_seconds(grad_bytes, L.dp, 1.0, dp_bw, lat);
+    if (L.zero == 1 || L.zero == 2) gather = ring_seconds(grad_bytes, L.dp, 1.0, dp_bw, lat);
+    if (L.zero == 3) gather = 2 * M * ring_seconds(grad_bytes, L.dp, 1.0, dp_bw, lat);
+    t.dp_comm_total = reduce + gather;
+    // Reductions overlap the backward that produces them (the last micro-batch's for
+    // ZeRO-0/1, each one's for 2-3) except the last unit's; ZeRO-3 gathers overlap the
+    // forward and backward they prefetch for; ZeRO-1/2 gathers follow the update. On a
+    // CPU nothing overlaps: Gloo's threads take the cores the step computes on.
+    const double overlap = dev.host ? 0.0 : 1.0;
+    const double backward_compute = overlap * (t.compute + t.recompute) * 2.0 / 3.0;
+    const double window = L.zero >= 2 ? backward_compute : backward_compute / M;
+    const double units = std::max(1.0, blocks + 1);
+    double exposed = std::max(0.0, reduce - window) + reduce / units;
+    if (L.zero == 3)
+      exposed += std::max(0.0, gather - overlap * (t.compute + t.recompute)) + gather / (2 * M * units);
+    else
+      exposed += gather;
+    t.dp_comm = L.dp > 1 ? exposed : 0.0;
+
+    if (L.pp > 1) {
+      const double wire = bf16 ? 2.0 : 4.0;
+      const double hop = tokens_mb * D * wire / pp_bw + lat;
+      t.pp_comm = M * 2 * hop;
+    }
+
+    const double owned = L.zero >= 1 ? P / L.dp : P;
+    t.optimizer = owned * 28 / memory_rate;
+    if (L.offload) {
+      const double host_bw = dev.host ? memory_rate : kHostAdamBandwidth;
+      t.optimizer = owned * 28 / host_bw;
+      if (!dev.host)
+        t.optimizer += owned * 8 / dev.host_link_bandwidth;  // gradients out, parameters back
+      else
+        t.optimizer += owned * 8 / memory_rate;
+    }
+    const double busy = t.compute + t.recompute + t.elementwise + t.tp_comm + t.pp_comm;
+    if (busy > worst_busy) {
+      worst_busy = busy;
+      worst = t;
+    }
+  }
+  // Fill and drain: (pp - 1) slots of the slowest stage's micro-batch time.
+  if (L.pp > 1) worst.bubble = (L.pp - 1) * worst_busy / M;
+  worst.step = worst_busy + worst.bubble + worst.dp_comm + worst.optimizer;
+  const double global_tokens = static_cast<double>(cfg.batch.global_batch) * T;
+  worst.tokens_per_second = global_tokens / worst.step;
+  return worst;
+}
+
+}  // namespace tide::plan
+
+namespace tide {
+
+TokenCost token_cost(const ModelConfig& m, int64_t seq_len, DType compute) {
+  return plan::stage_token_cost(m, plan::rank_model(m, 1, PipelineStage{}), static_cast<double>(seq_len),
+                                compute == DType::BFloat16 ? 2.0 : 4.0, false);
+}
+
+}  // namespace tide

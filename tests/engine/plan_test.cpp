@@ -1,0 +1,220 @@
+// The planner's arithmetic on the bundled recipes: what each rank holds follows the
+// engine's buffers, sharding and recomputation move memory where they should, layouts
+// that cannot run are refused with the reason, the ranking is ordered. (How close the
+// predictions come to measured peaks and step times: parallel.plan_vs_measured.)
+#include <algorithm>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "../../engine/src/plan/rank_model.h"
+#include "tide/engine/config_schema.h"
+#include "tide/engine/model/pipeline_stage.h"
+#include "tide/engine/plan/plan.h"
+#include "tide/scripting/recipe.h"
+
+namespace tide {
+namespace {
+
+RunConfig recipe(const std::string& name, const std::vector<std::string>& overrides = {}) {
+  return Recipe::load_file(std::string(TIDE_SOURCE_DIR) + "/recipes/" + name + ".lua", overrides).config();
+}
+
+Cluster h100(int nodes, int per_node) {
+  Cluster c;
+  c.device = find_device("h100-80");
+  c.nodes = nodes;
+  c.devices_per_node = per_node;
+  return c;
+}
+
+// A CPU-like device with fixed figures, so the arithmetic below does not depend on the
+// machine the test runs on.
+Cluster fixed_host(int ranks, double gib) {
+  Cluster c;
+  c.device.name = "test-host";
+  c.device.host = true;
+  c.device.memory_bytes = gib * 1024 * 1024 * 1024;
+  c.device.fp32_flops = c.device.bf16_flops = 100e9;
+  c.device.memory_bandwidth = 20e9;
+  c.device.intra_node_bandwidth = c.device.inter_node_bandwidth = c.device.host_link_bandwidth = 5e9;
+  c.devices_per_node = ranks;
+  return c;
+}
+
+TEST(Plan, RankModelAddsUpToTheModel) {
+  for (const char* name :
+       {"llama/llama-tiny", "llama/llama-2-70b", "llama/llama-3-8b", "bloom/bloom-560m", "bloom/bloom-tiny"}) {
+    const ModelConfig m = recipe(name).model;
+    const auto whole = plan::rank_model(m, 1, PipelineStage{});
+    EXPECT_EQ(whole.outside_elements + whole.blocks * whole.block_elements, parameter_count(m)) << name;
+    // Pipeline stages hold every block once; the last stage's copy of tied embeddings is extra.
+    for (const int64_t pp : {2, 4}) {
+      int64_t total = 0;
+      for (const auto& stage : partition_stages(m, pp, 256)) {
+        const auto r = plan::rank_model(m, 1, stage);
+        total += r.outside_elements + r.blocks * r.block_elements;
+      }
+      EXPECT_EQ(total, parameter_count(m) + (m.tie_embeddings ? m.vocab_size * m.dim : 0)) << name << " pp" << pp;
+    }
+    // Tensor parallelism splits every matmul weight (key/value heads divide tp here).
+    const auto half = plan::rank_model(m, 2, PipelineStage{});
+    EXPECT_EQ(2 * half.block_matmul, whole.block_matmul) << name;
+  }
+}
+
+TEST(Plan, OneProcessHoldsTheFlatBuffersAndAdamMoments) {
+  const RunConfig cfg = recipe("llama/llama-tiny", {"checkpoint.async=false"});
+  const LayoutPlan p = evaluate_layout(cfg, fixed_host(1, 16), layout_of(cfg, 1));
+  const double bytes = 4.0 * static_cast<double>(parameter_count(cfg.model));
+  EXPECT_DOUBLE_EQ(p.memory.parameters, bytes);
+  EXPECT_DOUBLE_EQ(p.memory.gradients, bytes);
+  EXPECT_DOUBLE_EQ(p.memory.optimizer, 2 * bytes);
+  EXPECT_EQ(p.memory.working_copy, 0.0) << "fp32 compute casts nothing";
+  // The loss keeps fp32 log-probabilities for every token of the micro-batch.
+  EXPECT_DOUBLE_EQ(p.memory.loss, 4.0 * 8 * 256 * 8192);
+  EXPECT_EQ(p.memory.activations_by_block.size(), 4u);
+  EXPECT_GT(p.time.step, 0.0);
+  EXPECT_TRUE(p.fits);
+}
+
+TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
+  const RunConfig cfg = recipe("llama/llama-3-8b");
+  const Cluster cluster = h100(1, 8);
+  PlanLayout l;
+  l.dp = 8;
+  l.micro_batch = 1;
+  l.micro_batches = 64;
+  std::vector<double> by_stage;
+  for (int zero = 0; zero <= 3; ++zero) {
+    l.zero = zero;
+    by_stage.push_back(evaluate_layout(cfg, cluster, l).memory.device);
+  }
+  EXPECT_TRUE(std::is_sorted(by_stage.rbegin(), by_stage.rend())) << "each ZeRO stage holds less";
+  l.zero = 1;
+  const LayoutPlan plain = evaluate_layout(cfg, cluster, l);
+  l.activation_checkpointing = true;
+  const LayoutPlan ckpt = evaluate_layout(cfg, cluster, l);
+  EXPECT_LT(ckpt.memory.activations, plain.memory.activations / 5);
+  EXPECT_GT(ckpt.time.recompute, 0.0);
+  EXPECT_GT(ckpt.time.step, plain.time.step);
+  l.offload = true;
+  const LayoutPlan off = evaluate_layout(cfg, cluster, l);
+  EXPECT_EQ(off.memory.optimizer, 0.0);
+  EXPECT_DOUBLE_EQ(off.memory.host, 2 * ckpt.memory.optimizer) << "moments, master and gradient copies on the host";
+  // Sequence parallelism splits the norms' inputs over tp ranks.
+  PlanLayout t;
+  t.dp = 4;
+  t.tp = 2;
+  t.micro_batches = 128;
+  const LayoutPlan no_sp = evaluate_layout(cfg, cluster, t);
+  t.sequence_parallel = true;
+  EXPECT_LT(evaluate_layout(cfg, cluster, t).memory.activations, no_sp.memory.activations);
+  EXPECT_GT(no_sp.time.tp_comm, 0.0);
+}
+
+TEST(Plan, PipelineStageZeroHoldsTheMostMicroBatchesUnder1F1B) {
+  const RunConfig cfg = recipe("llama/llama-2-13b");
+  PlanLayout l;
+  l.pp = 4;
+  l.dp = 2;
+  l.micro_batch = 1;
+  l.micro_batches = 16;
+  const LayoutPlan one_f_one_b = evaluate_layout(cfg, h100(1, 8), l);
+  l.schedule = "gpipe";
+  const LayoutPlan gpipe = evaluate_layout(cfg, h100(1, 8), l);
+  EXPECT_GT(gpipe.memory.activations, 3 * one_f_one_b.memory.activations) << "GPipe keeps all 16, 1F1B at most 4";
+  EXPECT_GT(one_f_one_b.time.bubble, 0.0);
+}
+
+TEST(Plan, RanksLayoutsAndRefusesWhatCannotRun) {
+  const RunConfig cfg = recipe("llama/llama-2-70b");
+  const Plan plan = plan_layouts(cfg, h100(4, 8));
+  ASSERT_FALSE(plan.ranked.empty());
+  for (size_t i = 0; i < plan.ranked.size(); ++i) {
+    const auto& p = plan.ranked[i];
+    EXPECT_TRUE(p.fits);
+    EXPECT_LE(p.memory.device, plan.cluster.device.memory_bytes) << p.layout.describe();
+    EXPECT_EQ(p.layout.dp * p.layout.tp * p.layout.pp, 32);
+    EXPECT_EQ(p.layout.dp * p.layout.micro_batch * p.layout.micro_batches, cfg.batch.global_batch);
+    EXPECT_GE(p.largest_micro_batch, p.layout.micro_batch);
+    if (i > 0) {
+      EXPECT_GE(p.time.step, plan.ranked[i - 1].time.step);
+    }
+    EXPECT_GT(p.time.mfu, 0.0);
+    EXPECT_LT(p.time.mfu, 1.0);
+  }
+  // 70B parameters with fp32 masters and Adam: no replicated layout fits an 80 GB device.
+  const auto replicated = std::find_if(plan.rejected.begin(), plan.rejected.end(),
+                                       [](const LayoutPlan& p) { return p.layout.dp == 32 && p.layout.zero == 0; });
+  ASSERT_NE(replicated, plan.rejected.end());
+  EXPECT_NE(replicated->reason.find("does not fit"), std::string::npos) << replicated->reason;
+  ASSERT_TRUE(plan.recipe_layout.has_value());
+  EXPECT_EQ(plan.recipe_layout->layout.tp, 8);
+
+  // Three devices: tp = 3 does not divide 32 heads, and says so.
+  const Plan three = plan_layouts(recipe("llama/llama-2-7b"), h100(1, 3));
+  const auto tp3 =
+      std::find_if(three.rejected.begin(), three.rejected.end(), [](const LayoutPlan& p) { return p.layout.tp == 3; });
+  ASSERT_NE(tp3, three.rejected.end());
+  EXPECT_NE(tp3->reason.find("model.n_heads = 32"), std::string::npos) << tp3->reason;
+}
+
+TEST(Plan, NothingFitsAndTheShortfallIsNamed) {
+  const Plan plan = plan_layouts(recipe("llama/llama-2-70b"), fixed_host(2, 16));
+  EXPECT_TRUE(plan.ranked.empty());
+  ASSERT_FALSE(plan.rejected.empty());
+  for (const auto& p : plan.rejected) {
+    if (p.memory.device > 0) {
+      EXPECT_NE(p.reason.find("of 16.0 GiB"), std::string::npos) << p.reason;
+    }
+  }
+  EXPECT_NE(format_plan(plan).find("no layout fits"), std::string::npos);
+}
+
+TEST(Plan, AutoLayoutChoosesTheFastestThatFitsAndSaysWhy) {
+  const RunConfig cfg = recipe("llama/llama-tiny");
+  const LayoutChoice c = choose_layout(cfg, fixed_host(2, 16));
+  EXPECT_TRUE(c.chosen.fits);
+  ASSERT_TRUE(c.runner_up.has_value());
+  EXPECT_LE(c.chosen.time.step, c.runner_up->time.step);
+  EXPECT_NE(c.explanation.find("parallel.auto chose " + c.chosen.layout.describe()), std::string::npos)
+      << c.explanation;
+  EXPECT_NE(c.explanation.find("runner-up " + c.runner_up->layout.describe()), std::string::npos) << c.explanation;
+  // The overrides give a recipe exactly the chosen layout.
+  RunConfig chosen = cfg;
+  c.chosen.layout.apply_to(chosen);
+  const RunConfig overridden =
+      Recipe::load_file(std::string(TIDE_SOURCE_DIR) + "/recipes/llama/llama-tiny.lua", c.overrides).config();
+  EXPECT_FALSE(overridden.parallel.auto_layout);
+  EXPECT_EQ(overridden.parallel.dp, chosen.parallel.dp);
+  EXPECT_EQ(overridden.parallel.zero, chosen.parallel.zero);
+  EXPECT_EQ(overridden.batch.micro_batch, chosen.batch.micro_batch);
+  EXPECT_EQ(overridden.model.activation_checkpointing, chosen.model.activation_checkpointing);
+  EXPECT_EQ(layout_of(overridden, 2).describe(), c.chosen.layout.describe());
+
+  try {
+    choose_layout(recipe("llama/llama-2-70b"), fixed_host(2, 16));
+    FAIL() << "70B fitted 16 GiB";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "parallel.auto");
+    EXPECT_NE(std::string(e.what()).find("no layout of 2 ranks fits: the closest"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plan, JsonCarriesTheItemisedFigures) {
+  const Plan plan = plan_layouts(recipe("llama/llama-tiny"), fixed_host(2, 16));
+  const nlohmann::json j = to_json(plan);
+  EXPECT_EQ(j.at("schema"), "tide.plan/1");
+  ASSERT_FALSE(j.at("ranked").empty());
+  const auto& best = j.at("ranked").at(0);
+  for (const char* key : {"parameters", "gradients", "optimizer", "activations", "loss", "device"})
+    EXPECT_TRUE(best.at("memory").contains(key)) << key;
+  for (const char* key : {"compute", "dp_comm", "bubble", "optimizer", "step", "tokens_per_second", "mfu"})
+    EXPECT_TRUE(best.at("time").contains(key)) << key;
+  EXPECT_EQ(j.at("cluster").at("devices_per_node"), 2);
+}
+
+}  // namespace
+}  // namespace tide
