@@ -14,7 +14,6 @@
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/live_change.h"
-#include "tide/engine/plan/plan.h"
 #include "tide/engine/run_layout.h"
 #include "tide/scripting/recipe.h"
 

@@ -1,7 +1,5 @@
 #include "step_meter.h"
 
-#include "tide/engine/train/tensor_memory.h"
-
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
@@ -14,6 +12,7 @@
 #include "tide/engine/parallel/parallelize.h"
 #include "tide/engine/train/flops.h"
 #include "tide/engine/train/runtime.h"
+#include "tide/engine/train/tensor_memory.h"
 
 namespace tide {
 
