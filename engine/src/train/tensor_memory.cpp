@@ -1,6 +1,7 @@
 #include "tide/engine/train/tensor_memory.h"
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 
 #include <c10/core/CPUAllocator.h>
@@ -17,41 +18,44 @@ void add(int64_t bytes) {
   }
 }
 
-// The inner allocator's pointer and deleter, and the size to give back.
-struct Counted {
-  c10::DataPtr inner;
-  int64_t bytes;
-};
+// Every block carries its size in a header in front of the data. The DataPtr's context
+// must be its data pointer: LibTorch's raw_allocate asserts it (oneDNN's bf16 kernels
+// take scratch memory that way) and frees through raw_deleter() with that pointer alone.
+// The header is as long as the allocator's alignment, so the data stays aligned.
+constexpr size_t kHeader = c10::gAlignment;
+static_assert(kHeader >= sizeof(int64_t), "the header holds the block's size");
 
-void release(void* context) {
-  auto* c = static_cast<Counted*>(context);
-  live.fetch_sub(c->bytes, std::memory_order_relaxed);
-  delete c;  // frees the memory through the inner DataPtr
+c10::Allocator* inner = nullptr;  // LibTorch's CPU allocator, set once before counting starts
+
+void release(void* data) {
+  if (data == nullptr) return;
+  void* base = static_cast<char*>(data) - kHeader;
+  int64_t bytes = 0;
+  std::memcpy(&bytes, base, sizeof bytes);
+  live.fetch_sub(bytes, std::memory_order_relaxed);
+  inner->raw_deallocate(base);
 }
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
-
   c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr data = inner_->allocate(n);
-    void* ptr = data.get();
-    const c10::Device device = data.device();
-    auto* c = new Counted{std::move(data), static_cast<int64_t>(n)};
-    add(c->bytes);
-    return {ptr, c, &release, device};
+    void* base = inner->raw_allocate(n + kHeader);
+    const auto bytes = static_cast<int64_t>(n);
+    std::memcpy(base, &bytes, sizeof bytes);
+    add(bytes);
+    void* data = static_cast<char*>(base) + kHeader;
+    return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
-
- private:
-  c10::Allocator* inner_;
 };
 }  // namespace
 
 void count_host_tensor_memory() {
   static std::once_flag once;
   std::call_once(once, [] {
-    static CountingAllocator counting(c10::GetCPUAllocator());
+    inner = c10::GetCPUAllocator();
+    static CountingAllocator counting;
     c10::SetCPUAllocator(&counting, /*priority=*/1);
   });
 }
