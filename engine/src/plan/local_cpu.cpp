@@ -24,6 +24,11 @@ DeviceSpec shared_cpu_device(DeviceSpec d, int ranks) {
   d.fp32_flops *= share;
   d.bf16_flops *= share;
   d.memory_bandwidth *= share;
+  // A collective between time-shared ranks waits for each to be scheduled, and its
+  // copies take the same shared cores.
+  d.intra_node_bandwidth *= share;
+  d.inter_node_bandwidth *= share;
+  d.collective_latency /= share;
   d.description = fmt::format("this machine's CPU, {} rank(s) of {} thread(s)", ranks, threads);
   return d;
 }

@@ -122,7 +122,11 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
 
     if (L.tp > 1) {
       const double per_collective = tokens_mb * D * s;
-      t.tp_comm = M * blocks * 4 * ring_seconds(per_collective, L.tp, 2.0, tp_bw, lat);
+      // Sequence parallelism moves the same bytes as an all-reduce, as an all-gather and
+      // a reduce-scatter: two collectives, each paying the latency.
+      const double region = L.sequence_parallel ? 2 * ring_seconds(per_collective, L.tp, 1.0, tp_bw, lat)
+                                                : ring_seconds(per_collective, L.tp, 2.0, tp_bw, lat);
+      t.tp_comm = M * blocks * 4 * region;
       if (stage.last) t.tp_comm += M * 2 * ring_seconds(tokens_mb * D * s, L.tp, 2.0, tp_bw, lat);
     }
 

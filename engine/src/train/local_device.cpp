@@ -1,6 +1,7 @@
 #include "tide/engine/train/local_device.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -97,10 +98,32 @@ std::vector<ProbeTiming> time_probes(const std::vector<ProbeShape>& shapes) {
 // t = F / R + B / W (least squares on relative errors), from shapes that weigh the two
 // differently: one of the bundled tiny LLaMA's, one dominated by its logits, one by its
 // matmuls.
-std::pair<double, double> fit_rates() {
+// `companions` threads run the same probes meanwhile (the other ranks of a machine whose
+// cores each hold a one-thread rank): what one rank reaches while every core works,
+// sharing caches and memory bandwidth (measured: 13% slower than beside idle cores).
+std::pair<double, double> fit_rates(int companions) {
   const std::vector<ProbeShape> shapes = {{256, 2, 4096, 256, 4}, {128, 2, 16384, 256, 4}, {512, 2, 1024, 128, 8}};
+  std::atomic<bool> done{false};
+  std::vector<std::thread> others;
+  for (int i = 0; i < companions; ++i)
+    others.emplace_back([&] {
+      std::vector<std::unique_ptr<Probe>> probes;
+      for (const auto& shape : shapes) probes.push_back(std::make_unique<Probe>(shape));
+      while (!done)
+        for (auto& probe : probes) probe->pass();
+    });
+  std::vector<ProbeTiming> timings;
+  try {
+    timings = time_probes(shapes);
+  } catch (...) {
+    done = true;
+    for (auto& t : others) t.join();
+    throw;
+  }
+  done = true;
+  for (auto& t : others) t.join();
   double aa = 0, ab = 0, bb = 0, at = 0, bt = 0;
-  for (const ProbeTiming& t : time_probes(shapes)) {
+  for (const ProbeTiming& t : timings) {
     // Relative residuals: each probe's row divided by its time.
     const double a = t.matmul_flops / t.seconds, b = t.elementwise_bytes / t.seconds;
     aa += a * a;
@@ -120,14 +143,21 @@ std::pair<double, double> fit_rates() {
   }
   return {x > 0 ? 1.0 / x : 1e15, y > 0 ? 1.0 / y : 1e15};
 }
-// Two ranks of one machine all-reducing through tide's own communicator (Gloo over
-// loopback), each a thread here with its own process group: the bandwidth and latency
-// of t = latency + bytes / bandwidth (a two-rank ring moves each byte once), from the
-// medians of a small and a large all-reduce.
+// Two ranks of one machine (threads here, each with its own process group: Gloo over
+// loopback), each alternating a slice of compute with an all-reduce, as a tensor-parallel
+// block does. A collective costs what that loop takes beyond the same loop without it:
+// the transfer, the wake-up of a rank whose core was busy, and the wait for the slower
+// rank. Back-to-back all-reduces on idle ranks see only the first, and training's tp2
+// all-reduces cost three to four times what such a probe predicted. The latency and
+// bandwidth of t = latency + bytes / bandwidth (a two-rank ring moves each byte once)
+// are fitted to three sizes, each the median of five interleaved rounds.
 std::pair<double, double> probe_collectives(int port) {
-  constexpr int64_t kSmall = int64_t{16} * 1024, kLarge = int64_t{2} * 1024 * 1024;  // fp32 elements
-  std::vector<double> small, large;
+  const std::vector<int64_t> sizes = {0, int64_t{16} * 1024, int64_t{512} * 1024, int64_t{2} * 1024 * 1024};
+  constexpr int kCollectives = 12, kRounds = 5;
+  std::vector<std::vector<double>> loop_seconds(sizes.size());
   std::exception_ptr failed;
+  const int threads_before = at::get_num_threads();
+  at::set_num_threads(1);  // one thread per rank, as two ranks on this machine train
   auto rank = [&](int r) {
     try {
       LaunchEnv env;
@@ -136,15 +166,24 @@ std::pair<double, double> probe_collectives(int port) {
       env.master_port = port;
       env.launcher = "tide plan --calibrate";
       auto dist = init_distributed(env, ParallelConfig{}, std::chrono::seconds(60));
-      for (const int64_t n : {kSmall, kLarge}) {
-        auto t = torch::ones({n});
-        dist->world->all_reduce_sum(t, "calibration warm-up");
-        for (int i = 0; i < 7; ++i) {
+      // A slice of about 5 ms on one core of this class (0.5 GFLOP), of the order of the
+      // work between a small model's tensor-parallel collectives: how long a rank waits
+      // for its slower peer grows with the work in between.
+      const auto x = torch::randn({256, 1024}), w = torch::randn({1024, 1024});
+      std::vector<torch::Tensor> buffers;
+      for (const int64_t n : sizes) buffers.push_back(torch::ones({std::max<int64_t>(n, 1)}));
+      for (size_t i = 1; i < sizes.size(); ++i) dist->world->all_reduce_sum(buffers[i], "calibration warm-up");
+      for (int round = 0; round < kRounds; ++round)
+        for (size_t i = 0; i < sizes.size(); ++i) {
           dist->world->barrier("calibration");
-          const double s = best_seconds(1, [&] { dist->world->all_reduce_sum(t, "calibration"); });
-          if (r == 0) (n == kSmall ? small : large).push_back(s);
+          const double s = best_seconds(1, [&] {
+            for (int c = 0; c < kCollectives; ++c) {
+              auto y = torch::mm(x, w);
+              if (sizes[i] > 0) dist->world->all_reduce_sum(buffers[i], "calibration");
+            }
+          });
+          if (r == 0) loop_seconds[i].push_back(s);
         }
-      }
     } catch (...) {
       failed = std::current_exception();
     }
@@ -152,15 +191,29 @@ std::pair<double, double> probe_collectives(int port) {
   std::thread peer(rank, 1);
   rank(0);
   peer.join();
+  at::set_num_threads(threads_before);
   if (failed) std::rethrow_exception(failed);
   auto median = [](std::vector<double> v) {
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     return v[v.size() / 2];
   };
-  const double ts = median(small), tl = median(large);
-  const double bandwidth = 4.0 * static_cast<double>(kLarge - kSmall) / std::max(tl - ts, 1e-9);
-  const double latency = std::max(0.0, ts - 4.0 * kSmall / bandwidth);
-  return {bandwidth, latency};
+  // Least squares of cost = latency + bytes * (1 / bandwidth) over the three sizes.
+  const double none = median(loop_seconds[0]);
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double k = static_cast<double>(sizes.size() - 1);
+  for (size_t i = 1; i < sizes.size(); ++i) {
+    const double bytes = 4.0 * static_cast<double>(sizes[i]);
+    const double cost = std::max(0.0, median(loop_seconds[i]) - none) / kCollectives;
+    sx += bytes;
+    sy += cost;
+    sxx += bytes * bytes;
+    sxy += bytes * cost;
+  }
+  double inverse_bandwidth = (k * sxy - sx * sy) / (k * sxx - sx * sx);
+  double latency = (sy - inverse_bandwidth * sx) / k;
+  if (!(inverse_bandwidth > 0)) inverse_bandwidth = sy / sx;  // noise hid the slope: all of it bandwidth
+  if (!(latency > 0)) latency = 0;
+  return {1.0 / inverse_bandwidth, latency};
 }
 }  // namespace
 
@@ -173,7 +226,9 @@ DeviceSpec probe_local_cpu(int threads) {
   d.host = true;
   d.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   d.fp32_flops = measure_matmul_peak("cpu", DType::Float32);
-  const auto [matmul_rate, elementwise_rate] = fit_rates();
+  // One-thread ranks are probed beside a busy twin on every other core; a rank of
+  // several threads is probed alone (two callers would share one intra-op pool).
+  const auto [matmul_rate, elementwise_rate] = fit_rates(threads == 1 ? local_cores() - 1 : 0);
   // The peak is the GEMM probe's, unless the model's own products ran faster (the machine
   // was busier during the GEMM probe).
   d.fp32_flops = std::max(d.fp32_flops, matmul_rate);
