@@ -3,6 +3,7 @@
 // that cannot run are refused with the reason, the ranking is ordered. (How close the
 // predictions come to measured peaks and step times: parallel.plan_vs_measured.)
 #include <algorithm>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -214,6 +215,60 @@ TEST(Plan, JsonCarriesTheItemisedFigures) {
   for (const char* key : {"compute", "dp_comm", "bubble", "optimizer", "step", "tokens_per_second", "mfu"})
     EXPECT_TRUE(best.at("time").contains(key)) << key;
   EXPECT_EQ(j.at("cluster").at("devices_per_node"), 2);
+}
+
+TEST(Plan, MaterialisedAttentionKeepsItsProbabilitiesAndComputesEveryScore) {
+  // BLOOM-560m's shape with learned positions: causal, so a fused kernel skips half.
+  const RunConfig cfg = recipe("bloom/bloom-560m", {"model.positions=learned", "model.dropout=0.1"});
+  Cluster fused = h100(1, 1);
+  Cluster math = fused;
+  math.device.fused_attention = false;
+  PlanLayout l;
+  l.micro_batch = 2;
+  l.micro_batches = 256;
+  const LayoutPlan a = evaluate_layout(cfg, fused, l), b = evaluate_layout(cfg, math, l);
+  // Per block: the bf16 probabilities, their dropped copy and the one-byte mask, in place
+  // of the fp32 log-sum-exp per row.
+  const double B = 2, H = 16, T = 2048;
+  const double scores = B * H * T * T * (2 + 2 + 1) - B * H * T * 4;
+  ASSERT_EQ(a.memory.activations_by_block.size(), b.memory.activations_by_block.size());
+  EXPECT_DOUBLE_EQ(b.memory.activations_by_block[0] - a.memory.activations_by_block[0], scores);
+  // Attention's FLOPs: 12 T per width and token, half of them skipped by the fused kernel.
+  const double skipped = 0.5 * 12 * 24 * 1024 * T * B * T * 256;
+  EXPECT_NEAR((b.time.compute - a.time.compute) * fused.device.bf16_flops * fused.device.matmul_efficiency, skipped,
+              1e-9 * skipped);
+  EXPECT_GT(b.time.elementwise, a.time.elementwise);
+}
+
+TEST(Plan, DeviceFilesAreReadAndTheirFaultsNamed) {
+  const std::string dir = ::testing::TempDir();
+  const std::string good = dir + "/tide-plan-device.json", bad = dir + "/tide-plan-bad.json";
+  nlohmann::json j = to_json(find_device("a100-80"));
+  j["name"] = "a100-80-slow";
+  j["matmul_efficiency"] = 0.4;
+  j["fused_attention"] = false;
+  std::ofstream(good) << j.dump();
+  const DeviceSpec d = device_from_file(good);
+  EXPECT_EQ(d.name, "a100-80-slow");
+  EXPECT_DOUBLE_EQ(d.matmul_efficiency, 0.4);
+  EXPECT_FALSE(d.fused_attention);
+  EXPECT_DOUBLE_EQ(d.memory_bytes, find_device("a100-80").memory_bytes);
+  auto error_of = [](const std::string& path) {
+    try {
+      device_from_file(path);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of(dir + "/no-such-device.json").find("cannot be read"), std::string::npos);
+  std::ofstream(bad) << "{\"name\": \"x\",";
+  EXPECT_NE(error_of(bad).find(bad), std::string::npos) << error_of(bad);
+  j["bf16_flops"] = -1;
+  std::ofstream(bad) << j.dump();
+  const std::string e = error_of(bad);
+  EXPECT_NE(e.find(bad), std::string::npos) << e;
+  EXPECT_NE(e.find("not positive"), std::string::npos) << e;
 }
 
 }  // namespace

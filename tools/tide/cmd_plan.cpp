@@ -18,7 +18,7 @@ namespace tide::cli {
 namespace {
 struct PlanArgs {
   std::vector<std::string> recipe, overrides;
-  std::string device = "cpu", calibration;
+  std::string device = "cpu", calibration, attention;
   int nodes = 1, per_node = 1, top = 10, tp = 0, pp = 0, zero = -1;
   int64_t max_micro_batch = 64;
   double headroom = 0;
@@ -55,8 +55,13 @@ void add_plan_command(CLI::App& app) {
   plan->add_option("recipe", a->recipe, "Recipe file or bundled name")->expected(0, 1);
   add_overrides(*plan, a->overrides);
   plan->add_option("--device", a->device,
-                   "Device model: h100-80, h200, a100-40, a100-80, l40s, or cpu (this machine, measured)")
+                   "Device model: h100-80, h100-96, h200, a100-40, a100-80, l40s, cpu (this machine, measured), or a "
+                   "JSON file describing one (docs/planner.md)")
       ->capture_default_str();
+  plan->add_option("--attention", a->attention,
+                   "Attention kernel to model: fused (flash / memory-efficient, tide's) or materialized (scores "
+                   "written out: the math path, stacks before FlashAttention)")
+      ->check(CLI::IsMember({"fused", "materialized"}));
   plan->add_option("--nodes", a->nodes, "Nodes")->check(CLI::Range(1, 100000))->capture_default_str();
   plan->add_option("--gpus-per-node,--nproc", a->per_node, "Devices (ranks) per node")
       ->check(CLI::Range(1, 1024))
@@ -85,10 +90,14 @@ void add_plan_command(CLI::App& app) {
     Cluster cluster;
     cluster.nodes = a->nodes;
     cluster.devices_per_node = a->per_node;
-    cluster.device =
-        a->device == "cpu"
-            ? local_cpu_device(a->calibration.empty() ? default_calibration_path() : a->calibration, a->per_node)
-            : find_device(a->device);
+    if (a->device == "cpu")
+      cluster.device =
+          local_cpu_device(a->calibration.empty() ? default_calibration_path() : a->calibration, a->per_node);
+    else if (a->device.size() > 5 && a->device.compare(a->device.size() - 5, 5, ".json") == 0)
+      cluster.device = device_from_file(a->device);
+    else
+      cluster.device = find_device(a->device);
+    if (!a->attention.empty()) cluster.device.fused_attention = a->attention == "fused";
     PlanOptions options;
     options.max_micro_batch = a->max_micro_batch;
     options.allow_offload = !a->no_offload;

@@ -1,8 +1,11 @@
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tide/engine/io/json_input.h"
 #include "tide/engine/plan/cluster.h"
 
 namespace tide {
@@ -42,6 +45,9 @@ const std::vector<DeviceSpec>& device_catalog() {
   static const std::vector<DeviceSpec> catalog = {
       // NVLink 4 (900 GB/s both ways), NDR 400 Gb/s per GPU, PCIe 5.
       gpu("h100-80", "NVIDIA H100 SXM 80GB", 81559, 989, 67, 3350, 360, 42, 50),
+      // The 96 GB part of Meta's clusters (HBM3, run at 500 W: torchtitan's published
+      // H100 runs); its memory scaled from the 80 GB part's reported size.
+      gpu("h100-96", "NVIDIA H100 SXM 96GB", 97871, 989, 67, 3350, 360, 42, 50),
       gpu("h200", "NVIDIA H200 SXM 141GB", 143771, 989, 67, 4800, 360, 42, 50),
       // NVLink 3 (600 GB/s both ways), HDR 200 Gb/s per GPU (Selene), PCIe 4.
       gpu("a100-40", "NVIDIA A100 SXM 40GB", 40536, 312, 19.5, 1555, 230, 22, 24),
@@ -58,7 +64,32 @@ DeviceSpec find_device(const std::string& name) {
     if (d.name == name) return d;
     known += (known.empty() ? "" : ", ") + d.name;
   }
-  throw std::invalid_argument(fmt::format("unknown device '{}' (known: {}, or cpu for this machine)", name, known));
+  throw std::invalid_argument(
+      fmt::format("unknown device '{}' (known: {}, cpu for this machine, or a .json file describing one)", name, known));
+}
+
+DeviceSpec device_from_file(const std::string& path) {
+  constexpr std::streamoff kMaxBytes = 1 << 20;  // a description is a few hundred bytes
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument(fmt::format("device file '{}' cannot be read", path));
+  in.seekg(0, std::ios::end);
+  if (in.tellg() > kMaxBytes)
+    throw std::invalid_argument(fmt::format("device file '{}' holds {} bytes; 1 MiB at most", path,
+                                            static_cast<long long>(in.tellg())));
+  in.seekg(0);
+  std::ostringstream text;
+  text << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = parse_json_input(text.str(), "device file '" + path + "'");
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(e.what());  // names the file already
+  }
+  try {
+    return device_from_json(j);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("device file '{}': {}", path, e.what()));
+  }
 }
 
 nlohmann::json to_json(const DeviceSpec& d) {
@@ -77,6 +108,7 @@ nlohmann::json to_json(const DeviceSpec& d) {
           {"bandwidth_efficiency", d.bandwidth_efficiency},
           {"runtime_bytes", d.runtime_bytes},
           {"fragmentation", d.fragmentation},
+          {"fused_attention", d.fused_attention},
           {"host", d.host},
           {"calibrated", d.calibrated}};
 }
@@ -98,6 +130,7 @@ DeviceSpec device_from_json(const nlohmann::json& j) {
   d.bandwidth_efficiency = j.at("bandwidth_efficiency").get<double>();
   d.runtime_bytes = j.value("runtime_bytes", 0.0);
   d.fragmentation = j.value("fragmentation", 0.0);
+  d.fused_attention = j.value("fused_attention", true);
   d.host = j.value("host", false);
   d.calibrated = j.value("calibrated", false);
   for (const double v : {d.memory_bytes, d.bf16_flops, d.fp32_flops, d.memory_bandwidth, d.intra_node_bandwidth,

@@ -27,7 +27,17 @@ namespace {
 
 struct Shape {
   double B, T, Tn, N, Nn, s;
+  bool fused_attention = true;
 };
+
+// A materialised attention's T x T tensors of one block and micro-batch: the softmax's
+// probabilities (kept for its backward and the product with V) and, under dropout, the
+// dropped copy and its one-byte mask.
+double block_scores(const ModelConfig& m, const RankModel& r, const Shape& x) {
+  if (x.fused_attention) return 0;
+  const double scores = x.B * static_cast<double>(r.heads) * x.T * x.T;
+  return scores * (x.s + (m.dropout > 0 ? x.s + 1 : 0));
+}
 
 // Autograd's saved tensors of one block and micro-batch, run without recomputation.
 double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
@@ -49,7 +59,10 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
     bytes += x.N * (H + 2 * K) * hd * x.s;
   }
   bytes += x.N * H * hd * x.s;  // attention's output, kept by it and the output projection
-  bytes += x.B * H * x.T * 4;   // its log-sum-exp per row
+  if (x.fused_attention)
+    bytes += x.B * H * x.T * 4;  // its log-sum-exp per row
+  else
+    bytes += block_scores(m, r, x);
   // SwiGLU keeps the gate's input, silu's output, up's output and their product; GELU
   // its input and output.
   bytes += (m.mlp == MlpKind::SwiGLU ? 4 : 2) * x.N * F * x.s;
@@ -62,7 +75,10 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
 // buffer. (Measured with the counting allocator: 13.2 MiB for B 8, T 256, D 256, F 704.)
 double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
-  return x.Nn * D * x.s + (m.mlp == MlpKind::SwiGLU ? 2 : 1) * x.N * F * x.s + D * F * 4;
+  // A materialised attention's backward holds the probabilities' and the scores' gradients.
+  const double scores = x.fused_attention ? 0.0 : 2 * x.B * static_cast<double>(r.heads) * x.T * x.T * x.s;
+  return std::max(x.Nn * D * x.s + (m.mlp == MlpKind::SwiGLU ? 2 : 1) * x.N * F * x.s + D * F * 4,
+                  x.Nn * D * x.s + scores);
 }
 
 struct Head {
@@ -144,6 +160,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   x.N = x.B * x.T;
   x.Nn = x.B * x.Tn;
   x.s = bf16 ? 2.0 : 4.0;
+  x.fused_attention = device.fused_attention;
   const double D = static_cast<double>(r.dim);
 
   const double one_block = block_saved(mc, r, x);

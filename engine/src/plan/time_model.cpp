@@ -42,28 +42,47 @@ constexpr double kHostAdamBandwidth = 20e9;
 // embedding, head and loss.
 constexpr double kOpsPerBlock = 120, kOpsOutsideBlocks = 30;
 
-// Attention's share of the 12 T FLOPs per width and token it is counted for: causal
-// kernels skip the masked half; ALiBi hands the kernel a mask, which skips nothing.
-double attention_fraction(const ModelConfig& mc) { return mc.positions == PositionKind::ALiBi ? 1.0 : 0.5; }
+// Attention's share of the 12 T FLOPs per width and token it is counted for: fused
+// causal kernels skip the masked half; ALiBi hands the kernel a mask, which skips
+// nothing, and a materialised product computes every score.
+double attention_fraction(const ModelConfig& mc, bool fused) {
+  return fused && mc.positions != PositionKind::ALiBi ? 0.5 : 1.0;
+}
+
+// Bytes a materialised attention moves per score (one row of T per head and token):
+// forward writes the scores, softmax reads them and writes the probabilities, the
+// product with V reads them (4 s); backward writes the probabilities' gradient, softmax's
+// backward reads it and the probabilities and writes the scores' gradient, which the two
+// products read (6 s). Dropout on the probabilities reads them and writes the dropped
+// copy and its one-byte mask forward, and reads the mask and a gradient and writes one
+// backward (4 s + 2). Recomputation repeats the forward's share.
+double score_bytes(const ModelConfig& mc, double s, bool recompute) {
+  const bool dropout = mc.dropout > 0;
+  double bytes = 10 * s + (dropout ? 4 * s + 2 : 0);
+  if (recompute) bytes += 4 * s + (dropout ? 2 * s + 1 : 0);
+  return bytes;
+}
 
 // Per token of one micro-batch on this rank's stage: matmul FLOPs (6 per weight, and
 // attention's) and elementwise traffic: about four passes over what a block saves
 // (written, read back, its gradient written and read), the ALiBi mask's rows read in
 // forward and backward, five passes over the logits; recomputation adds one forward's
 // writes.
-TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, double s, bool recompute) {
+TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, double s, bool recompute,
+                           bool fused_attention) {
   const double blocks = static_cast<double>(r.blocks);
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double attn_width = static_cast<double>(r.heads * r.head_dim);
   TokenCost c;
   c.matmul_flops = 6.0 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul)) +
-                   12.0 * attention_fraction(mc) * blocks * attn_width * T;
+                   12.0 * attention_fraction(mc, fused_attention) * blocks * attn_width * T;
   double saved = D * (4 * 2 + 2 * s) + static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim) * s +
                  attn_width * s + (mc.mlp == MlpKind::SwiGLU ? 4 : 2) * F * s;
   if (mc.positions == PositionKind::ALiBi) saved += 2.0 * static_cast<double>(r.heads) * T * s / 4.0;
   c.elementwise_bytes = 4.0 * blocks * saved;
   if (r.last) c.elementwise_bytes += 5.0 * static_cast<double>(r.vocab) * 4;
   if (recompute) c.elementwise_bytes *= 1.25;
+  if (!fused_attention) c.elementwise_bytes += blocks * static_cast<double>(r.heads) * T * score_bytes(mc, s, recompute);
   return c;
 }
 
@@ -108,15 +127,16 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     const double D = static_cast<double>(r.dim);
     const double attn_width = static_cast<double>(r.heads * r.head_dim);
     TimeEstimate t;
-    const TokenCost cost = stage_token_cost(mc, r, T, s, false);
+    const bool fused = dev.fused_attention;
+    const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused);
     t.compute = M * tokens_mb * cost.matmul_flops / matmul_rate;
     if (L.activation_checkpointing)
       t.recompute = M * tokens_mb *
                     (2.0 * blocks * static_cast<double>(r.block_matmul) +
-                     4.0 * attention_fraction(mc) * blocks * attn_width * T) /
+                     4.0 * attention_fraction(mc, fused) * blocks * attn_width * T) /
                     matmul_rate;
     t.elementwise =
-        M * tokens_mb * stage_token_cost(mc, r, T, s, L.activation_checkpointing).elementwise_bytes / memory_rate +
+        M * tokens_mb * stage_token_cost(mc, r, T, s, L.activation_checkpointing, fused).elementwise_bytes / memory_rate +
         M * (blocks * kOpsPerBlock * (L.activation_checkpointing ? 4.0 / 3.0 : 1.0) + kOpsOutsideBlocks) *
             dev.op_overhead;
 
@@ -191,7 +211,7 @@ namespace tide {
 
 TokenCost token_cost(const ModelConfig& m, int64_t seq_len, DType compute) {
   return plan::stage_token_cost(m, plan::rank_model(m, 1, PipelineStage{}), static_cast<double>(seq_len),
-                                compute == DType::BFloat16 ? 2.0 : 4.0, false);
+                                compute == DType::BFloat16 ? 2.0 : 4.0, false, true);
 }
 
 }  // namespace tide

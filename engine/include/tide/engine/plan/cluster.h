@@ -34,6 +34,12 @@ struct DeviceSpec {
   // and the share of tensor memory the caching allocator loses to fragmentation.
   double runtime_bytes = 0;
   double fragmentation = 0.0;
+  // The attention kernel the device's stack runs: fused (flash / memory-efficient
+  // kernels, what tide's scaled_dot_product_attention gets: causal blocks skipped, no
+  // T x T tensor stored) or materialised (scores and probabilities written out, kept for
+  // backward and read back: the math path, and stacks before FlashAttention such as
+  // Megatron-LM's 2021 runs). `tide plan --attention materialized` models the latter.
+  bool fused_attention = true;
   bool host = false;        // the CPU: "device" memory is host memory
   bool calibrated = false;  // figures measured on this machine (tide plan --calibrate)
 };
@@ -45,11 +51,15 @@ struct Cluster {
   int world() const { return nodes * devices_per_node; }
 };
 
-// The bundled table: h100-80, h200, a100-40, a100-80, l40s. `cpu` is not in it: the
+// The bundled table: h100-80, h100-96, h200, a100-40, a100-80, l40s. `cpu` is not in it: the
 // local machine is described by calibrate_local_device() (needs LibTorch, tide's CLI).
 const std::vector<DeviceSpec>& device_catalog();
 // Throws std::invalid_argument naming the device and the known ones.
 DeviceSpec find_device(const std::string& name);
+// A device described in a JSON file with the fields of to_json(DeviceSpec): a GPU the
+// table lacks, or a stack's figures measured elsewhere. Throws std::invalid_argument
+// naming the file and what is wrong with it.
+DeviceSpec device_from_file(const std::string& path);
 
 // The local CPU, shared by `ranks` processes of cores / ranks threads each (at least one):
 // from the calibration `tide plan --calibrate` stored at `path` (nullopt when it holds
