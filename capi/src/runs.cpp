@@ -1,4 +1,4 @@
-// Runs: submit, status, list, wait, control, set, metrics.
+// Runs: plan, submit, status, list, wait, control, set, metrics.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +40,32 @@ void copy_text(char (&out)[N], const std::string& text) {
 double number_or_nan(const json& object, const char* key) {
   return object.is_object() && object.contains(key) && object[key].is_number() ? object[key].get<double>()
                                                                                 : std::numeric_limits<double>::quiet_NaN();
+}
+
+// The recipe fields of a submit or plan request: exactly one source, and the overrides.
+template <class Options>
+json recipe_fields(const Options& options) {
+  const int sources =
+      (options.recipe_text != nullptr) + (options.recipe_file != nullptr) + (options.recipe_name != nullptr);
+  if (sources != 1)
+    throw Failure(TIDE_ERR_INVALID_ARGUMENT,
+                  fmt::format("give exactly one of recipe_text, recipe_file and recipe_name (got {})", sources));
+  if (options.overrides_count > 0) require(options.overrides, "options->overrides");
+  json body = json::object();
+  if (options.recipe_name) {
+    require_text(options.recipe_name, "options->recipe_name");
+    body["recipe_name"] = options.recipe_name;
+  } else {
+    body["recipe"] = options.recipe_text ? std::string(options.recipe_text) : read_file(options.recipe_file);
+  }
+  json overrides = json::array();
+  for (size_t i = 0; i < options.overrides_count; ++i) {
+    if (!options.overrides[i])
+      throw Failure(TIDE_ERR_INVALID_ARGUMENT, fmt::format("options->overrides[{}] is NULL", i));
+    overrides.push_back(options.overrides[i]);
+  }
+  body["overrides"] = overrides;
+  return body;
 }
 
 int state_code(const std::string& name) {
@@ -84,32 +110,41 @@ int tide_run_submit(tide_engine* engine, const tide_submit_options* options, cha
     require(run_id_out, "run_id_out");
     *run_id_out = nullptr;
     tide::capi::require_version(options->version, TIDE_SUBMIT_OPTIONS_VERSION, "options");
-    const int sources = (options->recipe_text != nullptr) + (options->recipe_file != nullptr) +
-                        (options->recipe_name != nullptr);
-    if (sources != 1)
-      throw Failure(TIDE_ERR_INVALID_ARGUMENT,
-                    fmt::format("give exactly one of recipe_text, recipe_file and recipe_name (got {})", sources));
-    if (options->overrides_count > 0) require(options->overrides, "options->overrides");
-    json body = json::object();
-    if (options->recipe_name) {
-      require_text(options->recipe_name, "options->recipe_name");
-      body["recipe_name"] = options->recipe_name;
-    } else {
-      body["recipe"] = options->recipe_text ? std::string(options->recipe_text) : read_file(options->recipe_file);
-    }
-    json overrides = json::array();
-    for (size_t i = 0; i < options->overrides_count; ++i) {
-      if (!options->overrides[i])
-        throw Failure(TIDE_ERR_INVALID_ARGUMENT, fmt::format("options->overrides[{}] is NULL", i));
-      overrides.push_back(options->overrides[i]);
-    }
-    body["overrides"] = overrides;
+    json body = recipe_fields(*options);
     if (options->workers != 0) body["workers"] = options->workers;
     body["priority"] = options->priority;
     if (options->idempotency_key) body["idempotency_key"] = options->idempotency_key;
     body["workdir"] = options->workdir ? fs::absolute(options->workdir).string() : fs::current_path().string();
     const json reply = e->request("submit", body);
     *run_id_out = tide::capi::duplicate(reply.at("run").at("id").get<std::string>());
+    return TIDE_OK;
+  });
+}
+
+void tide_plan_options_init(tide_plan_options* options) {
+  const tide_plan_options defaults = TIDE_PLAN_OPTIONS_INIT;
+  if (options) *options = defaults;
+}
+
+int tide_engine_plan(tide_engine* engine, const tide_plan_options* options, char** plan_json_out) {
+  return tide::capi::guarded("tide_engine_plan", [&] {
+    auto e = tide::capi::engines().get(engine, "engine");
+    require(options, "options");
+    require(plan_json_out, "plan_json_out");
+    *plan_json_out = nullptr;
+    tide::capi::require_version(options->version, TIDE_PLAN_OPTIONS_VERSION, "options");
+    json body = recipe_fields(*options);
+    for (const auto& [value, name] : {std::pair{options->nodes, "options->nodes"},
+                                      {options->devices_per_node, "options->devices_per_node"},
+                                      {options->top, "options->top"}})
+      if (value < 0) throw Failure(TIDE_ERR_INVALID_ARGUMENT, fmt::format("{} is {}: 0 (the default) or more", name, value));
+    json cluster = {{"device", options->device ? options->device : "cpu"},
+                    {"nodes", options->nodes > 0 ? options->nodes : 1},
+                    {"devices_per_node", options->devices_per_node > 0 ? options->devices_per_node : 1}};
+    body["cluster"] = std::move(cluster);
+    if (options->top > 0) body["top"] = options->top;
+    const json reply = e->request("plan", body);
+    *plan_json_out = tide::capi::duplicate(reply.at("plan").dump());
     return TIDE_OK;
   });
 }

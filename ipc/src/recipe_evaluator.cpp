@@ -13,11 +13,12 @@ RecipeEvaluator::~RecipeEvaluator() {
   thread_.join();
 }
 
-std::shared_future<EvaluatedRecipe> RecipeEvaluator::post(std::function<Recipe()> load) {
-  std::packaged_task<EvaluatedRecipe()> job([load = std::move(load)] {
+std::shared_future<EvaluatedRecipe> RecipeEvaluator::post(std::function<Recipe()> load, FollowUp follow_up) {
+  std::packaged_task<EvaluatedRecipe()> job([load = std::move(load), follow_up = std::move(follow_up)] {
     EvaluatedRecipe out;
     try {
       out.recipe = std::make_shared<Recipe>(load());
+      if (follow_up) out.answer = follow_up(*out.recipe);
     } catch (const std::exception& e) {
       out.error = e.what();
     }

@@ -13,14 +13,17 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tide/scripting/recipe.h"
 
 namespace tide::ipc {
 
-// A recipe, or why it did not load.
+// A recipe, or why it did not load; `answer`, what the post's follow-up made of it.
 struct EvaluatedRecipe {
   std::shared_ptr<Recipe> recipe;
   std::string error;
+  nlohmann::json answer;
 };
 
 class RecipeEvaluator {
@@ -31,8 +34,11 @@ class RecipeEvaluator {
   RecipeEvaluator(const RecipeEvaluator&) = delete;
   RecipeEvaluator& operator=(const RecipeEvaluator&) = delete;
 
-  // Runs `load` (Recipe::load_string or load_file with their limits), in the order posted.
-  std::shared_future<EvaluatedRecipe> post(std::function<Recipe()> load);
+  // Runs `load` (Recipe::load_string or load_file with their limits), in the order posted,
+  // then `follow_up` on the recipe, if given (a plan: work that must not hold the
+  // controller's loop either); an exception of either becomes `error`.
+  using FollowUp = std::function<nlohmann::json(const Recipe&)>;
+  std::shared_future<EvaluatedRecipe> post(std::function<Recipe()> load, FollowUp follow_up = {});
 
  private:
   void serve();

@@ -15,6 +15,7 @@
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/live_change.h"
 #include "tide/engine/run_layout.h"
+#include "plan_request.h"
 #include "tide/scripting/recipe.h"
 
 namespace tide::ipc {
@@ -125,6 +126,7 @@ std::optional<json> Requests::dispatch(const Request& req, const ReplyTo& to) {
   if (req.type == "metrics") return metrics(b);
   if (req.type == "logs") return logs(b);
   if (req.type == "recipe") return recipe(b);
+  if (req.type == "plan") return begin_plan(b, to);
   throw ProtocolError(ErrorCode::unknown_type, fmt::format("unknown request type '{}'", req.type));
 }
 
@@ -257,7 +259,13 @@ std::vector<std::pair<ReplyTo, std::string>> Requests::finished_submits(bool wai
     const PendingSubmit& s = submits_[done];
     std::string reply;
     try {
-      reply = reply_ok(s.to.id, finish_submit(s));
+      if (s.plan) {
+        const EvaluatedRecipe& planned = s.evaluated.get();
+        if (!planned.error.empty()) throw ProtocolError(ErrorCode::invalid_recipe, planned.error);
+        reply = reply_ok(s.to.id, planned.answer);
+      } else {
+        reply = reply_ok(s.to.id, finish_submit(s));
+      }
     } catch (const ProtocolError& e) {
       spdlog::warn("request refused ({}): {}", error_name(e.code()), e.what());
       reply = reply_error(s.to.id, e.code(), e.what());
@@ -271,6 +279,34 @@ std::vector<std::pair<ReplyTo, std::string>> Requests::finished_submits(bool wai
   return out;
 }
 
+std::optional<json> Requests::begin_plan(const json& b, const ReplyTo& to) {
+  PlanRequest request = parse_plan_request(b, [this](int ranks) { return local_cpu(ranks); });
+  PendingSubmit s;
+  s.plan = true;
+  s.to = to;
+  s.overrides = submitted_overrides(b);
+  std::tie(s.text, s.source) = submitted_recipe(b, opt_.recipe_dirs);
+  s.evaluated = evaluator_.post(
+      [text = s.text, chunk = s.source == "inline" ? "recipe" : s.source, overrides = s.overrides] {
+        return Recipe::load_string(text, chunk, overrides, submit_limits());
+      },
+      [request = std::move(request)](const Recipe& recipe) {
+        return json{{"plan", to_json(plan_layouts(recipe.config(), request.cluster, request.options), request.top)}};
+      });
+  submits_.push_back(std::move(s));
+  return std::nullopt;
+}
+
+DeviceSpec Requests::local_cpu(int ranks) const {
+  const std::string path = default_calibration_path();
+  try {
+    if (const auto stored = stored_cpu_device(path, ranks)) return *stored;
+  } catch (const std::exception& e) {
+    spdlog::warn("ignoring the calibration {}: {}", path, e.what());
+  }
+  return nominal_cpu_device(ranks);
+}
+
 LayoutChoice Requests::auto_layout(const RunConfig& cfg, int workers) const {
   if (opt_.slurm.enabled || cfg.device == "cuda")
     throw ProtocolError(ErrorCode::invalid_recipe,
@@ -278,14 +314,7 @@ LayoutChoice Requests::auto_layout(const RunConfig& cfg, int workers) const {
                         "layout with `tide plan --device ...` and set it in the recipe");
   Cluster cluster;
   cluster.devices_per_node = workers;
-  const std::string path = default_calibration_path();
-  try {
-    const auto stored = stored_cpu_device(path, workers);
-    cluster.device = stored ? *stored : nominal_cpu_device(workers);
-  } catch (const std::exception& e) {
-    spdlog::warn("parallel.auto: ignoring the calibration {}: {}", path, e.what());
-    cluster.device = nominal_cpu_device(workers);
-  }
+  cluster.device = local_cpu(workers);
   try {
     LayoutChoice choice = choose_layout(cfg, cluster);
     spdlog::info("{}", choice.explanation);

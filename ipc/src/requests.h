@@ -56,7 +56,9 @@ class Requests {
 
  private:
   std::optional<nlohmann::json> dispatch(const Request& req, const ReplyTo& to);
+  // A submit, or a plan (its recipe is evaluated, then planned, on the evaluator's thread).
   struct PendingSubmit {
+    bool plan = false;
     ReplyTo to;
     nlohmann::json body;
     std::string text, source, workdir, key;
@@ -65,6 +67,10 @@ class Requests {
   };
   std::optional<nlohmann::json> begin_submit(const nlohmann::json& body, const ReplyTo& to);
   nlohmann::json finish_submit(const PendingSubmit& s);
+  std::optional<nlohmann::json> begin_plan(const nlohmann::json& body, const ReplyTo& to);
+  // This machine's CPU shared by `ranks` workers: the stored calibration (tide plan
+  // --calibrate), or nominal per-core figures.
+  DeviceSpec local_cpu(int ranks) const;
   // parallel.auto for a run of `workers` CPU ranks on this daemon's machine.
   LayoutChoice auto_layout(const RunConfig& cfg, int workers) const;
   nlohmann::json control(const std::string& op, const nlohmann::json& body, const nlohmann::json& request_id);

@@ -33,6 +33,7 @@ int main(void) {
   tide_connect_options connect = TIDE_CONNECT_OPTIONS_INIT;
   tide_embedded_options embedded = TIDE_EMBEDDED_OPTIONS_INIT;
   tide_submit_options submit = TIDE_SUBMIT_OPTIONS_INIT;
+  tide_plan_options plan = TIDE_PLAN_OPTIONS_INIT;
   /* A pointer this library never made stands for a forged or closed handle. */
   int not_a_handle = 0;
   tide_engine *bogus = (tide_engine *)(void *)&not_a_handle;
@@ -75,6 +76,9 @@ int main(void) {
   EXPECT(tide_engine_request(bogus, "info", NULL, &text), TIDE_ERR_INVALID_HANDLE, NULL);
   EXPECT(tide_run_submit(bogus, &submit, &text), TIDE_ERR_INVALID_HANDLE, NULL);
   EXPECT(tide_run_submit(NULL, NULL, NULL), TIDE_ERR_INVALID_ARGUMENT, NULL);
+  EXPECT(tide_engine_plan(bogus, &plan, &text), TIDE_ERR_INVALID_HANDLE, NULL);
+  EXPECT(tide_engine_plan(NULL, NULL, NULL), TIDE_ERR_INVALID_ARGUMENT, NULL);
+  tide_plan_options_init(NULL);
   EXPECT(tide_run_status_get(bogus, "r", &status), TIDE_ERR_INVALID_HANDLE, NULL);
   EXPECT(tide_run_list(bogus, &text), TIDE_ERR_INVALID_HANDLE, NULL);
   EXPECT(tide_run_wait(bogus, "r", TIDE_RUN_FINISHED_MASK, 0, &state), TIDE_ERR_INVALID_HANDLE, NULL);

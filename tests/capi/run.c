@@ -126,6 +126,29 @@ int main(int argc, char **argv) {
     CHECK(tide_engine_connect(&engine, argv[2], NULL));
   }
 
+  /* The planner through the engine: the recipe's layouts on 4 x 8 H100s, ranked; a
+   * device it does not know is refused by name, with nothing written out. */
+  {
+    tide_plan_options po = TIDE_PLAN_OPTIONS_INIT;
+    char *plan = NULL;
+    po.recipe_file = recipe;
+    po.device = "h100-80";
+    po.nodes = 4;
+    po.devices_per_node = 8;
+    po.top = 3;
+    CHECK(tide_engine_plan(engine, &po, &plan));
+    REQUIRE(strstr(plan, "\"schema\":\"tide.plan/1\"") != NULL && strstr(plan, "\"devices_per_node\":8") != NULL);
+    printf("plan: %.80s...\n", plan);
+    tide_string_free(plan);
+    plan = NULL;
+    po.device = "tpu-v9";
+    REQUIRE(tide_engine_plan(engine, &po, &plan) == TIDE_ERR_BAD_REQUEST && plan == NULL);
+    REQUIRE(strstr(tide_error_last(), "tpu-v9") != NULL);
+    po.device = "h100-80";
+    po.nodes = -2;
+    REQUIRE(tide_engine_plan(engine, &po, &plan) == TIDE_ERR_INVALID_ARGUMENT && strstr(tide_error_last(), "nodes"));
+  }
+
   memset(&s, 0, sizeof s);
   pthread_mutex_init(&s.mu, NULL);
   s.engine = engine;

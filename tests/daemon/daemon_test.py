@@ -906,6 +906,54 @@ def scrape(url):
     return out
 
 
+def part_plan():
+    """The plan request: the same plan as `tide plan --json`, on the table's devices, a
+    device described in the request and this machine's CPU; bad fields are refused by name."""
+    d = Tided(TIDED, WORKER, os.path.join(WORK, "state"), slots=2).start()
+    conn = Conn(d.tcp("commands"))
+    body = {"recipe_name": "llama/llama-2-70b", "cluster": {"device": "h100-80", "nodes": 4, "devices_per_node": 8},
+            "top": 5}
+    plan = conn.request("plan", body)["plan"]
+    cli = json.loads(subprocess.run([TIDE, "plan", "llama/llama-2-70b", "--device", "h100-80", "--nodes", "4",
+                                     "--gpus-per-node", "8", "--top", "5", "--json"],
+                                    check=True, capture_output=True, text=True).stdout)
+    assert plan == cli, "the daemon's plan differs from tide plan --json"
+    assert len(plan["ranked"]) == 5 and plan["layouts_that_fit"] > 5, plan["layouts_that_fit"]
+    print(f"  plan of llama-2-70b on 32 h100-80: {plan['layouts_that_fit']} layouts fit, the best "
+          f"{plan['ranked'][0]['layout']['describe']}, equal to tide plan --json")
+    # A device the table lacks, described in the request, with a materialised attention
+    # and restrictions; overrides apply as in a submit.
+    device = dict(plan["cluster"]["device"], name="slow-h100", matmul_efficiency=0.35)
+    slow = conn.request("plan", {**body, "cluster": {**body["cluster"], "device": device}, "tp": 8, "zero": 1,
+                                 "attention": "materialized", "overrides": ["data.seq_len=2048"]})["plan"]
+    assert slow["cluster"]["device"]["name"] == "slow-h100" and not slow["cluster"]["device"]["fused_attention"]
+    assert all(r["layout"]["tp"] == 8 and r["layout"]["zero"] == 1 for r in slow["ranked"]), slow["ranked"]
+    assert slow["ranked"][0]["time"]["tokens_per_second"] < plan["ranked"][0]["time"]["tokens_per_second"]
+    # This machine's CPU (the daemon's stored calibration, or nominal figures).
+    tiny = conn.request("plan", {"recipe_name": "llama/llama-tiny", "cluster": {"device": "cpu", "devices_per_node": 2}})
+    assert tiny["plan"]["cluster"]["device"]["host"] and tiny["plan"]["ranked"], tiny
+    for extra, code, words in (
+            ({"cluster": {"device": "tpu-v9"}}, "bad_request", "tpu-v9"),
+            ({"cluster": {"device": "h100-80", "nodes": 0}}, "bad_request", "nodes"),
+            ({"cluster": {"device": "h100-80", "nodes": 100000, "devices_per_node": 1024}}, "bad_request", "exceed"),
+            ({"cluster": {"device": dict(device, bf16_flops=-1)}}, "bad_request", "not positive"),
+            ({"cluster": {"device": dict(device, matmul_efficiency=3)}}, "bad_request", "exceeds 1"),
+            ({"attention": "sparse"}, "bad_request", "sparse"),
+            ({"headroom": 2}, "bad_request", "headroom"),
+            ({"zero": 4}, "bad_request", "zero"),
+            ({"top": "many"}, "bad_request", "top"),
+            ({"cluster": [1]}, "bad_request", "cluster"),
+            ({"recipe_name": None, "recipe": "return tide.recipe {\n  model = 3,\n}"}, "invalid_recipe", "recipe:"),
+            ({"recipe_name": "../../etc/passwd"}, "invalid_recipe", "passwd")):
+        request = {**body, **extra}
+        request = {k: v for k, v in request.items() if v is not None}
+        err = conn.request("plan", request, ok=False)
+        assert err["code"] == code and words in err["message"], (extra, err)
+        print(f"  {code}: {err['message'][:100]}")
+    assert conn.request("info")["requests"]["plan"] == 3 + 12
+    d.stop()
+
+
 def part_http():
     # tided's HTTP server: /metrics as Prometheus parses it, the runs as JSON, and the
     # controls, which need the dashboard token and refuse another site's page.
@@ -1459,7 +1507,7 @@ try:
     {"control": part_control, "bad_input": part_bad_input, "faults": part_faults, "anomaly": part_anomaly,
      "policy": part_policy, "slots": part_slots, "security": part_security,
      "exposure": part_exposure, "fuzz": part_fuzz, "cuda": part_cuda, "slurm": part_slurm,
-     "http": part_http, "alerts": part_alerts}[PART]()
+     "http": part_http, "alerts": part_alerts, "plan": part_plan}[PART]()
     print(f"daemon {PART}: ok")
 finally:
     subprocess.run(["pkill", "-KILL", "-f", os.path.join(WORK, "state")], check=False)

@@ -107,11 +107,7 @@ void add_plan_command(CLI::App& app) {
     if (a->zero >= 0) options.zero = a->zero;
     Plan p = plan_layouts(r.config(), cluster, options);
     if (a->json) {
-      nlohmann::json j = to_json(p);
-      if (j["ranked"].size() > static_cast<size_t>(a->top))
-        j["ranked"].erase(j["ranked"].begin() + a->top, j["ranked"].end());
-      j["layouts_that_fit"] = p.ranked.size();
-      std::cout << j.dump(2) << std::endl;
+      std::cout << to_json(p, static_cast<size_t>(a->top)).dump(2) << std::endl;
     } else {
       std::cout << format_plan(p, a->top);
     }

@@ -178,6 +178,31 @@ TIDE_API void tide_submit_options_init(tide_submit_options *options);
 /* Queues a run; its id (free with tide_string_free) in *run_id_out. */
 TIDE_API int tide_run_submit(tide_engine *engine, const tide_submit_options *options, char **run_id_out);
 
+#define TIDE_PLAN_OPTIONS_VERSION 1
+typedef struct tide_plan_options {
+  uint32_t version;
+  /* Exactly one of (as in tide_submit_options): */
+  const char *recipe_text;
+  const char *recipe_file;
+  const char *recipe_name;
+  const char *const *overrides; /* "field=value", as tide --set */
+  size_t overrides_count;
+  const char *device;       /* "h100-80", "a100-80", ... (docs/planner.md); NULL or "cpu": the engine's machine */
+  int32_t nodes;            /* 0: 1 */
+  int32_t devices_per_node; /* 0: 1 */
+  int32_t top;              /* ranked layouts returned; 0: 10 */
+} tide_plan_options;
+#define TIDE_PLAN_OPTIONS_INIT {TIDE_PLAN_OPTIONS_VERSION, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0}
+TIDE_API void tide_plan_options_init(tide_plan_options *options);
+
+/* Ranks every layout of a recipe on a described cluster by predicted speed, with each
+ * rank's memory itemised (docs/planner.md): the plan as JSON, schema tide.plan/1
+ * (docs/plan.schema.json), the same `tide plan --json` prints, in *plan_json_out (free
+ * with tide_string_free). A plan where nothing fits is a result, not an error (its
+ * "ranked" is empty). Restrictions (tp, pp, zero), a device described field by field or
+ * the attention kernel: the "plan" request through tide_engine_request. */
+TIDE_API int tide_engine_plan(tide_engine *engine, const tide_plan_options *options, char **plan_json_out);
+
 #define TIDE_RUN_STATUS_VERSION 1
 typedef struct tide_run_status {
   uint32_t version; /* set by the caller: TIDE_RUN_STATUS_VERSION */

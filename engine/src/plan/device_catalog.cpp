@@ -136,6 +136,8 @@ DeviceSpec device_from_json(const nlohmann::json& j) {
   for (const double v : {d.memory_bytes, d.bf16_flops, d.fp32_flops, d.memory_bandwidth, d.intra_node_bandwidth,
                          d.matmul_efficiency, d.bandwidth_efficiency})
     if (!(v > 0)) throw std::invalid_argument(fmt::format("device '{}': a figure is not positive ({})", d.name, v));
+  for (const double e : {d.matmul_efficiency, d.bandwidth_efficiency})
+    if (e > 1) throw std::invalid_argument(fmt::format("device '{}': an efficiency exceeds 1 ({})", d.name, e));
   return d;
 }
 

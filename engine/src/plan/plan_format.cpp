@@ -93,9 +93,9 @@ nlohmann::json to_json(const LayoutPlan& p) {
   return j;
 }
 
-nlohmann::json to_json(const Plan& plan) {
+nlohmann::json to_json(const Plan& plan, size_t top) {
   nlohmann::json ranked = nlohmann::json::array(), rejected = nlohmann::json::array();
-  for (const auto& p : plan.ranked) ranked.push_back(to_json(p));
+  for (size_t i = 0; i < plan.ranked.size() && i < top; ++i) ranked.push_back(to_json(plan.ranked[i]));
   for (const auto& p : plan.rejected) {
     nlohmann::json j = {{"layout", to_json(p.layout)}, {"reason", p.reason}};
     if (p.memory.device > 0) j["memory"] = to_json(p.memory);
@@ -110,6 +110,7 @@ nlohmann::json to_json(const Plan& plan) {
                        {{"nodes", plan.cluster.nodes},
                         {"devices_per_node", plan.cluster.devices_per_node},
                         {"device", to_json(plan.cluster.device)}}},
+                      {"layouts_that_fit", plan.ranked.size()},
                       {"ranked", std::move(ranked)},
                       {"rejected", std::move(rejected)}};
   if (plan.recipe_layout) {

@@ -7,6 +7,7 @@
 // the first. No LibTorch.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -132,7 +133,9 @@ struct TokenCost {
 };
 TokenCost token_cost(const ModelConfig& m, int64_t seq_len, DType compute);
 
-nlohmann::json to_json(const Plan& plan);
+// The plan as `tide plan --json` prints it (docs/plan.schema.json): the best `top` ranked
+// layouts, and how many fit in all (`layouts_that_fit`).
+nlohmann::json to_json(const Plan& plan, size_t top = SIZE_MAX);
 nlohmann::json to_json(const LayoutPlan& plan);
 // The ranking as text: a table of the best `top` layouts, the first one itemised, and
 // the reasons the others were refused.
