@@ -7,11 +7,12 @@ after with the daemon idle. Prints the request and scrape latency percentiles an
 training speed of both, as a ratio.
 
 Part "dashboards": what issue 19 asks of the dashboard alone. One run trains through
-alternating phases: idle, then N dashboard streams open and /metrics scraped each second,
-then idle, ... (starting and ending idle, so that each loaded phase is compared with the
-idle phases either side of it and the machine's drift cancels). Prints the median step
-time of every phase, the loaded/idle speed ratios, and how long after a step ended its
-metrics event reached the streams (the step's `time` against the reader's clock: one
+alternating phases: idle, then the run's dashboard page open in headless Chromium
+(bench/browser_page.py), N more event streams and /metrics scraped each second, then idle,
+... (starting and ending idle, so that each loaded phase is compared with the idle phases
+either side of it and the machine's drift cancels). Prints the median step time of every
+phase, the loaded/idle speed ratios, how long after a step ended its metrics event reached
+the streams and the page showed it (the step's `time` against the reader's clock: one
 host).
 
 Usage: .venv/bin/python bench/daemon_load.py [--part requests|dashboards|all] [--steps 300]
@@ -171,13 +172,40 @@ def requests_part(a, d, conn, work):
           f"(a subscriber that never read was connected throughout)")
 
 
+class BrowserPage:
+    """The run's dashboard page in headless Chromium (bench/browser_page.py): open once
+    `ready` returns; `close` gives each step the page displayed and when."""
+
+    def __init__(self, url, run):
+        self.proc = subprocess.Popen(["/usr/bin/python3", os.path.join(ROOT, "bench", "browser_page.py"),
+                                      f"{url}#/run/{run}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ready(self):
+        line = self.proc.stdout.readline()
+        if not line.startswith("ready "):
+            raise SystemExit(f"the browser page did not open: {line!r} (exit {self.proc.wait()})")
+
+    def close(self):
+        self.proc.stdin.close()
+        shown = json.loads(self.proc.stdout.readline())
+        self.proc.wait(60)
+        return shown
+
+
 def dashboards_part(a, d, conn, work):
     run = conn.request("submit", {"recipe": RECIPE % 10_000_000, "workdir": work})["run"]["id"]
     wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 10, what="running")
     phases = []  # (loaded, start, end): Unix seconds, the clock of the steps' `time`
-    delays, to_daemon, events, scrapes = [], [], [], []
+    delays, to_daemon, events, scrapes, shown = [], [], [], [], []
     for i in range(2 * a.pairs + 1):
         loaded = i % 2 == 1
+        browsers = []
+        if loaded:
+            # Chromium's start is not part of having a page open: the phase begins once
+            # every page shows the run.
+            browsers = [BrowserPage(d.endpoints["http"], run) for _ in range(a.browsers)]
+            for b in browsers:
+                b.ready()
         start = time.time()
         if loaded:
             pages = [Dashboard(d.endpoints["http"], run) for _ in range(a.dashboards)]
@@ -194,7 +222,10 @@ def dashboards_part(a, d, conn, work):
                 to_daemon += page.to_daemon
                 events.append(page.events)
             scrapes += scraper.latencies
-        phases.append((loaded, start, time.time()))
+        end = time.time()
+        for b in browsers:
+            shown += [(t, step) for t, step in b.close() if start <= t <= end]
+        phases.append((loaded, start, end))
     conn.request("cancel", {"run": run})
     wait_status(conn, run, lambda r: r["state"] == "cancelled", timeout=120, what="cancelled")
     rows = conn.request("metrics", {"run": run, "limit": 100000})["metrics"]
@@ -207,8 +238,9 @@ def dashboards_part(a, d, conn, work):
         return statistics.median(inside), len(inside)
 
     medians = [median_of(p) for p in phases]
-    print(f"[dashboards] one run, {len(phases)} phases of {a.phase_seconds:.0f} s: idle, then {a.dashboards} "
-          f"dashboard streams open and /metrics scraped each second, then idle, ...")
+    print(f"[dashboards] one run, {len(phases)} phases of {a.phase_seconds:.0f} s: idle, then {a.browsers} "
+          f"dashboard page(s) open in headless Chromium, {a.dashboards} more event streams read as a page reads "
+          f"them, and /metrics scraped each second, then idle, ...")
     for (loaded, _, _), (m, n) in zip(phases, medians):
         print(f"[dashboards]   {'loaded' if loaded else 'idle  '}: median step {m * 1e3:.2f} ms over {n} steps")
     ratios = []
@@ -221,6 +253,12 @@ def dashboards_part(a, d, conn, work):
           f"{ms(delays)} ({len(delays)} events, {sum(x > 1 for x in delays)} later than 1 s); of which from the "
           f"step's end to tided publishing it: {ms(to_daemon)}")
     print(f"[dashboards] {len(scrapes)} scrapes of /metrics: {ms(scrapes)}")
+    if shown:
+        ended = {r["step"]: r["time"] for r in rows}
+        page_delays = [t - ended[step] for t, step in shown if step in ended]
+        print(f"[dashboards] the browser pages showed {len(page_delays)} new steps (the page redraws at most "
+              f"4 times a second, so it skips steps); step end to the step shown: {ms(page_delays)}, "
+              f"{sum(x > 1 for x in page_delays)} later than 1 s")
 
 
 def main():
@@ -233,6 +271,8 @@ def main():
     ap.add_argument("--rate", type=float, default=1000,
                     help="status requests per second (0: back to back; on 2 cores the client and the daemon "
                          "then take a core from training)")
+    ap.add_argument("--browsers", type=int, default=1,
+                    help="run pages open in headless Chromium in the dashboards part's loaded phases")
     ap.add_argument("--pairs", type=int, default=4, help="loaded phases of the dashboards part")
     ap.add_argument("--phase-seconds", type=float, default=20, help="length of each phase of the dashboards part")
     a = ap.parse_args()
