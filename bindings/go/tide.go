@@ -210,6 +210,58 @@ type Submit struct {
 	IdempotencyKey, Workdir            string
 }
 
+// cStrings copies list into a C array of C strings; release frees them.
+func cStrings(list []string) (**C.char, C.size_t, func()) {
+	if len(list) == 0 {
+		return nil, 0, func() {}
+	}
+	arr := C.malloc(C.size_t(len(list)) * C.size_t(unsafe.Sizeof(uintptr(0))))
+	items := (*[1 << 20]*C.char)(arr)[:len(list):len(list)]
+	for i, s := range list {
+		items[i] = C.CString(s)
+	}
+	return (**C.char)(arr), C.size_t(len(list)), func() {
+		for _, item := range items {
+			free(item)
+		}
+		C.free(arr)
+	}
+}
+
+// PlanQuestion asks for a recipe's layouts ranked on a cluster: one of RecipeText,
+// RecipeFile and RecipeName; Nodes x DevicesPerNode Devices ("h100-80", "a100-80", ...;
+// "" or "cpu": the engine's machine); Top ranked layouts (0: 10).
+type PlanQuestion struct {
+	RecipeText, RecipeFile, RecipeName string
+	Overrides                          []string // "field=value"
+	Device                             string
+	Nodes, DevicesPerNode, Top         int32
+}
+
+// Plan ranks the recipe's layouts by predicted speed, with memory per rank itemised
+// (docs/planner.md): the plan as decoded JSON, schema tide.plan/1.
+func (e *Engine) Plan(q PlanQuestion) (map[string]any, error) {
+	var o C.tide_plan_options
+	C.tide_plan_options_init(&o)
+	o.recipe_text = cstr(q.RecipeText)
+	o.recipe_file = cstr(q.RecipeFile)
+	o.recipe_name = cstr(q.RecipeName)
+	o.device = cstr(q.Device)
+	defer free(o.recipe_text)
+	defer free(o.recipe_file)
+	defer free(o.recipe_name)
+	defer free(o.device)
+	var release func()
+	o.overrides, o.overrides_count, release = cStrings(q.Overrides)
+	defer release()
+	o.nodes = C.int32_t(q.Nodes)
+	o.devices_per_node = C.int32_t(q.DevicesPerNode)
+	o.top = C.int32_t(q.Top)
+	var plan map[string]any
+	err := takeJSON(func(out **C.char) C.int { return C.tide_engine_plan(e.h, &o, out) }, &plan)
+	return plan, err
+}
+
 // Run is one run of an engine.
 type Run struct {
 	engine *Engine
@@ -230,17 +282,9 @@ func (e *Engine) Submit(s Submit) (*Run, error) {
 	defer free(o.recipe_name)
 	defer free(o.idempotency_key)
 	defer free(o.workdir)
-	if len(s.Overrides) > 0 {
-		arr := C.malloc(C.size_t(len(s.Overrides)) * C.size_t(unsafe.Sizeof(uintptr(0))))
-		defer C.free(arr)
-		items := (*[1 << 20]*C.char)(arr)[:len(s.Overrides):len(s.Overrides)]
-		for i, ov := range s.Overrides {
-			items[i] = C.CString(ov)
-			defer free(items[i])
-		}
-		o.overrides = (**C.char)(arr)
-		o.overrides_count = C.size_t(len(s.Overrides))
-	}
+	var release func()
+	o.overrides, o.overrides_count, release = cStrings(s.Overrides)
+	defer release()
 	o.workers = C.int32_t(s.Workers)
 	o.priority = C.int32_t(s.Priority)
 	id, err := takeString(func(out **C.char) C.int { return C.tide_run_submit(e.h, &o, out) })

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -180,5 +181,27 @@ func TestBadRecipe(t *testing.T) {
 	}
 	if _, err := engine.Submit(Submit{}); !IsCode(err, ErrInvalidArgument) {
 		t.Fatalf("no recipe: %v", err)
+	}
+}
+
+func TestPlan(t *testing.T) {
+	engine, err := OpenEmbedded(EmbeddedOptions{StateDir: filepath.Join(work, "plan"),
+		WorkerExecutable: os.Getenv("TIDE_WORKER_BIN")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	plan, err := engine.Plan(PlanQuestion{RecipeText: recipe, Overrides: []string{"batch.global_batch=16"},
+		Device: "a100-80", Nodes: 2, DevicesPerNode: 8, Top: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ranked, _ := plan["ranked"].([]any)
+	if plan["schema"] != "tide.plan/1" || len(ranked) == 0 || len(ranked) > 3 {
+		t.Fatalf("plan: schema %v, %d ranked", plan["schema"], len(ranked))
+	}
+	if _, err := engine.Plan(PlanQuestion{RecipeText: recipe, Device: "tpu-v9"}); !IsCode(err, ErrBadRequest) ||
+		!strings.Contains(err.Error(), "tpu-v9") {
+		t.Fatalf("an unknown device: %v", err)
 	}
 }

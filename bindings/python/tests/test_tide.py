@@ -76,6 +76,18 @@ class WholeRun:
               f"{event.body['step']}, stopped at {st.last_step} (loss {st.loss:.4f}), checkpoints {saved_steps}, "
               f"exported to {exported['out']}")
 
+    def test_plan(self):
+        plan = self.engine.plan(recipe=RECIPE, device="a100-80", nodes=2, devices_per_node=8, top=3)
+        self.assertEqual(plan["schema"], "tide.plan/1")
+        self.assertEqual(plan["cluster"]["nodes"] * plan["cluster"]["devices_per_node"], 16)
+        self.assertTrue(0 < len(plan["ranked"]) <= 3 <= plan["layouts_that_fit"], plan["layouts_that_fit"])
+        steps = [p["time"]["step"] for p in plan["ranked"]]
+        self.assertEqual(steps, sorted(steps))
+        with self.assertRaises(tide.TideError) as e:
+            self.engine.plan(recipe=RECIPE, device="tpu-v9")
+        self.assertEqual(e.exception.name, "bad_request")
+        self.assertIn("tpu-v9", str(e.exception))
+
     def test_errors(self):
         with self.assertRaises(tide.TideError) as e:
             self.engine.run("no-such-run-7").status()

@@ -77,6 +77,13 @@ class _SubmitOptions(ctypes.Structure):
                 ("idempotency_key", ctypes.c_char_p), ("workdir", ctypes.c_char_p)]
 
 
+class _PlanOptions(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("recipe_text", ctypes.c_char_p), ("recipe_file", ctypes.c_char_p),
+                ("recipe_name", ctypes.c_char_p), ("overrides", ctypes.POINTER(ctypes.c_char_p)),
+                ("overrides_count", ctypes.c_size_t), ("device", ctypes.c_char_p), ("nodes", ctypes.c_int32),
+                ("devices_per_node", ctypes.c_int32), ("top", ctypes.c_int32)]
+
+
 class _RunStatus(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("id", ctypes.c_char * 128), ("name", ctypes.c_char * 64),
                 ("state", ctypes.c_int32), ("workers", ctypes.c_int32), ("last_step", ctypes.c_int64),
@@ -107,6 +114,7 @@ for name, args in {
     "tide_engine_info": [_p, _out_str],
     "tide_engine_request": [_p, _s, _s, _out_str],
     "tide_run_submit": [_p, ctypes.POINTER(_SubmitOptions), _out_str],
+    "tide_engine_plan": [_p, ctypes.POINTER(_PlanOptions), _out_str],
     "tide_run_status_get": [_p, _s, ctypes.POINTER(_RunStatus)],
     "tide_run_list": [_p, _out_str],
     "tide_run_wait": [_p, _s, ctypes.c_uint32, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32)],
@@ -370,6 +378,16 @@ class Engine:
         o = _SubmitOptions(1, _b(recipe), _b(recipe_file), _b(recipe_name), arr, len(overrides), workers, priority,
                            _b(idempotency_key), _b(workdir))
         return Run(self, _take_string(lambda out: _lib.tide_run_submit(self._h(), ctypes.byref(o), out)))
+
+    def plan(self, recipe: Optional[str] = None, recipe_file: Optional[str] = None,
+             recipe_name: Optional[str] = None, overrides: Sequence[str] = (), device: Optional[str] = None,
+             nodes: int = 0, devices_per_node: int = 0, top: int = 0) -> Dict[str, Any]:
+        """The recipe's layouts ranked on a cluster of `nodes` x `devices_per_node` `device`s
+        (docs/planner.md; None: the engine's CPU): the plan, schema tide.plan/1."""
+        arr = (ctypes.c_char_p * max(1, len(overrides)))(*[o.encode() for o in overrides])
+        o = _PlanOptions(1, _b(recipe), _b(recipe_file), _b(recipe_name), arr, len(overrides), _b(device), nodes,
+                         devices_per_node, top)
+        return json.loads(_take_string(lambda out: _lib.tide_engine_plan(self._h(), ctypes.byref(o), out)))
 
     def runs(self) -> List[Dict[str, Any]]:
         return json.loads(_take_string(lambda out: _lib.tide_run_list(self._h(), out)))

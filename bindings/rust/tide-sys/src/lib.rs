@@ -38,6 +38,7 @@ pub const TIDE_RUN_CANCELLED: i32 = 10;
 pub const TIDE_CONNECT_OPTIONS_VERSION: u32 = 1;
 pub const TIDE_EMBEDDED_OPTIONS_VERSION: u32 = 1;
 pub const TIDE_SUBMIT_OPTIONS_VERSION: u32 = 1;
+pub const TIDE_PLAN_OPTIONS_VERSION: u32 = 1;
 pub const TIDE_RUN_STATUS_VERSION: u32 = 1;
 pub const TIDE_EXPORT_OPTIONS_VERSION: u32 = 1;
 
@@ -83,6 +84,20 @@ pub struct tide_submit_options {
     pub priority: i32,
     pub idempotency_key: *const c_char,
     pub workdir: *const c_char,
+}
+
+#[repr(C)]
+pub struct tide_plan_options {
+    pub version: u32,
+    pub recipe_text: *const c_char,
+    pub recipe_file: *const c_char,
+    pub recipe_name: *const c_char,
+    pub overrides: *const *const c_char,
+    pub overrides_count: usize,
+    pub device: *const c_char,
+    pub nodes: i32,
+    pub devices_per_node: i32,
+    pub top: i32,
 }
 
 #[repr(C)]
@@ -158,6 +173,12 @@ extern "C" {
         engine: *mut tide_engine,
         options: *const tide_submit_options,
         run_id_out: *mut *mut c_char,
+    ) -> c_int;
+    pub fn tide_plan_options_init(options: *mut tide_plan_options);
+    pub fn tide_engine_plan(
+        engine: *mut tide_engine,
+        options: *const tide_plan_options,
+        plan_json_out: *mut *mut c_char,
     ) -> c_int;
     pub fn tide_run_status_get(engine: *mut tide_engine, run_id: *const c_char, status: *mut tide_run_status) -> c_int;
     pub fn tide_run_list(engine: *mut tide_engine, json_out: *mut *mut c_char) -> c_int;

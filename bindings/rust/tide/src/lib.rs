@@ -194,6 +194,21 @@ pub struct Submit {
     pub workdir: Option<String>,
 }
 
+/// A planning question: exactly one of `recipe_text`, `recipe_file`, `recipe_name`, and the
+/// cluster: `nodes` x `devices_per_node` `device`s ("h100-80", "a100-80", ...; None or
+/// "cpu": the engine's machine; 0: one); `top` ranked layouts (0: 10).
+#[derive(Debug, Clone, Default)]
+pub struct PlanQuestion {
+    pub recipe_text: Option<String>,
+    pub recipe_file: Option<String>,
+    pub recipe_name: Option<String>,
+    pub overrides: Vec<String>,
+    pub device: Option<String>,
+    pub nodes: i32,
+    pub devices_per_node: i32,
+    pub top: i32,
+}
+
 /// Which checkpoint `Run::export` writes, and how.
 #[derive(Debug, Clone, Default)]
 pub struct ExportOptions {
@@ -203,6 +218,37 @@ pub struct ExportOptions {
     pub dtype: Option<String>,
     /// How long to wait for the export (None: until it ends; zero: return once started).
     pub timeout: Option<Duration>,
+}
+
+/// `field=value` overrides as the C API takes them: C strings and an array of pointers
+/// to them, both alive as long as this is.
+struct Overrides {
+    _strings: Vec<CString>,
+    pointers: Vec<*const c_char>,
+}
+
+impl Overrides {
+    fn new(list: &[String]) -> Result<Overrides> {
+        let strings = list
+            .iter()
+            .map(|o| cstring(o, "override"))
+            .collect::<Result<Vec<_>>>()?;
+        let pointers = strings.iter().map(|o| o.as_ptr()).collect();
+        Ok(Overrides {
+            _strings: strings,
+            pointers,
+        })
+    }
+    fn pointer(&self) -> *const *const c_char {
+        if self.pointers.is_empty() {
+            ptr::null()
+        } else {
+            self.pointers.as_ptr()
+        }
+    }
+    fn count(&self) -> usize {
+        self.pointers.len()
+    }
 }
 
 /// A tide engine: a tided over ZeroMQ, or one embedded in this process. Closed on drop
@@ -266,6 +312,29 @@ impl Engine {
         take_string(|out| unsafe { sys::tide_engine_request(self.handle, k.as_ptr(), b.as_ptr(), out) })
     }
 
+    /// The recipe's layouts ranked by predicted speed on the question's cluster, with
+    /// memory per rank itemised (docs/planner.md): the plan as JSON, schema tide.plan/1.
+    pub fn plan(&self, q: &PlanQuestion) -> Result<String> {
+        let text = opt_cstring(&q.recipe_text, "recipe_text")?;
+        let file = opt_cstring(&q.recipe_file, "recipe_file")?;
+        let name = opt_cstring(&q.recipe_name, "recipe_name")?;
+        let device = opt_cstring(&q.device, "device")?;
+        let overrides = Overrides::new(&q.overrides)?;
+        let o = sys::tide_plan_options {
+            version: sys::TIDE_PLAN_OPTIONS_VERSION,
+            recipe_text: ptr_of(&text),
+            recipe_file: ptr_of(&file),
+            recipe_name: ptr_of(&name),
+            overrides: overrides.pointer(),
+            overrides_count: overrides.count(),
+            device: ptr_of(&device),
+            nodes: q.nodes,
+            devices_per_node: q.devices_per_node,
+            top: q.top,
+        };
+        take_string(|out| unsafe { sys::tide_engine_plan(self.handle, &o, out) })
+    }
+
     /// Queues a run.
     pub fn submit(&self, s: &Submit) -> Result<Run<'_>> {
         let text = opt_cstring(&s.recipe_text, "recipe_text")?;
@@ -273,23 +342,14 @@ impl Engine {
         let name = opt_cstring(&s.recipe_name, "recipe_name")?;
         let key = opt_cstring(&s.idempotency_key, "idempotency_key")?;
         let workdir = opt_cstring(&s.workdir, "workdir")?;
-        let overrides = s
-            .overrides
-            .iter()
-            .map(|o| cstring(o, "override"))
-            .collect::<Result<Vec<_>>>()?;
-        let pointers: Vec<*const c_char> = overrides.iter().map(|o| o.as_ptr()).collect();
+        let overrides = Overrides::new(&s.overrides)?;
         let o = sys::tide_submit_options {
             version: sys::TIDE_SUBMIT_OPTIONS_VERSION,
             recipe_text: ptr_of(&text),
             recipe_file: ptr_of(&file),
             recipe_name: ptr_of(&name),
-            overrides: if pointers.is_empty() {
-                ptr::null()
-            } else {
-                pointers.as_ptr()
-            },
-            overrides_count: pointers.len(),
+            overrides: overrides.pointer(),
+            overrides_count: overrides.count(),
             workers: s.workers,
             priority: s.priority,
             idempotency_key: ptr_of(&key),

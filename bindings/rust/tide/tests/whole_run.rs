@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::Duration;
 
-use tide::{Engine, Error, ExportOptions, State, Submit};
+use tide::{Engine, Error, ExportOptions, PlanQuestion, State, Submit};
 
 /// The recipe the C API tests use too.
 const RECIPE: &str = include_str!("../../../../tests/capi/tiny.lua");
@@ -139,6 +139,28 @@ fn embedded() {
         engine.submit(&Submit::default()).unwrap_err().code,
         Error::INVALID_ARGUMENT
     );
+    // The planner through the engine: a plan of the recipe on 2 x 8 A100s, and an
+    // unknown device refused by name.
+    let question = PlanQuestion {
+        recipe_text: Some(RECIPE.into()),
+        overrides: vec!["batch.global_batch=16".into()],
+        device: Some("a100-80".into()),
+        nodes: 2,
+        devices_per_node: 8,
+        top: 3,
+        ..Default::default()
+    };
+    let plan = engine.plan(&question).unwrap();
+    assert!(plan.contains("\"schema\":\"tide.plan/1\""), "{plan}");
+    assert!(number(&plan, "layouts_that_fit").unwrap() >= 1.0, "{plan}");
+    let unknown = engine
+        .plan(&PlanQuestion {
+            device: Some("tpu-v9".into()),
+            ..question
+        })
+        .unwrap_err();
+    assert_eq!(unknown.code, Error::BAD_REQUEST);
+    assert!(unknown.message.contains("tpu-v9"), "{}", unknown.message);
     drop(engine);
     std::fs::remove_dir_all(&work).unwrap();
 }
