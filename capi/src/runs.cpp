@@ -137,7 +137,8 @@ int tide_engine_plan(tide_engine* engine, const tide_plan_options* options, char
     for (const auto& [value, name] : {std::pair{options->nodes, "options->nodes"},
                                       {options->devices_per_node, "options->devices_per_node"},
                                       {options->top, "options->top"}})
-      if (value < 0) throw Failure(TIDE_ERR_INVALID_ARGUMENT, fmt::format("{} is {}: 0 (the default) or more", name, value));
+      if (value < 0)
+        throw Failure(TIDE_ERR_INVALID_ARGUMENT, fmt::format("{} is {}: 0 (the default) or more", name, value));
     json cluster = {{"device", options->device ? options->device : "cpu"},
                     {"nodes", options->nodes > 0 ? options->nodes : 1},
                     {"devices_per_node", options->devices_per_node > 0 ? options->devices_per_node : 1}};

@@ -11,11 +11,11 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "plan_request.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/live_change.h"
 #include "tide/engine/run_layout.h"
-#include "plan_request.h"
 #include "tide/scripting/recipe.h"
 
 namespace tide::ipc {

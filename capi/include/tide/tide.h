@@ -192,7 +192,8 @@ typedef struct tide_plan_options {
   int32_t devices_per_node; /* 0: 1 */
   int32_t top;              /* ranked layouts returned; 0: 10 */
 } tide_plan_options;
-#define TIDE_PLAN_OPTIONS_INIT {TIDE_PLAN_OPTIONS_VERSION, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0}
+#define TIDE_PLAN_OPTIONS_INIT \
+  { TIDE_PLAN_OPTIONS_VERSION, NULL, NULL, NULL, NULL, 0, NULL, 0, 0, 0 }
 TIDE_API void tide_plan_options_init(tide_plan_options *options);
 
 /* Ranks every layout of a recipe on a described cluster by predicted speed, with each

@@ -112,7 +112,7 @@ FieldSpec int_list(std::string path, double lo, double hi, std::string doc, F re
 
 // A list of http(s) URLs (a Lua table of strings; an empty table reads as {} or []).
 template <class F>
-FieldSpec url_list(std::string path, size_t most, std::string doc, F ref) {
+FieldSpec url_list(const std::string& path, size_t most, std::string doc, F ref) {
   FieldSpec f{path, FieldType::UrlList, {}, 0, static_cast<double>(most), LiveEffect::None, std::move(doc), {}, {}};
   f.set = [=](RunConfig& c, const json& v) {
     if (v.is_object() && v.empty()) {

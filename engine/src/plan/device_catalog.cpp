@@ -64,8 +64,8 @@ DeviceSpec find_device(const std::string& name) {
     if (d.name == name) return d;
     known += (known.empty() ? "" : ", ") + d.name;
   }
-  throw std::invalid_argument(
-      fmt::format("unknown device '{}' (known: {}, cpu for this machine, or a .json file describing one)", name, known));
+  throw std::invalid_argument(fmt::format(
+      "unknown device '{}' (known: {}, cpu for this machine, or a .json file describing one)", name, known));
 }
 
 DeviceSpec device_from_file(const std::string& path) {
@@ -74,8 +74,8 @@ DeviceSpec device_from_file(const std::string& path) {
   if (!in) throw std::invalid_argument(fmt::format("device file '{}' cannot be read", path));
   in.seekg(0, std::ios::end);
   if (in.tellg() > kMaxBytes)
-    throw std::invalid_argument(fmt::format("device file '{}' holds {} bytes; 1 MiB at most", path,
-                                            static_cast<long long>(in.tellg())));
+    throw std::invalid_argument(
+        fmt::format("device file '{}' holds {} bytes; 1 MiB at most", path, static_cast<long long>(in.tellg())));
   in.seekg(0);
   std::ostringstream text;
   text << in.rdbuf();

@@ -82,7 +82,8 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   c.elementwise_bytes = 4.0 * blocks * saved;
   if (r.last) c.elementwise_bytes += 5.0 * static_cast<double>(r.vocab) * 4;
   if (recompute) c.elementwise_bytes *= 1.25;
-  if (!fused_attention) c.elementwise_bytes += blocks * static_cast<double>(r.heads) * T * score_bytes(mc, s, recompute);
+  if (!fused_attention)
+    c.elementwise_bytes += blocks * static_cast<double>(r.heads) * T * score_bytes(mc, s, recompute);
   return c;
 }
 
@@ -135,10 +136,10 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
                     (2.0 * blocks * static_cast<double>(r.block_matmul) +
                      4.0 * attention_fraction(mc, fused) * blocks * attn_width * T) /
                     matmul_rate;
-    t.elementwise =
-        M * tokens_mb * stage_token_cost(mc, r, T, s, L.activation_checkpointing, fused).elementwise_bytes / memory_rate +
-        M * (blocks * kOpsPerBlock * (L.activation_checkpointing ? 4.0 / 3.0 : 1.0) + kOpsOutsideBlocks) *
-            dev.op_overhead;
+    t.elementwise = M * tokens_mb * stage_token_cost(mc, r, T, s, L.activation_checkpointing, fused).elementwise_bytes /
+                        memory_rate +
+                    M * (blocks * kOpsPerBlock * (L.activation_checkpointing ? 4.0 / 3.0 : 1.0) + kOpsOutsideBlocks) *
+                        dev.op_overhead;
 
     if (L.tp > 1) {
       const double per_collective = tokens_mb * D * s;
