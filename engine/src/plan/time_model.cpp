@@ -12,7 +12,9 @@
 //     micro-batch for 2-3) overlapping the backward that produces it, the parameter
 //     all-gather after the update (ZeRO-1/2) or before each block (ZeRO-3, prefetched);
 //   pipelines: one send and receive per micro-batch and direction, and the fill and drain
-//     bubble of (pp - 1) micro-batch slots;
+//     bubble: the slowest stage works through every micro-batch while each other stage
+//     adds one micro-batch of its own time (fill before it, drain after it), (pp - 1)
+//     slots when the stages are alike;
 //   AdamW reading and writing 28 bytes per owned element; offload moves gradients to the
 //     host and parameters back, and updates at the host's speed.
 #include <algorithm>
@@ -121,7 +123,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   const int64_t pad = world > 1 ? L.dp : 1;
 
   TimeEstimate worst;
-  double worst_busy = -1;
+  double worst_busy = -1, all_busy = 0;
   for (const auto& stage : stages) {
     const RankModel r = rank_model(mc, L.tp, stage);
     const double blocks = static_cast<double>(r.blocks);
@@ -193,13 +195,14 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
         t.optimizer += owned * 8 / memory_rate;
     }
     const double busy = t.compute + t.recompute + t.elementwise + t.tp_comm + t.pp_comm;
+    all_busy += busy;
     if (busy > worst_busy) {
       worst_busy = busy;
       worst = t;
     }
   }
-  // Fill and drain: (pp - 1) slots of the slowest stage's micro-batch time.
-  if (L.pp > 1) worst.bubble = (L.pp - 1) * worst_busy / M;
+  // Fill and drain: one micro-batch of every stage but the slowest (1F1B and GPipe alike).
+  if (L.pp > 1) worst.bubble = (all_busy - worst_busy) / M;
   worst.step = worst_busy + worst.bubble + worst.dp_comm + worst.optimizer;
   const double global_tokens = static_cast<double>(cfg.batch.global_batch) * T;
   worst.tokens_per_second = global_tokens / worst.step;
