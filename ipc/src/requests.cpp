@@ -243,11 +243,7 @@ std::optional<json> Requests::begin_submit(const json& b, const ReplyTo& to) {
   if (!fs::path(s.workdir).is_absolute() || !fs::is_directory(s.workdir))
     throw ProtocolError(ErrorCode::bad_request, fmt::format("workdir '{}' is not an absolute directory", s.workdir));
   // Relative paths in the recipe (data.path) resolve against the workdir, as the workers will.
-  s.evaluated =
-      evaluator_.post([text = s.text, chunk = s.source == "inline" ? "recipe" : s.source, overrides = s.overrides] {
-        return Recipe::load_string(text, chunk, overrides, submit_limits());
-      });
-  submits_.push_back(std::move(s));
+  evaluate(std::move(s));
   return std::nullopt;
 }
 
@@ -286,15 +282,19 @@ std::optional<json> Requests::begin_plan(const json& b, const ReplyTo& to) {
   s.to = to;
   s.overrides = submitted_overrides(b);
   std::tie(s.text, s.source) = submitted_recipe(b, opt_.recipe_dirs);
+  evaluate(std::move(s), [request = std::move(request)](const Recipe& recipe) {
+    return json{{"plan", to_json(plan_layouts(recipe.config(), request.cluster, request.options), request.top)}};
+  });
+  return std::nullopt;
+}
+
+void Requests::evaluate(PendingSubmit s, RecipeEvaluator::FollowUp follow_up) {
   s.evaluated = evaluator_.post(
       [text = s.text, chunk = s.source == "inline" ? "recipe" : s.source, overrides = s.overrides] {
         return Recipe::load_string(text, chunk, overrides, submit_limits());
       },
-      [request = std::move(request)](const Recipe& recipe) {
-        return json{{"plan", to_json(plan_layouts(recipe.config(), request.cluster, request.options), request.top)}};
-      });
+      std::move(follow_up));
   submits_.push_back(std::move(s));
-  return std::nullopt;
 }
 
 DeviceSpec Requests::local_cpu(int ranks) const {

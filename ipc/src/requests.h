@@ -68,6 +68,9 @@ class Requests {
   std::optional<nlohmann::json> begin_submit(const nlohmann::json& body, const ReplyTo& to);
   nlohmann::json finish_submit(const PendingSubmit& s);
   std::optional<nlohmann::json> begin_plan(const nlohmann::json& body, const ReplyTo& to);
+  // Posts the request's recipe (and what follows it) to the evaluator; its reply waits in
+  // submits_, in order.
+  void evaluate(PendingSubmit s, RecipeEvaluator::FollowUp follow_up = {});
   // This machine's CPU shared by `ranks` workers: the stored calibration (tide plan
   // --calibrate), or nominal per-core figures.
   DeviceSpec local_cpu(int ranks) const;
