@@ -138,7 +138,10 @@ void Distributed::Heartbeat::judge() {
 
 std::string Distributed::Heartbeat::host_of(int r) {
   const Fields f = parse(pulses_[r].value);
-  return f.host.empty() ? "unknown (never reported)" : f.host;
+  if (!f.host.empty()) return f.host;
+  // Rank 0 holds the rendezvous store, so its host is the one every rank dialled, pulse or
+  // not (a host lost before this rank read its first pulse).
+  return r == 0 ? env_.master_addr : "unknown (never reported)";
 }
 
 void Distributed::Heartbeat::lost(const std::vector<int>& silent, double seconds) {
