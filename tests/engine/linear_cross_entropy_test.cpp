@@ -2,31 +2,126 @@
 #include <torch/torch.h>
 
 #include "tide/engine/model/linear_cross_entropy.h"
+#include "tide/engine/train/tensor_memory.h"
 
 namespace tide {
 namespace {
 
-TEST(LinearCrossEntropy, EqualsProjectionThenCrossEntropy) {
+struct Reference {
+  torch::Tensor loss, grad_h, grad_w;
+};
+
+// The unfused ops in fp64, under an upstream gradient of 3 (other than one).
+Reference reference(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& targets) {
+  auto h2 = h.to(torch::kFloat64, false, true).requires_grad_();
+  auto w2 = w.to(torch::kFloat64, false, true).requires_grad_();
+  auto loss = torch::cross_entropy_loss(torch::mm(h2, w2.t()), targets);
+  (loss * 3.0).backward();
+  return {loss.detach(), h2.grad(), w2.grad()};
+}
+
+TEST(LinearCrossEntropy, EqualsProjectionThenCrossEntropyInEveryChunking) {
   torch::manual_seed(4);
   const auto h0 = torch::randn({37, 16}, torch::kFloat64), w0 = torch::randn({53, 16}, torch::kFloat64);
   const auto targets = torch::randint(0, 53, {37}, torch::kInt64);
-  auto h1 = h0.clone().requires_grad_(), w1 = w0.clone().requires_grad_();
-  auto h2 = h0.clone().requires_grad_(), w2 = w0.clone().requires_grad_();
-  const auto fused = linear_cross_entropy(h1, w1, targets);
-  const auto reference = torch::cross_entropy_loss(torch::mm(h2, w2.t()), targets);
-  EXPECT_NEAR(fused.item<double>(), reference.item<double>(), 1e-12);
-  (fused * 3.0).backward();  // an upstream gradient other than one
-  (reference * 3.0).backward();
-  EXPECT_TRUE(torch::allclose(h1.grad(), h2.grad(), 1e-10, 1e-12));
-  EXPECT_TRUE(torch::allclose(w1.grad(), w2.grad(), 1e-10, 1e-12));
+  const auto ref = reference(h0, w0, targets);
+  // One chunk, chunks that divide nothing evenly, one row a chunk.
+  for (const int64_t chunk : {int64_t{0}, int64_t{5}, int64_t{1}}) {
+    auto h1 = h0.clone().requires_grad_(), w1 = w0.clone().requires_grad_();
+    const auto loss = linear_cross_entropy(h1, w1, targets, {}, chunk);
+    EXPECT_EQ(loss.scalar_type(), torch::kFloat64);
+    EXPECT_NEAR(loss.item<double>(), ref.loss.item<double>(), 1e-12) << "chunk " << chunk;
+    (loss * 3.0).backward();
+    EXPECT_TRUE(torch::allclose(h1.grad(), ref.grad_h, 1e-10, 1e-12)) << "chunk " << chunk;
+    EXPECT_TRUE(torch::allclose(w1.grad(), ref.grad_w, 1e-10, 1e-12)) << "chunk " << chunk;
+  }
 }
 
 TEST(LinearCrossEntropy, Float32MatchesWithinRounding) {
   torch::manual_seed(5);
   const auto h = torch::randn({64, 32}) * 4, w = torch::randn({1000, 32});
   const auto targets = torch::randint(0, 1000, {64}, torch::kInt64);
-  EXPECT_NEAR(linear_cross_entropy(h, w, targets).item<double>(),
-              torch::cross_entropy_loss(torch::mm(h, w.t()), targets).item<double>(), 1e-4);
+  // Logits of about |h||w| = 4 * 32 = 128 hold fp32's relative 6e-8: the loss's absolute
+  // error is a few times 128 * 6e-8 = 8e-6.
+  for (const int64_t chunk : {int64_t{0}, int64_t{7}}) {
+    EXPECT_NEAR(linear_cross_entropy(h, w, targets, {}, chunk).item<double>(),
+                torch::cross_entropy_loss(torch::mm(h, w.t()), targets).item<double>(), 1e-4);
+  }
+}
+
+TEST(LinearCrossEntropy, OnlyTheWantedGradientsAreMadeAndFrozenWeightsGetNone) {
+  torch::manual_seed(6);
+  const auto h0 = torch::randn({20, 8}, torch::kFloat64), w0 = torch::randn({30, 8}, torch::kFloat64);
+  const auto targets = torch::randint(0, 30, {20}, torch::kInt64);
+  const auto ref = reference(h0, w0, targets);
+  auto h = h0.clone().requires_grad_();
+  (linear_cross_entropy(h, w0, targets, {}, 6) * 3.0).backward();
+  EXPECT_TRUE(torch::allclose(h.grad(), ref.grad_h, 1e-10, 1e-12));
+  torch::NoGradGuard no_grad;
+  auto w = w0.clone().requires_grad_();
+  const auto loss = linear_cross_entropy(h0, w, targets);
+  EXPECT_FALSE(loss.requires_grad());
+  EXPECT_NEAR(loss.item<double>(), ref.loss.item<double>(), 1e-12);
+}
+
+TEST(LinearCrossEntropy, Bfloat16GradientsAreTheFp64OnesWithinBf16Rounding) {
+  torch::manual_seed(7);
+  const int64_t n = 96, d = 32, v = 200;
+  const auto hb = (torch::randn({n, d}) * 0.25).to(torch::kBFloat16);
+  const auto wb = (torch::randn({v, d}) * 0.25).to(torch::kBFloat16);
+  const auto targets = torch::randint(0, v, {n}, torch::kInt64);
+  // The reference is fp64 from the same bf16 inputs, so what differs is bf16's rounding
+  // (unit roundoff u = 2^-8): the logits' (each moved by at most u * max|logit|, which
+  // moves the loss by at most twice that and every softmax probability p by a factor
+  // within 1 +- 2 u max|logit|), then the softmax gradient's, each chunk's product's and
+  // the scaled gradient's (u each).
+  const auto h64 = hb.to(torch::kFloat64), w64 = wb.to(torch::kFloat64);
+  const auto logits = torch::mm(h64, w64.t());
+  const double u = 1.0 / 256, max_logit = logits.abs().max().item<double>();
+  const auto ref = reference(hb, wb, targets);
+  auto h = hb.clone().requires_grad_(), w = wb.clone().requires_grad_();
+  const auto loss = linear_cross_entropy(h, w, targets, {}, 12);  // 8 chunks
+  EXPECT_EQ(loss.scalar_type(), torch::kFloat32);                 // an fp32 loss whatever the compute dtype
+  (loss * 3.0).backward();
+  EXPECT_EQ(w.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_NEAR(loss.item<double>(), ref.loss.item<double>(), 2 * u * max_logit);
+  // An element of a gradient sums terms (p + one-hot) * |w or h| * 3 / n; its error is at
+  // most rel times their magnitudes' sum.
+  const double rel = 2 * u * max_logit + 3 * u;
+  const auto terms = torch::softmax(logits, 1) + torch::one_hot(targets, v).to(torch::kFloat64);
+  const auto bound_h = terms.mm(w64.abs()) * (3.0 / n) * rel;
+  const auto bound_w = terms.t().mm(h64.abs()) * (3.0 / n) * rel;
+  EXPECT_TRUE((h.grad().to(torch::kFloat64) - ref.grad_h).abs().le(bound_h).all().item<bool>());
+  EXPECT_TRUE((w.grad().to(torch::kFloat64) - ref.grad_w).abs().le(bound_w).all().item<bool>());
+}
+
+TEST(LinearCrossEntropy, NeverHoldsTheLogitsOfEveryRow) {
+  count_host_tensor_memory();
+  torch::manual_seed(8);
+  const int64_t n = 512, d = 16, v = 4096;
+  auto h = torch::randn({n, d}).requires_grad_(), w = torch::randn({v, d}).requires_grad_();
+  const auto targets = torch::randint(0, v, {n}, torch::kInt64);
+  const int64_t logits_bytes = n * v * 4;  // 8 MiB
+  const int64_t chunk = 32;                // 512 KiB of logits a chunk
+  const int64_t before = host_tensor_bytes();
+  reset_peak_host_tensor_bytes();
+  const auto loss = linear_cross_entropy(h, w, targets, {}, chunk);
+  loss.backward();
+  const int64_t peak = peak_host_tensor_bytes() - before;
+  // What may be live at once: a chunk's logits and its gradient copy, the gradients of h
+  // and w (saved, then scaled), and small row vectors.
+  const int64_t allowed = 2 * chunk * v * 4 + 2 * (n * d + v * d) * 4 + int64_t{64} * 1024;
+  EXPECT_LT(peak, allowed);
+  EXPECT_LT(peak, logits_bytes / 4);
+  EXPECT_TRUE(torch::allclose(loss, torch::cross_entropy_loss(torch::mm(h, w.t()), targets), 1e-5, 1e-5));
+}
+
+TEST(LinearCrossEntropy, ChunkRowsKeepAChunksLogitsWithinTheBudget) {
+  EXPECT_EQ(cross_entropy_chunk_rows(16384, 32000), 1024);  // 2^25 / 32000 = 1048, to a multiple of 64
+  EXPECT_LE(cross_entropy_chunk_rows(16384, 32000) * 32000, int64_t{1} << 25);
+  EXPECT_EQ(cross_entropy_chunk_rows(100, 32000), 100);      // fewer rows than a chunk: one chunk
+  EXPECT_EQ(cross_entropy_chunk_rows(1 << 20, 1 << 26), 1);  // a vocabulary past the budget: a row a chunk
+  EXPECT_EQ(cross_entropy_chunk_rows(0, 50), 1);
 }
 
 }  // namespace

@@ -73,8 +73,9 @@ TEST(Plan, OneProcessHoldsTheFlatBuffersAndAdamMoments) {
   EXPECT_DOUBLE_EQ(p.memory.gradients, bytes);
   EXPECT_DOUBLE_EQ(p.memory.optimizer, 2 * bytes);
   EXPECT_EQ(p.memory.working_copy, 0.0) << "fp32 compute casts nothing";
-  // The loss keeps fp32 log-probabilities for every token of the micro-batch.
-  EXPECT_DOUBLE_EQ(p.memory.loss, 4.0 * 8 * 256 * 8192);
+  // The loss keeps the gradients it made in its forward: its input's (8 x 256 tokens of
+  // dim 256) and the output weight's (8192 x 256), in fp32; never the logits.
+  EXPECT_DOUBLE_EQ(p.memory.loss, 4.0 * (8 * 256 + 8192) * 256);
   EXPECT_EQ(p.memory.activations_by_block.size(), 4u);
   EXPECT_GT(p.time.step, 0.0);
   EXPECT_TRUE(p.fits);

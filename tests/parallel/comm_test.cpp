@@ -3,11 +3,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "../../engine/src/parallel/tensor_parallel_group.h"
+#include "tide/engine/model/linear_cross_entropy.h"
 #include "tide/engine/parallel/comm.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/ipc/worker_group.h"
@@ -107,6 +111,45 @@ TEST(Comm, DeadPeerFailsTheCollectiveByName) {
           return m.find("all_reduce (gradient bucket 0) on group world") != std::string::npos ? 0 : 2;
         }
         return 3;
+      },
+      free_loopback_port());
+}
+
+// The vocabulary-parallel loss: three ranks each hold a slice of the output weight (the
+// last one a padding row, filled with values that would dominate any softmax they
+// entered) and together give the whole vocabulary's loss and gradients.
+TEST(Comm, VocabularyShardsOfTheLossEqualTheWholeVocabulary) {
+  run_ranks(
+      3,
+      [](Distributed& d) {
+        Comm& c = *d.world;
+        const auto group = tensor_parallel_group(c);
+        torch::manual_seed(9);  // the same inputs on every rank
+        const int64_t n = 23, dim = 8, vocab = 53, local = padded_vocab(vocab, 3) / 3;
+        const auto h0 = torch::randn({n, dim}, torch::kFloat64), w0 = torch::randn({vocab, dim}, torch::kFloat64);
+        const auto targets = torch::randint(0, vocab, {n}, torch::kInt64);
+        auto hr = h0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
+        const auto reference = torch::cross_entropy_loss(torch::mm(hr, wr.t()), targets);
+        (reference * 3.0).backward();
+
+        const int64_t first = c.rank() * local, valid = std::clamp<int64_t>(vocab - first, 0, local);
+        auto w = torch::full({local, dim}, 100.0, torch::kFloat64);
+        w.narrow(0, 0, valid).copy_(w0.narrow(0, first, valid));
+        w.requires_grad_();
+        auto h = h0.clone().requires_grad_();
+        const auto loss = linear_cross_entropy(h, w, targets, VocabShard{group.get(), first, valid}, 5);
+        (loss * 3.0).backward();
+        int bad = 0;
+        bad += std::abs(loss.item<double>() - reference.item<double>()) > 1e-12;
+        auto grad_h = h.grad().clone();  // this rank's part: the ranks' parts sum to it
+        c.all_reduce_sum(grad_h, "grad h");
+        bad += !torch::allclose(grad_h, hr.grad(), 1e-10, 1e-12);
+        bad += !torch::allclose(w.grad().narrow(0, 0, valid), wr.grad().narrow(0, first, valid), 1e-10, 1e-12);
+        bad += !w.grad().narrow(0, valid, local - valid).eq(0).all().item<bool>();
+        if (bad)
+          std::fprintf(stderr, "rank %d: loss %.15g against %.15g\n", c.rank(), loss.item<double>(),
+                       reference.item<double>());
+        return bad;
       },
       free_loopback_port());
 }

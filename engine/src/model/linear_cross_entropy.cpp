@@ -1,49 +1,169 @@
 #include "tide/engine/model/linear_cross_entropy.h"
 
+#include <algorithm>
+#include <atomic>
+#include <limits>
+
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
+#include <torch/version.h>
+
+#include "tide/engine/model/tensor_parallel.h"
 
 namespace tide {
 namespace {
 
+// acc += a b, with acc in fp32 (fp64) and a, b possibly in a narrower compute dtype.
+void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == acc.scalar_type()) {
+    acc.addmm_(a, b);
+    return;
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  // cuBLAS adds a bf16 product into an fp32 matrix in the GEMM itself. LibTorch 2.9 and
+  // newer expose it; builds whose addmm.dtype wants `self` in the inputs' dtype refuse
+  // the call, and every later call takes the sum below.
+  static std::atomic<bool> fp32_out{true};
+  if (acc.is_cuda() && fp32_out.load(std::memory_order_relaxed)) {
+    try {
+      at::addmm_out(acc, acc, a, b, acc.scalar_type());
+      return;
+    } catch (const c10::Error&) {
+      fp32_out.store(false, std::memory_order_relaxed);
+    }
+  }
+#endif
+  acc.add_(at::mm(a, b));
+}
+
+struct Gradients {
+  at::Tensor loss_sum;  // sum over rows, fp32 (fp64)
+  at::Tensor h;         // d loss_sum / d h, undefined when not wanted
+  at::Tensor weight;    // d loss_sum / d weight, fp32 (fp64)
+};
+
+// One chunk's logits [c, V] over the whole vocabulary: adds the rows' losses to
+// `loss_sum` and leaves softmax(logits) in the returned fp32 (fp64) buffer when
+// `softmax` is set. The log-softmax is one fused kernel; CUDA's reads bf16 logits and
+// writes fp32 log-probabilities in the same pass.
+at::Tensor whole_vocabulary_rows(at::Tensor logits, const at::Tensor& targets, at::ScalarType sum_type,
+                                 at::Tensor& loss_sum, bool softmax) {
+  at::Tensor log_probs;
+  if (logits.scalar_type() == sum_type) {
+    log_probs = at::_log_softmax_out(logits, logits, 1, false);
+  } else if (logits.is_cuda()) {
+    log_probs = at::_log_softmax(logits, 1, /*half_to_float=*/true);
+  } else {
+    log_probs = logits.to(sum_type);
+    at::_log_softmax_out(log_probs, log_probs, 1, false);
+  }
+  loss_sum.sub_(log_probs.gather(1, targets.unsqueeze(1)).sum());
+  return softmax ? log_probs.exp_() : at::Tensor();
+}
+
+// The same over this rank's columns of a vocabulary split across the shard's group: the
+// rows' maxima and sums (and the target's logit, held by one rank) are reduced over it.
+// Padding columns take no part.
+at::Tensor shard_rows(at::Tensor logits, const at::Tensor& targets, const VocabShard& shard, at::ScalarType sum_type,
+                      at::Tensor& loss_sum, bool softmax) {
+  if (logits.scalar_type() != sum_type) logits = logits.to(sum_type);
+  const int64_t rows = logits.size(1);
+  if (shard.valid < rows)
+    logits.narrow(1, shard.valid, rows - shard.valid).fill_(-std::numeric_limits<double>::infinity());
+  const auto mine = targets.ge(shard.first).logical_and_(targets.lt(shard.first + shard.valid));
+  const auto index = (targets - shard.first).clamp_(0, rows - 1).unsqueeze(1);
+  auto target_logit = logits.gather(1, index).squeeze(1).masked_fill_(mine.logical_not(), 0.0);
+  auto row_max = at::amax(logits, 1);
+  shard.group->all_reduce_max(row_max, "cross-entropy max");
+  logits.sub_(row_max.unsqueeze(1)).exp_();
+  auto sum_and_target = at::stack({logits.sum(1), target_logit});
+  shard.group->all_reduce_sum(sum_and_target, "cross-entropy sum and target logit");
+  const auto sum = sum_and_target[0];
+  loss_sum.add_((sum.log() + row_max - sum_and_target[1]).sum());
+  return softmax ? logits.div_(sum.unsqueeze(1)) : at::Tensor();
+}
+
+Gradients chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
+                                const VocabShard& shard, int64_t chunk, bool want_h, bool want_weight) {
+  const int64_t n = h.size(0), rows = weight.size(0);
+  const auto sum_type = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  Gradients out;
+  out.loss_sum = at::zeros({}, h.options().dtype(sum_type));
+  if (want_h) out.h = at::empty_like(h, at::MemoryFormat::Contiguous);
+  if (want_weight) out.weight = at::zeros(weight.sizes(), weight.options().dtype(sum_type));
+  const auto weight_t = weight.t();
+  for (int64_t first_row = 0; first_row < n; first_row += chunk) {
+    const int64_t c = std::min(chunk, n - first_row);
+    const auto hc = h.narrow(0, first_row, c);
+    const auto tc = targets.narrow(0, first_row, c);
+    const bool backward = want_h || want_weight;
+    at::Tensor grad = shard.group ? shard_rows(at::mm(hc, weight_t), tc, shard, sum_type, out.loss_sum, backward)
+                                  : whole_vocabulary_rows(at::mm(hc, weight_t), tc, sum_type, out.loss_sum, backward);
+    if (!backward) continue;
+
+    // d loss_sum / d logits = softmax - one_hot(target), made in the softmax's buffer; on
+    // a shard, only where this rank holds the target.
+    if (shard.group) {
+      const auto mine = tc.ge(shard.first).logical_and_(tc.lt(shard.first + shard.valid));
+      grad.scatter_add_(1, (tc - shard.first).clamp_(0, rows - 1).unsqueeze(1), mine.to(sum_type).neg_().unsqueeze(1));
+    } else {
+      grad.scatter_add_(1, tc.unsqueeze(1), at::full({c, 1}, -1.0, grad.options()));
+    }
+    const at::Tensor g = grad.to(h.scalar_type());
+    if (want_h) {
+      auto rows_of_h = out.h.narrow(0, first_row, c);
+      at::mm_out(rows_of_h, g, weight);
+    }
+    if (want_weight) add_product(out.weight, g.t(), hc);
+  }
+  return out;
+}
+
 struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
-                            const at::Tensor& targets) {
-    at::Tensor logits = at::mm(h, weight.t());  // [N, V]
-    if (logits.scalar_type() != at::kFloat && logits.scalar_type() != at::kDouble) logits = logits.to(at::kFloat);
-    at::_log_softmax_out(logits, logits, 1, false);  // row-wise, in place: log-probs
-    const at::Tensor loss = -logits.gather(1, targets.unsqueeze(1)).mean();
-    ctx->save_for_backward({h, weight, targets, logits});
-    return loss;
+                            const at::Tensor& targets, const VocabShard& shard, int64_t chunk, bool want_h,
+                            bool want_weight) {
+    auto g = chunked_cross_entropy(h, weight, targets, shard, chunk, want_h, want_weight);
+    ctx->save_for_backward({g.h, g.weight});
+    ctx->saved_data["rows"] = h.size(0);
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    return g.loss_sum.div_(static_cast<double>(h.size(0)));
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &h = saved[0], &weight = saved[1], &targets = saved[2];
-    at::Tensor probs = saved[3];
-    // d loss / d logits = (softmax - onehot(target)) / N, built in the saved buffer.
-    probs.exp_();
-    probs.scatter_add_(1, targets.unsqueeze(1), at::full({targets.size(0), 1}, -1.0, probs.options()));
-    const at::Tensor scale = grads[0] / static_cast<double>(targets.size(0));
-    const at::Tensor g = probs.to(h.scalar_type());
-    at::Tensor grad_h = at::mm(g, weight.to(h.scalar_type())).mul_(scale);
-    at::Tensor grad_w = at::mm(g.t(), h).to(weight.scalar_type()).mul_(scale);
-    return {grad_h, grad_w, at::Tensor()};
+    auto saved = ctx->get_saved_variables();
+    const auto scale = grads[0] / static_cast<double>(ctx->saved_data["rows"].toInt());
+    at::Tensor grad_h, grad_weight;
+    if (saved[0].defined()) grad_h = saved[0].mul_(scale);
+    if (saved[1].defined()) {
+      const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+      grad_weight = saved[1].mul_(scale).to(dtype);
+    }
+    return {grad_h, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets) {
+at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
+                                const VocabShard& shard, int64_t chunk_rows) {
+  TORCH_CHECK(h.dim() == 2 && weight.dim() == 2 && h.size(1) == weight.size(1),
+              "linear_cross_entropy: h [N, D] and weight [V, D] expected, got ", h.sizes(), " and ", weight.sizes());
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == h.size(0), "linear_cross_entropy: ", h.size(0),
+              " rows of h and targets of shape ", targets.sizes());
+  const int64_t chunk = chunk_rows > 0 ? chunk_rows : cross_entropy_chunk_rows(h.size(0), weight.size(0));
   // Under autocast the weight's working copy (cast once per step, its gradient flowing
   // back to the fp32 weight) enters the node: autocast inside it would cast the weight
   // with gradients off, every micro-batch.
   const auto device = weight.device().type();
-  if (!at::autocast::is_autocast_enabled(device)) return LinearCrossEntropy::apply(h, weight, targets);
-  const auto dtype = at::autocast::get_autocast_dtype(device);
-  const auto w = at::autocast::cached_cast(dtype, weight, device);
-  return LinearCrossEntropy::apply(h.to(w.scalar_type()), w, targets);
+  at::Tensor hx = h, w = weight;
+  if (at::autocast::is_autocast_enabled(device)) {
+    w = at::autocast::cached_cast(at::autocast::get_autocast_dtype(device), weight, device);
+    hx = h.to(w.scalar_type());
+  }
+  const bool grad = at::GradMode::is_enabled();
+  return LinearCrossEntropy::apply(hx, w, targets, shard, chunk, grad && hx.requires_grad(), grad && w.requires_grad());
 }
 
 }  // namespace tide

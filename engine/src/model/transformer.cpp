@@ -296,11 +296,11 @@ torch::Tensor TransformerImpl::loss(const torch::Tensor& tokens, const torch::Te
 torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Tensor& targets) {
   torch::Tensor loss;
   if (tp_.size() > 1) {
-    // Logits of this rank's vocabulary slice for every position; the softmax spans ranks.
+    // This rank's vocabulary slice for every position; the softmax spans ranks.
     const auto whole = tp_.sequence_parallel ? tp_.group->gather_sequence(h) : tp_.group->copy_to(h);
-    const auto logits = torch::linear(whole.reshape({-1, cfg_.dim}), output_weight());
-    const int64_t valid = std::clamp<int64_t>(cfg_.vocab_size - vocab_first_, 0, vocab_local_);
-    loss = tp_.group->vocab_parallel_cross_entropy(logits, targets.reshape({-1}), vocab_first_, valid);
+    const VocabShard shard{tp_.group.get(), vocab_first_,
+                           std::clamp<int64_t>(cfg_.vocab_size - vocab_first_, 0, vocab_local_)};
+    loss = linear_cross_entropy(whole.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}), shard);
   } else {
     loss = linear_cross_entropy(h.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}));
   }

@@ -1,7 +1,5 @@
 #include "tensor_parallel_group.h"
 
-#include <limits>
-
 #include <torch/torch.h>
 
 #include "tide/engine/parallel/comm.h"
@@ -89,43 +87,6 @@ struct ReduceScatterSequence : torch::autograd::Function<ReduceScatterSequence> 
   }
 };
 
-struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
-                               const torch::Tensor& targets, int64_t first, int64_t valid, int64_t comm) {
-    Comm& c = *reinterpret_cast<Comm*>(comm);
-    const int64_t n = logits.size(0), local = logits.size(1);
-    auto l = logits.to(torch::kFloat32).contiguous();
-    if (valid < local) {
-      l = l.clone();
-      l.narrow(1, valid, local - valid).fill_(-std::numeric_limits<float>::infinity());
-    }
-    auto m = std::get<0>(l.max(1));  // [N]
-    c.all_reduce_max(m, "cross-entropy max");
-    auto e = (l - m.unsqueeze(1)).exp_();  // [N, V/tp]
-    auto s = e.sum(1);
-    c.all_reduce_sum(s, "cross-entropy sum");
-    const auto mine = targets.ge(first).logical_and_(targets.lt(first + valid));
-    const auto index = (targets - first).clamp_(0, local - 1);
-    auto target_logit = l.gather(1, index.unsqueeze(1)).squeeze(1).masked_fill_(mine.logical_not(), 0.0);
-    c.all_reduce_sum(target_logit, "cross-entropy target logit");
-    const auto loss = (s.log() + m - target_logit).mean();
-    e.div_(s.unsqueeze(1));  // softmax over the whole vocabulary, this rank's columns
-    ctx->save_for_backward({e, index, mine});
-    ctx->saved_data["n"] = n;
-    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
-    return loss;  // fp32 whatever the logits' dtype: a bf16 loss keeps three digits
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list g) {
-    const auto saved = ctx->get_saved_variables();
-    auto grad = saved[0].clone();  // d loss_i / d logits = softmax - one_hot(target)
-    grad.scatter_add_(1, saved[1].unsqueeze(1), -saved[2].to(grad.scalar_type()).unsqueeze(1));
-    grad.mul_(g[0].to(torch::kFloat32) / static_cast<double>(ctx->saved_data["n"].toInt()));
-    const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["dtype"].toInt());
-    return {grad.to(dtype), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-};
-
 class CommTensorParallelGroup : public TensorParallelGroup {
  public:
   explicit CommTensorParallelGroup(Comm& comm) : comm_(comm) {}
@@ -137,10 +98,8 @@ class CommTensorParallelGroup : public TensorParallelGroup {
   at::Tensor reduce_scatter_sequence(const at::Tensor& x) override {
     return ReduceScatterSequence::apply(x, address(comm_));
   }
-  at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t first,
-                                          int64_t valid) override {
-    return VocabParallelCrossEntropy::apply(logits, targets, first, valid, address(comm_));
-  }
+  void all_reduce_max(at::Tensor& t, const std::string& what) override { comm_.all_reduce_max(t, what); }
+  void all_reduce_sum(at::Tensor& t, const std::string& what) override { comm_.all_reduce_sum(t, what); }
   at::Tensor all_gather(const at::Tensor& local, const std::string& what) override {
     const auto in = local.contiguous().view({-1});
     auto all = torch::empty({in.numel() * comm_.size()}, in.options());

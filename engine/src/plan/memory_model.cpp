@@ -8,8 +8,8 @@
 //   ZeRO-3 (sharded_parameters.h): unit 0 whole for the step, plus the running block's
 //     unit and the prefetched one; ZeRO-2/3 (sharded_gradients.h): each unit's gradients
 //     in a buffer until reduce-scattered, unit 0's for the whole backward;
-//   autograd's saved tensors per block (layers.cpp), the loss's logits
-//     (linear_cross_entropy.cpp, tensor_parallel_group.cpp), the micro-batches a
+//   autograd's saved tensors per block (layers.cpp), the gradients the loss makes in
+//     its forward and a chunk of its logits (linear_cross_entropy.cpp), the micro-batches a
 //     pipeline schedule keeps in flight (pipeline.cpp);
 //   the temporaries of the backward step that makes the most at once.
 // Shape legend: B micro-batch, T sequence, Tn the residual stream's sequence on this rank
@@ -19,6 +19,7 @@
 
 #include "estimates.h"
 #include "rank_model.h"
+#include "tide/engine/model/cross_entropy_chunks.h"
 #include "tide/engine/model/pipeline_stage.h"
 
 namespace tide::plan {
@@ -82,10 +83,10 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
 }
 
 struct Head {
-  double saved = 0;          // final norm, the projection's input, the loss's saved logits
-  double forward_extra = 0;  // logits being made beside what is saved
+  double saved = 0;          // final norm, the projection's input, the loss's gradients
+  double forward_extra = 0;  // a chunk's logits being made beside what is saved
   double backward_extra = 0;
-  double logits = 0;  // of `saved`
+  double loss = 0;  // of `saved`: the gradients the loss made in its forward
 };
 
 Head head(const RankModel& r, int64_t tp, const Shape& x) {
@@ -94,20 +95,19 @@ Head head(const RankModel& r, int64_t tp, const Shape& x) {
   h.saved = x.Nn * D * 4 + x.Nn * 4;  // the final norm
   h.saved += x.N * D * x.s;           // the projection's input, whole sequence
   const double bf16 = x.s < 4 ? 1.0 : 0.0;
-  if (tp == 1) {
-    // linear_cross_entropy: fp32 log-probabilities [N, V] kept for backward (made from a
-    // bf16 product under bf16), turned into the gradient in place.
-    h.logits = x.N * V * 4;
-    h.forward_extra = bf16 * x.N * V * 2;
-    h.backward_extra = bf16 * x.N * V * 2 + x.N * D * x.s + V * D * 4 + bf16 * V * D * 2;
-  } else {
-    // Vocabulary-parallel: the local logits and their fp32 softmax (kept); backward
-    // clones the softmax into the gradient.
-    h.logits = x.N * V * 4;
-    h.forward_extra = x.N * V * x.s + bf16 * x.N * V * 4;
-    h.backward_extra = x.N * V * 4 + bf16 * x.N * V * 2 + x.N * D * x.s + V * D * 4 + bf16 * V * D * 2;
-  }
-  h.saved += h.logits;
+  // linear_cross_entropy: the gradients of its input (compute dtype) and of the weight
+  // (an fp32 sum over chunks), made in the forward and kept for backward.
+  h.loss = x.N * D * x.s + V * D * 4;
+  // A chunk's logits: in bf16 beside their fp32 log-probabilities, then those beside the
+  // gradient cast back to bf16 (fp32 works in the one buffer); under bf16 also the
+  // chunk's weight-gradient product before it joins the fp32 sum.
+  const double chunk = static_cast<double>(cross_entropy_chunk_rows(static_cast<int64_t>(x.N), r.vocab));
+  h.forward_extra = chunk * V * (bf16 > 0 ? 2 + 4 : 4) + bf16 * V * D * 2;
+  // Backward scales the kept gradients in place; the weight's is cast to the working
+  // copy's bf16 and back to fp32 for the flat buffer. Under tensor parallelism the input's
+  // gradient is copied into the all-reduce.
+  h.backward_extra = bf16 * V * D * (2 + 4) + (tp > 1 ? x.N * D * x.s : 0);
+  h.saved += h.loss;
   return h;
 }
 
@@ -183,16 +183,16 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   int64_t in_flight = 1;
   if (L.pp > 1)
     in_flight = L.schedule == "gpipe" ? L.micro_batches : std::min<int64_t>(L.pp - stage_index, L.micro_batches);
-  m.activations = static_cast<double>(in_flight) * (per_micro_batch - h.logits);
-  m.loss = static_cast<double>(in_flight) * h.logits;
+  m.activations = static_cast<double>(in_flight) * (per_micro_batch - h.loss);
+  m.loss = static_cast<double>(in_flight) * h.loss;
 
   // The widest moment of one micro-batch beyond its saved tensors: the loss being made,
-  // the head's backward (the logits still held), or a block's backward, by when the head's
-  // saved tensors, logits included, are gone.
+  // the head's backward, or a block's backward, by when the head's saved tensors are
+  // gone.
   double block_extra = block_backward_extra(mc, r, x);
   if (recompute) block_extra += one_block;  // the recomputed block's own saved tensors
-  // ZeRO-2/3: unit 0's gradient buffer from the head's backward (once the logits are
-  // released) to the embedding's, and the block units' while in flight (two at most,
+  // ZeRO-2/3: unit 0's gradient buffer from the head's backward (once the loss's
+  // gradients are released) to the embedding's, and the block units' while in flight (two at most,
   // sharded_gradients.cpp).
   if (L.zero >= 2) block_extra += (unit0 + 2 * block_unit) * 4;
   m.backward_transient = r.last ? std::max({h.forward_extra, h.backward_extra, block_extra - h.saved}) : block_extra;

@@ -68,7 +68,7 @@ std::string itemised(const LayoutPlan& p) {
   const auto& t = p.time;
   std::string out = fmt::format(
       "  memory per rank (GiB, pipeline stage {}): parameters {} | gradients {} | optimizer {} | bf16 weights {} | "
-      "ZeRO buffers {} | activations {} | logits {} | backward temporaries {} | receive buffers {} | runtime {} "
+      "ZeRO buffers {} | activations {} | loss {} | backward temporaries {} | receive buffers {} | runtime {} "
       "= {}",
       m.peak_stage, gib(m.parameters), gib(m.gradients), gib(m.optimizer), gib(m.working_copy), gib(m.gathered),
       gib(m.activations), gib(m.loss), gib(m.backward_transient), gib(m.communication), gib(m.runtime), gib(m.device));

@@ -1,15 +1,36 @@
-// The output projection and the cross-entropy loss as one autograd node.
+// The output projection and the cross-entropy loss as one autograd node that never holds
+// the logits of every token at once.
 #pragma once
+
+#include <cstdint>
 
 #include <ATen/core/Tensor.h>
 
+#include "tide/engine/model/cross_entropy_chunks.h"
+
 namespace tide {
 
-// loss = mean_i -log softmax(h_i W^T)[t_i], for h [N, D], W [V, D], targets [N] int64.
-// One N x V buffer lives through forward and backward: the logits become log-probs in
-// place, are saved, and turn into the gradient of the logits in place (exp, minus one at
-// the target). The unfused ops keep the logits, the log-probs and two gradients of that
-// size, and make about twice the passes over them.
-at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets);
+class TensorParallelGroup;
+
+// This rank's rows of a vocabulary split across tensor-parallel ranks: the weight's rows
+// are the vocabulary's [first, first + rows), of which the first `valid` are real (padding
+// follows). The softmax spans the group. A default VocabShard is the whole vocabulary.
+struct VocabShard {
+  TensorParallelGroup* group = nullptr;
+  int64_t first = 0;
+  int64_t valid = 0;
+};
+
+// loss = mean_i -log softmax(h_i W^T)[t_i], for h [N, D], W [V, D], targets [N] int64,
+// in fp32 (fp64 for fp64 inputs) whatever the compute dtype.
+//
+// The rows go through in chunks of `chunk_rows` (0: cross_entropy_chunk_rows): a chunk's
+// logits are made, reduced to the loss and, when a gradient is wanted, turned at once into
+// the gradients of h and W, which are all the node keeps for backward (N x D and V x D,
+// where the logits are N x V). The weight's gradient is summed over chunks in fp32. This
+// is the fused linear cross-entropy of Liger-Kernel: the same three products as the
+// unfused ops, none recomputed.
+at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
+                                const VocabShard& shard = {}, int64_t chunk_rows = 0);
 
 }  // namespace tide

@@ -34,11 +34,10 @@ class TensorParallelGroup {
   virtual at::Tensor gather_sequence(const at::Tensor& x) = 0;
   // [B, T, ...] partial sums → [B, T / tp, ...] summed; backward all-gathers.
   virtual at::Tensor reduce_scatter_sequence(const at::Tensor& x) = 0;
-  // Mean cross-entropy over rows of logits split by vocabulary: `logits` [N, V / tp] are
-  // this rank's columns [first, first + V / tp) of which the first `valid` are real
-  // (padding follows); targets [N] int64 in the whole vocabulary.
-  virtual at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t first,
-                                                  int64_t valid) = 0;
+  // No autograd, in place: the element-wise maximum or sum over the group's ranks (the
+  // vocabulary-parallel softmax's statistics). `what` names the tensor in errors.
+  virtual void all_reduce_max(at::Tensor& t, const std::string& what) = 0;
+  virtual void all_reduce_sum(at::Tensor& t, const std::string& what) = 0;
   // No autograd: every rank's `local` (n elements), rank j's at chunk j of the
   // size() * n result. `what` names the tensor in errors.
   virtual at::Tensor all_gather(const at::Tensor& local, const std::string& what) = 0;

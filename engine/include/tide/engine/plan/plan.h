@@ -45,7 +45,7 @@ struct MemoryEstimate {
   double working_copy = 0;                   // bf16 copies of the weights cast once per step
   double gathered = 0;                       // ZeRO-3 units gathered whole, ZeRO-2/3 unit gradients in flight
   double activations = 0;                    // what autograd saves for backward, all micro-batches in flight
-  double loss = 0;                           // logits and the loss's saved softmax
+  double loss = 0;                           // the gradients the loss makes in its forward
   double backward_transient = 0;             // the largest set of temporaries backward makes at once
   double communication = 0;                  // pipeline receive buffers, collective staging
   double runtime = 0;                        // CUDA context, workspaces, allocator fragmentation
