@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "cuda_skip.h"
 #include "hf_reference.h"
 #include "test_data.h"
 #include "tide/engine/model/hf_convert.h"
@@ -20,17 +21,6 @@
 namespace tide {
 namespace {
 namespace fs = std::filesystem;
-
-// Skipped where no CUDA device is present, unless TIDE_REQUIRE_CUDA=1 (make gpu-test):
-// then a missing device fails the test (as tests/tools/cuda_probe.py does for the scripts).
-#define SKIP_WITHOUT_CUDA()                                                        \
-  do {                                                                             \
-    if (!torch::cuda::is_available()) {                                            \
-      const char* required = std::getenv("TIDE_REQUIRE_CUDA");                     \
-      if (required && std::string(required) == "1") FAIL() << "no CUDA device, and TIDE_REQUIRE_CUDA=1"; \
-      GTEST_SKIP() << "skipped: no CUDA device";                                   \
-    }                                                                              \
-  } while (0)
 
 RunConfig tiny_run(const std::string& device, int64_t steps) {
   RunConfig c = testing::tiny_byte_run("cuda-" + device);

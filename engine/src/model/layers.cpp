@@ -8,36 +8,11 @@
 #include <torch/nn/functional/normalization.h>
 #include <torch/torch.h>
 
+#include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/transformer.h"
 
 namespace tide {
 namespace F = torch::nn::functional;
-
-namespace {
-// y = x * r * w with r = 1 / sqrt(mean(x^2) + eps) per row, as one autograd node that
-// keeps x and r only. Backward: dw = sum_rows(g * x * r);
-// dx = r * (g w - x r^2 mean(g w x)).
-struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
-                               double eps) {
-    const auto r = torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
-    ctx->save_for_backward({x, w, r});
-    return (x * r).mul_(w);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &w = saved[1], &r = saved[2];
-    const auto& g = grads[0];
-    const auto xr = x * r;
-    const auto dw = (g * xr).reshape({-1, x.size(-1)}).sum(0);
-    const auto gw = g * w;
-    const auto dot = (gw * xr).mean(-1, /*keepdim=*/true);
-    const auto dx = (gw - xr * dot).mul_(r);
-    return {dx, dw, torch::Tensor()};
-  }
-};
-}  // namespace
 
 NormImpl::NormImpl(NormKind kind, int64_t dim, double eps, std::shared_ptr<TensorParallelGroup> sequence_parallel)
     : kind_(kind), dim_(dim), eps_(eps), sequence_parallel_(std::move(sequence_parallel)) {
@@ -58,9 +33,7 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
     const auto b = sequence_parallel_ && bias.defined() ? sequence_parallel_->copy_to(bias) : bias;
     return torch::layer_norm(x, {dim_}, w, b, eps_).to(x.scalar_type());  // autocast computes it in fp32
   }
-  // RMSNorm: x / sqrt(mean(x^2) + eps) * w, statistics in fp32 (or fp64 for fp64 x).
-  const auto xf = x.scalar_type() == torch::kFloat64 ? x : x.to(torch::kFloat32);
-  return RmsNormFn::apply(xf, w.to(xf.scalar_type()), eps_).to(x.scalar_type());
+  return rms_norm(x, w, eps_);
 }
 
 namespace {
@@ -73,16 +46,6 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
 // once per step (see WeightCastScope).
 torch::Tensor project(const torch::nn::Linear& l, const torch::Tensor& x) {
   return torch::linear(x, l->weight, l->bias);
-}
-
-// HF rotary convention: the head dimension is split in halves, (x1, x2) → (-x2, x1).
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  return x * cos + rotate_half(x) * sin;  // x [B, *, T, Hd], cos/sin [T, Hd]
 }
 
 // Into a column-parallel layer: the whole sequence on every rank.
@@ -156,8 +119,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
     }
   }
   if (cos.defined()) {
-    q = apply_rope(q, cos, sin);
-    k = apply_rope(k, cos, sin);
+    q = rotary(q, cos, sin);
+    k = rotary(k, cos, sin);
   }
   // One kernel for scores, softmax and the weighted sum: flash / memory-efficient / cuDNN
   // on CUDA, the blocked flash kernel on the host (the math fallback where neither takes
@@ -185,7 +148,7 @@ MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.m
 torch::Tensor MlpImpl::forward(const torch::Tensor& x_in) {
   const auto x = enter_tp(x_in, tp_);
   const auto hidden =
-      kind_ == MlpKind::SwiGLU ? torch::silu(project(gate, x)) * project(up, x) : torch::gelu(project(up, x), "tanh");
+      kind_ == MlpKind::SwiGLU ? swiglu(project(gate, x), project(up, x)) : torch::gelu(project(up, x), "tanh");
   return leave_tp(hidden, down->weight, down->bias, tp_);
 }
 

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/tensor_parallel.h"
 
 namespace tide {
@@ -43,29 +44,34 @@ struct Gradients {
 };
 
 // One chunk's logits [c, V] over the whole vocabulary: adds the rows' losses to
-// `loss_sum` and leaves softmax(logits) in the returned fp32 (fp64) buffer when
-// `softmax` is set. The log-softmax is one fused kernel; CUDA's reads bf16 logits and
-// writes fp32 log-probabilities in the same pass.
+// `loss_sum` and, with `gradient`, returns d(rows' loss sum)/d logits = softmax -
+// one_hot(target), made in the logits' buffer. On CUDA one kernel does it all in two
+// passes over the logits, in their dtype. Elsewhere the log-softmax is one fused op.
 at::Tensor whole_vocabulary_rows(at::Tensor logits, const at::Tensor& targets, at::ScalarType sum_type,
-                                 at::Tensor& loss_sum, bool softmax) {
+                                 at::Tensor& loss_sum, bool gradient) {
+  if (fused_kernels_take(logits) && logits.is_contiguous()) {
+    loss_sum.add_(cross_entropy_rows_(logits, targets, gradient).sum());
+    return gradient ? logits : at::Tensor();
+  }
   at::Tensor log_probs;
   if (logits.scalar_type() == sum_type) {
     log_probs = at::_log_softmax_out(logits, logits, 1, false);
-  } else if (logits.is_cuda()) {
-    log_probs = at::_log_softmax(logits, 1, /*half_to_float=*/true);
   } else {
     log_probs = logits.to(sum_type);
     at::_log_softmax_out(log_probs, log_probs, 1, false);
   }
-  loss_sum.sub_(log_probs.gather(1, targets.unsqueeze(1)).sum());
-  return softmax ? log_probs.exp_() : at::Tensor();
+  const auto index = targets.unsqueeze(1);
+  loss_sum.sub_(log_probs.gather(1, index).sum());
+  if (!gradient) return {};
+  auto& grad = log_probs.exp_();
+  return grad.scatter_add_(1, index, at::full({grad.size(0), 1}, -1.0, grad.options()));
 }
 
 // The same over this rank's columns of a vocabulary split across the shard's group: the
 // rows' maxima and sums (and the target's logit, held by one rank) are reduced over it.
-// Padding columns take no part.
+// Padding columns take no part; the one-hot term is where this rank holds the target.
 at::Tensor shard_rows(at::Tensor logits, const at::Tensor& targets, const VocabShard& shard, at::ScalarType sum_type,
-                      at::Tensor& loss_sum, bool softmax) {
+                      at::Tensor& loss_sum, bool gradient) {
   if (logits.scalar_type() != sum_type) logits = logits.to(sum_type);
   const int64_t rows = logits.size(1);
   if (shard.valid < rows)
@@ -80,35 +86,29 @@ at::Tensor shard_rows(at::Tensor logits, const at::Tensor& targets, const VocabS
   shard.group->all_reduce_sum(sum_and_target, "cross-entropy sum and target logit");
   const auto sum = sum_and_target[0];
   loss_sum.add_((sum.log() + row_max - sum_and_target[1]).sum());
-  return softmax ? logits.div_(sum.unsqueeze(1)) : at::Tensor();
+  if (!gradient) return {};
+  auto& grad = logits.div_(sum.unsqueeze(1));
+  return grad.scatter_add_(1, index, mine.to(sum_type).neg_().unsqueeze(1));
 }
 
 Gradients chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
                                 const VocabShard& shard, int64_t chunk, bool want_h, bool want_weight) {
-  const int64_t n = h.size(0), rows = weight.size(0);
+  const int64_t n = h.size(0);
   const auto sum_type = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   Gradients out;
   out.loss_sum = at::zeros({}, h.options().dtype(sum_type));
   if (want_h) out.h = at::empty_like(h, at::MemoryFormat::Contiguous);
   if (want_weight) out.weight = at::zeros(weight.sizes(), weight.options().dtype(sum_type));
   const auto weight_t = weight.t();
+  const bool backward = want_h || want_weight;
   for (int64_t first_row = 0; first_row < n; first_row += chunk) {
     const int64_t c = std::min(chunk, n - first_row);
     const auto hc = h.narrow(0, first_row, c);
     const auto tc = targets.narrow(0, first_row, c);
-    const bool backward = want_h || want_weight;
-    at::Tensor grad = shard.group ? shard_rows(at::mm(hc, weight_t), tc, shard, sum_type, out.loss_sum, backward)
-                                  : whole_vocabulary_rows(at::mm(hc, weight_t), tc, sum_type, out.loss_sum, backward);
+    const at::Tensor grad = shard.group
+                                ? shard_rows(at::mm(hc, weight_t), tc, shard, sum_type, out.loss_sum, backward)
+                                : whole_vocabulary_rows(at::mm(hc, weight_t), tc, sum_type, out.loss_sum, backward);
     if (!backward) continue;
-
-    // d loss_sum / d logits = softmax - one_hot(target), made in the softmax's buffer; on
-    // a shard, only where this rank holds the target.
-    if (shard.group) {
-      const auto mine = tc.ge(shard.first).logical_and_(tc.lt(shard.first + shard.valid));
-      grad.scatter_add_(1, (tc - shard.first).clamp_(0, rows - 1).unsqueeze(1), mine.to(sum_type).neg_().unsqueeze(1));
-    } else {
-      grad.scatter_add_(1, tc.unsqueeze(1), at::full({c, 1}, -1.0, grad.options()));
-    }
     const at::Tensor g = grad.to(h.scalar_type());
     if (want_h) {
       auto rows_of_h = out.h.narrow(0, first_row, c);

@@ -29,6 +29,7 @@ namespace {
 struct Shape {
   double B, T, Tn, N, Nn, s;
   bool fused_attention = true;
+  bool gpu_kernels = false;  // tide's CUDA kernels run (a GPU, not the host)
 };
 
 // A materialised attention's T x T tensors of one block and micro-batch: the softmax's
@@ -45,9 +46,11 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double D = static_cast<double>(r.dim), hd = static_cast<double>(r.head_dim);
   const double H = static_cast<double>(r.heads), K = static_cast<double>(r.kv_heads);
   const double F = static_cast<double>(r.ffn);
-  // Each norm keeps its input in fp32 and per row the inverse RMS (RMSNorm, rms_norm.cpp)
-  // or mean and inverse deviation (LayerNorm).
-  const double norm = x.Nn * D * 4 + x.Nn * 4 * (m.norm == NormKind::LayerNorm ? 2 : 1);
+  // Each norm keeps its input and per row the inverse RMS or (LayerNorm) the mean and
+  // inverse deviation. RMSNorm's input is kept in fp32 (fused_ops.cpp), but tide's CUDA
+  // kernel keeps it in the compute dtype.
+  const bool compute_dtype_input = x.gpu_kernels && m.norm == NormKind::RMSNorm;
+  const double norm = x.Nn * D * (compute_dtype_input ? x.s : 4) + x.Nn * 4 * (m.norm == NormKind::LayerNorm ? 2 : 1);
   double bytes = 2 * norm;
   // The attention and MLP inputs, the whole sequence (gathered under sequence
   // parallelism), kept by the projections that read them.
@@ -64,9 +67,9 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
     bytes += x.B * H * x.T * 4;  // its log-sum-exp per row
   else
     bytes += block_scores(m, r, x);
-  // SwiGLU keeps the gate's input, silu's output, up's output and their product; GELU
-  // its input and output.
-  bytes += (m.mlp == MlpKind::SwiGLU ? 4 : 2) * x.N * F * x.s;
+  // SwiGLU keeps the gate's and up's outputs (fused_ops.cpp) and their product (the down
+  // projection's input); GELU its input and output.
+  bytes += (m.mlp == MlpKind::SwiGLU ? 3 : 2) * x.N * F * x.s;
   return bytes;
 }
 
@@ -100,9 +103,14 @@ Head head(const RankModel& r, int64_t tp, const Shape& x) {
   h.loss = x.N * D * x.s + V * D * 4;
   // A chunk's logits: in bf16 beside their fp32 log-probabilities, then those beside the
   // gradient cast back to bf16 (fp32 works in the one buffer); under bf16 also the
-  // chunk's weight-gradient product before it joins the fp32 sum.
+  // chunk's weight-gradient product before it joins the fp32 sum. On a GPU one kernel
+  // turns the logits into their gradient in place, and cuBLAS adds the product into the
+  // fp32 sum.
   const double chunk = static_cast<double>(cross_entropy_chunk_rows(static_cast<int64_t>(x.N), r.vocab));
-  h.forward_extra = chunk * V * (bf16 > 0 ? 2 + 4 : 4) + bf16 * V * D * 2;
+  if (x.gpu_kernels && tp == 1)
+    h.forward_extra = chunk * V * x.s;
+  else
+    h.forward_extra = chunk * V * (bf16 > 0 ? 2 + 4 : 4) + bf16 * V * D * 2;
   // Backward scales the kept gradients in place; the weight's is cast to the working
   // copy's bf16 and back to fp32 for the flat buffer. Under tensor parallelism the input's
   // gradient is copied into the all-reduce.
@@ -161,6 +169,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   x.Nn = x.B * x.Tn;
   x.s = bf16 ? 2.0 : 4.0;
   x.fused_attention = device.fused_attention;
+  x.gpu_kernels = !device.host;
   const double D = static_cast<double>(r.dim);
 
   const double one_block = block_saved(mc, r, x);

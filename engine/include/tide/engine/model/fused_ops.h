@@ -1,0 +1,33 @@
+// The decoder's elementwise and normalisation ops as autograd nodes with hand-written
+// backward passes that keep only what backward needs. On CUDA tensors, in a build against
+// a CUDA LibTorch, each is one of tide's kernels (src/kernels); elsewhere LibTorch's ops
+// compute the same formulas.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace tide {
+
+// Whether tide's CUDA kernels take x: a CUDA build, x on a CUDA device, in fp32, bf16 or
+// fp16.
+bool fused_kernels_take(const at::Tensor& x);
+
+// RMSNorm over the last dimension: x * rsqrt(mean(x^2) + eps) * weight, the statistics in
+// fp32 (fp64 for fp64 x), the result in x's dtype. Keeps x and the per-row statistic.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// SwiGLU's product silu(gate) * up. Keeps gate and up (the unfused ops keep silu(gate)
+// too).
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// Rotary position embedding with Hugging Face's convention (halves of the head
+// dimension): x * cos + rotate_half(x) * sin, for x [B, H, T, Hd] and cos, sin [T, Hd].
+// Keeps nothing of x: backward rotates the gradient back.
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// The CUDA kernel behind the fused loss (linear_cross_entropy.cpp), where
+// fused_kernels_take(logits): the loss of each row of logits [rows, V] against its target
+// (fp32 [rows]) and, with `gradient`, softmax - one_hot(target) written over the logits.
+at::Tensor cross_entropy_rows_(at::Tensor& logits, const at::Tensor& targets, bool gradient);
+
+}  // namespace tide

@@ -1,0 +1,108 @@
+// What tide's kernels share: element conversion, block reductions, launch checks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "fused_kernels.h"
+
+namespace tide::kernels {
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half(v);
+}
+
+constexpr int kWarp = 32;
+
+// The sum over a block's threads (blockDim.x a multiple of 32, at most 1024); every
+// thread gets it. `scratch` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// A running (max, sum of exp(x - max)) pair, merged as the online softmax does.
+struct MaxSum {
+  float max;
+  float sum;
+};
+
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.max, b.max);
+  if (m == -INFINITY) return {m, 0.0f};
+  return {m, a.sum * __expf(a.max - m) + b.sum * __expf(b.max - m)};
+}
+
+__device__ __forceinline__ MaxSum block_max_sum(MaxSum v, float* scratch_max, float* scratch_sum) {
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    MaxSum other{__shfl_xor_sync(0xffffffffu, v.max, o), __shfl_xor_sync(0xffffffffu, v.sum, o)};
+    v = merge(v, other);
+  }
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  __syncthreads();
+  if (lane == 0) {
+    scratch_max[warp] = v.max;
+    scratch_sum[warp] = v.sum;
+  }
+  __syncthreads();
+  v = lane < warps ? MaxSum{scratch_max[lane], scratch_sum[lane]} : MaxSum{-INFINITY, 0.0f};
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    MaxSum other{__shfl_xor_sync(0xffffffffu, v.max, o), __shfl_xor_sync(0xffffffffu, v.sum, o)};
+    v = merge(v, other);
+  }
+  return v;
+}
+
+inline void check_launch(const char* kernel) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string(kernel) + ": " + cudaGetErrorString(e));
+}
+
+inline unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32);
+}
+
+// Calls f(T{}) with T the element type e names.
+template <typename F>
+void with_element(Element e, F&& f) {
+  switch (e) {
+    case Element::F32:
+      f(float{});
+      return;
+    case Element::BF16:
+      f(__nv_bfloat16{});
+      return;
+    case Element::F16:
+      f(__half{});
+      return;
+  }
+}
+
+}  // namespace tide::kernels

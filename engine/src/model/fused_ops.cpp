@@ -1,0 +1,203 @@
+#include "tide/engine/model/fused_ops.h"
+
+#include <torch/torch.h>
+
+#include "cuda_kernels_config.h"
+
+#ifdef TIDE_CUDA_KERNELS
+#include <ATen/cuda/CUDAContext.h>
+
+#include "fused_kernels.h"
+#endif
+
+namespace tide {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+#ifdef TIDE_CUDA_KERNELS
+kernels::Element element_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return kernels::Element::F32;
+    case at::kBFloat16: return kernels::Element::BF16;
+    case at::kHalf: return kernels::Element::F16;
+    default: TORCH_CHECK(false, "tide's CUDA kernels take fp32, bf16 or fp16, not ", t.scalar_type());
+  }
+}
+cudaStream_t stream_of(const at::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+#endif
+
+// --- RMSNorm --------------------------------------------------------------------------
+// y = x r w with r = 1 / sqrt(mean(x^2) + eps) per row. Backward: dw = sum_rows(g x r);
+// dx = r (g w - x r^2 mean(g w x)).
+struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, double eps) {
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(w.scalar_type());
+    ctx->saved_data["kernel"] = fused_kernels_take(x);
+#ifdef TIDE_CUDA_KERNELS
+    if (fused_kernels_take(x)) {
+      const auto xc = x.contiguous();
+      const auto wf = w.to(at::kFloat).contiguous();
+      const int64_t cols = x.size(-1), rows = xc.numel() / cols;
+      auto y = at::empty_like(xc);
+      auto r = at::empty({rows}, x.options().dtype(at::kFloat));
+      kernels::rms_norm_forward(xc.data_ptr(), wf.const_data_ptr<float>(), y.data_ptr(), r.data_ptr<float>(), rows,
+                                cols, static_cast<float>(eps), element_of(xc), stream_of(xc));
+      ctx->save_for_backward({xc, wf, r});
+      return y;
+    }
+#endif
+    // Statistics in fp32 (fp64 for fp64 x): x is kept in that dtype.
+    const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+    const auto wf = w.to(xf.scalar_type());
+    const auto r = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
+    ctx->save_for_backward({xf, wf, r});
+    return (xf * r).mul_(wf).to(x.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &r = saved[2];
+    const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+#ifdef TIDE_CUDA_KERNELS
+    if (ctx->saved_data["kernel"].toBool()) {
+      const auto g = grads[0].to(x.scalar_type()).contiguous();
+      const int64_t cols = x.size(-1), rows = x.numel() / cols;
+      auto dx = at::empty_like(x);
+      auto partial = at::empty({kernels::rms_norm_partials(rows), cols}, x.options().dtype(at::kFloat));
+      kernels::rms_norm_backward(g.data_ptr(), x.data_ptr(), w.const_data_ptr<float>(), r.const_data_ptr<float>(),
+                                 dx.data_ptr(), partial.data_ptr<float>(), rows, cols, element_of(x), stream_of(x));
+      return {dx, partial.sum(0).to(w_dtype), at::Tensor()};
+    }
+#endif
+    const auto g = grads[0].to(x.scalar_type());
+    const auto xr = x * r;
+    const auto dw = (g * xr).reshape({-1, x.size(-1)}).sum(0);
+    const auto gw = g * w;
+    const auto dot = (gw * xr).mean(-1, /*keepdim=*/true);
+    const auto dx = (gw - xr * dot).mul_(r);
+    return {dx, dw.to(w_dtype), at::Tensor()};
+  }
+};
+
+// --- SwiGLU ---------------------------------------------------------------------------
+// silu(g) = g s with s = sigmoid(g): d_gate = d u silu'(g), d_up = d silu(g).
+struct SwigluFn : torch::autograd::Function<SwigluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+#ifdef TIDE_CUDA_KERNELS
+    if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
+      const auto g = gate.contiguous(), u = up.contiguous();
+      auto out = at::empty_like(g);
+      kernels::swiglu_forward(g.data_ptr(), u.data_ptr(), out.data_ptr(), g.numel(), element_of(g), stream_of(g));
+      return out;
+    }
+#endif
+    return at::silu(gate).mul_(up);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &gate = saved[0], &up = saved[1];
+#ifdef TIDE_CUDA_KERNELS
+    if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
+      const auto g = gate.contiguous(), u = up.contiguous();
+      const auto d = grads[0].to(g.scalar_type()).contiguous();
+      auto d_gate = at::empty_like(g), d_up = at::empty_like(u);
+      kernels::swiglu_backward(d.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(), d_up.data_ptr(), g.numel(),
+                               element_of(g), stream_of(g));
+      return {d_gate, d_up};
+    }
+#endif
+    const auto& d = grads[0];
+    auto d_up = at::silu(gate).mul_(d);
+    auto d_gate = d * up;
+    at::silu_backward_out(d_gate, d_gate, gate);  // in place: three tensors of the width at once, as autograd's
+    return {d_gate, d_up};
+  }
+};
+
+// --- Rotary ---------------------------------------------------------------------------
+// rotate_half(x) = (-x2, x1) is a rotation by a quarter turn in each pair, whose
+// transpose is its negative: dx = dy cos - rotate_half(dy sin).
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+#ifdef TIDE_CUDA_KERNELS
+at::Tensor rotary_kernel(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+  const auto x = x_in.stride(-1) == 1 ? x_in : x_in.contiguous();
+  const auto c = cos.to(x.scalar_type()).contiguous(), s = sin.to(x.scalar_type()).contiguous();
+  auto y = at::empty_like(x);  // x's layout ([B, T, H, Hd] memory under a [B, H, T, Hd] view)
+  kernels::RopeShape shape{x.size(0),
+                           x.size(1),
+                           x.size(2),
+                           x.size(3),
+                           {x.stride(0), x.stride(1), x.stride(2)},
+                           {y.stride(0), y.stride(1), y.stride(2)}};
+  kernels::rope(x.data_ptr(), c.data_ptr(), s.data_ptr(), y.data_ptr(), shape, inverse, element_of(x), stream_of(x));
+  return y;
+}
+#endif
+
+struct RotaryFn : torch::autograd::Function<RotaryFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+#ifdef TIDE_CUDA_KERNELS
+    if (fused_kernels_take(x) && x.dim() == 4) return rotary_kernel(x, cos, sin, /*inverse=*/false);
+#endif
+    return x * cos + rotate_half(x) * sin;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &cos = saved[0], &sin = saved[1];
+    const auto& dy = grads[0];
+#ifdef TIDE_CUDA_KERNELS
+    if (fused_kernels_take(dy) && dy.dim() == 4) return {rotary_kernel(dy, cos, sin, /*inverse=*/true), {}, {}};
+#endif
+    return {dy * cos - rotate_half(dy * sin), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool fused_kernels_take(const at::Tensor& x) {
+#ifdef TIDE_CUDA_KERNELS
+  const auto t = x.scalar_type();
+  return x.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
+#else
+  (void)x;
+  return false;
+#endif
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return RmsNormFn::apply(x, weight, eps);
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return RotaryFn::apply(x, cos, sin);
+}
+
+at::Tensor cross_entropy_rows_(at::Tensor& logits, const at::Tensor& targets, bool gradient) {
+  TORCH_CHECK(fused_kernels_take(logits) && logits.dim() == 2 && logits.is_contiguous(),
+              "cross_entropy_rows_: contiguous CUDA logits [rows, V] in fp32, bf16 or fp16 expected");
+#ifdef TIDE_CUDA_KERNELS
+  const auto t = targets.to(at::kLong).contiguous();
+  auto loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  kernels::cross_entropy_rows(logits.data_ptr(), t.const_data_ptr<int64_t>(), loss.data_ptr<float>(), logits.size(0),
+                              logits.size(1), gradient, element_of(logits), stream_of(logits));
+  return loss;
+#else
+  (void)targets;
+  (void)gradient;
+  return {};
+#endif
+}
+
+}  // namespace tide

@@ -1,0 +1,171 @@
+// tide's CUDA kernels (engine/src/kernels) against the LibTorch ops the CPU runs for the
+// same fused op, from the same inputs: forward and backward, fp32 and bf16. Every test
+// skips where no CUDA device is present (ctest label `cuda`).
+//
+// The bounds: fp32 results differ by the order of their sums (at most n u sum|terms| for
+// n terms, u = 2^-24, counted in each test) and by the fast exponential the kernels use
+// (a few ulp: under 1e-6 relative for the arguments here, bounded by 1e-5); bf16 results
+// are each one rounding of such fp32 values, so two may differ by one bf16 step: 2^-7 of
+// their magnitude.
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "cuda_skip.h"
+#include "tide/engine/model/fused_ops.h"
+#include "tide/engine/model/linear_cross_entropy.h"
+
+namespace tide {
+namespace {
+
+const torch::Device kCuda(torch::kCUDA, 0);
+
+// |cuda - cpu| <= rel * scale elementwise (scale: the magnitudes the result is made of).
+void expect_within(const torch::Tensor& cuda, const torch::Tensor& cpu, const torch::Tensor& scale, double rel,
+                   const std::string& what) {
+  ASSERT_EQ(cuda.sizes(), cpu.sizes()) << what;
+  const auto diff = (cuda.to(torch::kCPU).to(torch::kFloat64) - cpu.to(torch::kFloat64)).abs();
+  const auto bound = scale.to(torch::kFloat64) * rel + 1e-30;
+  const auto worst = (diff - bound).max().item<double>();
+  EXPECT_LE(worst, 0.0) << what << ": largest excess over the bound " << worst;
+}
+
+constexpr double kUnitFp32 = 1.0 / (1 << 24);
+
+// Elementwise results: fp32 within 1e-5 (the fast exponential's few ulp and a few
+// roundings); bf16 within one bf16 step (2^-7) beside that.
+double rel_for(torch::ScalarType t) { return t == torch::kFloat32 ? 1e-5 : 1.0 / 128 + 1e-5; }
+
+struct Outcome {
+  torch::Tensor out;
+  std::vector<torch::Tensor> grads;
+};
+
+template <typename F>
+Outcome run_on(const torch::Device& device, F f, const std::vector<torch::Tensor>& inputs,
+               const torch::Tensor& upstream) {
+  std::vector<torch::Tensor> leaves;
+  for (const auto& t : inputs) leaves.push_back(t.to(device).detach().requires_grad_());
+  const auto out = f(leaves);
+  out.backward(upstream.to(device).to(out.scalar_type()));
+  Outcome o{out.detach().to(torch::kCPU), {}};
+  for (const auto& l : leaves) o.grads.push_back(l.grad().to(torch::kCPU));
+  return o;
+}
+
+TEST(Cuda, RmsNormKernelEqualsLibTorchsOps) {
+  SKIP_WITHOUT_CUDA();
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    torch::manual_seed(11);
+    // More rows than the backward's 1024 partial sums, a width no power of two.
+    const auto x = (torch::randn({3000, 1000}) * 2).to(dtype), w = torch::randn({1000});
+    const auto up = torch::randn({3000, 1000}).to(dtype);
+    auto f = [](std::vector<torch::Tensor>& in) { return rms_norm(in[0], in[1], 1e-5); };
+    const auto gpu = run_on(kCuda, f, {x, w}, up);
+    const auto cpu = run_on(torch::kCPU, f, {x, w}, up);
+    // A row's sum of squares over 1000 columns: r differs by at most (cols + 4) u.
+    const double sums = (1000 + 4) * kUnitFp32;
+    const double rel = rel_for(dtype) + sums;
+    expect_within(gpu.out, cpu.out, cpu.out.abs(), rel, "y");
+    // dx = r (g w - xn mean(g w xn)): scaled by its two terms' magnitudes.
+    const auto r = torch::rsqrt(x.to(torch::kFloat64).pow(2).mean(-1, true) + 1e-5);
+    const auto gw = (up.to(torch::kFloat64) * w.to(torch::kFloat64)).abs();
+    const auto xn = x.to(torch::kFloat64).abs() * r;
+    expect_within(gpu.grads[0], cpu.grads[0], (gw + xn * (gw * xn).mean(-1, true)) * r, rel + sums, "dx");
+    // dw sums 3000 rows in fp32 on both sides, in other orders.
+    const auto dw_terms = (up.to(torch::kFloat64) * x.to(torch::kFloat64) * r).abs().sum(0);
+    expect_within(gpu.grads[1], cpu.grads[1], dw_terms, (3000 + 4) * kUnitFp32 + sums, "dw");
+  }
+}
+
+TEST(Cuda, SwigluKernelEqualsLibTorchsOps) {
+  SKIP_WITHOUT_CUDA();
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    torch::manual_seed(12);
+    const auto g = (torch::randn({257, 300}) * 4).to(dtype), u = torch::randn({257, 300}).to(dtype);
+    const auto up = torch::randn({257, 300}).to(dtype);
+    auto f = [](std::vector<torch::Tensor>& in) { return swiglu(in[0], in[1]); };
+    const auto gpu = run_on(kCuda, f, {g, u}, up);
+    const auto cpu = run_on(torch::kCPU, f, {g, u}, up);
+    const double rel = rel_for(dtype);
+    expect_within(gpu.out, cpu.out, cpu.out.abs(), rel, "out");
+    // d_gate = d u s (1 + g (1 - s)): scale by |d u| (1 + |g|).
+    const auto d = up.to(torch::kFloat64).abs(), gd = g.to(torch::kFloat64).abs(), ud = u.to(torch::kFloat64).abs();
+    expect_within(gpu.grads[0], cpu.grads[0], d * ud * (1 + gd), rel, "d_gate");
+    expect_within(gpu.grads[1], cpu.grads[1], d * gd, rel, "d_up");
+  }
+}
+
+TEST(Cuda, RotaryKernelEqualsLibTorchsOpsOnTheAttentionsLayout) {
+  SKIP_WITHOUT_CUDA();
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    torch::manual_seed(13);
+    const int64_t b = 2, h = 4, t = 33, hd = 64;
+    const auto angle = torch::randn({t, hd / 2}) * 3;
+    const auto emb = torch::cat({angle, angle}, -1);
+    const auto cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);
+    const auto x = torch::randn({b, t, h, hd}).to(dtype);
+    const auto up = torch::randn({b, h, t, hd}).to(dtype);
+    // q as the attention makes it: a [B, H, T, Hd] view of [B, T, H, Hd] memory.
+    auto f = [&](std::vector<torch::Tensor>& in) {
+      return rotary(in[0].transpose(1, 2), cos.to(in[0].device()), sin.to(in[0].device()));
+    };
+    const auto gpu = run_on(kCuda, f, {x}, up);
+    const auto cpu = run_on(torch::kCPU, f, {x}, up);
+    const double rel = rel_for(dtype);
+    // Each output is a c + b s of one pair: scale by |a| + |b|.
+    const auto xt = x.transpose(1, 2).to(torch::kFloat64).abs();
+    const auto pair = xt + torch::cat({xt.narrow(-1, hd / 2, hd / 2), xt.narrow(-1, 0, hd / 2)}, -1);
+    expect_within(gpu.out, cpu.out, pair, rel, "y");
+    const auto ut = up.to(torch::kFloat64).abs();
+    const auto upair = ut + torch::cat({ut.narrow(-1, hd / 2, hd / 2), ut.narrow(-1, 0, hd / 2)}, -1);
+    expect_within(gpu.grads[0], cpu.grads[0], upair.transpose(1, 2), rel, "dx");
+  }
+}
+
+TEST(Cuda, CrossEntropyKernelEqualsLibTorchsOpsInTheFusedLoss) {
+  SKIP_WITHOUT_CUDA();
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    torch::manual_seed(14);
+    const int64_t n = 300, d = 64, v = 5000;
+    const auto h = (torch::randn({n, d}) * 0.3).to(dtype), w = (torch::randn({v, d}) * 0.3).to(dtype);
+    const auto targets = torch::randint(0, v, {n}, torch::kInt64);
+    // Chunks of 128 rows: two whole, one part.
+    auto f = [&](std::vector<torch::Tensor>& in) {
+      return linear_cross_entropy(in[0], in[1], targets.to(in[0].device()), {}, 128);
+    };
+    const auto up = torch::full({}, 3.0);
+    const auto gpu = run_on(kCuda, f, {h, w}, up);
+    const auto cpu = run_on(torch::kCPU, f, {h, w}, up);
+    EXPECT_EQ(gpu.out.scalar_type(), torch::kFloat32);
+    // cuBLAS and the CPU's bf16 products may round a logit to neighbouring bf16 values
+    // (fp32 ones differ by their sums' order): each logit moves by at most delta, the loss
+    // by at most 2 delta and every probability by a factor within 1 +- 2 delta.
+    const auto logits = torch::mm(h.to(torch::kFloat64), w.to(torch::kFloat64).t());
+    const double max_logit = logits.abs().max().item<double>();
+    const double max_terms =
+        torch::mm(h.to(torch::kFloat64).abs(), w.to(torch::kFloat64).abs().t()).max().item<double>();
+    const double delta = (d + 2) * kUnitFp32 * max_terms + (dtype == torch::kFloat32 ? 0.0 : max_logit / 128);
+    // The mean over n rows in fp32, summed in other orders: n u of the rows' losses.
+    const double mean_sum = n * kUnitFp32 * (std::log(static_cast<double>(v)) + 2 * max_logit);
+    EXPECT_NEAR(gpu.out.item<double>(), cpu.out.item<double>(), 2 * delta + mean_sum);
+    const double rel = rel_for(dtype) + 2 * delta;
+    // Gradients: sums of (p + one-hot) |w or h| * 3 / n terms.
+    const auto probs = torch::softmax(logits, 1);
+    const auto terms = probs + torch::one_hot(targets, v).to(torch::kFloat64);
+    expect_within(gpu.grads[0], cpu.grads[0], terms.mm(w.to(torch::kFloat64).abs()) * (3.0 / n), rel, "dh");
+    expect_within(gpu.grads[1], cpu.grads[1], terms.t().mm(h.to(torch::kFloat64).abs()) * (3.0 / n), rel, "dw");
+  }
+}
+
+TEST(Cuda, CrossEntropyKernelGivesNaNForATargetOutsideTheVocabulary) {
+  SKIP_WITHOUT_CUDA();
+  auto logits = torch::randn({2, 10}, torch::TensorOptions(kCuda));
+  const auto loss = cross_entropy_rows_(logits, torch::tensor({3, 10}, torch::kInt64).to(kCuda), false).to(torch::kCPU);
+  EXPECT_TRUE(std::isfinite(loss[0].item<float>()));
+  EXPECT_TRUE(std::isnan(loss[1].item<float>()));
+}
+
+}  // namespace
+}  // namespace tide
