@@ -34,7 +34,6 @@ cudaStream_t stream_of(const at::Tensor& t) { return at::cuda::getCurrentCUDAStr
 struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, double eps) {
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(w.scalar_type());
-    ctx->saved_data["kernel"] = fused_kernels_take(x);
 #ifdef TIDE_CUDA_KERNELS
     if (fused_kernels_take(x)) {
       const auto xc = x.contiguous();
@@ -61,7 +60,7 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
     const auto &x = saved[0], &w = saved[1], &r = saved[2];
     const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
 #ifdef TIDE_CUDA_KERNELS
-    if (ctx->saved_data["kernel"].toBool()) {
+    if (fused_kernels_take(x)) {  // what forward kept decides: the kernel keeps x as given
       const auto g = grads[0].to(x.scalar_type()).contiguous();
       const int64_t cols = x.size(-1), rows = x.numel() / cols;
       auto dx = at::empty_like(x);
