@@ -51,7 +51,7 @@ def flops_per_token(s, ffn):
     return 6 * matmul_params + 12 * s["layers"] * s["dim"] * s["seq"]
 
 
-def run_tide(tide, s, steps, warmup, threads, data, device, precision):
+def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_graphs=True):
     run_dir = tempfile.mkdtemp(prefix="tide-bench-")
     recipe = os.path.join(ROOT, "recipes", "llama", "llama-tiny.lua")
     sets = {
@@ -61,7 +61,7 @@ def run_tide(tide, s, steps, warmup, threads, data, device, precision):
         "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"],
         "schedule.steps": warmup + steps, "schedule.warmup_steps": 0, "eval.every": 0,
         "optimizer.lr": 3e-4, "optimizer.beta2": 0.95, "threads": threads, "log_every": 1000,
-        "device": device, "precision.compute": precision,
+        "device": device, "precision.compute": precision, "cuda_graphs": str(cuda_graphs).lower(),
     }
     cmd = [tide, "train", recipe, "--run-dir", run_dir, "--quiet"]
     for k, v in sets.items():
@@ -114,16 +114,22 @@ def main():
     where = f"{a.threads} threads" if a.device == "cpu" else torch.cuda.get_device_name(0)
     print(f"PyTorch {torch.__version__}; {a.precision} matmul peak (torch.mm, {where}): {peak / 1e9:.1f} GFLOP/s")
     shapes = ["tiny", "small"] if a.shape == "all" else [a.shape]
+    # On CUDA tide captures its step after 3 steps and replays it from the 4th: the steps
+    # timed start after the capture.
+    warmup = max(a.warmup, 5) if a.device == "cuda" else a.warmup
     for name in shapes:
         s = SHAPES[name]
         steps = a.steps or (30 if name == "tiny" else 8)
         ffn = 256 * ((int(2 * 4 * s["dim"] / 3) + 255) // 256)
         fpt = flops_per_token(s, ffn)
         print(f"\n{name}: dim {s['dim']}, {s['layers']} layers, {s['heads']} heads ({s.get('kv', s['heads'])} kv), "
-              f"vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; {steps} timed steps after {a.warmup}, "
+              f"vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; {steps} timed steps after {warmup}, "
               f"{a.precision}")
-        peer = functools.partial(run_torch, s, steps, a.warmup, a.threads, a.data, device=a.device)
-        results = {"tide": run_tide(a.tide, s, steps, a.warmup, a.threads, a.data, a.device, a.precision)}
+        peer = functools.partial(run_torch, s, steps, warmup, a.threads, a.data, device=a.device)
+        tide = functools.partial(run_tide, a.tide, s, steps, warmup, a.threads, a.data, a.device, a.precision)
+        results = {"tide": tide()}
+        if a.device == "cuda":
+            results["tide, cuda_graphs = false"] = tide(cuda_graphs=False)
         if bf16:
             best = ("--bf16", "--sdpa", "--fused-adamw")
             results["pytorch eager bf16"] = peer(False, flags=("--bf16",))

@@ -125,6 +125,46 @@ TEST(Cuda, SavesPrunesAndResumesExactly) {
   fs::remove_all(split);
 }
 
+TEST(Cuda, CapturedStepsTrainAsStepsLaunchedOneKernelAtATime) {
+  SKIP_WITHOUT_CUDA();
+  // A graph changes when the kernels are launched, not what they compute: the same
+  // kernels on the same values give the same bits, step after step. The update's inputs
+  // change every step here (warmup, clipping), the forward and backward hold two
+  // micro-batches and recomputation, and evaluation runs between replays; fp32 and bf16.
+  for (const DType compute : {DType::Float32, DType::BFloat16}) {
+    RunConfig captured = tiny_run("cuda", 10);
+    captured.precision.compute = compute;
+    captured.schedule.warmup_steps = 4;
+    captured.optimizer.grad_clip = 0.5;
+    captured.batch.global_batch = 2 * captured.batch.micro_batch;
+    captured.model.activation_checkpointing = true;
+    captured.eval.every = 5;  // evaluation runs between replays, on the weights they updated
+    RunConfig launched = captured;
+    launched.cuda_graphs = false;
+    const std::string name = compute == DType::Float32 ? "fp32" : "bf16";
+    TrainHooks hooks;
+    hooks.show_progress = false;
+    hooks.peak_flops = 1e12;
+    std::vector<StepMetrics> a, b;
+    hooks.on_step = [&](const StepMetrics& m) { a.push_back(m); };
+    const TrainResult ra = Trainer(launched, run_dir("launched-" + name).string(), hooks).run();
+    hooks.on_step = [&](const StepMetrics& m) { b.push_back(m); };
+    const TrainResult rb = Trainer(captured, run_dir("captured-" + name).string(), hooks).run();
+    EXPECT_EQ(ra.replayed_steps, 0) << name;
+    EXPECT_EQ(rb.replayed_steps, 7) << name << ": steps 1 to 3 run as called, 4 is captured, 4 to 10 replay";
+    ASSERT_EQ(a.size(), 10u);
+    ASSERT_EQ(b.size(), 10u);
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(b[i].loss, a[i].loss) << name << " step " << i + 1;
+      EXPECT_EQ(b[i].grad_norm, a[i].grad_norm) << name << " step " << i + 1;
+    }
+    ASSERT_TRUE(ra.final_val_loss && rb.final_val_loss);
+    EXPECT_EQ(*rb.final_val_loss, *ra.final_val_loss) << name;
+    fs::remove_all(run_dir("launched-" + name));
+    fs::remove_all(run_dir("captured-" + name));
+  }
+}
+
 TEST(Cuda, ACheckpointMovesBetweenCudaAndCpu) {
   SKIP_WITHOUT_CUDA();
   // 4 steps on CUDA, then step 5 on the CPU from its checkpoint, and the other way round:

@@ -186,6 +186,35 @@ TEST_P(AdamWKernels, ClippingIsTheStepOnScaledGradients) {
   EXPECT_TRUE(torch::equal(pa, pb));
 }
 
+TEST_P(AdamWKernels, ALearningRateTensorStepsAsItsNumberDoes) {
+  // The rate as a device scalar (what a captured update reads at each replay) against the
+  // same rate as a number, over steps whose rate changes, clipped and skipped: 2^-k is
+  // exact in fp32, as which the fused kernel reads a tensor, so the bits must agree.
+  OptimConfig o;
+  o.weight_decay = 0.1;
+  torch::manual_seed(8);
+  auto pa = torch::linspace(-1.0, 1.0, 700), pb = pa.clone(), ga = torch::zeros(700), gb = torch::zeros(700);
+  std::vector<OptimSegment> segs{{0, 0, 400, true, true}, {400, 400, 300, false, true}};
+  AdamW by_number(pa, ga, segs, o, false, GetParam()), by_tensor(pb, gb, segs, o, false, GetParam());
+  const auto lr = torch::empty({}, torch::kFloat64);
+  for (int i = 0; i < 4; ++i) {
+    const double rate = std::ldexp(1.0, -6 - i);
+    const auto g = torch::randn(700);
+    ga.copy_(g);
+    gb.copy_(g);
+    const UpdateGate gate{torch::full({}, 0.5, torch::kFloat64), torch::full({}, i == 2)};
+    lr.fill_(rate);
+    by_number.step(rate, gate);
+    by_tensor.step(lr, gate);
+  }
+  EXPECT_EQ(by_tensor.steps_taken(), 3);
+  EXPECT_TRUE(torch::equal(pa, pb));
+  EXPECT_TRUE(torch::equal(by_number.exp_avg(), by_tensor.exp_avg()));
+  EXPECT_TRUE(torch::equal(by_number.exp_avg_sq(), by_tensor.exp_avg_sq()));
+  EXPECT_THROW(by_tensor.step(torch::ones({2})), c10::Error);  // not a scalar
+  EXPECT_THROW(by_tensor.step(torch::ones({}, torch::kInt64)), c10::Error);
+}
+
 TEST(AdamW, OffloadAndShardsGiveTheSameBits) {
   // The whole range on the device, the whole range offloaded, and two offloaded
   // halves (ZeRO-1 with offload on two ranks) must update every element identically.

@@ -183,6 +183,10 @@ void add_top_level_fields(std::vector<FieldSpec>& s) {
                                   "Where each rank computes: cpu, or cuda (GPU LOCAL_RANK; with parallel.backend = gloo, LOCAL_RANK modulo the GPUs).",
                                   REF(device)));
   s.push_back(integer("threads", 0, 1024, kFixed, "Intra-op threads per process; 0: the cores available.", REF(threads)));
+  s.push_back(boolean("cuda_graphs", kFixed,
+                      "On a CUDA device, capture the step (forward, backward, update) as CUDA graphs once its shapes "
+                      "are fixed and replay them; the run log says what prevents it. false: launch every kernel.",
+                      REF(cuda_graphs)));
 }
 
 void add_model_fields(std::vector<FieldSpec>& s) {

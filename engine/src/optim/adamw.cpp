@@ -125,7 +125,22 @@ void AdamW::step(double lr, const UpdateGate& gate) {
   }
 }
 
-void AdamW::fused_step(double lr, const UpdateGate& gate) {
+void AdamW::step(const torch::Tensor& lr, const UpdateGate& gate) {
+  TORCH_CHECK(lr.defined(), "AdamW: the learning rate tensor is undefined");
+  TORCH_CHECK(lr.numel() == 1 && lr.is_floating_point(),
+              "AdamW: the learning rate must be a floating-point scalar tensor, got ", lr.scalar_type(), " of shape ",
+              lr.sizes());
+  if (!fused_) {
+    step(lr.item<double>(), gate);
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  fused_step(lr.to(params_.device(), torch::kFloat32).reshape({}), gate);
+}
+
+// Lr: a double (the kernel's argument) or an fp32 scalar tensor on the parameters' device.
+template <typename Lr>
+void AdamW::fused_step(const Lr& lr, const UpdateGate& gate) {
   // PyTorch's fused AdamW divides the gradients by grad_scale (and leaves them so) and
   // returns at once where found_inf is set; it reads the step count, which is ours to move.
   std::optional<torch::Tensor> grad_scale, found_inf;

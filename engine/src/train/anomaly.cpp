@@ -120,24 +120,32 @@ AnomalyJudge::AnomalyJudge(const AnomalyConfig& cfg, Policy policy, Comm* world,
 
 void AnomalyJudge::set_config(const AnomalyConfig& cfg) { next_cfg_ = cfg; }
 
-void AnomalyJudge::begin_step() {
-  if (!next_cfg_) return;
-  cfg_ = *next_cfg_;
-  detector_.set_config(cfg_);
-  next_cfg_.reset();
+void AnomalyJudge::begin_step(const c10::Device& device) {
+  if (next_cfg_) {
+    cfg_ = *next_cfg_;
+    detector_.set_config(cfg_);
+    next_cfg_.reset();
+  }
+  if (policy_) return;  // judged on the host
+  at::NoGradGuard no_grad;
+  if (!limits_.defined() || limits_.device() != device)
+    limits_ = at::empty({2}, at::TensorOptions().dtype(at::kDouble).device(device));
+  // Fills, not a copy from host memory: a copy from pageable memory waits for the device.
+  const AnomalyDetector::Limits lim = detector_.limits();
+  limits_.select(0, 0).fill_(lim.loss);
+  limits_.select(0, 1).fill_(lim.grad_norm);
 }
 
 at::Tensor AnomalyJudge::skip_on_device(const at::Tensor& loss, const at::Tensor& grad_norm) const {
   TORCH_CHECK(!policy_, "AnomalyJudge: with an on_anomaly policy a step is judged on the host before its update");
+  TORCH_CHECK(limits_.defined(), "AnomalyJudge: skip_on_device before begin_step");
   at::NoGradGuard no_grad;
   const auto finite = at::isfinite(loss).logical_and(at::isfinite(grad_norm));
   auto skip = cfg_.on_nonfinite != AnomalyAction::None ? finite.logical_not() : at::zeros_like(finite);
   // Without a policy the limits are infinite for kinds whose action is none (and until the
-  // window fills): those are never exceeded, as in check().
-  const AnomalyDetector::Limits lim = detector_.limits();
-  if (std::isfinite(lim.loss)) skip = skip.logical_or(finite.logical_and(loss > lim.loss));
-  if (std::isfinite(lim.grad_norm)) skip = skip.logical_or(finite.logical_and(grad_norm > lim.grad_norm));
-  return skip;
+  // window fills): those are never exceeded, as in check(), which compares the same doubles.
+  const auto over = loss.gt(limits_.select(0, 0)).logical_or(grad_norm.gt(limits_.select(0, 1)));
+  return skip.logical_or(finite.logical_and(over));
 }
 
 AnomalyJudge::Verdict AnomalyJudge::judge(int64_t step, double loss, double grad_norm) {

@@ -93,17 +93,22 @@ class AnomalyJudge {
   bool judges_on_device() const { return !policy_; }
   // The update's skip flag (a bool scalar on their device) for a step's loss and norm
   // still on the device: what judge() decides for them when next called. No policy only.
+  // It compares them with the limits begin_step() wrote to the device, so a captured
+  // update (CUDA graphs) replays with each step's limits; only a configuration change
+  // alters the work it does.
   at::Tensor skip_on_device(const at::Tensor& loss, const at::Tensor& grad_norm) const;
   // Takes effect at the next begin_step(), so that a step gated on the device is judged
   // under the configuration it was gated by.
   void set_config(const AnomalyConfig& cfg);
-  // Before a step is gated (skip_on_device) or judged at its update.
-  void begin_step();
+  // Before a step is gated (skip_on_device) or judged at its update: the configuration
+  // set last, and the window's limits written to `device` without waiting for it.
+  void begin_step(const c10::Device& device);
 
  private:
   AnomalyConfig cfg_;
   std::optional<AnomalyConfig> next_cfg_;
   AnomalyDetector detector_;
+  at::Tensor limits_;  // fp64 {loss, grad_norm} on the step's device; infinite: no limit
   Policy policy_;
   Comm* world_;
   spdlog::logger& log_;

@@ -56,8 +56,15 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   return out;
 }
 
-void TrainStep::update(double lr, const UpdateGate& gate) {
-  pm_.optim->step(lr, gate);
+void TrainStep::set_lr(double lr) {
+  torch::NoGradGuard no_grad;
+  if (!lr_.defined()) lr_ = torch::empty({}, pm_.optim->params().options().dtype(torch::kFloat64));
+  lr_.fill_(lr);
+}
+
+void TrainStep::update(const UpdateGate& gate) {
+  TORCH_CHECK(lr_.defined(), "TrainStep: update before set_lr");
+  pm_.optim->step(lr_, gate);
   if (pm_.data_parallel) pm_.data_parallel->gather_parameters();
 }
 

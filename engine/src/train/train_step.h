@@ -34,9 +34,12 @@ class TrainStep {
   // Forward and backward of `batches` (this rank's micro-batches of 0-based step `step`),
   // the gradients reduced over the data-parallel ranks. Nothing here waits for the device.
   StepValues forward_backward(int64_t step, const std::vector<Batch>& batches);
+  // The learning rate of the next update(), written to the optimizer's device without
+  // waiting for it: a captured update (CUDA graphs) reads it there at each replay.
+  void set_lr(double lr);
   // The update with the gradients forward_backward left, clipped or skipped as `gate`
   // says (ZeRO: then every rank gathers the updated pieces).
-  void update(double lr, const UpdateGate& gate);
+  void update(const UpdateGate& gate);
   // Mean validation loss over `batches` micro-batches of `split`, shared among the
   // data-parallel ranks; the same on every rank.
   double validation_loss(const TokenSplit& split, int64_t batches);
@@ -56,6 +59,7 @@ class TrainStep {
   // With tied embeddings across stages the gradients are summed after backward, so no
   // data-parallel reduction may start during it.
   bool overlap_last_backward_ = true;
+  at::Tensor lr_;  // fp64 scalar on the optimizer's device
 };
 
 }  // namespace tide

@@ -32,6 +32,16 @@ bool evaluation_due(const EvalConfig& e, int64_t steps_done, bool last) {
 bool checkpoint_due(const CheckpointConfig& c, int64_t steps_done, bool last) {
   return (c.every > 0 && steps_done % c.every == 0) || last;
 }
+
+std::optional<std::string> why_uncaptured(const Trainer::State& s) {
+  StepCaptureFacts facts;
+  facts.cuda_build = step_graphs_built();
+  facts.distributed = s.dist || s.pm.data_parallel || s.pm.pipeline;
+  facts.loss_tap = static_cast<bool>(s.hooks.loss_tap);
+  facts.anomaly_policy = static_cast<bool>(s.hooks.anomaly_policy);
+  facts.optimizer_on_device = s.pm.optim->runs_on_device();
+  return why_steps_run_uncaptured(s.cfg, facts);
+}
 }  // namespace
 
 TrainingLoop::TrainingLoop(Trainer::State& s)
@@ -42,7 +52,8 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
                         : [&cfg = s.cfg](int64_t step) { return scheduled_lr(cfg.schedule, cfg.optimizer.lr, step); }),
       step_(s.pm, s.dist, s.cfg, s.batch, s.dp_rank, s.hooks.loss_tap),
       meter_(s.cfg, s.pm, s.dist, s.device, s.hooks.peak_flops, *s.log),
-      judge_(s.cfg.anomaly, s.hooks.anomaly_policy, s.dist ? s.dist->control() : nullptr, *s.log) {
+      judge_(s.cfg.anomaly, s.hooks.anomaly_policy, s.dist ? s.dist->control() : nullptr, *s.log),
+      graphs_(s.device, why_uncaptured(s), *s.log) {
   if (s.hooks.controlled)
     control_ = std::make_unique<LiveControl>(s.dist ? s.dist->control() : nullptr, s.hooks.take_commands,
                                              s.hooks.on_event, s.batch);
@@ -142,6 +153,9 @@ bool TrainingLoop::at_boundary(int64_t& step, Changes& changes) {
   apply(act.effects);
   for (const auto& [field, value] : act.changes) s_.log->info("step {}: {} set to {}", step, field, value);
   changes = act.changes;
+  // The captured update holds the settings it was captured with (clipping, weight decay,
+  // the anomaly actions): a change is captured anew.
+  if (!changes.empty()) graphs_.reset("a setting changed");
   if ((act.checkpoint || act.stop) && saved_step_ != step) save_checkpoint(step);
   if (act.stop) s_.log->info("stopped at step {} by request", step);
   return act.stop;
@@ -152,7 +166,8 @@ TrainingLoop::Next TrainingLoop::run_step(int64_t& step, const Changes& changes)
   std::vector<Batch> batches =
       carried_.empty() ? next_batches(accumulation_steps(cfg_.batch.global_batch, s_.batch)) : std::move(carried_);
   carried_.clear();
-  const StepValues values = step_.forward_backward(step, batches);
+  const StepValues values =
+      graphs_.forward_backward(batches, [&](const std::vector<Batch>& in) { return step_.forward_backward(step, in); });
   if (pending_) {
     // The step before, read while this one's work runs on the device. A rollback discards
     // this step's gradients; its batches are the next step's, as the data goes on.
@@ -162,19 +177,28 @@ TrainingLoop::Next TrainingLoop::run_step(int64_t& step, const Changes& changes)
   }
   // After the step before was judged: its scale_lr applies to this update.
   const double lr = cfg_.optimizer.lr_scale * scheduled_lr_(step);
-  judge_.begin_step();
+  // What the update reads on the host goes to the device first: a captured update
+  // replays with it.
+  judge_.begin_step(s_.device);
+  step_.set_lr(lr);
   std::optional<AnomalyJudge::Verdict> verdict;
   at::Tensor skip;
   if (judge_.judges_on_device()) {
-    skip = judge_.skip_on_device(values.loss, values.grad_norm);
+    skip = graphs_.update([&] {
+      const UpdateGate gate =
+          gate_update(values.grad_norm, cfg_.optimizer.grad_clip, judge_.skip_on_device(values.loss, values.grad_norm));
+      step_.update(gate);
+      return gate.skip;
+    });
   } else {
     verdict = judge_.judge(step + 1, values.loss.item<double>(), values.grad_norm.item<double>());
     const bool act = verdict->anomaly && verdict->anomaly.action != AnomalyAction::None;
-    skip = torch::full({}, act, values.grad_norm.options().dtype(torch::kBool));
+    const UpdateGate gate = gate_update(values.grad_norm, cfg_.optimizer.grad_clip,
+                                        torch::full({}, act, values.grad_norm.options().dtype(torch::kBool)));
+    step_.update(gate);
+    skip = gate.skip;
   }
-  const UpdateGate gate = gate_update(values.grad_norm, cfg_.optimizer.grad_clip, skip);
-  step_.update(lr, gate);
-  pending_.emplace(PendingStep{step, StepReadout(values, gate.skip), std::move(verdict), lr, meter_.end_step(),
+  pending_.emplace(PendingStep{step, StepReadout(values, skip), std::move(verdict), lr, meter_.end_step(),
                                tokens_per_step(), changes});
   return step_end_has_work(step) ? settle(step, /*step_end=*/true) : Next::step;
 }
@@ -285,6 +309,7 @@ TrainingLoop::Next TrainingLoop::respond(const AnomalyJudge::Verdict& v, const S
                event["action"].get<std::string>());
   if (from) {
     const ResumeState back = s_.checkpointer->load(*from);
+    graphs_.reset("rolled back to a checkpoint");
     event["to_step"] = back.step;
     s_.log->warn("rolled back to {} (step {}); the data goes on from where it was", *from, back.step);
   }
@@ -315,6 +340,7 @@ void TrainingLoop::save_checkpoint(int64_t steps_done) {
 TrainResult TrainingLoop::stopped(int64_t steps) {
   progress_.finish();
   s_.checkpointer->wait();
+  result_.replayed_steps = graphs_.replayed_steps();
   result_.stopped = true;
   result_.steps = steps;
   return result_;
@@ -323,12 +349,14 @@ TrainResult TrainingLoop::stopped(int64_t steps) {
 TrainResult TrainingLoop::finish() {
   progress_.finish();
   s_.checkpointer->wait();
+  result_.replayed_steps = graphs_.replayed_steps();
   result_.weights_path = (s_.dir / "model.safetensors").string();
   save_weights(result_.weights_path);
   if (!s_.leader) return result_;
   json summary = {{"steps", result_.steps},
                   {"final_loss", result_.final_loss},
                   {"unigram_baseline", result_.unigram_baseline},
+                  {"replayed_steps", result_.replayed_steps},
                   {"weights", "model.safetensors"}};
   if (result_.final_val_loss) summary["final_val_loss"] = *result_.final_val_loss;
   std::ofstream(s_.dir / "summary.json", std::ios::trunc) << summary.dump(2) << "\n";

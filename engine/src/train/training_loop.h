@@ -20,6 +20,7 @@
 
 #include "anomaly.h"
 #include "live_control.h"
+#include "step_graphs.h"
 #include "step_meter.h"
 #include "step_readout.h"
 #include "tensorboard_log.h"
@@ -86,6 +87,7 @@ class TrainingLoop {
   TrainStep step_;
   StepMeter meter_;
   AnomalyJudge judge_;
+  StepGraphs graphs_;
   std::unique_ptr<LiveControl> control_;  // null: no live control
   ResumeState resumed_;
   std::unique_ptr<BatchLoader> loader_;

@@ -145,6 +145,7 @@ struct RunConfig {
   std::string log_level = "info";  // the run log's level (train.log)
   int64_t threads = 0;  // intra-op threads; 0: all cores of this process' share
   std::string device = "cpu";  // "cuda": each rank on GPU LOCAL_RANK, NCCL between them
+  bool cuda_graphs = true;     // CUDA: each step captured once its shapes are fixed, then replayed
   ModelConfig model;
   DataConfig data;
   BatchConfig batch;

@@ -44,6 +44,14 @@ class AdamW {
   // One update with learning rate `lr` (weight decay, betas and eps from config()), the
   // gradients clipped and the step skipped as `gate` says.
   void step(double lr, const UpdateGate& gate = {});
+  // The same with the learning rate a floating-point scalar tensor: the fused kernel reads
+  // it on the parameters' device (as fp32) when it runs, so a captured update (CUDA
+  // graphs) takes the value written there before each replay; the host kernel reads it
+  // on the host.
+  void step(const torch::Tensor& lr, const UpdateGate& gate = {});
+  // Whether the update runs on the parameters' device without reading anything on the
+  // host (the fused kernel), as a captured step needs.
+  bool runs_on_device() const { return fused_; }
   int64_t numel() const { return m_.numel(); }
   // The updates taken (skipped ones not counted); the fused kernel's count is read from
   // its device.
@@ -77,7 +85,8 @@ class AdamW {
     std::vector<torch::Tensor> params, grads, exp_avg, exp_avg_sq, steps;
   };
   std::vector<FusedGroup> fused_groups_;
-  void fused_step(double lr, const UpdateGate& gate);
+  template <typename Lr>
+  void fused_step(const Lr& lr, const UpdateGate& gate);
 };
 
 }  // namespace tide

@@ -62,6 +62,7 @@ struct TrainResult {
   double unigram_baseline = 0;  // validation split's unigram entropy (nats)
   std::string weights_path;
   bool stopped = false;  // a stop command ended it early, after a checkpoint
+  int64_t replayed_steps = 0;  // steps replayed from CUDA graphs (cuda_graphs)
 };
 
 class Trainer {
