@@ -181,22 +181,20 @@ TrainingLoop::Next TrainingLoop::run_step(int64_t& step, const Changes& changes)
   // replays with it.
   judge_.begin_step(s_.device);
   step_.set_lr(lr);
+  // The update, skipped where `flagged` says or the norm is not finite; its skip flag.
+  const auto update = [&](const at::Tensor& flagged) {
+    const UpdateGate gate = gate_update(values.grad_norm, cfg_.optimizer.grad_clip, flagged);
+    step_.update(gate);
+    return gate.skip;
+  };
   std::optional<AnomalyJudge::Verdict> verdict;
   at::Tensor skip;
   if (judge_.judges_on_device()) {
-    skip = graphs_.update([&] {
-      const UpdateGate gate =
-          gate_update(values.grad_norm, cfg_.optimizer.grad_clip, judge_.skip_on_device(values.loss, values.grad_norm));
-      step_.update(gate);
-      return gate.skip;
-    });
+    skip = graphs_.update([&] { return update(judge_.skip_on_device(values.loss, values.grad_norm)); });
   } else {
     verdict = judge_.judge(step + 1, values.loss.item<double>(), values.grad_norm.item<double>());
     const bool act = verdict->anomaly && verdict->anomaly.action != AnomalyAction::None;
-    const UpdateGate gate = gate_update(values.grad_norm, cfg_.optimizer.grad_clip,
-                                        torch::full({}, act, values.grad_norm.options().dtype(torch::kBool)));
-    step_.update(gate);
-    skip = gate.skip;
+    skip = update(torch::full({}, act, values.grad_norm.options().dtype(torch::kBool)));
   }
   pending_.emplace(PendingStep{step, StepReadout(values, skip), std::move(verdict), lr, meter_.end_step(),
                                tokens_per_step(), changes});
