@@ -13,6 +13,7 @@
 #include "hf_reference.h"
 #include "test_data.h"
 #include "tide/engine/model/hf_convert.h"
+#include "tide/engine/model/transformer.h"
 #include "tide/engine/train/evaluate.h"
 #include "tide/engine/train/run_files.h"
 #include "tide/engine/train/trainer.h"
@@ -29,6 +30,9 @@ RunConfig tiny_run(const std::string& device, int64_t steps) {
   c.optimizer.lr = 3e-3;
   c.schedule.steps = steps;
   c.schedule.warmup_steps = 0;
+  // A constant rate: a run of fewer steps takes the same steps as a longer one, so a
+  // resumed run can be compared with a straight one.
+  c.schedule.decay = DecayKind::Constant;
   return c;
 }
 
@@ -101,13 +105,15 @@ TEST(Cuda, Bf16TrainsToWithinOnePercentOfFp32) {
   fs::remove_all(run_dir("bf16"));
 }
 
-TEST(Cuda, SavesPrunesAndResumesExactly) {
-  SKIP_WITHOUT_CUDA();
-  RunConfig whole = tiny_run("cuda", 8), first = tiny_run("cuda", 6);
+// Trains `whole` (8 steps) straight, and again as 6 steps that keep only their last
+// checkpoint plus a resume from it: the two runs' last two losses are the same numbers.
+void expect_exact_resume(RunConfig whole, const std::string& name) {
+  RunConfig first = whole;
+  first.schedule.steps = 6;
   first.checkpoint.every = whole.checkpoint.every = 2;
   first.checkpoint.keep_last = whole.checkpoint.keep_last = 1;
   first.checkpoint.async = whole.checkpoint.async = false;
-  const fs::path straight = run_dir("straight"), split = run_dir("split");
+  const fs::path straight = run_dir(name + "_straight"), split = run_dir(name + "_split");
   const auto ref = train(whole, straight);
   train(first, split);
   // keep_last = 1: the prune left only the newest checkpoint.
@@ -125,6 +131,54 @@ TEST(Cuda, SavesPrunesAndResumesExactly) {
   fs::remove_all(split);
 }
 
+TEST(Cuda, SavesPrunesAndResumesExactly) {
+  SKIP_WITHOUT_CUDA();
+  expect_exact_resume(tiny_run("cuda", 8), "plain");
+}
+
+TEST(Cuda, RecomputationAndResumeDrawTheForwardsDropoutMasks) {
+  SKIP_WITHOUT_CUDA();
+  // Dropout on CUDA draws from the GPU's own generator, not the CPU's: recomputation
+  // must put that generator back to draw the forward's masks again, and a checkpoint
+  // must carry its state (rng|cuda) for a resumed run to draw what the straight one did.
+  ModelConfig plain = testing::tiny_llama();
+  plain.dropout = 0.2;
+  ModelConfig ckpt = plain;
+  ckpt.activation_checkpointing = true;
+  Transformer a(plain), b(ckpt);
+  a->reset_parameters(9);
+  b->reset_parameters(9);
+  a->to(torch::kCUDA);
+  b->to(torch::kCUDA);
+  a->train();
+  b->train();
+  const auto tokens = torch::randint(0, plain.vocab_size, {2, 16}, torch::kInt64).to(torch::kCUDA);
+  const auto targets = torch::randint(0, plain.vocab_size, {2, 16}, torch::kInt64).to(torch::kCUDA);
+  torch::manual_seed(77);
+  const auto la = a->loss(tokens, targets);
+  la.backward();
+  torch::manual_seed(77);
+  const auto lb = b->loss(tokens, targets);
+  lb.backward();
+  EXPECT_EQ(la.item<double>(), lb.item<double>());  // the same forward kernels on the same masks
+  // Backward may sum in another order (atomic adds in attention's backward). In fp32 a
+  // sum of K terms moves by at most K u of their magnitudes, over D sums on the way to a
+  // weight (K = 32 positions, D = 2 x (4 x 2 + 2), u = 2^-24): about 4e-5. The bound
+  // below leaves 25 times that for cancellation; a mask drawn afresh changes which fifth
+  // of the activations is dropped and moves every gradient by tens of percent.
+  auto pb = b->named_parameters();
+  for (const auto& item : a->named_parameters()) {
+    const auto& ga = item.value().grad();
+    const auto& gb = pb[item.key()].grad();
+    ASSERT_TRUE(gb.defined()) << item.key();
+    EXPECT_LE((ga - gb).norm().item<double>(), 1e-3 * ga.norm().item<double>()) << item.key();
+  }
+  RunConfig c = tiny_run("cuda", 8);
+  c.model.dropout = 0.2;
+  c.model.activation_checkpointing = true;
+  expect_exact_resume(c, "dropout");
+}
+
 TEST(Cuda, CapturedStepsTrainAsStepsLaunchedOneKernelAtATime) {
   SKIP_WITHOUT_CUDA();
   // A graph changes when the kernels are launched, not what they compute: the same
@@ -135,6 +189,7 @@ TEST(Cuda, CapturedStepsTrainAsStepsLaunchedOneKernelAtATime) {
     RunConfig captured = tiny_run("cuda", 10);
     captured.precision.compute = compute;
     captured.schedule.warmup_steps = 4;
+    captured.schedule.decay = DecayKind::Cosine;  // a new rate at every replay
     captured.optimizer.grad_clip = 0.5;
     captured.batch.global_batch = 2 * captured.batch.micro_batch;
     captured.model.activation_checkpointing = true;

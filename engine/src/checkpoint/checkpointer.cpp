@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint_files.h"
+#include "model/random_state.h"
 #include "saved_pieces.h"
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
@@ -29,6 +30,10 @@ using json = nlohmann::json;
 
 namespace {
 const char* const kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
+
+// Where this rank's model computes (its parameters live there, under ZeRO-3 too, as
+// empty shards): whose random generators the checkpoint carries.
+torch::Device model_device(const CheckpointParts& parts) { return parts.model->parameters().front().device(); }
 
 // A range of one local parameter and where its values live in this rank's buffers.
 struct Piece {
@@ -172,31 +177,31 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
                                   {"tp", tp_json(tp)}}});
       }
     }
-    snap->entries.push_back({"rng|cpu", at::detail::getDefaultCPUGenerator().get_state(), nullptr});
+    for (auto& g : save_generators(model_device(m.parts)))
+      snap->entries.push_back({"rng|" + g.device, std::move(g.state), nullptr});
   }
   if (m.rank == 0) {
     const auto& cfg = *m.parts.cfg;
     const Distributed* d = m.parts.dist;
-    snap->manifest = {
-        {"format", kCheckpointFormat},
-        {"step", step},
-        {"optimizer_steps", optimizer_steps},
-        {"loader_cursor", loader_cursor},
-        {"tokens_seen", loader_cursor * cfg.data.seq_len},
-        {"lr_schedule", {{"next_step", step}}},
-        {"loss_scale", nullptr},  // fp32 and bf16 train without one
-        {"rng", "per rank: tensor rng|cpu in its file (the CPU generator's state)"},
-        {"layout",
-         {{"world", m.world},
-          {"dp", m.dp},
-          {"tp", d ? d->tp->size() : 1},
-          {"pp", d ? d->pp->size() : 1},
-          {"zero", m.zero}}},
-        {"recipe", config_to_json(cfg)},
-        {"recipe_schema_version", kConfigSchemaVersion},
-        {"created", std::chrono::duration_cast<std::chrono::seconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count()}};
+    snap->manifest = {{"format", kCheckpointFormat},
+                      {"step", step},
+                      {"optimizer_steps", optimizer_steps},
+                      {"loader_cursor", loader_cursor},
+                      {"tokens_seen", loader_cursor * cfg.data.seq_len},
+                      {"lr_schedule", {{"next_step", step}}},
+                      {"loss_scale", nullptr},  // fp32 and bf16 train without one
+                      {"rng", "per rank: tensors rng|cpu and, on CUDA, rng|cuda in its file"},
+                      {"layout",
+                       {{"world", m.world},
+                        {"dp", m.dp},
+                        {"tp", d ? d->tp->size() : 1},
+                        {"pp", d ? d->pp->size() : 1},
+                        {"zero", m.zero}}},
+                      {"recipe", config_to_json(cfg)},
+                      {"recipe_schema_version", kConfigSchemaVersion},
+                      {"created", std::chrono::duration_cast<std::chrono::seconds>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count()}};
   }
   auto job = [this, snap] {
     try {
@@ -429,12 +434,15 @@ void Checkpointer::Impl::restore_rng(const json& manifest, const std::string& di
       layout.at("pp") != (d ? d->pp->size() : 1))
     return;
   const SafetensorsReader own((fs::path(dir) / rank_file_name(rank)).string());
-  if (const auto* e = own.find("rng|cpu")) {
-    auto state_bytes = torch::empty({static_cast<int64_t>(e->end - e->begin)}, torch::kUInt8);
-    std::memcpy(state_bytes.data_ptr(), own.data(*e), e->end - e->begin);
-    auto generator = at::detail::getDefaultCPUGenerator();
-    generator.set_state(state_bytes);
+  std::vector<GeneratorState> states;
+  for (const std::string device : {"cpu", "cuda"}) {
+    const auto* e = own.find("rng|" + device);
+    if (!e) continue;
+    auto bytes = torch::empty({static_cast<int64_t>(e->end - e->begin)}, torch::kUInt8);
+    std::memcpy(bytes.data_ptr(), own.data(*e), e->end - e->begin);
+    states.push_back({device, bytes});
   }
+  restore_generators(states, model_device(parts));
 }
 
 }  // namespace tide

@@ -1,30 +1,34 @@
 #include "recompute.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "random_state.h"
 #include "tide/engine/model/compute_dtype.h"
 
 namespace tide {
 namespace {
 
 struct FnHolder : torch::CustomClassHolder {
-  explicit FnHolder(BlockFn f) : fn(std::move(f)) {}
+  FnHolder(BlockFn f, bool random) : fn(std::move(f)), draws_random(random) {}
   BlockFn fn;
-  AutocastState autocast;  // as the forward ran, so that the recomputation matches it
+  bool draws_random;
+  std::vector<GeneratorState> rng;  // as the forward found them, when it draws
+  AutocastState autocast;           // as the forward ran, so that the recomputation matches it
 };
 
 // Reentrant checkpoint: forward under no_grad, backward re-runs the function with the
-// RNG state it saw the first time (so dropout masks match) and backpropagates through
-// the fresh graph, which accumulates parameter gradients as usual. Both runs use the
-// compute dtype of the forward and no cached weight copies: one made without gradients
-// would be reused where they are needed, and backward may run on a device thread whose
-// cache no step scope clears.
+// generator states it saw the first time (so dropout masks match; the device's own
+// generator too, which CUDA draws them from) and backpropagates through the fresh
+// graph, which accumulates parameter gradients as usual. The states are read only for
+// a function that draws: a CUDA generator's state cannot be read during graph capture.
+// Both runs use the compute dtype of the forward and no cached weight copies: one made
+// without gradients would be reused where they are needed, and backward may run on a
+// device thread whose cache no step scope clears.
 struct Recompute : torch::autograd::Function<Recompute> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             c10::intrusive_ptr<FnHolder> holder) {
     ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
-    ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
+    if (holder->draws_random) holder->rng = save_generators(x.device());
     ctx->save_for_backward({x});
     holder->autocast = AutocastState::current();
     torch::NoGradGuard no_grad;
@@ -35,15 +39,17 @@ struct Recompute : torch::autograd::Function<Recompute> {
                                                  torch::autograd::variable_list grads) {
     auto holder = c10::static_intrusive_pointer_cast<FnHolder>(ctx->saved_data["fn"].toCapsule());
     const auto x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
-    auto gen = at::detail::getDefaultCPUGenerator();
-    const auto rng_now = gen.get_state();
-    gen.set_state(ctx->saved_data["rng"].toTensor());
+    std::vector<GeneratorState> rng_now;
+    if (holder->draws_random) {
+      rng_now = save_generators(x.device());
+      restore_generators(holder->rng, x.device());
+    }
     at::Tensor out;
     {
       torch::AutoGradMode enable(true);
       out = holder->autocast.run_uncached([&] { return holder->fn(x); });
     }
-    gen.set_state(rng_now);
+    if (holder->draws_random) restore_generators(rng_now, x.device());
     torch::autograd::backward({out}, {grads[0]});
     return {x.grad(), at::Tensor()};
   }
@@ -51,8 +57,8 @@ struct Recompute : torch::autograd::Function<Recompute> {
 
 }  // namespace
 
-at::Tensor recompute_in_backward(BlockFn fn, const at::Tensor& x) {
-  return Recompute::apply(x, c10::make_intrusive<FnHolder>(std::move(fn)));
+at::Tensor recompute_in_backward(BlockFn fn, const at::Tensor& x, bool draws_random) {
+  return Recompute::apply(x, c10::make_intrusive<FnHolder>(std::move(fn), draws_random));
 }
 
 }  // namespace tide

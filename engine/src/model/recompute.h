@@ -11,6 +11,8 @@ namespace tide {
 using BlockFn = std::function<at::Tensor(const at::Tensor&)>;
 
 // Returns fn(x); fn's parameters receive their gradients during the recomputation.
-at::Tensor recompute_in_backward(BlockFn fn, const at::Tensor& x);
+// draws_random: fn draws random numbers (dropout), so the recomputation is given the
+// generator states the forward started from.
+at::Tensor recompute_in_backward(BlockFn fn, const at::Tensor& x, bool draws_random);
 
 }  // namespace tide

@@ -256,14 +256,15 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x) {
     sin = rope_sin_.narrow(0, 0, t).to(x.scalar_type());
   }
   const bool recompute = cfg_.activation_checkpointing && is_training() && torch::GradMode::is_enabled();
+  const bool blocks_draw = cfg_.dropout > 0 && is_training();
   int unit = static_cast<int>(stage_.first_block);
   for (const auto& module : *blocks) {
     auto block = std::dynamic_pointer_cast<BlockImpl>(module);
     ++unit;
     if (units_) units_->before_forward(unit);
     if (recompute) {
-      x = recompute_in_backward([block, bias, cos, sin](const at::Tensor& in) { return block->forward(in, bias, cos, sin); },
-                                x);
+      x = recompute_in_backward(
+          [block, bias, cos, sin](const at::Tensor& in) { return block->forward(in, bias, cos, sin); }, x, blocks_draw);
     } else {
       x = block->forward(x, bias, cos, sin);
     }
