@@ -70,6 +70,13 @@ test "$(wc -l < "$work/run/metrics.jsonl")" -eq 4 || fail "metrics.jsonl should 
 grep -q '"lr":0.001' "$work/run/metrics.jsonl" || fail "the Lua schedule did not set the lr"
 $tide generate "$work/run" --prompt "GNU" --max-tokens 10 --seed 1 > "$work/gen.txt"
 grep -q "^GNU" "$work/gen.txt" || fail "generate did not echo the prompt"
+# A model 4 steps old picks bytes that form no character: they print as U+FFFD.
+$tide generate "$work/run" --max-tokens 300 --seed 2 > "$work/gen-long.txt"
+python3 - "$work/gen-long.txt" <<'PY' || fail "generate printed bytes that are not UTF-8"
+import sys
+text = open(sys.argv[1], encoding="utf-8", errors="strict").read()
+print(f"  tide generate: {len(text)} characters of valid UTF-8, {text.count(chr(0xFFFD))} replaced")
+PY
 $tide eval "$work/run" --data "$work/ds" --seq-len 32 --batches 2 > "$work/eval.json"
 grep -q '"perplexity"' "$work/eval.json" || fail "eval printed no perplexity"
 $tide convert export "$work/run" --out "$work/hf" 2> /dev/null

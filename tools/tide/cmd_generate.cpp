@@ -8,6 +8,7 @@
 #include "cli_common.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/data/tokenizer.h"
+#include "tide/engine/data/utf8_stream.h"
 #include "tide/engine/train/evaluate.h"
 #include "tide/engine/train/run_files.h"
 #include "tide/engine/train/runtime.h"
@@ -74,10 +75,12 @@ void add_generate_commands(CLI::App& app) {
     SampleOptions opt = g->sample;
     opt.stop_id = tok->eos_id();
     std::cout << g->prompt << std::flush;
+    // Valid UTF-8 out, whatever bytes the model picks (text=True readers need it).
+    Utf8Stream text;
     sample(m.model, tok->encode(g->prompt), opt, [&](int32_t id) {
-      if (id != tok->eos_id()) std::cout << tok->decode_one(id) << std::flush;
+      if (id != tok->eos_id()) std::cout << text.push(tok->decode_one(id)) << std::flush;
     });
-    std::cout << std::endl;
+    std::cout << text.finish() << std::endl;
   });
 
   struct EvalOptions {
