@@ -846,15 +846,27 @@ def part_cuda():
     print(f"{run} on GPU 0: lr set live at step {k}, paused at {p}, resumed, stopped at {max(rows)}; "
           f"peak {max(r['peak_gpu_mb'] for r in rows.values()):.1f} MiB")
 
-    # tide generate and tide eval on the GPU: the CPU's numbers up to rounding. Sampling
+    # The daemon's export of the GPU-trained run loads in transformers.
+    hf_dir = os.path.join(run_dir, "hf")
+    out = subprocess.run([TIDE, "export", run, "-o", "hf", "--endpoint", d.tcp("commands")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
+    logits = model(torch.tensor([[84, 104, 101, 32]])).logits
+    assert logits.shape == (1, 4, 300) and torch.isfinite(logits).all(), logits.shape
+    print(f"the export of {run} loads in {type(model).__name__}")
+
+    # tide generate and tide eval on the GPU, of that export (a stopped run keeps
+    # checkpoints, not final weights): the CPU's numbers up to rounding. Sampling
     # draws from the host's generator, so a fixed seed gives the same text unless two
     # tokens' probabilities lie within rounding of each other; eval's loss is compared.
-    gen = subprocess.run([TIDE, "generate", run_dir, "--device", "cuda", "-p", "The ", "-n", "40", "--seed", "3"],
+    gen = subprocess.run([TIDE, "generate", hf_dir, "--device", "cuda", "-p", "The ", "-n", "40", "--seed", "3"],
                          capture_output=True, text=True, timeout=300)
     assert gen.returncode == 0 and gen.stdout.startswith("The ") and len(gen.stdout) > 10, (gen.stdout, gen.stderr)
     evals = {}
     for device in ("cpu", "cuda"):
-        out = subprocess.run([TIDE, "eval", run_dir, "--data", os.path.join(WORK, "ds"), "--seq-len", "64",
+        out = subprocess.run([TIDE, "eval", hf_dir, "--data", os.path.join(WORK, "ds"), "--seq-len", "64",
                               "--batches", "4", "--device", device], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         evals[device] = json.loads(out.stdout)["loss"]
@@ -864,16 +876,6 @@ def part_cuda():
     assert abs(evals["cuda"] - evals["cpu"]) <= 1e-2 * evals["cpu"], evals
     print(f"tide generate --device cuda: {gen.stdout.strip()!r}; eval loss cuda {evals['cuda']:.6f}, "
           f"cpu {evals['cpu']:.6f}")
-
-    # The daemon's export of the GPU-trained run loads in transformers.
-    out = subprocess.run([TIDE, "export", run, "-o", "hf", "--endpoint", d.tcp("commands")], capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(os.path.join(run_dir, "hf"), torch_dtype=torch.float32)
-    logits = model(torch.tensor([[84, 104, 101, 32]])).logits
-    assert logits.shape == (1, 4, 300) and torch.isfinite(logits).all(), logits.shape
-    print(f"the export of {run} loads in {type(model).__name__}")
     d.stop()
 
 def http(method, url, body=None, headers=None):

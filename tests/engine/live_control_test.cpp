@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_data.h"
+#include "tide/engine/train/run_files.h"
 #include "tide/engine/train/trainer.h"
 #include "tiny_models.h"
 
@@ -83,6 +84,15 @@ TEST(LiveControl, CommandsApplyAtTheirStepBoundary) {
   EXPECT_TRUE(fs::exists(dir / "checkpoints" / "step-00000005" / "COMMITTED"));
   EXPECT_TRUE(fs::exists(dir / "checkpoints" / "step-00000007" / "COMMITTED"));
   EXPECT_FALSE(fs::exists(dir / "model.safetensors")) << "a stopped run leaves its checkpoint, not final weights";
+  // Loading the run for generate or eval says how to reach those weights.
+  try {
+    load_model(dir.string());
+    ADD_FAILURE() << "a stopped run loaded without final weights";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("tide ckpt export " + (dir / "checkpoints" / "step-00000007").string()),
+              std::string::npos)
+        << e.what();
+  }
 
   std::map<int, std::string> result_of;
   for (const auto& [kind, body] : script->events)

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tide/engine/checkpoint/checkpoint_index.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/model/hf_convert.h"
@@ -57,7 +58,15 @@ LoadedModel load_model(const std::string& path) {
       }
     }
     weights = (p / "model.safetensors").string();
-    if (!fs::exists(weights)) throw std::runtime_error("'" + path + "' holds no model.safetensors");
+    if (!fs::exists(weights)) {
+      // A run that was stopped (or has not ended) keeps checkpoints, not final weights.
+      const auto saved = list_checkpoints((p / "checkpoints").string());
+      if (saved.empty()) throw std::runtime_error("'" + path + "' holds no model.safetensors");
+      throw std::runtime_error("'" + path +
+                               "' holds no model.safetensors: the run has not finished; its newest "
+                               "checkpoint loads once exported: tide ckpt export " +
+                               saved.back().path + " -o DIR, then point at DIR");
+    }
   } else if (fs::exists(p)) {
     weights = path;
   } else {
