@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "tide/engine/model/fused_ops.h"
+#include "tide/engine/train/tensor_memory.h"
 
 namespace tide {
 namespace {
@@ -61,6 +62,41 @@ TEST(FusedOps, SwigluBackwardIsAutogradsThroughSiluTimesUp) {
   const auto fused = run([](auto& in) { return swiglu(in[0], in[1]); }, {g, u}, up);
   const auto reference = run([](auto& in) { return torch::silu(in[0]) * in[1]; }, {g, u}, up);
   expect_same(fused, reference);
+}
+
+TEST(FusedOps, SwigluDownIsTheProductThenItsProjection) {
+  torch::manual_seed(4);
+  // In fp64 against autograd through the formula; in fp32 and bf16 the bits of the ops it
+  // replaces (the same products in the same order).
+  const auto g = torch::randn({2, 6, 40}, torch::kFloat64) * 3, u = torch::randn({2, 6, 40}, torch::kFloat64);
+  const auto w = torch::randn({24, 40}, torch::kFloat64), up = torch::randn({2, 6, 24}, torch::kFloat64);
+  expect_same(run([](auto& in) { return swiglu_down(in[0], in[1], in[2]); }, {g, u, w}, up),
+              run([](auto& in) { return torch::matmul(torch::silu(in[0]) * in[1], in[2].t()); }, {g, u, w}, up));
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const auto fused = run([](auto& in) { return swiglu_down(in[0], in[1], in[2]); },
+                           {g.to(dtype), u.to(dtype), w.to(dtype)}, up.to(dtype));
+    const auto unfused = run([](auto& in) { return torch::linear(swiglu(in[0], in[1]), in[2]); },
+                             {g.to(dtype), u.to(dtype), w.to(dtype)}, up.to(dtype));
+    EXPECT_TRUE(torch::equal(fused.out, unfused.out)) << dtype;
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(fused.inputs[i], unfused.inputs[i])) << dtype << " " << i;
+  }
+  EXPECT_THROW(swiglu_down(g, u, w.t()), c10::Error);
+}
+
+TEST(FusedOps, SwigluDownKeepsNotTheProduct) {
+  count_host_tensor_memory();
+  torch::manual_seed(5);
+  const int64_t n = 256, f = 512, d = 64;
+  const auto g = torch::randn({n, f}).requires_grad_(), u = torch::randn({n, f}).requires_grad_();
+  const auto w = torch::randn({d, f}).requires_grad_();
+  // What a forward leaves alive beyond its output: what its graph keeps for backward.
+  const auto kept = [&](auto fn) {
+    const int64_t before = host_tensor_bytes();
+    const auto y = fn();
+    return host_tensor_bytes() - before - y.numel() * 4;
+  };
+  EXPECT_EQ(kept([&] { return swiglu_down(g, u, w); }), 0);                    // gate, up and the weight exist already
+  EXPECT_EQ(kept([&] { return torch::linear(swiglu(g, u), w); }), n * f * 4);  // the product
 }
 
 TEST(FusedOps, RotaryBackwardRotatesTheGradientBack) {

@@ -160,7 +160,10 @@ def main():
 
         def family(dev):
             plan = planner.plan(recipe, dev, nodes, per_node, "--tp", "1", "--pp", "1", "--zero", "3", *sets)
-            return plan, best_where(plan, lambda x: x["micro_batch"] == local and x["micro_batches"] == 1)
+            # Every one of these runs recomputed activations (selective or full AC); tide's
+            # nearest is whole-block recomputation, also where its layout would fit without.
+            return plan, best_where(plan, lambda x: x["micro_batch"] == local and x["micro_batches"] == 1
+                                    and x["activation_checkpointing"])
 
         note = ""
         if device == "h100-96":

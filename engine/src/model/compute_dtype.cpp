@@ -59,6 +59,12 @@ at::Tensor in_compute_dtype(const at::Tensor& x) {
   return x.to(at::autocast::get_autocast_dtype(device));
 }
 
+at::Tensor weight_in_compute_dtype(const at::Tensor& weight) {
+  const auto device = weight.device().type();
+  if (!at::autocast::is_autocast_enabled(device)) return weight;
+  return at::autocast::cached_cast(at::autocast::get_autocast_dtype(device), weight, device);
+}
+
 WeightCastScope::WeightCastScope(bool active) : active_(active) {
   if (active_) ++weight_cast_scopes;
 }

@@ -82,38 +82,71 @@ struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
 
 // --- SwiGLU ---------------------------------------------------------------------------
 // silu(g) = g s with s = sigmoid(g): d_gate = d u silu'(g), d_up = d silu(g).
+at::Tensor swiglu_values(const at::Tensor& gate, const at::Tensor& up) {
+#ifdef TIDE_CUDA_KERNELS
+  if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
+    const auto g = gate.contiguous(), u = up.contiguous();
+    auto out = at::empty_like(g);
+    kernels::swiglu_forward(g.data_ptr(), u.data_ptr(), out.data_ptr(), g.numel(), element_of(g), stream_of(g));
+    return out;
+  }
+#endif
+  return at::silu(gate).mul_(up);
+}
+
+variable_list swiglu_gradients(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& d) {
+#ifdef TIDE_CUDA_KERNELS
+  if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
+    const auto g = gate.contiguous(), u = up.contiguous();
+    const auto dc = d.to(g.scalar_type()).contiguous();
+    auto d_gate = at::empty_like(g), d_up = at::empty_like(u);
+    kernels::swiglu_backward(dc.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(), d_up.data_ptr(), g.numel(),
+                             element_of(g), stream_of(g));
+    return {d_gate, d_up};
+  }
+#endif
+  auto d_up = at::silu(gate).mul_(d);
+  auto d_gate = d * up;
+  at::silu_backward_out(d_gate, d_gate, gate);  // in place: three tensors of the width at once, as autograd's
+  return {d_gate, d_up};
+}
+
 struct SwigluFn : torch::autograd::Function<SwigluFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
-#ifdef TIDE_CUDA_KERNELS
-    if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
-      const auto g = gate.contiguous(), u = up.contiguous();
-      auto out = at::empty_like(g);
-      kernels::swiglu_forward(g.data_ptr(), u.data_ptr(), out.data_ptr(), g.numel(), element_of(g), stream_of(g));
-      return out;
-    }
-#endif
-    return at::silu(gate).mul_(up);
+    return swiglu_values(gate, up);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &gate = saved[0], &up = saved[1];
-#ifdef TIDE_CUDA_KERNELS
-    if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
-      const auto g = gate.contiguous(), u = up.contiguous();
-      const auto d = grads[0].to(g.scalar_type()).contiguous();
-      auto d_gate = at::empty_like(g), d_up = at::empty_like(u);
-      kernels::swiglu_backward(d.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(), d_up.data_ptr(), g.numel(),
-                               element_of(g), stream_of(g));
-      return {d_gate, d_up};
-    }
-#endif
-    const auto& d = grads[0];
-    auto d_up = at::silu(gate).mul_(d);
-    auto d_gate = d * up;
-    at::silu_backward_out(d_gate, d_gate, gate);  // in place: three tensors of the width at once, as autograd's
-    return {d_gate, d_up};
+    return swiglu_gradients(saved[0], saved[1], grads[0]);
+  }
+};
+
+// The down projection of silu(gate) * up, which it recomputes in backward (one
+// elementwise pass) instead of keeping: the widest activation of a block, as
+// torch.compile's partitioner also recomputes it. The products are at::linear's and its
+// backward's (matmul folded to mm, the weight's gradient as dy^T p): the same bits.
+struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
+                            const at::Tensor& weight) {
+    ctx->save_for_backward({gate, up, weight});
+    return at::matmul(swiglu_values(gate, up), weight.t());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &gate = saved[0], &up = saved[1], &weight = saved[2];
+    const auto dy = grads[0].reshape({-1, grads[0].size(-1)});
+    at::Tensor d_weight;
+    {
+      const auto p = swiglu_values(gate, up);
+      d_weight = dy.t().mm(p.reshape({-1, p.size(-1)}));
+    }  // the product is gone before the gradients of the gate and up are made
+    const auto d_p = dy.mm(weight).view(gate.sizes());
+    auto d = swiglu_gradients(gate, up, d_p);
+    d.push_back(d_weight);
+    return d;
   }
 };
 
@@ -178,6 +211,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
+
+at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight) {
+  TORCH_CHECK(gate.sizes() == up.sizes() && weight.dim() == 2 && weight.size(1) == gate.size(-1), "swiglu_down: gate ",
+              gate.sizes(), " and up ", up.sizes(), " must agree and weight ", weight.sizes(), " must be [out, ",
+              gate.size(-1), "]");
+  return SwigluDownFn::apply(gate, up, weight);
+}
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return RotaryFn::apply(x, cos, sin);

@@ -8,6 +8,7 @@
 #include <torch/nn/functional/normalization.h>
 #include <torch/torch.h>
 
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/transformer.h"
 
@@ -54,15 +55,24 @@ torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallel& tp) {
   return tp.sequence_parallel ? tp.group->gather_sequence(x) : tp.group->copy_to(x);
 }
 
-// A row-parallel layer: the partial sums added over ranks (and with sequence
-// parallelism each rank keeps its part of the sequence), then the bias, once.
+// Out of a row-parallel layer, whose product on this rank is y: the partial sums added
+// over ranks (and with sequence parallelism each rank keeps its part of the sequence),
+// then the bias, once.
+torch::Tensor reduce_row_parallel(const torch::Tensor& y, const torch::Tensor& bias, const TensorParallel& tp) {
+  const auto out = !tp.group              ? y
+                   : tp.sequence_parallel ? tp.group->reduce_scatter_sequence(y)
+                                          : tp.group->reduce_from(y);
+  if (!bias.defined()) return out;
+  // In the product's dtype, as at::linear adds it: a bf16 residual stream stays bf16.
+  const auto b = tp.sequence_parallel ? tp.group->copy_to(bias) : bias;
+  return out + b.to(out.scalar_type());
+}
+
+// A row-parallel layer.
 torch::Tensor leave_tp(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                        const TensorParallel& tp) {
   if (!tp.group) return torch::linear(x, weight, bias);
-  const auto y = torch::linear(x, weight);
-  auto out = tp.sequence_parallel ? tp.group->reduce_scatter_sequence(y) : tp.group->reduce_from(y);
-  if (!bias.defined()) return out;
-  return out + (tp.sequence_parallel ? tp.group->copy_to(bias) : bias);
+  return reduce_row_parallel(torch::linear(x, weight), bias, tp);
 }
 }  // namespace
 
@@ -147,9 +157,13 @@ MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.m
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x_in) {
   const auto x = enter_tp(x_in, tp_);
-  const auto hidden =
-      kind_ == MlpKind::SwiGLU ? swiglu(project(gate, x), project(up, x)) : torch::gelu(project(up, x), "tanh");
-  return leave_tp(hidden, down->weight, down->bias, tp_);
+  if (kind_ == MlpKind::SwiGLU) {
+    // The down projection recomputes silu(gate) * up in backward: the widest tensor of a
+    // block is not kept.
+    const auto y = swiglu_down(project(gate, x), project(up, x), weight_in_compute_dtype(down->weight));
+    return reduce_row_parallel(y, down->bias, tp_);
+  }
+  return leave_tp(torch::gelu(project(up, x), "tanh"), down->weight, down->bias, tp_);
 }
 
 BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {

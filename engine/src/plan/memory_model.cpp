@@ -67,21 +67,23 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
     bytes += x.B * H * x.T * 4;  // its log-sum-exp per row
   else
     bytes += block_scores(m, r, x);
-  // SwiGLU keeps the gate's and up's outputs (fused_ops.cpp) and their product (the down
-  // projection's input); GELU its input and output.
-  bytes += (m.mlp == MlpKind::SwiGLU ? 3 : 2) * x.N * F * x.s;
+  // SwiGLU keeps the gate's and up's outputs, and the down projection recomputes their
+  // product in backward (fused_ops.cpp, swiglu_down); GELU keeps its input and output.
+  bytes += 2 * x.N * F * x.s;
   return bytes;
 }
 
 // The most backward of one block holds beyond the saved tensors: the incoming gradient,
-// the MLP's gradients at their widest (two of width F for SwiGLU while the product's
-// node runs, one for GELU) and one weight gradient before it is added into the flat
-// buffer. (Measured with the counting allocator: 13.2 MiB for B 8, T 256, D 256, F 704.)
+// the MLP's gradients at their widest (three of width F for SwiGLU while the down
+// projection's node runs: the product's gradient and the gate's and up's, the product
+// recomputed and gone by then; one for GELU) and one weight gradient before it is added
+// into the flat buffer. (Measured with the counting allocator: 13.2 MiB for B 8, T 256,
+// D 256, F 704, when SwiGLU kept its product and two were counted.)
 double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   // A materialised attention's backward holds the probabilities' and the scores' gradients.
   const double scores = x.fused_attention ? 0.0 : 2 * x.B * static_cast<double>(r.heads) * x.T * x.T * x.s;
-  return std::max(x.Nn * D * x.s + (m.mlp == MlpKind::SwiGLU ? 2 : 1) * x.N * F * x.s + D * F * 4,
+  return std::max(x.Nn * D * x.s + (m.mlp == MlpKind::SwiGLU ? 3 : 1) * x.N * F * x.s + D * F * 4,
                   x.Nn * D * x.s + scores);
 }
 

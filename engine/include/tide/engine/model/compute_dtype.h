@@ -25,6 +25,11 @@ at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& 
 // stream's dtype under bf16 compute); x itself otherwise.
 at::Tensor in_compute_dtype(const at::Tensor& x);
 
+// A weight as autocast's matmuls see it while autocast is on: the copy in the compute
+// dtype, from the cast cache where a matmul would take it from there (for an op that
+// autocast does not cast itself, such as a hand-written node); the weight otherwise.
+at::Tensor weight_in_compute_dtype(const at::Tensor& weight);
+
 // While one lives on this thread, the bf16 working copy of each weight, made at its first
 // use, serves every forward until the scope ends: one cast per weight per optimizer step
 // rather than one per micro-batch. The weights must not change while it lives. Inactive:

@@ -20,6 +20,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // too).
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
+// silu(gate) * up projected by weight [out, F] (no bias): the MLP's down projection.
+// Keeps gate and up and the weight, not the product, which backward recomputes.
+// `weight` is in the dtype the product is (under bf16 compute: weight_in_compute_dtype).
+at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight);
+
 // Rotary position embedding with Hugging Face's convention (halves of the head
 // dimension): x * cos + rotate_half(x) * sin, for x [B, H, T, Hd] and cos, sin [T, Hd].
 // Keeps nothing of x: backward rotates the gradient back.
