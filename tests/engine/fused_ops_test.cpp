@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/train/tensor_memory.h"
 
@@ -97,6 +98,52 @@ TEST(FusedOps, SwigluDownKeepsNotTheProduct) {
   };
   EXPECT_EQ(kept([&] { return swiglu_down(g, u, w); }), 0);                    // gate, up and the weight exist already
   EXPECT_EQ(kept([&] { return torch::linear(swiglu(g, u), w); }), n * f * 4);  // the product
+}
+
+TEST(FusedOps, AProjectionIsAutocastsLinearWithTheWeightCastAgainInBackward) {
+  torch::manual_seed(6);
+  // Under bf16 compute with no WeightCastScope: the bits of autocast's at::linear, whose
+  // saved bf16 weight the node makes again in backward; with and without a bias, from a
+  // bf16 and an fp32 input.
+  for (const bool with_bias : {false, true}) {
+    for (const auto x_dtype : {torch::kBFloat16, torch::kFloat32}) {
+      const auto x = torch::randn({2, 5, 24}).to(x_dtype), w = torch::randn({16, 24});
+      const auto b = with_bias ? torch::randn({16}) : torch::Tensor();
+      const auto up = torch::randn({2, 5, 16}, torch::kBFloat16);
+      const auto under_autocast = [&](auto f) {
+        return run([&](auto& in) { return with_compute_dtype(DType::BFloat16, [&] { return f(in); }); },
+                   with_bias ? std::vector<torch::Tensor>{x, w, b} : std::vector<torch::Tensor>{x, w}, up);
+      };
+      const auto bias_of = [&](auto& in) { return with_bias ? in[2] : torch::Tensor(); };
+      const auto node = under_autocast([&](auto& in) { return projection(in[0], in[1], bias_of(in)); });
+      const auto plain = under_autocast([&](auto& in) { return torch::linear(in[0], in[1], bias_of(in)); });
+      EXPECT_EQ(node.out.scalar_type(), torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(node.out, plain.out)) << with_bias << " " << x_dtype;
+      for (size_t i = 0; i < node.inputs.size(); ++i) {
+        EXPECT_EQ(node.inputs[i].scalar_type(), plain.inputs[i].scalar_type()) << i;
+        EXPECT_TRUE(torch::equal(node.inputs[i], plain.inputs[i])) << with_bias << " " << x_dtype << " input " << i;
+      }
+    }
+  }
+}
+
+TEST(FusedOps, AProjectionKeepsNoCopyOfItsWeightUnlessAScopeKeepsThem) {
+  count_host_tensor_memory();
+  torch::manual_seed(7);
+  const int64_t n = 64, in = 256, out = 512;
+  const auto x = torch::randn({n, in}, torch::kBFloat16).requires_grad_();
+  const auto w = torch::randn({out, in}).requires_grad_();
+  // What a bf16 forward leaves alive beyond its output: what its graph keeps for backward.
+  const auto kept = [&](auto fn) {
+    const int64_t before = host_tensor_bytes();
+    const auto y = with_compute_dtype(DType::BFloat16, fn);
+    return host_tensor_bytes() - before - y.numel() * 2;
+  };
+  EXPECT_EQ(kept([&] { return projection(x, w, {}); }), 0);                // x and the fp32 weight exist already
+  EXPECT_EQ(kept([&] { return torch::linear(x, w, {}); }), out * in * 2);  // autocast's bf16 copy
+  // Under a WeightCastScope the copy serves every micro-batch: the projection keeps it too.
+  const WeightCastScope step(true);
+  EXPECT_EQ(kept([&] { return projection(x, w, {}); }), out * in * 2);
 }
 
 TEST(FusedOps, RotaryBackwardRotatesTheGradientBack) {

@@ -34,6 +34,21 @@ LUA
 write_recipe llama "tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, multiple_of = 32, max_seq_len = 64 }"
 write_recipe bloom "tide.models.bloom { vocab_size = 301, dim = 48, n_layers = 2, n_heads = 4, max_seq_len = 64 }"
 
+compare_bf16() {  # compare_bf16 REFERENCE_RUN OTHER_RUN: two bf16 runs of another layout
+  # The losses agree to bf16's resolution (2^-8 relative): the layouts sum in other orders,
+  # and bf16 rounding carries that into the weights; a wrong gradient or value on the wire
+  # is off by far more.
+  "${TIDE_PYTHON:-python3}" - "$1" "$2" <<'PY'
+import json, sys
+one, other = ([json.loads(l) for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:])
+assert len(one) == len(other) == 10, (len(one), len(other))
+for a, b in zip(one, other):
+    assert abs(a["loss"] - b["loss"]) <= 2**-8 * a["loss"], (a["step"], a["loss"], b["loss"])
+worst = max(abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(one, other))
+print(f"  {sys.argv[2].rsplit('/', 1)[1]}: bf16 losses within {worst:.1e} relative (bound 2^-8 = 3.9e-3)")
+PY
+}
+
 compare() {  # compare REFERENCE_RUN OTHER_RUN EXACT(0|1) [STEPS, default 10]
   "${TIDE_PYTHON:-python3}" - "$1" "$2" "$3" "${4:-10}" <<'PY'
 import json, struct, sys

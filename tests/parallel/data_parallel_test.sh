@@ -7,6 +7,7 @@
 #    another order, so only rounding differs); optimizer offload changes no bit;
 #  - per-rank model-state bytes equal the fp32 AdamW theory on 2 and 4 ranks, and the
 #    bytes sent equal each stage's theoretical volume;
+#  - bf16 ZeRO-3 x2 agrees with one bf16 process to bf16's resolution;
 #  - a worker killed with SIGKILL stops the job within 60 s, named by rank.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -28,6 +29,13 @@ for shape in llama bloom; do
   cmp -s "$work/$shape-dp2-g4/model.safetensors" "$work/$shape-zero2-g4/model.safetensors" \
     || fail "$shape: ZeRO-2 weights are not dp's bytes"
 done
+
+# bf16 under ZeRO-3: each rank's one micro-batch casts every weight in forward and again
+# in backward, after the unit is gathered anew (one process, with two micro-batches,
+# keeps the copies for the step).
+train llama llama-bf16-1 --set precision.compute=bf16
+train llama llama-bf16-zero3 --nproc 2 --set parallel.zero=3 --set precision.compute=bf16
+compare_bf16 "$work/llama-bf16-1" "$work/llama-bf16-zero3" || fail "bf16 ZeRO-3 differs from one process"
 
 # Optimizer offload (master pieces and moments in host memory) changes no bit.
 train llama llama-offload --nproc 2 --set parallel.zero=1 --set parallel.offload_optimizer=true

@@ -27,24 +27,17 @@ compare "$work/llama4-1" "$work/llama4-pp2-given" 0 || fail "pp2 with given stag
 grep -q "blocks \[0, 3)" "$work/llama4-pp2-given/train.log" || { cat "$work/llama4-pp2-given/train.log"; fail "the given stages were not used"; }
 
 # bf16 compute: activations and their gradients cross between stages in bf16, the dtype
-# they have on both sides, so the bytes halve. Against one process the losses agree to
-# bf16's resolution (2^-8 relative: the gradient norm's sums run in another order across
-# stages, and bf16 rounding carries that into the weights); a wrong byte count or layout
-# on the wire would be off by far more.
+# they have on both sides, so the bytes halve, and the losses agree with one process's.
 train llama llama-bf16-1 --set precision.compute=bf16
 train llama llama-bf16-pp2 --nproc 2 --set parallel.pp=2 --set precision.compute=bf16
-"${TIDE_PYTHON:-python3}" - "$work/llama-bf16-1" "$work/llama-bf16-pp2" "$work/llama-pp2-1f1b" <<'PY' || fail "bf16 pp2"
+compare_bf16 "$work/llama-bf16-1" "$work/llama-bf16-pp2" || fail "bf16 pp2 differs from one process"
+"${TIDE_PYTHON:-python3}" - "$work/llama-bf16-pp2" "$work/llama-pp2-1f1b" <<'PY' || fail "bf16 pp2"
 import json, sys
-rows = [[json.loads(l) for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:]]
-one, bf16, fp32 = rows
-assert len(one) == len(bf16) == len(fp32) == 10
-for a, b in zip(one, bf16):
-    assert abs(a["loss"] - b["loss"]) <= 2**-8 * a["loss"], (a["step"], a["loss"], b["loss"])
+bf16, fp32 = ([json.loads(l) for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:])
 for a, b in zip(fp32, bf16):
     # the pipeline's messages halve; a few scalars (loss, gradient norm) stay as they are
     assert abs(b["comm_bytes"] - a["comm_bytes"] / 2) <= 64, (a["step"], a["comm_bytes"], b["comm_bytes"])
-print(f"  bf16 pp2: losses within 2^-8 of one process, {bf16[0]['comm_bytes']} bytes a step against "
-      f"{fp32[0]['comm_bytes']} in fp32")
+print(f"  bf16 pp2: {bf16[0]['comm_bytes']} bytes a step against {fp32[0]['comm_bytes']} in fp32")
 PY
 
 echo "3D layouts:"

@@ -8,6 +8,8 @@
 #  - tp2 with one key/value head (held whole by both ranks, each using it for its heads);
 #  - dp2 x tp2, ZeRO-1 dp2 x tp2 (equal to dp2 x tp2 exactly) and ZeRO-3 dp2 x tp2 with
 #    sequence parallelism;
+#  - bf16 tp2 with sequence parallelism (BLOOM: biases) agrees with one bf16 process to
+#    bf16's resolution;
 #  - layouts the model cannot be cut into are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -32,6 +34,13 @@ train llama llama-zero3-dp2-tp2-sp --nproc 4 --set parallel.tp=2 --set parallel.
 compare "$work/bloom-1" "$work/bloom-dp2-tp2" 0 || fail "dp2 x tp2 differs from one process"
 compare "$work/bloom-dp2-tp2" "$work/bloom-zero1-dp2-tp2" 1 || fail "ZeRO-1 dp2 x tp2 differs from dp2 x tp2"
 compare "$work/llama-1" "$work/llama-zero3-dp2-tp2-sp" 0 || fail "ZeRO-3 dp2 x tp2 differs from one process"
+
+# bf16 across ranks: the row-parallel layers' biases (BLOOM) and the projections' casts.
+echo "bloom, bf16:"
+train bloom bloom-bf16-1 --set precision.compute=bf16
+train bloom bloom-bf16-tp2-sp --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
+  --set precision.compute=bf16
+compare_bf16 "$work/bloom-bf16-1" "$work/bloom-bf16-tp2-sp" || fail "bf16 tp2 with sequence parallelism differs"
 
 # Layouts the model cannot be cut into: refused before any worker starts.
 refused llama "model.n_heads = 3" --nproc 2 --set parallel.tp=2 --set model.n_heads=3 --set model.n_kv_heads=1 --set model.dim=48

@@ -65,6 +65,17 @@ at::Tensor weight_in_compute_dtype(const at::Tensor& weight) {
   return at::autocast::cached_cast(at::autocast::get_autocast_dtype(device), weight, device);
 }
 
+bool weight_casts_kept() { return weight_cast_scopes > 0 && at::autocast::is_autocast_cache_enabled(); }
+
+at::Tensor weight_for_node(const at::Tensor& weight) {
+  return weight_casts_kept() ? weight_in_compute_dtype(weight) : weight;
+}
+
+at::ScalarType compute_dtype_for(const at::Tensor& weight) {
+  const auto device = weight.device().type();
+  return at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : weight.scalar_type();
+}
+
 WeightCastScope::WeightCastScope(bool active) : active_(active) {
   if (active_) ++weight_cast_scopes;
 }

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "cuda_kernels_config.h"
+#include "tide/engine/model/compute_dtype.h"
 
 #ifdef TIDE_CUDA_KERNELS
 #include <ATen/cuda/CUDAContext.h>
@@ -125,13 +126,15 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
 
 // The down projection of silu(gate) * up, which it recomputes in backward (one
 // elementwise pass) instead of keeping: the widest activation of a block, as
-// torch.compile's partitioner also recomputes it. The products are at::linear's and its
-// backward's (matmul folded to mm, the weight's gradient as dy^T p): the same bits.
+// torch.compile's partitioner also recomputes it. The weight is kept as given
+// (weight_for_node) and cast to the product's dtype where it is not in it. The products
+// are at::linear's and its backward's (matmul folded to mm, the weight's gradient as
+// dy^T p): the same bits.
 struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& weight) {
     ctx->save_for_backward({gate, up, weight});
-    return at::matmul(swiglu_values(gate, up), weight.t());
+    return at::matmul(swiglu_values(gate, up), weight.to(gate.scalar_type()).t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -141,11 +144,67 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
     at::Tensor d_weight;
     {
       const auto p = swiglu_values(gate, up);
-      d_weight = dy.t().mm(p.reshape({-1, p.size(-1)}));
+      d_weight = dy.t().mm(p.reshape({-1, p.size(-1)})).to(weight.scalar_type());
     }  // the product is gone before the gradients of the gate and up are made
-    const auto d_p = dy.mm(weight).view(gate.sizes());
+    const auto d_p = dy.mm(weight.to(gate.scalar_type())).view(gate.sizes());
     auto d = swiglu_gradients(gate, up, d_p);
     d.push_back(d_weight);
+    return d;
+  }
+};
+
+// --- Projection -----------------------------------------------------------------------
+// x W^T + b computed in `dtype` as autocast's at::linear computes it, keeping x (cast) and
+// the fp32 weight, which backward casts again: no copy of the weight lives from the
+// layer's forward to its backward. The products are at::linear's and its backward's. Two
+// nodes, with and without the bias: a node's inputs must all be defined tensors.
+at::Tensor projection_forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                              const at::Tensor& bias, int64_t dtype_code) {
+  const auto dtype = static_cast<at::ScalarType>(dtype_code);
+  const auto xc = x.to(dtype);
+  ctx->save_for_backward({xc, weight});
+  ctx->saved_data["dtype"] = dtype_code;
+  ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+  ctx->saved_data["bias_dtype"] = bias.defined() ? static_cast<int64_t>(bias.scalar_type()) : int64_t{-1};
+  return at::linear(xc, weight.to(dtype), bias.defined() ? bias.to(dtype) : at::Tensor());
+}
+
+// The gradients of x, the weight and (where there is one) the bias.
+variable_list projection_backward(AutogradContext* ctx, const at::Tensor& grad) {
+  const auto saved = ctx->get_saved_variables();
+  const auto &x = saved[0], &weight = saved[1];
+  const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+  const auto dy = grad.reshape({-1, grad.size(-1)});
+  at::Tensor dx, dw;
+  if (ctx->needs_input_grad(0))
+    dx = dy.mm(weight.to(dtype)).view(x.sizes()).to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+  if (ctx->needs_input_grad(1)) dw = dy.t().mm(x.reshape({-1, x.size(-1)})).to(weight.scalar_type());
+  const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
+  if (bias_dtype < 0) return {dx, dw};
+  at::Tensor db;
+  if (ctx->needs_input_grad(2)) db = dy.sum(0).to(static_cast<at::ScalarType>(bias_dtype));
+  return {dx, dw, db};
+}
+
+struct ProjectionFn : torch::autograd::Function<ProjectionFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, int64_t dtype) {
+    return projection_forward(ctx, x, weight, at::Tensor(), dtype);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto d = projection_backward(ctx, grads[0]);
+    d.emplace_back();  // dtype
+    return d;
+  }
+};
+
+struct BiasedProjectionFn : torch::autograd::Function<BiasedProjectionFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                            int64_t dtype) {
+    return projection_forward(ctx, x, weight, bias, dtype);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto d = projection_backward(ctx, grads[0]);
+    d.emplace_back();  // dtype
     return d;
   }
 };
@@ -211,6 +270,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
+
+at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const auto dtype = compute_dtype_for(weight);
+  if (dtype == weight.scalar_type() || weight_casts_kept()) return at::linear(x, weight, bias);
+  if (bias.defined()) return BiasedProjectionFn::apply(x, weight, bias, static_cast<int64_t>(dtype));
+  return ProjectionFn::apply(x, weight, static_cast<int64_t>(dtype));
+}
 
 at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight) {
   TORCH_CHECK(gate.sizes() == up.sizes() && weight.dim() == 2 && weight.size(1) == gate.size(-1), "swiglu_down: gate ",

@@ -42,12 +42,10 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
-// x W^T + b through at::linear. LibTorch's Linear module multiplies by weight.t(), a view,
-// which bf16 autocast casts afresh at every use; at::linear casts the weight itself,
-// once per step (see WeightCastScope).
-torch::Tensor project(const torch::nn::Linear& l, const torch::Tensor& x) {
-  return torch::linear(x, l->weight, l->bias);
-}
+// x W^T + b (fused_ops.h: projection). LibTorch's Linear module multiplies by weight.t(),
+// a view, which bf16 autocast casts afresh at every use; at::linear casts the weight
+// itself, once per step (see WeightCastScope).
+torch::Tensor project(const torch::nn::Linear& l, const torch::Tensor& x) { return projection(x, l->weight, l->bias); }
 
 // Into a column-parallel layer: the whole sequence on every rank.
 torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallel& tp) {
@@ -71,8 +69,8 @@ torch::Tensor reduce_row_parallel(const torch::Tensor& y, const torch::Tensor& b
 // A row-parallel layer.
 torch::Tensor leave_tp(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                        const TensorParallel& tp) {
-  if (!tp.group) return torch::linear(x, weight, bias);
-  return reduce_row_parallel(torch::linear(x, weight), bias, tp);
+  if (!tp.group) return projection(x, weight, bias);
+  return reduce_row_parallel(projection(x, weight, {}), bias, tp);
 }
 }  // namespace
 
@@ -119,7 +117,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
         const auto w = tp_.group->copy_to(proj->weight).narrow(0, kv_first_ * hd, hd);
         const auto bias_rows =
             proj->bias.defined() ? tp_.group->copy_to(proj->bias).narrow(0, kv_first_ * hd, hd) : torch::Tensor();
-        return torch::linear(x, w, bias_rows).view({b, t, 1, hd}).transpose(1, 2);
+        return projection(x, w, bias_rows).view({b, t, 1, hd}).transpose(1, 2);
       };
       k = one_head(k_proj);
       v = one_head(v_proj);
@@ -160,7 +158,7 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x_in) {
   if (kind_ == MlpKind::SwiGLU) {
     // The down projection recomputes silu(gate) * up in backward: the widest tensor of a
     // block is not kept.
-    const auto y = swiglu_down(project(gate, x), project(up, x), weight_in_compute_dtype(down->weight));
+    const auto y = swiglu_down(project(gate, x), project(up, x), weight_for_node(down->weight));
     return reduce_row_parallel(y, down->bias, tp_);
   }
   return leave_tp(torch::gelu(project(up, x), "tanh"), down->weight, down->bias, tp_);

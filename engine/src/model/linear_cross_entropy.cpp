@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/tensor_parallel.h"
 
@@ -159,7 +160,7 @@ at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
   const auto device = weight.device().type();
   at::Tensor hx = h, w = weight;
   if (at::autocast::is_autocast_enabled(device)) {
-    w = at::autocast::cached_cast(at::autocast::get_autocast_dtype(device), weight, device);
+    w = weight_in_compute_dtype(weight);
     hx = h.to(w.scalar_type());
   }
   const bool grad = at::GradMode::is_enabled();

@@ -150,9 +150,15 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   const bool bf16 = compute == DType::BFloat16;
   const bool recompute = L.activation_checkpointing;
   if (bf16) {
-    // Blocks recomputed in backward cast uncached: their copies live one block at a time.
-    const double blocks = recompute ? 1.0 : static_cast<double>(r.blocks);
-    m.working_copy = 2 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul));
+    // The bf16 copies of the weights (train_step.cpp, fused_ops.h: projection). With
+    // several micro-batches (not ZeRO-3) the step keeps every block's for all of them,
+    // except blocks recomputed in backward, which cast uncached. Otherwise each layer casts
+    // its weight in forward and again in backward: one copy, the widest, at a time. The
+    // head's copy lives through the forward either way (the cast cache).
+    const bool kept = L.zero != 3 && L.micro_batches > 1 && !recompute;
+    const double widest = static_cast<double>(r.dim * std::max(r.ffn, r.heads * r.head_dim));
+    const double blocks = kept ? static_cast<double>(r.blocks) * static_cast<double>(r.block_matmul) : widest;
+    m.working_copy = 2 * (blocks + static_cast<double>(r.head_matmul));
   }
   if (L.zero == 3) m.gathered += (unit0 + 2 * block_unit) * 4;
   if (L.zero >= 2 && L.micro_batches > 1) {

@@ -30,6 +30,20 @@ at::Tensor in_compute_dtype(const at::Tensor& x);
 // autocast does not cast itself, such as a hand-written node); the weight otherwise.
 at::Tensor weight_in_compute_dtype(const at::Tensor& weight);
 
+// The weight a hand-written node that keeps it for backward is given: under a
+// WeightCastScope its cached copy in the compute dtype, which the cache holds for the
+// step anyway; otherwise the weight itself, which the node casts in forward and again in
+// backward, so that no copy lives from a layer's forward to its backward (one extra cast
+// per weight and micro-batch for 2 bytes a parameter at the peak, as torch.compile's
+// partitioner chooses). The node computes in `compute_dtype_for(weight)`.
+at::Tensor weight_for_node(const at::Tensor& weight);
+// Whether the cast cache holds the weights' copies for the step: a WeightCastScope on
+// this thread, with gradients on.
+bool weight_casts_kept();
+// The dtype autocast computes in on the weight's device while it is on; the weight's own
+// dtype otherwise.
+at::ScalarType compute_dtype_for(const at::Tensor& weight);
+
 // While one lives on this thread, the bf16 working copy of each weight, made at its first
 // use, serves every forward until the scope ends: one cast per weight per optimizer step
 // rather than one per micro-batch. The weights must not change while it lives. Inactive:

@@ -21,9 +21,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
 // silu(gate) * up projected by weight [out, F] (no bias): the MLP's down projection.
-// Keeps gate and up and the weight, not the product, which backward recomputes.
-// `weight` is in the dtype the product is (under bf16 compute: weight_in_compute_dtype).
+// Keeps gate and up and the weight as given (weight_for_node), not the product, which
+// backward recomputes; computes in gate's dtype.
 at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight);
+
+// x W^T + b, as at::linear under autocast, except that where no WeightCastScope keeps the
+// weights' copies for the step, the copy of the weight in the compute dtype is made again
+// in backward instead of being kept from the forward (weight_for_node).
+at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // Rotary position embedding with Hugging Face's convention (halves of the head
 // dimension): x * cos + rotate_half(x) * sin, for x [B, H, T, Hd] and cos, sin [T, Hd].
