@@ -11,6 +11,7 @@
 
 #include "cuda_skip.h"
 #include "hf_reference.h"
+#include "recompute_pair.h"
 #include "test_data.h"
 #include "tide/engine/model/hf_convert.h"
 #include "tide/engine/model/transformer.h"
@@ -142,33 +143,17 @@ TEST(Cuda, RecomputationAndResumeDrawTheForwardsDropoutMasks) {
   // Dropout on CUDA draws from the GPU's own generator, not the CPU's: recomputation
   // must put that generator back to draw the forward's masks again, and a checkpoint
   // must carry its state (rng|cuda) for a resumed run to draw what the straight one did.
-  ModelConfig plain = testing::tiny_llama();
-  plain.dropout = 0.2;
-  ModelConfig ckpt = plain;
-  ckpt.activation_checkpointing = true;
-  Transformer a(plain), b(ckpt);
-  a->reset_parameters(9);
-  b->reset_parameters(9);
-  a->to(torch::kCUDA);
-  b->to(torch::kCUDA);
-  a->train();
-  b->train();
-  const auto tokens = torch::randint(0, plain.vocab_size, {2, 16}, torch::kInt64).to(torch::kCUDA);
-  const auto targets = torch::randint(0, plain.vocab_size, {2, 16}, torch::kInt64).to(torch::kCUDA);
-  torch::manual_seed(77);
-  const auto la = a->loss(tokens, targets);
-  la.backward();
-  torch::manual_seed(77);
-  const auto lb = b->loss(tokens, targets);
-  lb.backward();
-  EXPECT_EQ(la.item<double>(), lb.item<double>());  // the same forward kernels on the same masks
+  ModelConfig config = testing::tiny_llama();
+  config.dropout = 0.2;
+  const auto run = testing::with_and_without_recompute(config, torch::kCUDA);
+  EXPECT_EQ(run.plain_loss, run.checkpointed_loss);  // the same forward kernels on the same masks
   // Backward may sum in another order (atomic adds in attention's backward). In fp32 a
   // sum of K terms moves by at most K u of their magnitudes, over D sums on the way to a
   // weight (K = 32 positions, D = 2 x (4 x 2 + 2), u = 2^-24): about 4e-5. The bound
   // below leaves 25 times that for cancellation; a mask drawn afresh changes which fifth
   // of the activations is dropped and moves every gradient by tens of percent.
-  auto pb = b->named_parameters();
-  for (const auto& item : a->named_parameters()) {
+  auto pb = run.checkpointed->named_parameters();
+  for (const auto& item : run.plain->named_parameters()) {
     const auto& ga = item.value().grad();
     const auto& gb = pb[item.key()].grad();
     ASSERT_TRUE(gb.defined()) << item.key();

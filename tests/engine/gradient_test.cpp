@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "recompute_pair.h"
 #include "tide/engine/model/transformer.h"
 #include "tiny_models.h"
 
@@ -59,26 +60,12 @@ TEST_P(Gradients, MatchFiniteDifferences) {
 }
 
 TEST_P(Gradients, ActivationCheckpointingGivesEqualGradients) {
-  ModelConfig plain = GetParam();
-  plain.dropout = 0.1;  // recomputation must replay the same dropout masks
-  ModelConfig ckpt = plain;
-  ckpt.activation_checkpointing = true;
-  Transformer a(plain), b(ckpt);
-  a->reset_parameters(9);
-  b->reset_parameters(9);
-  a->train();
-  b->train();
-  const auto tokens = torch::randint(0, plain.vocab_size, {2, 16}, torch::kInt64);
-  const auto targets = torch::randint(0, plain.vocab_size, {2, 16}, torch::kInt64);
-  torch::manual_seed(77);
-  const auto la = a->loss(tokens, targets);
-  la.backward();
-  torch::manual_seed(77);
-  const auto lb = b->loss(tokens, targets);
-  lb.backward();
-  EXPECT_EQ(la.item<double>(), lb.item<double>());
-  auto pb = b->named_parameters();
-  for (const auto& item : a->named_parameters()) {
+  ModelConfig config = GetParam();
+  config.dropout = 0.1;  // recomputation must replay the same dropout masks
+  const auto run = testing::with_and_without_recompute(config, torch::kCPU);
+  EXPECT_EQ(run.plain_loss, run.checkpointed_loss);
+  auto pb = run.checkpointed->named_parameters();
+  for (const auto& item : run.plain->named_parameters()) {
     ASSERT_TRUE(pb[item.key()].grad().defined()) << item.key();
     EXPECT_TRUE(torch::allclose(item.value().grad(), pb[item.key()].grad(), 1e-6, 1e-7)) << item.key();
   }
