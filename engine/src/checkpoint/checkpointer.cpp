@@ -434,13 +434,14 @@ void Checkpointer::Impl::restore_rng(const json& manifest, const std::string& di
       layout.at("pp") != (d ? d->pp->size() : 1))
     return;
   const SafetensorsReader own((fs::path(dir) / rank_file_name(rank)).string());
+  // Every generator state the rank saved (rng|<device>); restore_generators takes those
+  // this device has.
   std::vector<GeneratorState> states;
-  for (const std::string device : {"cpu", "cuda"}) {
-    const auto* e = own.find("rng|" + device);
-    if (!e) continue;
-    auto bytes = torch::empty({static_cast<int64_t>(e->end - e->begin)}, torch::kUInt8);
-    std::memcpy(bytes.data_ptr(), own.data(*e), e->end - e->begin);
-    states.push_back({device, bytes});
+  for (const auto& e : own.entries()) {
+    if (e.name.rfind("rng|", 0) != 0) continue;
+    auto bytes = torch::empty({static_cast<int64_t>(e.end - e.begin)}, torch::kUInt8);
+    std::memcpy(bytes.data_ptr(), own.data(e), e.end - e.begin);
+    states.push_back({e.name.substr(4), bytes});
   }
   restore_generators(states, model_device(parts));
 }

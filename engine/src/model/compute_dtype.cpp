@@ -53,11 +53,7 @@ at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& 
   return fn();
 }
 
-at::Tensor in_compute_dtype(const at::Tensor& x) {
-  const auto device = x.device().type();
-  if (!at::autocast::is_autocast_enabled(device)) return x;
-  return x.to(at::autocast::get_autocast_dtype(device));
-}
+at::Tensor in_compute_dtype(const at::Tensor& x) { return x.to(compute_dtype_for(x)); }
 
 at::Tensor weight_in_compute_dtype(const at::Tensor& weight) {
   const auto device = weight.device().type();

@@ -43,8 +43,8 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
 }
 
 // x W^T + b (fused_ops.h: projection). LibTorch's Linear module multiplies by weight.t(),
-// a view, which bf16 autocast casts afresh at every use; at::linear casts the weight
-// itself, once per step (see WeightCastScope).
+// a view, which bf16 autocast casts afresh at every use; projection casts the weight
+// itself (once per step under a WeightCastScope).
 torch::Tensor project(const torch::nn::Linear& l, const torch::Tensor& x) { return projection(x, l->weight, l->bias); }
 
 // Into a column-parallel layer: the whole sequence on every rank.

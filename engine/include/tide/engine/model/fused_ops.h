@@ -17,7 +17,8 @@ bool fused_kernels_take(const at::Tensor& x);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // SwiGLU's product silu(gate) * up. Keeps gate and up (the unfused ops keep silu(gate)
-// too).
+// too). The MLP takes swiglu_down, which also projects; this is the product alone, the
+// form the CUDA kernel is checked in.
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
 // silu(gate) * up projected by weight [out, F] (no bias): the MLP's down projection.
