@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "cuda_skip.h"
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/linear_cross_entropy.h"
 
@@ -76,6 +77,36 @@ TEST(Cuda, RmsNormKernelEqualsLibTorchsOps) {
     // dw sums 3000 rows in fp32 on both sides, in other orders.
     const auto dw_terms = (up.to(torch::kFloat64) * x.to(torch::kFloat64) * r).abs().sum(0);
     expect_within(gpu.grads[1], cpu.grads[1], dw_terms, (3000 + 4) * kUnitFp32 + sums, "dw");
+  }
+}
+
+TEST(Cuda, NormedProjectionsAreTheKernelNormThenItsProjections) {
+  SKIP_WITHOUT_CUDA();
+  // The node remakes the norm's output in backward with the same kernel and multiplies by
+  // the same cuBLAS products as rms_norm then projection: the same bits, in fp32 and from a
+  // bf16 residual stream under bf16 compute.
+  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    torch::manual_seed(14);
+    const auto x = (torch::randn({4, 64, 256}) * 2).to(dtype), w = torch::randn({256});
+    const auto q = torch::randn({256, 256}) / 16, k = torch::randn({128, 256}) / 16;
+    const auto up = torch::randn({4, 64, 384}).to(dtype);
+    const auto compute = dtype == torch::kFloat32 ? DType::Float32 : DType::BFloat16;
+    auto node = [&](std::vector<torch::Tensor>& in) {
+      return with_compute_dtype(compute, [&] {
+        return torch::cat(normed_projections(in[0], {in[1], {}, 1e-5, false}, {{in[2], {}}, {in[3], {}}}), -1);
+      });
+    };
+    auto apart = [&](std::vector<torch::Tensor>& in) {
+      return with_compute_dtype(compute, [&] {
+        const auto y = rms_norm(in[0], in[1], 1e-5);
+        return torch::cat({projection(y, in[2], {}), projection(y, in[3], {})}, -1);
+      });
+    };
+    const auto fused = run_on(kCuda, node, {x, w, q, k}, up);
+    const auto unfused = run_on(kCuda, apart, {x, w, q, k}, up);
+    EXPECT_TRUE(torch::equal(fused.out, unfused.out)) << dtype;
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_TRUE(torch::equal(fused.grads[i], unfused.grads[i])) << dtype << " input " << i;
   }
 }
 

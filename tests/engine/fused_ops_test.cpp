@@ -56,6 +56,20 @@ TEST(FusedOps, RmsNormKeepsItsStatisticsInFp32ForBf16Input) {
   EXPECT_TRUE((y.to(torch::kFloat64) - exact).abs().le(exact.abs() / 256 + 1e-30).all().item<bool>());
 }
 
+TEST(FusedOps, LayerNormIsLibTorchsInFp32) {
+  torch::manual_seed(11);
+  const auto x = torch::randn({3, 5, 16}) * 2, w = torch::randn({16}), b = torch::randn({16});
+  const auto up = torch::randn({3, 5, 16});
+  const auto tide = run([](auto& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b}, up);
+  const auto libtorch = run([](auto& in) { return torch::layer_norm(in[0], {16}, in[1], in[2], 1e-5); }, {x, w, b}, up);
+  EXPECT_TRUE(torch::equal(tide.out, libtorch.out));
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(tide.inputs[i], libtorch.inputs[i])) << i;
+  // A bf16 input is normalised in fp32 and the result rounded once.
+  const auto xb = x.to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(layer_norm(xb, w, b, 1e-5),
+                           torch::layer_norm(xb.to(torch::kFloat32), {16}, w, b, 1e-5).to(torch::kBFloat16)));
+}
+
 TEST(FusedOps, SwigluBackwardIsAutogradsThroughSiluTimesUp) {
   torch::manual_seed(3);
   const auto g = torch::randn({6, 40}, torch::kFloat64) * 3, u = torch::randn({6, 40}, torch::kFloat64);
@@ -169,6 +183,145 @@ TEST(FusedOps, RotaryBackwardRotatesTheGradientBack) {
     return v.narrow(-1, 0, hd / 2).pow(2) + v.narrow(-1, hd / 2, hd / 2).pow(2);
   };
   EXPECT_TRUE(torch::allclose(pair_norm(fused.out), pair_norm(x), 1e-12, 1e-12));
+}
+
+// A norm and its projections: inputs x, the norm's weight (and a LayerNorm's bias), then
+// each projection's weight (and bias), all projections' outputs side by side.
+struct NormCase {
+  bool layer_norm = false, biased = false;  // biased: the projections have biases
+  int projections = 1;
+  double eps = 1e-5;
+};
+
+std::vector<torch::Tensor> norm_case_inputs(const NormCase& c, torch::Dtype x_dtype) {
+  const int64_t d = 16;
+  std::vector<torch::Tensor> in{torch::randn({2, 5, d}).mul_(3).to(x_dtype), torch::randn({d}).add_(1)};
+  if (c.layer_norm) in.push_back(torch::randn({d}));
+  for (int k = 0; k < c.projections; ++k) {
+    in.push_back(torch::randn({8 + 4 * k, d}));
+    if (c.biased) in.push_back(torch::randn({8 + 4 * k}));
+  }
+  return in;
+}
+
+std::vector<ProjectionWeights> projections_of(const std::vector<torch::Tensor>& in, const NormCase& c) {
+  size_t i = c.layer_norm ? 3 : 2;
+  std::vector<ProjectionWeights> ps;
+  for (int k = 0; k < c.projections; ++k) {
+    ProjectionWeights p{in[i++], {}};
+    if (c.biased) p.bias = in[i++];
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+torch::Tensor normed_case(const std::vector<torch::Tensor>& in, const NormCase& c,
+                          std::function<void(at::Tensor&)> reduce = {}) {
+  const NormWeights norm{in[1], c.layer_norm ? in[2] : torch::Tensor(), c.eps, c.layer_norm};
+  return torch::cat(normed_projections(in[0], norm, projections_of(in, c), std::move(reduce)), -1);
+}
+
+// As the model ran them before the node: the norm on its own, then each projection.
+torch::Tensor norm_then_projections(const std::vector<torch::Tensor>& in, const NormCase& c) {
+  const auto& x = in[0];
+  const auto y = c.layer_norm ? layer_norm(x, in[1], in[2], c.eps) : rms_norm(x, in[1], c.eps);
+  std::vector<torch::Tensor> out;
+  for (const auto& p : projections_of(in, c)) out.push_back(projection(y, p.weight, p.bias));
+  return torch::cat(out, -1);
+}
+
+const std::vector<NormCase> kNormCases{
+    {false, false, 3}, {false, true, 3}, {false, false, 2}, {true, true, 1}, {true, true, 2}};
+
+int64_t projected_width(const NormCase& c) { return 8 * c.projections + 4 * c.projections * (c.projections - 1) / 2; }
+
+TEST(FusedOps, NormedProjectionsAreTheNormThenEachProjection) {
+  torch::manual_seed(8);
+  for (const auto& c : kNormCases) {
+    const auto where = ::testing::Message()
+                       << "layer_norm " << c.layer_norm << " biased " << c.biased << " x" << c.projections;
+    const auto up = torch::randn({2, 5, projected_width(c)});
+    // fp64: autograd through the formulas.
+    auto in64 = norm_case_inputs(c, torch::kFloat64);
+    for (auto& t : in64) t = t.to(torch::kFloat64);
+    const auto formula = [&](auto& in) {
+      const auto& x = in[0];
+      const auto normed = c.layer_norm ? (x - x.mean(-1, true)) *
+                                             torch::rsqrt(x.var({-1}, /*unbiased=*/false, /*keepdim=*/true) + c.eps)
+                                       : x * torch::rsqrt(x.pow(2).mean(-1, true) + c.eps);
+      auto y = normed * in[1];
+      if (c.layer_norm) y = y + in[2];
+      std::vector<torch::Tensor> out;
+      for (const auto& p : projections_of(in, c)) out.push_back(torch::linear(y, p.weight, p.bias));
+      return torch::cat(out, -1);
+    };
+    expect_same(run([&](auto& in) { return normed_case(in, c); }, in64, up.to(torch::kFloat64)),
+                run(formula, in64, up.to(torch::kFloat64)));
+    // fp32, bf16 compute from a bf16 residual stream, and bf16 with the step's weight
+    // copies kept: the bits of the ops it replaces.
+    for (const int mode : {0, 1, 2}) {
+      const auto in = norm_case_inputs(c, mode == 0 ? torch::kFloat32 : torch::kBFloat16);
+      const auto under = [&](auto f) {
+        return run(
+            [&](auto& ins) {
+              if (mode == 0) return f(ins);
+              const WeightCastScope step(mode == 2);
+              return with_compute_dtype(DType::BFloat16, [&] { return f(ins); });
+            },
+            in, mode == 0 ? up : up.to(torch::kBFloat16));
+      };
+      const auto node = under([&](auto& ins) { return normed_case(ins, c); });
+      const auto plain = under([&](auto& ins) { return norm_then_projections(ins, c); });
+      EXPECT_TRUE(torch::equal(node.out, plain.out)) << where << " mode " << mode;
+      for (size_t i = 0; i < in.size(); ++i) {
+        EXPECT_EQ(node.inputs[i].scalar_type(), plain.inputs[i].scalar_type()) << where << " input " << i;
+        EXPECT_TRUE(torch::equal(node.inputs[i], plain.inputs[i])) << where << " mode " << mode << " input " << i;
+      }
+    }
+  }
+}
+
+TEST(FusedOps, NormedProjectionsReduceTheOutputsGradientBeforeTheNorm) {
+  torch::manual_seed(9);
+  // A reduction that doubles, as two ranks that projected alike would sum: the gradients
+  // of x and the norm's parameters double (exactly: the norm's backward is linear in its
+  // upstream gradient), the projections' do not.
+  for (const auto& c : kNormCases) {
+    const auto in = norm_case_inputs(c, torch::kFloat32);
+    const auto up = torch::randn({2, 5, projected_width(c)});
+    const auto plain = run([&](auto& ins) { return normed_case(ins, c); }, in, up);
+    const auto reduced = run([&](auto& ins) { return normed_case(ins, c, [](at::Tensor& g) { g.mul_(2); }); }, in, up);
+    const size_t norm_inputs = c.layer_norm ? 3 : 2;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const auto want = i < norm_inputs ? plain.inputs[i] * 2 : plain.inputs[i];
+      EXPECT_TRUE(torch::equal(reduced.inputs[i], want)) << c.layer_norm << " input " << i;
+    }
+  }
+}
+
+TEST(FusedOps, NormedProjectionsKeepTheResidualStreamNotTheNormsOutput) {
+  count_host_tensor_memory();
+  torch::manual_seed(10);
+  const int64_t n = 128, d = 256;
+  const auto x = torch::randn({n, d}, torch::kBFloat16).requires_grad_();
+  const auto w = torch::ones({d}).requires_grad_();
+  const auto q = torch::randn({d, d}).requires_grad_(), k = torch::randn({64, d}).requires_grad_();
+  // What a bf16 forward leaves alive beyond its outputs: what its graph keeps for backward.
+  const auto kept = [&](auto fn) {
+    const int64_t before = host_tensor_bytes();
+    const auto out = with_compute_dtype(DType::BFloat16, fn);
+    return host_tensor_bytes() - before - (n * d + n * 64) * 2;
+  };
+  const auto node = kept([&] {
+    return torch::cat(normed_projections(x, {w, {}, 1e-6, false}, {{q, {}}, {k, {}}}), -1);
+  });
+  EXPECT_EQ(node, 0);  // x and the parameters exist already
+  const auto plain = kept([&] {
+    const auto y = rms_norm(x, w, 1e-6);
+    return torch::cat({projection(y, q, {}), projection(y, k, {})}, -1);
+  });
+  // The norm's fp32 copy of x and its statistic, and its output, which the projections keep.
+  EXPECT_EQ(plain - node, n * d * 4 + n * 4 + n * d * 2);
 }
 
 TEST(FusedOps, TheCpuTakesLibTorchsOps) {

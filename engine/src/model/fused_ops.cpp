@@ -2,14 +2,10 @@
 
 #include <torch/torch.h>
 
-#include "cuda_kernels_config.h"
 #include "tide/engine/model/compute_dtype.h"
 
-#ifdef TIDE_CUDA_KERNELS
-#include <ATen/cuda/CUDAContext.h>
-
-#include "fused_kernels.h"
-#endif
+#include "cuda_kernel_args.h"
+#include "norms.h"
 
 namespace tide {
 namespace {
@@ -17,67 +13,50 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-#ifdef TIDE_CUDA_KERNELS
-kernels::Element element_of(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return kernels::Element::F32;
-    case at::kBFloat16: return kernels::Element::BF16;
-    case at::kHalf: return kernels::Element::F16;
-    default: TORCH_CHECK(false, "tide's CUDA kernels take fp32, bf16 or fp16, not ", t.scalar_type());
-  }
-}
-cudaStream_t stream_of(const at::Tensor& t) { return at::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
-#endif
-
 // --- RMSNorm --------------------------------------------------------------------------
 // y = x r w with r = 1 / sqrt(mean(x^2) + eps) per row. Backward: dw = sum_rows(g x r);
 // dx = r (g w - x r^2 mean(g w x)).
 struct RmsNormFn : torch::autograd::Function<RmsNormFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, double eps) {
-    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(w.scalar_type());
-#ifdef TIDE_CUDA_KERNELS
-    if (fused_kernels_take(x)) {
-      const auto xc = x.contiguous();
-      const auto wf = w.to(at::kFloat).contiguous();
-      const int64_t cols = x.size(-1), rows = xc.numel() / cols;
-      auto y = at::empty_like(xc);
-      auto r = at::empty({rows}, x.options().dtype(at::kFloat));
-      kernels::rms_norm_forward(xc.data_ptr(), wf.const_data_ptr<float>(), y.data_ptr(), r.data_ptr<float>(), rows,
-                                cols, static_cast<float>(eps), element_of(xc), stream_of(xc));
-      ctx->save_for_backward({xc, wf, r});
-      return y;
-    }
-#endif
-    // Statistics in fp32 (fp64 for fp64 x): x is kept in that dtype.
-    const auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
-    const auto wf = w.to(xf.scalar_type());
-    const auto r = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true).add_(eps));
-    ctx->save_for_backward({xf, wf, r});
-    return (xf * r).mul_(wf).to(x.scalar_type());
+    auto [y, state] = rms_norm_forward(x, w, eps);
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(state.weight_dtype);
+    ctx->save_for_backward({state.x, state.weight, state.rstd});
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &w = saved[1], &r = saved[2];
-    const auto w_dtype = static_cast<c10::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
-#ifdef TIDE_CUDA_KERNELS
-    if (fused_kernels_take(x)) {  // what forward kept decides: the kernel keeps x as given
-      const auto g = grads[0].to(x.scalar_type()).contiguous();
-      const int64_t cols = x.size(-1), rows = x.numel() / cols;
-      auto dx = at::empty_like(x);
-      auto partial = at::empty({kernels::rms_norm_partials(rows), cols}, x.options().dtype(at::kFloat));
-      kernels::rms_norm_backward(g.data_ptr(), x.data_ptr(), w.const_data_ptr<float>(), r.const_data_ptr<float>(),
-                                 dx.data_ptr(), partial.data_ptr<float>(), rows, cols, element_of(x), stream_of(x));
-      return {dx, partial.sum(0).to(w_dtype), at::Tensor()};
-    }
-#endif
-    const auto g = grads[0].to(x.scalar_type());
-    const auto xr = x * r;
-    const auto dw = (g * xr).reshape({-1, x.size(-1)}).sum(0);
-    const auto gw = g * w;
-    const auto dot = (gw * xr).mean(-1, /*keepdim=*/true);
-    const auto dx = (gw - xr * dot).mul_(r);
-    return {dx, dw.to(w_dtype), at::Tensor()};
+    NormState state;
+    state.x = saved[0];
+    state.weight = saved[1];
+    state.rstd = saved[2];
+    state.weight_dtype = static_cast<c10::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+    const auto d = norm_backward(grads[0], state);
+    return {d.x, d.weight, at::Tensor()};
+  }
+};
+
+// --- LayerNorm ------------------------------------------------------------------------
+// LibTorch's native_layer_norm and its backward in fp32 (fp64 for fp64 x), keeping the
+// fp32 input: autocast's policy on CUDA, and on the host too, where autocast would run
+// the mixed-dtype kernel; one formula on every device, shared with normed_projections.
+struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                            double eps) {
+    auto [y, state] = layer_norm_forward(x, w, b, eps);
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(state.weight_dtype);
+    ctx->saved_data["bias_dtype"] = static_cast<int64_t>(state.bias_dtype);
+    ctx->save_for_backward({state.x, state.weight, state.bias, state.mean, state.rstd});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    NormState state{saved[0], saved[1], saved[2], saved[3], saved[4]};
+    state.weight_dtype = static_cast<c10::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+    state.bias_dtype = static_cast<c10::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
+    const auto d = norm_backward(grads[0], state);
+    return {d.x, d.weight, d.bias, at::Tensor()};
   }
 };
 
@@ -267,6 +246,11 @@ bool fused_kernels_take(const at::Tensor& x) {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return RmsNormFn::apply(x, weight, eps);
+}
+
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  TORCH_CHECK(bias.defined(), "layer_norm: a bias is required (zeros for none)");
+  return LayerNormFn::apply(x, weight, bias, eps);
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }

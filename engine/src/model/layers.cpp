@@ -1,6 +1,8 @@
 // Norm, attention, MLP and block of the decoder. See transformer.h for the shape legend.
 #include <cmath>
+#include <functional>
 #include <optional>
+#include <vector>
 
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/functional/activation.h>
@@ -16,7 +18,7 @@ namespace tide {
 namespace F = torch::nn::functional;
 
 NormImpl::NormImpl(NormKind kind, int64_t dim, double eps, std::shared_ptr<TensorParallelGroup> sequence_parallel)
-    : kind_(kind), dim_(dim), eps_(eps), sequence_parallel_(std::move(sequence_parallel)) {
+    : kind_(kind), eps_(eps), sequence_parallel_(std::move(sequence_parallel)) {
   weight = register_parameter("weight", torch::ones({dim}));
   if (kind == NormKind::LayerNorm) bias = register_parameter("bias", torch::zeros({dim}));
 }
@@ -32,7 +34,7 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   const auto w = sequence_parallel_ ? sequence_parallel_->copy_to(weight) : weight;
   if (kind_ == NormKind::LayerNorm) {
     const auto b = sequence_parallel_ && bias.defined() ? sequence_parallel_->copy_to(bias) : bias;
-    return torch::layer_norm(x, {dim_}, w, b, eps_).to(x.scalar_type());  // autocast computes it in fp32
+    return layer_norm(x, w, b, eps_);
   }
   return rms_norm(x, w, eps_);
 }
@@ -42,16 +44,36 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
-// x W^T + b (fused_ops.h: projection). LibTorch's Linear module multiplies by weight.t(),
-// a view, which bf16 autocast casts afresh at every use; projection casts the weight
-// itself (once per step under a WeightCastScope).
-torch::Tensor project(const torch::nn::Linear& l, const torch::Tensor& x) { return projection(x, l->weight, l->bias); }
-
 // Into a column-parallel layer: the whole sequence on every rank.
 torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallel& tp) {
   if (!tp.group) return x;
   return tp.sequence_parallel ? tp.group->gather_sequence(x) : tp.group->copy_to(x);
 }
+
+// The input's projections by each of `ps` (column-parallel under tensor parallelism). A
+// normed input goes through one normed_projections node, which keeps the residual stream
+// rather than the norm's output; with sequence parallelism an all-gather lies between
+// the norm and the projections, and the norm runs on its own.
+std::vector<torch::Tensor> project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps,
+                                         const TensorParallel& tp) {
+  if (in.norm && !in.norm->splits_sequence()) {
+    const NormWeights norm{in.norm->weight, in.norm->bias, in.norm->eps(), in.norm->kind() == NormKind::LayerNorm};
+    std::function<void(at::Tensor&)> reduce;  // Megatron's f (copy_to's backward), inside the node
+    if (tp.group)
+      reduce = [group = tp.group](at::Tensor& g) { group->all_reduce_sum(g, "tensor-parallel input gradient"); };
+    return normed_projections(in.x, norm, ps, std::move(reduce));
+  }
+  const auto x = enter_tp(in.norm ? in.norm->forward(in.x) : in.x, tp);
+  std::vector<torch::Tensor> out;
+  out.reserve(ps.size());
+  for (const auto& p : ps) out.push_back(projection(x, p.weight, p.bias));
+  return out;
+}
+
+// A Linear module's parameters, for projection and normed_projections (fused_ops.h):
+// LibTorch's Linear multiplies by weight.t(), a view, which bf16 autocast casts afresh at
+// every use; those cast the weight itself (once per step under a WeightCastScope).
+ProjectionWeights weights_of(const torch::nn::Linear& l) { return {l->weight, l->bias}; }
 
 // Out of a row-parallel layer, whose product on this rank is y: the partial sums added
 // over ranks (and with sequence parallelism each rank keeps its part of the sequence),
@@ -96,35 +118,33 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp) :
   }
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Tensor& bias, const torch::Tensor& cos,
+torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& bias, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
-  const auto x = enter_tp(x_in, tp_);
-  const int64_t b = x.size(0), t = x.size(1), h = heads_, hd = head_dim(cfg_);
+  const int64_t h = heads_, hd = head_dim(cfg_);
   const int64_t k_heads = kv_heads_;
   torch::Tensor q, k, v;
   if (qkv) {
     // BLOOM's fused layout: output features are ordered [H, 3, Hd].
-    const auto fused = project(qkv, x).view({b, t, h, 3, hd});
+    const auto projected = project_input(x, {weights_of(qkv)}, tp_)[0];
+    const auto fused = projected.view({projected.size(0), projected.size(1), h, 3, hd});
     q = fused.select(3, 0).transpose(1, 2);  // [B, H, T, Hd]
     k = fused.select(3, 1).transpose(1, 2);
     v = fused.select(3, 2).transpose(1, 2);
   } else {
-    q = project(q_proj, x).view({b, t, h, hd}).transpose(1, 2);  // [B, H, T, Hd]
+    std::vector<ProjectionWeights> ps{weights_of(q_proj), weights_of(k_proj), weights_of(v_proj)};
     if (kv_first_ >= 0) {
       // Every rank holds the key/value projections whole and uses one head's rows; the
       // gradients of the rows are summed over the ranks that used them.
-      auto one_head = [&](const torch::nn::Linear& proj) {
-        const auto w = tp_.group->copy_to(proj->weight).narrow(0, kv_first_ * hd, hd);
-        const auto bias_rows =
-            proj->bias.defined() ? tp_.group->copy_to(proj->bias).narrow(0, kv_first_ * hd, hd) : torch::Tensor();
-        return projection(x, w, bias_rows).view({b, t, 1, hd}).transpose(1, 2);
-      };
-      k = one_head(k_proj);
-      v = one_head(v_proj);
-    } else {
-      k = project(k_proj, x).view({b, t, k_heads, hd}).transpose(1, 2);  // [B, K, T, Hd]
-      v = project(v_proj, x).view({b, t, k_heads, hd}).transpose(1, 2);
+      for (size_t i = 1; i < 3; ++i) {
+        ps[i].weight = tp_.group->copy_to(ps[i].weight).narrow(0, kv_first_ * hd, hd);
+        if (ps[i].bias.defined()) ps[i].bias = tp_.group->copy_to(ps[i].bias).narrow(0, kv_first_ * hd, hd);
+      }
     }
+    const auto projected = project_input(x, ps, tp_);
+    const int64_t b = projected[0].size(0), t = projected[0].size(1);
+    q = projected[0].view({b, t, h, hd}).transpose(1, 2);        // [B, H, T, Hd]
+    k = projected[1].view({b, t, k_heads, hd}).transpose(1, 2);  // [B, K, T, Hd]
+    v = projected[2].view({b, t, k_heads, hd}).transpose(1, 2);
   }
   if (cos.defined()) {
     q = rotary(q, cos, sin);
@@ -141,7 +161,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x_in, const torch::Ten
   const auto ctx = at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/!bias.defined(),
                                                     /*scale=*/std::nullopt, /*enable_gqa=*/k_heads != h)
                        .transpose(1, 2)
-                       .reshape({b, t, h * hd});
+                       .reshape({q.size(0), q.size(2), h * hd});
   return leave_tp(ctx, out->weight, out->bias, tp_);  // [B, T, D]
 }
 
@@ -153,15 +173,16 @@ MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.m
   down = register_module(bloom_names ? "dense_4h_to_h" : "down_proj", linear(f, d, cfg.mlp_bias));
 }
 
-torch::Tensor MlpImpl::forward(const torch::Tensor& x_in) {
-  const auto x = enter_tp(x_in, tp_);
+torch::Tensor MlpImpl::forward(const LayerInput& x) {
   if (kind_ == MlpKind::SwiGLU) {
     // The down projection recomputes silu(gate) * up in backward: the widest tensor of a
     // block is not kept.
-    const auto y = swiglu_down(project(gate, x), project(up, x), weight_for_node(down->weight));
+    const auto gate_up = project_input(x, {weights_of(gate), weights_of(up)}, tp_);
+    const auto y = swiglu_down(gate_up[0], gate_up[1], weight_for_node(down->weight));
     return reduce_row_parallel(y, down->bias, tp_);
   }
-  return leave_tp(torch::gelu(project(up, x), "tanh"), down->weight, down->bias, tp_);
+  const auto hidden = project_input(x, {weights_of(up)}, tp_)[0];
+  return leave_tp(torch::gelu(hidden, "tanh"), down->weight, down->bias, tp_);
 }
 
 BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {
@@ -174,10 +195,10 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
                                  const torch::Tensor& sin) {
-  auto a = attention(input_norm(x), bias, cos, sin);
+  auto a = attention(LayerInput(x, *input_norm), bias, cos, sin);
   if (dropout_ > 0 && is_training()) a = F::dropout(a, F::DropoutFuncOptions().p(dropout_));
   auto h = x + a;
-  auto m = mlp(post_attention_norm(h));
+  auto m = mlp(LayerInput(h, *post_attention_norm));
   if (dropout_ > 0 && is_training()) m = F::dropout(m, F::DropoutFuncOptions().p(dropout_));
   return h + m;
 }

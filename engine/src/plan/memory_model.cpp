@@ -29,7 +29,8 @@ namespace {
 struct Shape {
   double B, T, Tn, N, Nn, s;
   bool fused_attention = true;
-  bool gpu_kernels = false;  // tide's CUDA kernels run (a GPU, not the host)
+  bool gpu_kernels = false;            // tide's CUDA kernels run (a GPU, not the host)
+  bool norms_with_projections = true;  // normed_projections: no sequence parallelism
 };
 
 // A materialised attention's T x T tensors of one block and micro-batch: the softmax's
@@ -46,15 +47,20 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double D = static_cast<double>(r.dim), hd = static_cast<double>(r.head_dim);
   const double H = static_cast<double>(r.heads), K = static_cast<double>(r.kv_heads);
   const double F = static_cast<double>(r.ffn);
-  // Each norm keeps its input and per row the inverse RMS or (LayerNorm) the mean and
-  // inverse deviation. RMSNorm's input is kept in fp32 (fused_ops.cpp), but tide's CUDA
-  // kernel keeps it in the compute dtype.
-  const bool compute_dtype_input = x.gpu_kernels && m.norm == NormKind::RMSNorm;
-  const double norm = x.Nn * D * (compute_dtype_input ? x.s : 4) + x.Nn * 4 * (m.norm == NormKind::LayerNorm ? 2 : 1);
-  double bytes = 2 * norm;
-  // The attention and MLP inputs, the whole sequence (gathered under sequence
-  // parallelism), kept by the projections that read them.
-  bytes += 2 * x.N * D * x.s;
+  double bytes;
+  if (x.norms_with_projections) {
+    // A norm and the projections after it are one node (normed_projections), which keeps
+    // the residual stream as it is and makes the norm's output again in backward.
+    bytes = 2 * x.Nn * D * x.s;
+  } else {
+    // With sequence parallelism the norm runs alone, an all-gather before the projections.
+    // It keeps its input and per row the inverse RMS or (LayerNorm) the mean and inverse
+    // deviation: the input in fp32 (fused_ops.cpp), but tide's CUDA RMSNorm kernel keeps it
+    // in the compute dtype. The projections keep its output, the whole sequence.
+    const bool compute_dtype_input = x.gpu_kernels && m.norm == NormKind::RMSNorm;
+    const double norm = x.Nn * D * (compute_dtype_input ? x.s : 4) + x.Nn * 4 * (m.norm == NormKind::LayerNorm ? 2 : 1);
+    bytes = 2 * norm + 2 * x.N * D * x.s;
+  }
   if (m.family == Family::BLOOM) {
     bytes += x.N * 3 * H * hd * x.s;  // the fused q, k, v output, kept whole by their views
   } else {
@@ -73,18 +79,32 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   return bytes;
 }
 
-// The most backward of one block holds beyond the saved tensors: the incoming gradient,
-// the MLP's gradients at their widest (three of width F for SwiGLU while the down
-// projection's node runs: the product's gradient and the gate's and up's, the product
-// recomputed and gone by then; one for GELU) and one weight gradient before it is added
-// into the flat buffer. (Measured with the counting allocator: 13.2 MiB for B 8, T 256,
-// D 256, F 704, when SwiGLU kept its product and two were counted.)
+// The most backward of one block holds beyond the saved tensors, the incoming gradient
+// and one weight gradient before it is added into the flat buffer at every moment:
+//   - the MLP's gradients at their widest: three of width F for SwiGLU while the down
+//     projection's node runs (the product's gradient and the gate's and up's, the product
+//     recomputed and gone by then), one for GELU;
+//   - a materialised attention's probabilities' and scores' gradients;
+//   - a normed_projections node (fused_ops.h): its outputs' gradients (the MLP's gate
+//     and up, or q, k and v), the norm's output made again, the sum of the gradients
+//     that reach it and the one being added, and the norm's fp32 copy of its input where
+//     the statistics are not tide's CUDA kernel's.
+// (Measured with the counting allocator: 13.2 MiB for B 8, T 256, D 256, F 704, when
+// SwiGLU kept its product and two were counted.)
 double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
-  // A materialised attention's backward holds the probabilities' and the scores' gradients.
+  const double incoming = x.Nn * D * x.s;
   const double scores = x.fused_attention ? 0.0 : 2 * x.B * static_cast<double>(r.heads) * x.T * x.T * x.s;
-  return std::max(x.Nn * D * x.s + (m.mlp == MlpKind::SwiGLU ? 3 : 1) * x.N * F * x.s + D * F * 4,
-                  x.Nn * D * x.s + scores);
+  double extra = std::max(incoming + (m.mlp == MlpKind::SwiGLU ? 3 : 1) * x.N * F * x.s + D * F * 4, incoming + scores);
+  if (x.norms_with_projections) {
+    const double qkv = static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim);
+    const double mlp_in = (m.mlp == MlpKind::SwiGLU ? 2 : 1) * F;
+    const bool fp32_copy = x.s < 4 && (!x.gpu_kernels || m.norm == NormKind::LayerNorm);
+    const double node = 3 * x.N * D * x.s + (fp32_copy ? x.Nn * D * 4 : 0);
+    extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,
+                      incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4});
+  }
+  return extra;
 }
 
 struct Head {
@@ -178,16 +198,18 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   x.s = bf16 ? 2.0 : 4.0;
   x.fused_attention = device.fused_attention;
   x.gpu_kernels = !device.host;
+  x.norms_with_projections = !L.sequence_parallel;
   const double D = static_cast<double>(r.dim);
 
   const double one_block = block_saved(mc, r, x);
   out.per_block.assign(static_cast<size_t>(r.blocks), one_block);
   const double blocks = static_cast<double>(r.blocks);
   // One micro-batch's saved tensors: every block's (or, recomputed, each block's input),
-  // the received activations (kept in the wire dtype beside the norm's fp32 copy under
-  // bf16) and the stage's output held for the backward of a later op.
+  // the received activations (kept in the wire dtype, beside the norm's fp32 copy under
+  // bf16 where the norm runs alone) and the stage's output held for the backward of a
+  // later op.
   double per_micro_batch = recompute ? blocks * x.Nn * D * x.s : blocks * one_block;
-  if (!r.first && bf16) per_micro_batch += x.Nn * D * 2;
+  if (!r.first && bf16 && !x.norms_with_projections) per_micro_batch += x.Nn * D * 2;
   if (!r.last) per_micro_batch += x.Nn * D * x.s;
   if (r.first) per_micro_batch += x.N * 8 * (L.tp > 1 ? 2 : 1);  // token ids kept by the lookup
   Head h;

@@ -4,6 +4,9 @@
 // compute the same formulas.
 #pragma once
 
+#include <functional>
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 
 namespace tide {
@@ -15,6 +18,11 @@ bool fused_kernels_take(const at::Tensor& x);
 // RMSNorm over the last dimension: x * rsqrt(mean(x^2) + eps) * weight, the statistics in
 // fp32 (fp64 for fp64 x), the result in x's dtype. Keeps x and the per-row statistic.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// LayerNorm over the last dimension, in fp32 (fp64 for fp64 x) as autocast runs it on
+// CUDA, the result in x's dtype. Keeps x in fp32 and the per-row mean and inverse
+// deviation.
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps);
 
 // SwiGLU's product silu(gate) * up. Keeps gate and up (the unfused ops keep silu(gate)
 // too). The MLP takes swiglu_down, which also projects; this is the product alone, the
@@ -30,6 +38,31 @@ at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::T
 // weights' copies for the step, the copy of the weight in the compute dtype is made again
 // in backward instead of being kept from the forward (weight_for_node).
 at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+
+// A norm over the last dimension: RMSNorm (no bias), or LayerNorm (with one).
+struct NormWeights {
+  at::Tensor weight, bias;
+  double eps = 1e-5;
+  bool layer_norm = false;
+};
+
+// A projection x W^T + b (bias may be undefined).
+struct ProjectionWeights {
+  at::Tensor weight, bias;
+};
+
+// A norm of x and the projections that read its output (attention's q, k and v; the
+// MLP's gate and up): what rms_norm or layer_norm, then projection of the output, give,
+// the same bits, except that the norm's output is not
+// kept for backward. Backward makes it again from x (one elementwise pass), as
+// torch.compile's partitioner recomputes it: the node keeps x as given and the weights
+// (weight_for_node), not the output the projections would each keep, nor the fp32 copy of
+// a bf16 x the norm alone keeps on the host. `reduce`, where given, sums the gradient of
+// the norm's output over the ranks whose projections read it (Megatron's f before
+// column-parallel layers) before the norm's backward.
+std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeights& norm,
+                                           const std::vector<ProjectionWeights>& projections,
+                                           std::function<void(at::Tensor&)> reduce = {});
 
 // Rotary position embedding with Hugging Face's convention (halves of the head
 // dimension): x * cos + rotate_half(x) * sin, for x [B, H, T, Hd] and cos, sin [T, Hd].

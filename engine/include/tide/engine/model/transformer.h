@@ -31,15 +31,30 @@ class NormImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   void reset_parameters();
 
+  NormKind kind() const { return kind_; }
+  double eps() const { return eps_; }
+  // Each rank normalises its part of the sequence (sequence parallelism).
+  bool splits_sequence() const { return sequence_parallel_ != nullptr; }
+
   torch::Tensor weight, bias;
 
  private:
   NormKind kind_;
-  int64_t dim_;
   double eps_;
   std::shared_ptr<TensorParallelGroup> sequence_parallel_;
 };
 TORCH_MODULE(Norm);
+
+// What attention or the MLP reads: a tensor as it is, or the residual stream and the norm
+// before the layer, which the layer's projections apply themselves so that the norm's
+// output is not kept for backward (fused_ops.h: normed_projections).
+struct LayerInput {
+  LayerInput(const torch::Tensor& x) : x(x) {}  // implicit: a tensor is read as it is
+  LayerInput(const torch::Tensor& residual, NormImpl& norm) : x(residual), norm(&norm) {}
+
+  torch::Tensor x;
+  NormImpl* norm = nullptr;
+};
 
 // Causal self-attention, multi-head or grouped-query; RoPE or ALiBi or neither. Under
 // tensor parallelism each rank holds H / tp query heads (column-parallel projections;
@@ -51,7 +66,7 @@ class AttentionImpl : public torch::nn::Module {
   // x [B, T, D] (with sequence parallelism [B, T / tp, D]); bias undefined (causal) or
   // [1, H / tp, T, T] causal mask + ALiBi of this rank's heads; cos/sin [T, Hd] when
   // RoPE is used, else undefined. Returns the same shape as x.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
+  torch::Tensor forward(const LayerInput& x, const torch::Tensor& bias, const torch::Tensor& cos,
                         const torch::Tensor& sin);
 
   // Separate projections (LLaMA) or one fused per-head QKV projection (BLOOM).
@@ -70,7 +85,7 @@ TORCH_MODULE(Attention);
 class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(const ModelConfig& cfg, const TensorParallel& tp);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const LayerInput& x);
 
   torch::nn::Linear gate{nullptr}, up{nullptr}, down{nullptr};
 

@@ -1,0 +1,123 @@
+// normed_projections (fused_ops.h): a norm and the projections that read its output as one
+// autograd node that keeps the norm's input, not its output.
+#include <torch/torch.h>
+
+#include "norms.h"
+#include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/fused_ops.h"
+
+namespace tide {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The node's inputs are one list: x, the norm's weight and bias (where it has one), then
+// each projection's weight and bias (where it has one). A node's inputs must be defined
+// tensors, so the layout says which are there.
+struct Layout : torch::CustomClassHolder {
+  double eps = 1e-5;
+  bool layer_norm = false, norm_bias = false;
+  std::vector<bool> biased;                 // per projection
+  at::ScalarType dtype = at::kFloat;        // the projections compute in
+  std::function<void(at::Tensor&)> reduce;  // may be empty
+};
+
+std::pair<at::Tensor, NormState> apply_norm(at::TensorList in, const Layout& l) {
+  if (l.layer_norm) return layer_norm_forward(in[0], in[1], l.norm_bias ? in[2] : at::Tensor(), l.eps);
+  return rms_norm_forward(in[0], in[1], l.eps);
+}
+
+size_t first_projection(const Layout& l) { return l.norm_bias ? 3 : 2; }
+
+struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList in, const c10::intrusive_ptr<Layout>& layout) {
+    ctx->saved_data["layout"] = c10::IValue::make_capsule(layout);
+    ctx->save_for_backward(in.vec());  // x and parameters: nothing made here
+    const auto y = apply_norm(in, *layout).first.to(layout->dtype);
+    variable_list out;
+    size_t i = first_projection(*layout);
+    for (const bool biased : layout->biased) {
+      const auto& weight = in[i++];
+      const auto bias = biased ? in[i++].to(layout->dtype) : at::Tensor();
+      out.push_back(at::linear(y, weight.to(layout->dtype), bias));  // projection's product
+    }
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto layout = c10::static_intrusive_pointer_cast<Layout>(ctx->saved_data["layout"].toCapsule());
+    const auto in = ctx->get_saved_variables();
+    variable_list d(in.size() + 1);  // and none for the layout
+    auto [y_norm, state] = apply_norm(in, *layout);
+    const auto y_dtype = y_norm.scalar_type();
+    at::Tensor dy;  // the gradient of the norm's output: the projections' summed
+    {
+      const auto y = y_norm.to(layout->dtype);
+      y_norm = at::Tensor();
+      const auto y_rows = y.reshape({-1, y.size(-1)});
+      // Each projection's inputs, and the order its gradient joins the sum in: the last
+      // projection's first, as autograd's engine runs the later node first and adds
+      // them (the same bits).
+      std::vector<std::pair<size_t, size_t>> at;  // weight, bias (0: none) per projection
+      size_t i = first_projection(*layout);
+      for (const bool biased : layout->biased) {
+        at.emplace_back(i, biased ? i + 1 : 0);
+        i += biased ? 2 : 1;
+      }
+      for (size_t k = at.size(); k-- > 0;) {
+        if (!grads[k].defined()) continue;
+        const auto [w_at, b_at] = at[k];
+        const auto& weight = in[w_at];
+        // projection_backward's products (at::linear's backward).
+        const auto g = grads[k].reshape({-1, grads[k].size(-1)});
+        const auto dy_k = g.mm(weight.to(layout->dtype)).view(y.sizes()).to(y_dtype);
+        dy = dy.defined() ? dy.add_(dy_k) : dy_k;
+        d[w_at] = g.t().mm(y_rows).to(weight.scalar_type());
+        if (b_at) d[b_at] = g.sum(0).to(in[b_at].scalar_type());
+      }
+    }  // the remade output is gone before the norm's backward
+    if (!dy.defined()) return d;
+    if (layout->reduce) {
+      dy = dy.contiguous();
+      layout->reduce(dy);
+    }
+    const auto n = norm_backward(dy, state);
+    d[0] = n.x;
+    d[1] = n.weight;
+    if (layout->norm_bias) d[2] = n.bias;
+    return d;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeights& norm,
+                                           const std::vector<ProjectionWeights>& projections,
+                                           std::function<void(at::Tensor&)> reduce) {
+  const int64_t dim = x.size(-1);
+  TORCH_CHECK(!projections.empty(), "normed_projections: no projection given");
+  TORCH_CHECK(norm.weight.dim() == 1 && norm.weight.size(0) == dim, "normed_projections: norm weight ",
+              norm.weight.sizes(), " must be [", dim, "], the last dimension of x ", x.sizes());
+  TORCH_CHECK(norm.bias.defined() == norm.layer_norm, "normed_projections: a LayerNorm has a bias, an RMSNorm none");
+  auto layout = c10::make_intrusive<Layout>();
+  layout->eps = norm.eps;
+  layout->layer_norm = norm.layer_norm;
+  layout->norm_bias = norm.bias.defined();
+  layout->dtype = compute_dtype_for(projections.front().weight);
+  layout->reduce = std::move(reduce);
+  std::vector<at::Tensor> in{x, norm.weight};
+  if (norm.bias.defined()) in.push_back(norm.bias);
+  for (const auto& p : projections) {
+    TORCH_CHECK(p.weight.dim() == 2 && p.weight.size(1) == dim, "normed_projections: projection weight ",
+                p.weight.sizes(), " must be [out, ", dim, "]");
+    TORCH_CHECK(compute_dtype_for(p.weight) == layout->dtype, "normed_projections: the projections' weights ",
+                "must compute in one dtype");
+    in.push_back(weight_for_node(p.weight));
+    if (p.bias.defined()) in.push_back(p.bias);
+    layout->biased.push_back(p.bias.defined());
+  }
+  return NormedProjectionsFn::apply(at::TensorList(in), layout);
+}
+
+}  // namespace tide
