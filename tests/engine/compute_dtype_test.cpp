@@ -1,6 +1,8 @@
 // bf16 compute: the working copy of the weights made once per optimizer step, gradients
 // that still reach every fp32 weight, and a recomputation (activation checkpointing) in
 // the precision of the forward it repeats.
+#include <fstream>
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -135,6 +137,18 @@ TEST(ComputeDtype, AutoIsBf16OnCudaAndFp32OnTheCpuAndMustBeResolved) {
   EXPECT_EQ(resolve_compute_dtype(DType::Float32, cuda), DType::Float32) << "a recipe's fp32 stands";
   EXPECT_EQ(resolve_compute_dtype(DType::BFloat16, cpu), DType::BFloat16) << "a recipe's bf16 stands";
   EXPECT_THROW(with_compute_dtype(DType::Auto, [] { return torch::ones({1}); }), std::logic_error);
+}
+
+TEST(ComputeDtype, TheHostsBf16InstructionsAreItsCpuinfoFlags) {
+  // Whatever this machine is: the answer names a flag /proc/cpuinfo lists, AMX first, or
+  // is empty when it lists neither.
+  std::ifstream in("/proc/cpuinfo");
+  const std::string cpuinfo((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto lists = [&](const std::string& flag) {
+    return cpuinfo.find(" " + flag + " ") != std::string::npos || cpuinfo.find(" " + flag + "\n") != std::string::npos;
+  };
+  const std::string want = lists("amx_bf16") ? "amx_bf16" : lists("avx512_bf16") ? "avx512_bf16" : "";
+  EXPECT_EQ(host_bf16_instructions(), want);
 }
 
 }  // namespace

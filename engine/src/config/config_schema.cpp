@@ -274,7 +274,8 @@ void add_schedule_checkpoint_and_eval_fields(std::vector<FieldSpec>& s) {
       "precision.compute", {{"auto", DType::Auto}, {"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, kFixed,
       "Compute dtype. bf16: matmuls, attention and the residual stream in bf16 from a copy of the weights cast once "
       "per step; weights, optimizer state, gradients, norm statistics and loss stay fp32. auto: bf16 on CUDA, fp32 "
-      "on the CPU (the run's config.json records which).",
+      "on the CPU, also one with bf16 instructions, where the run log says bf16 would train faster (the run's "
+      "config.json records which).",
       REF(precision.compute)));
   s.push_back(integer("checkpoint.every", 0, 1e12, LiveEffect::EachStep,
                       "Steps between checkpoints (run-dir/checkpoints/step-N); 0: at the end only.",

@@ -1,5 +1,7 @@
 #include "tide/engine/model/compute_dtype.h"
 
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include <ATen/autocast_mode.h>
@@ -41,6 +43,22 @@ class AutocastGuard {
 DType resolve_compute_dtype(DType requested, const c10::Device& device) {
   if (requested != DType::Auto) return requested;
   return device.is_cuda() ? DType::BFloat16 : DType::Float32;
+}
+
+std::string host_bf16_instructions() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    bool amx = false, avx512 = false;
+    for (std::string w; words >> w;) {
+      amx = amx || w == "amx_bf16";
+      avx512 = avx512 || w == "avx512_bf16";
+    }
+    return amx ? "amx_bf16" : avx512 ? "avx512_bf16" : "";  // the first core's flags speak for all
+  }
+  return "";
 }
 
 at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& fn) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -12,8 +13,17 @@ namespace tide {
 
 // precision.compute for a run on `device`: auto is bf16 on CUDA (the fast path on every GPU
 // since Ampere; older ones run it without bf16 tensor cores and should say fp32) and fp32
-// on the CPU, whose bf16 matmuls are no faster on most cores; anything else as asked.
+// on every CPU; anything else as asked. A CPU with bf16 instructions (AVX512-BF16, AMX)
+// trains bf16 faster (2.6x on the tiny bench, an AMD EPYC with AVX512-BF16), but auto
+// stays fp32 there: a recipe gives the same numbers on every host, and the CPU is where
+// references and tests run. The run log says when bf16 would be faster
+// (host_bf16_instructions); without those instructions LibTorch's bf16 products are far
+// slower than fp32's.
 DType resolve_compute_dtype(DType requested, const c10::Device& device);
+
+// The instructions this host's cores multiply bf16 with, from /proc/cpuinfo's flags:
+// "amx_bf16", "avx512_bf16", or empty where neither is there (or the file cannot be read).
+std::string host_bf16_instructions();
 
 // fn() with matmuls in the compute dtype (bf16: autocast on the host and on CUDA). Each
 // fp32 weight is cast once and the copy reused until the innermost WeightCastScope on
