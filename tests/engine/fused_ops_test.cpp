@@ -215,10 +215,9 @@ std::vector<ProjectionWeights> projections_of(const std::vector<torch::Tensor>& 
   return ps;
 }
 
-torch::Tensor normed_case(const std::vector<torch::Tensor>& in, const NormCase& c,
-                          std::function<void(at::Tensor&)> reduce = {}) {
+torch::Tensor normed_case(const std::vector<torch::Tensor>& in, const NormCase& c, ProjectionExchange exchange = {}) {
   const NormWeights norm{in[1], c.layer_norm ? in[2] : torch::Tensor(), c.eps, c.layer_norm};
-  return torch::cat(normed_projections(in[0], norm, projections_of(in, c), std::move(reduce)), -1);
+  return torch::cat(normed_projections(in[0], norm, projections_of(in, c), std::move(exchange)), -1);
 }
 
 // As the model ran them before the node: the norm on its own, then each projection.
@@ -281,21 +280,47 @@ TEST(FusedOps, NormedProjectionsAreTheNormThenEachProjection) {
   }
 }
 
-TEST(FusedOps, NormedProjectionsReduceTheOutputsGradientBeforeTheNorm) {
+TEST(FusedOps, NormedProjectionsExchangeTheOutputAndItsGradientAsTheUnfusedOpsWould) {
   torch::manual_seed(9);
-  // A reduction that doubles, as two ranks that projected alike would sum: the gradients
-  // of x and the norm's parameters double (exactly: the norm's backward is linear in its
-  // upstream gradient), the projections' do not.
+  // A reduction that doubles, as two ranks that projected alike would sum (Megatron's f):
+  // the gradients of x and the norm's parameters double (exactly: the norm's backward is
+  // linear in its upstream gradient), the projections' do not.
   for (const auto& c : kNormCases) {
     const auto in = norm_case_inputs(c, torch::kFloat32);
     const auto up = torch::randn({2, 5, projected_width(c)});
     const auto plain = run([&](auto& ins) { return normed_case(ins, c); }, in, up);
-    const auto reduced = run([&](auto& ins) { return normed_case(ins, c, [](at::Tensor& g) { g.mul_(2); }); }, in, up);
+    const ProjectionExchange doubled{{}, [](const at::Tensor& g) { return g * 2; }};
+    const auto reduced = run([&](auto& ins) { return normed_case(ins, c, doubled); }, in, up);
     const size_t norm_inputs = c.layer_norm ? 3 : 2;
     for (size_t i = 0; i < in.size(); ++i) {
       const auto want = i < norm_inputs ? plain.inputs[i] * 2 : plain.inputs[i];
       EXPECT_TRUE(torch::equal(reduced.inputs[i], want)) << c.layer_norm << " input " << i;
     }
+  }
+  // The sequence repeated on its way to the projections, and the gradient's two halves
+  // summed on the way back, as an all-gather and a reduce-scatter between two ranks that
+  // hold the same part would: the bits of the unfused ops, the copy made by autograd.
+  for (const auto& c : kNormCases) {
+    const auto in = norm_case_inputs(c, torch::kFloat32);
+    const auto up = torch::randn({2, 10, projected_width(c)});
+    const ProjectionExchange twice{[](const at::Tensor& y) {
+                                     return torch::cat({y, y}, 1);
+                                   },
+                                   [](const at::Tensor& g) { return g.narrow(1, 0, 5) + g.narrow(1, 5, 5); }};
+    const auto node = run([&](auto& ins) { return normed_case(ins, c, twice); }, in, up);
+    const auto apart = run(
+        [&](auto& ins) {
+          const auto& x = ins[0];
+          const auto y = c.layer_norm ? layer_norm(x, ins[1], ins[2], c.eps) : rms_norm(x, ins[1], c.eps);
+          const auto both = torch::cat({y, y}, 1);
+          std::vector<torch::Tensor> out;
+          for (const auto& p : projections_of(ins, c)) out.push_back(projection(both, p.weight, p.bias));
+          return torch::cat(out, -1);
+        },
+        in, up);
+    EXPECT_TRUE(torch::equal(node.out, apart.out)) << c.layer_norm;
+    for (size_t i = 0; i < in.size(); ++i)
+      EXPECT_TRUE(torch::equal(node.inputs[i], apart.inputs[i])) << c.layer_norm << " input " << i;
   }
 }
 

@@ -52,22 +52,38 @@ torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallel& tp) {
 
 // The input's projections by each of `ps` (column-parallel under tensor parallelism). A
 // normed input goes through one normed_projections node, which keeps the residual stream
-// rather than the norm's output; with sequence parallelism an all-gather lies between
-// the norm and the projections, and the norm runs on its own.
+// rather than the norm's output, and with sequence parallelism gathers the sequence
+// again in backward rather than keeping it gathered.
 std::vector<torch::Tensor> project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps,
                                          const TensorParallel& tp) {
-  if (in.norm && !in.norm->splits_sequence()) {
-    const NormWeights norm{in.norm->weight, in.norm->bias, in.norm->eps(), in.norm->kind() == NormKind::LayerNorm};
-    std::function<void(at::Tensor&)> reduce;  // Megatron's f (copy_to's backward), inside the node
-    if (tp.group)
-      reduce = [group = tp.group](at::Tensor& g) { group->all_reduce_sum(g, "tensor-parallel input gradient"); };
-    return normed_projections(in.x, norm, ps, std::move(reduce));
+  if (!in.norm) {
+    const auto x = enter_tp(in.x, tp);
+    std::vector<torch::Tensor> out;
+    out.reserve(ps.size());
+    for (const auto& p : ps) out.push_back(projection(x, p.weight, p.bias));
+    return out;
   }
-  const auto x = enter_tp(in.norm ? in.norm->forward(in.x) : in.x, tp);
-  std::vector<torch::Tensor> out;
-  out.reserve(ps.size());
-  for (const auto& p : ps) out.push_back(projection(x, p.weight, p.bias));
-  return out;
+  const NormImpl& n = *in.norm;
+  NormWeights norm{n.weight, n.bias, n.eps(), n.kind() == NormKind::LayerNorm};
+  ProjectionExchange exchange;
+  if (tp.group && tp.sequence_parallel) {
+    // Each rank saw part of the sequence: the norm's parameters' gradients are summed.
+    norm.weight = tp.group->copy_to(norm.weight);
+    if (norm.bias.defined()) norm.bias = tp.group->copy_to(norm.bias);
+    exchange.to_projections = [group = tp.group](const at::Tensor& y) {
+      return group->sequence_all_gather(y, "sequence all-gather");
+    };
+    exchange.from_projections = [group = tp.group](const at::Tensor& g) {
+      return group->sequence_reduce_scatter(g, "sequence reduce-scatter (backward)");
+    };
+  } else if (tp.group) {
+    exchange.from_projections = [group = tp.group](const at::Tensor& g) {  // Megatron's f (copy_to)
+      auto sum = g.contiguous();                                           // the node's own gradient: summed in place
+      group->all_reduce_sum(sum, "tensor-parallel input gradient");
+      return sum;
+    };
+  }
+  return normed_projections(in.x, norm, ps, std::move(exchange));
 }
 
 // A Linear module's parameters, for projection and normed_projections (fused_ops.h):

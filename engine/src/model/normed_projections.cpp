@@ -20,7 +20,7 @@ struct Layout : torch::CustomClassHolder {
   bool layer_norm = false, norm_bias = false;
   std::vector<bool> biased;                 // per projection
   at::ScalarType dtype = at::kFloat;        // the projections compute in
-  std::function<void(at::Tensor&)> reduce;  // may be empty
+  ProjectionExchange exchange;
 };
 
 std::pair<at::Tensor, NormState> apply_norm(at::TensorList in, const Layout& l) {
@@ -34,7 +34,9 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList in, const c10::intrusive_ptr<Layout>& layout) {
     ctx->saved_data["layout"] = c10::IValue::make_capsule(layout);
     ctx->save_for_backward(in.vec());  // x and parameters: nothing made here
-    const auto y = apply_norm(in, *layout).first.to(layout->dtype);
+    auto y = apply_norm(in, *layout).first;
+    if (layout->exchange.to_projections) y = layout->exchange.to_projections(y);
+    y = y.to(layout->dtype);
     variable_list out;
     size_t i = first_projection(*layout);
     for (const bool biased : layout->biased) {
@@ -53,8 +55,9 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
     const auto y_dtype = y_norm.scalar_type();
     at::Tensor dy;  // the gradient of the norm's output: the projections' summed
     {
-      const auto y = y_norm.to(layout->dtype);
+      auto y = layout->exchange.to_projections ? layout->exchange.to_projections(y_norm) : y_norm;
       y_norm = at::Tensor();
+      y = y.to(layout->dtype);
       const auto y_rows = y.reshape({-1, y.size(-1)});
       // Each projection's inputs, and the order its gradient joins the sum in: the last
       // projection's first, as autograd's engine runs the later node first and adds
@@ -78,10 +81,7 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
       }
     }  // the remade output is gone before the norm's backward
     if (!dy.defined()) return d;
-    if (layout->reduce) {
-      dy = dy.contiguous();
-      layout->reduce(dy);
-    }
+    if (layout->exchange.from_projections) dy = layout->exchange.from_projections(dy);
     const auto n = norm_backward(dy, state);
     d[0] = n.x;
     d[1] = n.weight;
@@ -94,7 +94,7 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
 
 std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeights& norm,
                                            const std::vector<ProjectionWeights>& projections,
-                                           std::function<void(at::Tensor&)> reduce) {
+                                           ProjectionExchange exchange) {
   const int64_t dim = x.size(-1);
   TORCH_CHECK(!projections.empty(), "normed_projections: no projection given");
   TORCH_CHECK(norm.weight.dim() == 1 && norm.weight.size(0) == dim, "normed_projections: norm weight ",
@@ -105,7 +105,7 @@ std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeight
   layout->layer_norm = norm.layer_norm;
   layout->norm_bias = norm.bias.defined();
   layout->dtype = compute_dtype_for(projections.front().weight);
-  layout->reduce = std::move(reduce);
+  layout->exchange = std::move(exchange);
   std::vector<at::Tensor> in{x, norm.weight};
   if (norm.bias.defined()) in.push_back(norm.bias);
   for (const auto& p : projections) {

@@ -98,6 +98,12 @@ class CommTensorParallelGroup : public TensorParallelGroup {
   at::Tensor reduce_scatter_sequence(const at::Tensor& x) override {
     return ReduceScatterSequence::apply(x, address(comm_));
   }
+  at::Tensor sequence_all_gather(const at::Tensor& x, const std::string& what) override {
+    return gathered_sequence(x, comm_, what.c_str());
+  }
+  at::Tensor sequence_reduce_scatter(const at::Tensor& x, const std::string& what) override {
+    return scattered_sequence(x, comm_, what.c_str());
+  }
   void all_reduce_max(at::Tensor& t, const std::string& what) override { comm_.all_reduce_max(t, what); }
   void all_reduce_sum(at::Tensor& t, const std::string& what) override { comm_.all_reduce_sum(t, what); }
   at::Tensor all_gather(const at::Tensor& local, const std::string& what) override {

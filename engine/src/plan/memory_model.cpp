@@ -29,8 +29,7 @@ namespace {
 struct Shape {
   double B, T, Tn, N, Nn, s;
   bool fused_attention = true;
-  bool gpu_kernels = false;            // tide's CUDA kernels run (a GPU, not the host)
-  bool norms_with_projections = true;  // normed_projections: no sequence parallelism
+  bool gpu_kernels = false;  // tide's CUDA kernels run (a GPU, not the host)
 };
 
 // A materialised attention's T x T tensors of one block and micro-batch: the softmax's
@@ -47,20 +46,10 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double D = static_cast<double>(r.dim), hd = static_cast<double>(r.head_dim);
   const double H = static_cast<double>(r.heads), K = static_cast<double>(r.kv_heads);
   const double F = static_cast<double>(r.ffn);
-  double bytes;
-  if (x.norms_with_projections) {
-    // A norm and the projections after it are one node (normed_projections), which keeps
-    // the residual stream as it is and makes the norm's output again in backward.
-    bytes = 2 * x.Nn * D * x.s;
-  } else {
-    // With sequence parallelism the norm runs alone, an all-gather before the projections.
-    // It keeps its input and per row the inverse RMS or (LayerNorm) the mean and inverse
-    // deviation: the input in fp32 (fused_ops.cpp), but tide's CUDA RMSNorm kernel keeps it
-    // in the compute dtype. The projections keep its output, the whole sequence.
-    const bool compute_dtype_input = x.gpu_kernels && m.norm == NormKind::RMSNorm;
-    const double norm = x.Nn * D * (compute_dtype_input ? x.s : 4) + x.Nn * 4 * (m.norm == NormKind::LayerNorm ? 2 : 1);
-    bytes = 2 * norm + 2 * x.N * D * x.s;
-  }
+  // A norm and the projections after it are one node (normed_projections), which keeps
+  // the residual stream as it is (this rank's part of the sequence) and makes the norm's
+  // output again in backward, gathered again under sequence parallelism.
+  double bytes = 2 * x.Nn * D * x.s;
   if (m.family == Family::BLOOM) {
     bytes += x.N * 3 * H * hd * x.s;  // the fused q, k, v output, kept whole by their views
   } else {
@@ -96,14 +85,12 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
   const double incoming = x.Nn * D * x.s;
   const double scores = x.fused_attention ? 0.0 : 2 * x.B * static_cast<double>(r.heads) * x.T * x.T * x.s;
   double extra = std::max(incoming + (m.mlp == MlpKind::SwiGLU ? 3 : 1) * x.N * F * x.s + D * F * 4, incoming + scores);
-  if (x.norms_with_projections) {
-    const double qkv = static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim);
-    const double mlp_in = (m.mlp == MlpKind::SwiGLU ? 2 : 1) * F;
-    const bool fp32_copy = x.s < 4 && (!x.gpu_kernels || m.norm == NormKind::LayerNorm);
-    const double node = 3 * x.N * D * x.s + (fp32_copy ? x.Nn * D * 4 : 0);
-    extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,
-                      incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4});
-  }
+  const double qkv = static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim);
+  const double mlp_in = (m.mlp == MlpKind::SwiGLU ? 2 : 1) * F;
+  const bool fp32_copy = x.s < 4 && (!x.gpu_kernels || m.norm == NormKind::LayerNorm);
+  const double node = 3 * x.N * D * x.s + (fp32_copy ? x.Nn * D * 4 : 0);
+  extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,
+                    incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4});
   return extra;
 }
 
@@ -198,18 +185,15 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   x.s = bf16 ? 2.0 : 4.0;
   x.fused_attention = device.fused_attention;
   x.gpu_kernels = !device.host;
-  x.norms_with_projections = !L.sequence_parallel;
   const double D = static_cast<double>(r.dim);
 
   const double one_block = block_saved(mc, r, x);
   out.per_block.assign(static_cast<size_t>(r.blocks), one_block);
   const double blocks = static_cast<double>(r.blocks);
-  // One micro-batch's saved tensors: every block's (or, recomputed, each block's input),
-  // the received activations (kept in the wire dtype, beside the norm's fp32 copy under
-  // bf16 where the norm runs alone) and the stage's output held for the backward of a
-  // later op.
+  // One micro-batch's saved tensors: every block's (or, recomputed, each block's input)
+  // and the stage's output held for the backward of a later op. (A stage's received
+  // activations are the first block's input, kept as they are.)
   double per_micro_batch = recompute ? blocks * x.Nn * D * x.s : blocks * one_block;
-  if (!r.first && bf16 && !x.norms_with_projections) per_micro_batch += x.Nn * D * 2;
   if (!r.last) per_micro_batch += x.Nn * D * x.s;
   if (r.first) per_micro_batch += x.N * 8 * (L.tp > 1 ? 2 : 1);  // token ids kept by the lookup
   Head h;

@@ -6,8 +6,9 @@
 //   elementwise work (norms, activations, softmax, residuals, the loss) as memory
 //     traffic: every saved activation written in forward, read in backward and its
 //     gradient written and read once more;
-//   tensor parallelism: four all-reduces (or gather + reduce-scatter pairs) of the
-//     residual stream per block and micro-batch, on the critical path;
+//   tensor parallelism: four all-reduces (or gather + reduce-scatter pairs, and the two
+//     norms' outputs gathered again in backward) of the residual stream per block and
+//     micro-batch, on the critical path;
 //   data parallelism: gradient all-reduce (ZeRO-0) or reduce-scatter (1-3, every
 //     micro-batch for 2-3) overlapping the backward that produces it, the parameter
 //     all-gather after the update (ZeRO-1/2) or before each block (ZeRO-3, prefetched);
@@ -150,6 +151,8 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       const double region = L.sequence_parallel ? 2 * ring_seconds(per_collective, L.tp, 1.0, tp_bw, lat)
                                                 : ring_seconds(per_collective, L.tp, 2.0, tp_bw, lat);
       t.tp_comm = M * blocks * 4 * region;
+      // Each norm's node gathers its output again in backward (normed_projections).
+      if (L.sequence_parallel) t.tp_comm += M * blocks * 2 * ring_seconds(per_collective, L.tp, 1.0, tp_bw, lat);
       if (stage.last) t.tp_comm += M * 2 * ring_seconds(tokens_mb * D * s, L.tp, 2.0, tp_bw, lat);
     }
 

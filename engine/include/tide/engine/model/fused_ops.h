@@ -51,18 +51,27 @@ struct ProjectionWeights {
   at::Tensor weight, bias;
 };
 
+// How a norm's output reaches column-parallel projections on other tensor-parallel
+// ranks and its gradient comes back, with no autograd: `to_projections` makes what the
+// projections read from the norm's output (sequence parallelism: the all-gather along
+// the sequence; empty: the output itself), `from_projections` makes the gradient of the
+// norm's output from the gradient of what they read (Megatron's f: the all-reduce;
+// sequence parallelism: the reduce-scatter; empty: itself).
+struct ProjectionExchange {
+  std::function<at::Tensor(const at::Tensor&)> to_projections, from_projections;
+};
+
 // A norm of x and the projections that read its output (attention's q, k and v; the
 // MLP's gate and up): what rms_norm or layer_norm, then projection of the output, give,
-// the same bits, except that the norm's output is not
-// kept for backward. Backward makes it again from x (one elementwise pass), as
+// the same bits, except that the norm's output is not kept for backward. Backward makes
+// it again from x (one elementwise pass, and with sequence parallelism the all-gather
+// once more, as Megatron-LM gathers a column-parallel layer's input again), as
 // torch.compile's partitioner recomputes it: the node keeps x as given and the weights
 // (weight_for_node), not the output the projections would each keep, nor the fp32 copy of
-// a bf16 x the norm alone keeps on the host. `reduce`, where given, sums the gradient of
-// the norm's output over the ranks whose projections read it (Megatron's f before
-// column-parallel layers) before the norm's backward.
+// a bf16 x the norm alone keeps on the host.
 std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeights& norm,
                                            const std::vector<ProjectionWeights>& projections,
-                                           std::function<void(at::Tensor&)> reduce = {});
+                                           ProjectionExchange exchange = {});
 
 // Rotary position embedding with Hugging Face's convention (halves of the head
 // dimension): x * cos + rotate_half(x) * sin, for x [B, H, T, Hd] and cos, sin [T, Hd].

@@ -34,6 +34,11 @@ class TensorParallelGroup {
   virtual at::Tensor gather_sequence(const at::Tensor& x) = 0;
   // [B, T, ...] partial sums → [B, T / tp, ...] summed; backward all-gathers.
   virtual at::Tensor reduce_scatter_sequence(const at::Tensor& x) = 0;
+  // No autograd: what gather_sequence and reduce_scatter_sequence do forward, for a node
+  // that gathers again in its own backward (fused_ops.h: normed_projections). `what`
+  // names the tensor in errors.
+  virtual at::Tensor sequence_all_gather(const at::Tensor& x, const std::string& what) = 0;
+  virtual at::Tensor sequence_reduce_scatter(const at::Tensor& x, const std::string& what) = 0;
   // No autograd, in place: the element-wise maximum or sum over the group's ranks (the
   // vocabulary-parallel softmax's statistics). `what` names the tensor in errors.
   virtual void all_reduce_max(at::Tensor& t, const std::string& what) = 0;

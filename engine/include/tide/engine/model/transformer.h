@@ -33,8 +33,6 @@ class NormImpl : public torch::nn::Module {
 
   NormKind kind() const { return kind_; }
   double eps() const { return eps_; }
-  // Each rank normalises its part of the sequence (sequence parallelism).
-  bool splits_sequence() const { return sequence_parallel_ != nullptr; }
 
   torch::Tensor weight, bias;
 
