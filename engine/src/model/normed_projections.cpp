@@ -62,15 +62,15 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
       // Each projection's inputs, and the order its gradient joins the sum in: the last
       // projection's first, as autograd's engine runs the later node first and adds
       // them (the same bits).
-      std::vector<std::pair<size_t, size_t>> at;  // weight, bias (0: none) per projection
+      std::vector<std::pair<size_t, size_t>> slots;  // weight, bias (0: none) per projection
       size_t i = first_projection(*layout);
       for (const bool biased : layout->biased) {
-        at.emplace_back(i, biased ? i + 1 : 0);
+        slots.emplace_back(i, biased ? i + 1 : 0);
         i += biased ? 2 : 1;
       }
-      for (size_t k = at.size(); k-- > 0;) {
+      for (size_t k = slots.size(); k-- > 0;) {
         if (!grads[k].defined()) continue;
-        const auto [w_at, b_at] = at[k];
+        const auto [w_at, b_at] = slots[k];
         const auto& weight = in[w_at];
         // projection_backward's products (at::linear's backward).
         const auto g = grads[k].reshape({-1, grads[k].size(-1)});
