@@ -29,14 +29,15 @@ void NormImpl::reset_parameters() {
   if (bias.defined()) bias.zero_();
 }
 
+NormWeights NormImpl::step_weights() const {
+  const bool ln = kind_ == NormKind::LayerNorm;
+  if (!sequence_parallel_) return {weight, bias, eps_, ln};
+  return {sequence_parallel_->copy_to(weight), ln ? sequence_parallel_->copy_to(bias) : torch::Tensor(), eps_, ln};
+}
+
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
-  // Each rank saw part of the sequence: the weights' gradients are summed over ranks.
-  const auto w = sequence_parallel_ ? sequence_parallel_->copy_to(weight) : weight;
-  if (kind_ == NormKind::LayerNorm) {
-    const auto b = sequence_parallel_ && bias.defined() ? sequence_parallel_->copy_to(bias) : bias;
-    return layer_norm(x, w, b, eps_);
-  }
-  return rms_norm(x, w, eps_);
+  const auto n = step_weights();
+  return n.layer_norm ? layer_norm(x, n.weight, n.bias, n.eps) : rms_norm(x, n.weight, n.eps);
 }
 
 namespace {
@@ -63,13 +64,8 @@ std::vector<torch::Tensor> project_input(const LayerInput& in, const std::vector
     for (const auto& p : ps) out.push_back(projection(x, p.weight, p.bias));
     return out;
   }
-  const NormImpl& n = *in.norm;
-  NormWeights norm{n.weight, n.bias, n.eps(), n.kind() == NormKind::LayerNorm};
   ProjectionExchange exchange;
   if (tp.group && tp.sequence_parallel) {
-    // Each rank saw part of the sequence: the norm's parameters' gradients are summed.
-    norm.weight = tp.group->copy_to(norm.weight);
-    if (norm.bias.defined()) norm.bias = tp.group->copy_to(norm.bias);
     exchange.to_projections = [group = tp.group](const at::Tensor& y) {
       return group->sequence_all_gather(y, "sequence all-gather");
     };
@@ -83,7 +79,7 @@ std::vector<torch::Tensor> project_input(const LayerInput& in, const std::vector
       return sum;
     };
   }
-  return normed_projections(in.x, norm, ps, std::move(exchange));
+  return normed_projections(in.x, in.norm->step_weights(), ps, std::move(exchange));
 }
 
 // A Linear module's parameters, for projection and normed_projections (fused_ops.h):

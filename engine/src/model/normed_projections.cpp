@@ -18,8 +18,8 @@ using torch::autograd::variable_list;
 struct Layout : torch::CustomClassHolder {
   double eps = 1e-5;
   bool layer_norm = false, norm_bias = false;
-  std::vector<bool> biased;                 // per projection
-  at::ScalarType dtype = at::kFloat;        // the projections compute in
+  std::vector<std::pair<size_t, size_t>> slots;  // each projection's weight and bias (0: none)
+  at::ScalarType dtype = at::kFloat;             // the projections compute in
   ProjectionExchange exchange;
 };
 
@@ -27,8 +27,6 @@ std::pair<at::Tensor, NormState> apply_norm(at::TensorList in, const Layout& l) 
   if (l.layer_norm) return layer_norm_forward(in[0], in[1], l.norm_bias ? in[2] : at::Tensor(), l.eps);
   return rms_norm_forward(in[0], in[1], l.eps);
 }
-
-size_t first_projection(const Layout& l) { return l.norm_bias ? 3 : 2; }
 
 struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList in, const c10::intrusive_ptr<Layout>& layout) {
@@ -38,11 +36,9 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
     if (layout->exchange.to_projections) y = layout->exchange.to_projections(y);
     y = y.to(layout->dtype);
     variable_list out;
-    size_t i = first_projection(*layout);
-    for (const bool biased : layout->biased) {
-      const auto& weight = in[i++];
-      const auto bias = biased ? in[i++].to(layout->dtype) : at::Tensor();
-      out.push_back(at::linear(y, weight.to(layout->dtype), bias));  // projection's product
+    for (const auto& [w_at, b_at] : layout->slots) {
+      const auto bias = b_at ? in[b_at].to(layout->dtype) : at::Tensor();
+      out.push_back(at::linear(y, in[w_at].to(layout->dtype), bias));  // projection's product
     }
     return out;
   }
@@ -59,18 +55,11 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
       y_norm = at::Tensor();
       y = y.to(layout->dtype);
       const auto y_rows = y.reshape({-1, y.size(-1)});
-      // Each projection's inputs, and the order its gradient joins the sum in: the last
-      // projection's first, as autograd's engine runs the later node first and adds
-      // them (the same bits).
-      std::vector<std::pair<size_t, size_t>> slots;  // weight, bias (0: none) per projection
-      size_t i = first_projection(*layout);
-      for (const bool biased : layout->biased) {
-        slots.emplace_back(i, biased ? i + 1 : 0);
-        i += biased ? 2 : 1;
-      }
-      for (size_t k = slots.size(); k-- > 0;) {
+      // The last projection's gradient joins the sum first, as autograd's engine runs the
+      // later node first and adds them (the same bits).
+      for (size_t k = layout->slots.size(); k-- > 0;) {
         if (!grads[k].defined()) continue;
-        const auto [w_at, b_at] = slots[k];
+        const auto [w_at, b_at] = layout->slots[k];
         const auto& weight = in[w_at];
         // projection_backward's products (at::linear's backward).
         const auto g = grads[k].reshape({-1, grads[k].size(-1)});
@@ -114,8 +103,8 @@ std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeight
     TORCH_CHECK(compute_dtype_for(p.weight) == layout->dtype, "normed_projections: the projections' weights ",
                 "must compute in one dtype");
     in.push_back(weight_for_node(p.weight));
+    layout->slots.emplace_back(in.size() - 1, p.bias.defined() ? in.size() : 0);
     if (p.bias.defined()) in.push_back(p.bias);
-    layout->biased.push_back(p.bias.defined());
   }
   return NormedProjectionsFn::apply(at::TensorList(in), layout);
 }

@@ -15,6 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tide/engine/config.h"
+#include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/model/tensor_parallel.h"
 
@@ -31,8 +32,9 @@ class NormImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
   void reset_parameters();
 
-  NormKind kind() const { return kind_; }
-  double eps() const { return eps_; }
+  // The parameters as a step uses them: with sequence parallelism through copy_to, since
+  // each rank saw part of the sequence and their gradients are summed over ranks.
+  NormWeights step_weights() const;
 
   torch::Tensor weight, bias;
 
