@@ -8,6 +8,7 @@ and torch.compile (inductor; the warm-up steps take the compilation). With --pre
 F.scaled_dot_product_attention and AdamW(fused=True), and that under torch.compile.
 Usage: .venv/bin/python bench/train_vs_pytorch.py --tide build/tools/tide [--shape tiny|small|all]
        .venv/bin/python bench/train_vs_pytorch.py --device cuda --precision bf16 --shape s1   (also s2, gpu)
+       add --profile-dir DIR for tide's profile of two steps after the timed ones (docs/profiling.md)
 """
 import argparse
 import functools
@@ -51,24 +52,31 @@ def flops_per_token(s, ffn):
     return 6 * matmul_params + 12 * s["layers"] * s["dim"] * s["seq"]
 
 
-def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_graphs=True):
+def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_graphs=True, profile_to=None):
+    """profile_to: a directory that gets the profile (docs/profiling.md) of two more steps
+    after the timed ones, which the figures leave out."""
     run_dir = tempfile.mkdtemp(prefix="tide-bench-")
+    extra = 2 if profile_to else 0
     recipe = os.path.join(ROOT, "recipes", "llama", "llama-tiny.lua")
     sets = {
         "model.vocab_size": s["vocab"], "model.dim": s["dim"], "model.n_layers": s["layers"],
         "model.n_heads": s["heads"], "model.n_kv_heads": s.get("kv", 0), "model.multiple_of": 256,
         "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
         "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"],
-        "schedule.steps": warmup + steps, "schedule.warmup_steps": 0, "eval.every": 0,
+        "schedule.steps": warmup + steps + extra, "schedule.warmup_steps": 0, "eval.every": 0,
         "optimizer.lr": 3e-4, "optimizer.beta2": 0.95, "threads": threads, "log_every": 1000,
         "device": device, "precision.compute": precision, "cuda_graphs": str(cuda_graphs).lower(),
     }
+    if profile_to:
+        sets.update({"profile.start_step": warmup + steps + 1, "profile.steps": extra})
     cmd = [tide, "train", recipe, "--run-dir", run_dir, "--quiet"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-    timed = rows[warmup:]
+    timed = rows[warmup:warmup + steps]
+    if profile_to:
+        shutil.copytree(os.path.join(run_dir, "profile"), profile_to, dirs_exist_ok=True)
     secs = sum(r["step_seconds"] for r in timed)
     out = {"tokens_per_second": s["batch"] * s["seq"] * len(timed) / secs,
            "peak_rss_mb": max(r["peak_rss_mb"] for r in rows), "final_loss": rows[-1]["loss"],
@@ -105,6 +113,8 @@ def main():
     ap.add_argument("--steps", type=int, default=0, help="timed steps (default: 30 tiny, 8 small)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--profile-dir", help="tide's profile of two steps after the timed ones (a trace and a summary "
+                    "per shape, docs/profiling.md) is copied here")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(a.data, "dataset.json")):
         sys.exit(f"bench: no dataset at {a.data}; run `make data` first")
@@ -127,7 +137,10 @@ def main():
               f"{a.precision}")
         peer = functools.partial(run_torch, s, steps, warmup, a.threads, a.data, device=a.device)
         tide = functools.partial(run_tide, a.tide, s, steps, warmup, a.threads, a.data, a.device, a.precision)
-        results = {"tide": tide()}
+        profile_to = os.path.join(a.profile_dir, name) if a.profile_dir else None
+        results = {"tide": tide(profile_to=profile_to)}
+        if profile_to:
+            print(f"  tide's profile of two more steps: {profile_to}")
         if a.device == "cuda":
             results["tide, cuda_graphs = false"] = tide(cuda_graphs=False)
         if bf16:

@@ -71,6 +71,20 @@ def part_control():
     assert live == {"optimizer.lr": 5e-4}, f"the daemon's view after the change applied: {live}"
     print(f"lr change applied at the boundary before step {k + 1}")
 
+    # Live profiling: the next two steps, recorded by rank 0 alone (the default ranks).
+    conn.request("set", {"run": run, "values": {"profile.start_step": 1, "profile.steps": 2}})
+    prof = early.wait_for(lambda e: e["run"] == run and e["kind"] == "control"
+                          and "profile.start_step" in e["body"].get("values", {}), what="profile control event")
+    assert prof["body"]["result"] == "applied", prof
+    first = prof["body"]["step"] + 1
+    profile_dir = os.path.join(conn.request("status", {"run": run})["run"]["run_dir"], "profile")
+    stem = f"steps-{first}-{first + 1}-rank-0"
+    deadline = time.time() + 60
+    while not os.path.exists(os.path.join(profile_dir, stem + ".summary.txt")) and time.time() < deadline:
+        time.sleep(0.2)
+    assert sorted(os.listdir(profile_dir)) == [stem + ".summary.txt", stem + ".trace.json"], os.listdir(profile_dir)
+    print(f"profiled steps {first}-{first + 1} live")
+
     # Pause: the step count stands still; resume: it moves again.
     conn.request("pause", {"run": run})
     paused = early.wait_for(is_state(run, "paused"), what="paused state")

@@ -1,5 +1,6 @@
 // Live control through the trainer's hooks, in one process: commands taken at step
 // boundaries change the run exactly there.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -125,6 +126,24 @@ TEST(LiveControl, PauseHoldsTheRunUntilResume) {
   EXPECT_EQ(script->events[1].first, "resumed");
   EXPECT_EQ(script->events[1].second["step"], 2);
   EXPECT_EQ(script->calls, 4 + 4) << "one call per boundary, and four while paused";
+  fs::remove_all(dir);
+}
+
+TEST(LiveControl, ProfilingSetLiveToAStepAlreadyBegunRecordsTheNextSteps) {
+  const fs::path dir = fs::temp_directory_path() / ("tide_live_profile_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto script = std::make_shared<Scripted>();
+  script->at_call[4] =
+      json::array({{{"op", "set"}, {"id", 1}, {"values", {{"profile.start_step", 1}, {"profile.steps", 2}}}}});
+  RunConfig c = control_run();
+  c.schedule.steps = 8;
+  const TrainHooks hooks = scripted_hooks(script);
+  Trainer(c, dir.string(), hooks).run();
+  std::vector<std::string> files;
+  for (const auto& f : fs::directory_iterator(dir / "profile")) files.push_back(f.path().filename().string());
+  std::sort(files.begin(), files.end());
+  // Applied before 0-based step 4: steps 5 and 6 as the metrics count them.
+  EXPECT_EQ(files, (std::vector<std::string>{"steps-5-6-rank-0.summary.txt", "steps-5-6-rank-0.trace.json"}));
   fs::remove_all(dir);
 }
 

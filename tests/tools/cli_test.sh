@@ -94,6 +94,19 @@ $tide data prepare "$work/gpl.txt" --out "$work/ds-spm" --tokenizer "$work/spm.m
 grep -q '"tokenizer": "tokenizer.model"' "$work/ds-spm/dataset.json" || fail "dataset does not name tokenizer.model"
 cmp -s "$work/spm.model" "$work/ds-spm/tokenizer.model" || fail "tokenizer.model not copied unchanged"
 
+# profile: LibTorch's profiler on the chosen rank of two, for the chosen steps.
+$tide train "$work/tiny.lua" --nproc 2 --run-dir "$work/prof" --quiet --set batch.global_batch=8 --set eval.every=0 \
+  --set profile.start_step=2 --set profile.steps=2 --set 'profile.ranks=[1]' 2> "$work/prof.txt" \
+  || { cat "$work/prof.txt"; fail "a profiled run failed"; }
+test "$(ls "$work/prof/profile")" = "$(printf 'steps-2-3-rank-1.summary.txt\nsteps-2-3-rank-1.trace.json')" \
+  || { ls "$work/prof/profile"; fail "profile/ should hold rank 1's trace and summary of steps 2-3 alone"; }
+python3 - "$work/prof/profile/steps-2-3-rank-1.trace.json" <<'PY' || fail "the trace is not a Chrome trace of steps 2 and 3"
+import json, sys
+names = {e.get("name") for e in json.load(open(sys.argv[1]))["traceEvents"]}
+assert {"ProfilerStep#2", "ProfilerStep#3", "tide::update"} <= names and "ProfilerStep#4" not in names, sorted(names)[:20]
+PY
+grep -q "profile: steps 2-3 written to" "$work/prof/train-rank1.log" || fail "rank 1's log does not name its profile"
+
 # SIGTERM / Ctrl-C outside a daemon: the run stops at a step boundary after a checkpoint,
 # exits 128 + signal, and --resume auto carries on from it. One process, then a launcher
 # of two workers (the signal reaches only the launcher, as a terminal's Ctrl-C would:

@@ -101,8 +101,13 @@ template <class F>
 FieldSpec int_list(std::string path, double lo, double hi, std::string doc, F ref) {
   FieldSpec f{path, FieldType::IntList, {}, lo, hi, LiveEffect::None, std::move(doc), {}, {}};
   f.set = [=](RunConfig& c, const json& v) {
-    if (!v.is_array()) throw ConfigError(path, fmt::format("expected a list of integers, got {}", show(v)));
     std::vector<int64_t> out;
+    // An empty Lua table converts to an empty object.
+    if (v.is_object() && v.empty()) {
+      ref(c) = std::move(out);
+      return;
+    }
+    if (!v.is_array()) throw ConfigError(path, fmt::format("expected a list of integers, got {}", show(v)));
     for (size_t i = 0; i < v.size(); ++i) out.push_back(as_int(fmt::format("{}[{}]", path, i + 1), v[i], lo, hi));
     ref(c) = std::move(out);
   };
@@ -294,6 +299,22 @@ void add_schedule_checkpoint_and_eval_fields(std::vector<FieldSpec>& s) {
   s.push_back(integer("eval.batches", 1, 1e6, LiveEffect::EachStep, "Micro-batches per validation pass.", REF(eval.batches)));
 }
 
+void add_profile_fields(std::vector<FieldSpec>& s) {
+  s.push_back(
+      integer("profile.start_step", 0, 1e12, LiveEffect::EachStep,
+              "First step that LibTorch's profiler records (1: the run's first), into run-dir/profile: a "
+              "Chrome trace and a summary per recording rank; 0: none. Set live to a step already begun: from the next "
+              "step.",
+              REF(profile.start_step)));
+  s.push_back(integer("profile.steps", 1, 100, LiveEffect::EachStep, "Steps recorded from profile.start_step on.",
+                      REF(profile.steps)));
+  s.push_back(int_list("profile.ranks", 0, 1e6, "Global ranks that record; empty: every rank.", REF(profile.ranks)));
+  s.push_back(
+      boolean("profile.shapes", kFixed, "Record each operator's input shapes in the trace.", REF(profile.shapes)));
+  s.push_back(boolean("profile.memory", kFixed, "Record allocations and frees in the trace (memory over time).",
+                      REF(profile.memory)));
+}
+
 void add_anomaly_and_supervision_fields(std::vector<FieldSpec>& s) {
   // Anomalies and what they trigger.
   const auto& actions = anomaly_actions();
@@ -370,8 +391,9 @@ void add_parallel_fields(std::vector<FieldSpec>& s) {
 
 std::vector<FieldSpec> build_schema() {
   std::vector<FieldSpec> s;
-  for (auto add : {add_top_level_fields, add_model_fields, add_batch_and_optimizer_fields,
-                   add_schedule_checkpoint_and_eval_fields, add_anomaly_and_supervision_fields, add_parallel_fields})
+  for (auto add :
+       {add_top_level_fields, add_model_fields, add_batch_and_optimizer_fields, add_schedule_checkpoint_and_eval_fields,
+        add_profile_fields, add_anomaly_and_supervision_fields, add_parallel_fields})
     add(s);
   return s;
 }

@@ -47,6 +47,10 @@ void check_supported_layout(const RunConfig& cfg, int world) {
                       fmt::format("{} micro-batches on each of dp = {} ranks do not divide batch.global_batch = {}",
                                   cfg.parallel.micro_batches, grid.dp(), cfg.batch.global_batch));
   check_global_batch(cfg.batch.global_batch, {grid.dp(), micro_batch_size(cfg, grid.dp())});
+  for (int64_t rank : cfg.profile.ranks)
+    if (rank >= world)
+      throw ConfigError("profile.ranks",
+                        fmt::format("rank {} is not in this job of {} rank{}", rank, world, world == 1 ? "" : "s"));
 }
 
 int64_t micro_batch_size(const RunConfig& cfg, int dp) {

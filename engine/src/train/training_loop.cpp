@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -53,7 +54,8 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
       step_(s.pm, s.dist, s.cfg, s.batch, s.dp_rank, s.hooks.loss_tap),
       meter_(s.cfg, s.pm, s.dist, s.device, s.hooks.peak_flops, *s.log),
       judge_(s.cfg.anomaly, s.hooks.anomaly_policy, s.dist ? s.dist->control() : nullptr, *s.log),
-      graphs_(s.device, why_uncaptured(s), *s.log) {
+      graphs_(s.device, why_uncaptured(s), *s.log),
+      profiler_(s.cfg, s.dist ? s.dist->world->rank() : 0, s.device, s.dir, s.log) {
   if (s.hooks.controlled)
     control_ = std::make_unique<LiveControl>(s.dist ? s.dist->control() : nullptr, s.hooks.take_commands,
                                              s.hooks.on_event, s.batch);
@@ -134,8 +136,12 @@ TrainResult TrainingLoop::run() {
   for (int64_t step = resumed_.step; step < cfg_.schedule.steps; ++step) {
     Changes changes;
     if (control_ && at_boundary(step, changes)) return stopped(step);
+    const int64_t this_step = step;
+    profiler_.begin_step(this_step);
     // rolled_back: `step` is the one before the checkpoint's, where the loop goes on
-    if (run_step(step, changes) == Next::stop) return stopped(result_.steps);
+    const Next next = run_step(step, changes);
+    profiler_.end_step(this_step);
+    if (next == Next::stop) return stopped(result_.steps);
   }
   return finish();
 }
@@ -166,8 +172,10 @@ TrainingLoop::Next TrainingLoop::run_step(int64_t& step, const Changes& changes)
   std::vector<Batch> batches =
       carried_.empty() ? next_batches(accumulation_steps(cfg_.batch.global_batch, s_.batch)) : std::move(carried_);
   carried_.clear();
-  const StepValues values =
-      graphs_.forward_backward(batches, [&](const std::vector<Batch>& in) { return step_.forward_backward(step, in); });
+  const StepValues values = graphs_.forward_backward(batches, [&](const std::vector<Batch>& in) {
+    RECORD_USER_SCOPE("tide::forward_backward");
+    return step_.forward_backward(step, in);
+  });
   if (pending_) {
     // The step before, read while this one's work runs on the device. A rollback discards
     // this step's gradients; its batches are the next step's, as the data goes on.
@@ -183,6 +191,7 @@ TrainingLoop::Next TrainingLoop::run_step(int64_t& step, const Changes& changes)
   step_.set_lr(lr);
   // The update, skipped where `flagged` says or the norm is not finite; its skip flag.
   const auto update = [&](const at::Tensor& flagged) {
+    RECORD_USER_SCOPE("tide::update");
     const UpdateGate gate = gate_update(values.grad_norm, cfg_.optimizer.grad_clip, flagged);
     step_.update(gate);
     return gate.skip;
@@ -337,6 +346,7 @@ void TrainingLoop::save_checkpoint(int64_t steps_done) {
 
 TrainResult TrainingLoop::stopped(int64_t steps) {
   progress_.finish();
+  profiler_.finish();
   s_.checkpointer->wait();
   result_.replayed_steps = graphs_.replayed_steps();
   result_.stopped = true;
@@ -346,6 +356,7 @@ TrainResult TrainingLoop::stopped(int64_t steps) {
 
 TrainResult TrainingLoop::finish() {
   progress_.finish();
+  profiler_.finish();
   s_.checkpointer->wait();
   result_.replayed_steps = graphs_.replayed_steps();
   result_.weights_path = (s_.dir / "model.safetensors").string();

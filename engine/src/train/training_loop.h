@@ -22,6 +22,7 @@
 #include "live_control.h"
 #include "step_graphs.h"
 #include "step_meter.h"
+#include "step_profiler.h"
 #include "step_readout.h"
 #include "tensorboard_log.h"
 #include "tide/engine/checkpoint/checkpoint.h"
@@ -88,6 +89,7 @@ class TrainingLoop {
   StepMeter meter_;
   AnomalyJudge judge_;
   StepGraphs graphs_;
+  StepProfiler profiler_;
   std::unique_ptr<LiveControl> control_;  // null: no live control
   ResumeState resumed_;
   std::unique_ptr<BatchLoader> loader_;

@@ -138,6 +138,15 @@ struct EvalConfig {
   int64_t batches = 8;
 };
 
+// Steps recorded by LibTorch's profiler into the run directory (docs/profiling.md).
+struct ProfileConfig {
+  int64_t start_step = 0;         // the first recorded step (1: the run's first); 0: none
+  int64_t steps = 2;              // steps recorded from start_step on
+  std::vector<int64_t> ranks{0};  // global ranks that record; empty: every rank
+  bool shapes = false;            // operators' input shapes in the trace
+  bool memory = false;            // allocations and frees in the trace
+};
+
 struct RunConfig {
   std::string name = "run";
   int64_t seed = 1234;
@@ -155,6 +164,7 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   ParallelConfig parallel;
   EvalConfig eval;
+  ProfileConfig profile;
   SuperviseConfig supervise;
   AnomalyConfig anomaly;
   AlertConfig alerts;

@@ -15,7 +15,7 @@ void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_paral
 
 // Refuses, naming the fields, a layout this engine cannot run on `world` ranks (the
 // factors do not fit, the model cannot be cut, a combination not supported, a batch that
-// does not divide).
+// does not divide, a profiled rank outside the job).
 void check_supported_layout(const RunConfig& cfg, int world);
 
 // Sequences per micro-batch: batch.micro_batch, or derived from parallel.micro_batches.
