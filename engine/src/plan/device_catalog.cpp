@@ -106,6 +106,8 @@ nlohmann::json to_json(const DeviceSpec& d) {
           {"op_overhead", d.op_overhead},
           {"matmul_efficiency", d.matmul_efficiency},
           {"bandwidth_efficiency", d.bandwidth_efficiency},
+          {"attention_fp32_flops", d.attention_fp32_flops},
+          {"attention_bf16_flops", d.attention_bf16_flops},
           {"runtime_bytes", d.runtime_bytes},
           {"fragmentation", d.fragmentation},
           {"fused_attention", d.fused_attention},
@@ -128,6 +130,10 @@ DeviceSpec device_from_json(const nlohmann::json& j) {
   d.op_overhead = j.value("op_overhead", d.op_overhead);
   d.matmul_efficiency = j.at("matmul_efficiency").get<double>();
   d.bandwidth_efficiency = j.at("bandwidth_efficiency").get<double>();
+  d.attention_fp32_flops = j.value("attention_fp32_flops", 0.0);
+  d.attention_bf16_flops = j.value("attention_bf16_flops", 0.0);
+  if (d.attention_fp32_flops < 0 || d.attention_bf16_flops < 0)
+    throw std::invalid_argument(fmt::format("device '{}': an attention rate is negative", d.name));
   d.runtime_bytes = j.value("runtime_bytes", 0.0);
   d.fragmentation = j.value("fragmentation", 0.0);
   d.fused_attention = j.value("fused_attention", true);

@@ -23,6 +23,8 @@ DeviceSpec shared_cpu_device(DeviceSpec d, int ranks) {
   d.memory_bytes /= ranks;
   d.fp32_flops *= share;
   d.bf16_flops *= share;
+  d.attention_fp32_flops *= share;
+  d.attention_bf16_flops *= share;
   d.memory_bandwidth *= share;
   // A collective between time-shared ranks waits for each to be scheduled, and its
   // copies take the same shared cores.

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -42,7 +43,7 @@ struct ProbeShape {
 };
 
 struct ProbeTiming {
-  double seconds, matmul_flops, elementwise_bytes;
+  double seconds, matmul_flops, attention_flops, elementwise_bytes;
 };
 
 // A probe model built, with its batch and its forward and backward pass.
@@ -70,38 +71,78 @@ struct Probe {
   }
 };
 
-// Each probe's median of seven forward and backward passes, the probes interleaved pass
-// by pass: a shared machine's speed wanders within seconds, and interleaving lets the
-// wander reach every probe alike instead of skewing one against another.
-std::vector<ProbeTiming> time_probes(const std::vector<ProbeShape>& shapes) {
-  std::vector<std::unique_ptr<Probe>> probes;
-  for (const auto& shape : shapes) {
-    probes.push_back(std::make_unique<Probe>(shape));
-    probes.back()->pass();  // warm-up
+// Fused causal attention, forward and backward, at the probes' head width and length
+// (64, 256) in `dtype`; `flops` as the time model counts them (token_cost).
+struct AttentionProbe {
+  torch::Tensor q, k, v, grad;
+  double flops;
+
+  explicit AttentionProbe(DType dtype) {
+    const auto opts = torch::TensorOptions().dtype(dtype == DType::BFloat16 ? torch::kBFloat16 : torch::kFloat32);
+    const int64_t batch = 4, heads = 4, seq = 256, head_dim = 64;
+    q = torch::randn({batch, heads, seq, head_dim}, opts).requires_grad_();
+    k = torch::randn({batch, heads, seq, head_dim}, opts).requires_grad_();
+    v = torch::randn({batch, heads, seq, head_dim}, opts).requires_grad_();
+    grad = torch::randn({batch, heads, seq, head_dim}, opts);
+    flops = 12.0 * 0.5 * static_cast<double>(heads * head_dim * seq * batch * seq);
   }
-  std::vector<std::vector<double>> times(shapes.size());
+  void pass() {
+    const auto out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    torch::autograd::grad({out}, {q, k, v}, {grad});
+  }
+};
+
+struct ProbeTimings {
+  std::vector<ProbeTiming> models;
+  double attention_fp32 = 0, attention_bf16 = 0;  // FLOP/s
+};
+
+// Each probe's median of seven passes, the probes (the models, and attention in fp32 and
+// bf16) interleaved pass by pass: a shared machine's speed wanders within seconds, and
+// interleaving lets the wander reach every probe alike instead of skewing one against
+// another.
+ProbeTimings time_probes(const std::vector<ProbeShape>& shapes) {
+  std::vector<std::unique_ptr<Probe>> probes;
+  for (const auto& shape : shapes) probes.push_back(std::make_unique<Probe>(shape));
+  AttentionProbe fp32(DType::Float32), bf16(DType::BFloat16);
+  std::vector<std::function<void()>> passes;
+  for (auto& probe : probes) passes.emplace_back([&probe] { probe->pass(); });
+  passes.emplace_back([&] { fp32.pass(); });
+  passes.emplace_back([&] { bf16.pass(); });
+  for (auto& pass : passes) pass();  // warm-up
+  std::vector<std::vector<double>> times(passes.size());
   for (int round = 0; round < 7; ++round)
-    for (size_t i = 0; i < probes.size(); ++i) times[i].push_back(best_seconds(1, [&] { probes[i]->pass(); }));
-  std::vector<ProbeTiming> out;
-  for (size_t i = 0; i < probes.size(); ++i) {
+    for (size_t i = 0; i < passes.size(); ++i) times[i].push_back(best_seconds(1, passes[i]));
+  const auto median = [&](size_t i) {
     auto& t = times[i];
     std::nth_element(t.begin(), t.begin() + 3, t.end());
+    return t[3];
+  };
+  ProbeTimings out;
+  for (size_t i = 0; i < probes.size(); ++i) {
     const auto& p = *probes[i];
     const TokenCost cost = token_cost(p.model, p.shape.seq, DType::Float32);
     const double n = static_cast<double>(p.shape.batch * p.shape.seq);
-    out.push_back({t[3], n * cost.matmul_flops, n * cost.elementwise_bytes});
+    out.models.push_back({median(i), n * cost.matmul_flops, n * cost.attention_flops, n * cost.elementwise_bytes});
   }
+  out.attention_fp32 = fp32.flops / median(probes.size());
+  out.attention_bf16 = bf16.flops / median(probes.size() + 1);
   return out;
 }
 
-// The matmul rate R and elementwise rate W that best explain the probes' times
-// t = F / R + B / W (least squares on relative errors), from shapes that weigh the two
+struct FittedRates {
+  double matmul = 0, elementwise = 0, attention_fp32 = 0, attention_bf16 = 0;
+};
+
+// The matmul rate R and elementwise rate W that best explain the probes' times less
+// their attention's at the rate measured for it, t - A / Ra = F / R + B / W (least
+// squares on relative errors), from shapes that weigh the two
 // differently: one of the bundled tiny LLaMA's, one dominated by its logits, one by its
 // matmuls.
 // `companions` threads run the same probes meanwhile (the other ranks of a machine whose
 // cores each hold a one-thread rank): what one rank reaches while every core works,
 // sharing caches and memory bandwidth (measured: 13% slower than beside idle cores).
-std::pair<double, double> fit_rates(int companions) {
+FittedRates fit_rates(int companions) {
   const std::vector<ProbeShape> shapes = {{256, 2, 4096, 256, 4}, {128, 2, 16384, 256, 4}, {512, 2, 1024, 128, 8}};
   std::atomic<bool> done{false};
   std::vector<std::thread> others;
@@ -112,7 +153,7 @@ std::pair<double, double> fit_rates(int companions) {
       while (!done)
         for (auto& probe : probes) probe->pass();
     });
-  std::vector<ProbeTiming> timings;
+  ProbeTimings timings;
   try {
     timings = time_probes(shapes);
   } catch (...) {
@@ -123,9 +164,15 @@ std::pair<double, double> fit_rates(int companions) {
   done = true;
   for (auto& t : others) t.join();
   double aa = 0, ab = 0, bb = 0, at = 0, bt = 0;
-  for (const ProbeTiming& t : timings) {
+  FittedRates fitted;
+  fitted.attention_fp32 = timings.attention_fp32;
+  fitted.attention_bf16 = timings.attention_bf16;
+  for (const ProbeTiming& t : timings.models) {
     // Relative residuals: each probe's row divided by its time.
-    const double a = t.matmul_flops / t.seconds, b = t.elementwise_bytes / t.seconds;
+    // At least a fifth of a probe's time is its matmuls' and elementwise work's, whatever
+    // a wandering machine made of the attention probe.
+    const double seconds = std::max(0.2 * t.seconds, t.seconds - t.attention_flops / fitted.attention_fp32);
+    const double a = t.matmul_flops / seconds, b = t.elementwise_bytes / seconds;
     aa += a * a;
     ab += a * b;
     bb += b * b;
@@ -141,7 +188,9 @@ std::pair<double, double> fit_rates(int companions) {
     if (x == 0) y = bt / bb;
     if (y == 0) x = at / aa;
   }
-  return {x > 0 ? 1.0 / x : 1e15, y > 0 ? 1.0 / y : 1e15};
+  fitted.matmul = x > 0 ? 1.0 / x : 1e15;
+  fitted.elementwise = y > 0 ? 1.0 / y : 1e15;
+  return fitted;
 }
 // Two ranks of one machine (threads here, each with its own process group: Gloo over
 // loopback), each alternating a slice of compute with an all-reduce, as a tensor-parallel
@@ -228,7 +277,10 @@ DeviceSpec probe_local_cpu(int threads) {
   d.fp32_flops = measure_matmul_peak("cpu", DType::Float32);
   // One-thread ranks are probed beside a busy twin on every other core; a rank of
   // several threads is probed alone (two callers would share one intra-op pool).
-  const auto [matmul_rate, elementwise_rate] = fit_rates(threads == 1 ? local_cores() - 1 : 0);
+  const FittedRates fitted = fit_rates(threads == 1 ? local_cores() - 1 : 0);
+  const double matmul_rate = fitted.matmul, elementwise_rate = fitted.elementwise;
+  d.attention_fp32_flops = fitted.attention_fp32;
+  d.attention_bf16_flops = fitted.attention_bf16;
   // The peak is the GEMM probe's, unless the model's own products ran faster (the machine
   // was busier during the GEMM probe).
   d.fp32_flops = std::max(d.fp32_flops, matmul_rate);

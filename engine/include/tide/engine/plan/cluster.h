@@ -30,6 +30,11 @@ struct DeviceSpec {
   // memory bandwidth the elementwise work reaches: assumed for the table's GPUs (from
   // published measurements), measured by `tide plan --calibrate` for the local machine.
   double matmul_efficiency = 0.7, bandwidth_efficiency = 0.7;
+  // Fused causal attention's rate, forward and backward, in the FLOPs the time model
+  // counts for it: measured on a CPU by `tide plan --calibrate`, where the kernel runs far
+  // below the GEMMs and gains little from bf16 (on this project's EPYC: 1.1x, against 4x
+  // for the GEMMs). 0: the matmul rate (the GPUs of the table: flash kernels run near it).
+  double attention_fp32_flops = 0, attention_bf16_flops = 0;
   // Device memory the runtime holds beyond tensors (CUDA context, library workspaces)
   // and the share of tensor memory the caching allocator loses to fragmentation.
   double runtime_bytes = 0;

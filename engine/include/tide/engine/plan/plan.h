@@ -124,12 +124,12 @@ struct LayoutChoice {
 LayoutChoice choose_layout(const RunConfig& cfg, const Cluster& cluster, const PlanOptions& options = {});
 
 // What the time model charges per token of one process running the whole model (one
-// stage, no tensor parallelism): matmul FLOPs as computed (causal attention at half its
-// counted FLOPs, forward and backward) and bytes of elementwise memory traffic. The
-// calibration runs such a model and attributes to elementwise work what its matmuls do
-// not explain.
+// stage, no tensor parallelism): the weights' matmul FLOPs, attention's (causal at half
+// its counted FLOPs), forward and backward, and bytes of elementwise memory traffic. The
+// calibration runs such a model, takes out attention's time at the rate it measured, and
+// attributes to elementwise work what the matmuls do not explain.
 struct TokenCost {
-  double matmul_flops = 0, elementwise_bytes = 0;
+  double matmul_flops = 0, attention_flops = 0, elementwise_bytes = 0;
 };
 TokenCost token_cost(const ModelConfig& m, int64_t seq_len, DType compute);
 
