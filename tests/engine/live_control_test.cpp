@@ -1,6 +1,5 @@
 // Live control through the trainer's hooks, in one process: commands taken at step
 // boundaries change the run exactly there.
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -139,11 +138,9 @@ TEST(LiveControl, ProfilingSetLiveToAStepAlreadyBegunRecordsTheNextSteps) {
   c.schedule.steps = 8;
   const TrainHooks hooks = scripted_hooks(script);
   Trainer(c, dir.string(), hooks).run();
-  std::vector<std::string> files;
-  for (const auto& f : fs::directory_iterator(dir / "profile")) files.push_back(f.path().filename().string());
-  std::sort(files.begin(), files.end());
   // Applied before 0-based step 4: steps 5 and 6 as the metrics count them.
-  EXPECT_EQ(files, (std::vector<std::string>{"steps-5-6-rank-0.summary.txt", "steps-5-6-rank-0.trace.json"}));
+  EXPECT_EQ(testing::file_names(dir / "profile"),
+            (std::vector<std::string>{"steps-5-6-rank-0.summary.txt", "steps-5-6-rank-0.trace.json"}));
   fs::remove_all(dir);
 }
 

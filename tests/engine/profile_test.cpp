@@ -1,6 +1,5 @@
 // A recipe's `profile` section: LibTorch's profiler around the named steps of a real run,
 // its Chrome trace and summary on disk, and the summary's arithmetic.
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -93,6 +92,13 @@ RunConfig profiled_run(const std::string& name, int64_t steps) {
   return c;
 }
 
+// An empty place for a run named `name`, unique to this process.
+fs::path fresh_run_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("tide_profile_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
 TrainHooks quiet() {
   TrainHooks h;
   h.show_progress = false;
@@ -116,10 +122,8 @@ std::set<std::string> trace_names(const fs::path& trace) {
 }
 
 TEST(Profile, ARunRecordsTheNamedStepsWithoutChangingThem) {
-  const fs::path plain = fs::temp_directory_path() / ("tide_profile_plain_" + std::to_string(::getpid()));
-  const fs::path profiled = fs::temp_directory_path() / ("tide_profile_on_" + std::to_string(::getpid()));
-  fs::remove_all(plain);
-  fs::remove_all(profiled);
+  const fs::path plain = fresh_run_dir("plain");
+  const fs::path profiled = fresh_run_dir("on");
   Trainer(profiled_run("plain", 4), plain.string(), quiet()).run();
   RunConfig c = profiled_run("profiled", 4);
   c.profile.start_step = 2;
@@ -127,10 +131,8 @@ TEST(Profile, ARunRecordsTheNamedStepsWithoutChangingThem) {
   Trainer(c, profiled.string(), quiet()).run();
 
   EXPECT_FALSE(fs::exists(plain / "profile"));
-  std::vector<std::string> files;
-  for (const auto& f : fs::directory_iterator(profiled / "profile")) files.push_back(f.path().filename().string());
-  std::sort(files.begin(), files.end());
-  EXPECT_EQ(files, (std::vector<std::string>{"steps-2-3-rank-0.summary.txt", "steps-2-3-rank-0.trace.json"}));
+  EXPECT_EQ(testing::file_names(profiled / "profile"),
+            (std::vector<std::string>{"steps-2-3-rank-0.summary.txt", "steps-2-3-rank-0.trace.json"}));
 
   const std::set<std::string> names = trace_names(profiled / "profile" / "steps-2-3-rank-0.trace.json");
   for (const char* n : {"ProfilerStep#2", "ProfilerStep#3", "tide::forward_backward", "tide::update", "aten::mm"})
@@ -159,8 +161,7 @@ TEST(Profile, ARunRecordsTheNamedStepsWithoutChangingThem) {
 }
 
 TEST(Profile, ARunEndingInsideTheRecordingWritesTheStepsItRecorded) {
-  const fs::path dir = fs::temp_directory_path() / ("tide_profile_end_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = fresh_run_dir("end");
   RunConfig c = profiled_run("ends", 3);
   c.profile.start_step = 3;
   c.profile.steps = 5;
@@ -171,8 +172,7 @@ TEST(Profile, ARunEndingInsideTheRecordingWritesTheStepsItRecorded) {
 }
 
 TEST(Profile, ARunResumedPastItsStartStepRecordsNothing) {
-  const fs::path dir = fs::temp_directory_path() / ("tide_profile_resume_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = fresh_run_dir("resume");
   RunConfig c = profiled_run("resumed", 4);
   c.checkpoint.async = false;
   Trainer(c, dir.string(), quiet()).run();
@@ -186,8 +186,7 @@ TEST(Profile, ARunResumedPastItsStartStepRecordsNothing) {
 }
 
 TEST(Profile, ARankOutsideTheJobIsRefusedBeforeTheRunStarts) {
-  const fs::path dir = fs::temp_directory_path() / ("tide_profile_rank_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = fresh_run_dir("rank");
   RunConfig c = profiled_run("rank", 2);
   c.profile.start_step = 1;
   c.profile.ranks = {0, 2};

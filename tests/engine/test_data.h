@@ -1,9 +1,11 @@
 // A small prepared dataset written with the real `data prepare` code.
 #pragma once
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tide/engine/config.h"
 #include "tide/engine/data/dataset_writer.h"
@@ -32,6 +34,14 @@ inline std::string small_dataset() {
     return opt.out_dir;
   }();
   return dir;
+}
+
+// The names of the files in `dir`, sorted (what a run wrote there).
+inline std::vector<std::string> file_names(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) names.push_back(f.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 // tiny_llama on small_dataset(): 8 windows of 32 tokens per step in two micro-batches of

@@ -136,15 +136,16 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     const RankModel r = rank_model(mc, L.tp, stage);
     const double blocks = static_cast<double>(r.blocks);
     const double D = static_cast<double>(r.dim);
-    const double attn_width = static_cast<double>(r.heads * r.head_dim);
     TimeEstimate t;
     const bool fused = dev.fused_attention;
     const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused);
     t.compute = M * tokens_mb * (cost.matmul_flops / matmul_rate + cost.attention_flops / attention_rate);
+    // Recomputation: one more forward of the blocks (attention's: a third of its forward
+    // and backward).
     if (L.activation_checkpointing)
       t.recompute = M * tokens_mb *
                     (2.0 * blocks * static_cast<double>(r.block_matmul) / matmul_rate +
-                     4.0 * attention_fraction(mc, fused) * blocks * attn_width * T / attention_rate);
+                     cost.attention_flops / 3.0 / attention_rate);
     t.elementwise = M * tokens_mb * stage_token_cost(mc, r, T, s, L.activation_checkpointing, fused).elementwise_bytes /
                         memory_rate +
                     M * (blocks * kOpsPerBlock * (L.activation_checkpointing ? 4.0 / 3.0 : 1.0) + kOpsOutsideBlocks) *

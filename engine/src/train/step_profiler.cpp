@@ -107,7 +107,7 @@ void StepProfiler::end_step(int64_t step) {
 }
 
 void StepProfiler::finish() {
-  if (recording_ && through_ >= first_) write(through_);
+  if (recording_) write(through_);
 }
 
 void StepProfiler::start(int64_t first) {
