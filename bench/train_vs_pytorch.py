@@ -4,8 +4,9 @@ Prints tokens/s of each and their ratio, peak memory, and MFU against the matmul
 the precision measured here. In fp32 PyTorch runs eager as installed (glibc malloc), eager
 with its best allocator settings (jemalloc preloaded with the options tide uses; CPU only),
 and torch.compile (inductor; the warm-up steps take the compilation). With --precision bf16
-(tide's precision.compute = "bf16") the peers are eager bf16 autocast, the same with
-F.scaled_dot_product_attention and AdamW(fused=True), and that under torch.compile.
+(tide's precision.compute = "bf16") the peers are eager fp32, eager bf16 autocast, the
+same with F.scaled_dot_product_attention and AdamW(fused=True), and that under
+torch.compile.
 Usage: .venv/bin/python bench/train_vs_pytorch.py --tide build/tools/tide [--shape tiny|small|all]
        .venv/bin/python bench/train_vs_pytorch.py --device cuda --precision bf16 --shape s1   (also s2, gpu)
        add --profile-dir DIR for tide's profile of two steps after the timed ones (docs/profiling.md)
@@ -107,7 +108,7 @@ def main():
     ap.add_argument("--data", default=os.path.join(ROOT, "data", "kjv"))
     ap.add_argument("--shape", default="all", choices=["tiny", "small", "gpu", "s1", "s2", "all"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                    help="cuda: both on GPU 0 (tide with device=cuda), MFU against the fp32 matmul peak there")
+                    help="cuda: both on GPU 0 (tide with device=cuda)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="tide's precision.compute; bf16 changes the peers to bf16 autocast ones")
     ap.add_argument("--steps", type=int, default=0, help="timed steps (default: 30 tiny, 8 small)")
@@ -145,6 +146,7 @@ def main():
             results["tide, cuda_graphs = false"] = tide(cuda_graphs=False)
         if bf16:
             best = ("--bf16", "--sdpa", "--fused-adamw")
+            results["pytorch eager fp32"] = peer(False)
             results["pytorch eager bf16"] = peer(False, flags=("--bf16",))
             results["eager bf16 + SDPA + fused AdamW"] = peer(False, flags=best)
             results["the same, torch.compile"] = peer(False, compile=True, flags=best)

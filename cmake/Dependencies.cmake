@@ -14,7 +14,10 @@ pkg_check_modules(LUAJIT REQUIRED IMPORTED_TARGET luajit)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 # tided's HTTP server (dashboard, /metrics) and the Prometheus text format it serves.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
-find_package(prometheus-cpp CONFIG REQUIRED COMPONENTS core)
+# Only prometheus-cpp's core (metric families, the text serializer), through its .pc file:
+# its CMake package config also requires civetweb, CURL and zlib for the pull and push
+# components tide does not use, which a host building with carried libraries lacks.
+pkg_check_modules(PROMETHEUS REQUIRED IMPORTED_TARGET prometheus-cpp-core)
 # ICU's regex engine runs Hugging Face pre-tokenizer patterns (\p{L}, look-ahead,
 # nested classes) exactly.
 pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc icu-i18n)

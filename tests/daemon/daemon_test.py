@@ -866,7 +866,7 @@ def part_cuda():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     logits = model(torch.tensor([[84, 104, 101, 32]])).logits
     assert logits.shape == (1, 4, 300) and torch.isfinite(logits).all(), logits.shape
     print(f"the export of {run} loads in {type(model).__name__}")

@@ -60,7 +60,7 @@ def make(out):
 
 
 def logits(hf_dir, out):
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
     save_file(reference(model, load_file(out)["input_ids"]), out)
 
 
