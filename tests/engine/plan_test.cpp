@@ -241,6 +241,63 @@ TEST(Plan, MaterialisedAttentionKeepsItsProbabilitiesAndComputesEveryScore) {
   EXPECT_GT(b.time.elementwise, a.time.elementwise);
 }
 
+TEST(Plan, Bf16ProductsRunAtTheirOwnMeasuredShareOfThePeak) {
+  const RunConfig bf16 = recipe("llama/llama-tiny", {"precision.compute=bf16"});
+  const RunConfig fp32 = recipe("llama/llama-tiny", {"precision.compute=fp32"});
+  Cluster shared = h100(1, 1);
+  Cluster own = shared;
+  own.device.bf16_matmul_efficiency = shared.device.matmul_efficiency / 2;
+  PlanLayout l;
+  l.micro_batch = 8;
+  const LayoutPlan a = evaluate_layout(bf16, shared, l), b = evaluate_layout(bf16, own, l);
+  // Fused attention runs at the matmul rate on the table's GPUs: all of compute halves its rate.
+  EXPECT_NEAR(b.time.compute, 2 * a.time.compute, 1e-12 * a.time.compute);
+  EXPECT_DOUBLE_EQ(b.time.elementwise, a.time.elementwise);
+  // fp32 products keep matmul_efficiency.
+  EXPECT_DOUBLE_EQ(evaluate_layout(fp32, own, l).time.compute, evaluate_layout(fp32, shared, l).time.compute);
+  // The field travels through a device's JSON, and a share outside [0, 1] is refused.
+  nlohmann::json j = to_json(own.device);
+  EXPECT_DOUBLE_EQ(device_from_json(j).bf16_matmul_efficiency, own.device.bf16_matmul_efficiency);
+  j["bf16_matmul_efficiency"] = 1.5;
+  EXPECT_THROW(device_from_json(j), std::invalid_argument);
+}
+
+TEST(Plan, PipelineStagesSharingCoresComputeFasterWhileTheOthersWait) {
+  const RunConfig cfg = recipe("llama/llama-tiny");
+  Cluster alike = h100(1, 2);
+  Cluster shared = alike;
+  shared.device.idle_peer_speedup = 1.5;
+  PlanLayout l;
+  l.pp = 2;
+  l.micro_batch = 2;
+  l.micro_batches = 4;
+  const LayoutPlan a = evaluate_layout(cfg, alike, l), b = evaluate_layout(cfg, shared, l);
+  // Two stages, M = 4: the other stage works (M - 1) of its micro-batches beside the
+  // slowest one's M (its bubble share is one micro-batch of its time), and nothing beside
+  // the fill and drain.
+  const double M = 4,
+               slowest = a.time.compute + a.time.recompute + a.time.elementwise + a.time.tp_comm + a.time.pp_comm;
+  const double alongside = a.time.bubble * (M - 1);
+  const double scale = (alongside + (slowest - alongside) / 1.5) / slowest;
+  EXPECT_NEAR(b.time.compute, a.time.compute * scale, 1e-12 * a.time.compute);
+  EXPECT_NEAR(b.time.elementwise, a.time.elementwise * scale, 1e-12 * a.time.elementwise);
+  EXPECT_NEAR(b.time.bubble, a.time.bubble / 1.5, 1e-12 * a.time.bubble);
+  EXPECT_DOUBLE_EQ(b.time.pp_comm, a.time.pp_comm);
+  EXPECT_NEAR(b.time.step,
+              b.time.compute + b.time.recompute + b.time.elementwise + b.time.tp_comm + b.time.pp_comm + b.time.bubble +
+                  b.time.dp_comm + b.time.optimizer,
+              1e-12 * b.time.step);
+  // Without a pipeline no rank waits for another's stage: nothing changes.
+  PlanLayout dp;
+  dp.dp = 2;
+  dp.micro_batch = 2;
+  EXPECT_DOUBLE_EQ(evaluate_layout(cfg, shared, dp).time.step, evaluate_layout(cfg, alike, dp).time.step);
+  nlohmann::json j = to_json(shared.device);
+  EXPECT_DOUBLE_EQ(device_from_json(j).idle_peer_speedup, 1.5);
+  j["idle_peer_speedup"] = 0.5;
+  EXPECT_THROW(device_from_json(j), std::invalid_argument);
+}
+
 TEST(Plan, DeviceFilesAreReadAndTheirFaultsNamed) {
   const std::string dir = ::testing::TempDir();
   const std::string good = dir + "/tide-plan-device.json", bad = dir + "/tide-plan-bad.json";

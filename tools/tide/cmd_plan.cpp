@@ -39,11 +39,13 @@ void calibrate(const PlanArgs& a) {
   std::filesystem::rename(tmp, path);
   for (const auto& [threads, d] : j.at("by_threads").items())
     std::cout << fmt::format(
-        "{} thread(s): fp32 matmul peak {:.1f} GFLOP/s, training-sized products at {:.0f}% of it, "
-        "elementwise work at {:.2f} GB/s; loopback all-reduce {:.2f} GB/s after {:.0f} us\n",
+        "{} thread(s): fp32 matmul peak {:.1f} GFLOP/s, training-sized products at {:.0f}% of it; bf16 peak "
+        "{:.1f} GFLOP/s, products at {:.0f}% of it; elementwise work at {:.2f} GB/s; {:.2f}x as fast beside idle "
+        "ranks; loopback all-reduce {:.2f} GB/s after {:.0f} us\n",
         threads, d.at("fp32_flops").get<double>() / 1e9, 100 * d.at("matmul_efficiency").get<double>(),
-        d.at("memory_bandwidth").get<double>() / 1e9, d.at("intra_node_bandwidth").get<double>() / 1e9,
-        d.at("collective_latency").get<double>() * 1e6);
+        d.at("bf16_flops").get<double>() / 1e9, 100 * d.at("bf16_matmul_efficiency").get<double>(),
+        d.at("memory_bandwidth").get<double>() / 1e9, d.at("idle_peer_speedup").get<double>(),
+        d.at("intra_node_bandwidth").get<double>() / 1e9, d.at("collective_latency").get<double>() * 1e6);
   std::cout << "stored in " << path << "\n";
 }
 }  // namespace

@@ -106,6 +106,8 @@ nlohmann::json to_json(const DeviceSpec& d) {
           {"op_overhead", d.op_overhead},
           {"matmul_efficiency", d.matmul_efficiency},
           {"bandwidth_efficiency", d.bandwidth_efficiency},
+          {"bf16_matmul_efficiency", d.bf16_matmul_efficiency},
+          {"idle_peer_speedup", d.idle_peer_speedup},
           {"attention_fp32_flops", d.attention_fp32_flops},
           {"attention_bf16_flops", d.attention_bf16_flops},
           {"runtime_bytes", d.runtime_bytes},
@@ -130,10 +132,18 @@ DeviceSpec device_from_json(const nlohmann::json& j) {
   d.op_overhead = j.value("op_overhead", d.op_overhead);
   d.matmul_efficiency = j.at("matmul_efficiency").get<double>();
   d.bandwidth_efficiency = j.at("bandwidth_efficiency").get<double>();
+  d.bf16_matmul_efficiency = j.value("bf16_matmul_efficiency", 0.0);
+  if (d.bf16_matmul_efficiency < 0 || d.bf16_matmul_efficiency > 1)
+    throw std::invalid_argument(
+        fmt::format("device '{}': bf16_matmul_efficiency {} is outside [0, 1]", d.name, d.bf16_matmul_efficiency));
   d.attention_fp32_flops = j.value("attention_fp32_flops", 0.0);
   d.attention_bf16_flops = j.value("attention_bf16_flops", 0.0);
   if (d.attention_fp32_flops < 0 || d.attention_bf16_flops < 0)
     throw std::invalid_argument(fmt::format("device '{}': an attention rate is negative", d.name));
+  d.idle_peer_speedup = j.value("idle_peer_speedup", 1.0);
+  if (!(d.idle_peer_speedup >= 1))
+    throw std::invalid_argument(
+        fmt::format("device '{}': idle_peer_speedup {} is below 1", d.name, d.idle_peer_speedup));
   d.runtime_bytes = j.value("runtime_bytes", 0.0);
   d.fragmentation = j.value("fragmentation", 0.0);
   d.fused_attention = j.value("fused_attention", true);

@@ -16,7 +16,8 @@
 //   pipelines: one send and receive per micro-batch and direction, and the fill and drain
 //     bubble: the slowest stage works through every micro-batch while each other stage
 //     adds one micro-batch of its own time (fill before it, drain after it), (pp - 1)
-//     slots when the stages are alike;
+//     slots when the stages are alike; on ranks that share a machine's cores, what the
+//     slowest stage computes while the others wait runs at the idle peers' speed;
 //   AdamW reading and writing 28 bytes per owned element; offload moves gradients to the
 //     host and parameters back, and updates at the host's speed.
 #include <algorithm>
@@ -104,7 +105,8 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   const bool bf16 = compute == DType::BFloat16;
   const double s = bf16 ? 2.0 : 4.0;
   const double peak = bf16 ? dev.bf16_flops : dev.fp32_flops;
-  const double matmul_rate = peak * dev.matmul_efficiency;
+  const double matmul_rate =
+      peak * (bf16 && dev.bf16_matmul_efficiency > 0 ? dev.bf16_matmul_efficiency : dev.matmul_efficiency);
   const double measured_attention = bf16 ? dev.attention_bf16_flops : dev.attention_fp32_flops;
   // What the calibration measured is the causal kernel with no mask. A materialised
   // attention is two batched matmuls, and ALiBi's masked kernel is not probed: the matmul
@@ -212,7 +214,27 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     }
   }
   // Fill and drain: one micro-batch of every stage but the slowest (1F1B and GPipe alike).
-  if (L.pp > 1) worst.bubble = (all_busy - worst_busy) / M;
+  if (L.pp > 1) {
+    worst.bubble = (all_busy - worst_busy) / M;
+    const double speedup = dev.idle_peer_speedup;
+    if (speedup > 1) {
+      // Ranks sharing a machine (CPU cores): the slowest stage computes faster while the
+      // others wait. Of its M micro-batches' time the others work (M - 1) of their own
+      // alongside (their first forward and last backward are the fill and drain), on
+      // average over the P - 1 of them; the rest runs at the idle peers' speed. In the
+      // fill and drain (P - 2) / (2 (P - 1)) of the other stages work on average (none for
+      // two stages).
+      const double others = static_cast<double>(L.pp - 1);
+      const double alongside = std::min(worst_busy, (all_busy - worst_busy) * (M - 1) / M / others);
+      const double scale = (alongside + (worst_busy - alongside) / speedup) / worst_busy;
+      worst.compute *= scale;
+      worst.recompute *= scale;
+      worst.elementwise *= scale;
+      worst_busy = worst.compute + worst.recompute + worst.elementwise + worst.tp_comm + worst.pp_comm;
+      const double busy_in_bubble = (others - 1) / (2 * others);
+      worst.bubble *= busy_in_bubble + (1 - busy_in_bubble) / speedup;
+    }
+  }
   worst.step = worst_busy + worst.bubble + worst.dp_comm + worst.optimizer;
   const double global_tokens = static_cast<double>(cfg.batch.global_batch) * T;
   worst.tokens_per_second = global_tokens / worst.step;

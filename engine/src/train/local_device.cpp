@@ -16,6 +16,7 @@
 #include <ATen/DeviceAccelerator.h>
 #endif
 
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/plan/plan.h"
@@ -65,9 +66,11 @@ struct Probe {
     net->reset_parameters(1);
     tokens = torch::randint(model.vocab_size, {p.batch, p.seq}, torch::kLong);
   }
-  void pass() {
+  // With `compute` bf16 the matmuls run as a one-micro-batch training step runs them
+  // (train_step.cpp: autocast, each weight cast in forward and again in backward).
+  void pass(DType compute = DType::Float32) {
     net->zero_grad();
-    net->loss(tokens, tokens).backward();
+    with_compute_dtype(compute, [&] { return net->loss(tokens, tokens); }).backward();
   }
 };
 
@@ -94,13 +97,14 @@ struct AttentionProbe {
 
 struct ProbeTimings {
   std::vector<ProbeTiming> models;
+  ProbeTiming bf16_model;                         // the first model, computing in bf16
   double attention_fp32 = 0, attention_bf16 = 0;  // FLOP/s
 };
 
-// Each probe's median of seven passes, the probes (the models, and attention in fp32 and
-// bf16) interleaved pass by pass: a shared machine's speed wanders within seconds, and
-// interleaving lets the wander reach every probe alike instead of skewing one against
-// another.
+// Each probe's median of seven passes, the probes (the models, the first of them again in
+// bf16, and attention in fp32 and bf16) interleaved pass by pass: a shared machine's speed
+// wanders within seconds, and interleaving lets the wander reach every probe alike instead
+// of skewing one against another.
 ProbeTimings time_probes(const std::vector<ProbeShape>& shapes) {
   std::vector<std::unique_ptr<Probe>> probes;
   for (const auto& shape : shapes) probes.push_back(std::make_unique<Probe>(shape));
@@ -109,6 +113,7 @@ ProbeTimings time_probes(const std::vector<ProbeShape>& shapes) {
   for (auto& probe : probes) passes.emplace_back([&probe] { probe->pass(); });
   passes.emplace_back([&] { fp32.pass(); });
   passes.emplace_back([&] { bf16.pass(); });
+  passes.emplace_back([&] { probes.front()->pass(DType::BFloat16); });
   for (auto& pass : passes) pass();  // warm-up
   std::vector<std::vector<double>> times(passes.size());
   for (int round = 0; round < 7; ++round)
@@ -118,20 +123,22 @@ ProbeTimings time_probes(const std::vector<ProbeShape>& shapes) {
     std::nth_element(t.begin(), t.begin() + 3, t.end());
     return t[3];
   };
-  ProbeTimings out;
-  for (size_t i = 0; i < probes.size(); ++i) {
-    const auto& p = *probes[i];
-    const TokenCost cost = token_cost(p.model, p.shape.seq, DType::Float32);
+  const auto timing = [&](const Probe& p, DType compute, double seconds) {
+    const TokenCost cost = token_cost(p.model, p.shape.seq, compute);
     const double n = static_cast<double>(p.shape.batch * p.shape.seq);
-    out.models.push_back({median(i), n * cost.matmul_flops, n * cost.attention_flops, n * cost.elementwise_bytes});
-  }
+    return ProbeTiming{seconds, n * cost.matmul_flops, n * cost.attention_flops, n * cost.elementwise_bytes};
+  };
+  ProbeTimings out;
+  for (size_t i = 0; i < probes.size(); ++i) out.models.push_back(timing(*probes[i], DType::Float32, median(i)));
   out.attention_fp32 = fp32.flops / median(probes.size());
   out.attention_bf16 = bf16.flops / median(probes.size() + 1);
+  out.bf16_model = timing(*probes.front(), DType::BFloat16, median(probes.size() + 2));
   return out;
 }
 
 struct FittedRates {
   double matmul = 0, elementwise = 0, attention_fp32 = 0, attention_bf16 = 0;
+  double bf16_matmul = 0;  // the bf16 model's products, FLOP/s
 };
 
 // The matmul rate R and elementwise rate W that best explain the probes' times less
@@ -190,8 +197,63 @@ FittedRates fit_rates(int companions) {
   }
   fitted.matmul = x > 0 ? 1.0 / x : 1e15;
   fitted.elementwise = y > 0 ? 1.0 / y : 1e15;
+  // bf16's products, from the bf16 model's time less its attention's and its elementwise
+  // work's at the rates above. Not the fp32 rate scaled by the GEMM peaks' ratio: that
+  // scales with them whatever of the elementwise work the fp32 fit took into its matmul
+  // rate, which on a busy machine (where the fit can find no elementwise term) made bf16
+  // steps twice as fast as they ran.
+  const ProbeTiming& b = timings.bf16_model;
+  const double not_matmul = b.attention_flops / fitted.attention_bf16 + b.elementwise_bytes / fitted.elementwise;
+  fitted.bf16_matmul = b.matmul_flops / std::max(0.2 * b.seconds, b.seconds - not_matmul);
   return fitted;
 }
+// How much faster a one-thread rank computes while the machine's other ranks wait (a
+// pipeline stage during another's fill, drain or slack) than while they compute too: they
+// share caches, memory bandwidth and, on a loaded machine, what cores the load leaves.
+// The first probe model's pass, timed with `companions` threads computing beside it and
+// with them paused, alternately, seven of each; the ratio of the medians (at least 1).
+double idle_peer_speedup(int companions) {
+  if (companions <= 0) return 1.0;
+  const ProbeShape shape{256, 2, 4096, 256, 4};
+  std::atomic<bool> working{true}, done{false};
+  std::atomic<int> paused{0};
+  std::vector<std::thread> others;
+  for (int i = 0; i < companions; ++i)
+    others.emplace_back([&, shape] {
+      Probe probe(shape);
+      while (!done) {
+        if (working) {
+          probe.pass();
+          continue;
+        }
+        ++paused;
+        while (!working && !done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        --paused;
+      }
+    });
+  std::vector<double> busy, alone;
+  try {
+    Probe probe(shape);
+    probe.pass();  // warm-up
+    for (int round = 0; round < 7; ++round) {
+      working = true;
+      busy.push_back(best_seconds(1, [&] { probe.pass(); }));
+      working = false;
+      while (paused < companions) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      alone.push_back(best_seconds(1, [&] { probe.pass(); }));
+    }
+  } catch (...) {
+    done = true;
+    for (auto& t : others) t.join();
+    throw;
+  }
+  done = true;
+  for (auto& t : others) t.join();
+  std::nth_element(busy.begin(), busy.begin() + 3, busy.end());
+  std::nth_element(alone.begin(), alone.begin() + 3, alone.end());
+  return std::max(1.0, busy[3] / alone[3]);
+}
+
 // Two ranks of one machine (threads here, each with its own process group: Gloo over
 // loopback), each alternating a slice of compute with an all-reduce, as a tensor-parallel
 // block does. A collective costs what that loop takes beyond the same loop without it:
@@ -277,7 +339,11 @@ DeviceSpec probe_local_cpu(int threads) {
   d.fp32_flops = measure_matmul_peak("cpu", DType::Float32);
   // One-thread ranks are probed beside a busy twin on every other core; a rank of
   // several threads is probed alone (two callers would share one intra-op pool).
-  const FittedRates fitted = fit_rates(threads == 1 ? local_cores() - 1 : 0);
+  const int companions = threads == 1 ? local_cores() - 1 : 0;
+  const FittedRates fitted = fit_rates(companions);
+  // Ranks of several threads are probed alone: how much their neighbours' rest would speed
+  // them up is not measured (1).
+  d.idle_peer_speedup = idle_peer_speedup(companions);
   const double matmul_rate = fitted.matmul, elementwise_rate = fitted.elementwise;
   d.attention_fp32_flops = fitted.attention_fp32;
   d.attention_bf16_flops = fitted.attention_bf16;
@@ -286,9 +352,10 @@ DeviceSpec probe_local_cpu(int threads) {
   d.fp32_flops = std::max(d.fp32_flops, matmul_rate);
   d.matmul_efficiency = matmul_rate / d.fp32_flops;
   // bf16 products: 4x fp32's on a core with AVX512-BF16 (measured on an AMD EPYC of this
-  // project's machines), a scalar fallback on one without; the model's products are
-  // taken to reach the same share of either peak.
-  d.bf16_flops = measure_matmul_peak("cpu", DType::BFloat16);
+  // project's machines), a scalar fallback on one without. The model's reach their own
+  // share of that peak, measured like fp32's.
+  d.bf16_flops = std::max(measure_matmul_peak("cpu", DType::BFloat16), fitted.bf16_matmul);
+  d.bf16_matmul_efficiency = fitted.bf16_matmul / d.bf16_flops;
   d.memory_bandwidth = elementwise_rate;
   d.bandwidth_efficiency = 1.0;  // measured on the work itself
   // Gloo between processes of one machine: until a collective probe measures it, a

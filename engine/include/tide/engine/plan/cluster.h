@@ -30,6 +30,15 @@ struct DeviceSpec {
   // memory bandwidth the elementwise work reaches: assumed for the table's GPUs (from
   // published measurements), measured by `tide plan --calibrate` for the local machine.
   double matmul_efficiency = 0.7, bandwidth_efficiency = 0.7;
+  // The bf16 products' share of the bf16 peak where it was measured apart from fp32's (a
+  // CPU's calibration: its bf16 GEMMs and the elementwise work around them scale unlike
+  // fp32's). 0: matmul_efficiency, as for the table's GPUs.
+  double bf16_matmul_efficiency = 0;
+  // How much faster a rank computes while the other ranks of its machine wait than while
+  // they compute too (at least 1): a CPU's ranks share its caches, memory bandwidth and,
+  // on a loaded machine, its free cores. Measured by `tide plan --calibrate` for one-thread
+  // ranks; 1 for devices of their own. Pipeline stages gain it in their fill, drain and slack.
+  double idle_peer_speedup = 1;
   // Fused causal attention's rate, forward and backward, in the FLOPs the time model
   // counts for it: measured on a CPU by `tide plan --calibrate`, where the kernel runs far
   // below the GEMMs and gains little from bf16 (on this project's EPYC: 1.1x, against 4x
