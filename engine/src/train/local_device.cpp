@@ -136,6 +136,26 @@ ProbeTimings time_probes(const std::vector<ProbeShape>& shapes) {
   return out;
 }
 
+// Threads that run `body` beside a measurement, as the other ranks of a machine would,
+// until this is destroyed (also when the measurement throws). `body` returns once the
+// flag it is given is set.
+class Companions {
+ public:
+  Companions(int n, const std::function<void(const std::atomic<bool>& done)>& body) {
+    for (int i = 0; i < n; ++i) threads_.emplace_back([this, body] { body(done_); });
+  }
+  ~Companions() {
+    done_ = true;
+    for (auto& t : threads_) t.join();
+  }
+  Companions(const Companions&) = delete;
+  Companions& operator=(const Companions&) = delete;
+
+ private:
+  std::atomic<bool> done_{false};
+  std::vector<std::thread> threads_;
+};
+
 struct FittedRates {
   double matmul = 0, elementwise = 0, attention_fp32 = 0, attention_bf16 = 0;
   double bf16_matmul = 0;  // the bf16 model's products, FLOP/s
@@ -151,25 +171,16 @@ struct FittedRates {
 // sharing caches and memory bandwidth (measured: 13% slower than beside idle cores).
 FittedRates fit_rates(int companions) {
   const std::vector<ProbeShape> shapes = {{256, 2, 4096, 256, 4}, {128, 2, 16384, 256, 4}, {512, 2, 1024, 128, 8}};
-  std::atomic<bool> done{false};
-  std::vector<std::thread> others;
-  for (int i = 0; i < companions; ++i)
-    others.emplace_back([&] {
+  ProbeTimings timings;
+  {
+    const Companions others(companions, [&](const std::atomic<bool>& done) {
       std::vector<std::unique_ptr<Probe>> probes;
       for (const auto& shape : shapes) probes.push_back(std::make_unique<Probe>(shape));
       while (!done)
         for (auto& probe : probes) probe->pass();
     });
-  ProbeTimings timings;
-  try {
     timings = time_probes(shapes);
-  } catch (...) {
-    done = true;
-    for (auto& t : others) t.join();
-    throw;
   }
-  done = true;
-  for (auto& t : others) t.join();
   double aa = 0, ab = 0, bb = 0, at = 0, bt = 0;
   FittedRates fitted;
   fitted.attention_fp32 = timings.attention_fp32;
@@ -215,11 +226,11 @@ FittedRates fit_rates(int companions) {
 double idle_peer_speedup(int companions) {
   if (companions <= 0) return 1.0;
   const ProbeShape shape{256, 2, 4096, 256, 4};
-  std::atomic<bool> working{true}, done{false};
+  std::atomic<bool> working{true};
   std::atomic<int> paused{0};
-  std::vector<std::thread> others;
-  for (int i = 0; i < companions; ++i)
-    others.emplace_back([&, shape] {
+  std::vector<double> busy, alone;
+  {
+    const Companions others(companions, [&](const std::atomic<bool>& done) {
       Probe probe(shape);
       while (!done) {
         if (working) {
@@ -231,8 +242,6 @@ double idle_peer_speedup(int companions) {
         --paused;
       }
     });
-  std::vector<double> busy, alone;
-  try {
     Probe probe(shape);
     probe.pass();  // warm-up
     for (int round = 0; round < 7; ++round) {
@@ -242,13 +251,7 @@ double idle_peer_speedup(int companions) {
       while (paused < companions) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       alone.push_back(best_seconds(1, [&] { probe.pass(); }));
     }
-  } catch (...) {
-    done = true;
-    for (auto& t : others) t.join();
-    throw;
   }
-  done = true;
-  for (auto& t : others) t.join();
   std::nth_element(busy.begin(), busy.begin() + 3, busy.end());
   std::nth_element(alone.begin(), alone.begin() + 3, alone.end());
   return std::max(1.0, busy[3] / alone[3]);
