@@ -156,6 +156,10 @@ class Companions {
   std::vector<std::thread> threads_;
 };
 
+// The calibration's probe models (dim, layers, vocabulary, sequence, batch): one of the
+// bundled tiny LLaMA's, one dominated by its logits, one by its matmuls.
+const std::vector<ProbeShape> kProbeShapes = {{256, 2, 4096, 256, 4}, {128, 2, 16384, 256, 4}, {512, 2, 1024, 128, 8}};
+
 struct FittedRates {
   double matmul = 0, elementwise = 0, attention_fp32 = 0, attention_bf16 = 0;
   double bf16_matmul = 0;  // the bf16 model's products, FLOP/s
@@ -170,7 +174,7 @@ struct FittedRates {
 // cores each hold a one-thread rank): what one rank reaches while every core works,
 // sharing caches and memory bandwidth (measured: 13% slower than beside idle cores).
 FittedRates fit_rates(int companions) {
-  const std::vector<ProbeShape> shapes = {{256, 2, 4096, 256, 4}, {128, 2, 16384, 256, 4}, {512, 2, 1024, 128, 8}};
+  const std::vector<ProbeShape>& shapes = kProbeShapes;
   ProbeTimings timings;
   {
     const Companions others(companions, [&](const std::atomic<bool>& done) {
@@ -225,7 +229,7 @@ FittedRates fit_rates(int companions) {
 // with them paused, alternately, seven of each; the ratio of the medians (at least 1).
 double idle_peer_speedup(int companions) {
   if (companions <= 0) return 1.0;
-  const ProbeShape shape{256, 2, 4096, 256, 4};
+  const ProbeShape& shape = kProbeShapes.front();
   std::atomic<bool> working{true};
   std::atomic<int> paused{0};
   std::vector<double> busy, alone;
