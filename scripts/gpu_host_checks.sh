@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The checks a GPU host owes issues 15 and 17 (docs/gpu.md), each part's log kept in
 # OUT_DIR, so that a short lease of a GPU machine goes to running them, not to typing them:
+#   build    build.log: (with --kit) tide and its tests built against the host's PyTorch with
+#            the carried libraries; later calls with --kit find that build's environment
 #   host     host.txt: GPU, driver, PyTorch and CUDA versions, tide's build
 #   tests    cuda-tests.log: the CUDA label, where a skip fails (TIDE_REQUIRE_CUDA=1)
 #   demo     demo.log: the demo recipe trained on GPU 0 in bf16, then sampled
@@ -8,34 +10,80 @@
 #            shape, and profile-S.txt: the summary of tide's profile of two more steps
 # Parts run in the order given (default: host tests demo s1 s2); a failed part is logged
 # and the next runs. Exit status: the number of failed parts.
-# Usage: scripts/gpu_host_checks.sh [--build DIR] OUT_DIR [PART...]
-#   --build DIR   tide's build folder (default: build), made against a CUDA PyTorch
+# Usage: scripts/gpu_host_checks.sh [--build DIR] [--kit DIR] OUT_DIR [PART...]
+#   --build DIR   tide's build folder (default: build; build-gpu with --kit, where the
+#                 kit's build puts it), made against a CUDA PyTorch
+#   --kit DIR     for a host with no registries (docs/gpu.md, "A lease of a GPU machine"):
+#                 DIR/kit holds ../shared/gpu's scripts and the Debian packages they unpack,
+#                 DIR/whl the Python wheels the host lacks (pyzmq, for daemon.cuda)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=build
-case "${1:-}" in
-  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  --build) build=${2:?--build needs a folder}; shift 2 ;;
-esac
-out=${1:?usage: scripts/gpu_host_checks.sh [--build DIR] OUT_DIR [PART...]}
+build=""
+kit=""
+usage="usage: scripts/gpu_host_checks.sh [--build DIR] [--kit DIR] OUT_DIR [PART...]"
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --build) build=${2:?--build needs a folder}; shift 2 ;;
+    --kit) kit=${2:?--kit needs a folder}; shift 2 ;;
+    -*) echo "gpu_host_checks: unknown option '$1' ($usage)" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+[[ -n $build ]] || { [[ -n $kit ]] && build=build-gpu || build=build; }
+out=${1:?$usage}
 shift
 parts=("$@")
 [[ ${#parts[@]} -gt 0 ]] || parts=(host tests demo s1 s2)
 for part in "${parts[@]}"; do
   case $part in
+    build) [[ -n $kit ]] || { echo "gpu_host_checks: the build part needs --kit" >&2; exit 2; } ;;
     host|tests|demo|s1|s2|tiny|gpu) ;;
-    *) echo "gpu_host_checks: unknown part '$part' (host, tests, demo, s1, s2, tiny, gpu)" >&2; exit 2 ;;
+    *) echo "gpu_host_checks: unknown part '$part' (build, host, tests, demo, s1, s2, tiny, gpu)" >&2; exit 2 ;;
   esac
 done
+if [[ -n $kit && ! -x $kit/kit/build-on-gpu-host.sh ]]; then
+  echo "gpu_host_checks: --kit $kit has no kit/build-on-gpu-host.sh (docs/gpu.md)" >&2
+  exit 2
+fi
 tide=$build/tools/tide
 python=python3
 [[ -x .venv/bin/python ]] && python=.venv/bin/python
-if [[ ! -x $tide ]]; then
-  echo "gpu_host_checks: no $tide; build tide first (docs/gpu.md)" >&2
-  exit 2
-fi
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+
+# The kit's libraries are unpacked under /tmp/deb by its build; a later call (a new shell on
+# the same machine) needs their runtime path and the wheels' folder again.
+kit_site=/tmp/gpu_host_site
+use_kit_environment() {
+  [[ -r /tmp/deb/env.sh ]] && source /tmp/deb/env.sh
+  [[ -d $kit_site ]] && export PYTHONPATH=$kit_site${PYTHONPATH:+:$PYTHONPATH}
+  return 0
+}
+[[ -n $kit ]] && use_kit_environment
+
+part_build() {
+  if compgen -G "$kit/whl/*.whl" > /dev/null; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --target "$kit_site" "$kit"/whl/*.whl || return
+  fi
+  # The kit's pkg-config, with its own library: CMake would otherwise find the kit's
+  # pkgconf binary by the prefix path and run it without libpkgconf where the host has none.
+  local wrapper=/tmp/deb-pkg-config
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=/tmp/deb/usr/lib/x86_64-linux-gnu exec /tmp/deb/usr/bin/pkgconf "$@"\n' > "$wrapper"
+  chmod +x "$wrapper"
+  # libssl-dev keeps opensslconf.h under the multiarch folder, which only the host's own
+  # /usr/include has on the compiler's search path.
+  CPATH=/tmp/deb/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH} PKG_CONFIG=$wrapper \
+    "$kit/kit/build-on-gpu-host.sh" "$kit/kit" all || return
+  [[ $build == build-gpu ]] || echo "gpu_host_checks: the kit builds into build-gpu; the parts use $build"
+  use_kit_environment
+}
+
+require_tide() {
+  [[ -x $tide ]] && return 0
+  echo "gpu_host_checks: no $tide; build tide first (docs/gpu.md)"
+  return 2
+}
 
 part_host() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -45,9 +93,10 @@ part_host() {
   nproc
 }
 
-part_tests() { (cd "$build" && TIDE_REQUIRE_CUDA=1 ctest -L cuda --output-on-failure --timeout 900); }
+part_tests() { require_tide && (cd "$build" && TIDE_REQUIRE_CUDA=1 ctest -L cuda --output-on-failure --timeout 900); }
 
 part_demo() {
+  require_tide || return
   "$tide" train llama/llama-tiny --set device=cuda --set precision.compute=bf16 --run-dir "$out/run" &&
     "$tide" generate "$out/run" --device cuda --prompt "And God said" --max-tokens 120 --temperature 0.8 \
       --top-k 50 --seed 7
@@ -58,6 +107,7 @@ part_demo() {
 
 part_bench() {
   local shape=$1 profiles
+  require_tide || return
   profiles=$(mktemp -d)
   "$python" bench/train_vs_pytorch.py --tide "$tide" --device cuda --precision bf16 --shape "$shape" \
     --profile-dir "$profiles"
@@ -70,6 +120,7 @@ part_bench() {
 failed=0
 for part in "${parts[@]}"; do
   case $part in
+    build) log=build.log; cmd=(part_build) ;;
     host) log=host.txt; cmd=(part_host) ;;
     tests) log=cuda-tests.log; cmd=(part_tests) ;;
     demo) log=demo.log; cmd=(part_demo) ;;
