@@ -62,6 +62,12 @@ if(EXISTS "${TIDE_TORCH_PREFIX}/lib/libtorch_cuda.so" AND NOT CUDA_TOOLKIT_ROOT_
   set(CUDA_TOOLKIT_ROOT_DIR "${toolkit}" CACHE PATH "The CUDA toolkit LibTorch's CUDA build compiles with")
   set(CUDAToolkit_ROOT "${toolkit}")
 endif()
+# Caffe2's config enables CMake's CUDA language, which looks for nvcc on PATH only; CUDA's
+# installers leave /usr/local/cuda/bin off PATH.
+if(CUDA_TOOLKIT_ROOT_DIR AND NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX}
+   AND EXISTS "${CUDA_TOOLKIT_ROOT_DIR}/bin/nvcc")
+  set(CMAKE_CUDA_COMPILER "${CUDA_TOOLKIT_ROOT_DIR}/bin/nvcc" CACHE FILEPATH "nvcc, from the CUDA toolkit")
+endif()
 # Caffe2's config links NVRTC from the toolkit; a minimal toolkit has none, while a CUDA
 # wheel's nvidia-* packages carry the one LibTorch loads at run time.
 if(EXISTS "${TIDE_TORCH_PREFIX}/lib/libtorch_cuda.so" AND (NOT CUDA_NVRTC_LIB OR CUDA_NVRTC_LIB MATCHES "NOTFOUND"))

@@ -4,11 +4,12 @@
 # builds against) and the Python test references.
 # Usage: scripts/setup.sh [--cuda]
 # The torch of .venv, first match wins:
-#   TIDE_TORCH (a pip requirement, e.g. torch==2.13.0);
+#   TIDE_TORCH (a pip requirement, e.g. torch==2.13.0+cpu);
 #   python3's own CUDA build of torch >= 2.5 (a GPU host's PyTorch; .venv sees it);
 #   torch==2.14.1, the CUDA 13 build, where a CUDA toolkit is installed (nvcc) and the disk
 #     has 10 GiB free: one build then compiles the CUDA code and runs the CPU tests;
-#   torch==2.13.0, the CPU build.
+#   torch==2.13.0+cpu, the CPU build, from PyTorch's CPU index (PyPI's Linux torch is a
+#     CUDA build, which CMake cannot use without a CUDA toolkit).
 # --cuda (make gpu-demo, make gpu-test): fail unless that torch is a CUDA build.
 # Debian 12 and Ubuntu 22.04 / 24.04 (apt, the same package names).
 set -euo pipefail
@@ -52,11 +53,19 @@ PACKAGES=(
 )
 
 # The package names are Debian 12's; Ubuntu 22.04 and 24.04 have the same ones (in
-# universe, enabled on their standard images).
+# universe, enabled on their standard images) but for Chromium, which Ubuntu packages only
+# as a snap, under other names (daemon.dashboard skips where snapd cannot run it).
 if [[ -r /etc/os-release ]]; then
   os=$(. /etc/os-release && echo "${ID:-?} ${VERSION_ID:-?}")
   case $os in
-    "debian 12"|"ubuntu 22.04"|"ubuntu 24.04") ;;
+    "debian 12") ;;
+    "ubuntu 22.04"|"ubuntu 24.04")
+      for i in "${!PACKAGES[@]}"; do
+        case ${PACKAGES[i]} in
+          chromium) PACKAGES[i]=chromium-browser ;;
+          chromium-driver) PACKAGES[i]=chromium-chromedriver ;;
+        esac
+      done ;;
     *) echo "setup: $os is not Debian 12 or Ubuntu 22.04/24.04; trying its apt anyway" >&2 ;;
   esac
 fi
@@ -116,6 +125,11 @@ cuda_toolkit() { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]
 # CPU tests run the same; only the CUDA code goes uncompiled), said aloud.
 free_gib() { df -Pk "$1" | awk 'NR == 2 { printf "%d", $4 / 1048576 }'; }
 cuda_torch_min_free_gib=10
+# The local version label matters: PyPI's Linux wheels of torch are CUDA builds, and a CUDA
+# build's CMake package needs a CUDA toolkit, so plain torch==2.13.0 would leave a machine
+# without nvcc unable to configure. The +cpu builds are on PyTorch's own index.
+cpu_torch=torch==2.13.0+cpu
+cpu_torch_index=https://download.pytorch.org/whl/cpu
 if [[ -n ${TIDE_TORCH:-} ]]; then
   torch_spec=$TIDE_TORCH
 elif cuda_toolkit; then
@@ -129,11 +143,11 @@ elif cuda_toolkit; then
     fi
     echo "setup: warning: only $free GiB free on the disk of $root, under the" \
          "$cuda_torch_min_free_gib GiB the CUDA build of torch needs: installing the CPU build" \
-         "torch==2.13.0 instead (the CUDA code will not be compiled)" >&2
-    torch_spec=torch==2.13.0
+         "$cpu_torch instead (the CUDA code will not be compiled)" >&2
+    torch_spec=$cpu_torch
   fi
 else
-  torch_spec=torch==2.13.0
+  torch_spec=$cpu_torch
 fi
 if [[ ! -x $venv/bin/python ]]; then
   if [[ -z ${TIDE_TORCH:-} ]] && host_torch_ok; then
@@ -154,7 +168,14 @@ pip_install() {
 }
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   echo "setup: installing $torch_spec into .venv"
-  pip_install "$torch_spec"
+  if [[ $torch_spec == *+cpu ]] && ! "$venv/bin/pip" download --quiet --no-index --no-deps \
+       --dest "$venv/pip-tmp/probe" "$torch_spec" 2>/dev/null; then
+    # Not among pip's configured local wheels (as on machines that keep one on disk).
+    pip_install "$torch_spec" --extra-index-url "$cpu_torch_index"
+  else
+    pip_install "$torch_spec"
+  fi
+  rm -rf "$venv/pip-tmp/probe"
 fi
 if ((cuda)) && ! "$venv/bin/python" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)"; then
   echo "setup: .venv holds a CPU build of torch; the GPU commands need a CUDA one" \
