@@ -60,9 +60,11 @@ void detach(const fs::path& state_dir) {
     std::exit(1);
   }
   ::setsid();
-  std::freopen("/dev/null", "r", stdin);
-  std::freopen("/dev/null", "w", stdout);
-  std::freopen((state_dir / "tided.log").c_str(), "a", stderr);
+  // Without its log the daemon could tell nobody anything: it ends, and the parent, which
+  // watches for that, says so.
+  if (!std::freopen("/dev/null", "r", stdin) || !std::freopen("/dev/null", "w", stdout) ||
+      !std::freopen((state_dir / "tided.log").c_str(), "a", stderr))
+    std::exit(1);
 }
 }  // namespace
 
