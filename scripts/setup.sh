@@ -11,7 +11,8 @@
 #   torch==2.13.0+cpu, the CPU build, from PyTorch's CPU index (PyPI's Linux torch is a
 #     CUDA build, which CMake cannot use without a CUDA toolkit).
 # --cuda (make gpu-demo, make gpu-test): fail unless that torch is a CUDA build.
-# Debian 12 and Ubuntu 22.04 / 24.04 (apt, the same package names).
+# Debian 12 and Ubuntu 24.04 (apt; the same package names but Chromium's). Ubuntu 22.04
+# lacks two of the libraries (see below).
 set -euo pipefail
 
 cuda=0
@@ -52,21 +53,25 @@ PACKAGES=(
   openssl
 )
 
-# The package names are Debian 12's; Ubuntu 22.04 and 24.04 have the same ones (in
-# universe, enabled on their standard images) but for Chromium, which Ubuntu packages only
-# as a snap, under other names (daemon.dashboard skips where snapd cannot run it).
+# The package names are Debian 12's; Ubuntu 24.04 has the same ones (in universe, enabled
+# on its standard images) but for Chromium, which Ubuntu packages only as a snap, under
+# other names (daemon.dashboard skips where snapd cannot run it).
 if [[ -r /etc/os-release ]]; then
   os=$(. /etc/os-release && echo "${ID:-?} ${VERSION_ID:-?}")
   case $os in
     "debian 12") ;;
-    "ubuntu 22.04"|"ubuntu 24.04")
+    "ubuntu 22.04")
+      echo "setup: Ubuntu 22.04 packages neither prometheus-cpp (tided's /metrics) nor cppzmq's" \
+           "CMake package (its zmq.hpp comes bare in libzmq3-dev); use Ubuntu 24.04 or Debian 12" >&2
+      exit 1 ;;
+    "ubuntu 24.04")
       for i in "${!PACKAGES[@]}"; do
         case ${PACKAGES[i]} in
           chromium) PACKAGES[i]=chromium-browser ;;
           chromium-driver) PACKAGES[i]=chromium-chromedriver ;;
         esac
       done ;;
-    *) echo "setup: $os is not Debian 12 or Ubuntu 22.04/24.04; trying its apt anyway" >&2 ;;
+    *) echo "setup: $os is not Debian 12 or Ubuntu 24.04; trying its apt anyway" >&2 ;;
   esac
 fi
 
