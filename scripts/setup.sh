@@ -176,7 +176,11 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   if [[ $torch_spec == *+cpu ]] && ! "$venv/bin/pip" download --quiet --no-index --no-deps \
        --dest "$venv/pip-tmp/probe" "$torch_spec" 2>/dev/null; then
     # Not among pip's configured local wheels (as on machines that keep one on disk).
-    pip_install "$torch_spec" --extra-index-url "$cpu_torch_index"
+    pip_install "$torch_spec" --extra-index-url "$cpu_torch_index" || {
+      echo "setup: could not install $torch_spec from $cpu_torch_index; set TIDE_TORCH to another" \
+           "torch requirement or a wheel's path (docs/building.md)" >&2
+      exit 1
+    }
   else
     pip_install "$torch_spec"
   fi
