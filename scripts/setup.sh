@@ -51,6 +51,9 @@ PACKAGES=(
   chromium chromium-driver python3-selenium
   # daemon.http: a self-signed certificate for tided's HTTPS.
   openssl
+  # The "hosts" of the multi-host tests are network namespaces (ip netns); container
+  # images of Debian and Ubuntu come without iproute2.
+  iproute2
 )
 
 # The package names are Debian 12's; Ubuntu 24.04 has the same ones (in universe, enabled

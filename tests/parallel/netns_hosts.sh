@@ -11,7 +11,7 @@ addresses=(10.231.0.1 10.231.0.2)
 veths=(veth-a-$tag veth-b-$tag)
 
 make_hosts() {
-  local err
+  local err="not root, or no ip command"
   if [[ $(id -u) -ne 0 ]] || ! command -v ip > /dev/null || ! err=$(ip netns add "${hosts[0]}" 2>&1); then
     echo "skipped: network namespaces need root and iproute2 ($err)"
     return 1
