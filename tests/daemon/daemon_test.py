@@ -1233,10 +1233,11 @@ def part_slurm():
         print(f"skipped: {why}")
         sys.exit(77)
     cluster = os.path.join(WORK, "slurm")
-    started = private_slurm(f'start_private_slurm "{cluster}"')
-    assert started.returncode == 0, started.stderr
     env = {"SLURM_CONF": os.path.join(cluster, "slurm.conf")}
     try:
+        # A start that fails half-way leaves munged and slurmctld running: stopped below too.
+        started = private_slurm(f'start_private_slurm "{cluster}"')
+        assert started.returncode == 0, started.stderr
         slurm_runs(env)
     finally:
         private_slurm(f'slurm_dir="{cluster}"; stop_private_slurm')
