@@ -2,6 +2,7 @@
 // pre-tokenizers: our ids against Hugging Face's tokenizers library (the Rust one, from
 // PyPI, in the project's .venv; tests/engine/hf_encode.py).
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -43,6 +44,15 @@ class HfTokenizerReference : public ::testing::Test {
     ss << in.rdbuf();
     const std::string corpus = ss.str() + "\n12345 67890 DON'T caf\xC3\xA9 na\xC3\xAFve\n";
     train_bpe({corpus}, 700).save((dir_ / "gpt2.json").string());
+    // The same corpus through the tokenizers library itself: its files put the special
+    // tokens first and the byte alphabet in its own order, so no byte is its own id.
+    std::ofstream(dir_ / "corpus.txt") << corpus;
+    for (const char* layout : {"gpt2", "llama3"}) {
+      const std::string cmd = std::string(TIDE_PYTHON) + " " + TIDE_SOURCE_DIR + "/tests/engine/hf_train_bpe.py " +
+                              layout + " " + (dir_ / "corpus.txt").string() + " 700 " +
+                              (dir_ / (std::string("hf-") + layout + ".json")).string();
+      if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "the tokenizers library did not train: " << cmd;
+    }
     std::ifstream base_in(dir_ / "gpt2.json");
     const json base = json::parse(base_in);
     auto variant = [&](const std::string& name, const std::string& pattern, bool ignore_merges) {
@@ -93,6 +103,8 @@ fs::path HfTokenizerReference::dir_;
 TEST_F(HfTokenizerReference, Gpt2ByteLevel) { check("gpt2"); }
 TEST_F(HfTokenizerReference, Llama3SplitWithIgnoreMerges) { check("llama3"); }
 TEST_F(HfTokenizerReference, BloomSplit) { check("bloom"); }
+TEST_F(HfTokenizerReference, Gpt2LayoutTrainedByTheTokenizersLibrary) { check("hf-gpt2"); }
+TEST_F(HfTokenizerReference, Llama3LayoutTrainedByTheTokenizersLibrary) { check("hf-llama3"); }
 
 TEST(HfTokenizer, UnsupportedPreTokenizerIsNamed) {
   const auto path = fs::temp_directory_path() / ("tide_tok_meta_" + std::to_string(::getpid()) + ".json");

@@ -60,10 +60,14 @@ void ByteLevelBpe::index() {
   merge_rank_.clear();
   by_bytes_.clear();
   specials_.clear();
+  std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
   for (size_t i = 0; i < tokens_.size(); ++i) {
     if (special_[i]) specials_.emplace_back(tokens_[i], static_cast<int32_t>(i));
     else by_bytes_.emplace(tokens_[i], static_cast<int32_t>(i));
   }
+  for (int b = 0; b < 256; ++b)
+    if (const auto it = by_bytes_.find(std::string(1, static_cast<char>(b))); it != by_bytes_.end())
+      byte_ids_[b] = it->second;
   std::sort(specials_.begin(), specials_.end(),
             [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   for (size_t r = 0; r < merges_.size(); ++r) {
@@ -192,10 +196,17 @@ ByteLevelBpe ByteLevelBpe::load(const std::string& path) {
   return t;
 }
 
+void ByteLevelBpe::bytes_to_ids(std::string_view bytes, std::vector<int32_t>& out) const {
+  // A byte without a token is dropped, as the tokenizers library drops a character its
+  // vocabulary lacks when the model has no unknown token.
+  for (const unsigned char c : bytes)
+    if (byte_ids_[c] >= 0) out.push_back(byte_ids_[c]);
+}
+
 void ByteLevelBpe::encode_chunk(std::string_view chunk, std::vector<int32_t>& out) const {
   std::vector<int32_t> syms;
   syms.reserve(chunk.size());
-  for (unsigned char c : chunk) syms.push_back(static_cast<int32_t>(c));
+  bytes_to_ids(chunk, syms);
   // Repeatedly apply the lowest-ranked merge present (the BPE reference algorithm).
   while (syms.size() > 1) {
     int32_t best_rank = INT32_MAX, best_id = -1;
@@ -230,7 +241,7 @@ std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
     const std::string_view stretch = text.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start);
     for (const auto& piece : pre_.split(stretch)) {
       if (merges_.empty()) {
-        for (unsigned char c : piece) ids.push_back(static_cast<int32_t>(c));
+        bytes_to_ids(piece, ids);
         continue;
       }
       if (ignore_merges_) {

@@ -71,6 +71,7 @@ class ByteLevelBpe : public Tokenizer {
  private:
   ByteLevelBpe() = default;
   void index();
+  void bytes_to_ids(std::string_view bytes, std::vector<int32_t>& out) const;
   void encode_chunk(std::string_view chunk, std::vector<int32_t>& out) const;
 
   std::vector<std::string> tokens_;  // id → bytes
@@ -78,6 +79,9 @@ class ByteLevelBpe : public Tokenizer {
   std::vector<bool> special_;
   std::map<std::pair<int32_t, int32_t>, std::pair<int32_t, int32_t>> merge_rank_;  // pair → (rank, result id)
   std::unordered_map<std::string, int32_t> by_bytes_;  // non-special tokens
+  // The id of each single byte's token, -1 where the vocabulary has none. Real files put
+  // the byte tokens anywhere (GPT-2's "!" is id 0); only tide's own start at 0.
+  int32_t byte_ids_[256] = {};
   std::vector<std::pair<std::string, int32_t>> specials_;  // matched in text, longest first
   PreTokenizer pre_ = PreTokenizer::gpt2();
   bool ignore_merges_ = false;  // a piece that is itself in the vocabulary is one id
