@@ -83,7 +83,10 @@ Request parse_request(std::string_view frame, json& id) {
 }
 
 std::string reply_ok(const json& id, const json& body) {
-  return json{{"v", kProtocolVersion}, {"id", id}, {"ok", true}, {"body", body}}.dump();
+  // A body may carry bytes from outside (a run's log lines): any that are not UTF-8
+  // become U+FFFD rather than fail the reply.
+  return json{{"v", kProtocolVersion}, {"id", id}, {"ok", true}, {"body", body}}.dump(-1, ' ', false,
+                                                                                      json::error_handler_t::replace);
 }
 
 std::string reply_error(const json& id, ErrorCode code, const std::string& message) {

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "tide/engine/io/json_input.h"
+
 namespace tide {
 namespace {
 
@@ -14,6 +16,16 @@ struct Converter {
   lua_State* L;
   const std::function<nlohmann::json(const std::string&, int)>& on_function;
   std::map<std::string, std::string>& where;
+
+  // Every string of a recipe becomes JSON (config.json, the wire to the workers), which
+  // holds only UTF-8.
+  static std::string utf8(std::string s, const std::string& path) {
+    if (const size_t at = first_non_utf8(s); at != std::string::npos)
+      throw std::runtime_error(fmt::format("{}: {} is not UTF-8 text (byte 0x{:02X} at offset {})",
+                                           path.empty() ? "recipe" : path, path.empty() ? "a string" : "the string",
+                                           static_cast<unsigned char>(s[at]), at));
+    return s;
+  }
 
   static std::string join(const std::string& path, const std::string& key) {
     return path.empty() ? key : path + "." + key;
@@ -33,7 +45,7 @@ struct Converter {
       case LUA_TSTRING: {
         size_t len = 0;
         const char* s = lua_tolstring(L, index, &len);
-        return std::string(s, len);
+        return utf8(std::string(s, len), path);
       }
       case LUA_TFUNCTION: return on_function(path, index);
       case LUA_TTABLE: return table(index, path, depth);
@@ -78,7 +90,9 @@ struct Converter {
         throw std::runtime_error(fmt::format("{}: table keys must be names, found a {} key",
                                              path.empty() ? "recipe" : path, lua_typename(L, lua_type(L, -2))));
       }
-      const std::string key = lua_tostring(L, -2);
+      size_t key_len = 0;
+      const char* key_bytes = lua_tolstring(L, -2, &key_len);
+      const std::string key = utf8(std::string(key_bytes, key_len), path.empty() ? "a recipe key" : path + "'s key");
       if (key == "__where") {
         if (lua_type(L, -1) == LUA_TSTRING) where[path] = lua_tostring(L, -1);
       } else if (key != "__recipe") {

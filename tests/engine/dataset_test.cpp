@@ -158,6 +158,40 @@ TEST_F(DatasetTest, MetadataOfTheWrongTypeIsNamed) {
   EXPECT_NE(open_error(out).find("splits.train.tokens 3 differs"), std::string::npos) << open_error(out);
 }
 
+TEST_F(DatasetTest, AnIndexWhoseDocumentCountWrapsTheSizeCheckIsRefused) {
+  // 24 + 8 * (2^61 - 1 + 1) wraps to 24 in 64 bits: a header-only index that claimed
+  // 2^61 - 1 documents passed the size check and asked for 2^64 bytes (found by
+  // tests/fuzz).
+  const fs::path out = prepare_bytes();
+  std::string header(kIndexMagic, 8);
+  const uint64_t version = kIndexVersion, documents = (uint64_t{1} << 61) - 1;
+  header.append(reinterpret_cast<const char*>(&version), 8).append(reinterpret_cast<const char*>(&documents), 8);
+  std::ofstream(out / "val.idx", std::ios::binary | std::ios::trunc) << header;
+  const std::string e = open_error(out);
+  EXPECT_NE(e.find("val.idx: size 24 does not match 2305843009213693951 documents"), std::string::npos) << e;
+}
+
+TEST_F(DatasetTest, DocumentOffsetsMustRise) {
+  const fs::path out = prepare_bytes();
+  {
+    std::fstream idx(out / "train.idx", std::ios::in | std::ios::out | std::ios::binary);
+    idx.seekp(24 + 8);
+    const uint64_t past_the_end = uint64_t{1} << 40;  // document 0 ends beyond everything
+    idx.write(reinterpret_cast<const char*>(&past_the_end), 8);
+  }
+  const std::string e = open_error(out);
+  EXPECT_NE(e.find("train.idx: document 1 ends at offset"), std::string::npos) << e;
+}
+
+TEST_F(DatasetTest, ATokenizerNameMustStayInTheDatasetDirectory) {
+  const fs::path out = prepare_bytes();
+  edit_meta(out, [](nlohmann::json& m) { m["tokenizer"] = "../../etc/passwd"; });
+  const std::string e = open_error(out);
+  EXPECT_NE(e.find("dataset.json: tokenizer \"../../etc/passwd\" is not a file name inside the dataset directory"),
+            std::string::npos)
+      << e;
+}
+
 TEST_F(DatasetTest, MissingDatasetSaysWhatToRun) {
   try {
     TokenDataset ds((dir_ / "nothing").string());

@@ -51,6 +51,25 @@ TEST(JsonInput, NamesTheDocumentAndThePlaceOfASyntaxError) {
   EXPECT_TRUE(parse_json_or_discard("{oops").is_discarded());
 }
 
+TEST(JsonInput, ANumberBeyondADoubleIsAnInputErrorNamingTheDocument) {
+  // nlohmann reports it as out_of_range, not parse_error (found by tests/fuzz).
+  try {
+    parse_json_input(R"({"v": 1, "id": 22e222111})", "frame");
+    FAIL();
+  } catch (const JsonInputError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("frame: not valid JSON (number overflow", 0), 0u) << e.what();
+  }
+}
+
+TEST(JsonInput, FindsTheFirstByteThatIsNotUtf8) {
+  EXPECT_EQ(first_non_utf8("plain ASCII, caf\xC3\xA9, \xE2\x82\xAC, \xF0\x9F\x99\x82"), std::string_view::npos);
+  EXPECT_EQ(first_non_utf8("ab\x9A"), 2u);            // a lone continuation byte
+  EXPECT_EQ(first_non_utf8("\xC0\xAF"), 0u);          // an overlong '/'
+  EXPECT_EQ(first_non_utf8("x\xED\xA0\x80"), 1u);     // a surrogate
+  EXPECT_EQ(first_non_utf8("\xF4\x90\x80\x80"), 0u);  // above U+10FFFF
+  EXPECT_EQ(first_non_utf8("ok\xE2\x82"), 2u);        // cut short
+}
+
 TEST(JsonInput, ReadsFilesAndNamesThem) {
   const auto dir = std::filesystem::temp_directory_path() / ("tide-json-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

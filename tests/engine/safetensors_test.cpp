@@ -111,6 +111,14 @@ TEST(Safetensors, RefusesHeadersThatDoNotTileTheData) {
   EXPECT_NE(e.find("tide_st_dtype.safetensors"), std::string::npos) << e;
   e = error_reading(crafted("tide_st_meta.safetensors", {{"__metadata__", json::array()}}, 0));
   EXPECT_NE(e.find("__metadata__"), std::string::npos) << e;
+  // Numbers that are not whole: nlohmann's conversion of 2e27 to an integer was
+  // undefined behaviour (found by tests/fuzz under UBSan).
+  e = error_reading(crafted("tide_st_float.safetensors",
+                            {{"a", {{"dtype", "F32"}, {"shape", {2e27}}, {"data_offsets", {0, 8}}}}}, 8));
+  EXPECT_NE(e.find("tensor 'a' shape holds 2e+27, not a whole number below 2^63"), std::string::npos) << e;
+  e = error_reading(crafted("tide_st_negative.safetensors",
+                            {{"a", {{"dtype", "F32"}, {"shape", {-2}}, {"data_offsets", {0, 8}}}}}, 8));
+  EXPECT_NE(e.find("tensor 'a' shape holds -2"), std::string::npos) << e;
   // A well-formed file of the same kind reads.
   EXPECT_EQ(error_reading(crafted("tide_st_fine.safetensors", {{"a", entry(0, 8)}, {"b", entry(8, 24)}}, 24)), "");
 }

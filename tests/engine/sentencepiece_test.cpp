@@ -96,5 +96,54 @@ TEST_F(SentencePieceTest, CorruptModelIsNamed) {
   }
 }
 
+// A SentencePiece model written field by field in protobuf's wire format: BPE, the
+// identity normaliser, the given pieces (text, type) and unk_id.
+std::string model_bytes(const std::vector<std::pair<std::string, int>>& pieces, int unk_id) {
+  const auto varint = [](uint64_t v) {
+    std::string out;
+    for (; v >= 0x80; v >>= 7) out += static_cast<char>(0x80 | (v & 0x7F));
+    return out + static_cast<char>(v);
+  };
+  const auto field = [&](int number, const std::string& bytes) {
+    return varint(number << 3 | 2) + varint(bytes.size()) + bytes;
+  };
+  std::string out;
+  for (const auto& [text, type] : pieces) out += field(1, field(1, text) + varint(3 << 3) + varint(type));
+  out += field(2, varint(3 << 3) + varint(2) + varint(40 << 3) + varint(unk_id));  // model_type BPE, unk_id
+  out += field(3, field(1, "identity"));
+  return out;
+}
+
+TEST_F(SentencePieceTest, AMalformedBytePieceIsRefusedNotWrittenBeforeItsTable) {
+  // "<0x-1>" parsed as byte -1 wrote before the byte table (found by tests/fuzz).
+  const fs::path bad = dir_ / "byte.model";
+  std::ofstream(bad, std::ios::binary) << model_bytes({{"<unk>", 2}, {"<0x-1>", 6}, {"a", 1}}, 0);
+  try {
+    load_tokenizer(bad.string());
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("byte.model: not a SentencePiece model (byte piece 1 is '<0x-1>', not <0xHH>)"),
+        std::string::npos)
+        << e.what();
+  }
+  std::ofstream(bad, std::ios::binary | std::ios::trunc) << model_bytes({{"<unk>", 2}, {"<0x0A>", 6}, {"a", 1}}, 0);
+  EXPECT_EQ(load_tokenizer(bad.string())->encode("a"), (std::vector<int32_t>{0, 2}));  // "▁" is unknown
+}
+
+TEST_F(SentencePieceTest, AnUnknownIdOutsideThePiecesIsRefused) {
+  // Every character the pieces lack would have encoded to id 7 of a 2-piece model.
+  const fs::path bad = dir_ / "unk.model";
+  std::ofstream(bad, std::ios::binary) << model_bytes({{"<unk>", 2}, {"a", 1}}, 7);
+  try {
+    load_tokenizer(bad.string());
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("unk.model: not a SentencePiece model (unk_id 7 is not one of the 2 pieces)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tide

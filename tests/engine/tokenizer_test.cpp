@@ -1,7 +1,12 @@
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tide/engine/data/tokenizer.h"
 
@@ -84,6 +89,92 @@ TEST(Tokenizer, LoadRejectsOtherModelsByName) {
     FAIL();
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("WordPiece"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+// A byte-level tokenizer.json whose fields `edit` changes, at a path of its own.
+std::string edited_tokenizer(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+  const auto path = (std::filesystem::temp_directory_path() / (name + std::to_string(::getpid()) + ".json")).string();
+  ByteLevelBpe::bytes().save(path);
+  std::ifstream in(path);
+  nlohmann::json j = nlohmann::json::parse(in);
+  edit(j);
+  std::ofstream(path, std::ios::trunc) << j.dump();
+  return path;
+}
+
+std::string load_error(const std::string& path) {
+  try {
+    load_tokenizer(path);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Tokenizer, IdsOutsideTheFilesEntriesAreRefused) {
+  // A negative id wrote before the table, a huge one asked for its size in memory
+  // (found by tests/fuzz).
+  for (const int64_t id : {int64_t{-1}, int64_t{1} << 40}) {
+    const auto path = edited_tokenizer("tide_tok_id", [&](nlohmann::json& j) { j["model"]["vocab"]["a"] = id; });
+    const std::string e = load_error(path);
+    EXPECT_NE(e.find(path + ": vocabulary entry \"a\" has id " + std::to_string(id) + ", not an integer in [0, 258)"),
+              std::string::npos)
+        << e;
+    std::filesystem::remove(path);
+  }
+}
+
+TEST(Tokenizer, TwoEntriesUnderOneIdAndIdsWithoutEntriesAreRefused) {
+  auto path = edited_tokenizer("tide_tok_twice", [](nlohmann::json& j) { j["model"]["vocab"]["b"] = 97; });
+  EXPECT_NE(load_error(path).find("vocabulary entries \"a\" and \"b\" have the same id 97"), std::string::npos)
+      << load_error(path);
+  std::filesystem::remove(path);
+  path = edited_tokenizer("tide_tok_gap", [](nlohmann::json& j) { j["model"]["vocab"].erase("a"); });
+  EXPECT_NE(load_error(path).find("id 97 has no vocabulary entry"), std::string::npos) << load_error(path);
+  std::filesystem::remove(path);
+}
+
+TEST(Tokenizer, AFieldOfTheWrongTypeNamesTheFile) {
+  const auto path = edited_tokenizer("tide_tok_type", [](nlohmann::json& j) { j["model"]["vocab"]["a"] = "97"; });
+  EXPECT_NE(load_error(path).find(path + ": vocabulary entry \"a\" has id \"97\""), std::string::npos)
+      << load_error(path);
+  std::filesystem::remove(path);
+}
+
+TEST(Tokenizer, APreTokenizerWithoutByteLevelIsRefused) {
+  // The tokenizers library would look raw characters up in the byte alphabet's
+  // vocabulary; tide used to split bytes anyway, and saved such a file with GPT-2's
+  // pre-tokenizer in its place (found by tests/fuzz: the saved file encoded otherwise).
+  for (const nlohmann::json& pre : {nlohmann::json(), nlohmann::json{{"type", "Split"},
+                                                                     {"pattern", {{"String", " "}}},
+                                                                     {"behavior", "Removed"}}}) {
+    const auto path = edited_tokenizer("tide_tok_nobytes", [&](nlohmann::json& j) { j["pre_tokenizer"] = pre; });
+    EXPECT_NE(load_error(path).find("has no ByteLevel step; tide reads byte-level BPE tokenizer.json files only"),
+              std::string::npos)
+        << load_error(path);
+    std::filesystem::remove(path);
+  }
+}
+
+TEST(Tokenizer, ABacktrackingPatternIsStoppedAndNamed) {
+  // "(a*)*b" on a run of a's without a b tries every way to split the run: 2^40 paths.
+  const auto path = edited_tokenizer("tide_tok_regex", [](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers",
+                           {{{"type", "Split"}, {"pattern", {{"Regex", "(a*)*b"}}}, {"behavior", "Isolated"}},
+                            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  });
+  const auto t = load_tokenizer(path);
+  try {
+    t->encode(std::string(40, 'a'));
+    FAIL() << "the pattern ran to its end";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find(path + ": pre-tokenizer pattern '(a*)*b' takes too long on a text of 40 bytes"),
+        std::string::npos)
+        << e.what();
   }
   std::filesystem::remove(path);
 }

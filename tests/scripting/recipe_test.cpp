@@ -111,6 +111,20 @@ TEST(Recipes, OverridesWinAndAreChecked) {
   EXPECT_NE(error_of(text, {"model.n_heads=5"}).find("model.n_heads"), std::string::npos);
   EXPECT_NE(error_of(text, {"optimizer.lrate=1"}).find("did you mean 'optimizer.lr'"), std::string::npos);
   EXPECT_NE(error_of(text, {"novalue"}).find("key=value"), std::string::npos);
+  // A list where the override needs a table (found by tests/fuzz: it threw the JSON
+  // library's type_error).
+  const std::string list = error_of("return tide.recipe{ schedule = { 1e-4 } }", {"schedule.steps=3"});
+  EXPECT_NE(list.find("schedule.steps: the recipe's schedule is [0.0001], not a table"), std::string::npos) << list;
+}
+
+TEST(Recipes, TextThatIsNotUtf8IsRefusedNamingTheField) {
+  // A recipe's strings become JSON (config.json, the workers' wire), which holds only
+  // UTF-8 (found by tests/fuzz: the schema's own message failed to print the value).
+  const std::string text = "return tide.recipe{ schedule = { decay = \"cos\x9Ane\" } }";
+  const std::string e = error_of(text);
+  EXPECT_NE(e.find("schedule.decay: the string is not UTF-8 text (byte 0x9A at offset 3)"), std::string::npos) << e;
+  const std::string o = error_of("return tide.recipe{}", {"name=\xD8\x31"});
+  EXPECT_NE(o.find("not UTF-8 text (byte 0xD8 at offset 5)"), std::string::npos) << o;
 }
 
 TEST(Recipes, LuaScheduleFunction) {

@@ -493,6 +493,10 @@ json config_to_json(const RunConfig& c) {
 }
 
 void apply_override(json& j, const std::string& assignment) {
+  // Checked first: the messages below quote it, and they travel as JSON.
+  if (const size_t bad = first_non_utf8(assignment); bad != std::string::npos)
+    throw ConfigError("", fmt::format("an override is not UTF-8 text (byte 0x{:02X} at offset {})",
+                                      static_cast<unsigned char>(assignment[bad]), bad));
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError("", fmt::format("override '{}' is not of the form key=value", assignment));
@@ -509,6 +513,9 @@ void apply_override(json& j, const std::string& assignment) {
   for (size_t i = 0; i + 1 < keys.size(); ++i) {
     json& next = (*node)[keys[i]];
     if (next.is_null()) next = json::object();
+    // The recipe may hold a list or a value where the override needs a table.
+    if (!next.is_object())
+      throw ConfigError(path, fmt::format("the recipe's {} is {}, not a table", keys[i], show(next)));
     node = &next;
   }
   (*node)[keys.back()] = value;

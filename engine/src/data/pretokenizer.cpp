@@ -1,5 +1,7 @@
 #include "tide/engine/data/pretokenizer.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <stdexcept>
 
@@ -20,7 +22,7 @@ enum class Behavior { Isolated, Removed, MergedWithPrevious, MergedWithNext };
 // A compiled ICU pattern. ICU matchers carry state, so uses are serialised.
 class Regex {
  public:
-  Regex(const std::string& pattern, const std::string& file) {
+  Regex(const std::string& pattern, const std::string& file) : pattern_(pattern), file_(file) {
     UErrorCode status = U_ZERO_ERROR;
     std::vector<UChar> u16(pattern.size() + 1);
     int32_t len = 0;
@@ -42,6 +44,11 @@ class Regex {
     UErrorCode status = U_ZERO_ERROR;
     UText* ut = utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &status);
     uregex_setUText(re_, ut, &status);
+    // A pattern from a file bounds its own time: backtracking can take exponentially
+    // long ("(a*)*b"). ICU counts in ticks of 10,000 match steps, per search; the limit
+    // allows 1,000 steps a byte of the text, far beyond what any tokenizer's pattern
+    // needs, on top of 10^7.
+    uregex_setTimeLimit(re_, static_cast<int32_t>(std::min<size_t>(1000 + text.size() / 10, INT32_MAX)), &status);
     std::vector<std::pair<size_t, size_t>> out;
     while (U_SUCCESS(status) && uregex_findNext(re_, &status)) {
       const int64_t b = uregex_start64(re_, 0, &status), e = uregex_end64(re_, 0, &status);
@@ -49,11 +56,16 @@ class Regex {
     }
     uregex_setText(re_, u"", 0, &status);  // drop the reference to `text`
     utext_close(ut);
-    if (U_FAILURE(status)) throw std::runtime_error(std::string("pre-tokenizer regex failed: ") + u_errorName(status));
+    if (status == U_REGEX_TIME_OUT)
+      throw std::runtime_error(file_ + ": pre-tokenizer pattern '" + pattern_ + "' takes too long on a text of " +
+                               std::to_string(text.size()) + " bytes (it backtracks without bound)");
+    if (U_FAILURE(status))
+      throw std::runtime_error(file_ + ": pre-tokenizer pattern '" + pattern_ + "' failed: " + u_errorName(status));
     return out;
   }
 
  private:
+  std::string pattern_, file_;
   URegularExpression* re_ = nullptr;
   mutable std::mutex mu_;
 };
@@ -120,11 +132,13 @@ PreTokenizer PreTokenizer::gpt2() {
 PreTokenizer PreTokenizer::from_json(const nlohmann::json& spec, const std::string& file) {
   PreTokenizer p;
   p.spec_ = spec.dump();
+  bool byte_level = false;
   const std::function<void(const nlohmann::json&)> add = [&](const nlohmann::json& s) {
     const std::string type = s.is_object() ? s.value("type", "") : "";
     if (type == "Sequence") {
       for (const auto& inner : s.value("pretokenizers", nlohmann::json::array())) add(inner);
     } else if (type == "ByteLevel") {
+      byte_level = true;
       auto step = std::make_shared<Step>();
       step->add_prefix_space = s.value("add_prefix_space", false);
       if (s.value("use_regex", true)) step->re = std::make_unique<Regex>(kGpt2SplitPattern, file);
@@ -149,6 +163,11 @@ PreTokenizer PreTokenizer::from_json(const nlohmann::json& spec, const std::stri
     }
   };
   if (!spec.is_null()) add(spec);
+  // Without it the tokenizers library looks the text's own characters up in a vocabulary
+  // spelled in GPT-2's byte alphabet, and tide's ids would differ from its ids.
+  if (!byte_level)
+    throw std::runtime_error(file + ": pre-tokenizer " + (spec.is_null() ? std::string("null") : spec.dump()) +
+                             " has no ByteLevel step; tide reads byte-level BPE tokenizer.json files only");
   return p;
 }
 

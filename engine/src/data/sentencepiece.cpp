@@ -141,15 +141,26 @@ SentencePieceBpe SentencePieceBpe::load(const std::string& path) {
   if (normalizer != "identity")
     throw std::runtime_error(path + ": SentencePiece normaliser '" + normalizer +
                              "' is not supported; only 'identity', as LLaMA-1/2 use");
-  t.unk_id_ = static_cast<int32_t>(unk_id);
   const auto in_vocabulary = [&](int64_t id) { return id >= 0 && id < static_cast<int64_t>(t.pieces_.size()) ? static_cast<int32_t>(id) : -1; };
+  // Every unknown character encodes to unk_id: an id outside the pieces would reach the
+  // model's embedding.
+  if (in_vocabulary(unk_id) < 0)
+    top.fail("unk_id " + std::to_string(unk_id) + " is not one of the " + std::to_string(t.pieces_.size()) + " pieces");
+  t.unk_id_ = static_cast<int32_t>(unk_id);
   t.eos_id_ = in_vocabulary(eos_id);
   t.bos_id_ = in_vocabulary(bos_id);
   for (int b = 0; b < 256; ++b) t.byte_ids_[b] = -1;
+  const auto hex_digit = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  };
   for (size_t i = 0; i < t.pieces_.size(); ++i) {
     const Piece& p = t.pieces_[i];
-    if (p.type == 6 && p.text.size() == 6 && p.text.rfind("<0x", 0) == 0) {
-      t.byte_ids_[std::stoi(p.text.substr(3, 2), nullptr, 16)] = static_cast<int32_t>(i);
+    if (p.type == 6) {
+      // sentencepiece writes byte pieces as "<0x0A>": two upper-case hex digits.
+      const int hi = p.text.size() == 6 && p.text.rfind("<0x", 0) == 0 && p.text[5] == '>' ? hex_digit(p.text[3]) : -1;
+      const int lo = hi >= 0 ? hex_digit(p.text[4]) : -1;
+      if (lo < 0) top.fail("byte piece " + std::to_string(i) + " is '" + p.text + "', not <0xHH>");
+      t.byte_ids_[hi * 16 + lo] = static_cast<int32_t>(i);
     } else if (p.type == 1 || p.type == 4) {
       t.by_text_.emplace(p.text, static_cast<int32_t>(i));
     }

@@ -11,6 +11,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
+#include "tide/engine/io/file_name.h"
 #include "tide/engine/io/json_input.h"
 
 namespace tide {
@@ -29,14 +30,22 @@ TokenSplit::TokenSplit(const std::string& bin_path, const std::string& idx_path,
   std::memcpy(&n_docs, idx.data() + 16, 8);
   if (version != kIndexVersion)
     throw std::runtime_error(idx_path + ": index version " + std::to_string(version) + " is not supported");
-  if (idx.size() != 24 + 8 * (n_docs + 1))
+  // The count is checked against the file's size by division: 24 + 8 * (n_docs + 1)
+  // wraps around for a count near 2^61.
+  if ((idx.size() - 24) % 8 != 0 || n_docs != (idx.size() - 24) / 8 - 1)
     throw std::runtime_error(idx_path + ": size " + std::to_string(idx.size()) + " does not match " +
                              std::to_string(n_docs) + " documents");
   doc_offsets_.resize(n_docs + 1);
   std::memcpy(doc_offsets_.data(), idx.data() + 24, 8 * (n_docs + 1));
-  if (doc_offsets_.back() != static_cast<uint64_t>(n_tokens_))
-    throw std::runtime_error(idx_path + ": last offset " + std::to_string(doc_offsets_.back()) +
-                             " differs from the token count " + std::to_string(n_tokens_) + " of " + bin_path);
+  if (doc_offsets_.front() != 0 || doc_offsets_.back() != static_cast<uint64_t>(n_tokens_))
+    throw std::runtime_error(idx_path + ": offsets run from " + std::to_string(doc_offsets_.front()) + " to " +
+                             std::to_string(doc_offsets_.back()) + ", not from 0 to the token count " +
+                             std::to_string(n_tokens_) + " of " + bin_path);
+  for (size_t d = 1; d < doc_offsets_.size(); ++d)
+    if (doc_offsets_[d] < doc_offsets_[d - 1])
+      throw std::runtime_error(idx_path + ": document " + std::to_string(d - 1) + " ends at offset " +
+                               std::to_string(doc_offsets_[d]) + ", before its start " +
+                               std::to_string(doc_offsets_[d - 1]));
 }
 
 namespace {
@@ -113,7 +122,17 @@ TokenDataset::TokenDataset(const std::string& dir) : dir_(dir) {
   if (!std::ifstream(meta_path))
     throw std::runtime_error("'" + dir + "' is not a prepared dataset (no dataset.json); run `tide data prepare`");
   meta_ = read_json_file(meta_path);
+  try {
+    check(meta_path);
+  } catch (const nlohmann::json::exception& e) {
+    // A field of the wrong type: the library's words after the file's name.
+    throw std::runtime_error(meta_path + ": " + json_error_text(e));
+  }
+}
+
+void TokenDataset::check(const std::string& meta_path) {
   if (!meta_.is_object()) throw std::runtime_error(meta_path + ": not a JSON object");
+  const std::string& dir = dir_;
   if (meta_.value("format", "") != "tide-tokens")
     throw std::runtime_error(meta_path + ": format is not 'tide-tokens'");
   if (meta_.value("version", 0) != kDatasetFormatVersion)
@@ -147,6 +166,10 @@ TokenDataset::TokenDataset(const std::string& dir) : dir_(dir) {
     split.verify(vocab_size_, xxh3);
     splits_.emplace_back(name, std::move(split));
   }
+  const auto tokenizer = meta_.value("tokenizer", std::string("tokenizer.json"));
+  if (!is_plain_file_name(tokenizer))
+    throw std::runtime_error(meta_path + ": tokenizer " + nlohmann::json(tokenizer).dump() +
+                             " is not a file name inside the dataset directory");
 }
 
 std::string TokenDataset::tokenizer_path() const { return dir_ + "/" + meta_.value("tokenizer", "tokenizer.json"); }

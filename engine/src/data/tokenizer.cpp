@@ -73,7 +73,9 @@ void ByteLevelBpe::index() {
   for (size_t r = 0; r < merges_.size(); ++r) {
     const auto [a, b] = merges_[r];
     const auto it = by_bytes_.find(tokens_.at(a) + tokens_.at(b));
-    if (it == by_bytes_.end()) throw std::runtime_error("merge " + std::to_string(r) + " produces no vocabulary entry");
+    if (it == by_bytes_.end())
+      throw std::runtime_error("merge " + std::to_string(r) + " ('" + to_unicode(tokens_.at(a)) + " " +
+                               to_unicode(tokens_.at(b)) + "') produces no vocabulary entry");
     merge_rank_[{a, b}] = {static_cast<int32_t>(r), it->second};
   }
   eos_id_ = bos_id_ = -1;
@@ -106,7 +108,7 @@ void ByteLevelBpe::save(const std::string& path) const {
   json merges = json::array();
   for (const auto& [a, b] : merges_) merges.push_back(to_unicode(tokens_[a]) + " " + to_unicode(tokens_[b]));
   const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  const json pre = pre_.to_json().is_null() ? byte_level : pre_.to_json();
+  const json pre = pre_.to_json();
   const json doc = {{"version", "1.0"},
                     {"truncation", nullptr},
                     {"padding", nullptr},
@@ -134,38 +136,83 @@ void ByteLevelBpe::save(const std::string& path) const {
 
 ByteLevelBpe ByteLevelBpe::load(const std::string& path) {
   const json doc = read_json_file(path);
+  try {
+    return from_json(doc, path);
+  } catch (const json::exception& e) {
+    // A field of the wrong type ("type must be string, but is number"): the library's
+    // words, and the file's name.
+    throw std::runtime_error(path + ": not a tokenizer.json this tide reads (" + json_error_text(e) + ")");
+  } catch (const std::runtime_error& e) {
+    const std::string what = e.what();
+    if (what.rfind(path, 0) == 0) throw;
+    throw std::runtime_error(path + ": " + what);
+  }
+}
+
+ByteLevelBpe ByteLevelBpe::from_json(const json& doc, const std::string& path) {
   if (!doc.is_object()) throw std::runtime_error(path + ": not a JSON tokenizer file");
   const json& model = doc.value("model", json::object());
-  if (model.value("type", "") != "BPE")
-    throw std::runtime_error(path + ": model.type is '" + model.value("type", std::string("?")) +
-                             "', only byte-level BPE tokenizer.json files are supported");
+  if (!model.is_object() || model.value("type", "") != "BPE")
+    throw std::runtime_error(path + ": model.type is " +
+                             (model.is_object() ? model.value("type", json("?")).dump() : "?") +
+                             ", only byte-level BPE tokenizer.json files are supported");
   if (!model.contains("vocab") || !model["vocab"].is_object()) throw std::runtime_error(path + ": model.vocab missing");
   if (doc.contains("normalizer") && !doc["normalizer"].is_null())
-    throw std::runtime_error(path + ": normalizer " + doc["normalizer"].value("type", std::string("?")) +
+    throw std::runtime_error(path + ": normalizer " + doc["normalizer"].value("type", json("?")).dump() +
                              " is not supported (byte-level BPE files have none)");
   for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(field) && !model[field].is_null() && model[field] != "")
       throw std::runtime_error(path + ": model." + field + " is not supported");
   if (model.value("byte_fallback", false)) throw std::runtime_error(path + ": model.byte_fallback is not supported");
+  // Ids are int32 and index a table as long as the file has entries: each must lie in
+  // [0, entries), so a file cannot ask for more memory than its own size.
+  const size_t entries = model["vocab"].size() + doc.value("added_tokens", json::array()).size();
+  const auto checked_id = [&](const json& value, const std::string& what) {
+    const int64_t id = value.is_number_integer() ? value.get<int64_t>() : -1;
+    if (id < 0 || static_cast<uint64_t>(id) >= entries)
+      throw std::runtime_error(path + ": " + what + " has id " + value.dump() + ", not an integer in [0, " +
+                               std::to_string(entries) + ") (the number of vocabulary and added entries)");
+    return id;
+  };
   std::map<int64_t, std::string> special;
   for (const auto& t : doc.value("added_tokens", json::array()))
-    special[t.at("id").get<int64_t>()] = t.at("content").get<std::string>();
+    special[checked_id(t.at("id"), "added token " + t.at("content").dump())] = t.at("content").get<std::string>();
   int64_t n = 0;
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) n = std::max(n, it.value().get<int64_t>() + 1);
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it)
+    n = std::max(n, checked_id(it.value(), "vocabulary entry " + json(it.key()).dump()) + 1);
   for (const auto& [id, text] : special) n = std::max(n, id + 1);
+  // Every id in [0, n) is one token: a vocabulary entry, an added token, or both under
+  // the same id (as files list their special tokens). Two entries under one id, or an
+  // id with none, cannot be written back as the same file.
   std::vector<std::string> tokens(static_cast<size_t>(n));
-  std::vector<bool> is_special(static_cast<size_t>(n), false);
+  std::vector<bool> is_special(static_cast<size_t>(n), false), assigned(static_cast<size_t>(n), false);
   std::unordered_map<std::string, int32_t> by_text;
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
     const int64_t id = it.value().get<int64_t>();
     by_text[it.key()] = static_cast<int32_t>(id);
-    if (special.count(id)) continue;
+    if (const auto sp = special.find(id); sp != special.end()) {
+      if (sp->second != it.key())
+        throw std::runtime_error(path + ": vocabulary entry " + json(it.key()).dump() + " and added token " +
+                                 json(sp->second).dump() + " have the same id " + std::to_string(id));
+      continue;
+    }
+    if (assigned[static_cast<size_t>(id)])
+      throw std::runtime_error(path + ": vocabulary entries " +
+                               json(to_unicode(tokens[static_cast<size_t>(id)])).dump() + " and " +
+                               json(it.key()).dump() + " have the same id " + std::to_string(id));
     tokens[static_cast<size_t>(id)] = from_unicode(it.key(), path);
+    assigned[static_cast<size_t>(id)] = true;
   }
   for (const auto& [id, text] : special) {
+    if (const auto v = model["vocab"].find(text); v != model["vocab"].end() && *v != id)
+      throw std::runtime_error(path + ": added token " + json(text).dump() + " has id " + std::to_string(id) +
+                               ", its vocabulary entry " + v->dump());
     tokens[static_cast<size_t>(id)] = text;
-    is_special[static_cast<size_t>(id)] = true;
+    is_special[static_cast<size_t>(id)] = assigned[static_cast<size_t>(id)] = true;
   }
+  if (const auto gap = std::find(assigned.begin(), assigned.end(), false); gap != assigned.end())
+    throw std::runtime_error(path + ": id " + std::to_string(gap - assigned.begin()) +
+                             " has no vocabulary entry (ids run to " + std::to_string(n - 1) + ")");
   std::vector<std::pair<int32_t, int32_t>> merges;
   for (const auto& m : model.value("merges", json::array())) {
     std::string a, b;

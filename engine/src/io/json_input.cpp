@@ -7,6 +7,52 @@
 
 namespace tide {
 
+std::size_t first_non_utf8(std::string_view text) {
+  // The Unicode Standard's table of well-formed sequences (no overlong forms, no
+  // surrogates, nothing above U+10FFFF): the second byte's range depends on the first.
+  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = b[i];
+    int more = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if (c >= 0xC2 && c <= 0xDF)
+      more = 1;
+    else if (c == 0xE0)
+      more = 2, lo = 0xA0;
+    else if (c == 0xED)
+      more = 2, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF)
+      more = 2;
+    else if (c == 0xF0)
+      more = 3, lo = 0x90;
+    else if (c == 0xF4)
+      more = 3, hi = 0x8F;
+    else if (c >= 0xF1 && c <= 0xF3)
+      more = 3;
+    else
+      return i;
+    if (n - i <= static_cast<std::size_t>(more)) return i;
+    if (b[i + 1] < lo || b[i + 1] > hi) return i;
+    for (int k = 2; k <= more; ++k)
+      if (b[i + k] < 0x80 || b[i + k] > 0xBF) return i;
+    i += static_cast<std::size_t>(more) + 1;
+  }
+  return std::string_view::npos;
+}
+
+std::string json_error_text(const nlohmann::json::exception& e) {
+  // The tag ("[json.exception.parse_error.101] ") is of no use to a reader.
+  std::string_view why = e.what();
+  if (const auto tag_end = why.find("] "); why.rfind('[', 0) == 0 && tag_end != std::string_view::npos)
+    why.remove_prefix(tag_end + 2);
+  return std::string(why);
+}
+
 int json_nesting_depth(std::string_view text, int limit) {
   int depth = 0, deepest = 0;
   bool in_string = false, escaped = false;
@@ -37,13 +83,9 @@ nlohmann::json parse_json_input(std::string_view text, const std::string& what, 
     throw JsonInputError(fmt::format("{}: JSON nested more than {} levels deep", what, max_depth));
   try {
     return nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
-    // "[json.exception.parse_error.101] parse error at line 1, column 3: ...": the
-    // library's tag is of no use to a reader.
-    std::string_view why = e.what();
-    if (const auto tag_end = why.find("] "); why.rfind('[', 0) == 0 && tag_end != std::string_view::npos)
-      why.remove_prefix(tag_end + 2);
-    throw JsonInputError(fmt::format("{}: not valid JSON ({})", what, why));
+  } catch (const nlohmann::json::exception& e) {
+    // A syntax error, or a number too large for a double (out_of_range 406, "1e999").
+    throw JsonInputError(fmt::format("{}: not valid JSON ({})", what, json_error_text(e)));
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -46,15 +47,29 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) {
     const auto& v = it.value();
     SafetensorsEntry e;
     e.name = it.key();
+    // Checked before conversion: nlohmann converts a number such as 2e27 to an integer
+    // by a cast whose result is undefined.
+    const auto whole_numbers = [&](const char* field) {
+      const auto& list = v.at(field);
+      if (!list.is_array()) fail("tensor '" + e.name + "' " + field + " is " + list.dump() + ", not a list");
+      std::vector<uint64_t> out;
+      for (const auto& x : list) {
+        if (!x.is_number_unsigned() || x.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+          fail("tensor '" + e.name + "' " + field + " holds " + x.dump() + ", not a whole number below 2^63");
+        out.push_back(x.get<uint64_t>());
+      }
+      return out;
+    };
     try {
+      if (!v.is_object()) fail("tensor '" + e.name + "' is " + v.dump() + ", not an object");
       e.dtype = v.at("dtype").get<std::string>();
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      const auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
+      for (const uint64_t d : whole_numbers("shape")) e.shape.push_back(static_cast<int64_t>(d));
+      const auto offs = whole_numbers("data_offsets");
       if (offs.size() != 2) fail("tensor '" + e.name + "' data_offsets must have two entries");
       e.begin = offs[0];
       e.end = offs[1];
     } catch (const nlohmann::json::exception& ex) {
-      fail("tensor '" + e.name + "' has a malformed entry: " + ex.what());
+      fail("tensor '" + e.name + "' has a malformed entry: " + json_error_text(ex));
     }
     size_t element = 0;
     try {
@@ -65,7 +80,6 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) {
     // The byte count of the shape, refused when it overflows 64 bits ([2^32, 2^32, 7]).
     uint64_t bytes = element;
     for (const int64_t d : e.shape) {
-      if (d < 0) fail("tensor '" + e.name + "' has a negative dimension");
       if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes))
         fail("tensor '" + e.name + "' has a shape whose size overflows 64 bits");
     }

@@ -20,8 +20,9 @@ class PreTokenizer {
   // ByteLevel with GPT-2's regex: what tide writes for the tokenizers it trains.
   static PreTokenizer gpt2();
   // From tokenizer.json's "pre_tokenizer": ByteLevel, Split (Regex or String, behaviour
-  // Isolated / Removed / MergedWithPrevious / MergedWithNext) and Sequence of those.
-  // Anything else is refused with a message naming it and the file.
+  // Isolated / Removed / MergedWithPrevious / MergedWithNext) and Sequence of those,
+  // with a ByteLevel step somewhere (byte-level BPE). Anything else is refused with a
+  // message naming it and the file.
   static PreTokenizer from_json(const nlohmann::json& spec, const std::string& file);
   nlohmann::json to_json() const;
 

@@ -57,6 +57,8 @@ class TokenDataset {
   const TokenSplit& split(const std::string& name) const;  // "train" or "val"
 
  private:
+  void check(const std::string& meta_path);  // the constructor's checks of dataset.json and the splits
+
   std::string dir_;
   nlohmann::json meta_;
   int64_t vocab_size_ = 0;

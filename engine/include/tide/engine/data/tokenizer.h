@@ -70,6 +70,7 @@ class ByteLevelBpe : public Tokenizer {
 
  private:
   ByteLevelBpe() = default;
+  static ByteLevelBpe from_json(const nlohmann::json& doc, const std::string& path);
   void index();
   void bytes_to_ids(std::string_view bytes, std::vector<int32_t>& out) const;
   void encode_chunk(std::string_view chunk, std::vector<int32_t>& out) const;

@@ -26,6 +26,14 @@ class JsonInputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// JSON strings are UTF-8 (nlohmann refuses to write others): the offset of the first
+// byte of `text` that is not part of a well-formed UTF-8 sequence, or npos.
+std::size_t first_non_utf8(std::string_view text);
+
+// nlohmann's message without its tag: "[json.exception.type_error.302] type must be
+// string, but is number" becomes "type must be string, but is number".
+std::string json_error_text(const nlohmann::json::exception& e);
+
 // The deepest nesting of arrays and objects in `text` (0 for a scalar), counted through
 // strings and escapes without parsing; it stops counting at `limit` + 1.
 int json_nesting_depth(std::string_view text, int limit = kMaxJsonDepth);
