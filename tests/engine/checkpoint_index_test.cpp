@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -47,6 +49,35 @@ class CheckpointIndex : public ::testing::Test {
     touch(dir / "manifest.json", manifest.dump());
     touch(dir / "COMMITTED", std::to_string(step) + "\n");
     return dir;
+  }
+
+  // A committed step directory whose rank file holds `tensors` (name, F32 values) and
+  // lists `pieces` in its tide.pieces, with the manifest's true size and hash.
+  fs::path with_pieces(int64_t step, const nlohmann::json& pieces,
+                       const std::vector<std::pair<std::string, int>>& tensors) {
+    const fs::path dir = committed(step);
+    std::vector<std::vector<float>> values;
+    SafetensorsWriter w;
+    w.set_metadata("tide.pieces", pieces.dump());
+    for (const auto& [name, n] : tensors) {
+      values.emplace_back(static_cast<size_t>(n), 1.0f);
+      w.add(name, "F32", {n}, values.back().data(), values.back().size() * 4);
+    }
+    const WrittenFile f = w.write((dir / "rank-00000.safetensors").string());
+    char hash[17];
+    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(f.xxh3));
+    nlohmann::json manifest = read_manifest(dir.string());
+    manifest["files"] = {{"rank-00000.safetensors", {{"bytes", f.bytes}, {"xxh3", hash}}}};
+    touch(dir / "manifest.json", manifest.dump());
+    return dir;
+  }
+
+  static nlohmann::json piece(const std::string& tensor, nlohmann::json global, nlohmann::json tp, nlohmann::json local,
+                              nlohmann::json range) {
+    return {{"tensor", tensor},         {"param", "w"},
+            {"kind", "param"},          {"global_shape", std::move(global)},
+            {"tp", std::move(tp)},      {"local_shape", std::move(local)},
+            {"range", std::move(range)}};
   }
 
   fs::path root_;
@@ -149,6 +180,44 @@ TEST_F(CheckpointIndex, AFileWithTheRightHashButABadHeaderIsUnusable) {
   const auto problems = verify_checkpoint(dir.string());
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("lies outside the data section"), std::string::npos) << problems[0];
+}
+
+TEST_F(CheckpointIndex, PieceListsAreCheckedBeforeAResumeTrustsThem) {
+  // Each file hashes true: what is wrong was written so (a writer's fault), and the
+  // resume would have read past a list, filled a tensor from a wrong range, or left
+  // part of a parameter at zero.
+  using nlohmann::json;
+  const json whole = {{"dim", -1}, {"first", 0}, {"length", 0}, {"valid", 0}};
+  const std::vector<std::pair<std::string, int>> two = {{"w|param|0", 4}, {"w|param|4", 2}};
+  // json::array: a braced list of one object would be that object.
+  const auto problem = [&](int64_t step, const json& pieces, const std::vector<std::pair<std::string, int>>& tensors) {
+    const auto problems = verify_checkpoint(with_pieces(step, pieces, tensors).string());
+    return problems.empty() ? std::string() : problems.front();
+  };
+  EXPECT_EQ(problem(1,
+                    json::array({piece("w|param|0", {2, 3}, whole, {2, 3}, {0, 4}),
+                                 piece("w|param|4", {2, 3}, whole, {2, 3}, {4, 6})}),
+                    two),
+            "");
+  std::string e = problem(2, json::array({piece("w|param|0", {2, 3}, whole, {2, 3}, {0})}), two);
+  EXPECT_NE(e.find("tide.pieces entry 0 (piece 'w|param|0') has no range [begin, end]"), std::string::npos) << e;
+  e = problem(3,
+              json::array({piece("w|param|0", {2, 3}, whole, {2, 3}, {0, 4}),
+                           piece("w|param|4", {2, 3}, whole, {2, 3}, {6, 8})}),
+              two);
+  EXPECT_NE(e.find("has range [6, 8] outside its slice's 6 elements"), std::string::npos) << e;
+  e = problem(4, json::array({piece("w|param|0", {2e27, 3}, whole, {2e27, 3}, {0, 4})}), two);
+  EXPECT_NE(e.find("has a dimension in 'global_shape' 2e+27, not an integer"), std::string::npos) << e;
+  e = problem(5, json::array({piece("w|param|0", {2, 3}, whole, {2, 3}, {0, 3})}), two);
+  EXPECT_NE(e.find("is a F32 tensor of shape [4], not the 3 F32 values of its range"), std::string::npos) << e;
+  // A hole inside the slice, and a tensor-parallel slice missing.
+  e = problem(6, json::array({piece("w|param|4", {2, 3}, whole, {2, 3}, {4, 6})}), two);
+  EXPECT_NE(e.find("the pieces of param w have elements [4, 6) of the slice at 0 where [0, ...) comes next"),
+            std::string::npos)
+      << e;
+  const json first_half = {{"dim", 0}, {"first", 0}, {"length", 1}, {"valid", 2}};
+  e = problem(7, json::array({piece("w|param|0", {2, 4}, first_half, {1, 4}, {0, 4})}), two);
+  EXPECT_NE(e.find("the pieces of param w end at 1 along tp.dim, short of 2"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint_files.h"
+#include "piece_list.h"
 #include "tide/engine/checkpoint/checkpoint_index.h"
 #include "tide/engine/io/file_name.h"
 #include "tide/engine/io/json_input.h"
@@ -99,6 +101,8 @@ nlohmann::json read_manifest(const std::string& dir) {
 
 std::vector<std::string> verify_checkpoint(const std::string& dir) {
   std::vector<std::string> problems;
+  std::vector<std::unique_ptr<SafetensorsReader>> files;  // the pieces point into them
+  std::vector<SavedPiece> pieces;
   if (!fs::exists(fs::path(dir) / "COMMITTED"))
     problems.push_back(fmt::format("{}: no COMMITTED marker (the save did not finish)", dir));
   nlohmann::json manifest;
@@ -127,16 +131,22 @@ std::vector<std::string> verify_checkpoint(const std::string& dir) {
       continue;
     }
     // The bytes are the ones written; they must also be a file every rank can read
-    // (a header written wrong): found here, every rank passes over this checkpoint alike.
+    // (a header or a piece list written wrong): found here, every rank passes over this
+    // checkpoint alike.
     try {
-      const SafetensorsReader file(path);
-      const auto pieces = file.metadata().find("tide.pieces");
-      if (pieces == file.metadata().end()) throw std::runtime_error(path + ": no tide.pieces metadata");
-      if (!parse_json_input(pieces->second, path + ": tide.pieces metadata").is_array())
-        throw std::runtime_error(path + ": tide.pieces metadata is not a list");
+      auto file = std::make_unique<SafetensorsReader>(path);
+      const auto listed = read_piece_list(*file);
+      pieces.insert(pieces.end(), listed.begin(), listed.end());
+      files.push_back(std::move(file));
     } catch (const std::exception& e) {
       problems.push_back(e.what());
     }
+  }
+  if (!problems.empty()) return problems;
+  try {
+    check_piece_coverage(pieces, dir);
+  } catch (const std::exception& e) {
+    problems.push_back(e.what());
   }
   return problems;
 }

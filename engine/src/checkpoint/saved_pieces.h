@@ -12,13 +12,16 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "piece_list.h"
 #include "tide/engine/io/safetensors.h"
 
 namespace tide {
 
 class SavedPieces {
  public:
-  // Opens every file the manifest lists; throws naming the file on missing metadata.
+  // Opens every file the manifest lists; throws naming the file when its piece list is
+  // missing or wrong, or when the pieces of all files do not rebuild every tensor once
+  // (piece_list.h).
   SavedPieces(std::string dir, const nlohmann::json& manifest);
 
   // The whole fp32 tensor of `param` of `kind` ("param", "exp_avg", "exp_avg_sq"), from
@@ -26,14 +29,9 @@ class SavedPieces {
   at::Tensor whole(const std::string& param, const std::string& kind) const;
 
  private:
-  struct Source {
-    const SafetensorsReader* file;
-    const SafetensorsEntry* entry;
-    nlohmann::json meta;
-  };
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsReader>> files_;
-  std::map<std::pair<std::string, std::string>, std::vector<Source>> sources_;
+  std::map<std::pair<std::string, std::string>, std::vector<SavedPiece>> sources_;
 };
 
 }  // namespace tide
