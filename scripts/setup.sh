@@ -41,8 +41,9 @@ PACKAGES=(
   sentencepiece libsentencepiece-dev
   # The Go binding (bindings/go, cgo).
   golang-go
-  # make test's format and tidy checks (scripts/lint.sh).
-  clang-format-14 clang-tidy-14
+  # make test's format and tidy checks (scripts/lint.sh), and fuzz.inputs' Clang with
+  # its libFuzzer runtime (tests/fuzz/run.sh).
+  clang-format-14 clang-tidy-14 clang-14 libclang-rt-14-dev
   # The bundled default corpus (King James Bible, public domain).
   bible-kjv
   # parallel.slurm: a private Slurm cluster runs examples/slurm (tests/parallel/private_slurm.sh).

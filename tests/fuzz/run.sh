@@ -1,0 +1,59 @@
+#!/bin/sh
+# Builds the libFuzzer targets of tests/fuzz (Clang, AddressSanitizer and UBSan, no
+# LibTorch: TIDE_CAPI_ONLY + TIDE_FUZZ) and runs each from seeds that the real producers
+# of those files make (make_seeds.py), a fixed number of inputs with a fixed seed, two
+# at a time. A crash, a leak, a sanitizer report, an input that takes over 20 s or a
+# fault a target asserts fails the test; the input is kept under BUILD_DIR/findings.
+# Usage: run.sh SOURCE_DIR BUILD_DIR TIDE PYTHON [RUNS]
+set -eu
+SRC=$1 BUILD=$2 TIDE=$3 PYTHON=$4 RUNS=${5:-20000}
+TARGETS="safetensors tokenizer token_dataset checkpoint request recipe"
+
+# The Clang that scripts/setup.sh installs beside clang-tidy, with its libFuzzer runtime.
+CXX=$(command -v clang++-14 || command -v clang++ || true)
+CC=$(command -v clang-14 || command -v clang || true)
+[ -n "$CXX" ] && [ -n "$CC" ] || { echo "run.sh: no clang++ (scripts/setup.sh installs clang-14)" >&2; exit 1; }
+cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
+  -DTIDE_CAPI_ONLY=ON -DTIDE_SANITIZE=ON -DTIDE_FUZZ=ON > "$BUILD.configure.log" 2>&1 ||
+  { cat "$BUILD.configure.log" >&2; exit 1; }
+cmake --build "$BUILD" -j "$(nproc)" --target $(for t in $TARGETS; do printf 'fuzz_%s ' "$t"; done) > "$BUILD.build.log" 2>&1 ||
+  { tail -50 "$BUILD.build.log" >&2; echo "run.sh: the fuzz targets did not build (libclang-rt-14-dev has libFuzzer)" >&2; exit 1; }
+
+rm -rf "$BUILD/seeds" "$BUILD/corpus" "$BUILD/findings" "$BUILD/logs"
+mkdir -p "$BUILD/findings" "$BUILD/logs"
+"$PYTHON" "$SRC/tests/fuzz/make_seeds.py" "$BUILD/seeds" "$TIDE" "$SRC"
+
+export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+fuzz_one() {
+  t=$1
+  mkdir -p "$BUILD/corpus/$t"
+  # -malloc_limit_mb: one allocation an input asks for beyond this is a finding (a length
+  # field believed); -rss_limit_mb bounds the process.
+  if "$BUILD/tests/fuzz/fuzz_$t" -runs="$RUNS" -seed=1 -max_total_time=300 -timeout=20 -rss_limit_mb=2048 \
+       -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$BUILD/findings/$t-" \
+       "$BUILD/corpus/$t" "$BUILD/seeds/$t" > "$BUILD/logs/$t.log" 2>&1; then
+    echo "fuzz_$t: $(grep -m1 'stat::number_of_executed_units' "$BUILD/logs/$t.log" | awk '{print $2}') inputs," \
+         "$(grep -m1 'stat::peak_rss_mb' "$BUILD/logs/$t.log" | awk '{print $2}') MB peak, no finding"
+  else
+    echo "fuzz_$t: FINDING" >&2
+    grep -E -A40 'ERROR|tide fuzz fault|what\(\)' "$BUILD/logs/$t.log" | head -60 >&2
+    for f in "$BUILD/findings/$t-"*; do
+      [ -e "$f" ] && echo "reproduce: $BUILD/tests/fuzz/fuzz_$t $f" >&2
+    done
+    return 1
+  fi
+}
+
+failed=0
+set -- $TARGETS
+while [ $# -gt 0 ]; do
+  # Two at a time: each target runs in one process.
+  fuzz_one "$1" & first=$!
+  second=""
+  if [ $# -gt 1 ]; then fuzz_one "$2" & second=$!; fi
+  wait "$first" || failed=1
+  [ -z "$second" ] || wait "$second" || failed=1
+  shift; [ $# -gt 0 ] && shift
+done
+exit $failed
