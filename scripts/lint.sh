@@ -42,15 +42,22 @@ if [[ $cxx =~ ^GNU\ ([0-9]+) ]] && ((BASH_REMATCH[1] >= 13)); then
   echo "lint: clang-tidy skipped: clang 14 cannot read the C++20 library of GCC ${cxx#GNU } (CI's GCC 12 runs it)"
   checked="clang-format"
 else
-  # clang-tidy-diff reports on changed lines of the sources in compile_commands.json. The
-  # build's precompiled headers are GCC's, which clang cannot read: clang-tidy gets copies
-  # of the prefix headers without them.
+  # clang-tidy-diff reports on changed lines of the sources in compile_commands.json: the
+  # build's, and the fuzz build's (tests/fuzz, made by the fuzz.inputs test) where it
+  # exists. The build's precompiled headers are GCC's, which clang cannot read: clang-tidy
+  # gets copies of the prefix headers without them. A changed source in neither database
+  # (a fuzz target before its build) is left to the format check.
   db=$(mktemp -d)
   trap 'rm -rf "$db"' EXIT
-  python3 - "$build/compile_commands.json" "$db" <<'PY'
-import json, os, shutil, sys
-entries = json.load(open(sys.argv[1]))
-out = sys.argv[2]
+  changes=$(python3 /dev/fd/3 "$db" "$root" "$build/compile_commands.json" "$build/fuzz/compile_commands.json" \
+    <<<"$changes" 3<<'PY'
+import json, os, re, shutil, sys
+out, root = sys.argv[1], sys.argv[2]
+entries = []
+for path in sys.argv[3:]:
+    if os.path.exists(path):
+        entries += json.load(open(path))
+known = {os.path.relpath(os.path.realpath(e["file"]), root) for e in entries}
 for e in entries:
     words = e["command"].split(" ")
     for i, w in enumerate(words):
@@ -61,7 +68,18 @@ for e in entries:
             words[i] = copy
     e["command"] = " ".join(words)
 json.dump(entries, open(os.path.join(out, "compile_commands.json"), "w"))
+# The diff on stdin, less the files no database compiles.
+keep = True
+for line in sys.stdin.read().splitlines():
+    if line.startswith("diff --git"):
+        keep = True
+    m = re.match(r"\+\+\+ b/(.*)", line)
+    if m and m.group(1).endswith((".c", ".cpp")) and m.group(1) not in known:
+        keep = False
+    if keep:
+        print(line)
 PY
+)
   tidy=$(clang-tidy-diff-14.py -clang-tidy-binary clang-tidy-14 -p1 -path "$db" -quiet -j "$(nproc)" \
     -iregex '.*\.(c|cpp)' -extra-arg=-Wno-unknown-warning-option 2>&1 <<<"$changes" || true)
   if grep -qE '(warning|error): |^Failed: ' <<<"$tidy"; then

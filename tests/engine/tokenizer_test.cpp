@@ -147,9 +147,8 @@ TEST(Tokenizer, APreTokenizerWithoutByteLevelIsRefused) {
   // The tokenizers library would look raw characters up in the byte alphabet's
   // vocabulary; tide used to split bytes anyway, and saved such a file with GPT-2's
   // pre-tokenizer in its place (found by tests/fuzz: the saved file encoded otherwise).
-  for (const nlohmann::json& pre : {nlohmann::json(), nlohmann::json{{"type", "Split"},
-                                                                     {"pattern", {{"String", " "}}},
-                                                                     {"behavior", "Removed"}}}) {
+  for (const nlohmann::json& pre :
+       {nlohmann::json(), nlohmann::json{{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Removed"}}}) {
     const auto path = edited_tokenizer("tide_tok_nobytes", [&](nlohmann::json& j) { j["pre_tokenizer"] = pre; });
     EXPECT_NE(load_error(path).find("has no ByteLevel step; tide reads byte-level BPE tokenizer.json files only"),
               std::string::npos)

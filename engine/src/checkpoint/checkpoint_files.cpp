@@ -146,7 +146,7 @@ std::vector<std::string> verify_checkpoint(const std::string& dir) {
   try {
     check_piece_coverage(pieces, dir);
   } catch (const std::exception& e) {
-    problems.push_back(e.what());
+    problems.emplace_back(e.what());
   }
   return problems;
 }
