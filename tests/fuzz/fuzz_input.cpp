@@ -27,9 +27,12 @@ std::vector<std::string_view> split_parts(const uint8_t* data, size_t size, size
 const std::string& work_dir() {
   // Memory-backed where there is one: a fuzz target writes its files thousands of times
   // a second.
-  // Never destroyed: the exit handler that removes it runs after static destructors.
+  // Never destroyed: the exit handler that removes it runs after static destructors. A
+  // target that finds a fault aborts before that handler: run.sh gives the targets a
+  // parent of its own (TIDE_FUZZ_DIR) and removes it.
   static const std::string& dir = *[] {
-    const char* base = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : std::getenv("TMPDIR");
+    const char* base = std::getenv("TIDE_FUZZ_DIR");
+    if (!base) base = std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : std::getenv("TMPDIR");
     auto* pattern = new std::string(std::string(base ? base : "/tmp") + "/tide-fuzz-XXXXXX");
     if (!mkdtemp(pattern->data())) throw std::runtime_error("cannot make a directory like " + *pattern);
     std::atexit([] { std::filesystem::remove_all(work_dir()); });

@@ -23,6 +23,10 @@ rm -rf "$BUILD/seeds" "$BUILD/corpus" "$BUILD/findings" "$BUILD/logs"
 mkdir -p "$BUILD/findings" "$BUILD/logs"
 "$PYTHON" "$SRC/tests/fuzz/make_seeds.py" "$BUILD/seeds" "$TIDE" "$SRC"
 
+# The targets' scratch files, in memory where there is a /dev/shm (thousands a second).
+TIDE_FUZZ_DIR=$(mktemp -d "$( [ -d /dev/shm ] && echo /dev/shm || echo "${TMPDIR:-/tmp}")/tide-fuzz-run-XXXXXX")
+export TIDE_FUZZ_DIR
+trap 'rm -rf "$TIDE_FUZZ_DIR"' EXIT
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fuzz_one() {
