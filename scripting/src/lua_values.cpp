@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "tide/engine/io/json_input.h"
+#include "tide/engine/io/utf8.h"
 
 namespace tide {
 namespace {

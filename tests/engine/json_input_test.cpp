@@ -6,6 +6,7 @@
 #include <string>
 
 #include "tide/engine/io/json_input.h"
+#include "tide/engine/io/utf8.h"
 
 namespace tide {
 namespace {

@@ -93,12 +93,10 @@ class PieceReader {
     if (!o.contains(field) || !o[field].is_string()) fail(std::string("has no string '") + field + "'");
     return o[field].get<std::string>();
   }
-  // Checked before conversion: nlohmann turns 2e27 into an integer by a cast whose
-  // result is undefined.
   int64_t whole(const json& v, const std::string& what) const {
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)))
-      fail("has " + what + " " + v.dump() + ", not an integer");
-    return v.get<int64_t>();
+    const auto n = json_int64(v);
+    if (!n) fail("has " + what + " " + v.dump() + ", not an integer");
+    return *n;
   }
   int64_t integer(const json& o, const char* field) const {
     if (!o.contains(field)) fail(std::string("has no '") + field + "'");

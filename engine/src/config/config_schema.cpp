@@ -10,6 +10,7 @@
 
 #include "tide/engine/io/http_url.h"
 #include "tide/engine/io/json_input.h"
+#include "tide/engine/io/utf8.h"
 #include "tide/engine/run_layout.h"
 
 namespace tide {

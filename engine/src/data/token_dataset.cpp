@@ -132,7 +132,10 @@ TokenDataset::TokenDataset(const std::string& dir) : dir_(dir) {
 
 void TokenDataset::check(const std::string& meta_path) {
   if (!meta_.is_object()) throw std::runtime_error(meta_path + ": not a JSON object");
-  const std::string& dir = dir_;
+  const auto tokenizer = meta_.value("tokenizer", std::string("tokenizer.json"));
+  if (!is_plain_file_name(tokenizer))
+    throw std::runtime_error(meta_path + ": tokenizer " + nlohmann::json(tokenizer).dump() +
+                             " is not a file name inside the dataset directory");
   if (meta_.value("format", "") != "tide-tokens")
     throw std::runtime_error(meta_path + ": format is not 'tide-tokens'");
   if (meta_.value("version", 0) != kDatasetFormatVersion)
@@ -148,7 +151,7 @@ void TokenDataset::check(const std::string& meta_path) {
   const auto& recorded = meta_.contains("splits") ? meta_["splits"] : nlohmann::json();
   if (!recorded.is_null() && !recorded.is_object()) throw std::runtime_error(meta_path + ": splits is not an object");
   for (const char* name : {"train", "val"}) {
-    TokenSplit split(dir + "/" + name + ".bin", dir + "/" + name + ".idx", bytes);
+    TokenSplit split(dir_ + "/" + name + ".bin", dir_ + "/" + name + ".idx", bytes);
     std::string xxh3;
     if (recorded.contains(name)) {
       const auto& r = recorded[name];
@@ -166,10 +169,6 @@ void TokenDataset::check(const std::string& meta_path) {
     split.verify(vocab_size_, xxh3);
     splits_.emplace_back(name, std::move(split));
   }
-  const auto tokenizer = meta_.value("tokenizer", std::string("tokenizer.json"));
-  if (!is_plain_file_name(tokenizer))
-    throw std::runtime_error(meta_path + ": tokenizer " + nlohmann::json(tokenizer).dump() +
-                             " is not a file name inside the dataset directory");
 }
 
 std::string TokenDataset::tokenizer_path() const { return dir_ + "/" + meta_.value("tokenizer", "tokenizer.json"); }

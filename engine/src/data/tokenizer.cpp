@@ -142,10 +142,6 @@ ByteLevelBpe ByteLevelBpe::load(const std::string& path) {
     // A field of the wrong type ("type must be string, but is number"): the library's
     // words, and the file's name.
     throw std::runtime_error(path + ": not a tokenizer.json this tide reads (" + json_error_text(e) + ")");
-  } catch (const std::runtime_error& e) {
-    const std::string what = e.what();
-    if (what.rfind(path, 0) == 0) throw;
-    throw std::runtime_error(path + ": " + what);
   }
 }
 
@@ -168,7 +164,7 @@ ByteLevelBpe ByteLevelBpe::from_json(const json& doc, const std::string& path) {
   // [0, entries), so a file cannot ask for more memory than its own size.
   const size_t entries = model["vocab"].size() + doc.value("added_tokens", json::array()).size();
   const auto checked_id = [&](const json& value, const std::string& what) {
-    const int64_t id = value.is_number_integer() ? value.get<int64_t>() : -1;
+    const int64_t id = json_int64(value).value_or(-1);
     if (id < 0 || static_cast<uint64_t>(id) >= entries)
       throw std::runtime_error(path + ": " + what + " has id " + value.dump() + ", not an integer in [0, " +
                                std::to_string(entries) + ") (the number of vocabulary and added entries)");
@@ -239,7 +235,11 @@ ByteLevelBpe ByteLevelBpe::from_json(const json& doc, const std::string& path) {
   t.tokens_ = std::move(tokens);
   t.special_ = std::move(is_special);
   t.merges_ = std::move(merges);
-  t.index();
+  try {
+    t.index();
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(path + ": " + e.what());  // a merge whose result is no entry
+  }
   return t;
 }
 

@@ -1,5 +1,7 @@
 #include "tide/engine/data/utf8_stream.h"
 
+#include "tide/engine/io/utf8.h"
+
 namespace tide {
 namespace {
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
@@ -10,26 +12,18 @@ std::string Utf8Stream::push(std::string_view bytes) {
   for (size_t i = 0; i < bytes.size(); ++i) {
     const auto b = static_cast<unsigned char>(bytes[i]);
     if (needed_ == 0) {
-      // The lead byte fixes the length and, for E0, ED, F0 and F4, a narrower range of
-      // the next byte: no overlong forms, no surrogates, nothing above U+10FFFF.
-      if (b < 0x80) {
+      const Utf8Lead lead = utf8_lead(b);
+      if (lead.continuation == 0) {
         out += static_cast<char>(b);
         continue;
       }
-      if (b >= 0xC2 && b <= 0xDF) {
-        needed_ = 1;
-      } else if (b >= 0xE0 && b <= 0xEF) {
-        needed_ = 2;
-        if (b == 0xE0) lower_ = 0xA0;
-        if (b == 0xED) upper_ = 0x9F;
-      } else if (b >= 0xF0 && b <= 0xF4) {
-        needed_ = 3;
-        if (b == 0xF0) lower_ = 0x90;
-        if (b == 0xF4) upper_ = 0x8F;
-      } else {
+      if (lead.continuation < 0) {
         out += kReplacement;  // a continuation byte without a lead, or C0, C1, F5-FF
         continue;
       }
+      needed_ = lead.continuation;
+      lower_ = lead.lower;
+      upper_ = lead.upper;
       pending_.assign(1, static_cast<char>(b));
       continue;
     }

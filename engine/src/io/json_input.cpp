@@ -7,42 +7,12 @@
 
 namespace tide {
 
-std::size_t first_non_utf8(std::string_view text) {
-  // The Unicode Standard's table of well-formed sequences (no overlong forms, no
-  // surrogates, nothing above U+10FFFF): the second byte's range depends on the first.
-  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  for (std::size_t i = 0; i < n;) {
-    const unsigned char c = b[i];
-    int more = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    if (c >= 0xC2 && c <= 0xDF)
-      more = 1;
-    else if (c == 0xE0)
-      more = 2, lo = 0xA0;
-    else if (c == 0xED)
-      more = 2, hi = 0x9F;
-    else if (c >= 0xE1 && c <= 0xEF)
-      more = 2;
-    else if (c == 0xF0)
-      more = 3, lo = 0x90;
-    else if (c == 0xF4)
-      more = 3, hi = 0x8F;
-    else if (c >= 0xF1 && c <= 0xF3)
-      more = 3;
-    else
-      return i;
-    if (n - i <= static_cast<std::size_t>(more)) return i;
-    if (b[i + 1] < lo || b[i + 1] > hi) return i;
-    for (int k = 2; k <= more; ++k)
-      if (b[i + k] < 0x80 || b[i + k] > 0xBF) return i;
-    i += static_cast<std::size_t>(more) + 1;
-  }
-  return std::string_view::npos;
+std::optional<int64_t> json_int64(const nlohmann::json& v) {
+  if (v.is_number_unsigned())
+    return v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX) ? std::optional<int64_t>(v.get<int64_t>())
+                                                                 : std::nullopt;
+  if (v.is_number_integer()) return v.get<int64_t>();
+  return std::nullopt;
 }
 
 std::string json_error_text(const nlohmann::json::exception& e) {

@@ -47,16 +47,15 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) {
     const auto& v = it.value();
     SafetensorsEntry e;
     e.name = it.key();
-    // Checked before conversion: nlohmann converts a number such as 2e27 to an integer
-    // by a cast whose result is undefined.
     const auto whole_numbers = [&](const char* field) {
       const auto& list = v.at(field);
       if (!list.is_array()) fail("tensor '" + e.name + "' " + field + " is " + list.dump() + ", not a list");
       std::vector<uint64_t> out;
       for (const auto& x : list) {
-        if (!x.is_number_unsigned() || x.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        const auto n = json_int64(x);
+        if (!n || *n < 0)
           fail("tensor '" + e.name + "' " + field + " holds " + x.dump() + ", not a whole number below 2^63");
-        out.push_back(x.get<uint64_t>());
+        out.push_back(static_cast<uint64_t>(*n));
       }
       return out;
     };

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -26,9 +28,10 @@ class JsonInputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// JSON strings are UTF-8 (nlohmann refuses to write others): the offset of the first
-// byte of `text` that is not part of a well-formed UTF-8 sequence, or npos.
-std::size_t first_non_utf8(std::string_view text);
+// A number that is an integer within int64, else nothing. Checked before converting:
+// nlohmann turns 2e27 into an integer by a cast whose result is undefined, and 2^64 - 1
+// into -1.
+std::optional<int64_t> json_int64(const nlohmann::json& v);
 
 // nlohmann's message without its tag: "[json.exception.type_error.302] type must be
 // string, but is number" becomes "type must be string, but is number".
