@@ -151,7 +151,7 @@ Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
     if (state_lock >= 0) ::close(state_lock);
     throw std::runtime_error(fmt::format("another controller (tided or an embedded engine) serves {}", opt.state_dir));
   }
-  evaluator = std::make_unique<RecipeEvaluator>();
+  evaluator = std::make_unique<RecipeEvaluator>([this] { wake.wake(); });
   bus = std::make_unique<EventBus>(ctx, fmt::format("{}-{}", static_cast<int64_t>(unix_now()), ::getpid()));
   runs = std::make_unique<RunBook>(opt.state_dir, *bus);
   policies = std::make_unique<PolicyHost>(
@@ -227,6 +227,7 @@ std::string Controller::http_url() const { return impl_->http ? impl_->http->url
 void Controller::stop() {
   // A second stop (a second SIGTERM or Ctrl-C) does not wait for the runs' checkpoints.
   if (impl_->stopping.exchange(true)) impl_->hurry = true;
+  impl_->wake.wake();
 }
 
 void Controller::run() {
@@ -242,9 +243,10 @@ void Controller::Impl::tick() {
   zmq::pollitem_t items[] = {{commands.handle(), 0, ZMQ_POLLIN, 0},
                              {bus->socket().handle(), 0, ZMQ_POLLIN, 0},
                              {supervisor->socket().handle(), 0, ZMQ_POLLIN, 0},
+                             {nullptr, wake.read_fd(), ZMQ_POLLIN, 0},
                              {zap.handle(), 0, ZMQ_POLLIN, 0}};
   try {
-    zmq::poll(items, zap_bound ? 4 : 3, kTick);
+    zmq::poll(items, zap_bound ? 5 : 4, kTick);
   } catch (const zmq::error_t& e) {
     if (e.num() == EINTR) return;
     throw;
@@ -252,7 +254,8 @@ void Controller::Impl::tick() {
   // Nothing a client or a worker sends may take the controller down: every handler
   // turns its failures into replies or log lines.
   try {
-    if (zap_bound && (items[3].revents & ZMQ_POLLIN)) serve_zap();
+    if (items[3].revents & ZMQ_POLLIN) wake.drain();
+    if (zap_bound && (items[4].revents & ZMQ_POLLIN)) serve_zap();
     if (items[2].revents & ZMQ_POLLIN) supervisor->serve_workers();
     if (items[0].revents & ZMQ_POLLIN) serve_commands();
     if (items[1].revents & ZMQ_POLLIN)

@@ -2,7 +2,8 @@
 
 namespace tide::ipc {
 
-RecipeEvaluator::RecipeEvaluator() : thread_([this] { serve(); }) {}
+RecipeEvaluator::RecipeEvaluator(std::function<void()> on_done)
+    : on_done_(std::move(on_done)), thread_([this] { serve(); }) {}
 
 RecipeEvaluator::~RecipeEvaluator() {
   {
@@ -44,6 +45,7 @@ void RecipeEvaluator::serve() {
       jobs_.pop_front();
     }
     job();
+    if (on_done_) on_done_();
   }
 }
 

@@ -28,7 +28,9 @@ struct EvaluatedRecipe {
 
 class RecipeEvaluator {
  public:
-  RecipeEvaluator();
+  // `on_done` is called on the evaluator's thread after each job: the controller's loop
+  // takes the result at once rather than at its next tick.
+  explicit RecipeEvaluator(std::function<void()> on_done = {});
   // Evaluates what was posted, then joins: a recipe is bounded by its budget.
   ~RecipeEvaluator();
   RecipeEvaluator(const RecipeEvaluator&) = delete;
@@ -46,6 +48,7 @@ class RecipeEvaluator {
   std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::packaged_task<EvaluatedRecipe()>> jobs_;
+  std::function<void()> on_done_;
   bool ending_ = false;
   std::thread thread_;
 };
