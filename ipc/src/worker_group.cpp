@@ -12,8 +12,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -51,6 +54,46 @@ std::string WorkerExit::describe() const {
   return fmt::format("exited with status {}", WEXITSTATUS(status));
 }
 
+namespace {
+// A program, its arguments and its whole environment (this process's, with `set` over
+// it) as execve takes them, made before fork.
+class ExecImage {
+ public:
+  ExecImage(const std::string& program, const std::vector<std::string>& args,
+            const std::map<std::string, std::string>& set)
+      : program_(program) {
+    strings_.push_back(program);
+    strings_.insert(strings_.end(), args.begin(), args.end());
+    const size_t n_args = strings_.size();
+    for (char** e = environ; *e; ++e) {
+      const std::string_view entry(*e);
+      if (!set.count(std::string(entry.substr(0, entry.find('='))))) strings_.emplace_back(entry);
+    }
+    for (const auto& [k, v] : set) strings_.push_back(k + "=" + v);
+    for (size_t i = 0; i < strings_.size(); ++i) (i < n_args ? argv_ : envp_).push_back(strings_[i].data());
+    argv_.push_back(nullptr);
+    envp_.push_back(nullptr);
+  }
+  // Async-signal-safe; returns only when the exec failed.
+  void exec() { ::execve(program_.c_str(), argv_.data(), envp_.data()); }
+
+ private:
+  std::string program_;
+  std::vector<std::string> strings_;
+  std::vector<char*> argv_, envp_;
+};
+
+// In a forked child: `what`, errno's description, and an exit with 127, with
+// async-signal-safe calls only.
+[[noreturn]] void exit_child_after(const std::string& what) {
+  const char* why = strerrordesc_np(errno);
+  (void)!::write(2, what.data(), what.size());
+  if (why) (void)!::write(2, why, std::strlen(why));
+  (void)!::write(2, "\n", 1);
+  ::_exit(127);
+}
+}  // namespace
+
 WorkerGroup::WorkerGroup(const WorkerSpec& spec) {
   const std::string addr = spec.master_addr.empty() ? "127.0.0.1" : spec.master_addr;
   const int port = spec.master_port > 0 ? spec.master_port : free_loopback_port();
@@ -62,6 +105,18 @@ WorkerGroup::WorkerGroup(const WorkerSpec& spec) {
     std::string log_path;
     if (!spec.log_dir.empty()) log_path = fmt::format("{}/worker-rank{}.log", spec.log_dir, rank);
     if (!spec.log_file.empty()) log_path = spec.log_file;
+    // Everything the child needs is made here: between fork and exec a process with
+    // other threads may only make async-signal-safe calls (no allocation).
+    std::map<std::string, std::string> env{{"RANK", std::to_string(rank)},
+                                           {"LOCAL_RANK", std::to_string(local)},
+                                           {"WORLD_SIZE", std::to_string(world)},
+                                           {"LOCAL_WORLD_SIZE", std::to_string(spec.nproc)},
+                                           {"MASTER_ADDR", addr},
+                                           {"MASTER_PORT", std::to_string(port)}};
+    for (const auto& [k, v] : spec.env) env[k] = v;
+    ExecImage image(spec.executable, spec.args, env);
+    const std::string cannot_enter = fmt::format("rank {}: cannot enter {}: ", rank, spec.working_dir);
+    const std::string cannot_start = fmt::format("rank {}: cannot start the worker {}: ", rank, spec.executable);
     const pid_t pid = ::fork();
     if (pid < 0) {
       const std::string why = std::strerror(errno);
@@ -69,7 +124,6 @@ WorkerGroup::WorkerGroup(const WorkerSpec& spec) {
       throw std::runtime_error("fork failed: " + why);
     }
     if (pid == 0) {
-      // The child: only async-signal-safe work until exec, apart from setenv.
       // Its own process group: a terminal's Ctrl-C reaches the launcher or tided, which
       // decide how the workers end (a checkpoint first), not the workers directly.
       ::setpgid(0, 0);
@@ -90,26 +144,9 @@ WorkerGroup::WorkerGroup(const WorkerSpec& spec) {
           ::close(null);
         }
       }
-      if (!spec.working_dir.empty() && ::chdir(spec.working_dir.c_str()) != 0) {
-        std::fprintf(stderr, "rank %d: cannot enter %s: %s\n", rank, spec.working_dir.c_str(), std::strerror(errno));
-        ::_exit(127);
-      }
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(spec.nproc).c_str(), 1);
-      ::setenv("MASTER_ADDR", addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      for (const auto& [k, v] : spec.env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<std::string> args{spec.executable};
-      args.insert(args.end(), spec.args.begin(), spec.args.end());
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(spec.executable.c_str(), argv.data());
-      std::fprintf(stderr, "rank %d: cannot start the worker %s: %s\n", rank, spec.executable.c_str(),
-                   std::strerror(errno));
-      ::_exit(127);
+      if (!spec.working_dir.empty() && ::chdir(spec.working_dir.c_str()) != 0) exit_child_after(cannot_enter);
+      image.exec();
+      exit_child_after(cannot_start);
     }
     live_[pid] = rank;
   }
