@@ -276,7 +276,8 @@ void Supervisor::serve_workers() {
     const std::string identity = parts[0].to_string();
     const auto route = parse_route(identity);
     const json msg = parse_json_or_discard(parts[1].to_string_view());
-    if (!route || !msg.is_object() || !msg.contains("type")) {
+    if (!route || !msg.is_object() || !msg.contains("type") || !msg["type"].is_string() ||
+        (msg.contains("body") && !msg["body"].is_object())) {
       spdlog::warn("worker socket: dropped a malformed message from '{}'", identity);
       continue;
     }
@@ -290,38 +291,53 @@ void Supervisor::serve_workers() {
     auto a = active_.find(route->run);
     // A message of an earlier attempt (a group being replaced) changes nothing.
     if (!r || a == active_.end() || !a->second.executor || route->attempt != r->attempt) continue;
-    ActiveRun& run = a->second;
-    run.last_seen[route->rank] = Clock::now();
-    const std::string type = msg.value("type", "");
-    const json b = msg.value("body", json::object());
-    if (type == "hello") {
-      if (route->rank == 0) {
-        run.rank0 = identity;
-        deliver(r->id);
-      }
-    } else if (type == "rank") {
-      runs_.record_rank(*r, route->rank, b);
-    } else if (type == "metrics") {
-      runs_.record_metrics(*r, b);
-      policies_.on_step(*r, b);
-    } else if (type == "decide") {
-      const json decision = policies_.on_anomaly(*r, b);
-      const std::string text =
-          json{{"type", "answer"}, {"query", b.value("query", int64_t{0})}, {"body", decision}}.dump();
-      (void)workers_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-      (void)workers_.send(zmq::buffer(text), zmq::send_flags::dontwait);
-    } else if (type == "event") {
-      on_event(*r, b);
-    } else if (type == "log") {
-      bus_.publish(r->id, "log", b);
-    } else if (type == "done") {
-      run.done = b;
-    } else if (type == "error") {
-      if (run.worker_error.empty())
-        run.worker_error = fmt::format("rank {}: {}", route->rank, b.value("message", std::string("?")));
-    } else if (type != "heartbeat") {
-      spdlog::warn("run {}: unknown worker message '{}'", r->id, type);
+    if (route->rank < 0 || route->rank >= r->workers) {
+      spdlog::warn("run {}: dropped a message from rank {} of a run of {} workers", r->id, route->rank, r->workers);
+      continue;
     }
+    // One message that a handler cannot take is dropped alone, naming its sender; the
+    // messages after it are still served.
+    try {
+      serve_worker_message(*r, a->second, identity, route->rank, msg);
+    } catch (const std::exception& e) {
+      spdlog::warn("run {}: dropped a '{}' message from rank {}: {}", r->id, msg["type"].get<std::string>(),
+                   route->rank, e.what());
+    }
+  }
+}
+
+void Supervisor::serve_worker_message(RunRecord& r, ActiveRun& run, const std::string& identity, int rank,
+                                      const json& msg) {
+  run.last_seen[rank] = Clock::now();
+  const std::string type = msg["type"].get<std::string>();
+  const json b = msg.value("body", json::object());
+  if (type == "hello") {
+    if (rank == 0) {
+      run.rank0 = identity;
+      deliver(r.id);
+    }
+  } else if (type == "rank") {
+    runs_.record_rank(r, rank, b);
+  } else if (type == "metrics") {
+    runs_.record_metrics(r, b);
+    policies_.on_step(r, b);
+  } else if (type == "decide") {
+    const json decision = policies_.on_anomaly(r, b);
+    const std::string text =
+        json{{"type", "answer"}, {"query", b.value("query", int64_t{0})}, {"body", decision}}.dump();
+    (void)workers_.send(zmq::buffer(identity), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    (void)workers_.send(zmq::buffer(text), zmq::send_flags::dontwait);
+  } else if (type == "event") {
+    on_event(r, b);
+  } else if (type == "log") {
+    bus_.publish(r.id, "log", b);
+  } else if (type == "done") {
+    run.done = b;
+  } else if (type == "error") {
+    if (run.worker_error.empty())
+      run.worker_error = fmt::format("rank {}: {}", rank, b.value("message", std::string("?")));
+  } else if (type != "heartbeat") {
+    spdlog::warn("run {}: unknown worker message '{}'", r.id, type);
   }
 }
 

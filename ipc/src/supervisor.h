@@ -76,6 +76,10 @@ class Supervisor {
  private:
   void launch(RunRecord& r);
   std::unique_ptr<RunExecutor> start_slurm_job(RunRecord& r, const WorkerSpec& spec, ActiveRun& a);
+  // One message of a rank of an active run's current attempt (serve_workers checked its
+  // route and shape); throws when its body is not what its type needs.
+  void serve_worker_message(RunRecord& r, ActiveRun& run, const std::string& identity, int rank,
+                            const nlohmann::json& msg);
   void deliver(const std::string& run);
   void on_event(RunRecord& r, const nlohmann::json& body);
   void finish_group(RunRecord& r, ActiveRun& a);
