@@ -99,6 +99,60 @@ def request_seeds(out):
         put(out, "request", f"{i}-{kind}", json.dumps({"v": 1, "id": i, "type": kind, "body": body}).encode())
 
 
+def controller_seeds(out):
+    # Conversations with one controller: a run submitted, then asked about and driven.
+    def frame(i, kind, body):
+        return json.dumps({"v": 1, "id": i, "type": kind, "body": body}).encode()
+    small = ["schedule.steps=2", "schedule.warmup_steps=0", "device=cpu"]
+    tiny = {"recipe_name": "llama/llama-tiny", "overrides": small}
+    inline = {"recipe": "return tide.recipe { name = 'b', model = tide.models.llama { vocab_size = 64, dim = 16, "
+                        "n_layers = 1, n_heads = 2, max_seq_len = 16 }, data = { path = 'd', seq_len = 16 }, "
+                        "schedule = { steps = 3, warmup_steps = 0 }, on_step = function(s) return {} end }",
+              "workers": 1, "priority": 2, "idempotency_key": "k", "workdir": "/tmp"}
+    run = {"run": "llama-tiny-1"}
+    def worker(kind, body, rank=0):
+        return ("worker", f"llama-tiny-1:1:{rank}", {"type": kind, "run": "llama-tiny-1", "attempt": 1, "rank": rank,
+                                                      "body": body})
+    metrics = {"step": 1, "total_steps": 2, "loss": 5.5, "grad_norm": 1.2, "lr": 1e-3, "tokens": 2048,
+               "tokens_per_second": 900.0, "step_seconds": 2.2, "time": 1795000012.5}
+    for name, frames in {
+            "worker-steps": [("submit", tiny), worker("hello", {}), worker("metrics", metrics),
+                             worker("rank", {**metrics, "rss_mb": 300.0, "comm_bytes": 0})],
+            "worker-events": [("submit", tiny), worker("event", {"kind": "checkpoint", "body": {
+                                  "step": 2, "path": "checkpoints/step-00000002", "seconds": 0.5}}),
+                              worker("event", {"kind": "applied", "body": {"step": 1, "id": "3",
+                                                                          "values": {"optimizer.lr": 1e-4}}}),
+                              ("status", run)],
+            "worker-decide": [("submit", tiny), worker("decide", {"query": 1, "anomaly": {
+                                  "step": 1, "kind": "loss_spike", "value": 9.0, "score": 5.0, "action": "skip"}}),
+                              worker("log", {"level": "info", "line": "step 1"}),
+                              worker("done", {"final_loss": 5.4, "last_step": 2})],
+            "worker-error": [("submit", tiny), worker("error", {"message": "out of memory"}), worker("heartbeat", {}),
+                             ("logs", {**run, "lines": 5})],
+            # What a worker never sends: a rank the run does not have, a type that is not a
+            # string, a body that is not an object, a field of the wrong type.
+            "worker-hostile": [("submit", tiny), worker("rank", {"step": 1}, rank=7),
+                               ("worker", "llama-tiny-1:1:0", {"type": 5, "body": "x"}),
+                               worker("decide", {"query": "q", "anomaly": []})],
+            "submit-status": [("submit", tiny), ("status", run), ("list", {"state": "failed"}),
+                              ("metrics", {**run, "since_step": 0, "limit": 10, "source": "ranks"})],
+            "submit-set": [("submit", tiny), ("set", {**run, "values": {"optimizer.lr": 1e-3, "batch.global_batch": 8,
+                                                                        "anomaly.on_loss_spike": "skip"}}),
+                           ("recipe", run), ("logs", {**run, "lines": 3, "source": "worker", "rank": 0})],
+            "submit-control": [("submit", inline), ("pause", {"run": "b-1"}), ("resume", {"run": "b-1"}),
+                               ("cancel", {"run": "b-1"})],
+            "submit-export": [("submit", tiny), ("checkpoints", run), ("export", {**run, "out": "hf", "dtype": "BF16"}),
+                              ("exports", {**run, "export": "export-1"})],
+            "plan": [("plan", {"recipe_name": "llama/llama-tiny", "cluster": {"device": "h100-80", "nodes": 2,
+                                                                              "devices_per_node": 8},
+                               "top": 3, "max_micro_batch": 8, "zero": 1}), ("info", {})],
+            "verify": [("submit", tiny), ("verify", {**run, "step": 2}), ("stop", run), ("shutdown", {})],
+    }.items():
+        put(out, "controller", name, SEPARATOR.join(
+            f"worker {f[1]}\n".encode() + json.dumps(f[2]).encode() if f[0] == "worker" else frame(i, *f)
+            for i, f in enumerate(frames)))
+
+
 def recipe_seeds(out, src):
     for rel in ("llama/llama-tiny.lua", "bloom/bloom-tiny.lua"):
         path = os.path.join(src, "recipes", rel)
@@ -116,6 +170,7 @@ def main():
     tokenizer_seeds(out, text, work, src)
     dataset_and_checkpoint_seeds(out, text, work, tide, src)
     request_seeds(out)
+    controller_seeds(out)
     recipe_seeds(out, src)
     shutil.rmtree(work)
 

@@ -7,7 +7,7 @@
 # Usage: run.sh SOURCE_DIR BUILD_DIR TIDE PYTHON [RUNS]
 set -eu
 SRC=$1 BUILD=$2 TIDE=$3 PYTHON=$4 RUNS=${5:-20000}
-TARGETS="safetensors tokenizer token_dataset checkpoint request recipe"
+TARGETS="safetensors tokenizer token_dataset checkpoint request controller recipe"
 
 # The Clang that scripts/setup.sh installs beside clang-tidy, with its libFuzzer runtime.
 CXX=$(command -v clang++-14 || command -v clang++ || true)
@@ -31,10 +31,17 @@ export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 fuzz_one() {
   t=$1
+  runs=$RUNS
+  # The controller target starts a controller for each input (about 100 a second, not
+  # thousands): a tenth of the count keeps its time near the others'.
+  [ "$t" = controller ] && runs=$((RUNS / 10))
   mkdir -p "$BUILD/corpus/$t"
   # -malloc_limit_mb: one allocation an input asks for beyond this is a finding (a length
-  # field believed); -rss_limit_mb bounds the process.
-  if "$BUILD/tests/fuzz/fuzz_$t" -runs="$RUNS" -seed=1 -max_total_time=300 -timeout=20 -rss_limit_mb=2048 \
+  # field believed); -rss_limit_mb bounds the process. -handle_term=0: a worker the
+  # controller target forks and ends before its exec dies of the SIGTERM, rather than
+  # running the fuzzer's exit handlers (which remove the target's files) in the child.
+  if "$BUILD/tests/fuzz/fuzz_$t" -runs="$runs" -seed=1 -max_total_time=300 -timeout=20 -rss_limit_mb=2048 \
+       -handle_term=0 \
        -malloc_limit_mb=1024 -print_final_stats=1 -artifact_prefix="$BUILD/findings/$t-" \
        "$BUILD/corpus/$t" "$BUILD/seeds/$t" > "$BUILD/logs/$t.log" 2>&1; then
     echo "fuzz_$t: $(grep -m1 'stat::number_of_executed_units' "$BUILD/logs/$t.log" | awk '{print $2}') inputs," \
