@@ -1,23 +1,15 @@
 #!/bin/sh
-# Builds the libFuzzer targets of tests/fuzz (Clang, AddressSanitizer and UBSan, no
-# LibTorch: TIDE_CAPI_ONLY + TIDE_FUZZ) and runs each from seeds that the real producers
-# of those files make (make_seeds.py), a fixed number of inputs with a fixed seed, two
-# at a time. A crash, a leak, a sanitizer report, an input that takes over 20 s or a
+# Builds the libFuzzer targets of tests/fuzz in the sanitized tree (tests/sanitized_tree.sh:
+# Clang, AddressSanitizer and UBSan, no LibTorch; capi.sanitized shares it) and runs each
+# from seeds that the real producers of those files make (make_seeds.py), a fixed number
+# of inputs with a fixed seed, two at a time. A crash, a leak, a sanitizer report, an input that takes over 20 s or a
 # fault a target asserts fails the test; the input is kept under BUILD_DIR/findings.
 # Usage: run.sh SOURCE_DIR BUILD_DIR TIDE PYTHON [RUNS]
 set -eu
 SRC=$1 BUILD=$2 TIDE=$3 PYTHON=$4 RUNS=${5:-20000}
 TARGETS="safetensors tokenizer token_dataset checkpoint request controller recipe"
 
-# The Clang that scripts/setup.sh installs beside clang-tidy, with its libFuzzer runtime.
-CXX=$(command -v clang++-14 || command -v clang++ || true)
-CC=$(command -v clang-14 || command -v clang || true)
-[ -n "$CXX" ] && [ -n "$CC" ] || { echo "run.sh: no clang++ (scripts/setup.sh installs clang-14)" >&2; exit 1; }
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
-  -DTIDE_CAPI_ONLY=ON -DTIDE_SANITIZE=ON -DTIDE_FUZZ=ON > "$BUILD.configure.log" 2>&1 ||
-  { cat "$BUILD.configure.log" >&2; exit 1; }
-cmake --build "$BUILD" -j "$(nproc)" --target $(for t in $TARGETS; do printf 'fuzz_%s ' "$t"; done) > "$BUILD.build.log" 2>&1 ||
-  { tail -50 "$BUILD.build.log" >&2; echo "run.sh: the fuzz targets did not build (libclang-rt-14-dev has libFuzzer)" >&2; exit 1; }
+sh "$SRC/tests/sanitized_tree.sh" "$SRC" "$BUILD" "$TIDE" $(for t in $TARGETS; do printf 'fuzz_%s ' "$t"; done)
 
 rm -rf "$BUILD/seeds" "$BUILD/corpus" "$BUILD/findings" "$BUILD/logs"
 mkdir -p "$BUILD/findings" "$BUILD/logs"
