@@ -243,7 +243,7 @@ void Controller::Impl::tick() {
   zmq::pollitem_t items[] = {{commands.handle(), 0, ZMQ_POLLIN, 0},
                              {bus->socket().handle(), 0, ZMQ_POLLIN, 0},
                              {supervisor->socket().handle(), 0, ZMQ_POLLIN, 0},
-                             {nullptr, wake.read_fd(), ZMQ_POLLIN, 0},
+                             {nullptr, wake.fd(), ZMQ_POLLIN, 0},
                              {zap.handle(), 0, ZMQ_POLLIN, 0}};
   try {
     zmq::poll(items, zap_bound ? 5 : 4, kTick);

@@ -23,7 +23,7 @@
 #include "supervisor.h"
 #include "tide/ipc/controller.h"
 #include "tide/ipc/curve.h"
-#include "wake_pipe.h"
+#include "wakeup.h"
 
 namespace tide::ipc {
 
@@ -40,7 +40,7 @@ struct Controller::Impl {
   std::atomic<bool> hurry{false};  // stop without waiting for the runs' checkpoints
   int state_lock = -1;  // flock on <state>/controller.lock, held for the controller's life
 
-  WakePipe wake;  // outlives the evaluator, which writes to it from its thread
+  Wakeup wake{"the controller's loop"};  // outlives the evaluator, which writes to it from its thread
   // Destroyed in reverse, before ctx (their sockets close first): requests first, the
   // evaluator (which joins its thread) last.
   std::unique_ptr<RecipeEvaluator> evaluator;

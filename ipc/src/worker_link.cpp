@@ -1,19 +1,17 @@
 #include "tide/ipc/worker_link.h"
 
-#include <sys/eventfd.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <system_error>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
 #include "tide/engine/io/json_input.h"
+#include "wakeup.h"
 
 namespace tide::ipc {
 using json = nlohmann::json;
@@ -32,27 +30,17 @@ std::optional<WorkerIdentity> worker_identity_from_environment(int rank) {
   return id;
 }
 
-namespace {
-void wake(int fd) {
-  const uint64_t one = 1;
-  // Only fails when the counter is at its maximum: the thread is woken already.
-  (void)!::write(fd, &one, sizeof(one));
-}
-}  // namespace
-
 WorkerLink::WorkerLink(WorkerIdentity id) : id_(std::move(id)) {
   if (!id_.key_file.empty()) keys_ = read_worker_link_keys(id_.key_file);
-  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), "worker link: eventfd");
+  wake_ = std::make_unique<Wakeup>("the worker link");
   send("hello", {{"pid", ::getpid()}});
   thread_ = std::thread([this] { loop(); });
 }
 
 WorkerLink::~WorkerLink() {
   stop_ = true;
-  wake(wake_fd_);
+  wake_->wake();
   if (thread_.joinable()) thread_.join();
-  ::close(wake_fd_);
 }
 
 void WorkerLink::send(const std::string& type, json body) {
@@ -61,7 +49,7 @@ void WorkerLink::send(const std::string& type, json body) {
     std::lock_guard<std::mutex> lock(mu_);
     outgoing_.push_back(message.dump(-1, ' ', false, json::error_handler_t::replace));
   }
-  wake(wake_fd_);
+  wake_->wake();
 }
 
 std::string WorkerLink::take_commands() {
@@ -115,12 +103,9 @@ void WorkerLink::loop() {
       for (auto& text : batch) (void)socket.send(zmq::buffer(text), zmq::send_flags::dontwait);
       if (stopping) break;  // linger delivers what was just sent
       // The timeout paces the heartbeats; a send() wakes the poll at once.
-      zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
+      zmq::pollitem_t items[] = {{socket.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_->fd(), ZMQ_POLLIN, 0}};
       zmq::poll(items, 2, std::chrono::milliseconds(50));
-      if (items[1].revents & ZMQ_POLLIN) {
-        uint64_t count = 0;
-        (void)!::read(wake_fd_, &count, sizeof(count));
-      }
+      if (items[1].revents & ZMQ_POLLIN) wake_->drain();
       zmq::pollitem_t& item = items[0];
       if (item.revents & ZMQ_POLLIN) {
         zmq::message_t msg;

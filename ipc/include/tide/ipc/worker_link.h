@@ -22,6 +22,8 @@
 
 namespace tide::ipc {
 
+class Wakeup;
+
 struct WorkerIdentity {
   std::string endpoint;  // the controller's worker socket
   std::string key_file;  // over TCP: the run's CURVE keys (write_worker_link_keys)
@@ -65,7 +67,7 @@ class WorkerLink {
   std::atomic<bool> stop_{false};
   // Written by send(): wakes the link's thread from its poll, so that a message goes out
   // at once rather than at the poll's next timeout.
-  int wake_fd_ = -1;
+  std::unique_ptr<Wakeup> wake_;
   std::thread thread_;
 };
 
