@@ -1,5 +1,5 @@
 # tide_reuse_torch_pch(target): compile `target` with tide_engine's precompiled
-# <torch/torch.h>. GCC refuses a PCH built with other PIC/PIE settings, and CMake
+# LibTorch (engine/src/pch.h). GCC refuses a PCH built with other PIC/PIE settings, and CMake
 # gives executables -fPIE where libraries get -fPIC, so executables are compiled with
 # -fPIC (valid in a PIE executable) instead.
 function(tide_reuse_torch_pch target)

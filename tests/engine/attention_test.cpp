@@ -4,7 +4,8 @@
 #include <cmath>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/transformer.h"

@@ -8,7 +8,7 @@
 
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/transformer.h"

@@ -10,7 +10,7 @@
 #include <cmath>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "cuda_skip.h"
 #include "tide/engine/model/compute_dtype.h"

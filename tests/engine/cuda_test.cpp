@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include "cuda_skip.h"
 #include "hf_reference.h"

@@ -2,7 +2,7 @@
 // replace, in fp64 (on the CPU: LibTorch's formulas; on CUDA the kernels are checked
 // against these in cuda_test.cpp).
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"

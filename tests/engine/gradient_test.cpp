@@ -2,7 +2,7 @@
 // ALiBi, GQA, SwiGLU, GELU, fused QKV, tied embeddings) against central finite
 // differences in float64; activation checkpointing against plain backward.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "recompute_pair.h"
 #include "tide/engine/model/transformer.h"

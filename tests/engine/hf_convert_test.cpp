@@ -2,7 +2,7 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/tokenizer.h"

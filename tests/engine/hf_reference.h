@@ -10,7 +10,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/io/safetensors.h"
 #include "tide/engine/model/transformer.h"

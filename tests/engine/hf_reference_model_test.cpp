@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "hf_reference.h"
 #include "tide/engine/model/hf_convert.h"

@@ -1,5 +1,5 @@
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/model/linear_cross_entropy.h"
 #include "tide/engine/train/tensor_memory.h"

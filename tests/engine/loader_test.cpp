@@ -1,5 +1,5 @@
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "test_data.h"
 #include "tide/engine/data/batch_loader.h"

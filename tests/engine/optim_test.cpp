@@ -2,7 +2,8 @@
 #include <cmath>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
 
 #include "tide/engine/model/parameter_units.h"
 #include "tide/engine/model/transformer.h"

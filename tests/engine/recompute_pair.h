@@ -3,7 +3,7 @@
 // the same masks in both only if recomputation replays them).
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/model/transformer.h"
 

@@ -3,9 +3,9 @@
 #include <filesystem>
 #include <fstream>
 
-#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include "test_data.h"
 #include "tide/engine/model/transformer.h"

@@ -8,7 +8,7 @@
 #include <functional>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "../../engine/src/parallel/tensor_parallel_group.h"
 #include "tide/engine/model/linear_cross_entropy.h"

@@ -7,9 +7,9 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint_files.h"
 #include "model/random_state.h"

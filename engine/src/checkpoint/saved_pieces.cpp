@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace tide {
 namespace fs = std::filesystem;

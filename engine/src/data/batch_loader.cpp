@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace tide {
 namespace {

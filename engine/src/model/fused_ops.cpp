@@ -1,6 +1,7 @@
 #include "tide/engine/model/fused_ops.h"
 
-#include <torch/torch.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
 

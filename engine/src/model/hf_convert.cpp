@@ -6,7 +6,7 @@
 #include <set>
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/tokenizer.h"

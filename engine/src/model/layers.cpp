@@ -8,7 +8,7 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/dropout.h>
 #include <torch/nn/functional/normalization.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"

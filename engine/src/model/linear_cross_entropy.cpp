@@ -5,7 +5,8 @@
 #include <limits>
 
 #include <ATen/autocast_mode.h>
-#include <torch/torch.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
 #include <torch/version.h>
 
 #include "tide/engine/model/compute_dtype.h"

@@ -1,6 +1,7 @@
 // normed_projections (fused_ops.h): a norm and the projections that read its output as one
 // autograd node that keeps the norm's input, not its output.
-#include <torch/torch.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
 
 #include "norms.h"
 #include "tide/engine/model/compute_dtype.h"

@@ -1,6 +1,6 @@
 #include "norms.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "cuda_kernel_args.h"
 #include "tide/engine/model/fused_ops.h"

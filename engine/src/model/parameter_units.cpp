@@ -1,6 +1,7 @@
 #include "tide/engine/model/parameter_units.h"
 
-#include <torch/torch.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
 
 namespace tide {
 

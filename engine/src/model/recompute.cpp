@@ -1,6 +1,8 @@
 #include "recompute.h"
 
-#include <torch/torch.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
 
 #include "random_state.h"
 #include "tide/engine/model/compute_dtype.h"

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <xxhash.h>
 
 #include "recompute.h"

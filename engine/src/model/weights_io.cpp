@@ -3,7 +3,7 @@
 #include <set>
 #include <stdexcept>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace tide {
 namespace {

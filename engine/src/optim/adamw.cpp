@@ -4,7 +4,7 @@
 #include <optional>
 #include <vector>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "adamw_kernel.h"
 

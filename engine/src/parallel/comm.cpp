@@ -4,7 +4,7 @@
 #include <functional>
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "comm_impl.h"
 

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "gradient_hooks.h"
 #include "sharded_gradients.h"

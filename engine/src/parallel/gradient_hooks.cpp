@@ -1,7 +1,7 @@
 #include "gradient_hooks.h"
 
 #include <torch/csrc/autograd/function_hook.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace tide {
 

@@ -1,6 +1,6 @@
 #include "tide/engine/parallel/parallelize.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tensor_parallel_group.h"
 #include "tide/engine/model/parameter_names.h"

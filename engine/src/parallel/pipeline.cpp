@@ -1,7 +1,7 @@
 #include "tide/engine/parallel/pipeline.h"
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/loss_sum.h"

@@ -1,7 +1,7 @@
 #include "sharded_gradients.h"
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "gradient_hooks.h"
 #include "tide/engine/parallel/comm.h"

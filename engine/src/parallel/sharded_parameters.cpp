@@ -1,7 +1,7 @@
 #include "sharded_parameters.h"
 
 #include <fmt/format.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/parallel/comm.h"
 

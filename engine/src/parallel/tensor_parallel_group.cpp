@@ -1,6 +1,7 @@
 #include "tensor_parallel_group.h"
 
-#include <torch/torch.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
 
 #include "tide/engine/parallel/comm.h"
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <unordered_map>
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/model/compute_dtype.h"

@@ -4,7 +4,8 @@
 #include <chrono>
 #include <functional>
 
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
 
 namespace tide {
 

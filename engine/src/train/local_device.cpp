@@ -10,7 +10,9 @@
 #include <vector>
 
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
 #include <nlohmann/json.hpp>
 #if __has_include(<c10/core/CachingDeviceAllocator.h>)
 #include <ATen/DeviceAccelerator.h>

@@ -1,6 +1,6 @@
 #include "train_step.h"
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/model/compute_dtype.h"

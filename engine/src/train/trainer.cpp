@@ -5,10 +5,11 @@
 #include <fstream>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"

@@ -9,7 +9,7 @@
 #include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 #include <nlohmann/json.hpp>
 
 #include "tide/engine/config_schema.h"
