@@ -20,8 +20,14 @@ all: build
 setup:
 	@scripts/setup.sh $(SETUP_FLAGS)
 
+# Ninja where it is installed (scripts/setup.sh installs it): it keeps both cores of a small
+# machine busy across targets where Make's generator waits at each library's link. A build
+# folder keeps the generator it was first configured with. Expanded when configure runs,
+# after setup has installed Ninja.
+GENERATOR = $(if $(wildcard $(BUILD)/CMakeCache.txt),,$(if $(shell command -v ninja),-G Ninja))
+
 configure: setup
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DTIDE_WERROR=ON > $(BUILD).configure.log 2>&1 \
+	@cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release -DTIDE_WERROR=ON > $(BUILD).configure.log 2>&1 \
 	  || { cat $(BUILD).configure.log; exit 1; }
 
 build: configure

@@ -24,7 +24,7 @@ case "${1:-}" in
 esac
 
 PACKAGES=(
-  build-essential cmake make pkg-config ccache git
+  build-essential cmake make ninja-build pkg-config ccache git
   python3 python3-venv
   # Declarations only: ProcessGroupGloo.hpp includes gloo headers that PyTorch's wheels
   # do not ship (docs/building.md, "Gloo").

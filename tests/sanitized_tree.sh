@@ -11,7 +11,10 @@ shift 3
 CXX=$(command -v clang++-14 || command -v clang++ || true)
 CC=$(command -v clang-14 || command -v clang || true)
 [ -n "$CXX" ] && [ -n "$CC" ] || { echo "sanitized_tree.sh: no clang++ (scripts/setup.sh installs clang-14)" >&2; exit 1; }
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
+# Ninja where it is installed, as the Makefile does; a tree keeps its first generator.
+GENERATOR=""
+if command -v ninja >/dev/null && [ ! -f "$BUILD/CMakeCache.txt" ]; then GENERATOR="-G Ninja"; fi
+cmake -S "$SRC" -B "$BUILD" $GENERATOR -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" \
   -DTIDE_CAPI_ONLY=ON -DTIDE_SANITIZE=ON -DTIDE_FUZZ=ON -DTIDE_TEST_WORKER="$TIDE" > "$BUILD.configure.log" 2>&1 ||
   { cat "$BUILD.configure.log" >&2; exit 1; }
 cmake --build "$BUILD" -j "$(nproc)" --target "$@" > "$BUILD.build.log" 2>&1 ||
