@@ -24,7 +24,7 @@ void allocate_storage(const torch::Tensor& t) {
 }
 }  // namespace
 
-ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat) : dp_(dp), flat_(flat) {
+ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat) : dp_(dp) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " cannot be cut into ",
               dp.size(), " pieces");
   torch::NoGradGuard no_grad;

@@ -48,7 +48,6 @@ class ShardedParameters : public ParameterUnits {
   void allocate(int unit);
 
   Comm& dp_;
-  FlatParameters& flat_;
   torch::Tensor shard_;
   std::vector<int64_t> local_offset_;
   std::vector<torch::Tensor> whole_;  // per unit; storage freed while released
