@@ -130,6 +130,45 @@ TEST(Plan, PipelineStageZeroHoldsTheMostMicroBatchesUnder1F1B) {
   EXPECT_GT(one_f_one_b.time.bubble, 0.0);
 }
 
+TEST(Plan, InterleavingShrinksTheBubbleForMoreMessagesAndFirstStageActivations) {
+  const RunConfig cfg = recipe("llama/llama-2-13b");  // 40 blocks
+  PlanLayout l;
+  l.pp = 4;
+  l.dp = 2;
+  l.micro_batch = 1;
+  l.micro_batches = 16;
+  const LayoutPlan plain = evaluate_layout(cfg, h100(1, 8), l);
+  l.virtual_stages = 2;
+  const LayoutPlan interleaved = evaluate_layout(cfg, h100(1, 8), l);
+  EXPECT_EQ(interleaved.layout.describe(), "dp2 tp1 pp4 zero0 mb1x16 1f1b v2");
+  // The same stages through half as much fill and drain: the bubble halves, up to the
+  // stages' message time, which doubles (each chunk's boundary).
+  EXPECT_NEAR(interleaved.time.pp_comm, 2 * plain.time.pp_comm, 1e-12 * plain.time.pp_comm);
+  EXPECT_LT(interleaved.time.bubble, 0.55 * plain.time.bubble);
+  EXPECT_GT(interleaved.time.bubble, 0.45 * plain.time.bubble);
+  EXPECT_LT(interleaved.time.step, plain.time.step);
+  // Stage 0 holds 2 (pp - 1) + (V - 1) pp + 1 = 11 half-stage micro-batches against
+  // 1F1B's 4 whole ones: 1 + (pp - 1) / (pp V) = 1.375 times the activations, less the
+  // chunks' unequal share of the token ids and held outputs.
+  EXPECT_EQ(interleaved.memory.peak_stage, 0);
+  const double ratio = interleaved.memory.activations / plain.memory.activations;
+  EXPECT_GT(ratio, 1.3) << ratio;
+  EXPECT_LT(ratio, 1.45) << ratio;
+  // The planner weighs interleaving where it can run: micro-batches in groups of pp,
+  // enough blocks, never with ZeRO-2.
+  const Plan plan = plan_layouts(cfg, h100(1, 8));
+  bool weighed = false;
+  for (const auto& p : plan.ranked) {
+    if (p.layout.virtual_stages == 1) continue;
+    weighed = true;
+    EXPECT_GT(p.layout.pp, 1) << p.layout.describe();
+    EXPECT_EQ(p.layout.micro_batches % p.layout.pp, 0) << p.layout.describe();
+    EXPECT_NE(p.layout.zero, 2) << p.layout.describe();
+    EXPECT_LE(p.layout.pp * p.layout.virtual_stages, cfg.model.n_layers) << p.layout.describe();
+  }
+  EXPECT_TRUE(weighed);
+}
+
 TEST(Plan, RanksLayoutsAndRefusesWhatCannotRun) {
   const RunConfig cfg = recipe("llama/llama-2-70b");
   const Plan plan = plan_layouts(cfg, h100(4, 8));

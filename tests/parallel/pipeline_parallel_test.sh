@@ -5,6 +5,7 @@
 #  - pp2 with 1F1B and with GPipe, for the LLaMA shape and the BLOOM shape (tied
 #    embeddings: the first and last stage each hold a copy, kept equal), and with the
 #    stages given in the recipe and 4 micro-batches;
+#  - interleaved 1F1B (two chunks per stage) for both shapes, and with ZeRO-1 dp2 x pp2;
 #  - dp2 x pp2 (and ZeRO-1 on it, equal to it exactly), tp2 x pp2 with sequence
 #    parallelism, ZeRO-2 dp2 x pp2 (LLaMA), and dp2 x tp2 x pp2 on 8 ranks;
 #  - pp2 in bf16 sends bf16 between stages (half the bytes) and agrees with one process;
@@ -25,6 +26,22 @@ train llama llama4-pp2-given --nproc 2 --set model.n_layers=4 --set parallel.pp=
   --set "parallel.pipeline_stages=[3,1]" --set parallel.micro_batches=4
 compare "$work/llama4-1" "$work/llama4-pp2-given" 0 || fail "pp2 with given stages differs from one process"
 grep -q "blocks \[0, 3)" "$work/llama4-pp2-given/train.log" || { cat "$work/llama4-pp2-given/train.log"; fail "the given stages were not used"; }
+
+# Interleaved 1F1B (parallel.virtual_stages = 2): four chunks of one block, rank 0 running
+# blocks 0 and 2, rank 1 blocks 1 and 3, so every activation crosses between the ranks
+# three times each way; validation goes through the chunks too. BLOOM's tied embeddings
+# sit on the model's first chunk (rank 0) and its last (rank 1). ZeRO-1 dp2 x pp2 has 2
+# micro-batches per replica, one group of pp.
+train llama llama4-pp2-v2 --nproc 2 --set model.n_layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2
+compare "$work/llama4-1" "$work/llama4-pp2-v2" 0 || fail "interleaved pp2 differs from one process"
+grep -q "blocks \[0, 1) \[2, 3), embeddings, 1f1b schedule interleaved over 2 virtual stages" \
+  "$work/llama4-pp2-v2/train.log" || { cat "$work/llama4-pp2-v2/train.log"; fail "stage 0 did not run chunks 0 and 2"; }
+train bloom bloom4-1 --set model.n_layers=4
+train bloom bloom4-pp2-v2 --nproc 2 --set model.n_layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2
+compare "$work/bloom4-1" "$work/bloom4-pp2-v2" 0 || fail "interleaved pp2 with tied embeddings differs from one process"
+train llama llama4-zero1-dp2-pp2-v2 --nproc 4 --set model.n_layers=4 --set parallel.pp=2 \
+  --set parallel.virtual_stages=2 --set parallel.zero=1
+compare "$work/llama4-1" "$work/llama4-zero1-dp2-pp2-v2" 0 || fail "interleaved ZeRO-1 dp2 x pp2 differs from one process"
 
 # bf16 compute: activations and their gradients cross between stages in bf16, the dtype
 # they have on both sides, so the bytes halve, and the losses agree with one process's.
@@ -57,4 +74,9 @@ refused bloom "parallel.zero" --nproc 4 --set parallel.pp=2 --set parallel.zero=
 refused bloom "model.n_layers = 2" --nproc 4 --set parallel.pp=4
 refused bloom "parallel.pipeline_schedule" --nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule=zigzag
 refused bloom "parallel.pipeline_stages" --nproc 2 --set parallel.pp=2 --set "parallel.pipeline_stages=[2,1]"
+interleaved=(--set model.n_layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2)
+refused llama "parallel.pipeline_schedule" --nproc 2 "${interleaved[@]}" --set parallel.pipeline_schedule=gpipe
+refused llama "parallel.zero" --nproc 4 "${interleaved[@]}" --set parallel.zero=2
+refused llama "parallel.virtual_stages" --nproc 2 "${interleaved[@]}" --set batch.global_batch=6
+refused llama "parallel.virtual_stages" --nproc 2 --set parallel.virtual_stages=2
 echo "pipeline parallel: ok"

@@ -150,7 +150,7 @@ def main():
         own = planner.plan(recipe, "a100-80", gpus // 8, 8, "--attention", "materialized", "--tp", str(tp),
                            "--pp", str(pp), "--zero", "0")
         chosen = best_where(own, lambda x: x["activation_checkpointing"] and not x["sequence_parallel"]
-                            and x["schedule"] == "1f1b")
+                            and x["schedule"] == "1f1b" and x["virtual_stages"] == 1)
         check("Megatron-LM", f"GPT {name}", f"tp{tp} pp{pp}", published, chosen, every, gpus)
 
     fitted = {}

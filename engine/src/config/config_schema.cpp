@@ -369,10 +369,16 @@ void add_parallel_fields(std::vector<FieldSpec>& s) {
                       "(dp * this). 0: batch.micro_batch decides.",
                       REF(parallel.micro_batches)));
   s.push_back(int_list("parallel.pipeline_stages", 1, 1e4,
-                       "Blocks of each pipeline stage, first to last (e.g. {3, 3, 2}); empty: balanced by cost.",
+                       "Blocks of each pipeline stage, first to last (e.g. {3, 3, 2}); with virtual stages, of each "
+                       "of the pp x virtual_stages chunks in model order; empty: balanced by cost.",
                        REF(parallel.pipeline_stages)));
   s.push_back(choice<std::string>("parallel.pipeline_schedule", {{"1f1b", "1f1b"}, {"gpipe", "gpipe"}}, kFixed,
                                   "Pipeline schedule.", REF(parallel.pipeline_schedule)));
+  s.push_back(integer("parallel.virtual_stages", 1, 1e4, kFixed,
+                      "Chunks of blocks each pipeline rank holds (rank r runs chunks r, r + pp, ...): above 1, "
+                      "interleaved 1F1B, whose bubble is 1 / virtual_stages of 1F1B's, for as many times the "
+                      "point-to-point messages. Needs pp > 1, the 1f1b schedule and micro-batches a multiple of pp.",
+                      REF(parallel.virtual_stages)));
   s.push_back(number("parallel.bucket_mb", 0.01, 1e6, kFixed, "Gradient bucket size (MiB).", REF(parallel.bucket_mb)));
   s.push_back(boolean("parallel.sequence_parallel", kFixed, "Shard norms and dropout along the sequence (tp > 1).",
                       REF(parallel.sequence_parallel)));

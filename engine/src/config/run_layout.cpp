@@ -25,12 +25,43 @@ void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_paral
                       fmt::format("data.seq_len = {} does not divide into tp = {} parts", seq_len, tp));
 }
 
+namespace {
+// What interleaved 1F1B (parallel.virtual_stages > 1) asks of the rest of the layout.
+void check_interleaving(const RunConfig& cfg, int pp, int dp) {
+  const int64_t v = cfg.parallel.virtual_stages;
+  if (cfg.parallel.pipeline_schedule != "1f1b")
+    throw ConfigError("parallel.pipeline_schedule",
+                      fmt::format("'{}' does not interleave: parallel.virtual_stages = {} runs interleaved 1F1B "
+                                  "(pipeline_schedule = \"1f1b\")",
+                                  cfg.parallel.pipeline_schedule, v));
+  // The schedule takes the micro-batches in groups of pp, each group through every chunk
+  // (Megatron's condition too).
+  const int64_t micro_batches = accumulation_steps(cfg.batch.global_batch, {dp, micro_batch_size(cfg, dp)});
+  if (micro_batches % pp != 0)
+    throw ConfigError("parallel.virtual_stages",
+                      fmt::format("interleaved 1F1B takes the micro-batches in groups of pp = {}, and a step has {} "
+                                  "(set parallel.micro_batches to a multiple of {})",
+                                  pp, micro_batches, pp));
+  if (cfg.parallel.zero == 2)
+    throw ConfigError("parallel.zero",
+                      fmt::format("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and "
+                                  "parallel.virtual_stages = {} spreads that backward over the step; use ZeRO-1",
+                                  v));
+}
+}  // namespace
+
 void check_supported_layout(const RunConfig& cfg, int world) {
   const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
                   static_cast<int>(cfg.parallel.pp));
   check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len);
-  if (grid.pp() > 1 || !cfg.parallel.pipeline_stages.empty())
-    partition_stages(cfg.model, grid.pp(), cfg.data.seq_len, cfg.parallel.pipeline_stages);  // the stages can be cut
+  const int64_t virtual_stages = cfg.parallel.virtual_stages;
+  if (virtual_stages > 1 && grid.pp() == 1)
+    throw ConfigError("parallel.virtual_stages",
+                      fmt::format("{} chunks per pipeline rank need pipeline parallelism (pp > 1); pp = 1 runs the "
+                                  "whole model as one",
+                                  virtual_stages));
+  if (grid.pp() > 1 || !cfg.parallel.pipeline_stages.empty())  // the stages can be cut
+    partition_stages(cfg.model, grid.pp(), cfg.data.seq_len, cfg.parallel.pipeline_stages, virtual_stages);
   if (grid.pp() > 1) {
     if (cfg.parallel.zero == 3)
       throw ConfigError("parallel.zero", fmt::format("ZeRO-3 does not combine with pipeline parallelism (pp = {}): "
@@ -47,6 +78,7 @@ void check_supported_layout(const RunConfig& cfg, int world) {
                       fmt::format("{} micro-batches on each of dp = {} ranks do not divide batch.global_batch = {}",
                                   cfg.parallel.micro_batches, grid.dp(), cfg.batch.global_batch));
   check_global_batch(cfg.batch.global_batch, {grid.dp(), micro_batch_size(cfg, grid.dp())});
+  if (virtual_stages > 1) check_interleaving(cfg, grid.pp(), grid.dp());
   for (int64_t rank : cfg.profile.ranks)
     if (rank >= world)
       throw ConfigError("profile.ranks",

@@ -10,26 +10,32 @@
 
 namespace tide {
 
-std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len,
-                                            const std::vector<int64_t>& given) {
-  const int64_t n = m.n_layers;
+namespace {
+// Contiguous blocks for each of `parts` virtual stages, in model order (see partition_stages).
+std::vector<BlockRange> cut_blocks(const ModelConfig& m, int64_t pp, int64_t virtual_stages, int64_t seq_len,
+                                   const std::vector<int64_t>& given) {
+  const int64_t n = m.n_layers, parts = pp * virtual_stages;
+  const std::string what = virtual_stages == 1 ? fmt::format("pp = {} stages", pp)
+                                               : fmt::format("pp x parallel.virtual_stages = {} x {} = {} stages", pp,
+                                                             virtual_stages, parts);
   if (!given.empty()) {
     int64_t total = 0;
     for (const auto b : given) total += b;
-    if (static_cast<int64_t>(given.size()) != pp || total != n)
+    if (static_cast<int64_t>(given.size()) != parts || total != n)
       throw ConfigError("parallel.pipeline_stages",
-                        fmt::format("{} stages of {} blocks do not cut pp = {} stages of model.n_layers = {} blocks",
-                                    given.size(), fmt::join(given, "+"), pp, n));
-    std::vector<PipelineStage> stages;
+                        fmt::format("{} stages of {} blocks do not cut {} of model.n_layers = {} blocks", given.size(),
+                                    fmt::join(given, "+"), what, n));
+    std::vector<BlockRange> ranges;
     int64_t at = 0;
-    for (size_t s = 0; s < given.size(); ++s) {
-      stages.push_back({at, at + given[s], s == 0, s + 1 == given.size()});
-      at += given[s];
+    for (const auto b : given) {
+      ranges.push_back({at, at + b});
+      at += b;
     }
-    return stages;
+    return ranges;
   }
-  if (pp > n)
-    throw ConfigError("parallel.pp", fmt::format("{} stages for model.n_layers = {} blocks: each stage needs a block", pp, n));
+  if (parts > n)
+    throw ConfigError(virtual_stages == 1 ? "parallel.pp" : "parallel.virtual_stages",
+                      fmt::format("{} for model.n_layers = {} blocks: each stage needs a block", what, n));
   ModelConfig one = m, none = m;
   one.n_layers = 1;
   none.n_layers = 0;
@@ -39,37 +45,59 @@ std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, in
   // cost[s][j]: the least possible most expensive stage when stages 0..s hold blocks
   // [0, j); from[s][j] where stage s starts.
   const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> cost(static_cast<size_t>(pp), std::vector<double>(static_cast<size_t>(n + 1), inf));
-  std::vector<std::vector<int64_t>> from(static_cast<size_t>(pp), std::vector<int64_t>(static_cast<size_t>(n + 1), 0));
-  for (int64_t s = 0; s < pp; ++s) {
-    const double extra = s == pp - 1 ? head : 0.0;
-    for (int64_t j = s + 1; j <= n; ++j) {
-      for (int64_t i = s; i < j; ++i) {
-        const double before = s == 0 ? (i == 0 ? 0.0 : inf) : cost[static_cast<size_t>(s - 1)][static_cast<size_t>(i)];
+  const auto P = static_cast<size_t>(parts), N = static_cast<size_t>(n);
+  std::vector<std::vector<double>> cost(P, std::vector<double>(N + 1, inf));
+  std::vector<std::vector<int64_t>> from(P, std::vector<int64_t>(N + 1, 0));
+  for (size_t s = 0; s < P; ++s) {
+    const double extra = s == P - 1 ? head : 0.0;
+    for (size_t j = s + 1; j <= N; ++j) {
+      for (size_t i = s; i < j; ++i) {
+        const double before = s == 0 ? (i == 0 ? 0.0 : inf) : cost[s - 1][i];
         const double c = std::max(before, static_cast<double>(j - i) * block + extra);
-        if (c < cost[static_cast<size_t>(s)][static_cast<size_t>(j)]) {
-          cost[static_cast<size_t>(s)][static_cast<size_t>(j)] = c;
-          from[static_cast<size_t>(s)][static_cast<size_t>(j)] = i;
+        if (c < cost[s][j]) {
+          cost[s][j] = c;
+          from[s][j] = static_cast<int64_t>(i);
         }
       }
     }
   }
-  std::vector<PipelineStage> stages(static_cast<size_t>(pp));
+  std::vector<BlockRange> ranges(P);
   int64_t end = n;
-  for (int64_t s = pp - 1; s >= 0; --s) {
-    auto& st = stages[static_cast<size_t>(s)];
-    st.end_block = end;
-    st.first_block = from[static_cast<size_t>(s)][static_cast<size_t>(end)];
-    st.first = s == 0;
-    st.last = s == pp - 1;
-    end = st.first_block;
+  for (size_t s = P; s-- > 0;) {
+    ranges[s] = {from[s][static_cast<size_t>(end)], end};
+    end = ranges[s].first;
+  }
+  return ranges;
+}
+}  // namespace
+
+std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len,
+                                            const std::vector<int64_t>& given, int64_t virtual_stages) {
+  const auto ranges = cut_blocks(m, pp, virtual_stages, seq_len, given);
+  std::vector<PipelineStage> stages(static_cast<size_t>(pp));
+  for (int64_t r = 0; r < pp; ++r) {
+    auto& st = stages[static_cast<size_t>(r)];
+    st.chunks.clear();
+    for (int64_t c = 0; c < virtual_stages; ++c) st.chunks.push_back(ranges[static_cast<size_t>(c * pp + r)]);
+    st.first = r == 0;
+    st.last = r == pp - 1;
   }
   return stages;
 }
 
+int64_t stage_blocks(const PipelineStage& stage, int64_t n_layers) {
+  int64_t blocks = 0;
+  for (const auto& c : stage.chunks) blocks += (c.end < 0 ? n_layers : c.end) - c.first;
+  return blocks;
+}
+
 bool stage_owns(const PipelineStage& stage, const std::string& name) {
-  if (const int unit = block_unit(name); unit > 0)
-    return unit - 1 >= stage.first_block && (stage.end_block < 0 || unit - 1 < stage.end_block);
+  if (const int unit = block_unit(name); unit > 0) {
+    const int64_t block = unit - 1;
+    for (const auto& c : stage.chunks)
+      if (block >= c.first && (c.end < 0 || block < c.end)) return true;
+    return false;
+  }
   const bool head = name == "lm_head.weight" || name.rfind("model.norm.", 0) == 0 ||
                     name.rfind("transformer.ln_f.", 0) == 0;
   return head ? stage.last : stage.first;

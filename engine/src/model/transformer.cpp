@@ -43,10 +43,14 @@ std::shared_ptr<torch::nn::Module> holder_of(const std::string& name, torch::Ten
 TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, PipelineStage stage)
     : cfg_(cfg), tp_(tp), stage_(stage) {
   if (!tp_.group) tp_ = TensorParallel{};
-  if (stage_.end_block < 0) stage_.end_block = cfg.n_layers;
-  TORCH_CHECK(0 <= stage_.first_block && stage_.first_block <= stage_.end_block && stage_.end_block <= cfg.n_layers,
-              "pipeline stage blocks [", stage_.first_block, ", ", stage_.end_block, ") outside the model's ",
-              cfg.n_layers);
+  TORCH_CHECK(!stage_.chunks.empty(), "a pipeline stage without blocks");
+  int64_t previous_end = 0;
+  for (auto& c : stage_.chunks) {
+    if (c.end < 0) c.end = cfg.n_layers;
+    TORCH_CHECK(previous_end <= c.first && c.first <= c.end && c.end <= cfg.n_layers, "pipeline stage blocks [",
+                c.first, ", ", c.end, ") outside the model's ", cfg.n_layers, " or out of order");
+    previous_end = c.end;
+  }
   check_tensor_parallel(cfg, tp_.size(), false, 0);
   vocab_local_ = padded_vocab(cfg.vocab_size, tp_.size()) / tp_.size();
   vocab_first_ = tp_.rank() * vocab_local_;
@@ -66,10 +70,12 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
   // Blocks keep their index in the whole model in their names ("model.layers.5.…").
   blocks = torch::nn::ModuleList();
   auto layers = std::make_shared<torch::nn::Module>();
-  for (int64_t i = stage_.first_block; i < stage_.end_block; ++i) {
-    Block block(cfg, tp_);
-    blocks->push_back(block);
-    layers->register_module(std::to_string(i), block);
+  for (const auto& c : stage_.chunks) {
+    for (int64_t i = c.first; i < c.end; ++i) {
+      Block block(cfg, tp_);
+      blocks->push_back(block);
+      layers->register_module(std::to_string(i), block);
+    }
   }
   backbone->register_module(bloom ? "h" : "layers", layers);
   if (stage_.last)
@@ -229,7 +235,7 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {
   return x;
 }
 
-torch::Tensor TransformerImpl::run_blocks(torch::Tensor x) {
+torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk) {
   // Under bf16 compute the residual stream is bf16 (norm statistics stay fp32), as it is
   // in Megatron-Core and torchtitan: half the activation memory and traffic.
   x = in_compute_dtype(x);
@@ -257,10 +263,13 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x) {
   }
   const bool recompute = cfg_.activation_checkpointing && is_training() && torch::GradMode::is_enabled();
   const bool blocks_draw = cfg_.dropout > 0 && is_training();
-  int unit = static_cast<int>(stage_.first_block);
-  for (const auto& module : *blocks) {
-    auto block = std::dynamic_pointer_cast<BlockImpl>(module);
-    ++unit;
+  // The chunk's blocks sit in `blocks` after those of the chunks before it.
+  size_t at = 0;
+  for (size_t c = 0; c < chunk; ++c) at += static_cast<size_t>(stage_.chunks[c].end - stage_.chunks[c].first);
+  const BlockRange& range = stage_.chunks.at(chunk);
+  for (int64_t i = range.first; i < range.end; ++i) {
+    auto block = std::dynamic_pointer_cast<BlockImpl>(blocks->ptr(at++));
+    const int unit = static_cast<int>(i + 1);
     if (units_) units_->before_forward(unit);
     if (recompute) {
       x = recompute_in_backward(
@@ -274,13 +283,15 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x) {
 }
 
 torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
-  TORCH_CHECK(stage_.first && stage_.last, "hidden() needs the whole model, not one pipeline stage");
-  return final_norm(run_blocks(embed(tokens)));
+  TORCH_CHECK(stage_.first && stage_.last && stage_.chunks.size() == 1,
+              "hidden() needs the whole model, not one pipeline stage");
+  return final_norm(run_blocks(embed(tokens), 0));
 }
 
-torch::Tensor TransformerImpl::stage_forward(const torch::Tensor& input, const torch::Tensor& targets) {
-  auto x = run_blocks(stage_.first ? embed(input) : input);
-  return stage_.last ? head_loss(final_norm(x), targets) : x;
+torch::Tensor TransformerImpl::stage_forward(const torch::Tensor& input, const torch::Tensor& targets, size_t chunk) {
+  const bool embeds = stage_.first && chunk == 0, heads = stage_.last && chunk + 1 == stage_.chunks.size();
+  auto x = run_blocks(embeds ? embed(input) : input, chunk);
+  return heads ? head_loss(final_norm(x), targets) : x;
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {

@@ -55,8 +55,8 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   ParallelModel out;
   const int pp = dist ? dist->pp->size() : 1;
   if (pp > 1)
-    out.stage = partition_stages(cfg.model, pp, cfg.data.seq_len,
-                                 cfg.parallel.pipeline_stages)[static_cast<size_t>(dist->pp->rank())];
+    out.stage = partition_stages(cfg.model, pp, cfg.data.seq_len, cfg.parallel.pipeline_stages,
+                                 cfg.parallel.virtual_stages)[static_cast<size_t>(dist->pp->rank())];
   out.model = build_model(cfg, dist, out.stage, device);
   out.flat = flatten(cfg, dist, batch, out.model, out.stage);
   if (dist) {

@@ -9,25 +9,6 @@
 
 namespace tide {
 
-std::vector<int64_t> pipeline_schedule(const std::string& kind, int stage, int stages, int64_t micro_batches) {
-  std::vector<int64_t> ops;
-  if (kind == "gpipe") {
-    for (int64_t m = 0; m < micro_batches; ++m) ops.push_back(m + 1);
-    for (int64_t m = 0; m < micro_batches; ++m) ops.push_back(-(m + 1));
-    return ops;
-  }
-  TORCH_CHECK(kind == "1f1b", "unknown pipeline schedule '", kind, "' (gpipe or 1f1b)");
-  const int64_t warmup = std::min<int64_t>(stages - stage - 1, micro_batches);
-  int64_t forward = 0, backward = 0;
-  for (; forward < warmup; ++forward) ops.push_back(forward + 1);
-  while (forward < micro_batches) {
-    ops.push_back(++forward);
-    ops.push_back(-(++backward));
-  }
-  while (backward < micro_batches) ops.push_back(-(++backward));
-  return ops;
-}
-
 Pipeline::Pipeline(Comm& pp, Transformer model, std::string schedule, std::vector<int64_t> activation, DType compute,
                    Comm* tied_embeddings)
     : pp_(pp),
@@ -41,56 +22,68 @@ Pipeline::Pipeline(Comm& pp, Transformer model, std::string schedule, std::vecto
                 .device(model_->parameters()[0].device())) {}
 
 namespace {
-// Tags keep a step's messages apart: forward activations and backward gradients of
-// each micro-batch, and evaluation's activations in a range of their own.
-int forward_tag(int64_t m) { return static_cast<int>(2 * m); }
-int backward_tag(int64_t m) { return static_cast<int>(2 * m + 1); }
-constexpr int kEvalTags = 1 << 24;
+// Tags keep a step's messages apart: the activations and the gradients crossing from
+// virtual stage b to b + 1 for micro-batch m, and evaluation's activations in a range of
+// their own.
+constexpr int64_t kEvalTags = int64_t{1} << 24;
+int forward_tag(int64_t boundary, int64_t m, int64_t micro_batches) {
+  return static_cast<int>(2 * (boundary * micro_batches + m));
+}
+int backward_tag(int64_t boundary, int64_t m, int64_t micro_batches) {
+  return forward_tag(boundary, m, micro_batches) + 1;
+}
 }  // namespace
 
 at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
                            const std::function<void(int64_t)>& before_backward,
                            const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
   const int stage = pp_.rank(), stages = pp_.size();
-  const bool first = stage == 0, last = stage == stages - 1;
+  const int chunks = static_cast<int>(model_->pipeline_stage().chunks.size());
+  const int previous = (stage + stages - 1) % stages, next = (stage + 1) % stages;
+  const int64_t last_virtual = static_cast<int64_t>(chunks) * stages - 1;
   const auto n = static_cast<int64_t>(batches.size());
-  std::vector<torch::Tensor> inputs(static_cast<size_t>(n)), outputs(static_cast<size_t>(n));
+  TORCH_CHECK(2 * (last_virtual + 1) * n <= kEvalTags, "a pipeline step of ", n, " micro-batches through ",
+              last_virtual + 1, " stages has more messages than tags");
+  // Each micro-batch's input and output of each chunk, until its backward.
+  std::vector<torch::Tensor> inputs(static_cast<size_t>(n * chunks)), outputs(static_cast<size_t>(n * chunks));
   std::vector<std::unique_ptr<PendingCollective>> sends;
   LossSum loss_sum;
-  for (const int64_t op : pipeline_schedule(schedule_, stage, stages, n)) {
-    const int64_t m = std::abs(op) - 1;
-    const auto i = static_cast<size_t>(m);
-    const Batch& b = batches[i];
-    if (op > 0) {
+  for (const PipelineOp& op : pipeline_schedule(schedule_, stage, stages, n, chunks)) {
+    const int64_t m = op.micro_batch;
+    const int64_t virtual_stage = static_cast<int64_t>(op.chunk) * stages + stage;
+    const bool first = virtual_stage == 0, last = virtual_stage == last_virtual;
+    const auto i = static_cast<size_t>(op.chunk * n + m);
+    const Batch& b = batches[static_cast<size_t>(m)];
+    if (op.forward) {
       torch::Tensor in = b.tokens;
       if (!first) {
         in = torch::empty(activation_, wire_);
-        pp_.recv(in, stage - 1, forward_tag(m), fmt::format("activations of micro-batch {}", m));
+        pp_.recv(in, previous, forward_tag(virtual_stage - 1, m, n), fmt::format("activations of micro-batch {}", m));
         in.requires_grad_(true);
       }
-      auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets); });
+      auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets, op.chunk); });
       if (last) {
         out = on_loss(m, out);
         loss_sum.add(out);
       } else {
-        sends.push_back(pp_.send(out.detach().to(wire_.dtype()).contiguous(), stage + 1, forward_tag(m),
+        sends.push_back(pp_.send(out.detach().to(wire_.dtype()).contiguous(), next, forward_tag(virtual_stage, m, n),
                                  fmt::format("activations of micro-batch {}", m)));
       }
       inputs[i] = in;
       outputs[i] = out;
     } else {
-      before_backward(m);
+      if (op.chunk == chunks - 1) before_backward(m);
       if (last) {
         (outputs[i] * loss_scale).backward();
       } else {
         auto grad = torch::empty(activation_, wire_);
-        pp_.recv(grad, stage + 1, backward_tag(m), fmt::format("gradients of micro-batch {}", m));
+        pp_.recv(grad, next, backward_tag(virtual_stage, m, n), fmt::format("gradients of micro-batch {}", m));
         outputs[i].backward(grad.to(outputs[i].scalar_type()));
       }
       if (!first)
-        sends.push_back(pp_.send(inputs[i].grad().to(wire_.dtype()).contiguous(), stage - 1, backward_tag(m),
-                                 fmt::format("gradients of micro-batch {}", m)));
-      inputs[i] = torch::Tensor();  // this micro-batch's activations can go
+        sends.push_back(pp_.send(inputs[i].grad().to(wire_.dtype()).contiguous(), previous,
+                                 backward_tag(virtual_stage - 1, m, n), fmt::format("gradients of micro-batch {}", m)));
+      inputs[i] = torch::Tensor();  // this micro-batch's activations of this chunk can go
       outputs[i] = torch::Tensor();
     }
   }
@@ -105,16 +98,29 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
 double Pipeline::forward_loss(const Batch& b) {
   torch::NoGradGuard no_grad;
   const int stage = pp_.rank(), stages = pp_.size();
-  const int tag = kEvalTags + (eval_tag_++ % kEvalTags);
-  torch::Tensor in = b.tokens;
-  if (stage > 0) {
-    in = torch::empty(activation_, wire_);
-    pp_.recv(in, stage - 1, tag, "evaluation activations");
+  const int chunks = static_cast<int>(model_->pipeline_stage().chunks.size());
+  const int64_t last_virtual = static_cast<int64_t>(chunks) * stages - 1;
+  // Every rank evaluates the same batches, so each call's tags agree across ranks.
+  const int64_t base = (eval_tag_++ * (last_virtual + 1)) % kEvalTags;
+  const auto tag = [&](int64_t boundary) { return static_cast<int>(kEvalTags + (base + boundary) % kEvalTags); };
+  std::vector<std::unique_ptr<PendingCollective>> sends;
+  double loss = 0.0;
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t virtual_stage = static_cast<int64_t>(chunk) * stages + stage;
+    torch::Tensor in = b.tokens;
+    if (virtual_stage > 0) {
+      in = torch::empty(activation_, wire_);
+      pp_.recv(in, (stage + stages - 1) % stages, tag(virtual_stage - 1), "evaluation activations");
+    }
+    auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets, chunk); });
+    if (virtual_stage == last_virtual)
+      loss = out.item<double>();
+    else
+      sends.push_back(pp_.send(out.to(wire_.dtype()).contiguous(), (stage + 1) % stages, tag(virtual_stage),
+                               "evaluation activations"));
   }
-  auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets); });
-  if (stage == stages - 1) return out.item<double>();
-  pp_.send(out.to(wire_.dtype()).contiguous(), stage + 1, tag, "evaluation activations")->wait();
-  return 0.0;
+  for (auto& s : sends) s->wait();
+  return loss;
 }
 
 }  // namespace tide

@@ -21,6 +21,7 @@
 #include "rank_model.h"
 #include "tide/engine/model/cross_entropy_chunks.h"
 #include "tide/engine/model/pipeline_stage.h"
+#include "tide/engine/parallel/pipeline_schedule.h"
 
 namespace tide::plan {
 
@@ -189,25 +190,51 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
 
   const double one_block = block_saved(mc, r, x);
   out.per_block.assign(static_cast<size_t>(r.blocks), one_block);
-  const double blocks = static_cast<double>(r.blocks);
-  // One micro-batch's saved tensors: every block's (or, recomputed, each block's input)
-  // and the stage's output held for the backward of a later op. (A stage's received
-  // activations are the first block's input, kept as they are.)
-  double per_micro_batch = recompute ? blocks * x.Nn * D * x.s : blocks * one_block;
-  if (!r.last) per_micro_batch += x.Nn * D * x.s;
-  if (r.first) per_micro_batch += x.N * 8 * (L.tp > 1 ? 2 : 1);  // token ids kept by the lookup
   Head h;
-  if (r.last) {
-    h = head(r, L.tp, x);
-    per_micro_batch += h.saved;
+  if (r.last) h = head(r, L.tp, x);
+  // One micro-batch's saved tensors in each of the stage's chunks: every block's (or,
+  // recomputed, each block's input) and the chunk's output held for the backward of a
+  // later op. (A chunk's received activations are its first block's input, kept as they
+  // are.) The model's first chunk keeps the token ids, its last the head's tensors.
+  const size_t chunks = stage.chunks.size();
+  std::vector<double> per_micro_batch(chunks), loss_of(chunks, 0.0);
+  for (size_t c = 0; c < chunks; ++c) {
+    PipelineStage one = stage;
+    one.chunks = {stage.chunks[c]};
+    const double blocks = static_cast<double>(stage_blocks(one, mc.n_layers));
+    const bool model_first = r.first && c == 0, model_last = r.last && c + 1 == chunks;
+    double& saved = per_micro_batch[c];
+    saved = recompute ? blocks * x.Nn * D * x.s : blocks * one_block;
+    if (!model_last) saved += x.Nn * D * x.s;
+    if (model_first) saved += x.N * 8 * (L.tp > 1 ? 2 : 1);  // token ids kept by the lookup
+    if (model_last) {
+      saved += h.saved;
+      loss_of[c] = h.loss;
+    }
   }
 
-  // Micro-batches in flight: 1F1B holds pp - stage (at most all of them), GPipe all.
-  int64_t in_flight = 1;
-  if (L.pp > 1)
-    in_flight = L.schedule == "gpipe" ? L.micro_batches : std::min<int64_t>(L.pp - stage_index, L.micro_batches);
-  m.activations = static_cast<double>(in_flight) * (per_micro_batch - h.loss);
-  m.loss = static_cast<double>(in_flight) * h.loss;
+  // Micro-batches in flight through each chunk at the stage's peak, walking its schedule:
+  // 1F1B holds pp - stage (at most all of them), GPipe all, interleaved 1F1B up to
+  // 2 (pp - stage - 1) + (V - 1) pp + 1 chunk-forwards.
+  std::vector<int64_t> in_flight(chunks, 0), at_peak(chunks, 0);
+  at_peak[0] = 1;
+  if (L.pp > 1) {
+    double peak = -1;
+    for (const PipelineOp& op :
+         pipeline_schedule(L.schedule, stage_index, L.pp, L.micro_batches, static_cast<int>(chunks))) {
+      in_flight[static_cast<size_t>(op.chunk)] += op.forward ? 1 : -1;
+      double held = 0;
+      for (size_t c = 0; c < chunks; ++c) held += static_cast<double>(in_flight[c]) * per_micro_batch[c];
+      if (held > peak) {
+        peak = held;
+        at_peak = in_flight;
+      }
+    }
+  }
+  for (size_t c = 0; c < chunks; ++c) {
+    m.activations += static_cast<double>(at_peak[c]) * (per_micro_batch[c] - loss_of[c]);
+    m.loss += static_cast<double>(at_peak[c]) * loss_of[c];
+  }
 
   // The widest moment of one micro-batch beyond its saved tensors: the loss being made,
   // the head's backward, or a block's backward, by when the head's saved tensors are
@@ -239,7 +266,9 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
 MemoryEstimate estimate_memory(const RunConfig& cfg, const DeviceSpec& device, const PlanLayout& layout,
                                DType compute) {
   std::vector<PipelineStage> stages{PipelineStage{}};
-  if (layout.pp > 1) stages = partition_stages(cfg.model, layout.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages);
+  if (layout.pp > 1)
+    stages =
+        partition_stages(cfg.model, layout.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, layout.virtual_stages);
   MemoryEstimate worst;
   worst.device = -1;
   std::vector<double> by_stage;

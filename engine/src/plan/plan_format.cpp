@@ -18,6 +18,7 @@ nlohmann::json to_json(const PlanLayout& l) {
           {"activation_checkpointing", l.activation_checkpointing},
           {"sequence_parallel", l.sequence_parallel},
           {"schedule", l.schedule},
+          {"virtual_stages", l.virtual_stages},
           {"micro_batch", l.micro_batch},
           {"micro_batches", l.micro_batches},
           {"describe", l.describe()}};

@@ -1,6 +1,9 @@
 #include <algorithm>
 #include <map>
+#include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -17,6 +20,7 @@ namespace tide {
 std::string PlanLayout::describe() const {
   std::string s = fmt::format("dp{} tp{} pp{} zero{} mb{}x{}", dp, tp, pp, zero, micro_batch, micro_batches);
   if (pp > 1) s += " " + schedule;
+  if (virtual_stages > 1) s += fmt::format(" v{}", virtual_stages);
   if (sequence_parallel) s += " sp";
   if (activation_checkpointing) s += " ckpt";
   if (offload) s += " offload";
@@ -31,6 +35,7 @@ void PlanLayout::apply_to(RunConfig& cfg) const {
   cfg.parallel.offload_optimizer = offload;
   cfg.parallel.sequence_parallel = sequence_parallel;
   cfg.parallel.pipeline_schedule = schedule;
+  cfg.parallel.virtual_stages = virtual_stages;
   cfg.parallel.micro_batches = 0;
   cfg.batch.micro_batch = micro_batch;
   cfg.model.activation_checkpointing = activation_checkpointing;
@@ -47,6 +52,18 @@ std::vector<int> divisors(int64_t n) {
 
 double usable_memory(const DeviceSpec& device, const PlanOptions& options) {
   return device.memory_bytes * (1.0 - options.memory_headroom);
+}
+
+// The pipeline schedules worth weighing for pp stages: 1F1B, GPipe and, where the blocks
+// and the ZeRO stage allow, interleaved 1F1B over 2 and 4 chunks per stage (Megatron's
+// usual virtual pipeline sizes; more chunks shrink the bubble further for more messages).
+std::vector<std::pair<std::string, int64_t>> pipeline_schedules(const RunConfig& cfg, int pp, int zero) {
+  if (pp == 1) return {{"1f1b", 1}};
+  std::vector<std::pair<std::string, int64_t>> out = {{"1f1b", 1}, {"gpipe", 1}};
+  if (zero == 2 || !cfg.parallel.pipeline_stages.empty()) return out;  // see check_interleaving
+  for (const int64_t chunks : {2, 4})
+    if (pp * chunks <= cfg.model.n_layers) out.emplace_back("1f1b", chunks);
+  return out;
 }
 
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
@@ -96,6 +113,7 @@ PlanLayout layout_of(const RunConfig& cfg, int world) {
   l.activation_checkpointing = cfg.model.activation_checkpointing;
   l.sequence_parallel = cfg.parallel.sequence_parallel && l.tp > 1;
   l.schedule = cfg.parallel.pipeline_schedule;
+  l.virtual_stages = cfg.parallel.virtual_stages;
   l.micro_batch = batch.micro_batch;
   l.micro_batches = accumulation_steps(cfg.batch.global_batch, batch);
   return l;
@@ -158,13 +176,13 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
           for (const bool ckpt : {false, true}) {
             for (const bool sp : {false, true}) {
               if (sp && (tp == 1 || cfg.data.seq_len % tp != 0)) continue;
-              for (const char* schedule : {"1f1b", "gpipe"}) {
-                if (pp == 1 && std::string(schedule) == "gpipe") continue;
+              for (const auto& [schedule, chunks] : pipeline_schedules(cfg, pp, zero)) {
                 PlanLayout l = family;
                 l.offload = offload;
                 l.activation_checkpointing = ckpt;
                 l.sequence_parallel = sp;
                 l.schedule = schedule;
+                l.virtual_stages = chunks;
                 LayoutPlan fastest;
                 int64_t largest = 0;
                 bool fits = false;
@@ -172,6 +190,7 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
                   if (mb > options.max_micro_batch) break;
                   l.micro_batch = mb;
                   l.micro_batches = per_rank / mb;
+                  if (l.micro_batches % pp != 0 && chunks > 1) continue;  // interleaving takes groups of pp
                   LayoutPlan p = evaluate_layout(cfg, cluster, l);
                   p.fits = p.memory.device <= usable;
                   if (!p.fits) {
@@ -264,6 +283,7 @@ LayoutChoice choose_layout(const RunConfig& cfg, const Cluster& cluster, const P
                  fmt::format("parallel.offload_optimizer={}", l.offload),
                  fmt::format("parallel.sequence_parallel={}", l.sequence_parallel),
                  fmt::format("parallel.pipeline_schedule={}", l.schedule),
+                 fmt::format("parallel.virtual_stages={}", l.virtual_stages),
                  "parallel.micro_batches=0",
                  fmt::format("batch.micro_batch={}", l.micro_batch),
                  fmt::format("model.activation_checkpointing={}", l.activation_checkpointing)};

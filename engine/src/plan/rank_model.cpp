@@ -30,7 +30,7 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   r.vocab = (m.vocab_size + tp - 1) / tp;  // padded_vocab(V, tp) / tp
   r.first = stage.first;
   r.last = stage.last;
-  r.blocks = (stage.end_block < 0 ? m.n_layers : stage.end_block) - stage.first_block;
+  r.blocks = stage_blocks(stage, m.n_layers);
 
   // A block (layers.cpp): two norms, attention, MLP.
   const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;

@@ -128,7 +128,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   const double tokens_mb = B * T;  // per micro-batch and rank
 
   std::vector<PipelineStage> stages{PipelineStage{}};
-  if (L.pp > 1) stages = partition_stages(mc, L.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages);
+  if (L.pp > 1) stages = partition_stages(mc, L.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, L.virtual_stages);
   const int64_t world = static_cast<int64_t>(L.dp) * L.tp * L.pp;
   const int64_t pad = world > 1 ? L.dp : 1;
 
@@ -193,7 +193,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     if (L.pp > 1) {
       const double wire = bf16 ? 2.0 : 4.0;
       const double hop = tokens_mb * D * wire / pp_bw + lat;
-      t.pp_comm = M * 2 * hop;
+      t.pp_comm = M * 2 * static_cast<double>(L.virtual_stages) * hop;  // each chunk's boundary
     }
 
     const double owned = L.zero >= 1 ? P / L.dp : P;
@@ -213,9 +213,10 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       worst = t;
     }
   }
-  // Fill and drain: one micro-batch of every stage but the slowest (1F1B and GPipe alike).
+  // Fill and drain: one micro-batch of every stage but the slowest (1F1B and GPipe alike),
+  // through one chunk of each when interleaved.
   if (L.pp > 1) {
-    worst.bubble = (all_busy - worst_busy) / M;
+    worst.bubble = (all_busy - worst_busy) / M / static_cast<double>(L.virtual_stages);
     const double speedup = dev.idle_peer_speedup;
     if (speedup > 1) {
       // Ranks sharing a machine (CPU cores): the slowest stage computes faster while the

@@ -72,10 +72,14 @@ void describe(const Trainer::State& s, int threads) {
   s.log->info("{}", intro);
   if (s.leader) spdlog::info("{}", intro);
   const PipelineStage& st = s.pm.stage;
-  if (s.pm.pipeline)
-    s.log->info("pipeline stage {} of {}: blocks [{}, {}){}{}, {} schedule", s.dist->pp->rank(), s.dist->pp->size(),
-                st.first_block, st.end_block, st.first ? ", embeddings" : "", st.last ? ", output head" : "",
-                cfg.parallel.pipeline_schedule);
+  if (s.pm.pipeline) {
+    std::vector<std::string> chunks;
+    for (const auto& c : st.chunks) chunks.push_back(fmt::format("[{}, {})", c.first, c.end));
+    s.log->info("pipeline stage {} of {}: blocks {}{}{}, {} schedule{}", s.dist->pp->rank(), s.dist->pp->size(),
+                fmt::join(chunks, " "), st.first ? ", embeddings" : "", st.last ? ", output head" : "",
+                cfg.parallel.pipeline_schedule,
+                st.chunks.size() > 1 ? fmt::format(" interleaved over {} virtual stages", st.chunks.size()) : "");
+  }
 }
 }  // namespace
 

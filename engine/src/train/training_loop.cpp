@@ -398,7 +398,8 @@ void TrainingLoop::save_weights(const std::string& path) {
     if (!s_.leader) return;
     if (pp > 1) {
       torch::NoGradGuard no_grad;
-      const auto stages = partition_stages(cfg_.model, pp, cfg_.data.seq_len, cfg_.parallel.pipeline_stages);
+      const auto stages = partition_stages(cfg_.model, pp, cfg_.data.seq_len, cfg_.parallel.pipeline_stages,
+                                           cfg_.parallel.virtual_stages);
       for (int st = 1; st < pp; ++st) {
         int from_tag = 0;
         for (auto& item : params)

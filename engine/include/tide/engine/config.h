@@ -98,7 +98,10 @@ struct ParallelConfig {
   bool offload_optimizer = false;
   int64_t micro_batches = 0;  // pipeline micro-batches; 0: from the batch config
   std::string pipeline_schedule = "1f1b";
-  std::vector<int64_t> pipeline_stages;  // blocks per stage; empty: balanced by cost
+  std::vector<int64_t> pipeline_stages;  // blocks per (virtual) stage; empty: balanced by cost
+  // Chunks of blocks per pipeline rank (Megatron's virtual pipeline size): above 1, the
+  // interleaved 1F1B schedule, whose bubble is 1 / virtual_stages of 1F1B's.
+  int64_t virtual_stages = 1;
   double bucket_mb = 25.0;
   bool sequence_parallel = false;
   double timeout_s = 120;  // a collective or the rendezvous that takes longer fails

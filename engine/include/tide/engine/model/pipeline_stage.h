@@ -1,7 +1,10 @@
-// The part of the model one pipeline stage holds: blocks [first_block, end_block); the
-// first stage also holds the embeddings, the last the final norm and the output head
-// (with tied embeddings, its own copy of the embedding matrix, kept equal to the first
-// stage's by summing their gradients).
+// The part of the model one pipeline rank holds: one chunk of contiguous blocks, or with
+// interleaving (parallel.virtual_stages = V) V chunks. The model is cut into pp × V
+// virtual stages in order, and rank r runs virtual stages r, r + pp, r + 2·pp, … (Megatron's
+// interleaved layout), so an activation visits every rank V times. The rank that runs the
+// first chunk also holds the embeddings, the one that runs the last the final norm and the
+// output head (with tied embeddings, its own copy of the embedding matrix, kept equal to the
+// first's by summing their gradients).
 #pragma once
 
 #include <cstdint>
@@ -12,18 +15,27 @@
 
 namespace tide {
 
-struct PipelineStage {
-  int64_t first_block = 0, end_block = -1;  // end -1: through the last block
-  bool first = true, last = true;
+// Blocks [first, end) of the whole model; end -1: through the last block.
+struct BlockRange {
+  int64_t first = 0, end = -1;
 };
 
-// Contiguous blocks for each of pp stages, at least one each: `given` blocks per stage
-// when not empty (they must add up to the model's blocks), otherwise the cut that
-// minimises the most expensive stage, where a block costs its training FLOPs per token
-// and the last stage also pays for the output projection. Throws ConfigError naming the
-// field when the stages cannot be cut.
+struct PipelineStage {
+  std::vector<BlockRange> chunks{BlockRange{}};  // in model order: the rank's virtual stages
+  bool first = true, last = true;                // runs the model's first chunk / its last
+};
+
+// The blocks of each of pp ranks, each of `virtual_stages` chunks of at least one block:
+// `given` blocks per virtual stage when not empty (pp × virtual_stages counts, in model
+// order, adding up to the model's blocks), otherwise the cut that minimises the most
+// expensive virtual stage, where a block costs its training FLOPs per token and the last
+// one also pays for the output projection. Throws ConfigError naming the field when the
+// stages cannot be cut.
 std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len,
-                                            const std::vector<int64_t>& given = {});
+                                            const std::vector<int64_t>& given = {}, int64_t virtual_stages = 1);
+
+// The number of blocks the stage holds, over all its chunks.
+int64_t stage_blocks(const PipelineStage& stage, int64_t n_layers);
 
 // Whether the stage owns the whole model's parameter `name` (the last stage's copy of
 // tied embeddings is not owned: the first stage's is).

@@ -130,9 +130,10 @@ class TransformerImpl : public torch::nn::Module {
   // Final hidden state after the last norm, [B, T, D] ([B, T / tp, D] with sequence
   // parallelism). The whole model only.
   torch::Tensor hidden(const torch::Tensor& tokens);
-  // This pipeline stage's part: tokens (first stage) or the previous stage's
-  // activations in, the mean loss (last stage; targets [B, T]) or activations out.
-  torch::Tensor stage_forward(const torch::Tensor& input, const torch::Tensor& targets);
+  // One chunk of this pipeline stage (pipeline_stage.h): tokens (the model's first chunk)
+  // or the previous virtual stage's activations in, the mean loss (its last chunk;
+  // targets [B, T]) or activations out.
+  torch::Tensor stage_forward(const torch::Tensor& input, const torch::Tensor& targets, size_t chunk = 0);
   const PipelineStage& pipeline_stage() const { return stage_; }
 
   // Normal(0, init_std) weights, zero biases, unit norms; each tensor drawn whole from
@@ -151,7 +152,7 @@ class TransformerImpl : public torch::nn::Module {
 
   torch::Tensor tok_embeddings, pos_embeddings;  // on the first stage (and tied: the last)
   Norm embedding_norm{nullptr}, final_norm{nullptr};
-  torch::nn::ModuleList blocks{nullptr};  // this stage's blocks
+  torch::nn::ModuleList blocks{nullptr};  // this stage's blocks, chunk after chunk
   torch::Tensor lm_head;  // undefined when tied
 
   // Called around the use of each parameter unit (see parameter_units.h); null: none.
@@ -164,7 +165,7 @@ class TransformerImpl : public torch::nn::Module {
 
  private:
   torch::Tensor embed(const torch::Tensor& tokens);
-  torch::Tensor run_blocks(torch::Tensor x);
+  torch::Tensor run_blocks(torch::Tensor x, size_t chunk);  // the blocks of one of the stage's chunks
   torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);
 
   ModelConfig cfg_;

@@ -1,12 +1,7 @@
 // Pipeline parallelism: this rank runs one stage of the model (pipeline_stage.h) on a
 // step's micro-batches, receiving activations from the previous stage and gradients
-// from the next one, point to point over the pipeline group.
-//
-// Schedules (parallel.pipeline_schedule):
-//   gpipe: every forward, then every backward. Holds all micro-batches' activations.
-//   1f1b:  stage s runs min(pp - s - 1, M) forwards, then alternates one forward and
-//          one backward, then drains. Holds at most pp - s micro-batches' activations;
-//          the same bubble as GPipe.
+// from the next one, point to point over the pipeline group, in the order of
+// pipeline_schedule.h.
 #pragma once
 
 #include <functional>
@@ -16,13 +11,11 @@
 #include "tide/engine/config.h"
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/model/transformer.h"
+#include "tide/engine/parallel/pipeline_schedule.h"
 
 namespace tide {
 
 class Comm;
-
-// The order of one stage's work: +m+1 = forward of micro-batch m, -(m+1) = its backward.
-std::vector<int64_t> pipeline_schedule(const std::string& kind, int stage, int stages, int64_t micro_batches);
 
 class Pipeline {
  public:
@@ -38,7 +31,7 @@ class Pipeline {
   // the first uses the tokens, the last the targets). On the last stage on_loss(m, loss)
   // gives the loss to use for micro-batch m (a test's fault injection; else the loss
   // itself), scaled by loss_scale before backward. before_backward(m) runs before
-  // micro-batch m's backward on this stage. Returns the sum of the micro-batch losses on
+  // micro-batch m's first backward on this stage (that of its last chunk). Returns the sum of the micro-batch losses on
   // the last stage, 0 elsewhere: an fp64 scalar on the stage's device, not read here.
   at::Tensor train(const std::vector<Batch>& batches, double loss_scale,
                    const std::function<void(int64_t)>& before_backward,
@@ -54,7 +47,7 @@ class Pipeline {
   DType compute_;
   Comm* tied_embeddings_;
   torch::TensorOptions wire_;  // activations and their gradients between stages, on the model's device
-  int eval_tag_ = 0;
+  int64_t eval_tag_ = 0;
 };
 
 }  // namespace tide

@@ -27,6 +27,7 @@ struct PlanLayout {
   bool activation_checkpointing = false;
   bool sequence_parallel = false;
   std::string schedule = "1f1b";  // pipeline schedule (pp > 1)
+  int64_t virtual_stages = 1;     // chunks per pipeline rank (interleaved 1F1B above 1)
   int64_t micro_batch = 1;        // sequences per forward/backward on one rank
   int64_t micro_batches = 1;      // per rank and optimizer step (accumulation, or the pipeline's)
 
