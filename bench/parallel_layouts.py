@@ -1,6 +1,7 @@
 """Parallel layouts side by side on one machine, same model, same global batch: one
 process, data parallel, ZeRO-1/2/3 (and ZeRO-3 with optimizer offload), tensor parallel
-(with and without sequence parallelism) and pipeline parallel, each on 2 ranks.
+(with and without sequence parallelism) and pipeline parallel (1F1B, and interleaved over
+two chunks per stage), each on 2 ranks.
 
 Prints tokens/s (and the ratio to one process); the bytes rank 0 sent per step against
 the layout's theoretical volume (psi parameters, N ranks, a micro-batches per rank,
@@ -12,7 +13,8 @@ S = 4 B T D bytes of one micro-batch's activations, L blocks):
   tp           a (4L + 2) 2 S (N-1)/N   (two all-reduces per block forward and backward,
                                          embedding and head; sequence parallel: the same
                                          bytes as all-gathers and reduce-scatters)
-  pp (stage 0) a S                      (its activations to the next stage)
+  pp (stage 0) a (2V - 1) S             (its activations to the next stage, V chunks; with
+                                         V > 1 also V - 1 chunks' input gradients back)
 model-state bytes per rank against fp32 AdamW theory where it is simple (dp, ZeRO), and
 peak resident memory of rank 0. On a 2-core machine the absolute speed-up is bounded; the
 communication and memory ratios are the point.
@@ -41,6 +43,7 @@ LAYOUTS = [
     ("tp2", 2, {"parallel.tp": 2}),
     ("tp2 + sequence par.", 2, {"parallel.tp": 2, "parallel.sequence_parallel": "true"}),
     ("pp2 (1f1b)", 2, {"parallel.pp": 2}),
+    ("pp2 interleaved (v2)", 2, {"parallel.pp": 2, "parallel.virtual_stages": 2}),
 ]
 
 
@@ -102,7 +105,8 @@ def main():
         elif tp > 1:
             volume = micro_batches * (4 * sh["layers"] + 2) * 2 * act * (tp - 1) / tp
         elif pp > 1:
-            volume = micro_batches * act
+            v = int(extra.get("parallel.virtual_stages", 1))
+            volume = micro_batches * (2 * v - 1) * act
         elif zero == 3:
             volume = micro_batches * 4 * (3 * psi - outer - block) * (n - 1) / n
         elif zero == 2:

@@ -198,7 +198,7 @@ TEST(PipelineLayout, InterleavingIsRefusedWhereItCannotRunNamingTheField) {
   cfg.batch.global_batch = 4;
   cfg.batch.micro_batch = 1;
   cfg.parallel.virtual_stages = 2;
-  const auto refused = [&](RunConfig c, int world, const std::string& field, const std::string& words) {
+  const auto refused = [&](const RunConfig& c, int world, const std::string& field, const std::string& words) {
     try {
       check_supported_layout(c, world);
       ADD_FAILURE() << "accepted; expected a refusal of " << field;

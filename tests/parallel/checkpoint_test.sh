@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoints with real worker processes on CPU:
 #  - save at step 5 of 10 and resume: steps 6-10 equal the uninterrupted run's exactly
-#    (losses and final weights byte for byte) for one process, ZeRO-3 x2, tp2 and pp2;
+#    (losses and final weights byte for byte) for one process, ZeRO-3 x2, tp2, pp2 and
+#    pp2 interleaved over two chunks per stage;
 #  - a checkpoint saved under dp2 x tp2 resumes as one process, as ZeRO-3 x4 and as pp2
 #    with the uninterrupted run's losses within 1e-5;
 #  - a flipped byte: `tide ckpt verify` names the file, --resume auto falls back;
@@ -26,12 +27,14 @@ resume_from_5() {  # resume_from_5 RECIPE FULL_RUN NEW_RUN [options]: steps 6-10
 
 echo "exact resume:"
 for layout in "one:" "zero3:--nproc 2 --set parallel.zero=3" "tp2:--nproc 2 --set parallel.tp=2" \
-              "pp2:--nproc 2 --set parallel.pp=2" "one3files:--set checkpoint.writers=3" \
+              "pp2:--nproc 2 --set parallel.pp=2" \
+              "pp2v2:--nproc 2 --set parallel.pp=2 --set parallel.virtual_stages=2 --set model.n_layers=4" \
+              "one3files:--set checkpoint.writers=3" \
               "zero3x3files:--nproc 2 --set parallel.zero=3 --set checkpoint.writers=3"; do
   name=${layout%%:*}
   read -r -a args <<< "${layout#*:}"
   shape=llama
-  [[ $name == pp2 ]] && shape=bloom  # tied embeddings across the stages
+  [[ $name == pp2* ]] && shape=bloom  # tied embeddings across the stages (and, interleaved, the chunks)
   train $shape $shape-$name --set checkpoint.every=5 "${args[@]}"
   resume_from_5 $shape $shape-$name $shape-$name-resumed "${args[@]}"
   compare "$work/$shape-$name" "$work/$shape-$name-resumed" 1 || fail "$name: resumed run differs"

@@ -1,9 +1,9 @@
 """The planner against measurement: for every layout the suite trains (one process, dp
-with ZeRO 0-3, offload, tp with and without sequence parallelism, pp with 1F1B and GPipe,
-a 2-D mix, activation checkpointing on and off, bf16), `tide plan` predicts rank 0's peak
-tensor memory and the step time; real runs of `tide train` measure them (the counted
-host tensor bytes, the median of the steps after the first). Memory must agree within
-10%, the step time within 25% after `tide plan --calibrate` on this machine.
+with ZeRO 0-3, offload, tp with and without sequence parallelism, pp with 1F1B, GPipe and
+interleaved 1F1B, a 2-D mix, activation checkpointing on and off, bf16), `tide plan`
+predicts rank 0's peak tensor memory and the step time; real runs of `tide train` measure
+them (the counted host tensor bytes, the median of the steps after the first). Memory must
+agree within 10%, the step time within 25% after `tide plan --calibrate` on this machine.
 
 A shared machine's speed wanders by a third within seconds (measured here: the steps of
 one run from 1.3 to 1.8 s): a layout whose step misses is calibrated and measured once
@@ -79,6 +79,7 @@ LAYOUTS = [
     ("tp2 sequence parallel", 2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
     ("pp2 1F1B x4", 2, ["parallel.pp=2", "batch.micro_batch=4"]),
     ("pp2 GPipe x4", 2, ["parallel.pp=2", "batch.micro_batch=4", "parallel.pipeline_schedule=gpipe"]),
+    ("pp2 interleaved 1F1B x4", 2, ["parallel.pp=2", "batch.micro_batch=4", "parallel.virtual_stages=2"]),
     ("dp2 x tp2 ZeRO-1", 4, ["parallel.tp=2", "parallel.zero=1"]),
     # bf16: one micro-batch casts each weight again in backward (no copies kept), ZeRO-3 too.
     # Their time holds since the calibration measures fused attention's own rate (on this

@@ -196,6 +196,7 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
                         {"dp", m.dp},
                         {"tp", d ? d->tp->size() : 1},
                         {"pp", d ? d->pp->size() : 1},
+                        {"virtual_stages", cfg.parallel.virtual_stages},
                         {"zero", m.zero}}},
                       {"recipe", config_to_json(cfg)},
                       {"recipe_schema_version", kConfigSchemaVersion},
@@ -430,8 +431,10 @@ void Checkpointer::Impl::restore_rng(const json& manifest, const std::string& di
   // Only under the same layout does this rank's random generator continue where it stopped.
   const auto& layout = manifest.at("layout");
   const Distributed* d = parts.dist;
+  // (Checkpoints from before interleaving name no virtual stages: they had one.)
   if (layout.at("world") != world || layout.at("dp") != dp || layout.at("tp") != (d ? d->tp->size() : 1) ||
-      layout.at("pp") != (d ? d->pp->size() : 1))
+      layout.at("pp") != (d ? d->pp->size() : 1) ||
+      layout.value("virtual_stages", int64_t{1}) != parts.cfg->parallel.virtual_stages)
     return;
   const SafetensorsReader own((fs::path(dir) / rank_file_name(rank)).string());
   // Every generator state the rank saved (rng|<device>); restore_generators takes those

@@ -181,9 +181,13 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     // CPU nothing overlaps: Gloo's threads take the cores the step computes on.
     const double overlap = dev.host ? 0.0 : 1.0;
     const double backward_compute = overlap * (t.compute + t.recompute) * 2.0 / 3.0;
+    // A pipeline reduces after its last backward where something must come between
+    // (train_step.cpp): the tied embeddings' sum over the first and last stages, or the
+    // interleaved schedule's other backwards.
+    const bool after_backward = L.pp > 1 && (mc.tie_embeddings || L.virtual_stages > 1);
     const double window = L.zero >= 2 ? backward_compute : backward_compute / M;
     const double units = std::max(1.0, blocks + 1);
-    double exposed = std::max(0.0, reduce - window) + reduce / units;
+    double exposed = after_backward ? reduce : std::max(0.0, reduce - window) + reduce / units;
     if (L.zero == 3)
       exposed += std::max(0.0, gather - overlap * (t.compute + t.recompute)) + gather / (2 * M * units);
     else
