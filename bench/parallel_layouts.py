@@ -12,7 +12,9 @@ S = 4 B T D bytes of one micro-batch's activations, L blocks):
                                          except unit 0 and the last block B, reduce-scatter)
   tp           a (4L + 2) 2 S (N-1)/N   (two all-reduces per block forward and backward,
                                          embedding and head; sequence parallel: the same
-                                         bytes as all-gathers and reduce-scatters)
+                                         bytes as all-gathers and reduce-scatters, plus
+                                         a 2L S (N-1)/N: each block's two norms' outputs
+                                         gathered again in backward)
   pp (stage 0) a (2V - 1) S             (its activations to the next stage, V chunks; with
                                          V > 1 also V - 1 chunks' input gradients back)
 model-state bytes per rank against fp32 AdamW theory where it is simple (dp, ZeRO), and
@@ -104,6 +106,8 @@ def main():
             volume = 0
         elif tp > 1:
             volume = micro_batches * (4 * sh["layers"] + 2) * 2 * act * (tp - 1) / tp
+            if extra.get("parallel.sequence_parallel") == "true":
+                volume += micro_batches * 2 * sh["layers"] * act * (tp - 1) / tp
         elif pp > 1:
             v = int(extra.get("parallel.virtual_stages", 1))
             volume = micro_batches * (2 * v - 1) * act
