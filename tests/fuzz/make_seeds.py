@@ -153,6 +153,41 @@ def controller_seeds(out):
             for i, f in enumerate(frames)))
 
 
+HTTP_TOKEN = "0123456789abcdef" * 4  # fuzz_http.cpp's kToken
+
+
+def http_seeds(out):
+    # Requests as a browser, curl or a Prometheus scraper write them to tided's HTTP port.
+    def request(method, path, headers=(), body=b""):
+        lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1:7453", *headers]
+        if method == "POST" and not any(h.startswith("Transfer-Encoding") for h in headers):
+            lines.append(f"Content-Length: {len(body)}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    token = f"Authorization: Bearer {HTTP_TOKEN}"
+    json_type = "Content-Type: application/json"
+    for name, data in {
+            "metrics": request("GET", "/metrics", ["Accept: text/plain"]),
+            "info": request("GET", "/api/info"),
+            "runs": request("GET", "/api/runs", ["Connection: keep-alive"]) + request("GET", "/api/runs/r1"),
+            "run-metrics": request("GET", "/api/runs/r1/metrics?since_step=3&limit=50&source=ranks"),
+            "run-logs": request("GET", "/api/runs/r1/logs?lines=20&rank=1&source=worker"),
+            "run-parts": request("GET", "/api/runs/r1/checkpoints") + request("GET", "/api/runs/r1/recipe"),
+            "events": request("GET", "/api/events?run=r1", ["Accept: text/event-stream"]),
+            "page": request("GET", "/", ["Accept: text/html"]) + request("GET", "/assets/app.js"),
+            "set": request("POST", "/api/runs/r1/set", [token, json_type],
+                           json.dumps({"values": {"optimizer.lr": 1e-4, "eval.every": 50}}).encode()),
+            "export": request("POST", "/api/runs/r1/export", [token, json_type],
+                              json.dumps({"out": "hf", "step": 10, "dtype": "bf16"}).encode()),
+            "verify": request("POST", "/api/runs/r1/verify", [token, json_type], b'{"step": 5}'),
+            "pause-other-site": request("POST", "/api/runs/r1/pause", [token, "Origin: http://evil.example"]),
+            "stop-no-token": request("POST", "/api/runs/r1/stop"),
+            "chunked": request("POST", "/api/runs/r1/set", [token, json_type, "Transfer-Encoding: chunked"]) +
+                       b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (b'{"values": {"seed"', b": 1}}", b"")),
+            "ranges": request("GET", "/metrics", ["Range: bytes=0-10,20-30"]),
+    }.items():
+        put(out, "http", name, data)
+
+
 def recipe_seeds(out, src):
     for rel in ("llama/llama-tiny.lua", "bloom/bloom-tiny.lua"):
         path = os.path.join(src, "recipes", rel)
@@ -171,6 +206,7 @@ def main():
     dataset_and_checkpoint_seeds(out, text, work, tide, src)
     request_seeds(out)
     controller_seeds(out)
+    http_seeds(out)
     recipe_seeds(out, src)
     shutil.rmtree(work)
 

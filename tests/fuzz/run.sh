@@ -7,7 +7,7 @@
 # Usage: run.sh SOURCE_DIR BUILD_DIR TIDE PYTHON [RUNS]
 set -eu
 SRC=$1 BUILD=$2 TIDE=$3 PYTHON=$4 RUNS=${5:-20000}
-TARGETS="safetensors tokenizer token_dataset checkpoint request controller recipe"
+TARGETS="safetensors tokenizer token_dataset checkpoint request controller http recipe"
 
 sh "$SRC/tests/sanitized_tree.sh" "$SRC" "$BUILD" "$TIDE" $(for t in $TARGETS; do printf 'fuzz_%s ' "$t"; done)
 
@@ -27,6 +27,9 @@ fuzz_one() {
   # The controller target starts a controller for each input (about 100 a second, not
   # thousands): a tenth of the count keeps its time near the others'.
   [ "$t" = controller ] && runs=$((RUNS / 10))
+  # The HTTP target waits for each answer to go quiet (fuzz_http.cpp): about 20 inputs a
+  # second, nearly all of it idle.
+  [ "$t" = http ] && runs=$((RUNS / 20))
   mkdir -p "$BUILD/corpus/$t"
   # -malloc_limit_mb: one allocation an input asks for beyond this is a finding (a length
   # field believed); -rss_limit_mb bounds the process. -handle_term=0: a worker the
