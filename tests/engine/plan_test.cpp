@@ -116,13 +116,19 @@ TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
   EXPECT_GT(no_sp.time.tp_comm, 0.0);
 }
 
-TEST(Plan, PipelineStageZeroHoldsTheMostMicroBatchesUnder1F1B) {
-  const RunConfig cfg = recipe("llama/llama-2-13b");
+// Eight ranks as two replicas of four pipeline stages, each taking 16 micro-batches of one.
+PlanLayout dp2_pp4_micro_batches_16() {
   PlanLayout l;
   l.pp = 4;
   l.dp = 2;
   l.micro_batch = 1;
   l.micro_batches = 16;
+  return l;
+}
+
+TEST(Plan, PipelineStageZeroHoldsTheMostMicroBatchesUnder1F1B) {
+  const RunConfig cfg = recipe("llama/llama-2-13b");
+  PlanLayout l = dp2_pp4_micro_batches_16();
   const LayoutPlan one_f_one_b = evaluate_layout(cfg, h100(1, 8), l);
   l.schedule = "gpipe";
   const LayoutPlan gpipe = evaluate_layout(cfg, h100(1, 8), l);
@@ -132,11 +138,7 @@ TEST(Plan, PipelineStageZeroHoldsTheMostMicroBatchesUnder1F1B) {
 
 TEST(Plan, InterleavingShrinksTheBubbleForMoreMessagesAndFirstStageActivations) {
   const RunConfig cfg = recipe("llama/llama-2-13b");  // 40 blocks
-  PlanLayout l;
-  l.pp = 4;
-  l.dp = 2;
-  l.micro_batch = 1;
-  l.micro_batches = 16;
+  PlanLayout l = dp2_pp4_micro_batches_16();
   const LayoutPlan plain = evaluate_layout(cfg, h100(1, 8), l);
   l.virtual_stages = 2;
   const LayoutPlan interleaved = evaluate_layout(cfg, h100(1, 8), l);
