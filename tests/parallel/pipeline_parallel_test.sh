@@ -5,7 +5,8 @@
 #  - pp2 with 1F1B and with GPipe, for the LLaMA shape and the BLOOM shape (tied
 #    embeddings: the first and last stage each hold a copy, kept equal), and with the
 #    stages given in the recipe and 4 micro-batches;
-#  - interleaved 1F1B (two chunks per stage) for both shapes, and with ZeRO-1 dp2 x pp2;
+#  - interleaved 1F1B (two chunks per stage) for both shapes, with ZeRO-1 dp2 x pp2 and
+#    with tp2 x pp2 and sequence parallelism;
 #  - dp2 x pp2 (and ZeRO-1 on it, equal to it exactly), tp2 x pp2 with sequence
 #    parallelism, ZeRO-2 dp2 x pp2 (LLaMA), and dp2 x tp2 x pp2 on 8 ranks;
 #  - pp2 in bf16 sends bf16 between stages (half the bytes) and agrees with one process;
@@ -31,7 +32,8 @@ grep -q "blocks \[0, 3)" "$work/llama4-pp2-given/train.log" || { cat "$work/llam
 # blocks 0 and 2, rank 1 blocks 1 and 3, so every activation crosses between the ranks
 # three times each way; validation goes through the chunks too. BLOOM's tied embeddings
 # sit on the model's first chunk (rank 0) and its last (rank 1). ZeRO-1 dp2 x pp2 has 2
-# micro-batches per replica, one group of pp.
+# micro-batches per replica, one group of pp; tp2 with sequence parallelism sends each
+# chunk's half of the sequence.
 train llama llama4-pp2-v2 --nproc 2 --set model.n_layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2
 compare "$work/llama4-1" "$work/llama4-pp2-v2" 0 || fail "interleaved pp2 differs from one process"
 grep -q "blocks \[0, 1) \[2, 3), embeddings, 1f1b schedule interleaved over 2 virtual stages" \
@@ -42,6 +44,9 @@ compare "$work/bloom4-1" "$work/bloom4-pp2-v2" 0 || fail "interleaved pp2 with t
 train llama llama4-zero1-dp2-pp2-v2 --nproc 4 --set model.n_layers=4 --set parallel.pp=2 \
   --set parallel.virtual_stages=2 --set parallel.zero=1
 compare "$work/llama4-1" "$work/llama4-zero1-dp2-pp2-v2" 0 || fail "interleaved ZeRO-1 dp2 x pp2 differs from one process"
+train llama llama4-tp2-pp2-v2-sp --nproc 4 --set model.n_layers=4 --set parallel.pp=2 \
+  --set parallel.virtual_stages=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+compare "$work/llama4-1" "$work/llama4-tp2-pp2-v2-sp" 0 || fail "interleaved tp2 x pp2 differs from one process"
 
 # bf16 compute: activations and their gradients cross between stages in bf16, the dtype
 # they have on both sides, so the bytes halve, and the losses agree with one process's.
