@@ -85,6 +85,10 @@ void check_supported_layout(const RunConfig& cfg, int world) {
                         fmt::format("rank {} is not in this job of {} rank{}", rank, world, world == 1 ? "" : "s"));
 }
 
+bool reduces_after_backward(const ModelConfig& m, int64_t pp, int64_t virtual_stages) {
+  return pp > 1 && (m.tie_embeddings || virtual_stages > 1);
+}
+
 int64_t micro_batch_size(const RunConfig& cfg, int dp) {
   if (cfg.parallel.micro_batches > 0) return cfg.batch.global_batch / (cfg.parallel.micro_batches * dp);
   return cfg.batch.micro_batch;

@@ -85,9 +85,13 @@ std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, in
   return stages;
 }
 
+int64_t range_blocks(const BlockRange& range, int64_t n_layers) {
+  return (range.end < 0 ? n_layers : range.end) - range.first;
+}
+
 int64_t stage_blocks(const PipelineStage& stage, int64_t n_layers) {
   int64_t blocks = 0;
-  for (const auto& c : stage.chunks) blocks += (c.end < 0 ? n_layers : c.end) - c.first;
+  for (const auto& c : stage.chunks) blocks += range_blocks(c, n_layers);
   return blocks;
 }
 

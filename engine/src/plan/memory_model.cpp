@@ -199,9 +199,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   const size_t chunks = stage.chunks.size();
   std::vector<double> per_micro_batch(chunks), loss_of(chunks, 0.0);
   for (size_t c = 0; c < chunks; ++c) {
-    PipelineStage one = stage;
-    one.chunks = {stage.chunks[c]};
-    const double blocks = static_cast<double>(stage_blocks(one, mc.n_layers));
+    const double blocks = static_cast<double>(range_blocks(stage.chunks[c], mc.n_layers));
     const bool model_first = r.first && c == 0, model_last = r.last && c + 1 == chunks;
     double& saved = per_micro_batch[c];
     saved = recompute ? blocks * x.Nn * D * x.s : blocks * one_block;
@@ -219,12 +217,12 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   std::vector<int64_t> in_flight(chunks, 0), at_peak(chunks, 0);
   at_peak[0] = 1;
   if (L.pp > 1) {
-    double peak = -1;
+    double held = 0, peak = -1;
     for (const PipelineOp& op :
          pipeline_schedule(L.schedule, stage_index, L.pp, L.micro_batches, static_cast<int>(chunks))) {
-      in_flight[static_cast<size_t>(op.chunk)] += op.forward ? 1 : -1;
-      double held = 0;
-      for (size_t c = 0; c < chunks; ++c) held += static_cast<double>(in_flight[c]) * per_micro_batch[c];
+      const auto c = static_cast<size_t>(op.chunk);
+      in_flight[c] += op.forward ? 1 : -1;
+      held += op.forward ? per_micro_batch[c] : -per_micro_batch[c];
       if (held > peak) {
         peak = held;
         at_peak = in_flight;

@@ -26,6 +26,7 @@
 #include "estimates.h"
 #include "rank_model.h"
 #include "tide/engine/model/pipeline_stage.h"
+#include "tide/engine/run_layout.h"
 
 namespace tide::plan {
 
@@ -181,10 +182,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     // CPU nothing overlaps: Gloo's threads take the cores the step computes on.
     const double overlap = dev.host ? 0.0 : 1.0;
     const double backward_compute = overlap * (t.compute + t.recompute) * 2.0 / 3.0;
-    // A pipeline reduces after its last backward where something must come between
-    // (train_step.cpp): the tied embeddings' sum over the first and last stages, or the
-    // interleaved schedule's other backwards.
-    const bool after_backward = L.pp > 1 && (mc.tie_embeddings || L.virtual_stages > 1);
+    const bool after_backward = reduces_after_backward(mc, L.pp, L.virtual_stages);
     const double window = L.zero >= 2 ? backward_compute : backward_compute / M;
     const double units = std::max(1.0, blocks + 1);
     double exposed = after_backward ? reduce : std::max(0.0, reduce - window) + reduce / units;

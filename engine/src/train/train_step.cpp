@@ -11,6 +11,7 @@
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/pipeline.h"
+#include "tide/engine/run_layout.h"
 #include "tide/engine/train/evaluate.h"
 
 namespace tide {
@@ -23,10 +24,8 @@ TrainStep::TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg,
       tap_(tap ? std::move(tap) : [](int64_t, int64_t, const at::Tensor& loss) { return loss; }),
       batch_(batch),
       dp_rank_(dp_rank),
-      // The data-parallel reduction overlaps the last micro-batch's backward, except where
-      // something must come between: the tied embeddings' sum over the first and last
-      // stages, or, interleaved, the other micro-batches' backwards of the earlier chunks.
-      overlap_last_backward_(!(pm.pipeline && (cfg.model.tie_embeddings || cfg.parallel.virtual_stages > 1))) {}
+      overlap_last_backward_(
+          !(pm.pipeline && reduces_after_backward(cfg.model, cfg.parallel.pp, cfg.parallel.virtual_stages))) {}
 
 StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& batches) {
   const auto accum = static_cast<int64_t>(batches.size());

@@ -34,7 +34,8 @@ struct PipelineStage {
 std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len,
                                             const std::vector<int64_t>& given = {}, int64_t virtual_stages = 1);
 
-// The number of blocks the stage holds, over all its chunks.
+// The number of blocks in one chunk, and in all of the stage's.
+int64_t range_blocks(const BlockRange& range, int64_t n_layers);
 int64_t stage_blocks(const PipelineStage& stage, int64_t n_layers);
 
 // Whether the stage owns the whole model's parameter `name` (the last stage's copy of
