@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "tide/engine/io/json_input.h"
+#include "tide/engine/io/utf8.h"
 
 namespace tide::ipc {
 namespace fs = std::filesystem;
@@ -28,6 +29,30 @@ void poll_in(zmq::pollitem_t& item, std::chrono::milliseconds timeout) {
       if (e.num() != EINTR) throw;
     }
   }
+}
+// The first string of `value` (a key or a value) that is not UTF-8, as "path: what", or "".
+// JSON text holds only UTF-8, and what a caller hands a request (an HTTP query, a C API
+// argument) may hold any bytes.
+std::string non_utf8(const json& value, const std::string& path) {
+  if (value.is_string()) {
+    const auto& text = value.get_ref<const std::string&>();
+    const size_t at = first_non_utf8(text);
+    if (at == std::string::npos) return "";
+    return fmt::format("{}: byte 0x{:02X} at offset {} is not UTF-8", path,
+                       static_cast<unsigned>(static_cast<unsigned char>(text[at])), at);
+  }
+  if (value.is_object()) {
+    for (const auto& [key, item] : value.items()) {
+      if (const size_t at = first_non_utf8(key); at != std::string::npos)
+        return fmt::format("{}: a key's byte at offset {} is not UTF-8", path, at);
+      if (std::string found = non_utf8(item, path + "." + key); !found.empty()) return found;
+    }
+  }
+  if (value.is_array()) {
+    for (size_t i = 0; i < value.size(); ++i)
+      if (std::string found = non_utf8(value[i], fmt::format("{}[{}]", path, i)); !found.empty()) return found;
+  }
+  return "";
 }
 }  // namespace
 
@@ -56,6 +81,8 @@ void Client::connect() {
 
 json Client::request(const std::string& type, const json& body) {
   const int64_t id = ++next_id_;
+  if (const std::string found = non_utf8(body, type); !found.empty())
+    throw ClientError("bad_request", fmt::format("request {}", found));
   const std::string text = json{{"v", kProtocolVersion}, {"id", id}, {"type", type}, {"body", body}}.dump();
   if (!socket_->send(zmq::buffer(text), zmq::send_flags::dontwait)) {
     zmq::pollitem_t out{socket_->handle(), 0, ZMQ_POLLOUT, 0};

@@ -247,6 +247,7 @@ int main(int argc, char **argv) {
 
   /* Errors with the run: unknown, wrong state. */
   REQUIRE(tide_run_status_get(engine, "no-such-run-1", &st) == TIDE_ERR_NOT_FOUND);
+  REQUIRE(tide_run_pause(engine, "run-\xcf") == TIDE_ERR_BAD_REQUEST && strstr(tide_error_last(), "not UTF-8"));
   REQUIRE(tide_run_pause(engine, id) == TIDE_ERR_INVALID_STATE && strstr(tide_error_last(), "stopped"));
   CHECK(tide_subscription_close(sub));
   CHECK(tide_subscription_close(checkpoints));

@@ -1012,6 +1012,9 @@ def part_http():
     status, body = http("GET", f"{url}api/runs/{run}/logs?lines=1")
     assert status == 200 and len(body["lines"]) == 1 and body["source"] == "train", body
     assert http("GET", f"{url}api/runs/{run}/logs?lines=x")[0] == 400
+    # A query that is not UTF-8 (fuzz_http found it failing inside the server): a 400 naming it.
+    code, body = http("GET", f"{url}api/runs/{run}/logs?source=work%CF%CFer")
+    assert code == 400 and body["error"]["message"] == "request logs.source: byte 0xCF at offset 4 is not UTF-8", body
 
     # The dashboard's page and assets, compiled in, under a policy that runs only its own scripts.
     import urllib.request

@@ -162,7 +162,8 @@ def http_seeds(out):
         lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1:7453", *headers]
         if method == "POST" and not any(h.startswith("Transfer-Encoding") for h in headers):
             lines.append(f"Content-Length: {len(body)}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        # Latin-1: each character one byte, so a path can hold bytes that are not UTF-8.
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
     token = f"Authorization: Bearer {HTTP_TOKEN}"
     json_type = "Content-Type: application/json"
     for name, data in {
@@ -184,6 +185,8 @@ def http_seeds(out):
             "chunked": request("POST", "/api/runs/r1/set", [token, json_type, "Transfer-Encoding: chunked"]) +
                        b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (b'{"values": {"seed"', b": 1}}", b"")),
             "ranges": request("GET", "/metrics", ["Range: bytes=0-10,20-30"]),
+            # Once a finding: a query that is not UTF-8 threw inside the server.
+            "not-utf8": request("GET", "/api/runs/r1/logs?source=work\xcf\xcfer"),
     }.items():
         put(out, "http", name, data)
 
