@@ -175,6 +175,14 @@ TEST(PartitionStages, InterleavedRanksTakeEveryPpthChunkOfTheModel) {
   EXPECT_EQ(given[0].chunks[1].first, 4);
   EXPECT_EQ(given[0].chunks[1].end, 7);
   EXPECT_EQ(given[1].chunks[0].first, 1);
+  // Each chunk's backward completes its flat units (block b is unit b + 1) from the last
+  // block, with unit 0 (what lies outside the blocks) last where the chunk starts the
+  // model and first where it ends it.
+  EXPECT_EQ(chunk_units(given[0], 0, 8), (std::vector<int>{1, 0}));
+  EXPECT_EQ(chunk_units(given[0], 1, 8), (std::vector<int>{7, 6, 5}));
+  EXPECT_EQ(chunk_units(given[1], 0, 8), (std::vector<int>{4, 3, 2}));
+  EXPECT_EQ(chunk_units(given[1], 1, 8), (std::vector<int>{0, 8}));
+  EXPECT_EQ(chunk_units(PipelineStage{}, 0, 3), (std::vector<int>{3, 2, 1, 0}));
   try {
     partition_stages(m, 2, 64, {4, 4}, 2);
     FAIL() << "two counts cut four virtual stages";
@@ -216,10 +224,10 @@ TEST(PipelineLayout, InterleavingIsRefusedWhereItCannotRunNamingTheField) {
   RunConfig odd = cfg;
   odd.batch.global_batch = 3;
   refused(odd, 2, "parallel.virtual_stages", "groups of pp = 2, and a step has 3");
-  RunConfig zero2 = cfg;
+  RunConfig zero2 = cfg;  // each chunk's pass reduce-scatters its own units
   zero2.parallel.zero = 2;
   zero2.batch.global_batch = 8;
-  refused(zero2, 4, "parallel.zero", "use ZeRO-1");
+  EXPECT_NO_THROW(check_supported_layout(zero2, 4));
   RunConfig deep = cfg;
   deep.parallel.virtual_stages = 3;
   refused(deep, 2, "parallel.virtual_stages", "each stage needs a block");

@@ -5,10 +5,12 @@
 #  - pp2 with 1F1B and with GPipe, for the LLaMA shape and the BLOOM shape (tied
 #    embeddings: the first and last stage each hold a copy, kept equal), and with the
 #    stages given in the recipe and 4 micro-batches;
-#  - interleaved 1F1B (two chunks per stage) for both shapes, with ZeRO-1 dp2 x pp2 and
-#    with tp2 x pp2 and sequence parallelism;
+#  - interleaved 1F1B (two chunks per stage) for both shapes, with dp2, ZeRO-1 and ZeRO-2
+#    dp2 x pp2 (each chunk's gradients reduced during backward) and with tp2 x pp2 and
+#    sequence parallelism;
 #  - dp2 x pp2 (and ZeRO-1 on it, equal to it exactly), tp2 x pp2 with sequence
-#    parallelism, ZeRO-2 dp2 x pp2 (LLaMA), and dp2 x tp2 x pp2 on 8 ranks;
+#    parallelism, ZeRO-2 dp2 x pp2 (both shapes: BLOOM's tied embeddings reduced after
+#    their sum over the stages), and dp2 x tp2 x pp2 on 8 ranks;
 #  - pp2 in bf16 sends bf16 between stages (half the bytes) and agrees with one process;
 #  - the combinations that cannot work are refused up front, naming the field.
 source "$(dirname "$0")/common.sh" "$1"
@@ -44,6 +46,19 @@ compare "$work/bloom4-1" "$work/bloom4-pp2-v2" 0 || fail "interleaved pp2 with t
 train llama llama4-zero1-dp2-pp2-v2 --nproc 4 --set model.n_layers=4 --set parallel.pp=2 \
   --set parallel.virtual_stages=2 --set parallel.zero=1
 compare "$work/llama4-1" "$work/llama4-zero1-dp2-pp2-v2" 0 || fail "interleaved ZeRO-1 dp2 x pp2 differs from one process"
+# ZeRO-2 reduce-scatters each chunk's gradients as its pass ends; BLOOM's data-parallel
+# buckets (ZeRO-0) reduce each chunk's during its last pass, the tied embeddings' after
+# the two stages summed them.
+train llama llama4-zero2-dp2-pp2-v2 --nproc 4 --set model.n_layers=4 --set parallel.pp=2 \
+  --set parallel.virtual_stages=2 --set parallel.zero=2
+grep -q "data parallel: 3 of 3 gradient units reduce during backward" "$work/log" ||
+  { cat "$work/log"; fail "interleaved ZeRO-2 did not reduce during backward"; }
+compare "$work/llama4-1" "$work/llama4-zero2-dp2-pp2-v2" 0 || fail "interleaved ZeRO-2 dp2 x pp2 differs from one process"
+train bloom bloom4-dp2-pp2-v2 --nproc 4 --set model.n_layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2 \
+  --set parallel.bucket_mb=0.01
+grep -Eq "data parallel: [1-9][0-9]* of [0-9]+ gradient buckets now reduce during backward" "$work/log" ||
+  { cat "$work/log"; fail "interleaved dp2 x pp2 did not reduce buckets during backward"; }
+compare "$work/bloom4-1" "$work/bloom4-dp2-pp2-v2" 0 || fail "interleaved dp2 x pp2 with tied embeddings differs from one process"
 train llama llama4-tp2-pp2-v2-sp --nproc 4 --set model.n_layers=4 --set parallel.pp=2 \
   --set parallel.virtual_stages=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 compare "$work/llama4-1" "$work/llama4-tp2-pp2-v2-sp" 0 || fail "interleaved tp2 x pp2 differs from one process"
@@ -67,21 +82,24 @@ train bloom bloom-dp2-pp2 --nproc 4 --set parallel.pp=2
 train bloom bloom-zero1-dp2-pp2 --nproc 4 --set parallel.pp=2 --set parallel.zero=1
 train bloom bloom-tp2-pp2-sp --nproc 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 train llama llama-zero2-dp2-pp2 --nproc 4 --set parallel.pp=2 --set parallel.zero=2
+train bloom bloom-zero2-dp2-pp2 --nproc 4 --set parallel.pp=2 --set parallel.zero=2
+# The tied embeddings wait for their sum over the stages; every block reduces during backward.
+grep -q "data parallel: 1 of 2 gradient units reduce during backward" "$work/log" ||
+  { cat "$work/log"; fail "ZeRO-2 with tied embeddings did not reduce the blocks during backward"; }
 train llama llama-dp2-tp2-pp2 --nproc 8 --set parallel.pp=2 --set parallel.tp=2
 compare "$work/bloom-1" "$work/bloom-dp2-pp2" 0 || fail "dp2 x pp2 differs from one process"
 compare "$work/bloom-dp2-pp2" "$work/bloom-zero1-dp2-pp2" 1 || fail "ZeRO-1 dp2 x pp2 differs from dp2 x pp2"
 compare "$work/bloom-1" "$work/bloom-tp2-pp2-sp" 0 || fail "tp2 x pp2 differs from one process"
 compare "$work/llama-1" "$work/llama-zero2-dp2-pp2" 0 || fail "ZeRO-2 dp2 x pp2 differs from one process"
+compare "$work/bloom-1" "$work/bloom-zero2-dp2-pp2" 0 || fail "ZeRO-2 dp2 x pp2 with tied embeddings differs from one process"
 compare "$work/llama-1" "$work/llama-dp2-tp2-pp2" 0 || fail "dp2 x tp2 x pp2 differs from one process"
 
 refused bloom "parallel.zero" --nproc 2 --set parallel.pp=2 --set parallel.zero=3
-refused bloom "parallel.zero" --nproc 4 --set parallel.pp=2 --set parallel.zero=2
 refused bloom "model.n_layers = 2" --nproc 4 --set parallel.pp=4
 refused bloom "parallel.pipeline_schedule" --nproc 2 --set parallel.pp=2 --set parallel.pipeline_schedule=zigzag
 refused bloom "parallel.pipeline_stages" --nproc 2 --set parallel.pp=2 --set "parallel.pipeline_stages=[2,1]"
 interleaved=(--set model.n_layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2)
 refused llama "parallel.pipeline_schedule" --nproc 2 "${interleaved[@]}" --set parallel.pipeline_schedule=gpipe
-refused llama "parallel.zero" --nproc 4 "${interleaved[@]}" --set parallel.zero=2
 refused llama "parallel.virtual_stages" --nproc 2 "${interleaved[@]}" --set batch.global_batch=6
 refused llama "parallel.virtual_stages" --nproc 2 --set parallel.virtual_stages=2
 echo "pipeline parallel: ok"

@@ -42,11 +42,6 @@ void check_interleaving(const RunConfig& cfg, int pp, int dp) {
                       fmt::format("interleaved 1F1B takes the micro-batches in groups of pp = {}, and a step has {} "
                                   "(set parallel.micro_batches to a multiple of {})",
                                   pp, micro_batches, pp));
-  if (cfg.parallel.zero == 2)
-    throw ConfigError("parallel.zero",
-                      fmt::format("ZeRO-2 reduces each micro-batch's gradients as its backward ends, and "
-                                  "parallel.virtual_stages = {} spreads that backward over the step; use ZeRO-1",
-                                  v));
 }
 }  // namespace
 
@@ -67,11 +62,6 @@ void check_supported_layout(const RunConfig& cfg, int world) {
       throw ConfigError("parallel.zero", fmt::format("ZeRO-3 does not combine with pipeline parallelism (pp = {}): "
                                                      "a stage already holds only its blocks; use ZeRO-1 or 2",
                                                      grid.pp()));
-    if (cfg.parallel.zero == 2 && cfg.model.tie_embeddings)
-      throw ConfigError("parallel.zero",
-                        fmt::format("ZeRO-2 with pp = {} and tied embeddings is not supported: the two stages' "
-                                    "embedding gradients must be summed before they are sharded; use ZeRO-1",
-                                    grid.pp()));
   }
   if (cfg.parallel.micro_batches > 0 && cfg.batch.global_batch % (cfg.parallel.micro_batches * grid.dp()) != 0)
     throw ConfigError("parallel.micro_batches",
@@ -83,10 +73,6 @@ void check_supported_layout(const RunConfig& cfg, int world) {
     if (rank >= world)
       throw ConfigError("profile.ranks",
                         fmt::format("rank {} is not in this job of {} rank{}", rank, world, world == 1 ? "" : "s"));
-}
-
-bool reduces_after_backward(const ModelConfig& m, int64_t pp, int64_t virtual_stages) {
-  return pp > 1 && (m.tie_embeddings || virtual_stages > 1);
 }
 
 int64_t micro_batch_size(const RunConfig& cfg, int dp) {

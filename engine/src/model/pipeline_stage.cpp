@@ -95,6 +95,18 @@ int64_t stage_blocks(const PipelineStage& stage, int64_t n_layers) {
   return blocks;
 }
 
+std::vector<int> chunk_units(const PipelineStage& stage, int chunk, int64_t n_layers) {
+  const auto& range = stage.chunks.at(static_cast<size_t>(chunk));
+  const bool starts = stage.first && chunk == 0;
+  const bool ends = stage.last && chunk + 1 == static_cast<int>(stage.chunks.size());
+  std::vector<int> units;
+  if (ends && !starts) units.push_back(0);
+  for (int64_t block = range.first + range_blocks(range, n_layers); block-- > range.first;)
+    units.push_back(static_cast<int>(block) + 1);
+  if (starts) units.push_back(0);
+  return units;
+}
+
 bool stage_owns(const PipelineStage& stage, const std::string& name) {
   if (const int unit = block_unit(name); unit > 0) {
     const int64_t block = unit - 1;

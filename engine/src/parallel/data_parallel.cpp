@@ -28,13 +28,24 @@ struct DataParallel::Buckets {
   std::vector<std::vector<int>> slot_buckets;  // buckets each parameter slot touches
   std::vector<int> pending_init, pending;      // slots still to deliver, per bucket
   GradientHooks hooks;
-  std::vector<int> order;      // agreed launch order; empty until then
-  std::vector<int> completed;  // completion order in this backward
+  std::vector<char> armed_units;  // units in their last pass of the step, now
+  std::vector<int> order;         // agreed launch order; empty until then
+  std::vector<int> completed;     // completion order in this step
   std::vector<char> ready;
   size_t next = 0;  // position in `order`
   std::vector<std::unique_ptr<PendingCollective>> works;
-  bool armed = false, enabled = true;
+  bool armed = false, enabled = true;  // armed: some unit reduces during backward this step
   std::mutex mu;
+
+  void reset() {
+    pending = pending_init;
+    ready.assign(pending.size(), 0);
+    works.clear();
+    works.resize(pending.size());
+    completed.clear();
+    next = 0;
+    armed = false;
+  }
 
   void launch_ready(Comm& dp, torch::Tensor& g) {
     while (next < order.size() && ready[static_cast<size_t>(order[next])]) {
@@ -84,10 +95,12 @@ DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig&
       }
       b.slot_buckets.push_back(std::move(touched));
     }
+    b.armed_units.assign(flat.units().size(), 0);
+    b.reset();
     b.hooks = hook_gradient_ready(flat, [this](size_t slot) {
       auto& o = *buckets_;
       std::lock_guard<std::mutex> lock(o.mu);
-      if (!o.armed) return;
+      if (!o.armed_units[static_cast<size_t>(flat_.slots()[slot].unit)]) return;
       for (const int k : o.slot_buckets[slot]) {
         if (--o.pending[static_cast<size_t>(k)] == 0) {
           o.ready[static_cast<size_t>(k)] = 1;
@@ -101,20 +114,17 @@ DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig&
 
 ParameterUnits* DataParallel::parameter_units() { return params_.get(); }
 
-void DataParallel::begin_backward(bool last_micro_batch) {
+void DataParallel::begin_backward(bool last, const std::vector<int>& units) {
   if (grads_) {
-    grads_->begin_backward(last_micro_batch);
+    grads_->begin_backward(last, units);
     return;
   }
-  if (!buckets_ || !buckets_->enabled || !last_micro_batch) return;
+  if (!buckets_ || !buckets_->enabled) return;
   auto& b = *buckets_;
   std::lock_guard<std::mutex> lock(b.mu);
-  b.pending = b.pending_init;
-  b.ready.assign(b.pending.size(), 0);
-  b.works.clear();
-  b.works.resize(b.pending.size());
-  b.completed.clear();
-  b.next = 0;
+  std::fill(b.armed_units.begin(), b.armed_units.end(), 0);
+  if (!last) return;
+  for (const int u : units) b.armed_units.at(static_cast<size_t>(u)) = 1;
   b.armed = true;
 }
 
@@ -162,13 +172,14 @@ torch::Tensor DataParallel::reduce_gradients() {
         dp_.all_reduce_max(low, "bucket order");
         if (torch::equal(high, mine) && torch::equal(-low, mine)) {
           b.order.assign(order.begin(), order.end());
-          spdlog::info("data parallel: {} gradient buckets now reduce during backward, in the order all ranks agreed",
-                       b.order.size());
+          spdlog::info(
+              "data parallel: {} of {} gradient buckets now reduce during backward, in the order all ranks "
+              "agreed",
+              b.completed.size(), b.order.size());
         } else {
           b.enabled = false;
           spdlog::warn("data parallel: ranks completed gradient buckets in different orders; reducing after backward");
         }
-        b.armed = false;
         for (int64_t at = 0, k = 0; at < g.numel(); at += b.elems, ++k) {
           auto bucket = g.narrow(0, at, std::min(b.elems, g.numel() - at));
           dp_.all_reduce_sum(bucket, fmt::format("gradient bucket {}", k));
@@ -177,12 +188,14 @@ torch::Tensor DataParallel::reduce_gradients() {
         // Later steps: launch what backward left (in the agreed order), then wait for all.
         {
           std::lock_guard<std::mutex> lock(b.mu);
-          b.armed = false;
           std::fill(b.ready.begin(), b.ready.end(), 1);
           b.launch_ready(dp_, g);
         }
         for (const int k : b.order) b.works[static_cast<size_t>(k)]->wait();
       }
+      std::lock_guard<std::mutex> lock(b.mu);
+      std::fill(b.armed_units.begin(), b.armed_units.end(), 0);
+      b.reset();
     } else if (buckets_) {
       const int64_t elems = buckets_->elems;
       for (int64_t at = 0, k = 0; at < g.numel(); at += elems, ++k) {
@@ -195,7 +208,12 @@ torch::Tensor DataParallel::reduce_gradients() {
     for (int j = 0; j < n_ranks; ++j) parts.push_back(squared_norm_of_pieces(j));
     return model_parallel_sum(torch::stack(parts).sum()).sqrt();
   }
-  grads_->finish();
+  const int during_backward = grads_->finish();
+  if (!reported_overlap_) {
+    reported_overlap_ = true;
+    spdlog::info("data parallel: {} of {} gradient units reduce during backward", during_backward,
+                 grads_->units_held());
+  }
   if (n_ranks > 1) scale_gradients(inv);
   const auto mine = squared_norm_of_pieces(dp_.rank());
   auto parts = torch::zeros({n_ranks}, mine.options());

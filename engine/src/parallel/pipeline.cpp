@@ -35,7 +35,7 @@ int backward_tag(int64_t boundary, int64_t m, int64_t micro_batches) {
 }  // namespace
 
 at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
-                           const std::function<void(int64_t)>& before_backward,
+                           const std::function<void(int64_t, int)>& before_backward,
                            const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
   const int stage = pp_.rank(), stages = pp_.size();
   const int chunks = static_cast<int>(model_->pipeline_stage().chunks.size());
@@ -72,7 +72,7 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
       inputs[i] = in;
       outputs[i] = out;
     } else {
-      if (op.chunk == chunks - 1) before_backward(m);
+      before_backward(m, op.chunk);
       if (last) {
         (outputs[i] * loss_scale).backward();
       } else {

@@ -1,5 +1,7 @@
 #include "sharded_gradients.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <torch/types.h>
 
@@ -28,6 +30,10 @@ ShardedGradients::ShardedGradients(Comm& dp, FlatParameters& flat, Mode mode, st
     local += unit.numel / n_ranks;
   }
   unit_grad_.resize(flat.units().size());
+  pending_ = pending_init_;
+  ready_.assign(pending_init_.size(), 0);
+  armed_.assign(pending_init_.size(), 0);
+  reduced_.assign(pending_init_.size(), 0);
   if (mode == Mode::Transient) {
     const auto device = flat.slots().empty() ? torch::Device(torch::kCPU) : flat.slots()[0].param.device();
     shard_ = torch::zeros({local}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
@@ -37,26 +43,30 @@ ShardedGradients::ShardedGradients(Comm& dp, FlatParameters& flat, Mode mode, st
 
 ShardedGradients::~ShardedGradients() = default;
 
-void ShardedGradients::begin_backward(bool reduce) {
+void ShardedGradients::begin_backward(bool reduce, const std::vector<int>& units) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (mode_ == Mode::Transient) {
-    if (armed_) settle();  // the previous micro-batch's units, still in flight, stay so
-    reduce = true;
+  // The previous pass is over: what it armed is final (a unit whose gradients never all
+  // came, a parameter unused in that pass, is sent as it is). Its collectives, still in
+  // flight, stay so.
+  settle();
+  std::fill(armed_.begin(), armed_.end(), 0);
+  if (!reduce && mode_ == Mode::InPlace) return;
+  for (const int u : units) {
+    const auto k = static_cast<size_t>(u);
+    TORCH_CHECK(k < pending_.size(), "backward of unit ", u, " of ", pending_.size());
+    pending_[k] = pending_init_[k];
+    ready_[k] = pending_[k] == 0;  // a unit with no parameters on this rank
+    armed_[k] = 1;
+    order_.push_back(u);
   }
-  pending_ = pending_init_;
-  ready_.assign(pending_.size(), 0);
-  for (size_t u = 0; u < pending_.size(); ++u)
-    if (pending_[u] == 0) ready_[u] = 1;  // a unit with no parameters on this rank
-  next_ = 0;
-  armed_ = reduce;
 }
 
 void ShardedGradients::on_ready(size_t slot) {
   torch::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!armed_) return;
   const auto& s = flat_.slots()[slot];
   const auto u = static_cast<size_t>(s.unit);
+  if (!armed_[u]) return;
   if (mode_ == Mode::Transient) {
     const torch::Tensor g = s.param.grad();
     if (g.defined()) {
@@ -80,12 +90,12 @@ void ShardedGradients::complete_unit(int unit) {
 }
 
 void ShardedGradients::launch_in_order() {
-  const size_t n = ready_.size();
-  while (next_ < n && ready_[n - 1 - next_]) launch(static_cast<int>(n - 1 - next_++));
+  while (next_ < order_.size() && ready_[static_cast<size_t>(order_[next_])]) launch(order_[next_++]);
 }
 
 void ShardedGradients::launch(int u) {
   const auto& unit = flat_.units()[static_cast<size_t>(u)];
+  reduced_[static_cast<size_t>(u)] = 1;
   if (unit.numel == 0) return;
   const int64_t piece = unit.numel / dp_.size();
   auto job = std::make_unique<Inflight>();
@@ -95,6 +105,7 @@ void ShardedGradients::launch(int u) {
     auto in = flat_.grad().narrow(0, unit.offset, unit.numel);
     job->work = dp_.reduce_scatter_sum_async(in, in.narrow(0, dp_.rank() * piece, piece), what);
   } else {
+    collect_leftover(u);
     // The job takes the buffer: the next micro-batch's gradients of this unit go to a
     // new one while this one is still on the wire.
     job->in = std::move(unit_grad_[static_cast<size_t>(u)]);
@@ -111,6 +122,25 @@ void ShardedGradients::launch(int u) {
   while (inflight_.size() > 2) retire_oldest();
 }
 
+void ShardedGradients::collect_leftover(int u) {
+  // Gradients no hook took: a unit reduced only in finish(), whose parameters kept
+  // theirs over the step.
+  const auto& unit = flat_.units()[static_cast<size_t>(u)];
+  auto& buffer = unit_grad_[static_cast<size_t>(u)];
+  for (const size_t i : unit.slots) {
+    const auto& s = flat_.slots()[i];
+    const torch::Tensor g = s.param.grad();
+    if (!g.defined()) continue;
+    if (!buffer.defined()) {
+      buffer = torch::zeros({unit.numel}, g.options());
+      transient_bytes_ += unit.numel * static_cast<int64_t>(sizeof(float));
+      peak_transient_bytes_ = std::max(peak_transient_bytes_, transient_bytes_);
+    }
+    buffer.narrow(0, s.offset - unit.offset, s.numel).add_(g.reshape({-1}));
+    s.param.mutable_grad().reset();
+  }
+}
+
 void ShardedGradients::retire_oldest() {
   auto job = std::move(inflight_.front());
   inflight_.erase(inflight_.begin());
@@ -122,27 +152,34 @@ void ShardedGradients::retire_oldest() {
 }
 
 void ShardedGradients::settle() {
-  // Units whose gradients never all came (a parameter unused in this pass) are sent as
-  // they are, so every rank still runs the same collectives.
-  const size_t n = ready_.size();
-  for (size_t k = next_; k < n; ++k)
-    if (!ready_[n - 1 - k]) complete_unit(static_cast<int>(n - 1 - k));
+  for (size_t k = next_; k < order_.size(); ++k)
+    if (!ready_[static_cast<size_t>(order_[k])]) complete_unit(order_[k]);
   launch_in_order();
 }
 
-void ShardedGradients::finish() {
+int ShardedGradients::units_held() const {
+  return static_cast<int>(std::count_if(pending_init_.begin(), pending_init_.end(), [](int n) { return n > 0; }));
+}
+
+int ShardedGradients::finish() {
   torch::NoGradGuard no_grad;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!armed_ && mode_ == Mode::InPlace) {
-    // No backward reduced as it went: every unit's gradients are in the buffer now.
-    pending_.assign(pending_init_.size(), 0);
-    ready_.assign(pending_init_.size(), 0);
-    next_ = 0;
-    armed_ = true;
+  settle();
+  std::fill(armed_.begin(), armed_.end(), 0);
+  int during_backward = 0;
+  for (size_t u = 0; u < reduced_.size(); ++u) during_backward += reduced_[u] && pending_init_[u] > 0;
+  // Units no pass reduced: their gradients are final now, wherever they wait.
+  for (size_t u = reduced_.size(); u-- > 0;) {
+    if (reduced_[u]) continue;
+    ready_[u] = 1;
+    order_.push_back(static_cast<int>(u));
   }
-  if (armed_) settle();
+  launch_in_order();
   while (!inflight_.empty()) retire_oldest();
-  armed_ = false;
+  order_.clear();
+  next_ = 0;
+  std::fill(reduced_.begin(), reduced_.end(), 0);
+  return during_backward;
 }
 
 }  // namespace tide

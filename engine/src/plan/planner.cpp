@@ -55,12 +55,12 @@ double usable_memory(const DeviceSpec& device, const PlanOptions& options) {
 }
 
 // The pipeline schedules worth weighing for pp stages: 1F1B, GPipe and, where the blocks
-// and the ZeRO stage allow, interleaved 1F1B over 2 and 4 chunks per stage (Megatron's
-// usual virtual pipeline sizes; more chunks shrink the bubble further for more messages).
-std::vector<std::pair<std::string, int64_t>> pipeline_schedules(const RunConfig& cfg, int pp, int zero) {
+// allow, interleaved 1F1B over 2 and 4 chunks per stage (Megatron's usual virtual
+// pipeline sizes; more chunks shrink the bubble further for more messages).
+std::vector<std::pair<std::string, int64_t>> pipeline_schedules(const RunConfig& cfg, int pp) {
   if (pp == 1) return {{"1f1b", 1}};
   std::vector<std::pair<std::string, int64_t>> out = {{"1f1b", 1}, {"gpipe", 1}};
-  if (zero == 2 || !cfg.parallel.pipeline_stages.empty()) return out;  // see check_interleaving
+  if (!cfg.parallel.pipeline_stages.empty()) return out;  // given for one chunk per stage
   for (const int64_t chunks : {2, 4})
     if (pp * chunks <= cfg.model.n_layers) out.emplace_back("1f1b", chunks);
   return out;
@@ -166,7 +166,7 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
       for (int zero = 0; zero <= 3; ++zero) {
         if (options.zero && zero != *options.zero) continue;
         if (zero > 0 && family.dp == 1 && !options.zero) continue;  // nothing to shard
-        if (pp > 1 && (zero == 3 || (zero == 2 && m.tie_embeddings))) continue;
+        if (pp > 1 && zero == 3) continue;
         family.zero = zero;
         LayoutPlan best_of_family;  // the fastest that fits, or the smallest that does not
         bool any_fits = false;
@@ -176,7 +176,7 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
           for (const bool ckpt : {false, true}) {
             for (const bool sp : {false, true}) {
               if (sp && (tp == 1 || cfg.data.seq_len % tp != 0)) continue;
-              for (const auto& [schedule, chunks] : pipeline_schedules(cfg, pp, zero)) {
+              for (const auto& [schedule, chunks] : pipeline_schedules(cfg, pp)) {
                 PlanLayout l = family;
                 l.offload = offload;
                 l.activation_checkpointing = ckpt;

@@ -22,6 +22,7 @@
 //     host and parameters back, and updates at the host's speed.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "estimates.h"
 #include "rank_model.h"
@@ -166,26 +167,41 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       if (stage.last) t.tp_comm += M * 2 * ring_seconds(tokens_mb * D * s, L.tp, 2.0, tp_bw, lat);
     }
 
-    // Data parallelism over the flat fp32 buffers.
+    // Data parallelism over the flat fp32 buffers. Embeddings tied across pipeline
+    // stages (unit 0 of the first and last stage) are summed over the two stages after
+    // backward, and reduced after that.
     const double P = static_cast<double>(r.padded_elements(pad));
-    const double grad_bytes = P * 4;
-    double reduce = 0, gather = 0;
-    if (L.zero == 0) reduce = ring_seconds(grad_bytes, L.dp, 2.0, dp_bw, lat);
-    if (L.zero == 1) reduce = ring_seconds(grad_bytes, L.dp, 1.0, dp_bw, lat);
-    if (L.zero >= 2) reduce = M * ring_seconds(grad_bytes, L.dp, 1.0, dp_bw, lat);
-    if (L.zero == 1 || L.zero == 2) gather = ring_seconds(grad_bytes, L.dp, 1.0, dp_bw, lat);
-    if (L.zero == 3) gather = 2 * M * ring_seconds(grad_bytes, L.dp, 1.0, dp_bw, lat);
-    t.dp_comm_total = reduce + gather;
-    // Reductions overlap the backward that produces them (the last micro-batch's for
-    // ZeRO-0/1, each one's for 2-3) except the last unit's; ZeRO-3 gathers overlap the
-    // forward and backward they prefetch for; ZeRO-1/2 gathers follow the update. On a
-    // CPU nothing overlaps: Gloo's threads take the cores the step computes on.
+    const double deferred = mc.tie_embeddings && L.pp > 1 ? static_cast<double>(r.units(pad).front()) : 0.0;
+    const auto ring_of = [&](double elements, double factor) {
+      return elements > 0 ? ring_seconds(elements * 4, L.dp, factor, dp_bw, lat) : 0.0;
+    };
+    double reduce = 0, after = 0, gather = 0;
+    if (L.zero == 0) reduce = ring_of(P - deferred, 2.0), after = ring_of(deferred, 2.0);
+    if (L.zero == 1) reduce = ring_of(P - deferred, 1.0), after = ring_of(deferred, 1.0);
+    if (L.zero >= 2) reduce = M * ring_of(P - deferred, 1.0), after = ring_of(deferred, 1.0);
+    if (L.zero == 1 || L.zero == 2) gather = ring_of(P, 1.0);
+    if (L.zero == 3) gather = 2 * M * ring_of(P, 1.0);
+    t.dp_comm_total = reduce + after + gather;
+    // A unit's reduction starts once its last backward pass has produced its gradients
+    // (ZeRO-0/1: the last micro-batch's; 2-3: each pass's) and runs under the backward
+    // that follows; the last unit's is exposed. Interleaved, chunk c's last pass ends
+    // c·pp passes before the step's backward does, so the earlier chunks' reductions hide
+    // under the later chunks' passes. ZeRO-3 gathers overlap the forward and backward
+    // they prefetch for; ZeRO-1/2 gathers follow the update. On a CPU nothing overlaps:
+    // Gloo's threads take the cores the step computes on.
     const double overlap = dev.host ? 0.0 : 1.0;
     const double backward_compute = overlap * (t.compute + t.recompute) * 2.0 / 3.0;
-    const bool after_backward = reduces_after_backward(mc, L.pp, L.virtual_stages);
-    const double window = L.zero >= 2 ? backward_compute : backward_compute / M;
     const double units = std::max(1.0, blocks + 1);
-    double exposed = after_backward ? reduce : std::max(0.0, reduce - window) + reduce / units;
+    double exposed = after;
+    if (L.zero >= 2) {
+      exposed += std::max(0.0, reduce - backward_compute) + reduce / units;
+    } else {
+      const double V = static_cast<double>(L.virtual_stages);
+      const double pass = backward_compute / (M * V);
+      double done = -std::numeric_limits<double>::infinity();
+      for (double c = V - 1; c >= 0; --c) done = std::max(done, -(c * L.pp + 1) * pass) + reduce / V;
+      exposed += std::max(0.0, done) + reduce / units;
+    }
     if (L.zero == 3)
       exposed += std::max(0.0, gather - overlap * (t.compute + t.recompute)) + gather / (2 * M * units);
     else

@@ -1,17 +1,19 @@
 #include "train_step.h"
 
+#include <algorithm>
+
 #include <torch/types.h>
 
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/loss_sum.h"
+#include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
 #include "tide/engine/parallel/comm.h"
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/pipeline.h"
-#include "tide/engine/run_layout.h"
 #include "tide/engine/train/evaluate.h"
 
 namespace tide {
@@ -23,9 +25,15 @@ TrainStep::TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg,
       cfg_(cfg),
       tap_(tap ? std::move(tap) : [](int64_t, int64_t, const at::Tensor& loss) { return loss; }),
       batch_(batch),
-      dp_rank_(dp_rank),
-      overlap_last_backward_(
-          !(pm.pipeline && reduces_after_backward(cfg.model, cfg.parallel.pp, cfg.parallel.virtual_stages))) {}
+      dp_rank_(dp_rank) {
+  const PipelineStage& stage = pm.model->pipeline_stage();
+  const bool tied_across_stages = pm.pipeline && cfg.model.tie_embeddings && (!stage.first || !stage.last);
+  for (int chunk = 0; chunk < static_cast<int>(stage.chunks.size()); ++chunk) {
+    auto units = chunk_units(stage, chunk, cfg.model.n_layers);
+    if (tied_across_stages) units.erase(std::remove(units.begin(), units.end(), 0), units.end());
+    backward_units_.push_back(std::move(units));
+  }
+}
 
 StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& batches) {
   const auto accum = static_cast<int64_t>(batches.size());
@@ -34,8 +42,9 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
     dp->zero_grad();
   else
     pm_.flat->zero_grad();
-  const auto before_backward = [&](int64_t micro) {
-    if (dp) dp->begin_backward(overlap_last_backward_ && micro + 1 == accum);
+  // A chunk's last pass is the step's last micro-batch's, whatever the schedule.
+  const auto before_backward = [&](int64_t micro, int chunk) {
+    if (dp) dp->begin_backward(micro + 1 == accum, backward_units_.at(static_cast<size_t>(chunk)));
   };
   const auto on_loss = [&](int64_t micro, at::Tensor loss) { return tap_(step, micro, loss); };
   const double scale = 1.0 / static_cast<double>(accum);
@@ -74,14 +83,14 @@ void TrainStep::update(const UpdateGate& gate) {
 }
 
 at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches,
-                                  const std::function<void(int64_t)>& before_backward,
+                                  const std::function<void(int64_t, int)>& before_backward,
                                   const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
   LossSum loss_sum;
   for (size_t micro = 0; micro < batches.size(); ++micro) {
     const Batch& b = batches[micro];
     auto loss = with_compute_dtype(cfg_.precision.compute, [&] { return pm_.model->loss(b.tokens, b.targets); });
     loss = on_loss(static_cast<int64_t>(micro), loss);
-    before_backward(static_cast<int64_t>(micro));
+    before_backward(static_cast<int64_t>(micro), 0);
     (loss / static_cast<double>(batches.size())).backward();
     loss_sum.add(loss);
   }

@@ -46,7 +46,7 @@ class TrainStep {
 
  private:
   // The sum of the micro-batch losses; each backward of loss / micro-batches.
-  at::Tensor whole_model(const std::vector<Batch>& batches, const std::function<void(int64_t)>& before_backward,
+  at::Tensor whole_model(const std::vector<Batch>& batches, const std::function<void(int64_t, int)>& before_backward,
                          const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss);
   at::Tensor across_stages(const at::Tensor& x);  // the loss lives on the last pipeline stage
 
@@ -56,9 +56,10 @@ class TrainStep {
   LossTap tap_;
   BatchLayout batch_;
   int64_t dp_rank_ = 0;
-  // With tied embeddings across stages the gradients are summed after backward, so no
-  // data-parallel reduction may start during it.
-  bool overlap_last_backward_ = true;
+  // Per chunk of this rank's model (one without a pipeline): the flat units its backward
+  // reduces over the data-parallel ranks as it goes. Embeddings tied across pipeline
+  // stages are summed over the two stages after backward, and reduced after that.
+  std::vector<std::vector<int>> backward_units_;
   at::Tensor lr_;  // fp64 scalar on the optimizer's device
 };
 

@@ -18,12 +18,6 @@ void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_paral
 // does not divide, a profiled rank outside the job).
 void check_supported_layout(const RunConfig& cfg, int world);
 
-// Whether a pipeline's data-parallel reduction must wait for the step's last backward
-// instead of overlapping it, because something comes between: the tied embeddings' sum
-// over the first and last stages, or, interleaved, other micro-batches' backwards of the
-// earlier chunks. The engine (train_step.cpp) and the planner's time model both ask.
-bool reduces_after_backward(const ModelConfig& m, int64_t pp, int64_t virtual_stages);
-
 // Sequences per micro-batch: batch.micro_batch, or derived from parallel.micro_batches.
 int64_t micro_batch_size(const RunConfig& cfg, int dp);
 

@@ -38,6 +38,12 @@ std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, in
 int64_t range_blocks(const BlockRange& range, int64_t n_layers);
 int64_t stage_blocks(const PipelineStage& stage, int64_t n_layers);
 
+// The units of the flat parameter buffer (parameter_names.h: block_unit) whose gradients
+// a backward through chunk `chunk` of the stage produces, in the order it completes them:
+// the head's unit 0 (what lies outside the blocks) first where the chunk ends the model,
+// its blocks from the last, and unit 0 last where the chunk starts the model.
+std::vector<int> chunk_units(const PipelineStage& stage, int chunk, int64_t n_layers);
+
 // Whether the stage owns the whole model's parameter `name` (the last stage's copy of
 // tied embeddings is not owned: the first stage's is).
 bool stage_owns(const PipelineStage& stage, const std::string& name);

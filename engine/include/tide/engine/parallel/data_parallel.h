@@ -42,11 +42,15 @@ class DataParallel {
   // otherwise null.
   ParameterUnits* parameter_units();
 
-  // Before each micro-batch's backward. Gradients are reduced during the last one
-  // (stages 0 and 1; stage 0 from its second step, once the ranks agreed on the order
-  // in which buckets complete) or during every one (stages 2 and 3). Stages 0 and 1
-  // never told `last_micro_batch` reduce everything in reduce_gradients().
-  void begin_backward(bool last_micro_batch);
+  // Before each backward pass (a micro-batch's, or its pass through one pipeline chunk),
+  // with the flat units it produces gradients for, in the order it completes them
+  // (pipeline_stage.h: chunk_units), and whether it is their last pass of the step.
+  // A unit's gradients are reduced during its last pass (stages 0 and 1; stage 0 from
+  // its second step, once the ranks agreed on the order in which buckets complete) or
+  // during every pass (stages 2 and 3). A unit never given, or never as `last`, is
+  // reduced in reduce_gradients(): one whose gradients must first be summed elsewhere
+  // (embeddings tied across pipeline stages).
+  void begin_backward(bool last, const std::vector<int>& units);
   // After the last backward: finishes the reduction, averages over the group and
   // returns the global L2 norm of the gradients (over the model-parallel parts too) as an
   // fp64 scalar on their device, never read here: summed piece by piece in one order for
@@ -84,6 +88,7 @@ class DataParallel {
   std::unique_ptr<Buckets> buckets_;          // stage 0
   std::unique_ptr<ShardedParameters> params_;  // stage 3
   std::unique_ptr<ShardedGradients> grads_;    // stages 1-3
+  bool reported_overlap_ = false;
 };
 
 }  // namespace tide
