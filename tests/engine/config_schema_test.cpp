@@ -47,6 +47,16 @@ TEST(ConfigSchema, CrossFieldChecks) {
   EXPECT_THROW(config_from_json(json{{"data", {{"seq_len", 4096}}}, {"model", {{"max_seq_len", 2048}}}}),
                ConfigError);
   EXPECT_THROW(config_from_json(json{{"schedule", {{"steps", 10}, {"warmup_steps", 20}}}}), ConfigError);
+  try {
+    config_from_json(json{{"model", {{"recompute_blocks", 2}}}});
+    ADD_FAILURE() << "blocks to recompute without activation checkpointing";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "model.recompute_blocks");
+    EXPECT_NE(std::string(e.what()).find("model.activation_checkpointing = true"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(config_from_json(json{{"model", {{"activation_checkpointing", true}, {"recompute_blocks", 2}}}})
+                .model.recompute_blocks,
+            2);
 }
 
 TEST(ConfigSchema, WholeFloatsAreIntegers) {

@@ -62,12 +62,18 @@ TEST_P(Gradients, MatchFiniteDifferences) {
 TEST_P(Gradients, ActivationCheckpointingGivesEqualGradients) {
   ModelConfig config = GetParam();
   config.dropout = 0.1;  // recomputation must replay the same dropout masks
-  const auto run = testing::with_and_without_recompute(config, torch::kCPU);
-  EXPECT_EQ(run.plain_loss, run.checkpointed_loss);
-  auto pb = run.checkpointed->named_parameters();
-  for (const auto& item : run.plain->named_parameters()) {
-    ASSERT_TRUE(pb[item.key()].grad().defined()) << item.key();
-    EXPECT_TRUE(torch::allclose(item.value().grad(), pb[item.key()].grad(), 1e-6, 1e-7)) << item.key();
+  config.n_layers = 3;
+  // Every block recomputed, and only the first (model.recompute_blocks), the others
+  // keeping their saved tensors: the same forward either way.
+  for (const int64_t recompute_blocks : {0, 1}) {
+    const auto run = testing::with_and_without_recompute(config, torch::kCPU, recompute_blocks);
+    EXPECT_EQ(run.plain_loss, run.checkpointed_loss) << recompute_blocks;
+    auto pb = run.checkpointed->named_parameters();
+    for (const auto& item : run.plain->named_parameters()) {
+      ASSERT_TRUE(pb[item.key()].grad().defined()) << item.key();
+      EXPECT_TRUE(torch::allclose(item.value().grad(), pb[item.key()].grad(), 1e-6, 1e-7))
+          << item.key() << " recomputing " << recompute_blocks;
+    }
   }
 }
 

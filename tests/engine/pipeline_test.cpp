@@ -183,6 +183,15 @@ TEST(PartitionStages, InterleavedRanksTakeEveryPpthChunkOfTheModel) {
   EXPECT_EQ(chunk_units(given[1], 0, 8), (std::vector<int>{4, 3, 2}));
   EXPECT_EQ(chunk_units(given[1], 1, 8), (std::vector<int>{0, 8}));
   EXPECT_EQ(chunk_units(PipelineStage{}, 0, 3), (std::vector<int>{3, 2, 1, 0}));
+  // Activation checkpointing recomputes the first model.recompute_blocks of each chunk.
+  ModelConfig ckpt = m;
+  EXPECT_EQ(recomputed_blocks(ckpt, given[0].chunks[1]), 0);
+  ckpt.activation_checkpointing = true;
+  EXPECT_EQ(recomputed_blocks(ckpt, given[0].chunks[1]), 3);
+  ckpt.recompute_blocks = 2;
+  EXPECT_EQ(recomputed_blocks(ckpt, given[0].chunks[1]), 2);
+  EXPECT_EQ(recomputed_blocks(ckpt, given[0].chunks[0]), 1) << "a chunk of one block";
+  EXPECT_EQ(recomputed_blocks(ckpt, BlockRange{}), 2) << "the whole model";
   try {
     partition_stages(m, 2, 64, {4, 4}, 2);
     FAIL() << "two counts cut four virtual stages";

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -170,6 +171,52 @@ TEST(Plan, InterleavingShrinksTheBubbleForMoreMessagesAndFirstStageActivations) 
   }
   EXPECT_TRUE(weighed);
   EXPECT_TRUE(with_zero2);
+}
+
+TEST(Plan, RecomputesTheFewestBlocksOfEachStageThatFit) {
+  RunConfig cfg = recipe("llama/llama-2-13b");  // 40 blocks: 10 a stage
+  cfg.batch.global_batch = 32;                  // the layout's 2 x 16 micro-batches of 1
+  PlanLayout l = dp2_pp4_micro_batches_16();
+  Cluster cluster = h100(1, 8);
+  const LayoutPlan none = evaluate_layout(cfg, cluster, l);
+  l.activation_checkpointing = true;
+  const LayoutPlan all = evaluate_layout(cfg, cluster, l);
+  ASSERT_LT(all.memory.device, none.memory.device);
+  // A device between the two: every block recomputed fits, none does not.
+  cluster.device.memory_bytes = (all.memory.device + none.memory.device) / 2;
+  PlanOptions options;
+  options.tp = 1;
+  options.pp = 4;
+  options.zero = 0;
+  options.max_micro_batch = 1;
+  options.allow_offload = false;
+  const Plan plan = plan_layouts(cfg, cluster, options);
+  const auto partial = std::find_if(plan.ranked.begin(), plan.ranked.end(), [](const LayoutPlan& p) {
+    return p.layout.dp == 2 && p.layout.schedule == "1f1b" && p.layout.virtual_stages == 1 &&
+           p.layout.recompute_blocks > 0;
+  });
+  ASSERT_NE(partial, plan.ranked.end());
+  const int64_t n = partial->layout.recompute_blocks;
+  ASSERT_TRUE(partial->layout.activation_checkpointing);
+  ASSERT_LT(n, 10) << partial->layout.describe();
+  EXPECT_EQ(partial->layout.describe(), fmt::format("dp2 tp1 pp4 zero0 mb1x16 1f1b ckpt{}", n));
+  // The fewest that fit: one block fewer does not.
+  PlanLayout fewer = partial->layout;
+  fewer.recompute_blocks = n - 1;
+  if (n == 1) fewer.activation_checkpointing = false;
+  EXPECT_GT(evaluate_layout(cfg, cluster, fewer).memory.device, cluster.device.memory_bytes);
+  EXPECT_LE(partial->memory.device, cluster.device.memory_bytes);
+  // n of every stage's 10 blocks recomputed: n / 10 of the recomputation, so faster.
+  EXPECT_NEAR(partial->time.recompute, all.time.recompute * static_cast<double>(n) / 10.0, 1e-9 * all.time.recompute);
+  EXPECT_LT(partial->time.step, all.time.step);
+  // Every block recomputed stays in the ranking beside it, slower.
+  EXPECT_TRUE(std::any_of(plan.ranked.begin(), plan.ranked.end(), [&](const LayoutPlan& p) {
+    return p.layout.describe() == "dp2 tp1 pp4 zero0 mb1x16 1f1b ckpt" && p.time.step > partial->time.step;
+  }));
+  // What the plan hands a run.
+  RunConfig run = cfg;
+  partial->layout.apply_to(run);
+  EXPECT_EQ(run.model.recompute_blocks, n);
 }
 
 TEST(Plan, EachChunkReducesUnderTheLaterChunksBackwardAndTiedEmbeddingsAfterIt) {

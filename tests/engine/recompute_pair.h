@@ -1,6 +1,7 @@
-// One model twice, the second with activation checkpointing, each run through one
-// forward and backward on the same tokens from the same random state (dropout draws
-// the same masks in both only if recomputation replays them).
+// One model twice, the second with activation checkpointing (of the first
+// `recompute_blocks` blocks; 0: all), each run through one forward and backward on the
+// same tokens from the same random state (dropout draws the same masks in both only if
+// recomputation replays them).
 #pragma once
 
 #include <torch/types.h>
@@ -14,9 +15,11 @@ struct RecomputePair {
   double plain_loss = 0, checkpointed_loss = 0;
 };
 
-inline RecomputePair with_and_without_recompute(const ModelConfig& config, torch::Device device) {
+inline RecomputePair with_and_without_recompute(const ModelConfig& config, torch::Device device,
+                                                int64_t recompute_blocks = 0) {
   ModelConfig ckpt = config;
   ckpt.activation_checkpointing = true;
+  ckpt.recompute_blocks = recompute_blocks;
   RecomputePair p{Transformer(config), Transformer(ckpt)};
   const auto tokens = torch::randint(0, config.vocab_size, {2, 16}, torch::kInt64).to(device);
   const auto targets = torch::randint(0, config.vocab_size, {2, 16}, torch::kInt64).to(device);

@@ -68,6 +68,7 @@ LAYOUTS = [
     ("BLOOM, 1 process", 1, [], "bloom"),
     ("BLOOM, tp2", 2, ["parallel.tp=2"], "bloom"),
     ("1 process, checkpointing", 1, ["model.activation_checkpointing=true"]),
+    ("1 process, checkpointing 2 of 4 blocks", 1, ["model.activation_checkpointing=true", "model.recompute_blocks=2"]),
     ("dp2", 2, []),
     ("dp2 ZeRO-1", 2, ["parallel.zero=1"]),
     ("dp2 ZeRO-2", 2, ["parallel.zero=2"]),

@@ -113,6 +113,8 @@ def alternative(plan, published, gpus):
         why.append("sequence parallelism")
     if not b["activation_checkpointing"] and p["activation_checkpointing"]:
         why.append("no recomputation (it fits without)")
+    elif b["activation_checkpointing"] and b["recompute_blocks"] and not p["recompute_blocks"]:
+        why.append(f"recomputing the first {b['recompute_blocks']} blocks of each chunk, not all")
     if b["micro_batch"] != p["micro_batch"]:
         why.append(f"micro-batch {b['micro_batch']}")
     return f"{b['describe']} ({', '.join(why) or 'same factors'})", gain
@@ -149,7 +151,8 @@ def main():
         every = planner.plan(recipe, "a100-80", gpus // 8, 8, "--attention", "materialized")
         own = planner.plan(recipe, "a100-80", gpus // 8, 8, "--attention", "materialized", "--tp", str(tp),
                            "--pp", str(pp), "--zero", "0")
-        chosen = best_where(own, lambda x: x["activation_checkpointing"] and not x["sequence_parallel"]
+        chosen = best_where(own, lambda x: x["activation_checkpointing"] and not x["recompute_blocks"]
+                            and not x["sequence_parallel"]
                             and x["schedule"] == "1f1b" and x["virtual_stages"] == 1)
         check("Megatron-LM", f"GPT {name}", f"tp{tp} pp{pp}", published, chosen, every, gpus)
 
@@ -163,7 +166,7 @@ def main():
             # Every one of these runs recomputed activations (selective or full AC); tide's
             # nearest is whole-block recomputation, also where its layout would fit without.
             return plan, best_where(plan, lambda x: x["micro_batch"] == local and x["micro_batches"] == 1
-                                    and x["activation_checkpointing"])
+                                    and x["activation_checkpointing"] and not x["recompute_blocks"])
 
         note = ""
         if device == "h100-96":

@@ -235,6 +235,10 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                       REF(model.scale_residual_init)));
   s.push_back(boolean("model.activation_checkpointing", kFixed, "Recompute each block in backward.",
                       REF(model.activation_checkpointing)));
+  s.push_back(integer("model.recompute_blocks", 0, 1e4, kFixed,
+                      "With activation checkpointing, recompute only the first N blocks of each pipeline chunk "
+                      "(Megatron-Core's recompute_num_layers); 0: every block.",
+                      REF(model.recompute_blocks)));
 }
 
 void add_batch_and_optimizer_fields(std::vector<FieldSpec>& s) {
@@ -556,6 +560,9 @@ void validate_model(const ModelConfig& m) {
                        "model ({}); lower it to the longest sequence the model will see",
                        m.max_seq_len, m.max_seq_len, m.dim, table, rest));
   }
+  if (m.recompute_blocks > 0 && !m.activation_checkpointing)
+    fail("model.recompute_blocks",
+         fmt::format("{} blocks to recompute need model.activation_checkpointing = true", m.recompute_blocks));
   if (m.family == Family::BLOOM && kv != m.n_heads)
     fail("model.n_kv_heads", fmt::format("the bloom family has a fused per-head QKV layout and needs n_kv_heads = "
                                          "n_heads = {}, got {}",

@@ -95,6 +95,12 @@ int64_t stage_blocks(const PipelineStage& stage, int64_t n_layers) {
   return blocks;
 }
 
+int64_t recomputed_blocks(const ModelConfig& m, const BlockRange& range) {
+  if (!m.activation_checkpointing) return 0;
+  const int64_t blocks = range_blocks(range, m.n_layers);
+  return m.recompute_blocks > 0 ? std::min(m.recompute_blocks, blocks) : blocks;
+}
+
 std::vector<int> chunk_units(const PipelineStage& stage, int chunk, int64_t n_layers) {
   const auto& range = stage.chunks.at(static_cast<size_t>(chunk));
   const bool starts = stage.first && chunk == 0;

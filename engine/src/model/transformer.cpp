@@ -261,17 +261,18 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk) {
     cos = rope_cos_.narrow(0, 0, t).to(x.scalar_type());
     sin = rope_sin_.narrow(0, 0, t).to(x.scalar_type());
   }
-  const bool recompute = cfg_.activation_checkpointing && is_training() && torch::GradMode::is_enabled();
+  const bool recompute = is_training() && torch::GradMode::is_enabled();
   const bool blocks_draw = cfg_.dropout > 0 && is_training();
   // The chunk's blocks sit in `blocks` after those of the chunks before it.
   size_t at = 0;
   for (size_t c = 0; c < chunk; ++c) at += static_cast<size_t>(stage_.chunks[c].end - stage_.chunks[c].first);
   const BlockRange& range = stage_.chunks.at(chunk);
+  const int64_t recomputed = recompute ? recomputed_blocks(cfg_, range) : 0;
   for (int64_t i = range.first; i < range.end; ++i) {
     auto block = std::dynamic_pointer_cast<BlockImpl>(blocks->ptr(at++));
     const int unit = static_cast<int>(i + 1);
     if (units_) units_->before_forward(unit);
-    if (recompute) {
+    if (i - range.first < recomputed) {
       x = recompute_in_backward(
           [block, bias, cos, sin](const at::Tensor& in) { return block->forward(in, bias, cos, sin); }, x, blocks_draw);
     } else {

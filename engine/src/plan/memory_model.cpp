@@ -16,6 +16,7 @@
 // (T / tp with sequence parallelism), N = B*T, D dim, Hd head dim, F this rank's MLP
 // width, V this rank's vocabulary rows, s the compute dtype's bytes.
 #include <algorithm>
+#include <numeric>
 
 #include "estimates.h"
 #include "rank_model.h"
@@ -156,16 +157,25 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     m.optimizer = 2 * owned * 4;
   }
   const bool bf16 = compute == DType::BFloat16;
-  const bool recompute = L.activation_checkpointing;
+  // The blocks of each chunk that activation checkpointing recomputes (its first ones).
+  ModelConfig checkpointed = mc;
+  checkpointed.activation_checkpointing = L.activation_checkpointing;
+  checkpointed.recompute_blocks = L.recompute_blocks;
+  std::vector<double> recomputed;
+  for (const auto& range : stage.chunks)
+    recomputed.push_back(static_cast<double>(recomputed_blocks(checkpointed, range)));
+  const double all_recomputed = std::accumulate(recomputed.begin(), recomputed.end(), 0.0);
   if (bf16) {
     // The bf16 copies of the weights (train_step.cpp, fused_ops.h: projection). With
     // several micro-batches (not ZeRO-3) the step keeps every block's for all of them,
     // except blocks recomputed in backward, which cast uncached. Otherwise each layer casts
     // its weight in forward and again in backward: one copy, the widest, at a time. The
     // head's copy lives through the forward either way (the cast cache).
-    const bool kept = L.zero != 3 && L.micro_batches > 1 && !recompute;
+    const bool kept = L.zero != 3 && L.micro_batches > 1;
     const double widest = static_cast<double>(r.dim * std::max(r.ffn, r.heads * r.head_dim));
-    const double blocks = kept ? static_cast<double>(r.blocks) * static_cast<double>(r.block_matmul) : widest;
+    const double cached = kept ? static_cast<double>(r.blocks) - all_recomputed : 0.0;
+    const double blocks =
+        cached * static_cast<double>(r.block_matmul) + (cached < static_cast<double>(r.blocks) ? widest : 0.0);
     m.working_copy = 2 * (blocks + static_cast<double>(r.head_matmul));
   }
   if (L.zero == 3) m.gathered += (unit0 + 2 * block_unit) * 4;
@@ -202,7 +212,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     const double blocks = static_cast<double>(range_blocks(stage.chunks[c], mc.n_layers));
     const bool model_first = r.first && c == 0, model_last = r.last && c + 1 == chunks;
     double& saved = per_micro_batch[c];
-    saved = recompute ? blocks * x.Nn * D * x.s : blocks * one_block;
+    saved = recomputed[c] * x.Nn * D * x.s + (blocks - recomputed[c]) * one_block;
     if (!model_last) saved += x.Nn * D * x.s;
     if (model_first) saved += x.N * 8 * (L.tp > 1 ? 2 : 1);  // token ids kept by the lookup
     if (model_last) {
@@ -238,7 +248,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   // the head's backward, or a block's backward, by when the head's saved tensors are
   // gone.
   double block_extra = block_backward_extra(mc, r, x);
-  if (recompute) block_extra += one_block;  // the recomputed block's own saved tensors
+  if (all_recomputed > 0) block_extra += one_block;  // the recomputed block's own saved tensors
   // ZeRO-2/3: unit 0's gradient buffer from the head's backward (once the loss's
   // gradients are released) to the embedding's, and the block units' while in flight (two at most,
   // sharded_gradients.cpp).

@@ -16,6 +16,7 @@ nlohmann::json to_json(const PlanLayout& l) {
           {"zero", l.zero},
           {"offload", l.offload},
           {"activation_checkpointing", l.activation_checkpointing},
+          {"recompute_blocks", l.recompute_blocks},
           {"sequence_parallel", l.sequence_parallel},
           {"schedule", l.schedule},
           {"virtual_stages", l.virtual_stages},

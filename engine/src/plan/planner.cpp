@@ -22,7 +22,7 @@ std::string PlanLayout::describe() const {
   if (pp > 1) s += " " + schedule;
   if (virtual_stages > 1) s += fmt::format(" v{}", virtual_stages);
   if (sequence_parallel) s += " sp";
-  if (activation_checkpointing) s += " ckpt";
+  if (activation_checkpointing) s += recompute_blocks > 0 ? fmt::format(" ckpt{}", recompute_blocks) : " ckpt";
   if (offload) s += " offload";
   return s;
 }
@@ -39,6 +39,7 @@ void PlanLayout::apply_to(RunConfig& cfg) const {
   cfg.parallel.micro_batches = 0;
   cfg.batch.micro_batch = micro_batch;
   cfg.model.activation_checkpointing = activation_checkpointing;
+  cfg.model.recompute_blocks = activation_checkpointing ? recompute_blocks : 0;
 }
 
 namespace {
@@ -64,6 +65,42 @@ std::vector<std::pair<std::string, int64_t>> pipeline_schedules(const RunConfig&
   for (const int64_t chunks : {2, 4})
     if (pp * chunks <= cfg.model.n_layers) out.emplace_back("1f1b", chunks);
   return out;
+}
+
+// The largest chunk of blocks any rank runs in `l`.
+int64_t largest_chunk(const RunConfig& cfg, const PlanLayout& l) {
+  if (l.pp == 1) return cfg.model.n_layers;
+  int64_t most = 0;
+  for (const auto& stage :
+       partition_stages(cfg.model, l.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, l.virtual_stages))
+    for (const auto& range : stage.chunks) most = std::max(most, range_blocks(range, cfg.model.n_layers));
+  return most;
+}
+
+enum class Recompute { None, All, Fewest };
+
+// `p` fits with every block recomputed: recompute only the first N of each chunk, the
+// fewest that fit (Megatron-Core's recompute_num_layers), where recomputing none does
+// not fit. Memory falls as N grows, so the least N is found by bisection. False, and `p`
+// unchanged, where no N short of every block does.
+bool recompute_fewer_blocks(const RunConfig& cfg, const Cluster& cluster, double usable, LayoutPlan& p) {
+  const auto recomputing = [&](PlanLayout l, int64_t n) {
+    l.activation_checkpointing = n > 0;
+    l.recompute_blocks = n;
+    LayoutPlan q = evaluate_layout(cfg, cluster, l);
+    q.fits = q.memory.device <= usable;
+    return q;
+  };
+  if (recomputing(p.layout, 0).fits) return false;  // the same layout without recomputation is faster
+  const int64_t all = largest_chunk(cfg, p.layout);
+  int64_t lo = 0, hi = all;  // lo does not fit, hi does
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (recomputing(p.layout, mid).fits ? hi : lo) = mid;
+  }
+  if (hi == all) return false;
+  p = recomputing(p.layout, hi);
+  return true;
 }
 
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
@@ -111,6 +148,7 @@ PlanLayout layout_of(const RunConfig& cfg, int world) {
   l.zero = static_cast<int>(cfg.parallel.zero);
   l.offload = cfg.parallel.offload_optimizer;
   l.activation_checkpointing = cfg.model.activation_checkpointing;
+  l.recompute_blocks = cfg.model.recompute_blocks;
   l.sequence_parallel = cfg.parallel.sequence_parallel && l.tp > 1;
   l.schedule = cfg.parallel.pipeline_schedule;
   l.virtual_stages = cfg.parallel.virtual_stages;
@@ -173,13 +211,15 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
         double smallest = -1;
         for (const bool offload : {false, true}) {
           if (offload && !options.allow_offload) continue;
-          for (const bool ckpt : {false, true}) {
+          // Recomputation: none, every block, or the fewest first blocks of each chunk that
+          // fit where none does not and every block does.
+          for (const Recompute recompute : {Recompute::None, Recompute::All, Recompute::Fewest}) {
             for (const bool sp : {false, true}) {
               if (sp && (tp == 1 || cfg.data.seq_len % tp != 0)) continue;
               for (const auto& [schedule, chunks] : pipeline_schedules(cfg, pp)) {
                 PlanLayout l = family;
                 l.offload = offload;
-                l.activation_checkpointing = ckpt;
+                l.activation_checkpointing = recompute != Recompute::None;
                 l.sequence_parallel = sp;
                 l.schedule = schedule;
                 l.virtual_stages = chunks;
@@ -191,8 +231,11 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
                   l.micro_batch = mb;
                   l.micro_batches = per_rank / mb;
                   if (l.micro_batches % pp != 0 && chunks > 1) continue;  // interleaving takes groups of pp
+                  l.recompute_blocks = 0;
                   LayoutPlan p = evaluate_layout(cfg, cluster, l);
                   p.fits = p.memory.device <= usable;
+                  if (recompute == Recompute::Fewest && p.fits && !recompute_fewer_blocks(cfg, cluster, usable, p))
+                    continue;
                   if (!p.fits) {
                     if (smallest < 0 || p.memory.device < smallest) {
                       smallest = p.memory.device;
@@ -286,7 +329,8 @@ LayoutChoice choose_layout(const RunConfig& cfg, const Cluster& cluster, const P
                  fmt::format("parallel.virtual_stages={}", l.virtual_stages),
                  "parallel.micro_batches=0",
                  fmt::format("batch.micro_batch={}", l.micro_batch),
-                 fmt::format("model.activation_checkpointing={}", l.activation_checkpointing)};
+                 fmt::format("model.activation_checkpointing={}", l.activation_checkpointing),
+                 fmt::format("model.recompute_blocks={}", l.recompute_blocks)};
   return c;
 }
 

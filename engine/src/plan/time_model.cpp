@@ -144,16 +144,21 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     const bool fused = dev.fused_attention;
     const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused);
     t.compute = M * tokens_mb * (cost.matmul_flops / matmul_rate + cost.attention_flops / attention_rate);
-    // Recomputation: one more forward of the blocks (attention's: a third of its forward
-    // and backward).
-    if (L.activation_checkpointing)
-      t.recompute = M * tokens_mb *
-                    (2.0 * blocks * static_cast<double>(r.block_matmul) / matmul_rate +
-                     cost.attention_flops / 3.0 / attention_rate);
-    t.elementwise = M * tokens_mb * stage_token_cost(mc, r, T, s, L.activation_checkpointing, fused).elementwise_bytes /
-                        memory_rate +
-                    M * (blocks * kOpsPerBlock * (L.activation_checkpointing ? 4.0 / 3.0 : 1.0) + kOpsOutsideBlocks) *
-                        dev.op_overhead;
+    // Recomputation: one more forward of the recomputed blocks (attention's: a third of
+    // its forward and backward).
+    ModelConfig checkpointed = mc;
+    checkpointed.activation_checkpointing = L.activation_checkpointing;
+    checkpointed.recompute_blocks = L.recompute_blocks;
+    double recomputed = 0;
+    for (const auto& range : stage.chunks) recomputed += static_cast<double>(recomputed_blocks(checkpointed, range));
+    const double share = blocks > 0 ? recomputed / blocks : 0.0;
+    t.recompute = M * tokens_mb *
+                  (2.0 * recomputed * static_cast<double>(r.block_matmul) / matmul_rate +
+                   share * cost.attention_flops / 3.0 / attention_rate);
+    const double elementwise_bytes =
+        (1 - share) * cost.elementwise_bytes + share * stage_token_cost(mc, r, T, s, true, fused).elementwise_bytes;
+    t.elementwise = M * tokens_mb * elementwise_bytes / memory_rate +
+                    M * (blocks * kOpsPerBlock * (1.0 + share / 3.0) + kOpsOutsideBlocks) * dev.op_overhead;
 
     if (L.tp > 1) {
       const double per_collective = tokens_mb * D * s;

@@ -42,6 +42,9 @@ struct ModelConfig {
   double init_std = 0.02;
   bool scale_residual_init = false;  // std / sqrt(2 * n_layers) on output projections
   bool activation_checkpointing = false;
+  // With activation_checkpointing: only the first N blocks of each pipeline chunk (the
+  // whole model without a pipeline) are recomputed; 0: every block.
+  int64_t recompute_blocks = 0;
 };
 
 struct DataConfig {

@@ -38,6 +38,10 @@ std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, in
 int64_t range_blocks(const BlockRange& range, int64_t n_layers);
 int64_t stage_blocks(const PipelineStage& stage, int64_t n_layers);
 
+// How many of a chunk's blocks, its first ones, activation checkpointing recomputes: none
+// without it, model.recompute_blocks with it (all when 0 or more than the chunk holds).
+int64_t recomputed_blocks(const ModelConfig& m, const BlockRange& range);
+
 // The units of the flat parameter buffer (parameter_names.h: block_unit) whose gradients
 // a backward through chunk `chunk` of the stage produces, in the order it completes them:
 // the head's unit 0 (what lies outside the blocks) first where the chunk ends the model,

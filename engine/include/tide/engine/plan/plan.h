@@ -25,13 +25,14 @@ struct PlanLayout {
   int zero = 0;
   bool offload = false;
   bool activation_checkpointing = false;
+  int64_t recompute_blocks = 0;  // with checkpointing: the first N blocks of each chunk; 0: all
   bool sequence_parallel = false;
   std::string schedule = "1f1b";  // pipeline schedule (pp > 1)
   int64_t virtual_stages = 1;     // chunks per pipeline rank (interleaved 1F1B above 1)
   int64_t micro_batch = 1;        // sequences per forward/backward on one rank
   int64_t micro_batches = 1;      // per rank and optimizer step (accumulation, or the pipeline's)
 
-  std::string describe() const;  // "dp8 tp1 pp1 zero1 mb2x4 ckpt"
+  std::string describe() const;  // "dp8 tp1 pp1 zero1 mb2x4 ckpt" ("ckpt3": 3 blocks of each chunk)
   // Written into a run configuration: parallel.*, batch.micro_batch and the model's
   // activation checkpointing (the global batch stays the recipe's).
   void apply_to(RunConfig& cfg) const;
