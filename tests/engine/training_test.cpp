@@ -1,4 +1,5 @@
 // The training loop end to end, in this process, on a real prepared dataset.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -180,6 +181,16 @@ TEST(Training, GradientAccumulationEqualsOneLargeBatch) {
   fs::remove_all(b);
 }
 
+// A run that a shorter one with the same settings, resumed, must reproduce: a checkpoint
+// every two steps, written before training goes on, and a constant rate after warm-up
+// (the shorter run's rates are then the longer one's).
+void split_at_checkpoints(RunConfig& c) {
+  c.eval.every = 0;
+  c.checkpoint.every = 2;
+  c.checkpoint.async = false;
+  c.schedule.decay = DecayKind::Constant;
+}
+
 TEST(Training, ADropoutRunResumesWithTheMasksTheUninterruptedRunDrew) {
   // Dropout draws from the random generator, and recomputation draws the same masks a
   // second time: a resumed run equals the uninterrupted one only if the checkpoint gave
@@ -188,10 +199,7 @@ TEST(Training, ADropoutRunResumesWithTheMasksTheUninterruptedRunDrew) {
   for (RunConfig* c : {&whole, &first}) {
     c->model.dropout = 0.2;
     c->model.activation_checkpointing = true;
-    c->eval.every = 0;
-    c->checkpoint.every = 2;
-    c->checkpoint.async = false;
-    c->schedule.decay = DecayKind::Constant;  // the shorter run's rates are the longer one's
+    split_at_checkpoints(*c);
   }
   first.schedule.steps = 4;
   const fs::path straight = fs::temp_directory_path() / ("tide_run_dropout_" + std::to_string(::getpid()));
@@ -214,6 +222,132 @@ TEST(Training, ADropoutRunResumesWithTheMasksTheUninterruptedRunDrew) {
   // The same kernels on the same state in the same order: the same bits.
   EXPECT_EQ(resumed[0], ref[4]);
   EXPECT_EQ(resumed[1], ref[5]);
+  fs::remove_all(straight);
+  fs::remove_all(split);
+}
+
+// The loss scales fp16 steps used, and whether each skipped its update: one run's record.
+struct ScaledSteps {
+  std::vector<double> loss, scale;
+  std::vector<bool> skipped, anomalous;
+};
+
+ScaledSteps train_fp16(const RunConfig& c, const fs::path& dir, const std::string& resume = "") {
+  ScaledSteps out;
+  TrainHooks hooks;
+  hooks.show_progress = false;
+  hooks.peak_flops = 1e11;
+  hooks.resume = resume;
+  hooks.on_step = [&](const StepMetrics& m) {
+    out.loss.push_back(m.loss);
+    out.scale.push_back(m.loss_scale);
+    out.skipped.push_back(m.skipped);
+    out.anomalous.push_back(!m.anomaly.empty());
+  };
+  Trainer(c, dir.string(), hooks).run();
+  return out;
+}
+
+TEST(Training, Fp16ScalesTheLossAndTrainsAsFp32Does) {
+  RunConfig fp32 = tiny_run("fp32"), fp16 = tiny_run("fp16");
+  fp16.precision.compute = DType::Float16;
+  const fs::path a = fs::temp_directory_path() / ("tide_run_fp32_" + std::to_string(::getpid()));
+  const fs::path b = fs::temp_directory_path() / ("tide_run_fp16_" + std::to_string(::getpid()));
+  const ScaledSteps ref = train_fp16(fp32, a), half = train_fp16(fp16, b);
+  ASSERT_EQ(half.loss.size(), 6u);
+  for (size_t i = 0; i < half.loss.size(); ++i) {
+    EXPECT_EQ(ref.scale[i], 0.0) << "fp32 has no loss scale";
+    EXPECT_EQ(half.scale[i], 65536.0) << "no overflow, and no 1000 steps to double it";
+    EXPECT_FALSE(half.skipped[i]);
+  }
+  EXPECT_NEAR(half.loss[0], ref.loss[0], std::ldexp(ref.loss[0], -8));
+  // fp16 keeps 11 significant bits; the loss itself is fp32. The first step's loss is the
+  // same model's forward, rounded to fp16 in its products: far within 2^-8.
+  // The same training, not merely a finite one: the loss falls as fp32's does, to within
+  // 2% at the end (the scale divided out exactly: a power of two).
+  EXPECT_LT(half.loss.back(), half.loss.front());
+  EXPECT_NEAR(half.loss.back(), ref.loss.back(), 0.02 * ref.loss.back());
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+TEST(Training, Fp16OverflowSkipsTheUpdateAndHalvesTheScaleWithoutAnAnomaly) {
+  RunConfig c = tiny_run("overflow");
+  c.precision.compute = DType::Float16;
+  c.precision.initial_loss_scale = std::ldexp(1.0, 40);  // the first backwards overflow fp16
+  c.precision.loss_scale_window = 2;
+  c.schedule.steps = 40;
+  c.eval.every = 0;
+  c.anomaly.on_nonfinite = AnomalyAction::Stop;  // an overflow is the scaler's, not an anomaly
+  const fs::path dir = fs::temp_directory_path() / ("tide_run_overflow_" + std::to_string(::getpid()));
+  const ScaledSteps run = train_fp16(c, dir);
+  ASSERT_EQ(run.loss.size(), 40u) << "the run went on";
+  ASSERT_TRUE(run.skipped.front()) << "2^40 overflows fp16";
+  // Each step's scale follows from the one before: halved after an overflow, doubled after
+  // `window` good steps in a row.
+  double expected = c.precision.initial_loss_scale;
+  int64_t good = 0;
+  int64_t skipped = 0;
+  for (size_t i = 0; i < run.loss.size(); ++i) {
+    EXPECT_EQ(run.scale[i], expected) << "step " << i + 1;
+    EXPECT_FALSE(run.anomalous[i]) << "step " << i + 1;
+    EXPECT_TRUE(std::isfinite(run.loss[i]));
+    skipped += run.skipped[i];
+    if (run.skipped[i]) {
+      expected /= 2;
+      good = 0;
+    } else if (++good == c.precision.loss_scale_window) {
+      expected *= 2;
+      good = 0;
+    }
+  }
+  EXPECT_LT(skipped, 40) << "the scale came down to one that fits";
+  EXPECT_FALSE(run.skipped.back() && run.skipped[run.skipped.size() - 2]);
+  fs::remove_all(dir);
+}
+
+TEST(Training, Fp16ResumesWithTheLossScaleItSaved) {
+  // A window of 2 moves the scale every few steps: a resumed run matches the straight one
+  // only if the checkpoint gave back the scale and its count of good steps.
+  RunConfig whole = tiny_run("fp16_resume"), first = tiny_run("fp16_resume");
+  for (RunConfig* c : {&whole, &first}) {
+    c->precision.compute = DType::Float16;
+    c->precision.initial_loss_scale = std::ldexp(1.0, 10);
+    c->precision.loss_scale_window = 3;
+    c->schedule.steps = 8;
+    split_at_checkpoints(*c);
+  }
+  first.schedule.steps = 4;
+  const fs::path straight = fs::temp_directory_path() / ("tide_run_fp16_straight_" + std::to_string(::getpid()));
+  const fs::path split = fs::temp_directory_path() / ("tide_run_fp16_split_" + std::to_string(::getpid()));
+  fs::remove_all(straight);
+  fs::remove_all(split);
+  const ScaledSteps ref = train_fp16(whole, straight);
+  train_fp16(first, split);
+  const ScaledSteps resumed = train_fp16(whole, split, "auto");
+  ASSERT_EQ(ref.loss.size(), 8u);
+  ASSERT_EQ(resumed.loss.size(), 4u);
+  // The scale moved before the checkpoint (the test means nothing otherwise).
+  // Three good steps double 2^10 before step 4; the checkpoint after it holds 2^11 and one
+  // good step, not what a fresh scaler starts from.
+  EXPECT_EQ(ref.scale[3], std::ldexp(1.0, 11));
+  EXPECT_FALSE(ref.skipped[3]);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(resumed.scale[i], ref.scale[4 + i]) << "step " << 5 + i;
+    EXPECT_EQ(resumed.loss[i], ref.loss[4 + i]) << "step " << 5 + i;
+  }
+  // A manifest whose loss scale is not a positive number is refused, naming it.
+  const fs::path manifest = split / "checkpoints" / "step-00000004" / "manifest.json";
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(manifest));
+  ASSERT_EQ(m["loss_scale"]["scale"].get<double>(), std::ldexp(1.0, 11));
+  m["loss_scale"]["scale"] = -1;
+  std::ofstream(manifest, std::ios::trunc) << m.dump();
+  try {
+    train_fp16(whole, split, (split / "checkpoints" / "step-00000004").string());
+    ADD_FAILURE() << "resumed from a negative loss scale";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("loss_scale"), std::string::npos) << e.what();
+  }
   fs::remove_all(straight);
   fs::remove_all(split);
 }

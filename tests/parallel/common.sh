@@ -34,18 +34,21 @@ LUA
 write_recipe llama "tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, multiple_of = 32, max_seq_len = 64 }"
 write_recipe bloom "tide.models.bloom { vocab_size = 301, dim = 48, n_layers = 2, n_heads = 4, max_seq_len = 64 }"
 
-compare_bf16() {  # compare_bf16 REFERENCE_RUN OTHER_RUN: two bf16 runs of another layout
-  # The losses agree to bf16's resolution (2^-8 relative): the layouts sum in other orders,
-  # and bf16 rounding carries that into the weights; a wrong gradient or value on the wire
-  # is off by far more.
-  "${TIDE_PYTHON:-python3}" - "$1" "$2" <<'PY'
+compare_half() {  # compare_half REFERENCE_RUN OTHER_RUN BITS: two bf16 (8) or fp16 (11) runs of another layout
+  # The losses agree to the format's resolution (2^-BITS relative: 8 significant bits for
+  # bf16, 11 for fp16): the layouts sum in other orders, and the rounding carries that into
+  # the weights; a wrong gradient or value on the wire is off by far more.
+  "${TIDE_PYTHON:-python3}" - "$1" "$2" "$3" <<'PY'
 import json, sys
-one, other = ([json.loads(l) for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:])
+one, other = ([json.loads(l) for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:3])
+bits = int(sys.argv[3])
 assert len(one) == len(other) == 10, (len(one), len(other))
 for a, b in zip(one, other):
-    assert abs(a["loss"] - b["loss"]) <= 2**-8 * a["loss"], (a["step"], a["loss"], b["loss"])
+    assert abs(a["loss"] - b["loss"]) <= 2**-bits * a["loss"], (a["step"], a["loss"], b["loss"])
+    assert a.get("loss_scale") == b.get("loss_scale"), (a["step"], a.get("loss_scale"), b.get("loss_scale"))
 worst = max(abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(one, other))
-print(f"  {sys.argv[2].rsplit('/', 1)[1]}: bf16 losses within {worst:.1e} relative (bound 2^-8 = 3.9e-3)")
+kind = {8: "bf16", 11: "fp16"}[bits]
+print(f"  {sys.argv[2].rsplit('/', 1)[1]}: {kind} losses within {worst:.1e} relative (bound 2^-{bits} = {2**-bits:.1e})")
 PY
 }
 

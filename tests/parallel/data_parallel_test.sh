@@ -7,7 +7,8 @@
 #    another order, so only rounding differs); optimizer offload changes no bit;
 #  - per-rank model-state bytes equal the fp32 AdamW theory on 2 and 4 ranks, and the
 #    bytes sent equal each stage's theoretical volume;
-#  - bf16 ZeRO-3 x2 agrees with one bf16 process to bf16's resolution;
+#  - bf16 ZeRO-3 x2 and fp16 ZeRO-2 x2 (with its loss scale) agree with one process in
+#    the same dtype to its resolution;
 #  - a worker killed with SIGKILL stops the job within 60 s, named by rank.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -35,7 +36,12 @@ done
 # keeps the copies for the step).
 train llama llama-bf16-1 --set precision.compute=bf16
 train llama llama-bf16-zero3 --nproc 2 --set parallel.zero=3 --set precision.compute=bf16
-compare_bf16 "$work/llama-bf16-1" "$work/llama-bf16-zero3" || fail "bf16 ZeRO-3 differs from one process"
+compare_half "$work/llama-bf16-1" "$work/llama-bf16-zero3" 8 || fail "bf16 ZeRO-3 differs from one process"
+# fp16 under ZeRO-2: the scaled gradients reduce-scattered as backward makes them, the
+# scale divided out in the update of each rank's pieces.
+train llama llama-fp16-1 --set precision.compute=fp16
+train llama llama-fp16-zero2 --nproc 2 --set parallel.zero=2 --set precision.compute=fp16
+compare_half "$work/llama-fp16-1" "$work/llama-fp16-zero2" 11 || fail "fp16 ZeRO-2 differs from one process"
 
 # Optimizer offload (master pieces and moments in host memory) changes no bit.
 train llama llama-offload --nproc 2 --set parallel.zero=1 --set parallel.offload_optimizer=true

@@ -11,7 +11,8 @@
 #  - dp2 x pp2 (and ZeRO-1 on it, equal to it exactly), tp2 x pp2 with sequence
 #    parallelism, ZeRO-2 dp2 x pp2 (both shapes: BLOOM's tied embeddings reduced after
 #    their sum over the stages), and dp2 x tp2 x pp2 on 8 ranks;
-#  - pp2 in bf16 sends bf16 between stages (half the bytes) and agrees with one process;
+#  - pp2 in bf16 sends bf16 between stages (half the bytes) and agrees with one process,
+#    and so does pp2 in fp16 with its loss scale;
 #  - the combinations that cannot work are refused up front, naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -67,7 +68,7 @@ compare "$work/llama4-1" "$work/llama4-tp2-pp2-v2-sp" 0 || fail "interleaved tp2
 # they have on both sides, so the bytes halve, and the losses agree with one process's.
 train llama llama-bf16-1 --set precision.compute=bf16
 train llama llama-bf16-pp2 --nproc 2 --set parallel.pp=2 --set precision.compute=bf16
-compare_bf16 "$work/llama-bf16-1" "$work/llama-bf16-pp2" || fail "bf16 pp2 differs from one process"
+compare_half "$work/llama-bf16-1" "$work/llama-bf16-pp2" 8 || fail "bf16 pp2 differs from one process"
 "${TIDE_PYTHON:-python3}" - "$work/llama-bf16-pp2" "$work/llama-pp2-1f1b" <<'PY' || fail "bf16 pp2"
 import json, sys
 bf16, fp32 = ([json.loads(l) for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:])
@@ -76,6 +77,11 @@ for a, b in zip(fp32, bf16):
     assert abs(b["comm_bytes"] - a["comm_bytes"] / 2) <= 64, (a["step"], a["comm_bytes"], b["comm_bytes"])
 print(f"  bf16 pp2: {bf16[0]['comm_bytes']} bytes a step against {fp32[0]['comm_bytes']} in fp32")
 PY
+# fp16 compute: the loss scaled on the last stage, fp16 between the stages, the scale
+# divided out in the update; the same losses and scales as one process.
+train llama llama-fp16-1 --set precision.compute=fp16
+train llama llama-fp16-pp2 --nproc 2 --set parallel.pp=2 --set precision.compute=fp16
+compare_half "$work/llama-fp16-1" "$work/llama-fp16-pp2" 11 || fail "fp16 pp2 differs from one process"
 
 echo "3D layouts:"
 train bloom bloom-dp2-pp2 --nproc 4 --set parallel.pp=2

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -29,6 +30,26 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+// fp16's loss scale from a manifest: null (fp32 and bf16 runs, and checkpoints from
+// before it was kept) or a positive finite scale with its count of good steps.
+std::optional<LossScaleState> read_loss_scale(const json& manifest, const std::string& dir) {
+  const auto it = manifest.find("loss_scale");
+  if (it == manifest.end() || it->is_null()) return std::nullopt;
+  const auto bad = [&] {
+    return std::runtime_error(
+        fmt::format("{}/manifest.json: loss_scale {} is not {{\"scale\": a positive number, "
+                    "\"good_steps\": a whole number >= 0}}",
+                    dir, it->dump()));
+  };
+  if (!it->is_object() || !it->contains("scale") || !it->contains("good_steps")) throw bad();
+  const json& scale = (*it)["scale"];
+  const json& good = (*it)["good_steps"];
+  if (!scale.is_number() || !good.is_number_integer()) throw bad();
+  LossScaleState state{scale.get<double>(), good.get<int64_t>()};
+  if (!std::isfinite(state.scale) || state.scale <= 0 || state.good_steps < 0) throw bad();
+  return state;
+}
+
 const char* const kKinds[3] = {"param", "exp_avg", "exp_avg_sq"};
 
 // Where this rank's model computes (its parameters live there, under ZeRO-3 too, as
@@ -141,8 +162,8 @@ void Checkpointer::on_finished(Listener listener) {
   impl_->listener = std::move(listener);
 }
 
-
-void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cursor) {
+void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cursor,
+                        const std::optional<LossScaleState>& loss_scale) {
   wait();  // one save in flight at a time
   auto& m = *impl_;
   auto snap = std::make_shared<Impl::Snapshot>();
@@ -183,26 +204,29 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
   if (m.rank == 0) {
     const auto& cfg = *m.parts.cfg;
     const Distributed* d = m.parts.dist;
-    snap->manifest = {{"format", kCheckpointFormat},
-                      {"step", step},
-                      {"optimizer_steps", optimizer_steps},
-                      {"loader_cursor", loader_cursor},
-                      {"tokens_seen", loader_cursor * cfg.data.seq_len},
-                      {"lr_schedule", {{"next_step", step}}},
-                      {"loss_scale", nullptr},  // fp32 and bf16 train without one
-                      {"rng", "per rank: tensors rng|cpu and, on CUDA, rng|cuda in its file"},
-                      {"layout",
-                       {{"world", m.world},
-                        {"dp", m.dp},
-                        {"tp", d ? d->tp->size() : 1},
-                        {"pp", d ? d->pp->size() : 1},
-                        {"virtual_stages", cfg.parallel.virtual_stages},
-                        {"zero", m.zero}}},
-                      {"recipe", config_to_json(cfg)},
-                      {"recipe_schema_version", kConfigSchemaVersion},
-                      {"created", std::chrono::duration_cast<std::chrono::seconds>(
-                                      std::chrono::system_clock::now().time_since_epoch())
-                                      .count()}};
+    snap->manifest = {
+        {"format", kCheckpointFormat},
+        {"step", step},
+        {"optimizer_steps", optimizer_steps},
+        {"loader_cursor", loader_cursor},
+        {"tokens_seen", loader_cursor * cfg.data.seq_len},
+        {"lr_schedule", {{"next_step", step}}},
+        // fp32 and bf16 train without one
+        {"loss_scale",
+         loss_scale ? json{{"scale", loss_scale->scale}, {"good_steps", loss_scale->good_steps}} : json(nullptr)},
+        {"rng", "per rank: tensors rng|cpu and, on CUDA, rng|cuda in its file"},
+        {"layout",
+         {{"world", m.world},
+          {"dp", m.dp},
+          {"tp", d ? d->tp->size() : 1},
+          {"pp", d ? d->pp->size() : 1},
+          {"virtual_stages", cfg.parallel.virtual_stages},
+          {"zero", m.zero}}},
+        {"recipe", config_to_json(cfg)},
+        {"recipe_schema_version", kConfigSchemaVersion},
+        {"created",
+         std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+             .count()}};
   }
   auto job = [this, snap] {
     try {
@@ -387,6 +411,7 @@ ResumeState Checkpointer::load(const std::string& dir) {
   state.step = manifest.at("step").get<int64_t>();
   state.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
   state.loader_cursor = manifest.at("loader_cursor").get<int64_t>();
+  state.loss_scale = read_loss_scale(manifest, dir);
   state.dir = dir;
   impl_->parts.optim->restore(state.optimizer_steps);
   impl_->restore_rng(manifest, dir);

@@ -51,6 +51,12 @@ double as_number(const std::string& path, const json& v, double lo, double hi) {
 // value is never silently another one.
 constexpr double kBig = 9007199254740991.0;
 
+const std::vector<std::pair<std::string, DType>>& compute_dtypes() {
+  static const std::vector<std::pair<std::string, DType>> dtypes = {
+      {"auto", DType::Auto}, {"fp32", DType::Float32}, {"bf16", DType::BFloat16}, {"fp16", DType::Float16}};
+  return dtypes;
+}
+
 const std::vector<std::pair<std::string, AnomalyAction>>& anomaly_actions() {
   static const std::vector<std::pair<std::string, AnomalyAction>> actions = {{"none", AnomalyAction::None},
                                                                              {"skip", AnomalyAction::Skip},
@@ -281,12 +287,22 @@ void add_schedule_checkpoint_and_eval_fields(std::vector<FieldSpec>& s) {
   s.push_back(number("schedule.min_lr", 0, 10, kFixed, "Learning rate at the end of the decay.", REF(schedule.min_lr)));
   // Precision, checkpoints, evaluation.
   s.push_back(choice<DType>(
-      "precision.compute", {{"auto", DType::Auto}, {"fp32", DType::Float32}, {"bf16", DType::BFloat16}}, kFixed,
+      "precision.compute", compute_dtypes(), kFixed,
       "Compute dtype. bf16: matmuls, attention and the residual stream in bf16 from a copy of the weights cast once "
-      "per step; weights, optimizer state, gradients, norm statistics and loss stay fp32. auto: bf16 on CUDA, fp32 "
-      "on the CPU, also one with bf16 instructions, where the run log says bf16 would train faster (the run's "
-      "config.json records which).",
+      "per step; weights, optimizer state, gradients, norm statistics and loss stay fp32. fp16: the same in fp16, "
+      "with the loss scaled (precision.loss_scale), for GPUs without bf16. auto: bf16 on CUDA, fp32 on the CPU, "
+      "also one with bf16 instructions, where the run log says bf16 would train faster (the run's config.json "
+      "records which).",
       REF(precision.compute)));
+  s.push_back(number("precision.loss_scale", 0, 1e30, kFixed,
+                     "fp16: a fixed loss scale; 0: dynamic (halved when the gradients overflow, which skips that "
+                     "update, doubled after precision.loss_scale_window steps without an overflow).",
+                     REF(precision.loss_scale)));
+  s.push_back(number("precision.initial_loss_scale", 1, 1e30, kFixed, "fp16, dynamic: the loss scale to start from.",
+                     REF(precision.initial_loss_scale)));
+  s.push_back(integer("precision.loss_scale_window", 1, 1e9, kFixed,
+                      "fp16, dynamic: steps without an overflow before the loss scale doubles.",
+                      REF(precision.loss_scale_window)));
   s.push_back(integer("checkpoint.every", 0, 1e12, LiveEffect::EachStep,
                       "Steps between checkpoints (run-dir/checkpoints/step-N); 0: at the end only.",
                       REF(checkpoint.every)));
@@ -458,6 +474,12 @@ void apply_object(RunConfig& c, const json& j, const std::string& prefix) {
 }
 
 }  // namespace
+
+const char* dtype_name(DType d) {
+  for (const auto& [name, dtype] : compute_dtypes())
+    if (dtype == d) return name.c_str();
+  return "auto";
+}
 
 const char* anomaly_action_name(AnomalyAction a) {
   for (const auto& [name, action] : anomaly_actions())

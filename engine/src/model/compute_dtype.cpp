@@ -45,6 +45,16 @@ DType resolve_compute_dtype(DType requested, const c10::Device& device) {
   return device.is_cuda() ? DType::BFloat16 : DType::Float32;
 }
 
+c10::ScalarType scalar_type_of(DType compute) {
+  switch (compute) {
+    case DType::Float32: return at::kFloat;
+    case DType::BFloat16: return at::kBFloat16;
+    case DType::Float16: return at::kHalf;
+    case DType::Auto: break;
+  }
+  throw std::logic_error("scalar_type_of: precision.compute 'auto' was not resolved");
+}
+
 std::string host_bf16_instructions() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
@@ -63,11 +73,12 @@ std::string host_bf16_instructions() {
 
 at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& fn) {
   if (compute == DType::Auto) throw std::logic_error("with_compute_dtype: precision.compute 'auto' was not resolved");
-  if (compute != DType::BFloat16) return fn();
-  // bf16 on the host and on CUDA devices alike (a device with no tensors in the region
-  // is unaffected).
+  if (compute == DType::Float32) return fn();
+  // On the host and on CUDA devices alike (a device with no tensors in the region is
+  // unaffected).
   const bool cache = c10::GradMode::is_enabled();
-  AutocastGuard on({true, true, at::kBFloat16, at::kBFloat16}, cache, cache && weight_cast_scopes == 0);
+  const c10::ScalarType dtype = scalar_type_of(compute);
+  AutocastGuard on({true, true, dtype, dtype}, cache, cache && weight_cast_scopes == 0);
   return fn();
 }
 

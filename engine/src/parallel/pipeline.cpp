@@ -17,9 +17,7 @@ Pipeline::Pipeline(Comm& pp, Transformer model, std::string schedule, std::vecto
       activation_(std::move(activation)),
       compute_(compute),
       tied_embeddings_(tied_embeddings),
-      wire_(torch::TensorOptions()
-                .dtype(compute == DType::BFloat16 ? torch::kBFloat16 : torch::kFloat32)
-                .device(model_->parameters()[0].device())) {}
+      wire_(torch::TensorOptions().dtype(scalar_type_of(compute)).device(model_->parameters()[0].device())) {}
 
 namespace {
 // Tags keep a step's messages apart: the activations and the gradients crossing from
@@ -34,7 +32,7 @@ int backward_tag(int64_t boundary, int64_t m, int64_t micro_batches) {
 }
 }  // namespace
 
-at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
+at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale, const at::Tensor& gradient_scale,
                            const std::function<void(int64_t, int)>& before_backward,
                            const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
   const int stage = pp_.rank(), stages = pp_.size();
@@ -74,7 +72,8 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
     } else {
       before_backward(m, op.chunk);
       if (last) {
-        (outputs[i] * loss_scale).backward();
+        const auto scaled = outputs[i] * loss_scale;
+        (gradient_scale.defined() ? scaled * gradient_scale : scaled).backward();
       } else {
         auto grad = torch::empty(activation_, wire_);
         pp_.recv(grad, next, backward_tag(virtual_stage, m, n), fmt::format("gradients of micro-batch {}", m));

@@ -156,7 +156,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   } else {
     m.optimizer = 2 * owned * 4;
   }
-  const bool bf16 = compute == DType::BFloat16;
+  const bool bf16 = compute != DType::Float32;  // or fp16: the same widths
   // The blocks of each chunk that activation checkpointing recomputes (its first ones).
   ModelConfig checkpointed = mc;
   checkpointed.activation_checkpointing = L.activation_checkpointing;

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tide/engine/config_schema.h"
 #include "tide/engine/plan/plan.h"
 
 namespace tide {
@@ -107,7 +108,7 @@ nlohmann::json to_json(const Plan& plan, size_t top) {
                       {"recipe", plan.recipe},
                       {"parameters", plan.parameters},
                       {"flops_per_token", plan.flops_per_token},
-                      {"compute", plan.compute == DType::BFloat16 ? "bf16" : "fp32"},
+                      {"compute", dtype_name(plan.compute)},
                       {"cluster",
                        {{"nodes", plan.cluster.nodes},
                         {"devices_per_node", plan.cluster.devices_per_node},
@@ -125,10 +126,9 @@ nlohmann::json to_json(const Plan& plan, size_t top) {
 
 std::string format_plan(const Plan& plan, int top) {
   const auto& c = plan.cluster;
-  std::string out =
-      fmt::format("{}: {:.2f}B parameters, {} compute, on {} x {} {} ({}, {} GiB each)\n", plan.recipe,
-                  static_cast<double>(plan.parameters) / 1e9, plan.compute == DType::BFloat16 ? "bf16" : "fp32",
-                  c.nodes, c.devices_per_node, c.device.name, c.device.description, gib(c.device.memory_bytes));
+  std::string out = fmt::format("{}: {:.2f}B parameters, {} compute, on {} x {} {} ({}, {} GiB each)\n", plan.recipe,
+                                static_cast<double>(plan.parameters) / 1e9, dtype_name(plan.compute), c.nodes,
+                                c.devices_per_node, c.device.name, c.device.description, gib(c.device.memory_bytes));
   if (plan.ranked.empty()) {
     out += "no layout fits this cluster.\n";
   } else {

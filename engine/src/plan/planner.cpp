@@ -128,7 +128,8 @@ LayoutPlan evaluate_layout(const RunConfig& cfg, const Cluster& cluster, const P
   const DType compute = plan::planned_compute_dtype(cfg, cluster.device);
   p.memory = plan::estimate_memory(cfg, cluster.device, layout, compute);
   p.time = plan::estimate_time(cfg, cluster, layout, compute);
-  const double peak = compute == DType::BFloat16 ? cluster.device.bf16_flops : cluster.device.fp32_flops;
+  // fp16's tensor-core rate is bf16's on every device the catalog describes.
+  const double peak = compute == DType::Float32 ? cluster.device.fp32_flops : cluster.device.bf16_flops;
   p.time.mfu = train_flops_per_token(cfg.model, cfg.data.seq_len) * p.time.tokens_per_second /
                (static_cast<double>(cluster.world()) * peak);
   p.fits = p.memory.device <= cluster.device.memory_bytes;

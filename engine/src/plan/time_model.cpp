@@ -104,7 +104,7 @@ DType planned_compute_dtype(const RunConfig& cfg, const DeviceSpec& device) {
 TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const PlanLayout& L, DType compute) {
   const ModelConfig& mc = cfg.model;
   const DeviceSpec& dev = cluster.device;
-  const bool bf16 = compute == DType::BFloat16;
+  const bool bf16 = compute != DType::Float32;  // or fp16: the same widths and rates
   const double s = bf16 ? 2.0 : 4.0;
   const double peak = bf16 ? dev.bf16_flops : dev.fp32_flops;
   const double matmul_rate =
@@ -271,7 +271,7 @@ namespace tide {
 
 TokenCost token_cost(const ModelConfig& m, int64_t seq_len, DType compute) {
   return plan::stage_token_cost(m, plan::rank_model(m, 1, PipelineStage{}), static_cast<double>(seq_len),
-                                compute == DType::BFloat16 ? 2.0 : 4.0, false, true);
+                                compute == DType::Float32 ? 4.0 : 2.0, false, true);
 }
 
 }  // namespace tide

@@ -53,6 +53,7 @@ AnomalyDetector::Limits AnomalyDetector::limits() const {
 
 Anomaly AnomalyDetector::check(double loss, double grad_norm) {
   Anomaly a;
+  if (loss_scaled_ && std::isfinite(loss) && !std::isfinite(grad_norm)) return a;  // outside the window too
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     a.kind = "nonfinite";
     a.value = std::isfinite(loss) ? grad_norm : loss;
@@ -115,8 +116,13 @@ std::optional<AnomalyDecision> decide_anomaly(const std::function<nlohmann::json
   }
 }
 
-AnomalyJudge::AnomalyJudge(const AnomalyConfig& cfg, Policy policy, Comm* world, spdlog::logger& log)
-    : cfg_(cfg), detector_(cfg, static_cast<bool>(policy)), policy_(std::move(policy)), world_(world), log_(log) {}
+AnomalyJudge::AnomalyJudge(const AnomalyConfig& cfg, Policy policy, Comm* world, spdlog::logger& log, bool loss_scaled)
+    : cfg_(cfg),
+      detector_(cfg, static_cast<bool>(policy), loss_scaled),
+      policy_(std::move(policy)),
+      world_(world),
+      log_(log),
+      loss_scaled_(loss_scaled) {}
 
 void AnomalyJudge::set_config(const AnomalyConfig& cfg) { next_cfg_ = cfg; }
 
@@ -141,7 +147,9 @@ at::Tensor AnomalyJudge::skip_on_device(const at::Tensor& loss, const at::Tensor
   TORCH_CHECK(limits_.defined(), "AnomalyJudge: skip_on_device before begin_step");
   at::NoGradGuard no_grad;
   const auto finite = at::isfinite(loss).logical_and(at::isfinite(grad_norm));
-  auto skip = cfg_.on_nonfinite != AnomalyAction::None ? finite.logical_not() : at::zeros_like(finite);
+  // Under loss scaling an overflowed norm is no anomaly (the update's gate skips it all the same).
+  const auto nonfinite = loss_scaled_ ? at::isfinite(loss).logical_not() : finite.logical_not();
+  auto skip = cfg_.on_nonfinite != AnomalyAction::None ? nonfinite : at::zeros_like(finite);
   // Without a policy the limits are infinite for kinds whose action is none (and until the
   // window fills): those are never exceeded, as in check(), which compares the same doubles.
   const auto over = loss.gt(limits_.select(0, 0)).logical_or(grad_norm.gt(limits_.select(0, 1)));

@@ -38,7 +38,10 @@ class AnomalyDetector {
   };
   // every_kind: flag spikes and explosions even when their declared action is none (a
   // recipe policy decides what they trigger).
-  AnomalyDetector(const AnomalyConfig& cfg, bool every_kind) : cfg_(cfg), every_kind_(every_kind) {}
+  // loss_scaled (fp16): a gradient norm that overflowed under a finite loss is the loss
+  // scaler's to handle (it skips the update and lowers the scale), not an anomaly.
+  AnomalyDetector(const AnomalyConfig& cfg, bool every_kind, bool loss_scaled = false)
+      : cfg_(cfg), every_kind_(every_kind), loss_scaled_(loss_scaled) {}
   // The verdict on one step; normal steps enter the window, anomalous ones do not.
   Anomaly check(double loss, double grad_norm);
   Limits limits() const;
@@ -54,6 +57,7 @@ class AnomalyDetector {
 
   AnomalyConfig cfg_;
   bool every_kind_;
+  bool loss_scaled_;
   std::deque<double> losses_, norms_;
 };
 
@@ -84,8 +88,9 @@ class AnomalyJudge {
     std::string decided_by = "recipe";  // or "on_anomaly"
     double lr_factor = 0;               // what scale_lr multiplies optimizer.lr_scale by
   };
-  // world: every rank of the job (null: one process); policy may be empty.
-  AnomalyJudge(const AnomalyConfig& cfg, Policy policy, Comm* world, spdlog::logger& log);
+  // world: every rank of the job (null: one process); policy may be empty; loss_scaled:
+  // fp16 (AnomalyDetector).
+  AnomalyJudge(const AnomalyConfig& cfg, Policy policy, Comm* world, spdlog::logger& log, bool loss_scaled = false);
   // 1-based step; the loss and global norm are the same on every rank.
   Verdict judge(int64_t step, double loss, double grad_norm);
   // False with an on_anomaly policy: its answer decides whether an update is skipped, so
@@ -112,6 +117,7 @@ class AnomalyJudge {
   Policy policy_;
   Comm* world_;
   spdlog::logger& log_;
+  bool loss_scaled_;
 };
 
 }  // namespace tide

@@ -7,6 +7,8 @@
 #include <torch/cuda.h>
 #include <torch/types.h>
 
+#include "tide/engine/model/compute_dtype.h"
+
 namespace tide {
 
 namespace {
@@ -29,9 +31,7 @@ double time_products(int64_t n, const torch::TensorOptions& opts, const std::fun
 
 double measure_matmul_peak(const char* device, DType dtype) {
   torch::NoGradGuard no_grad;
-  const auto opts = torch::TensorOptions()
-                        .dtype(dtype == DType::BFloat16 ? torch::kBFloat16 : torch::kFloat32)
-                        .device(torch::Device(device));
+  const auto opts = torch::TensorOptions().dtype(scalar_type_of(dtype)).device(torch::Device(device));
   const bool cuda = opts.device().is_cuda();
   // A GPU reaches its peak only on large products, and its work is asynchronous: time
   // between synchronisations, not around a copy back to the host.

@@ -83,7 +83,7 @@ struct AttentionProbe {
   double flops;
 
   explicit AttentionProbe(DType dtype) {
-    const auto opts = torch::TensorOptions().dtype(dtype == DType::BFloat16 ? torch::kBFloat16 : torch::kFloat32);
+    const auto opts = torch::TensorOptions().dtype(scalar_type_of(dtype));
     const int64_t batch = 4, heads = 4, seq = 256, head_dim = 64;
     q = torch::randn({batch, heads, seq, head_dim}, opts).requires_grad_();
     k = torch::randn({batch, heads, seq, head_dim}, opts).requires_grad_();

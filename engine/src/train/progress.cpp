@@ -24,7 +24,8 @@ std::string ProgressLine::format(const StepMetrics& m) {
                               format_duration(m.eta_seconds));
   if (m.peak_gpu_mb > 0) s += fmt::format(" | GPU {:.0f} MiB", m.peak_gpu_mb);
   if (m.val_loss) s += fmt::format(" | val {:.4f}", *m.val_loss);
-  if (m.skipped) s += " | skipped (non-finite gradients)";
+  if (m.loss_scale > 0) s += fmt::format(" | loss scale {:g}", m.loss_scale);
+  if (m.skipped) s += m.loss_scale > 0 ? " | skipped (gradients overflowed fp16)" : " | skipped (non-finite gradients)";
   return s;
 }
 

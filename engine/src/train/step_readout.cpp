@@ -7,12 +7,15 @@ namespace tide {
 
 StepReadout::StepReadout(const StepValues& values, const at::Tensor& skip) {
   at::NoGradGuard no_grad;
-  const auto packed = at::stack({values.loss.to(at::kDouble), values.grad_norm.to(at::kDouble), skip.to(at::kDouble)});
+  const auto scale =
+      values.loss_scale.defined() ? values.loss_scale.to(at::kDouble) : at::zeros_like(skip, at::kDouble);
+  const auto packed =
+      at::stack({values.loss.to(at::kDouble), values.grad_norm.to(at::kDouble), skip.to(at::kDouble), scale});
   if (packed.is_cpu()) {
     host_ = packed;
     return;
   }
-  host_ = at::empty({3}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+  host_ = at::empty({4}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
   host_.copy_(packed, /*non_blocking=*/true);
   const c10::impl::VirtualGuardImpl device(packed.device().type());
   copied_.emplace(packed.device().type());
@@ -22,7 +25,7 @@ StepReadout::StepReadout(const StepValues& values, const at::Tensor& skip) {
 StepLoss StepReadout::read() const {
   if (copied_) copied_->synchronize();
   const double* v = host_.const_data_ptr<double>();
-  return {v[0], v[1], v[2] != 0.0};
+  return {v[0], v[1], v[2] != 0.0, v[3]};
 }
 
 }  // namespace tide

@@ -17,6 +17,7 @@ struct StepLoss {
   double loss = 0;       // mean over the step's micro-batches and ranks
   double grad_norm = 0;  // global, before clipping; the same on every rank
   bool skipped = false;  // the update was skipped (as the device decided)
+  double loss_scale = 0;  // fp16: the scale the step's backward used; 0 otherwise
 };
 
 class StepReadout {
@@ -27,7 +28,7 @@ class StepReadout {
   StepLoss read() const;
 
  private:
-  at::Tensor host_;                   // loss, norm, skip as fp64; pinned when copied from a GPU
+  at::Tensor host_;                   // loss, norm, skip, loss scale as fp64; pinned when copied from a GPU
   std::optional<c10::Event> copied_;  // recorded after the copy; none on the CPU
 };
 

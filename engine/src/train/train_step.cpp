@@ -25,7 +25,8 @@ TrainStep::TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg,
       cfg_(cfg),
       tap_(tap ? std::move(tap) : [](int64_t, int64_t, const at::Tensor& loss) { return loss; }),
       batch_(batch),
-      dp_rank_(dp_rank) {
+      dp_rank_(dp_rank),
+      scaler_(cfg.precision, cfg.precision.compute, pm.optim->params().device()) {
   const PipelineStage& stage = pm.model->pipeline_stage();
   const bool tied_across_stages = pm.pipeline && cfg.model.tie_embeddings && (!stage.first || !stage.last);
   for (int chunk = 0; chunk < static_cast<int>(stage.chunks.size()); ++chunk) {
@@ -54,11 +55,12 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   // projection), and no copy waits between the two. ZeRO-3 gathers and frees the weights
   // unit by unit: no step-long copies there either.
   const WeightCastScope working_copy(cfg_.parallel.zero != 3 && accum > 1);
-  at::Tensor loss_sum = pm_.pipeline ? pm_.pipeline->train(batches, scale, before_backward, on_loss)
-                                     : whole_model(batches, before_backward, on_loss);
+  StepValues out;
+  if (scaler_.active()) out.loss_scale = scaler_.scale().clone();  // the update moves it in place
+  at::Tensor loss_sum = pm_.pipeline ? pm_.pipeline->train(batches, scale, out.loss_scale, before_backward, on_loss)
+                                     : whole_model(batches, out.loss_scale, before_backward, on_loss);
   loss_sum = across_stages(loss_sum);
   // Every rank gets the same global norm, so clipping and the skip decision agree.
-  StepValues out;
   if (dp) {
     loss_sum = dp->sum(loss_sum) / static_cast<double>(batch_.dp);
     out.grad_norm = dp->reduce_gradients();
@@ -67,6 +69,7 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
     out.grad_norm = pm_.flat->grad().norm().to(torch::kFloat64);
   }
   out.loss = loss_sum / static_cast<double>(accum);
+  if (scaler_.active()) out.grad_norm = out.grad_norm / out.loss_scale.to(torch::kFloat64);
   return out;
 }
 
@@ -76,13 +79,23 @@ void TrainStep::set_lr(double lr) {
   lr_.fill_(lr);
 }
 
-void TrainStep::update(const UpdateGate& gate) {
+void TrainStep::update(const UpdateGate& gate, const at::Tensor& grad_norm) {
   TORCH_CHECK(lr_.defined(), "TrainStep: update before set_lr");
-  pm_.optim->step(lr_, gate);
+  if (!scaler_.active()) {
+    pm_.optim->step(lr_, gate);
+  } else {
+    // The gradients are the loss scale times the true ones: the clip factor divides it out.
+    torch::NoGradGuard no_grad;
+    UpdateGate unscaled = gate;
+    const auto inverse = scaler_.scale().to(torch::kFloat64).reciprocal();
+    unscaled.clip = gate.clip.defined() ? gate.clip * inverse : inverse;
+    pm_.optim->step(lr_, unscaled);
+    scaler_.update(grad_norm);
+  }
   if (pm_.data_parallel) pm_.data_parallel->gather_parameters();
 }
 
-at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches,
+at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches, const at::Tensor& loss_scale,
                                   const std::function<void(int64_t, int)>& before_backward,
                                   const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
   LossSum loss_sum;
@@ -91,7 +104,8 @@ at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches,
     auto loss = with_compute_dtype(cfg_.precision.compute, [&] { return pm_.model->loss(b.tokens, b.targets); });
     loss = on_loss(static_cast<int64_t>(micro), loss);
     before_backward(static_cast<int64_t>(micro), 0);
-    (loss / static_cast<double>(batches.size())).backward();
+    const auto mean_part = loss / static_cast<double>(batches.size());
+    (loss_scale.defined() ? mean_part * loss_scale : mean_part).backward();
     loss_sum.add(loss);
   }
   return loss_sum.total(batches.front().tokens.device());

@@ -10,6 +10,7 @@
 #include "tide/engine/config.h"
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/loss_scaler.h"
 #include "tide/engine/parallel/parallelize.h"
 #include "tide/engine/train/trainer.h"
 
@@ -20,8 +21,9 @@ class TokenSplit;
 // A step's loss and gradient norm where the device left them: fp64 scalars, the same on
 // every rank, read by the host a step later (StepReadout).
 struct StepValues {
-  at::Tensor loss;       // mean over the step's micro-batches and ranks
-  at::Tensor grad_norm;  // global, before clipping
+  at::Tensor loss;        // mean over the step's micro-batches and ranks
+  at::Tensor grad_norm;   // global, before clipping (fp16: of the unscaled gradients)
+  at::Tensor loss_scale;  // fp16: the scale the step's backward used (fp32); undefined otherwise
 };
 
 class TrainStep {
@@ -38,15 +40,19 @@ class TrainStep {
   // waiting for it: a captured update (CUDA graphs) reads it there at each replay.
   void set_lr(double lr);
   // The update with the gradients forward_backward left, clipped or skipped as `gate`
-  // says (ZeRO: then every rank gathers the updated pieces).
-  void update(const UpdateGate& gate);
+  // says (ZeRO: then every rank gathers the updated pieces); fp16 divides the loss scale
+  // out and moves it by the step's `grad_norm` (LossScaler).
+  void update(const UpdateGate& gate, const at::Tensor& grad_norm);
+  LossScaler& loss_scaler() { return scaler_; }
   // Mean validation loss over `batches` micro-batches of `split`, shared among the
   // data-parallel ranks; the same on every rank.
   double validation_loss(const TokenSplit& split, int64_t batches);
 
  private:
   // The sum of the micro-batch losses; each backward of loss / micro-batches.
-  at::Tensor whole_model(const std::vector<Batch>& batches, const std::function<void(int64_t, int)>& before_backward,
+  // loss_scale: fp16's, multiplying each loss before backward; undefined: none.
+  at::Tensor whole_model(const std::vector<Batch>& batches, const at::Tensor& loss_scale,
+                         const std::function<void(int64_t, int)>& before_backward,
                          const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss);
   at::Tensor across_stages(const at::Tensor& x);  // the loss lives on the last pipeline stage
 
@@ -61,6 +67,7 @@ class TrainStep {
   // stages are summed over the two stages after backward, and reduced after that.
   std::vector<std::vector<int>> backward_units_;
   at::Tensor lr_;  // fp64 scalar on the optimizer's device
+  LossScaler scaler_;
 };
 
 }  // namespace tide

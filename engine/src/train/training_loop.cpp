@@ -53,7 +53,8 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
                         : [&cfg = s.cfg](int64_t step) { return scheduled_lr(cfg.schedule, cfg.optimizer.lr, step); }),
       step_(s.pm, s.dist, s.cfg, s.batch, s.dp_rank, s.hooks.loss_tap),
       meter_(s.cfg, s.pm, s.dist, s.device, s.hooks.peak_flops, *s.log),
-      judge_(s.cfg.anomaly, s.hooks.anomaly_policy, s.dist ? s.dist->control() : nullptr, *s.log),
+      judge_(s.cfg.anomaly, s.hooks.anomaly_policy, s.dist ? s.dist->control() : nullptr, *s.log,
+             s.cfg.precision.compute == DType::Float16),
       graphs_(s.device, why_uncaptured(s), *s.log),
       profiler_(s.cfg, s.dist ? s.dist->world->rank() : 0, s.device, s.dir, s.log) {
   if (s.hooks.controlled)
@@ -84,6 +85,7 @@ void TrainingLoop::resume() {
     return;
   }
   resumed_ = s_.checkpointer->load(*from);
+  restore_loss_scale(resumed_);
   s_.log->info("resumed from {} at step {}", *from, resumed_.step);
 }
 
@@ -193,7 +195,7 @@ TrainingLoop::Next TrainingLoop::run_step(int64_t& step, const Changes& changes)
   const auto update = [&](const at::Tensor& flagged) {
     RECORD_USER_SCOPE("tide::update");
     const UpdateGate gate = gate_update(values.grad_norm, cfg_.optimizer.grad_clip, flagged);
-    step_.update(gate);
+    step_.update(gate, values.grad_norm);
     return gate.skip;
   };
   std::optional<AnomalyJudge::Verdict> verdict;
@@ -279,6 +281,7 @@ void TrainingLoop::measure(StepMetrics& m, const PendingStep& p, const StepLoss&
   m.total_steps = cfg_.schedule.steps;
   m.loss = loss.loss;
   m.grad_norm = loss.grad_norm;
+  m.loss_scale = loss.loss_scale;
   m.lr = p.lr;
   tokens_seen_ += p.tokens;
   m.tokens_seen = tokens_seen_;
@@ -290,7 +293,13 @@ void TrainingLoop::report(const StepMetrics& m, bool anomaly) {
   const bool due = m.step % cfg_.log_every == 0 || m.step == cfg_.schedule.steps || m.val_loss;
   if (s_.leader && s_.hooks.show_progress && due) progress_.update(m);
   if (due) s_.log->info("{}", ProgressLine::format(m));
-  if (m.skipped && !anomaly) s_.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
+  if (m.skipped && !anomaly) {
+    if (m.loss_scale > 0)
+      s_.log->info("step {}: the gradients overflowed fp16 at loss scale {:g}; update skipped, scale halved", m.step,
+                   m.loss_scale);
+    else
+      s_.log->warn("step {}: non-finite gradient norm, update skipped", m.step);
+  }
   if (s_.hooks.on_step) s_.hooks.on_step(m);
 }
 
@@ -316,6 +325,7 @@ TrainingLoop::Next TrainingLoop::respond(const AnomalyJudge::Verdict& v, const S
                event["action"].get<std::string>());
   if (from) {
     const ResumeState back = s_.checkpointer->load(*from);
+    restore_loss_scale(back);
     graphs_.reset("rolled back to a checkpoint");
     event["to_step"] = back.step;
     s_.log->warn("rolled back to {} (step {}); the data goes on from where it was", *from, back.step);
@@ -334,9 +344,19 @@ TrainingLoop::Next TrainingLoop::respond(const AnomalyJudge::Verdict& v, const S
   return Next::stop;
 }
 
+void TrainingLoop::restore_loss_scale(const ResumeState& state) {
+  LossScaler& scaler = step_.loss_scaler();
+  if (!scaler.active()) return;
+  // A checkpoint of a run that was not fp16 starts the scale afresh.
+  if (state.loss_scale) scaler.restore(state.loss_scale->scale, state.loss_scale->good_steps);
+}
+
 void TrainingLoop::save_checkpoint(int64_t steps_done) {
   const auto before = std::chrono::steady_clock::now();
-  s_.checkpointer->save(steps_done, s_.pm.optim->steps_taken(), loader_->cursor());
+  std::optional<LossScaleState> loss_scale;
+  if (const LossScaler& scaler = step_.loss_scaler(); scaler.active())
+    loss_scale = LossScaleState{scaler.value(), scaler.good_steps()};
+  s_.checkpointer->save(steps_done, s_.pm.optim->steps_taken(), loader_->cursor(), loss_scale);
   saved_step_ = steps_done;
   const double held = std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
   meter_.add_checkpoint_seconds(held);

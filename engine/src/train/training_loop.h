@@ -78,6 +78,7 @@ class TrainingLoop {
   // After an anomalous step: the event, and a rollback (step becomes the checkpoint's) or a stop.
   Next respond(const AnomalyJudge::Verdict& v, const StepMetrics& m, int64_t& step);
   void save_checkpoint(int64_t steps_done);
+  void restore_loss_scale(const ResumeState& state);  // fp16: the scale the checkpoint kept
   TrainResult stopped(int64_t steps);
   TrainResult finish();
   void save_weights(const std::string& path);

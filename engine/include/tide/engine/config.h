@@ -16,7 +16,7 @@ enum class MlpKind { SwiGLU, GELU };
 enum class Family { LLaMA, BLOOM };
 enum class DecayKind { Constant, Cosine, Linear, Lua };
 // Auto: resolved once a run knows its device (resolve_compute_dtype), never used as is.
-enum class DType { Float32, BFloat16, Auto };
+enum class DType { Float32, BFloat16, Float16, Auto };
 
 struct ModelConfig {
   Family family = Family::LLaMA;
@@ -78,7 +78,14 @@ struct ScheduleConfig {
 };
 
 struct PrecisionConfig {
-  DType compute = DType::Auto;  // bf16: autocast of matmuls, fp32 master weights
+  DType compute = DType::Auto;  // bf16 / fp16: autocast of matmuls, fp32 master weights
+  // fp16 only: the loss is multiplied by a scale before backward, so that small gradients
+  // stay within fp16's range. 0: dynamic, from initial_loss_scale, halved at a step whose
+  // gradients overflow (the update is skipped) and doubled after loss_scale_window steps
+  // without one; otherwise this fixed scale.
+  double loss_scale = 0.0;
+  double initial_loss_scale = 65536.0;
+  int64_t loss_scale_window = 1000;
 };
 
 struct CheckpointConfig {

@@ -70,6 +70,9 @@ ModelConfig model_config_from_json(const nlohmann::json& model);
 void validate(const RunConfig& c);
 void validate_model(const ModelConfig& m);
 
+// The name recipes and messages use for a compute dtype: auto, fp32, bf16, fp16.
+const char* dtype_name(DType d);
+
 // The names recipes and messages use for anomaly actions: none, skip, rollback,
 // scale_lr, stop. Parsing throws ConfigError naming `field` and the name.
 const char* anomaly_action_name(AnomalyAction a);

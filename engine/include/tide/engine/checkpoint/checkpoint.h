@@ -28,11 +28,18 @@ class FlatParameters;
 class TransformerImpl;
 struct Distributed;
 
+// fp16's loss scale (LossScaler) as a checkpoint keeps it.
+struct LossScaleState {
+  double scale = 0;
+  int64_t good_steps = 0;  // steps without an overflow since the scale last changed
+};
+
 // What a resumed run continues from.
 struct ResumeState {
   int64_t step = 0;             // optimizer steps completed
   int64_t optimizer_steps = 0;  // AdamW's bias-correction count
   int64_t loader_cursor = 0;    // sequences consumed
+  std::optional<LossScaleState> loss_scale;  // saved by an fp16 run
   std::string dir;
 };
 
@@ -55,7 +62,8 @@ class Checkpointer {
   // memory now; the files are written in the background (checkpoint.async) or before
   // this returns. Errors of the write are logged and reported to the on_finished
   // listener, never thrown: training goes on, older checkpoints stay.
-  void save(int64_t step, int64_t optimizer_steps, int64_t loader_cursor);
+  void save(int64_t step, int64_t optimizer_steps, int64_t loader_cursor,
+            const std::optional<LossScaleState>& loss_scale = std::nullopt);
   // Waits for the save in flight, if any.
   void wait();
   // Ends the save in flight without committing it (the run has failed: the peers whose

@@ -21,11 +21,14 @@ namespace tide {
 // slower than fp32's.
 DType resolve_compute_dtype(DType requested, const c10::Device& device);
 
+// The tensor dtype of a resolved compute dtype: float, bfloat16 or half.
+c10::ScalarType scalar_type_of(DType compute);
+
 // The instructions this host's cores multiply bf16 with, from /proc/cpuinfo's flags:
 // "amx_bf16", "avx512_bf16", or empty where neither is there (or the file cannot be read).
 std::string host_bf16_instructions();
 
-// fn() with matmuls in the compute dtype (bf16: autocast on the host and on CUDA). Each
+// fn() with matmuls in the compute dtype (bf16, fp16: autocast on the host and on CUDA). Each
 // fp32 weight is cast once and the copy reused until the innermost WeightCastScope on
 // this thread ends, or, outside one, until fn returns. With gradients off nothing is
 // cached: a copy made then would carry no path back to its weight.

@@ -37,6 +37,7 @@ struct StepMetrics {
   int64_t transient_bytes = 0;
   double eta_seconds = 0;
   bool skipped = false;  // non-finite gradients or an anomaly policy: the update was not applied
+  double loss_scale = 0;                // fp16: the loss scale the step's backward used; 0 otherwise
   std::string anomaly, anomaly_action;  // "loss_spike", ... and what it triggered
   std::optional<double> val_loss;
   // Live changes applied before this step: field and new value (JSON text).
