@@ -28,7 +28,7 @@ TrainStep::TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg,
       dp_rank_(dp_rank),
       scaler_(cfg.precision, cfg.precision.compute, pm.optim->params().device()) {
   const PipelineStage& stage = pm.model->pipeline_stage();
-  const bool tied_across_stages = pm.pipeline && cfg.model.tie_embeddings && (!stage.first || !stage.last);
+  const bool tied_across_stages = pm.pipeline && cfg.model.tie_embeddings;  // a pipeline has pp > 1
   for (int chunk = 0; chunk < static_cast<int>(stage.chunks.size()); ++chunk) {
     auto units = chunk_units(stage, chunk, cfg.model.n_layers);
     if (tied_across_stages) units.erase(std::remove(units.begin(), units.end(), 0), units.end());
