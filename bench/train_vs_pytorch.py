@@ -73,7 +73,7 @@ def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_grap
     cmd = [tide, "train", recipe, "--run-dir", run_dir, "--quiet"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
     timed = rows[warmup:warmup + steps]
     if profile_to:
@@ -128,6 +128,7 @@ def main():
     # On CUDA tide captures its step after 3 steps and replays it from the 4th: the steps
     # timed start after the capture.
     warmup = max(a.warmup, 5) if a.device == "cuda" else a.warmup
+    failed = False
     for name in shapes:
         s = SHAPES[name]
         steps = a.steps or (30 if name == "tiny" else 8)
@@ -139,29 +140,51 @@ def main():
         peer = functools.partial(run_torch, s, steps, warmup, a.threads, a.data, device=a.device)
         tide = functools.partial(run_tide, a.tide, s, steps, warmup, a.threads, a.data, a.device, a.precision)
         profile_to = os.path.join(a.profile_dir, name) if a.profile_dir else None
-        results = {"tide": tide(profile_to=profile_to)}
+        memory = "GPU MB" if a.device == "cuda" else "peak MB"
+
+        def row(k, r, base):
+            tps = r["tokens_per_second"]
+            mb = r["peak_device_mb"] if a.device == "cuda" else r["peak_rss_mb"]
+            ratio = f"{base / tps:8.2f}" if base else f"{'':8s}"
+            return f"  {k:32s} {tps:10.0f} {ratio} {100 * tps * fpt / peak:6.1f}% {mb or 0:9.0f}"
+
+        # Each figure is printed as it is measured, and a run that fails is reported with the
+        # end of its stderr and the others still run: a short lease of a GPU machine keeps
+        # whatever it reached.
+        results = {}
+
+        def measure(k, fn, *args, **kwargs):
+            try:
+                results[k] = fn(*args, **kwargs)
+                print(row(k, results[k], None), flush=True)
+            except subprocess.CalledProcessError as e:
+                print(f"  {k}: failed ({e.returncode}): {(e.stderr or '')[-2000:]}", flush=True)
+
+        measure("tide", tide, profile_to=profile_to)
         if profile_to:
             print(f"  tide's profile of two more steps: {profile_to}")
         if a.device == "cuda":
-            results["tide, cuda_graphs = false"] = tide(cuda_graphs=False)
+            measure("tide, cuda_graphs = false", tide, cuda_graphs=False)
         if bf16:
+            # The peers the acceptance names come first.
             best = ("--bf16", "--sdpa", "--fused-adamw")
-            results["pytorch eager fp32"] = peer(False)
-            results["pytorch eager bf16"] = peer(False, flags=("--bf16",))
-            results["eager bf16 + SDPA + fused AdamW"] = peer(False, flags=best)
-            results["the same, torch.compile"] = peer(False, compile=True, flags=best)
+            measure("eager bf16 + SDPA + fused AdamW", peer, False, flags=best)
+            measure("the same, torch.compile", peer, False, compile=True, flags=best)
+            measure("pytorch eager bf16", peer, False, flags=("--bf16",))
+            measure("pytorch eager fp32", peer, False)
         else:
-            results["pytorch eager"] = peer(False)
+            measure("pytorch eager", peer, False)
             if a.device == "cpu":
-                results["pytorch eager + jemalloc"] = peer(True)
-            results["pytorch torch.compile"] = peer(False, compile=True)
+                measure("pytorch eager + jemalloc", peer, True)
+            measure("pytorch torch.compile", peer, False, compile=True)
+        if "tide" not in results:
+            failed = True
+            continue
         base = results["tide"]["tokens_per_second"]
-        memory = "GPU MB" if a.device == "cuda" else "peak MB"
         print(f"  {'':32s} {'tokens/s':>10s} {'tide x':>8s} {'MFU':>7s} {memory:>9s}")
         for k, r in results.items():
-            tps = r["tokens_per_second"]
-            mb = r["peak_device_mb"] if a.device == "cuda" else r["peak_rss_mb"]
-            print(f"  {k:32s} {tps:10.0f} {base / tps:8.2f} {100 * tps * fpt / peak:6.1f}% {mb or 0:9.0f}")
+            print(row(k, r, base))
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ if [[ ! -x .venv/bin/pip ]]; then
   echo "make_gpu_kit: no .venv (scripts/setup.sh makes it); its pip fetches the wheels" >&2
   exit 2
 fi
-"$shared/fetch-debs.sh" "$kit/kit" > /dev/null
+# fetch-debs.sh changes into DIR/debs and then DIR/fallback: DIR must be absolute.
+"$shared/fetch-debs.sh" "$(realpath -m "$kit/kit")" > /dev/null
 cp "$shared"/*.sh "$kit/kit/"
 # What tide needs beyond the shared list: Gloo's headers (c10d's Gloo backend), cereal,
 # cpp-httplib with the TLS and compression libraries its .pc file names, prometheus-cpp.
