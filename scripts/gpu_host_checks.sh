@@ -62,8 +62,9 @@ use_kit_environment() {
 }
 [[ -n $kit ]] && use_kit_environment
 
-# What the parts run, not the whole tree: a lease's minutes go to the GPU.
-lease_targets=(tide tided tide-worker libtide.so tide_engine_tests capi_run)
+# Ninja's arguments: what the parts run, not the whole tree (a lease's minutes go to the
+# GPU), and -k 0 so that a build that fails shows every error in one lease.
+ninja_args=(-k 0 tide tided tide-worker libtide.so tide_engine_tests capi_run)
 part_build() {
   if compgen -G "$kit/whl/*.whl" > /dev/null; then
     "$python" -m pip install -q --no-index --no-deps --no-compile --target "$kit_site" "$kit"/whl/*.whl || return
@@ -76,7 +77,7 @@ part_build() {
   # libssl-dev keeps opensslconf.h under the multiarch folder, which only the host's own
   # /usr/include has on the compiler's search path.
   CPATH=/tmp/deb/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH} PKG_CONFIG=$wrapper \
-    "$kit/kit/build-on-gpu-host.sh" "$kit/kit" "${lease_targets[@]}" || return
+    "$kit/kit/build-on-gpu-host.sh" "$kit/kit" "${ninja_args[@]}" || return
   [[ $build == build-gpu ]] || echo "gpu_host_checks: the kit builds into build-gpu; the parts use $build"
   use_kit_environment
 }

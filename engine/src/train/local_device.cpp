@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/cuda.h>
