@@ -8,8 +8,8 @@
 source "$(dirname "$0")/common.sh" "$1"
 "${TIDE_PYTHON:-python3}" "$(dirname "$0")/../tools/cuda_probe.py" || exit $?
 # One GPU: the first of those visible.
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*}
-export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+visible=${CUDA_VISIBLE_DEVICES:-0}
+export CUDA_VISIBLE_DEVICES=${visible%%,*}
 
 # fp32: the comparisons are fp32 ones (precision.compute is bf16 on CUDA by default).
 cuda=(--set device=cuda --set precision.compute=fp32)

@@ -1,7 +1,11 @@
 #include "tide/engine/parallel/distributed.h"
 
+#include <algorithm>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
+#include <stdexcept>
+#include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -20,6 +24,7 @@
 #endif
 #ifdef USE_C10D_NCCL
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -63,6 +68,29 @@ std::string describe_devices(const std::vector<std::shared_ptr<::gloo::transport
   std::vector<std::string> names;
   for (const auto& d : devices) names.push_back(d->str());
   return fmt::format("{}", fmt::join(names, ", "));
+}
+#endif
+
+#ifdef USE_C10D_NCCL
+// NCCL refuses two ranks on one GPU only when a collective first builds its communicator
+// ("Duplicate GPU detected"), naming no setting. Each rank publishes the UUID of its GPU
+// in the rendezvous store and reads every other's first: one GPU seen by several ranks
+// (a single visible GPU is each rank's own only where a launcher gives every rank a
+// different one) is refused here, with the setting that lets ranks share it.
+void refuse_shared_gpus(c10d::Store& store, const LaunchEnv& env) {
+  const int device = cuda_device_of_local_rank(env.local_rank, static_cast<int>(c10::cuda::device_count()), false);
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    throw std::runtime_error(fmt::format("rank {}: cannot read the properties of cuda:{}", env.rank, device));
+  const std::vector<uint8_t> mine(prop.uuid.bytes, prop.uuid.bytes + sizeof(prop.uuid.bytes));
+  store.set(fmt::format("tide/gpu/{}", env.rank), mine);
+  for (int r = 0; r < env.world; ++r) {
+    if (r != env.rank && store.get(fmt::format("tide/gpu/{}", r)) == mine)
+      throw std::invalid_argument(
+          fmt::format("cuda: ranks {} and {} are on the same GPU (cuda:{} of rank {}), which NCCL refuses; "
+                      "parallel.backend = \"gloo\" lets ranks share a GPU",
+                      std::min(r, env.rank), std::max(r, env.rank), device, env.rank));
+  }
 }
 #endif
 
@@ -157,6 +185,9 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
   std::vector<int> all(static_cast<size_t>(env.world));
   for (int r = 0; r < env.world; ++r) all[static_cast<size_t>(r)] = r;
   const bool nccl = cuda && parallel.backend != "gloo";
+#ifdef USE_C10D_NCCL
+  if (nccl) refuse_shared_gpus(*store, env);
+#endif
   d->world = make_group(store, "world", all, env.rank, env, timeout, nccl, address, hb);
 #ifdef TIDE_HAVE_GLOO
   d->host = make_group(store, "host", all, env.rank, env, timeout, /*nccl=*/false, address, hb);
