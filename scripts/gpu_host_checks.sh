@@ -4,11 +4,13 @@
 #   build    build.log: (with --kit) tide and its tests built against the host's PyTorch with
 #            the carried libraries; later calls with --kit find that build's environment
 #   host     host.txt: GPU, driver, PyTorch and CUDA versions, tide's build
+#   binding  binding.txt: where the binaries' std-library symbols bind (docs/building.md,
+#            "libstdc++ first"); where any binds into LibTorch, the link line and toolchain
 #   tests    cuda-tests.log: the CUDA label, where a skip fails (TIDE_REQUIRE_CUDA=1)
 #   demo     demo.log: the demo recipe trained on GPU 0 in bf16, then sampled
 #   s1, s2   bench-S.log: bench/train_vs_pytorch.py --device cuda --precision bf16 on that
 #            shape, and profile-S.txt: the summary of tide's profile of two more steps
-# Parts run in the order given (default: host tests demo s1 s2); a failed part is logged
+# Parts run in the order given (default: host binding tests demo s1 s2); a failed part is logged
 # and the next runs. Exit status: the number of failed parts.
 # Usage: scripts/gpu_host_checks.sh [--build DIR] [--kit DIR] OUT_DIR [PART...]
 #   --build DIR   tide's build folder (default: build; build-gpu with --kit, where the
@@ -23,7 +25,7 @@ kit=""
 usage="usage: scripts/gpu_host_checks.sh [--build DIR] [--kit DIR] OUT_DIR [PART...]"
 while [[ $# -gt 0 ]]; do
   case $1 in
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --build) build=${2:?--build needs a folder}; shift 2 ;;
     --kit) kit=${2:?--kit needs a folder}; shift 2 ;;
     -*) echo "gpu_host_checks: unknown option '$1' ($usage)" >&2; exit 2 ;;
@@ -34,12 +36,12 @@ done
 out=${1:?$usage}
 shift
 parts=("$@")
-[[ ${#parts[@]} -gt 0 ]] || parts=(host tests demo s1 s2)
+[[ ${#parts[@]} -gt 0 ]] || parts=(host binding tests demo s1 s2)
 for part in "${parts[@]}"; do
   case $part in
     build) [[ -n $kit ]] || { echo "gpu_host_checks: the build part needs --kit" >&2; exit 2; } ;;
-    host|tests|demo|s1|s2|tiny|gpu) ;;
-    *) echo "gpu_host_checks: unknown part '$part' (build, host, tests, demo, s1, s2, tiny, gpu)" >&2; exit 2 ;;
+    host|binding|tests|demo|s1|s2|tiny|gpu) ;;
+    *) echo "gpu_host_checks: unknown part '$part' (build, host, binding, tests, demo, s1, s2, tiny, gpu)" >&2; exit 2 ;;
   esac
 done
 if [[ -n $kit && ! -x $kit/kit/build-on-gpu-host.sh ]]; then
@@ -96,6 +98,20 @@ part_host() {
   nproc
 }
 
+part_binding() {
+  require_tide || return
+  local binaries=("$tide" "$build/tools/tide-worker" "$build/capi/libtide.so" "$build/tests/tide_engine_tests")
+  "$python" tests/tools/check_symbol_binding.py --ours "$build" "${binaries[@]}" && return 0
+  local rc=$?
+  echo "--- the link line of tide, and the toolchain that ran it"
+  ninja -C "$build" -t commands tools/tide | tail -1
+  c++ --version | head -1
+  ld --version | head -1
+  cmake --version | head -1
+  readelf -d "$tide" | grep NEEDED
+  return $rc
+}
+
 # The CUDA tests share the one GPU (a few hundred MB each), a quarter of the cores at once.
 part_tests() {
   require_tide &&
@@ -133,6 +149,7 @@ for part in "${parts[@]}"; do
   case $part in
     build) log=build.log; cmd=(part_build) ;;
     host) log=host.txt; cmd=(part_host) ;;
+    binding) log=binding.txt; cmd=(part_binding) ;;
     tests) log=cuda-tests.log; cmd=(part_tests) ;;
     demo) log=demo.log; cmd=(part_demo) ;;
     *) log=bench-$part.log; cmd=(part_bench "$part") ;;

@@ -14,6 +14,7 @@
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/token_dataset.h"
+#include "tide/engine/io/std_binding.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/optim/flat_parameters.h"
 #include "tide/engine/parallel/comm.h"
@@ -86,6 +87,7 @@ void describe(const Trainer::State& s, int threads) {
 Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Distributed* dist)
     : s_(std::make_unique<State>()) {
   auto& s = *s_;
+  check_std_library_binding();
   validate(cfg);
   const int world = dist ? dist->world->size() : 1;
   check_supported_layout(cfg, world);
