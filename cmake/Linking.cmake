@@ -13,16 +13,29 @@
 # that leaves libstdc++; the engine checks it again when a run starts
 # (engine/src/io/std_binding.cpp).
 #
-# The shared object is named by its full path, inside --no-as-needed: on an H200 host
-# (Ubuntu 24.04, g++ 13.3, PyTorch 2.11) a plain -lstdc++ there did not put libstdc++
-# first (its binaries needed libtorch.so first), where the same line does on Debian 12.
-if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" OR CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+# On an H200 host (Ubuntu 24.04, g++ 13.3, PyTorch 2.11; 2026-11-27) the binaries built
+# with a plain -lstdc++ here needed libtorch.so first, where the same build on Debian 12
+# needs libstdc++ first; why was not found in that lease (scripts/gpu_host_checks.sh's
+# binding part keeps the link line and toolchain for the next). The shared object is now
+# named by its full path, inside --no-as-needed, which no search order can change.
+# Any compiler that links against libstdc++ and answers -print-file-name (GCC, Clang,
+# and the drivers built on them) gets it; a compiler that does not answer gets -lstdc++
+# where it is GCC or Clang.
+if(NOT MSVC)
   execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so
-                  OUTPUT_VARIABLE stdcxx OUTPUT_STRIP_TRAILING_WHITESPACE)
-  get_filename_component(stdcxx "${stdcxx}" REALPATH)
-  if(NOT IS_ABSOLUTE "${stdcxx}" OR NOT EXISTS "${stdcxx}")
-    set(stdcxx "-lstdc++")  # a compiler that does not say: its search path decides
+                  OUTPUT_VARIABLE stdcxx OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(IS_ABSOLUTE "${stdcxx}" AND EXISTS "${stdcxx}")
+    get_filename_component(stdcxx "${stdcxx}" REALPATH)
+  elseif(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" OR CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    set(stdcxx "-lstdc++")
+  else()
+    set(stdcxx "")
   endif()
-  message(STATUS "libstdc++ linked first: ${stdcxx}")
-  add_link_options("SHELL:-Wl,--push-state,--no-as-needed ${stdcxx} -Wl,--pop-state")
+  if(stdcxx)
+    message(STATUS "libstdc++ linked first: ${stdcxx}")
+    add_link_options("SHELL:-Wl,--push-state,--no-as-needed ${stdcxx} -Wl,--pop-state")
+  else()
+    message(WARNING "${CMAKE_CXX_COMPILER_ID} names no libstdc++.so: the order of the binaries' libraries is "
+                    "the linker's (build.symbol_binding checks it)")
+  endif()
 endif()

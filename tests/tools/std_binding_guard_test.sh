@@ -16,6 +16,8 @@ LD_PRELOAD=$fake "$tide" "${run[@]}" --run-dir "$work/refused" 2> "$work/err.txt
 [[ $rc -eq 1 ]] || { cat "$work/err.txt"; fail "tide exited $rc beside a std::filesystem of $fake (want 1)"; }
 grep -q "std::filesystem::remove_all resolves to $fake instead of libstdc++" "$work/err.txt" ||
   { cat "$work/err.txt"; fail "the error does not name $fake"; }
+grep -q "Until it is relinked, LD_PRELOAD=/.*/libstdc++.so.6[.0-9]* puts libstdc++ first" "$work/err.txt" ||
+  { cat "$work/err.txt"; fail "the error does not give the loaded libstdc++ as the way round it"; }
 [[ ! -e $work/refused/checkpoints ]] || fail "the refused run wrote checkpoints"
 
 echo "std binding guard: ok"
