@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -34,17 +36,51 @@ __device__ __forceinline__ __half from_float<__half>(float v) {
 
 constexpr int kWarp = 32;
 
+// 16 bytes of elements, moved in one load or store: an elementwise kernel that reads its
+// bf16 two bytes a thread at a time reaches a third of the memory bandwidth (seen on an
+// H200: SwiGLU, RoPE and RMSNorm at 3-5x their bytes' time).
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  T v[kSize];
+};
+
+template <typename T>
+__device__ __forceinline__ Pack<T> load_pack(const T* p) {
+  Pack<T> r;
+  *reinterpret_cast<uint4*>(&r) = *reinterpret_cast<const uint4*>(p);
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T>& r) {
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
+}
+
+// Whether every pointer is 16-byte aligned: where one is not, kernels take their
+// element-at-a-time path.
+inline bool packable(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+// The sum over a warp's lanes; every lane gets it.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 // The sum over a block's threads (blockDim.x a multiple of 32, at most 1024); every
 // thread gets it. `scratch` holds 32 floats of shared memory.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  v = warp_sum(v);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   __syncthreads();  // scratch may still be read by a previous reduction
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   v = lane < warps ? scratch[lane] : 0.0f;
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+  return warp_sum(v);
 }
 
 // A running (max, sum of exp(x - max)) pair, merged as the online softmax does.

@@ -1,11 +1,18 @@
-// RMSNorm forward and backward, one block a row (forward) or a range of rows (backward).
+// RMSNorm forward and backward. Where a row is whole 16-byte packs of at most
+// kMaxLanePacks per lane, one warp takes a row (no block-wide barrier; the row's
+// reduction is the warp's shuffle) and moves it 16 bytes a lane at a time; otherwise one
+// block a row (forward) or a range of rows (backward), an element at a time.
 #include "cuda_common.cuh"
 
 namespace tide::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarp;
 constexpr int64_t kMaxPartials = 1024;
+// The packs of a row one lane keeps the weight gradient of in registers (backward):
+// rows of up to 32 x 8 x 8 = 2048 bf16 (1024 fp32) elements take the warp path.
+constexpr int kMaxLanePacks = 8;
 
 template <typename T>
 __global__ void rms_norm_forward_kernel(const T* __restrict__ x, const float* __restrict__ w, T* __restrict__ y,
@@ -22,6 +29,35 @@ __global__ void rms_norm_forward_kernel(const T* __restrict__ x, const float* __
   const float r = rsqrtf(block_sum(squares, scratch) / static_cast<float>(cols) + eps);
   if (threadIdx.x == 0) rstd[row] = r;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = from_float<T>(to_float(xr[c]) * r * w[c]);
+}
+
+template <typename T>
+__global__ void rms_norm_forward_warp(const T* __restrict__ x, const float* __restrict__ w, T* __restrict__ y,
+                                      float* __restrict__ rstd, int64_t rows, int cols, float eps) {
+  constexpr int V = Pack<T>::kSize;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / kWarp;
+  if (row >= rows) return;  // a whole warp: no shuffle is left waiting
+  const int lane = threadIdx.x % kWarp;
+  const T* xr = x + row * cols;
+  T* yr = y + row * cols;
+  float squares = 0.0f;
+  for (int c = lane * V; c < cols; c += kWarp * V) {
+    const Pack<T> p = load_pack(xr + c);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const float v = to_float(p.v[k]);
+      squares += v * v;
+    }
+  }
+  const float r = rsqrtf(warp_sum(squares) / static_cast<float>(cols) + eps);
+  if (lane == 0) rstd[row] = r;
+  for (int c = lane * V; c < cols; c += kWarp * V) {
+    const Pack<T> p = load_pack(xr + c);
+    Pack<T> o;
+#pragma unroll
+    for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(to_float(p.v[k]) * r * w[c + k]);
+    store_pack(yr + c, o);
+  }
 }
 
 // Rows [first, last) of this block: dx for each, and the weight gradient's sum over them
@@ -57,6 +93,78 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dw_partial[blockIdx.x * cols + c] = dw[c];
 }
 
+// The same per warp: warp w of the block takes rows first + w, first + w + kWarps, ...;
+// each lane sums the weight gradient of its packs (lane, lane + 32, ...) in registers,
+// and the block's warps add theirs into shared memory one after another.
+template <typename T>
+__global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
+                                       const float* __restrict__ rstd, T* __restrict__ dx,
+                                       float* __restrict__ dw_partial, int64_t rows, int cols,
+                                       int64_t rows_per_block) {
+  constexpr int V = Pack<T>::kSize;
+  extern __shared__ float dw[];  // [cols]
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  float mine[kMaxLanePacks][V];
+#pragma unroll
+  for (int j = 0; j < kMaxLanePacks; ++j)
+#pragma unroll
+    for (int k = 0; k < V; ++k) mine[j][k] = 0.0f;
+  const int64_t first = blockIdx.x * rows_per_block;
+  const int64_t last = first + rows_per_block < rows ? first + rows_per_block : rows;
+  for (int64_t row = first + warp; row < last; row += kWarps) {
+    const T* dyr = dy + row * cols;
+    const T* xr = x + row * cols;
+    const float r = rstd[row];
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxLanePacks; ++j) {
+      const int c = (lane + j * kWarp) * V;
+      if (c >= cols) break;
+      const Pack<T> xp = load_pack(xr + c), gp = load_pack(dyr + c);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float xn = to_float(xp.v[k]) * r, g = to_float(gp.v[k]);
+        dot += g * w[c + k] * xn;
+        mine[j][k] += g * xn;
+      }
+    }
+    const float mean_dot = warp_sum(dot) / static_cast<float>(cols);
+    T* dxr = dx + row * cols;
+#pragma unroll
+    for (int j = 0; j < kMaxLanePacks; ++j) {
+      const int c = (lane + j * kWarp) * V;
+      if (c >= cols) break;
+      const Pack<T> xp = load_pack(xr + c), gp = load_pack(dyr + c);
+      Pack<T> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        o.v[k] = from_float<T>(r * (to_float(gp.v[k]) * w[c + k] - to_float(xp.v[k]) * r * mean_dot));
+      store_pack(dxr + c, o);
+    }
+  }
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) dw[c] = 0.0f;
+  for (int turn = 0; turn < kWarps; ++turn) {
+    __syncthreads();
+    if (warp != turn) continue;
+#pragma unroll
+    for (int j = 0; j < kMaxLanePacks; ++j) {
+      const int c = (lane + j * kWarp) * V;
+      if (c >= cols) break;
+#pragma unroll
+      for (int k = 0; k < V; ++k) dw[c + k] += mine[j][k];
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) dw_partial[blockIdx.x * static_cast<int64_t>(cols) + c] = dw[c];
+}
+
+// Whether rows of `cols` elements take the warp kernels.
+template <typename T>
+bool warp_rows(int64_t cols, std::initializer_list<const void*> pointers) {
+  constexpr int V = Pack<T>::kSize;
+  return cols % V == 0 && cols <= static_cast<int64_t>(kWarp) * V * kMaxLanePacks && packable(pointers);
+}
+
 }  // namespace
 
 int64_t rms_norm_partials(int64_t rows) { return rows < kMaxPartials ? (rows > 0 ? rows : 1) : kMaxPartials; }
@@ -66,8 +174,14 @@ void rms_norm_forward(const void* x, const float* w, void* y, float* rstd, int64
   if (rows == 0) return;
   with_element(e, [&](auto t) {
     using T = decltype(t);
-    rms_norm_forward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), w, static_cast<T*>(y), rstd, cols, eps);
+    const auto* xs = static_cast<const T*>(x);
+    auto* ys = static_cast<T*>(y);
+    if (warp_rows<T>(cols, {x, y})) {
+      const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+      rms_norm_forward_warp<T><<<blocks, kThreads, 0, stream>>>(xs, w, ys, rstd, rows, static_cast<int>(cols), eps);
+    } else {
+      rms_norm_forward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(xs, w, ys, rstd, cols, eps);
+    }
   });
   check_launch("rms_norm_forward");
 }
@@ -80,11 +194,19 @@ void rms_norm_backward(const void* dy, const void* x, const float* w, const floa
   const size_t shared = static_cast<size_t>(cols) * sizeof(float);
   with_element(e, [&](auto t) {
     using T = decltype(t);
+    const auto* dys = static_cast<const T*>(dy);
+    const auto* xs = static_cast<const T*>(x);
+    auto* dxs = static_cast<T*>(dx);
+    if (warp_rows<T>(cols, {dy, x, dx})) {
+      rms_norm_backward_warp<T><<<static_cast<unsigned>(partials), kThreads, shared, stream>>>(
+          dys, xs, w, rstd, dxs, dw_partial, rows, static_cast<int>(cols), rows_per_block);
+      return;
+    }
     auto kernel = rms_norm_backward_kernel<T>;
-    if (shared > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-    kernel<<<static_cast<unsigned>(partials), kThreads, shared, stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), w, rstd, static_cast<T*>(dx), dw_partial, rows, cols,
-        rows_per_block);
+    if (shared > 48 * 1024)
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    kernel<<<static_cast<unsigned>(partials), kThreads, shared, stream>>>(dys, xs, w, rstd, dxs, dw_partial, rows, cols,
+                                                                          rows_per_block);
   });
   check_launch("rms_norm_backward");
 }

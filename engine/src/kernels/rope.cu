@@ -1,4 +1,10 @@
-// Rotary embedding, one thread a pair (i, i + Hd/2) of one head at one position.
+// Rotary embedding. Where the head dimension's halves are whole 16-byte packs and every
+// row is aligned, a thread rotates one pack of pairs (i .. i + V - 1 with their partners
+// i + Hd/2 ..) in four loads and two stores, and the row's (b, h, t) is decoded once a
+// pack in 32-bit arithmetic where the counts allow; otherwise one thread a pair.
+#include <algorithm>
+#include <climits>
+
 #include "cuda_common.cuh"
 
 namespace tide::kernels {
@@ -9,6 +15,34 @@ constexpr int kThreads = 256;
 // Forward: (a, b) -> (a c_i - b s_i, b c_j + a s_j) for i < half, j = i + half; inverse
 // (the transpose, for backward): (a c_i + b s_j, b c_j - a s_i).
 template <typename T>
+__device__ __forceinline__ void rotate(T a, T b, T ci, T cj, T si, T sj, bool inverse, T& ya, T& yb) {
+  const float av = to_float(a), bv = to_float(b);
+  if (!inverse) {
+    ya = from_float<T>(av * to_float(ci) - bv * to_float(si));
+    yb = from_float<T>(bv * to_float(cj) + av * to_float(sj));
+  } else {
+    ya = from_float<T>(av * to_float(ci) + bv * to_float(sj));
+    yb = from_float<T>(bv * to_float(cj) - av * to_float(si));
+  }
+}
+
+// Row r of B x H x T (t fastest) and the offsets of its x and y rows.
+template <typename I>
+struct Row {
+  I t, x, y;
+};
+
+template <typename I>
+__device__ __forceinline__ Row<I> row_of(I r, const RopeShape& s) {
+  const I tokens = static_cast<I>(s.tokens), heads = static_cast<I>(s.heads);
+  const I t = r % tokens;
+  const I bh = r / tokens;
+  const I h = bh % heads, b = bh / heads;
+  return {t, static_cast<I>(b * s.x_stride[0] + h * s.x_stride[1] + t * s.x_stride[2]),
+          static_cast<I>(b * s.y_stride[0] + h * s.y_stride[1] + t * s.y_stride[2])};
+}
+
+template <typename T>
 __global__ void rope_kernel(const T* __restrict__ x, const T* __restrict__ cos, const T* __restrict__ sin,
                             T* __restrict__ y, RopeShape s, bool inverse) {
   const int64_t half = s.head_dim / 2;
@@ -16,39 +50,81 @@ __global__ void rope_kernel(const T* __restrict__ x, const T* __restrict__ cos, 
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = p % half;
-    int64_t rest = p / half;
-    const int64_t t = rest % s.tokens;
-    rest /= s.tokens;
-    const int64_t h = rest % s.heads;
-    const int64_t b = rest / s.heads;
-    const T* xr = x + b * s.x_stride[0] + h * s.x_stride[1] + t * s.x_stride[2];
-    T* yr = y + b * s.y_stride[0] + h * s.y_stride[1] + t * s.y_stride[2];
-    const T* cr = cos + t * s.head_dim;
-    const T* sr = sin + t * s.head_dim;
-    const float a = to_float(xr[i]), bv = to_float(xr[i + half]);
-    const float ci = to_float(cr[i]), cj = to_float(cr[i + half]);
-    const float si = to_float(sr[i]), sj = to_float(sr[i + half]);
-    if (!inverse) {
-      yr[i] = from_float<T>(a * ci - bv * si);
-      yr[i + half] = from_float<T>(bv * cj + a * sj);
-    } else {
-      yr[i] = from_float<T>(a * ci + bv * sj);
-      yr[i + half] = from_float<T>(bv * cj - a * si);
-    }
+    const Row<int64_t> r = row_of<int64_t>(p / half, s);
+    const T* xr = x + r.x;
+    T* yr = y + r.y;
+    const T* cr = cos + r.t * s.head_dim;
+    const T* sr = sin + r.t * s.head_dim;
+    rotate(xr[i], xr[i + half], cr[i], cr[i + half], sr[i], sr[i + half], inverse, yr[i], yr[i + half]);
   }
+}
+
+// I: the index type, 32-bit where every offset fits (integer division is several
+// times cheaper there).
+template <typename T, typename I>
+__global__ void rope_packed(const T* __restrict__ x, const T* __restrict__ cos, const T* __restrict__ sin,
+                            T* __restrict__ y, RopeShape s, bool inverse, I packs) {
+  constexpr int V = Pack<T>::kSize;
+  const I half = static_cast<I>(s.head_dim / 2), per_row = half / V;
+  // The loop's count in 64 bits (p + stride may pass INT_MAX), the decoding in I.
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < packs;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const I q = static_cast<I>(p);
+    const I i = (q % per_row) * V;
+    const Row<I> r = row_of<I>(q / per_row, s);
+    const T* xr = x + r.x;
+    T* yr = y + r.y;
+    const T* cr = cos + r.t * static_cast<I>(s.head_dim);
+    const T* sr = sin + r.t * static_cast<I>(s.head_dim);
+    const Pack<T> a = load_pack(xr + i), b = load_pack(xr + i + half);
+    const Pack<T> ci = load_pack(cr + i), cj = load_pack(cr + i + half);
+    const Pack<T> si = load_pack(sr + i), sj = load_pack(sr + i + half);
+    Pack<T> ya, yb;
+#pragma unroll
+    for (int k = 0; k < V; ++k) rotate(a.v[k], b.v[k], ci.v[k], cj.v[k], si.v[k], sj.v[k], inverse, ya.v[k], yb.v[k]);
+    store_pack(yr + i, ya);
+    store_pack(yr + i + half, yb);
+  }
+}
+
+// The largest offset of any element of x or y, and of the packs' count.
+int64_t largest_offset(const RopeShape& s) {
+  int64_t x = 0, y = 0;
+  const int64_t counts[3] = {s.batch, s.heads, s.tokens};
+  for (int d = 0; d < 3; ++d) {
+    x += (counts[d] - 1) * s.x_stride[d];
+    y += (counts[d] - 1) * s.y_stride[d];
+  }
+  return (x > y ? x : y) + s.head_dim;
 }
 
 }  // namespace
 
 void rope(const void* x, const void* cos, const void* sin, void* y, const RopeShape& shape, bool inverse, Element e,
           cudaStream_t stream) {
-  const int64_t pairs = shape.batch * shape.heads * shape.tokens * (shape.head_dim / 2);
-  if (pairs == 0) return;
+  const int64_t half = shape.head_dim / 2;
+  const int64_t rows = shape.batch * shape.heads * shape.tokens;
+  if (rows * half == 0) return;
   with_element(e, [&](auto t) {
     using T = decltype(t);
-    rope_kernel<T><<<grid_for(pairs, kThreads), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(cos), static_cast<const T*>(sin), static_cast<T*>(y), shape,
-        inverse);
+    constexpr int V = Pack<T>::kSize;
+    const auto* xs = static_cast<const T*>(x);
+    const auto* c = static_cast<const T*>(cos);
+    const auto* s = static_cast<const T*>(sin);
+    auto* ys = static_cast<T*>(y);
+    bool packed = half % V == 0 && packable({x, cos, sin, y});
+    for (int d = 0; d < 3; ++d) packed = packed && shape.x_stride[d] % V == 0 && shape.y_stride[d] % V == 0;
+    if (!packed) {
+      rope_kernel<T><<<grid_for(rows * half, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, shape, inverse);
+      return;
+    }
+    const int64_t packs = rows * (half / V);
+    const int64_t largest = std::max({packs, largest_offset(shape), shape.tokens * shape.head_dim});
+    if (largest < INT_MAX)
+      rope_packed<T, int><<<grid_for(packs, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, shape, inverse,
+                                                                               static_cast<int>(packs));
+    else
+      rope_packed<T, int64_t><<<grid_for(packs, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, shape, inverse, packs);
   });
   check_launch("rope");
 }
