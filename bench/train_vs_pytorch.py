@@ -117,7 +117,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--profile-dir", help="tide's profile of two steps after the timed ones (a trace and a summary "
-                    "per shape, docs/profiling.md) is copied here")
+                    "per shape, docs/profiling.md) is copied here; on CUDA also that of the run with "
+                    "cuda_graphs = false, as SHAPE-uncaptured")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(a.data, "dataset.json")):
         sys.exit(f"bench: no dataset at {a.data}; run `make data` first")
@@ -166,7 +167,9 @@ def main():
         if profile_to:
             print(f"  tide's profile of two more steps: {profile_to}")
         if a.device == "cuda":
-            measure("tide, cuda_graphs = false", tide, cuda_graphs=False)
+            # Profiled too: the two profiles side by side say what a replay costs or saves.
+            measure("tide, cuda_graphs = false", tide, cuda_graphs=False,
+                    profile_to=profile_to + "-uncaptured" if profile_to else None)
         if bf16:
             # The peers the acceptance names come first.
             best = ("--bf16", "--sdpa", "--fused-adamw")

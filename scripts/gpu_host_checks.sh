@@ -139,7 +139,11 @@ part_bench() {
   "$python" bench/train_vs_pytorch.py --tide "$tide" --device cuda --precision bf16 --shape "$shape" \
     --profile-dir "$profiles"
   local rc=$?
-  cat "$profiles"/*/*.summary.txt > "$out/profile-$shape.txt" 2>/dev/null
+  local run
+  for run in "$profiles"/*/; do
+    echo "=== $(basename "$run")"
+    cat "$run"*.summary.txt
+  done > "$out/profile-$shape.txt" 2>/dev/null
   rm -rf "$profiles"
   return $rc
 }
