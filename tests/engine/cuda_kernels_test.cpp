@@ -57,26 +57,31 @@ Outcome run_on(const torch::Device& device, F f, const std::vector<torch::Tensor
 
 TEST(Cuda, RmsNormKernelEqualsLibTorchsOps) {
   SKIP_WITHOUT_CUDA();
-  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-    torch::manual_seed(11);
-    // More rows than the backward's 1024 partial sums, a width no power of two.
-    const auto x = (torch::randn({3000, 1000}) * 2).to(dtype), w = torch::randn({1000});
-    const auto up = torch::randn({3000, 1000}).to(dtype);
-    auto f = [](std::vector<torch::Tensor>& in) { return rms_norm(in[0], in[1], 1e-5); };
-    const auto gpu = run_on(kCuda, f, {x, w}, up);
-    const auto cpu = run_on(torch::kCPU, f, {x, w}, up);
-    // A row's sum of squares over 1000 columns: r differs by at most (cols + 4) u.
-    const double sums = (1000 + 4) * kUnitFp32;
-    const double rel = rel_for(dtype) + sums;
-    expect_within(gpu.out, cpu.out, cpu.out.abs(), rel, "y");
-    // dx = r (g w - xn mean(g w xn)): scaled by its two terms' magnitudes.
-    const auto r = torch::rsqrt(x.to(torch::kFloat64).pow(2).mean(-1, true) + 1e-5);
-    const auto gw = (up.to(torch::kFloat64) * w.to(torch::kFloat64)).abs();
-    const auto xn = x.to(torch::kFloat64).abs() * r;
-    expect_within(gpu.grads[0], cpu.grads[0], (gw + xn * (gw * xn).mean(-1, true)) * r, rel + sums, "dx");
-    // dw sums 3000 rows in fp32 on both sides, in other orders.
-    const auto dw_terms = (up.to(torch::kFloat64) * x.to(torch::kFloat64) * r).abs().sum(0);
-    expect_within(gpu.grads[1], cpu.grads[1], dw_terms, (3000 + 4) * kUnitFp32 + sums, "dw");
+  // 1000 columns: whole 16-byte packs, a row per warp; 2500: more than a warp's
+  // registers hold, a row per block.
+  for (const int64_t cols : {1000, 2500}) {
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      torch::manual_seed(11);
+      // More rows than the backward's 1024 partial sums, a width no power of two.
+      const auto x = (torch::randn({3000, cols}) * 2).to(dtype), w = torch::randn({cols});
+      const auto up = torch::randn({3000, cols}).to(dtype);
+      auto f = [](std::vector<torch::Tensor>& in) { return rms_norm(in[0], in[1], 1e-5); };
+      const auto gpu = run_on(kCuda, f, {x, w}, up);
+      const auto cpu = run_on(torch::kCPU, f, {x, w}, up);
+      const std::string what = std::to_string(cols) + " columns, " + std::string(c10::toString(dtype)) + ": ";
+      // A row's sum of squares over its columns: r differs by at most (cols + 4) u.
+      const double sums = static_cast<double>(cols + 4) * kUnitFp32;
+      const double rel = rel_for(dtype) + sums;
+      expect_within(gpu.out, cpu.out, cpu.out.abs(), rel, what + "y");
+      // dx = r (g w - xn mean(g w xn)): scaled by its two terms' magnitudes.
+      const auto r = torch::rsqrt(x.to(torch::kFloat64).pow(2).mean(-1, true) + 1e-5);
+      const auto gw = (up.to(torch::kFloat64) * w.to(torch::kFloat64)).abs();
+      const auto xn = x.to(torch::kFloat64).abs() * r;
+      expect_within(gpu.grads[0], cpu.grads[0], (gw + xn * (gw * xn).mean(-1, true)) * r, rel + sums, what + "dx");
+      // dw sums 3000 rows in fp32 on both sides, in other orders.
+      const auto dw_terms = (up.to(torch::kFloat64) * x.to(torch::kFloat64) * r).abs().sum(0);
+      expect_within(gpu.grads[1], cpu.grads[1], dw_terms, (3000 + 4) * kUnitFp32 + sums, what + "dw");
+    }
   }
 }
 
@@ -112,82 +117,92 @@ TEST(Cuda, NormedProjectionsAreTheKernelNormThenItsProjections) {
 
 TEST(Cuda, SwigluKernelEqualsLibTorchsOps) {
   SKIP_WITHOUT_CUDA();
-  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-    torch::manual_seed(12);
-    const auto g = (torch::randn({257, 300}) * 4).to(dtype), u = torch::randn({257, 300}).to(dtype);
-    const auto up = torch::randn({257, 300}).to(dtype);
-    auto f = [](std::vector<torch::Tensor>& in) { return swiglu(in[0], in[1]); };
-    const auto gpu = run_on(kCuda, f, {g, u}, up);
-    const auto cpu = run_on(torch::kCPU, f, {g, u}, up);
-    const double rel = rel_for(dtype);
-    expect_within(gpu.out, cpu.out, cpu.out.abs(), rel, "out");
-    // d_gate = d u s (1 + g (1 - s)): scale by |d u| (1 + |g|).
-    const auto d = up.to(torch::kFloat64).abs(), gd = g.to(torch::kFloat64).abs(), ud = u.to(torch::kFloat64).abs();
-    expect_within(gpu.grads[0], cpu.grads[0], d * ud * (1 + gd), rel, "d_gate");
-    expect_within(gpu.grads[1], cpu.grads[1], d * gd, rel, "d_up");
+  // 257 x 300 elements: no whole number of bf16 packs, one at a time; 256 x 512: packs.
+  for (const auto& shape : {std::vector<int64_t>{257, 300}, std::vector<int64_t>{256, 512}}) {
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      torch::manual_seed(12);
+      const auto g = (torch::randn(shape) * 4).to(dtype), u = torch::randn(shape).to(dtype);
+      const auto up = torch::randn(shape).to(dtype);
+      auto f = [](std::vector<torch::Tensor>& in) { return swiglu(in[0], in[1]); };
+      const auto gpu = run_on(kCuda, f, {g, u}, up);
+      const auto cpu = run_on(torch::kCPU, f, {g, u}, up);
+      const std::string what = std::to_string(shape[1]) + " columns, " + std::string(c10::toString(dtype)) + ": ";
+      const double rel = rel_for(dtype);
+      expect_within(gpu.out, cpu.out, cpu.out.abs(), rel, what + "out");
+      // d_gate = d u s (1 + g (1 - s)): scale by |d u| (1 + |g|).
+      const auto d = up.to(torch::kFloat64).abs(), gd = g.to(torch::kFloat64).abs(), ud = u.to(torch::kFloat64).abs();
+      expect_within(gpu.grads[0], cpu.grads[0], d * ud * (1 + gd), rel, what + "d_gate");
+      expect_within(gpu.grads[1], cpu.grads[1], d * gd, rel, what + "d_up");
+    }
   }
 }
 
 TEST(Cuda, RotaryKernelEqualsLibTorchsOpsOnTheAttentionsLayout) {
   SKIP_WITHOUT_CUDA();
-  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-    torch::manual_seed(13);
-    const int64_t b = 2, h = 4, t = 33, hd = 64;
-    const auto angle = torch::randn({t, hd / 2}) * 3;
-    const auto emb = torch::cat({angle, angle}, -1);
-    const auto cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);
-    const auto x = torch::randn({b, t, h, hd}).to(dtype);
-    const auto up = torch::randn({b, h, t, hd}).to(dtype);
-    // q as the attention makes it: a [B, H, T, Hd] view of [B, T, H, Hd] memory.
-    auto f = [&](std::vector<torch::Tensor>& in) {
-      return rotary(in[0].transpose(1, 2), cos.to(in[0].device()), sin.to(in[0].device()));
-    };
-    const auto gpu = run_on(kCuda, f, {x}, up);
-    const auto cpu = run_on(torch::kCPU, f, {x}, up);
-    const double rel = rel_for(dtype);
-    // Each output is a c + b s of one pair: scale by |a| + |b|.
-    const auto xt = x.transpose(1, 2).to(torch::kFloat64).abs();
-    const auto pair = xt + torch::cat({xt.narrow(-1, hd / 2, hd / 2), xt.narrow(-1, 0, hd / 2)}, -1);
-    expect_within(gpu.out, cpu.out, pair, rel, "y");
-    const auto ut = up.to(torch::kFloat64).abs();
-    const auto upair = ut + torch::cat({ut.narrow(-1, hd / 2, hd / 2), ut.narrow(-1, 0, hd / 2)}, -1);
-    expect_within(gpu.grads[0], cpu.grads[0], upair.transpose(1, 2), rel, "dx");
-  }
+  // A head of 64: its halves are whole packs; of 20: one pair at a time.
+  for (const int64_t hd : {64, 20})
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      torch::manual_seed(13);
+      const int64_t b = 2, h = 4, t = 33;
+      const auto angle = torch::randn({t, hd / 2}) * 3;
+      const auto emb = torch::cat({angle, angle}, -1);
+      const auto cos = emb.cos().to(dtype), sin = emb.sin().to(dtype);
+      const auto x = torch::randn({b, t, h, hd}).to(dtype);
+      const auto up = torch::randn({b, h, t, hd}).to(dtype);
+      // q as the attention makes it: a [B, H, T, Hd] view of [B, T, H, Hd] memory.
+      auto f = [&](std::vector<torch::Tensor>& in) {
+        return rotary(in[0].transpose(1, 2), cos.to(in[0].device()), sin.to(in[0].device()));
+      };
+      const auto gpu = run_on(kCuda, f, {x}, up);
+      const auto cpu = run_on(torch::kCPU, f, {x}, up);
+      const double rel = rel_for(dtype);
+      // Each output is a c + b s of one pair: scale by |a| + |b|.
+      const auto xt = x.transpose(1, 2).to(torch::kFloat64).abs();
+      const auto pair = xt + torch::cat({xt.narrow(-1, hd / 2, hd / 2), xt.narrow(-1, 0, hd / 2)}, -1);
+      expect_within(gpu.out, cpu.out, pair, rel, "head " + std::to_string(hd) + ": y");
+      const auto ut = up.to(torch::kFloat64).abs();
+      const auto upair = ut + torch::cat({ut.narrow(-1, hd / 2, hd / 2), ut.narrow(-1, 0, hd / 2)}, -1);
+      expect_within(gpu.grads[0], cpu.grads[0], upair.transpose(1, 2), rel, "head " + std::to_string(hd) + ": dx");
+    }
 }
 
 TEST(Cuda, CrossEntropyKernelEqualsLibTorchsOpsInTheFusedLoss) {
   SKIP_WITHOUT_CUDA();
-  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-    torch::manual_seed(14);
-    const int64_t n = 300, d = 64, v = 5000;
-    const auto h = (torch::randn({n, d}) * 0.3).to(dtype), w = (torch::randn({v, d}) * 0.3).to(dtype);
-    const auto targets = torch::randint(0, v, {n}, torch::kInt64);
-    // Chunks of 128 rows: two whole, one part.
-    auto f = [&](std::vector<torch::Tensor>& in) {
-      return linear_cross_entropy(in[0], in[1], targets.to(in[0].device()), {}, 128);
-    };
-    const auto up = torch::full({}, 3.0);
-    const auto gpu = run_on(kCuda, f, {h, w}, up);
-    const auto cpu = run_on(torch::kCPU, f, {h, w}, up);
-    EXPECT_EQ(gpu.out.scalar_type(), torch::kFloat32);
-    // cuBLAS and the CPU's bf16 products may round a logit to neighbouring bf16 values
-    // (fp32 ones differ by their sums' order): each logit moves by at most delta, the loss
-    // by at most 2 delta and every probability by a factor within 1 +- 2 delta.
-    const auto logits = torch::mm(h.to(torch::kFloat64), w.to(torch::kFloat64).t());
-    const double max_logit = logits.abs().max().item<double>();
-    const double max_terms =
-        torch::mm(h.to(torch::kFloat64).abs(), w.to(torch::kFloat64).abs().t()).max().item<double>();
-    const double delta = (d + 2) * kUnitFp32 * max_terms + (dtype == torch::kFloat32 ? 0.0 : max_logit / 128);
-    // The mean over n rows in fp32, summed in other orders: n u of the rows' losses.
-    const double mean_sum = n * kUnitFp32 * (std::log(static_cast<double>(v)) + 2 * max_logit);
-    EXPECT_NEAR(gpu.out.item<double>(), cpu.out.item<double>(), 2 * delta + mean_sum);
-    const double rel = rel_for(dtype) + 2 * delta;
-    // Gradients: sums of (p + one-hot) |w or h| * 3 / n terms.
-    const auto probs = torch::softmax(logits, 1);
-    const auto terms = probs + torch::one_hot(targets, v).to(torch::kFloat64);
-    expect_within(gpu.grads[0], cpu.grads[0], terms.mm(w.to(torch::kFloat64).abs()) * (3.0 / n), rel, "dh");
-    expect_within(gpu.grads[1], cpu.grads[1], terms.t().mm(h.to(torch::kFloat64).abs()) * (3.0 / n), rel, "dw");
-  }
+  // A vocabulary of 5000: rows of whole packs; of 4999: an element at a time.
+  for (const int64_t v : {5000, 4999})
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      torch::manual_seed(14);
+      const int64_t n = 300, d = 64;
+      const auto h = (torch::randn({n, d}) * 0.3).to(dtype), w = (torch::randn({v, d}) * 0.3).to(dtype);
+      const auto targets = torch::randint(0, v, {n}, torch::kInt64);
+      // Chunks of 128 rows: two whole, one part.
+      auto f = [&](std::vector<torch::Tensor>& in) {
+        return linear_cross_entropy(in[0], in[1], targets.to(in[0].device()), {}, 128);
+      };
+      const auto up = torch::full({}, 3.0);
+      const auto gpu = run_on(kCuda, f, {h, w}, up);
+      const auto cpu = run_on(torch::kCPU, f, {h, w}, up);
+      EXPECT_EQ(gpu.out.scalar_type(), torch::kFloat32) << "vocabulary " << v;
+      // cuBLAS and the CPU's bf16 products may round a logit to neighbouring bf16 values
+      // (fp32 ones differ by their sums' order): each logit moves by at most delta, the loss
+      // by at most 2 delta and every probability by a factor within 1 +- 2 delta.
+      const auto logits = torch::mm(h.to(torch::kFloat64), w.to(torch::kFloat64).t());
+      const double max_logit = logits.abs().max().item<double>();
+      const double max_terms =
+          torch::mm(h.to(torch::kFloat64).abs(), w.to(torch::kFloat64).abs().t()).max().item<double>();
+      const double delta = (d + 2) * kUnitFp32 * max_terms + (dtype == torch::kFloat32 ? 0.0 : max_logit / 128);
+      // The mean over n rows in fp32, summed in other orders: n u of the rows' losses.
+      const double mean_sum = n * kUnitFp32 * (std::log(static_cast<double>(v)) + 2 * max_logit);
+      EXPECT_NEAR(gpu.out.item<double>(), cpu.out.item<double>(), 2 * delta + mean_sum) << "vocabulary " << v;
+      const double rel = rel_for(dtype) + 2 * delta;
+      // Gradients: sums of (p + one-hot) |w or h| * 3 / n terms.
+      const auto probs = torch::softmax(logits, 1);
+      const auto terms = probs + torch::one_hot(targets, v).to(torch::kFloat64);
+      expect_within(gpu.grads[0], cpu.grads[0], terms.mm(w.to(torch::kFloat64).abs()) * (3.0 / n), rel,
+                    "vocabulary " + std::to_string(v) + ": dh");
+      expect_within(gpu.grads[1], cpu.grads[1], terms.t().mm(h.to(torch::kFloat64).abs()) * (3.0 / n), rel,
+                    "vocabulary " + std::to_string(v) + ": dw");
+    }
 }
 
 TEST(Cuda, CrossEntropyKernelGivesNaNForATargetOutsideTheVocabulary) {
