@@ -288,6 +288,24 @@ TEST(Plan, RanksLayoutsAndRefusesWhatCannotRun) {
   EXPECT_NE(tp3->reason.find("model.n_heads = 32"), std::string::npos) << tp3->reason;
 }
 
+TEST(Plan, TheRecipesOwnLayoutSaysTheLargestMicroBatchThatFits) {
+  RunConfig cfg = recipe("llama/llama-tiny");
+  cfg.batch.global_batch = 64;
+  cfg.batch.micro_batch = 4;
+  const Plan plan = plan_layouts(cfg, h100(1, 1));
+  ASSERT_TRUE(plan.recipe_layout.has_value());
+  const LayoutPlan& own = *plan.recipe_layout;
+  ASSERT_TRUE(own.fits);
+  // The same layout as the planner ranks it (it tries every micro-batch): the same limit.
+  const auto same = std::find_if(plan.ranked.begin(), plan.ranked.end(), [&](const LayoutPlan& p) {
+    return p.layout.zero == own.layout.zero && p.layout.offload == own.layout.offload &&
+           p.layout.activation_checkpointing == own.layout.activation_checkpointing;
+  });
+  ASSERT_NE(same, plan.ranked.end());
+  EXPECT_EQ(own.largest_micro_batch, same->largest_micro_batch);
+  EXPECT_GE(own.largest_micro_batch, own.layout.micro_batch);
+}
+
 TEST(Plan, NothingFitsAndTheShortfallIsNamed) {
   const Plan plan = plan_layouts(recipe("llama/llama-2-70b"), fixed_host(2, 16));
   EXPECT_TRUE(plan.ranked.empty());

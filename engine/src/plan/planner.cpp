@@ -120,6 +120,28 @@ std::string largest_items(const MemoryEstimate& m) {
                      items[2].second, gib(items[2].first));
 }
 
+// Whether a rank's per_rank sequences go in micro-batches of mb under l's schedule: an
+// interleaved schedule takes them in groups of pp.
+bool micro_batches_fit_schedule(const PlanLayout& l, int64_t per_rank, int mb) {
+  return l.virtual_stages <= 1 || (per_rank / mb) % l.pp == 0;
+}
+
+// The largest micro-batch, up to options.max_micro_batch, with which layout l (its other
+// fields as they are) fits in `usable` bytes; 0 where none does.
+int64_t largest_fitting_micro_batch(const RunConfig& cfg, const Cluster& cluster, PlanLayout l, double usable,
+                                    int64_t per_rank, const PlanOptions& options) {
+  int64_t largest = 0;
+  for (const int mb : divisors(per_rank)) {
+    if (mb > options.max_micro_batch) break;
+    if (!micro_batches_fit_schedule(l, per_rank, mb)) continue;
+    l.micro_batch = mb;
+    l.micro_batches = per_rank / mb;
+    if (evaluate_layout(cfg, cluster, l).memory.device > usable) break;  // larger ones need more
+    largest = mb;
+  }
+  return largest;
+}
+
 }  // namespace
 
 LayoutPlan evaluate_layout(const RunConfig& cfg, const Cluster& cluster, const PlanLayout& layout) {
@@ -231,7 +253,7 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
                   if (mb > options.max_micro_batch) break;
                   l.micro_batch = mb;
                   l.micro_batches = per_rank / mb;
-                  if (l.micro_batches % pp != 0 && chunks > 1) continue;  // interleaving takes groups of pp
+                  if (!micro_batches_fit_schedule(l, per_rank, mb)) continue;
                   l.recompute_blocks = 0;
                   LayoutPlan p = evaluate_layout(cfg, cluster, l);
                   p.fits = p.memory.device <= usable;
@@ -278,6 +300,8 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
   try {
     LayoutPlan own = evaluate_layout(cfg, cluster, layout_of(cfg, world));
     own.fits = own.memory.device <= usable;
+    own.largest_micro_batch =
+        largest_fitting_micro_batch(cfg, cluster, own.layout, usable, global_batch / own.layout.dp, options);
     if (own.fits && !plan.ranked.empty() && own.time.step > plan.ranked.front().time.step)
       own.reason =
           fmt::format("{:.0f}% slower than the best", 100.0 * (own.time.step / plan.ranked.front().time.step - 1.0));
