@@ -14,6 +14,8 @@
 #include "recompute_pair.h"
 #include "test_data.h"
 #include "tide/engine/config_schema.h"
+#include "tide/engine/data/batch_loader.h"
+#include "tide/engine/data/token_dataset.h"
 #include "tide/engine/model/hf_convert.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/train/evaluate.h"
@@ -158,6 +160,22 @@ void expect_exact_resume(RunConfig whole, const std::string& name) {
   EXPECT_EQ(resumed[1].loss, ref[7].loss);
   fs::remove_all(straight);
   fs::remove_all(split);
+}
+
+TEST(Cuda, BatchesForAGpuComeInPageLockedMemoryWithTheSameTokens) {
+  SKIP_WITHOUT_CUDA();
+  // Page-locked, their copy to the GPU is queued behind the step before, not waited for.
+  const TokenDataset ds(testing::small_dataset());
+  const auto& split = ds.split("train");
+  for (const int64_t prefetch : {0, 2}) {
+    BatchLoader pinned(split, 9, 4, 16, 0, prefetch, 0, 0, /*pin=*/true), plain(split, 9, 4, 16, 0, prefetch);
+    for (int i = 0; i < 3; ++i) {
+      const Batch a = pinned.next(), b = plain.next();
+      EXPECT_TRUE(a.tokens.is_pinned() && a.targets.is_pinned()) << "prefetch " << prefetch;
+      EXPECT_FALSE(b.tokens.is_pinned());
+      EXPECT_TRUE(torch::equal(a.tokens, b.tokens) && torch::equal(a.targets, b.targets)) << "batch " << i;
+    }
+  }
 }
 
 TEST(Cuda, SavesPrunesAndResumesExactly) {

@@ -53,9 +53,17 @@ Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_ba
 }
 
 BatchLoader::BatchLoader(const TokenSplit& split, uint64_t seed, int64_t batch, int64_t seq_len, int64_t cursor,
-                         int64_t prefetch, int64_t offset, int64_t stride)
-    : split_(split), seed_(seed), batch_(batch), seq_len_(seq_len), cursor_(cursor), produced_(cursor),
-      prefetch_(prefetch), offset_(offset), stride_(stride > 0 ? stride : batch) {
+                         int64_t prefetch, int64_t offset, int64_t stride, bool pin)
+    : split_(split),
+      seed_(seed),
+      batch_(batch),
+      seq_len_(seq_len),
+      cursor_(cursor),
+      produced_(cursor),
+      prefetch_(prefetch),
+      offset_(offset),
+      stride_(stride > 0 ? stride : batch),
+      pin_(pin) {
   check_split(split, seq_len);
   if (prefetch_ > 0) worker_ = std::thread([this] { run(); });
 }
@@ -79,7 +87,7 @@ void BatchLoader::run() {
       first = produced_ + offset_;
       produced_ += stride_;
     }
-    Batch b = make_batch(split_, seed_, first, batch_, seq_len_);
+    Batch b = produce(first);
     {
       std::lock_guard<std::mutex> lock(mu_);
       ready_.push_back(std::move(b));
@@ -88,9 +96,18 @@ void BatchLoader::run() {
   }
 }
 
+Batch BatchLoader::produce(int64_t first) const {
+  Batch b = make_batch(split_, seed_, first, batch_, seq_len_);
+  if (pin_) {
+    b.tokens = b.tokens.pin_memory();
+    b.targets = b.targets.pin_memory();
+  }
+  return b;
+}
+
 Batch BatchLoader::next() {
   if (prefetch_ == 0) {
-    Batch b = make_batch(split_, seed_, cursor_ + offset_, batch_, seq_len_);
+    Batch b = produce(cursor_ + offset_);
     cursor_ += stride_;
     return b;
   }

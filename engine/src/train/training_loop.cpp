@@ -69,7 +69,7 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
   const int64_t micro = s.batch.micro_batch;
   loader_ = std::make_unique<BatchLoader>(s.data->split("train"), static_cast<uint64_t>(cfg_.seed), micro,
                                           cfg_.data.seq_len, resumed_.loader_cursor, cfg_.data.prefetch,
-                                          s.dp_rank * micro, s.batch.dp * micro);
+                                          s.dp_rank * micro, s.batch.dp * micro, /*pin=*/s.device.is_cuda());
   open_metrics();
   tokens_seen_ = resumed_.step * tokens_per_step();
   saved_step_ = resumed_.step > 0 ? resumed_.step : -1;

@@ -36,9 +36,10 @@ class BatchLoader {
   // Data-parallel ranks share one sample sequence: each batch takes the samples
   // [cursor + offset, + batch), then the cursor moves by `stride` (0: batch). With
   // offset = rank * batch and stride = ranks * batch, the ranks together read exactly
-  // what one process would.
-  BatchLoader(const TokenSplit& split, uint64_t seed, int64_t batch, int64_t seq_len, int64_t cursor,
-              int64_t prefetch, int64_t offset = 0, int64_t stride = 0);
+  // what one process would. With `pin`, the batches are in page-locked memory (for a GPU:
+  // their copy to the device is then queued, not waited for by the host; needs CUDA).
+  BatchLoader(const TokenSplit& split, uint64_t seed, int64_t batch, int64_t seq_len, int64_t cursor, int64_t prefetch,
+              int64_t offset = 0, int64_t stride = 0, bool pin = false);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -48,10 +49,12 @@ class BatchLoader {
 
  private:
   void run();
+  Batch produce(int64_t first) const;
 
   const TokenSplit& split_;
   uint64_t seed_;
   int64_t batch_, seq_len_, cursor_, produced_, prefetch_, offset_, stride_;
+  bool pin_;
   std::deque<Batch> ready_;
   std::mutex mu_;
   std::condition_variable cv_;
