@@ -16,8 +16,10 @@
 # On an H200 host (Ubuntu 24.04, g++ 13.3, PyTorch 2.11; 2026-11-27) the binaries built
 # with a plain -lstdc++ here needed libtorch.so first, where the same build on Debian 12
 # needs libstdc++ first; why was not found in that lease (scripts/gpu_host_checks.sh's
-# binding part keeps the link line and toolchain for the next). The shared object is now
-# named by its full path, inside --no-as-needed, which no search order can change.
+# binding part keeps the link line, toolchain and build variables for the next). The
+# shared object is now named by its full path, inside --no-as-needed, which no search
+# order can change, at the very front of the linker flags, before anything an LDFLAGS of
+# the environment (one suspect) puts there.
 # Any compiler that links against libstdc++ and answers -print-file-name (GCC, Clang,
 # and the drivers built on them) gets it; a compiler that does not answer gets -lstdc++
 # where it is GCC or Clang.
@@ -33,7 +35,13 @@ if(NOT MSVC)
   endif()
   if(stdcxx)
     message(STATUS "libstdc++ linked first: ${stdcxx}")
-    add_link_options("SHELL:-Wl,--push-state,--no-as-needed ${stdcxx} -Wl,--pop-state")
+    # At the front of the linker flags, ahead of what the environment's LDFLAGS put there
+    # (CMake starts CMAKE_*_LINKER_FLAGS from it), which add_link_options would follow.
+    set(first "-Wl,--push-state,--no-as-needed ${stdcxx} -Wl,--pop-state")
+    # (A normal variable over the cached one: each configure starts again from the cache.)
+    foreach(kind EXE SHARED)
+      set(CMAKE_${kind}_LINKER_FLAGS "${first} ${CMAKE_${kind}_LINKER_FLAGS}")
+    endforeach()
   else()
     message(WARNING "${CMAKE_CXX_COMPILER_ID} names no libstdc++.so: the order of the binaries' libraries is "
                     "the linker's (build.symbol_binding checks it)")

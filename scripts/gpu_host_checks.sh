@@ -109,6 +109,9 @@ part_binding() {
   ld --version | head -1
   cmake --version | head -1
   readelf -d "$tide" | grep NEEDED
+  echo "--- the environment's build variables"
+  env | grep -E '^(CC|CXX|CFLAGS|CXXFLAGS|LDFLAGS|LIBRARY_PATH|LD_LIBRARY_PATH|LD_PRELOAD)=' || true
+  grep -E '^CMAKE_(CXX_COMPILER|EXE_LINKER_FLAGS|SHARED_LINKER_FLAGS):' "$build/CMakeCache.txt"
   return $rc
 }
 
