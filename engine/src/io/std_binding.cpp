@@ -1,10 +1,15 @@
 #include "tide/engine/io/std_binding.h"
 
+#include <cstdint>
+#include <filesystem>
 #include <stdexcept>
+#include <string>
+#include <system_error>
 
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <link.h>
+#include <sys/stat.h>
 
 namespace tide {
 namespace {
@@ -34,20 +39,25 @@ std::string loaded_object(const std::string& prefix) {
 
 }  // namespace
 
-std::string library_defining(const char* symbol) {
-  void* address = ::dlsym(RTLD_DEFAULT, symbol);
-  Dl_info info{};
-  if (address == nullptr || ::dladdr(address, &info) == 0 || info.dli_fname == nullptr) return "";
-  return info.dli_fname;
-}
-
 void check_std_library_binding() {
-  // std::filesystem::remove_all(const path&, std::error_code&): the call that crashed. Every
-  // std symbol of tide's is looked up in the same order, so one stands for all of them.
-  const char* symbol = "_ZNSt10filesystem10remove_allERKNS_7__cxx114pathERSt10error_code";
-  const std::string library = library_defining(symbol);
+  // std::filesystem::remove_all(const path&, std::error_code&), the call that crashed, as
+  // this binary's code reaches it: the address comes from the same relocation the calls
+  // take (position-independent code reads it from the GOT), so dladdr names the file the
+  // dynamic linker bound them to. Every std symbol of tide's was bound in the same order.
+  using RemoveAll = std::uintmax_t (*)(const std::filesystem::path&, std::error_code&);
+  const RemoveAll remove_all = &std::filesystem::remove_all;
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<const void*>(remove_all), &info) == 0 || info.dli_fname == nullptr) return;
+  const std::string library = info.dli_fname;
   const std::string name = file_name_of(library);
-  if (library.empty() || name.rfind("libstdc++", 0) == 0 || name.rfind("libc++", 0) == 0) return;
+  if (name.rfind("libstdc++", 0) == 0 || name.rfind("libc++", 0) == 0) return;
+  // A program linked with a static libstdc++ (an embedding one, say) holds its own. (POSIX
+  // here: std::filesystem may be the very copy in question.)
+  struct stat defining = {};
+  struct stat program = {};
+  if (::stat(library.c_str(), &defining) == 0 && ::stat("/proc/self/exe", &program) == 0 &&
+      defining.st_dev == program.st_dev && defining.st_ino == program.st_ino)
+    return;
   const std::string stdcxx = loaded_object("libstdc++.so");
   throw std::runtime_error(
       fmt::format("std::filesystem::remove_all resolves to {} instead of libstdc++: this binary was linked with that "
