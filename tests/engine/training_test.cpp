@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <gtest/gtest.h>
 #include <torch/types.h>
@@ -89,6 +90,50 @@ TEST(Training, RunWritesItsDirectoryAndIsRepeatable) {
   EXPECT_FALSE(m.tokenizer_path.empty());
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+TEST(Training, AProgressLineGivesTheSpeedOfTheStepsSinceTheLastOne) {
+  // On a GPU one step's own time is the host's, which runs ahead of the device and waits
+  // for it later: the line's speed is the tokens of the steps it covers over their time.
+  const fs::path dir = fs::temp_directory_path() / ("tide_run_progress_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  TrainHooks hooks;
+  hooks.show_progress = false;
+  hooks.peak_flops = 1e11;
+  RunConfig c = tiny_run("progress");
+  c.log_every = 3;
+  c.eval.every = 0;
+  Trainer(c, dir.string(), hooks).run();
+  std::vector<nlohmann::json> rows;
+  {
+    std::ifstream in(dir / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(rows.size(), 6u);
+  std::map<int64_t, double> shown;  // step -> tok/s of its line in train.log
+  {
+    std::ifstream in(dir / "train.log");
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto at = line.find("] step ");
+      const auto rate = line.find(" tok/s");
+      if (at == std::string::npos || rate == std::string::npos) continue;
+      const int64_t step = std::stoll(line.substr(at + 7));
+      const auto bar = line.rfind("| ", rate);
+      shown[step] = std::stod(line.substr(bar + 2, rate - bar - 2));
+    }
+  }
+  ASSERT_EQ(shown.size(), 2u) << "lines at steps 3 and 6";
+  for (const int64_t last : {3, 6}) {
+    double seconds = 0;
+    for (int64_t i = last - 3; i < last; ++i) seconds += rows[i]["step_seconds"].get<double>();
+    const double tokens =
+        rows[last - 1]["tokens"].get<double>() - (last > 3 ? rows[last - 4]["tokens"].get<double>() : 0.0);
+    // Printed to the token: within half a token a second of the figure.
+    EXPECT_NEAR(shown[last], tokens / seconds, 0.5 + 1e-9 * tokens / seconds) << "step " << last;
+  }
+  fs::remove_all(dir);
 }
 
 TEST(Training, LuaStyleScheduleHookDrivesTheLearningRate) {

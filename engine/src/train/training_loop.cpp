@@ -72,6 +72,7 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
                                           s.dp_rank * micro, s.batch.dp * micro, /*pin=*/s.device.is_cuda());
   open_metrics();
   tokens_seen_ = resumed_.step * tokens_per_step();
+  shown_tokens_seen_ = tokens_seen_;
   saved_step_ = resumed_.step > 0 ? resumed_.step : -1;
   watch_checkpoints();
 }
@@ -291,8 +292,19 @@ void TrainingLoop::report(const StepMetrics& m, bool anomaly) {
   if (metrics_) metrics_->write(to_json(m));
   if (tensorboard_) tensorboard_->write(m);
   const bool due = m.step % cfg_.log_every == 0 || m.step == cfg_.schedule.steps || m.val_loss;
-  if (s_.leader && s_.hooks.show_progress && due) progress_.update(m);
-  if (due) s_.log->info("{}", ProgressLine::format(m));
+  unshown_seconds_ += m.step_seconds;
+  if (due) {
+    StepMetrics shown = m;
+    const auto tokens = static_cast<double>(m.tokens_seen - shown_tokens_seen_);
+    if (tokens > 0 && unshown_seconds_ > 0 && m.tokens_per_second > 0) {
+      shown.tokens_per_second = tokens / unshown_seconds_;
+      shown.mfu = m.mfu * shown.tokens_per_second / m.tokens_per_second;
+    }
+    shown_tokens_seen_ = m.tokens_seen;
+    unshown_seconds_ = 0;
+    if (s_.leader && s_.hooks.show_progress) progress_.update(shown);
+    s_.log->info("{}", ProgressLine::format(shown));
+  }
   if (m.skipped && !anomaly) {
     if (m.loss_scale > 0)
       s_.log->info("step {}: the gradients overflowed fp16 at loss scale {:g}; update skipped, scale halved", m.step,
@@ -334,7 +346,8 @@ TrainingLoop::Next TrainingLoop::respond(const AnomalyJudge::Verdict& v, const S
   if (emit) s_.hooks.on_event("anomaly", event);
   if (from) {
     const int64_t back_step = event["to_step"].get<int64_t>();
-    tokens_seen_ = back_step * tokens_per_step();
+    tokens_seen_ = shown_tokens_seen_ = back_step * tokens_per_step();
+    unshown_seconds_ = 0;
     saved_step_ = back_step;
     step = back_step - 1;  // the loop's ++ continues at the checkpoint's step
     return Next::rolled_back;

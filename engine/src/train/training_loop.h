@@ -100,6 +100,10 @@ class TrainingLoop {
   bool can_eval_ = false;
   TrainResult result_;
   int64_t tokens_seen_ = 0;
+  // The steps since the last progress line: its speed is theirs (one step's own time is
+  // the host's, which on a GPU runs ahead of the device and waits for it later).
+  int64_t shown_tokens_seen_ = 0;
+  double unshown_seconds_ = 0;
   int64_t saved_step_ = -1;  // the newest checkpoint's step
   std::optional<PendingStep> pending_;
   std::vector<Batch> carried_;  // drawn for a step a rollback discarded: the next step's
