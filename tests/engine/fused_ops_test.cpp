@@ -1,7 +1,13 @@
 // The fused ops' hand-written backward passes against autograd through the ops they
 // replace, in fp64 (on the CPU: LibTorch's formulas; on CUDA the kernels are checked
 // against these in cuda_test.cpp).
+#include <functional>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
@@ -137,6 +143,56 @@ TEST(FusedOps, AProjectionIsAutocastsLinearWithTheWeightCastAgainInBackward) {
         EXPECT_EQ(node.inputs[i].scalar_type(), plain.inputs[i].scalar_type()) << i;
         EXPECT_TRUE(torch::equal(node.inputs[i], plain.inputs[i])) << with_bias << " " << x_dtype << " input " << i;
       }
+    }
+  }
+}
+
+TEST(FusedOps, AWeightWhoseGradientIsThereGetsTheProductSummedIntoItOnce) {
+  // A run's weights hold views of the flat fp32 gradient buffer: the matmul nodes sum
+  // their weight's gradient straight into it and hand autograd none, while the weight's
+  // accumulator still runs (the data-parallel hooks hang on it), once a backward. (An
+  // fp32 projection is at::linear itself, whose gradient autograd adds.)
+  torch::manual_seed(7);
+  const auto x = torch::randn({3, 4, 24}), gate = torch::randn({3, 4, 24}), up = torch::randn({3, 4, 16});
+  struct Case {
+    std::string name;
+    DType compute;
+    std::function<torch::Tensor(const torch::Tensor&)> op;
+  };
+  const std::vector<Case> cases{
+      {"projection, bf16", DType::BFloat16, [&](const torch::Tensor& w) { return projection(x, w, {}); }},
+      {"swiglu_down, fp32", DType::Float32, [&](const torch::Tensor& w) { return swiglu_down(gate, x, w); }},
+      {"swiglu_down, bf16", DType::BFloat16, [&](const torch::Tensor& w) { return swiglu_down(gate, x, w); }},
+  };
+  for (const Case& c : cases) {
+    const auto backward_through = [&](const torch::Tensor& w) {
+      with_compute_dtype(c.compute, [&] {
+        const auto y = c.op(w);
+        y.backward(up.to(y.scalar_type()));
+        return y;
+      });
+    };
+    auto fresh = torch::randn({16, 24}).requires_grad_();
+    backward_through(fresh);  // no .grad before: autograd makes one from the result
+    const auto once = fresh.grad().clone();
+    auto w = fresh.detach().clone().requires_grad_();
+    w.mutable_grad() = torch::zeros_like(w);
+    const void* buffer = w.grad().data_ptr();
+    int ran = 0, handed = 0;
+    const auto accumulator = torch::autograd::impl::grad_accumulator(w);  // held, as the hooks' owners do
+    accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [&](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list& inputs) {
+          ++ran;
+          handed += inputs[0].defined() ? 1 : 0;
+          return outputs;
+        }));
+    for (int pass = 1; pass <= 2; ++pass) {
+      backward_through(w);
+      EXPECT_EQ(ran, pass) << c.name;
+      EXPECT_EQ(handed, 0) << c.name << ": a gradient went to autograd to be added";
+      EXPECT_EQ(w.grad().data_ptr(), buffer) << c.name << ": the gradient stays in the buffer";
+      // 0 + p, then p + p: sums that are exact in fp32.
+      EXPECT_TRUE(torch::equal(w.grad(), once * pass)) << c.name << " pass " << pass;
     }
   }
 }

@@ -7,6 +7,7 @@
 
 #include "cuda_kernel_args.h"
 #include "norms.h"
+#include "weight_gradient.h"
 
 namespace tide {
 namespace {
@@ -124,7 +125,7 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
     at::Tensor d_weight;
     {
       const auto p = swiglu_values(gate, up);
-      d_weight = dy.t().mm(p.reshape({-1, p.size(-1)})).to(weight.scalar_type());
+      d_weight = weight_gradient(weight, dy.t(), p.reshape({-1, p.size(-1)}));
     }  // the product is gone before the gradients of the gate and up are made
     const auto d_p = dy.mm(weight.to(gate.scalar_type())).view(gate.sizes());
     auto d = swiglu_gradients(gate, up, d_p);
@@ -158,7 +159,7 @@ variable_list projection_backward(AutogradContext* ctx, const at::Tensor& grad) 
   at::Tensor dx, dw;
   if (ctx->needs_input_grad(0))
     dx = dy.mm(weight.to(dtype)).view(x.sizes()).to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
-  if (ctx->needs_input_grad(1)) dw = dy.t().mm(x.reshape({-1, x.size(-1)})).to(weight.scalar_type());
+  if (ctx->needs_input_grad(1)) dw = weight_gradient(weight, dy.t(), x.reshape({-1, x.size(-1)}));
   const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
   if (bias_dtype < 0) return {dx, dw};
   at::Tensor db;

@@ -12,32 +12,10 @@
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/tensor_parallel.h"
+#include "weight_gradient.h"
 
 namespace tide {
 namespace {
-
-// acc += a b, with acc in fp32 (fp64) and a, b possibly in a narrower compute dtype.
-void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() == acc.scalar_type()) {
-    acc.addmm_(a, b);
-    return;
-  }
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
-  // cuBLAS adds a bf16 product into an fp32 matrix in the GEMM itself. LibTorch 2.9 and
-  // newer expose it; builds whose addmm.dtype wants `self` in the inputs' dtype refuse
-  // the call, and every later call takes the sum below.
-  static std::atomic<bool> fp32_out{true};
-  if (acc.is_cuda() && fp32_out.load(std::memory_order_relaxed)) {
-    try {
-      at::addmm_out(acc, acc, a, b, acc.scalar_type());
-      return;
-    } catch (const c10::Error&) {
-      fp32_out.store(false, std::memory_order_relaxed);
-    }
-  }
-#endif
-  acc.add_(at::mm(a, b));
-}
 
 struct Gradients {
   at::Tensor loss_sum;  // sum over rows, fp32 (fp64)

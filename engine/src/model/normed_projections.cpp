@@ -6,6 +6,7 @@
 #include "norms.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
+#include "weight_gradient.h"
 
 namespace tide {
 namespace {
@@ -66,7 +67,7 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
         const auto g = grads[k].reshape({-1, grads[k].size(-1)});
         const auto dy_k = g.mm(weight.to(layout->dtype)).view(y.sizes()).to(y_dtype);
         dy = dy.defined() ? dy.add_(dy_k) : dy_k;
-        d[w_at] = g.t().mm(y_rows).to(weight.scalar_type());
+        d[w_at] = weight_gradient(weight, g.t(), y_rows);
         if (b_at) d[b_at] = g.sum(0).to(in[b_at].scalar_type());
       }
     }  // the remade output is gone before the norm's backward
