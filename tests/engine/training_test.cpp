@@ -31,11 +31,17 @@ RunConfig tiny_run(const std::string& name) {
   return c;
 }
 
-std::vector<double> losses_of(const fs::path& run) {
-  std::vector<double> out;
+std::vector<nlohmann::json> metrics_rows(const fs::path& run) {
+  std::vector<nlohmann::json> out;
   std::ifstream in(run / "metrics.jsonl");
   std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::vector<double> losses_of(const fs::path& run) {
+  std::vector<double> out;
+  for (const auto& row : metrics_rows(run)) out.push_back(row["loss"].get<double>());
   return out;
 }
 
@@ -104,12 +110,7 @@ TEST(Training, AProgressLineGivesTheSpeedOfTheStepsSinceTheLastOne) {
   c.log_every = 3;
   c.eval.every = 0;
   Trainer(c, dir.string(), hooks).run();
-  std::vector<nlohmann::json> rows;
-  {
-    std::ifstream in(dir / "metrics.jsonl");
-    std::string line;
-    while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
-  }
+  const auto rows = metrics_rows(dir);
   ASSERT_EQ(rows.size(), 6u);
   std::map<int64_t, double> shown;  // step -> tok/s of its line in train.log
   {
