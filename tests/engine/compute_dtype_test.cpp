@@ -5,6 +5,7 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <thread>
 
 #include <ATen/record_function.h>
 #include <gtest/gtest.h>
@@ -88,27 +89,67 @@ TEST(ComputeDtype, AStepCastsEachWeightOnceAndEveryWeightGetsItsGradient) {
   torch::manual_seed(1);
   Transformer m(c);
   const auto batches = micro_batches(c, 3);
+  // Forward and backward of every micro-batch (on the host, backward runs on this thread).
   auto casts_in = [&](bool scope) {
     int casts = 0;
     {
       WeightCasts counter(*m);
       const WeightCastScope working_copy(scope);
-      for (const auto& b : batches) with_compute_dtype(DType::BFloat16, [&] { return m->loss(b.tokens, b.targets); });
+      for (const auto& b : batches)
+        with_compute_dtype(DType::BFloat16, [&] { return m->loss(b.tokens, b.targets); }).backward();
       casts = WeightCasts::count();
     }
     return casts;
   };
-  const int per_micro_batch = casts_in(false), per_step = casts_in(true);
+  const int unscoped = casts_in(false), per_step = casts_in(true);
   // Every matrix but the embedding table (a lookup, not a product) is multiplied in bf16.
   int matrices = 0;
   for (const auto& p : m->named_parameters())
     matrices += p.value().dim() == 2 && p.key() != "model.embed_tokens.weight";
-  EXPECT_EQ(per_step, matrices) << "each weight cast once in a step";
-  EXPECT_EQ(per_micro_batch, 3 * per_step) << "without a scope every micro-batch casts every weight again";
+  EXPECT_EQ(per_step, matrices) << "each weight cast once in a step, forward and backward";
+  // Without a scope each block's matrix is cast in its forward and again in its backward;
+  // the head's in the fused loss's forward only (its gradients are made there).
+  EXPECT_EQ(unscoped, 3 * (2 * (matrices - 1) + 1)) << "every micro-batch casts every weight again";
 
   // The copies reused by later micro-batches still lead back to their weights: the
   // gradients are those of casting afresh every time, bit for bit.
   expect_identical(step_gradients(m, batches, true), step_gradients(m, batches, false));
+}
+
+TEST(ComputeDtype, AScopesWorkingCopyServesEveryThreadUntilTheScopeEndsOrTheWeightChanges) {
+  const auto w = torch::randn({8, 4}).requires_grad_();
+  const auto data_of = [](const torch::Tensor& t) { return t.data_ptr(); };
+  const auto elsewhere = [&] {  // as autograd's device threads ask, holding no scope
+    torch::Tensor got;
+    std::thread([&] { got = working_copy(w, torch::kBFloat16); }).join();
+    return got;
+  };
+  {
+    const WeightCastScope step(true);
+    const auto copy = working_copy(w, torch::kBFloat16);
+    EXPECT_EQ(copy.scalar_type(), torch::kBFloat16);
+    EXPECT_FALSE(copy.requires_grad()) << "the node computes the weight's gradient itself";
+    EXPECT_TRUE(torch::equal(copy, w.detach().to(torch::kBFloat16)));
+    EXPECT_EQ(data_of(working_copy(w, torch::kBFloat16)), data_of(copy));
+    EXPECT_EQ(data_of(elsewhere()), data_of(copy)) << "another thread gets the step's copy";
+    EXPECT_EQ(data_of(working_copy(w, torch::kFloat32)), data_of(w)) << "the weight's own dtype needs no copy";
+    {
+      torch::NoGradGuard no_grad;
+      w.add_(1.0);  // a weight that changes in the scope is cast again
+    }
+    const auto after = working_copy(w, torch::kBFloat16);
+    EXPECT_NE(data_of(after), data_of(copy));
+    EXPECT_TRUE(torch::equal(after, w.detach().to(torch::kBFloat16)));
+  }
+  // The scope has ended: nothing is kept, on any thread.
+  const auto a = working_copy(w, torch::kBFloat16);
+  EXPECT_NE(data_of(working_copy(w, torch::kBFloat16)), data_of(a));
+  EXPECT_NE(data_of(elsewhere()), data_of(a));
+  {
+    const WeightCastScope zero3(false);  // inactive: keeps nothing either
+    const auto b = working_copy(w, torch::kBFloat16);
+    EXPECT_NE(data_of(working_copy(w, torch::kBFloat16)), data_of(b));
+  }
 }
 
 TEST(ComputeDtype, ActivationCheckpointingRecomputesInTheForwardsPrecision) {

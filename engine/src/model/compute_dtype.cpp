@@ -1,16 +1,38 @@
 #include "tide/engine/model/compute_dtype.h"
 
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 
+#include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 
 namespace tide {
 
 namespace {
-thread_local int weight_cast_scopes = 0;  // active WeightCastScopes on this thread
+thread_local WeightCastScope* innermost_scope = nullptr;  // this thread's, where active
+
+// The working copies the scopes keep, found from any thread: backward runs on autograd's
+// device threads, which hold no scope of their own.
+struct KeptCopies {
+  struct Copy {
+    at::Tensor weight;  // held, so that its address names no other tensor while the copy lives
+    at::Tensor copy;
+    uint32_t version = 0;
+    const WeightCastScope* scope = nullptr;
+  };
+  std::mutex mutex;
+  std::map<std::pair<const c10::TensorImpl*, at::ScalarType>, Copy> by_weight;
+};
+
+KeptCopies& kept_copies() {
+  static KeptCopies k;
+  return k;
+}
 
 // Sets this thread's autocast settings and cache switch for a region, and restores them
 // (clearing the cache first when asked) however the region ends.
@@ -78,22 +100,31 @@ at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& 
   // unaffected).
   const bool cache = c10::GradMode::is_enabled();
   const c10::ScalarType dtype = scalar_type_of(compute);
-  AutocastGuard on({true, true, dtype, dtype}, cache, cache && weight_cast_scopes == 0);
+  AutocastGuard on({true, true, dtype, dtype}, cache, cache);
   return fn();
 }
 
 at::Tensor in_compute_dtype(const at::Tensor& x) { return x.to(compute_dtype_for(x)); }
 
-at::Tensor weight_in_compute_dtype(const at::Tensor& weight) {
-  const auto device = weight.device().type();
-  if (!at::autocast::is_autocast_enabled(device)) return weight;
-  return at::autocast::cached_cast(at::autocast::get_autocast_dtype(device), weight, device);
-}
-
-bool weight_casts_kept() { return weight_cast_scopes > 0 && at::autocast::is_autocast_cache_enabled(); }
-
-at::Tensor weight_for_node(const at::Tensor& weight) {
-  return weight_casts_kept() ? weight_in_compute_dtype(weight) : weight;
+at::Tensor working_copy(const at::Tensor& weight, at::ScalarType dtype) {
+  if (weight.scalar_type() == dtype) return weight;
+  const auto cast = [&] {
+    const at::NoGradGuard no_grad;
+    return weight.to(dtype);
+  };
+  auto& kept = kept_copies();
+  const auto key = std::make_pair(weight.unsafeGetTensorImpl(), dtype);
+  const uint32_t version = weight.is_inference() ? 0 : weight._version();
+  {
+    const std::lock_guard<std::mutex> lock(kept.mutex);
+    const auto it = kept.by_weight.find(key);
+    if (it != kept.by_weight.end() && it->second.version == version) return it->second.copy;
+  }
+  if (!innermost_scope) return cast();
+  auto copy = cast();
+  const std::lock_guard<std::mutex> lock(kept.mutex);
+  kept.by_weight[key] = {weight, copy, version, innermost_scope};
+  return copy;
 }
 
 at::ScalarType compute_dtype_for(const at::Tensor& weight) {
@@ -102,11 +133,18 @@ at::ScalarType compute_dtype_for(const at::Tensor& weight) {
 }
 
 WeightCastScope::WeightCastScope(bool active) : active_(active) {
-  if (active_) ++weight_cast_scopes;
+  if (!active_) return;
+  outer_ = innermost_scope;
+  innermost_scope = this;
 }
 
 WeightCastScope::~WeightCastScope() {
-  if (active_ && --weight_cast_scopes == 0) at::autocast::clear_cache();
+  if (!active_) return;
+  innermost_scope = outer_;
+  auto& kept = kept_copies();
+  const std::lock_guard<std::mutex> lock(kept.mutex);
+  for (auto it = kept.by_weight.begin(); it != kept.by_weight.end();)
+    it = it->second.scope == this ? kept.by_weight.erase(it) : std::next(it);
 }
 
 AutocastState AutocastState::current() {

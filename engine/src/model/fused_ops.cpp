@@ -107,15 +107,15 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
 
 // The down projection of silu(gate) * up, which it recomputes in backward (one
 // elementwise pass) instead of keeping: the widest activation of a block, as
-// torch.compile's partitioner also recomputes it. The weight is kept as given
-// (weight_for_node) and cast to the product's dtype where it is not in it. The products
+// torch.compile's partitioner also recomputes it. The weight is kept as given and
+// multiplied by its working copy in the product's dtype (working_copy). The products
 // are at::linear's and its backward's (matmul folded to mm, the weight's gradient as
 // dy^T p): the same bits.
 struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
                             const at::Tensor& weight) {
     ctx->save_for_backward({gate, up, weight});
-    return at::matmul(swiglu_values(gate, up), weight.to(gate.scalar_type()).t());
+    return at::matmul(swiglu_values(gate, up), working_copy(weight, gate.scalar_type()).t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -127,7 +127,7 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
       const auto p = swiglu_values(gate, up);
       d_weight = weight_gradient(weight, dy.t(), p.reshape({-1, p.size(-1)}));
     }  // the product is gone before the gradients of the gate and up are made
-    const auto d_p = dy.mm(weight.to(gate.scalar_type())).view(gate.sizes());
+    const auto d_p = dy.mm(working_copy(weight, gate.scalar_type())).view(gate.sizes());
     auto d = swiglu_gradients(gate, up, d_p);
     d.push_back(d_weight);
     return d;
@@ -136,8 +136,9 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
 
 // --- Projection -----------------------------------------------------------------------
 // x W^T + b computed in `dtype` as autocast's at::linear computes it, keeping x (cast) and
-// the fp32 weight, which backward casts again: no copy of the weight lives from the
-// layer's forward to its backward. The products are at::linear's and its backward's. Two
+// the fp32 weight, whose working copy backward asks for again (the step's, where a
+// WeightCastScope keeps them; else a fresh cast, so that none lives from the layer's
+// forward to its backward). The products are at::linear's and its backward's. Two
 // nodes, with and without the bias: a node's inputs must all be defined tensors.
 at::Tensor projection_forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                               const at::Tensor& bias, int64_t dtype_code) {
@@ -147,7 +148,7 @@ at::Tensor projection_forward(AutogradContext* ctx, const at::Tensor& x, const a
   ctx->saved_data["dtype"] = dtype_code;
   ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
   ctx->saved_data["bias_dtype"] = bias.defined() ? static_cast<int64_t>(bias.scalar_type()) : int64_t{-1};
-  return at::linear(xc, weight.to(dtype), bias.defined() ? bias.to(dtype) : at::Tensor());
+  return at::linear(xc, working_copy(weight, dtype), bias.defined() ? bias.to(dtype) : at::Tensor());
 }
 
 // The gradients of x, the weight and (where there is one) the bias.
@@ -158,7 +159,9 @@ variable_list projection_backward(AutogradContext* ctx, const at::Tensor& grad) 
   const auto dy = grad.reshape({-1, grad.size(-1)});
   at::Tensor dx, dw;
   if (ctx->needs_input_grad(0))
-    dx = dy.mm(weight.to(dtype)).view(x.sizes()).to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+    dx = dy.mm(working_copy(weight, dtype))
+             .view(x.sizes())
+             .to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
   if (ctx->needs_input_grad(1)) dw = weight_gradient(weight, dy.t(), x.reshape({-1, x.size(-1)}));
   const int64_t bias_dtype = ctx->saved_data["bias_dtype"].toInt();
   if (bias_dtype < 0) return {dx, dw};
@@ -259,7 +262,7 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluF
 
 at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   const auto dtype = compute_dtype_for(weight);
-  if (dtype == weight.scalar_type() || weight_casts_kept()) return at::linear(x, weight, bias);
+  if (dtype == weight.scalar_type()) return at::linear(x, weight, bias);
   if (bias.defined()) return BiasedProjectionFn::apply(x, weight, bias, static_cast<int64_t>(dtype));
   return ProjectionFn::apply(x, weight, static_cast<int64_t>(dtype));
 }

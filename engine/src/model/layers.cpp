@@ -84,7 +84,7 @@ std::vector<torch::Tensor> project_input(const LayerInput& in, const std::vector
 
 // A Linear module's parameters, for projection and normed_projections (fused_ops.h):
 // LibTorch's Linear multiplies by weight.t(), a view, which bf16 autocast casts afresh at
-// every use; those cast the weight itself (once per step under a WeightCastScope).
+// every use; those take the weight's working copy (once per step under a WeightCastScope).
 ProjectionWeights weights_of(const torch::nn::Linear& l) { return {l->weight, l->bias}; }
 
 // Out of a row-parallel layer, whose product on this rank is y: the partial sums added
@@ -190,7 +190,7 @@ torch::Tensor MlpImpl::forward(const LayerInput& x) {
     // The down projection recomputes silu(gate) * up in backward: the widest tensor of a
     // block is not kept.
     const auto gate_up = project_input(x, {weights_of(gate), weights_of(up)}, tp_);
-    const auto y = swiglu_down(gate_up[0], gate_up[1], weight_for_node(down->weight));
+    const auto y = swiglu_down(gate_up[0], gate_up[1], down->weight);
     return reduce_row_parallel(y, down->bias, tp_);
   }
   const auto hidden = project_input(x, {weights_of(up)}, tp_)[0];

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <limits>
 
-#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 #include <torch/version.h>
@@ -100,10 +99,13 @@ Gradients chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
 }
 
 struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
+  // h in the compute dtype; weight as the model holds it, multiplied by its working copy
+  // in h's dtype. The weight's gradient stays fp32 (fp64) to the flat buffer.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
                             const at::Tensor& targets, const VocabShard& shard, int64_t chunk, bool want_h,
                             bool want_weight) {
-    auto g = chunked_cross_entropy(h, weight, targets, shard, chunk, want_h, want_weight);
+    auto g =
+        chunked_cross_entropy(h, working_copy(weight, h.scalar_type()), targets, shard, chunk, want_h, want_weight);
     ctx->save_for_backward({g.h, g.weight});
     ctx->saved_data["rows"] = h.size(0);
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -133,17 +135,12 @@ at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
   TORCH_CHECK(targets.dim() == 1 && targets.size(0) == h.size(0), "linear_cross_entropy: ", h.size(0),
               " rows of h and targets of shape ", targets.sizes());
   const int64_t chunk = chunk_rows > 0 ? chunk_rows : cross_entropy_chunk_rows(h.size(0), weight.size(0));
-  // Under autocast the weight's working copy (cast once per step, its gradient flowing
-  // back to the fp32 weight) enters the node: autocast inside it would cast the weight
-  // with gradients off, every micro-batch.
-  const auto device = weight.device().type();
-  at::Tensor hx = h, w = weight;
-  if (at::autocast::is_autocast_enabled(device)) {
-    w = weight_in_compute_dtype(weight);
-    hx = h.to(w.scalar_type());
-  }
+  // Under autocast the node computes in the compute dtype with the weight's working copy
+  // (autocast would cast the weight inside the node afresh every micro-batch).
+  const auto hx = h.to(compute_dtype_for(weight));
   const bool grad = at::GradMode::is_enabled();
-  return LinearCrossEntropy::apply(hx, w, targets, shard, chunk, grad && hx.requires_grad(), grad && w.requires_grad());
+  return LinearCrossEntropy::apply(hx, weight, targets, shard, chunk, grad && hx.requires_grad(),
+                                   grad && weight.requires_grad());
 }
 
 }  // namespace tide

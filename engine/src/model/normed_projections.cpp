@@ -40,7 +40,7 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
     variable_list out;
     for (const auto& [w_at, b_at] : layout->slots) {
       const auto bias = b_at ? in[b_at].to(layout->dtype) : at::Tensor();
-      out.push_back(at::linear(y, in[w_at].to(layout->dtype), bias));  // projection's product
+      out.push_back(at::linear(y, working_copy(in[w_at], layout->dtype), bias));  // projection's product
     }
     return out;
   }
@@ -65,7 +65,7 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
         const auto& weight = in[w_at];
         // projection_backward's products (at::linear's backward).
         const auto g = grads[k].reshape({-1, grads[k].size(-1)});
-        const auto dy_k = g.mm(weight.to(layout->dtype)).view(y.sizes()).to(y_dtype);
+        const auto dy_k = g.mm(working_copy(weight, layout->dtype)).view(y.sizes()).to(y_dtype);
         dy = dy.defined() ? dy.add_(dy_k) : dy_k;
         d[w_at] = weight_gradient(weight, g.t(), y_rows);
         if (b_at) d[b_at] = g.sum(0).to(in[b_at].scalar_type());
@@ -104,7 +104,7 @@ std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeight
                 p.weight.sizes(), " must be [out, ", dim, "]");
     TORCH_CHECK(compute_dtype_for(p.weight) == layout->dtype, "normed_projections: the projections' weights ",
                 "must compute in one dtype");
-    in.push_back(weight_for_node(p.weight));
+    in.push_back(p.weight);
     layout->slots.emplace_back(in.size() - 1, p.bias.defined() ? in.size() : 0);
     if (p.bias.defined()) in.push_back(p.bias);
   }

@@ -23,9 +23,10 @@ struct FnHolder : torch::CustomClassHolder {
 // generator too, which CUDA draws them from) and backpropagates through the fresh
 // graph, which accumulates parameter gradients as usual. The states are read only for
 // a function that draws: a CUDA generator's state cannot be read during graph capture.
-// Both runs use the compute dtype of the forward and no cached weight copies: one made
-// without gradients would be reused where they are needed, and backward may run on a
-// device thread whose cache no step scope clears.
+// Both runs use the compute dtype of the forward and none of autocast's cached casts: one
+// made without gradients would be reused where they are needed, and backward may run on
+// a device thread whose cache no step scope clears. tide's own nodes take the step's
+// working copies (compute_dtype.h), which carry no gradient path and serve any thread.
 struct Recompute : torch::autograd::Function<Recompute> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
                             c10::intrusive_ptr<FnHolder> holder) {

@@ -122,10 +122,10 @@ Head head(const RankModel& r, int64_t tp, const Shape& x) {
     h.forward_extra = chunk * V * x.s;
   else
     h.forward_extra = chunk * V * (bf16 > 0 ? 2 + 4 : 4) + bf16 * V * D * 2;
-  // Backward scales the kept gradients in place; the weight's is cast to the working
-  // copy's bf16 and back to fp32 for the flat buffer. Under tensor parallelism the input's
-  // gradient is copied into the all-reduce.
-  h.backward_extra = bf16 * V * D * (2 + 4) + (tp > 1 ? x.N * D * x.s : 0);
+  // Backward scales the kept gradients in place (the weight's, fp32, is added into the
+  // flat buffer). Under tensor parallelism the input's gradient is copied into the
+  // all-reduce.
+  h.backward_extra = tp > 1 ? x.N * D * x.s : 0;
   h.saved += h.loss;
   return h;
 }
@@ -166,16 +166,12 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     recomputed.push_back(static_cast<double>(recomputed_blocks(checkpointed, range)));
   const double all_recomputed = std::accumulate(recomputed.begin(), recomputed.end(), 0.0);
   if (bf16) {
-    // The bf16 copies of the weights (train_step.cpp, fused_ops.h: projection). With
-    // several micro-batches (not ZeRO-3) the step keeps every block's for all of them,
-    // except blocks recomputed in backward, which cast uncached. Otherwise each layer casts
-    // its weight in forward and again in backward: one copy, the widest, at a time. The
-    // head's copy lives through the forward either way (the cast cache).
-    const bool kept = L.zero != 3 && L.micro_batches > 1;
+    // The bf16 working copies of the weights (compute_dtype.h, train_step.cpp): but for
+    // ZeRO-3 the step keeps every matmul weight's, recomputed blocks' too. Under ZeRO-3
+    // each layer casts its weight in forward and again in backward: one copy, the widest,
+    // at a time, beside the head's.
     const double widest = static_cast<double>(r.dim * std::max(r.ffn, r.heads * r.head_dim));
-    const double cached = kept ? static_cast<double>(r.blocks) - all_recomputed : 0.0;
-    const double blocks =
-        cached * static_cast<double>(r.block_matmul) + (cached < static_cast<double>(r.blocks) ? widest : 0.0);
+    const double blocks = L.zero != 3 ? static_cast<double>(r.blocks * r.block_matmul) : widest;
     m.working_copy = 2 * (blocks + static_cast<double>(r.head_matmul));
   }
   if (L.zero == 3) m.gathered += (unit0 + 2 * block_unit) * 4;

@@ -49,12 +49,11 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   };
   const auto on_loss = [&](int64_t micro, at::Tensor loss) { return tap_(step, micro, loss); };
   const double scale = 1.0 / static_cast<double>(accum);
-  // The weights stand still until the optimizer step: with several micro-batches their
-  // bf16 copies, kept for the step, serve every one. With one, nothing would reuse them:
-  // each layer casts its weight in forward and again in backward (fused_ops.h:
-  // projection), and no copy waits between the two. ZeRO-3 gathers and frees the weights
-  // unit by unit: no step-long copies there either.
-  const WeightCastScope working_copy(cfg_.parallel.zero != 3 && accum > 1);
+  // The weights stand still until the optimizer step: their bf16 copies, kept for the
+  // step, serve every micro-batch's forward and backward (one cast per weight a step, for
+  // 2 bytes a parameter held through it). ZeRO-3 gathers and frees the weights unit by
+  // unit: no step-long copies there; each layer casts in forward and again in backward.
+  const WeightCastScope working_copy(cfg_.parallel.zero != 3);
   StepValues out;
   if (scaler_.active()) out.loss_scale = scaler_.scale().clone();  // the update moves it in place
   at::Tensor loss_sum = pm_.pipeline ? pm_.pipeline->train(batches, scale, out.loss_scale, before_backward, on_loss)

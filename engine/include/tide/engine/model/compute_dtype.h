@@ -28,39 +28,33 @@ c10::ScalarType scalar_type_of(DType compute);
 // "amx_bf16", "avx512_bf16", or empty where neither is there (or the file cannot be read).
 std::string host_bf16_instructions();
 
-// fn() with matmuls in the compute dtype (bf16, fp16: autocast on the host and on CUDA). Each
-// fp32 weight is cast once and the copy reused until the innermost WeightCastScope on
-// this thread ends, or, outside one, until fn returns. With gradients off nothing is
-// cached: a copy made then would carry no path back to its weight.
+// fn() with matmuls in the compute dtype (bf16, fp16: autocast on the host and on CUDA).
+// tide's own nodes take the fp32 weights and cast them with working_copy; what autocast
+// casts itself (an op tide does not write) is cast once and reused until fn returns, with
+// gradients on.
 at::Tensor with_compute_dtype(DType compute, const std::function<at::Tensor()>& fn);
 
 // x in the dtype autocast computes in on x's device while it is on (the residual
 // stream's dtype under bf16 compute); x itself otherwise.
 at::Tensor in_compute_dtype(const at::Tensor& x);
 
-// A weight as autocast's matmuls see it while autocast is on: the copy in the compute
-// dtype, from the cast cache where a matmul would take it from there (for an op that
-// autocast does not cast itself, such as a hand-written node); the weight otherwise.
-at::Tensor weight_in_compute_dtype(const at::Tensor& weight);
-
-// The weight a hand-written node that keeps it for backward is given: under a
-// WeightCastScope its cached copy in the compute dtype, which the cache holds for the
-// step anyway; otherwise the weight itself, which the node casts in forward and again in
-// backward, so that no copy lives from a layer's forward to its backward (one extra cast
-// per weight and micro-batch for 2 bytes a parameter at the peak, as torch.compile's
-// partitioner chooses). The node computes in `compute_dtype_for(weight)`.
-at::Tensor weight_for_node(const at::Tensor& weight);
-// Whether the cast cache holds the weights' copies for the step: a WeightCastScope on
-// this thread, with gradients on.
-bool weight_casts_kept();
+// The copy of an fp32 weight in `dtype` that a node multiplies by, made with gradients
+// off: the node computes the weight's gradient itself (weight_gradient.h). While the
+// thread that makes it holds a WeightCastScope, the copy is kept for the scope and every
+// later call for that weight, in forward, backward or a recomputation and on any thread
+// (autograd's device threads), gets it; otherwise each call casts afresh, so that no
+// copy lives from a layer's forward to its backward.
+at::Tensor working_copy(const at::Tensor& weight, at::ScalarType dtype);
 // The dtype autocast computes in on the weight's device while it is on; the weight's own
 // dtype otherwise.
 at::ScalarType compute_dtype_for(const at::Tensor& weight);
 
-// While one lives on this thread, the bf16 working copy of each weight, made at its first
-// use, serves every forward until the scope ends: one cast per weight per optimizer step
-// rather than one per micro-batch. The weights must not change while it lives. Inactive:
-// copies live for one forward (ZeRO-3, whose point is not to hold the whole model).
+// An optimizer step's working copies: while one lives on this thread, each weight is cast
+// once, at its first use, and the copy serves every micro-batch's forward and backward
+// until the scope ends (2 bytes a parameter held through the step, for one cast per weight
+// per step instead of two per micro-batch). The weights must not change while it lives
+// (a copy whose weight's version moved is made again). Inactive: no copies are kept
+// (ZeRO-3, whose point is not to hold the whole model).
 class WeightCastScope {
  public:
   explicit WeightCastScope(bool active);
@@ -70,11 +64,12 @@ class WeightCastScope {
 
  private:
   bool active_;
+  WeightCastScope* outer_ = nullptr;
 };
 
 // This thread's autocast settings, kept to run code later as it ran then: a recomputation
 // in backward, which may run on another thread than the step's scope, runs with the
-// forward's settings and without the cast cache.
+// forward's settings and without autocast's cast cache.
 struct AutocastState {
   bool cpu = false, cuda = false;
   at::ScalarType cpu_dtype = at::kBFloat16, cuda_dtype = at::kBFloat16;

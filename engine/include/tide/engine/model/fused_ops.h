@@ -30,13 +30,15 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
 // silu(gate) * up projected by weight [out, F] (no bias): the MLP's down projection.
-// Keeps gate and up and the weight as given (weight_for_node), not the product, which
-// backward recomputes; computes in gate's dtype.
+// Keeps gate and up and the fp32 weight, not the product, which backward recomputes;
+// computes in gate's dtype with the weight's working copy (compute_dtype.h), and adds
+// the weight's gradient into its fp32 .grad where that is there (weight_gradient.h).
 at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight);
 
-// x W^T + b, as at::linear under autocast, except that where no WeightCastScope keeps the
-// weights' copies for the step, the copy of the weight in the compute dtype is made again
-// in backward instead of being kept from the forward (weight_for_node).
+// x W^T + b, as at::linear under autocast, except that the weight's copy in the compute
+// dtype is its working copy (compute_dtype.h: kept for the step under a WeightCastScope,
+// otherwise made again in backward instead of kept from the forward) and its gradient is
+// computed by the node, in fp32.
 at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // A norm over the last dimension: RMSNorm (no bias), or LayerNorm (with one).
@@ -66,8 +68,9 @@ struct ProjectionExchange {
 // the same bits, except that the norm's output is not kept for backward. Backward makes
 // it again from x (one elementwise pass, and with sequence parallelism the all-gather
 // once more, as Megatron-LM gathers a column-parallel layer's input again), as
-// torch.compile's partitioner recomputes it: the node keeps x as given and the weights
-// (weight_for_node), not the output the projections would each keep, nor the fp32 copy of
+// torch.compile's partitioner recomputes it: the node keeps x as given and the fp32
+// weights (their working copies, compute_dtype.h, are what the projections multiply by),
+// not the output the projections would each keep, nor the fp32 copy of
 // a bf16 x the norm alone keeps on the host.
 std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeights& norm,
                                            const std::vector<ProjectionWeights>& projections,
