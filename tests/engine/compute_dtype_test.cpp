@@ -1,6 +1,7 @@
 // bf16 compute: the working copy of the weights made once per optimizer step, gradients
 // that still reach every fp32 weight, and a recomputation (activation checkpointing) in
 // the precision of the forward it repeats.
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -12,7 +13,10 @@
 #include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/parameter_units.h"
 #include "tide/engine/model/transformer.h"
+#include "tide/engine/optim/adamw.h"
+#include "tide/engine/optim/flat_parameters.h"
 #include "tiny_models.h"
 
 namespace tide {
@@ -150,6 +154,107 @@ TEST(ComputeDtype, AScopesWorkingCopyServesEveryThreadUntilTheScopeEndsOrTheWeig
     const auto b = working_copy(w, torch::kBFloat16);
     EXPECT_NE(data_of(working_copy(w, torch::kBFloat16)), data_of(b));
   }
+}
+
+// A model trained in bf16 by the host AdamW, with or without the working copy the update
+// writes.
+struct Bf16Run {
+  Transformer model;
+  std::unique_ptr<FlatParameters> flat;
+  std::unique_ptr<AdamW> adam;
+  bool kept = false;
+
+  explicit Bf16Run(bool standing_copy, bool offload = false) : model(testing::tiny_llama()) {
+    model->reset_parameters(4);
+    OptimConfig o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.1;
+    flat = std::make_unique<FlatParameters>(*model, o);
+    adam = std::make_unique<AdamW>(*flat, o, offload, offload ? AdamWKernel::automatic : AdamWKernel::host);
+    if (standing_copy) kept = adam->keep_working_copy(torch::kBFloat16, flat->slots());
+  }
+
+  // One optimizer step of `batches`; the loss of each, and the weights' casts made.
+  std::pair<std::vector<double>, int> step(const std::vector<MicroBatch>& batches) {
+    std::vector<double> losses;
+    int casts = 0;
+    flat->zero_grad();
+    {
+      WeightCasts counter(*model);
+      const WeightCastScope working_copy(true);
+      for (const auto& b : batches) {
+        auto loss = with_compute_dtype(DType::BFloat16, [&] { return model->loss(b.tokens, b.targets); });
+        loss.backward();
+        losses.push_back(loss.item<double>());
+      }
+      casts = WeightCasts::count();
+    }
+    adam->step(1e-2);
+    return {losses, casts};
+  }
+};
+
+TEST(ComputeDtype, TheWorkingCopyTheUpdateWritesTrainsAsCastingEveryStepDoes) {
+  const auto batches = micro_batches(testing::tiny_llama(), 2);
+  Bf16Run cast(false), standing(true);
+  ASSERT_TRUE(standing.kept) << "one process, not offloaded: the host kernel writes the copy";
+  EXPECT_FALSE(cast.kept);
+  for (int s = 0; s < 4; ++s) {
+    const auto [cast_losses, cast_casts] = cast.step(batches);
+    const auto [losses, casts] = standing.step(batches);
+    EXPECT_EQ(losses, cast_losses) << "step " << s << ": the same bf16 bits, rounded to nearest even both ways";
+    EXPECT_GT(cast_casts, 0);
+    EXPECT_EQ(casts, 0) << "step " << s << ": the update's copy serves every weight, nothing is cast";
+  }
+  const auto a = cast.flat->data(), b = standing.flat->data();
+  EXPECT_TRUE(torch::equal(a, b));
+}
+
+TEST(ComputeDtype, AWeightChangedOutsideTheUpdateIsCastUntilTheCopyIsTakenAgain) {
+  Bf16Run run(true);
+  ASSERT_TRUE(run.kept);
+  const auto& slot = *std::find_if(run.flat->slots().begin(), run.flat->slots().end(),
+                                   [](const auto& s) { return s.name == "model.layers.0.mlp.down_proj.weight"; });
+  const auto served = working_copy(slot.param, torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(served, slot.param.detach().to(torch::kBFloat16)));
+  EXPECT_EQ(working_copy(slot.param, torch::kBFloat16).data_ptr(), served.data_ptr()) << "the standing copy";
+  {
+    torch::NoGradGuard no_grad;
+    run.flat->data().mul_(0.5);  // as a checkpoint's values are loaded into the buffer
+  }
+  const auto after = working_copy(slot.param, torch::kBFloat16);
+  EXPECT_NE(after.data_ptr(), served.data_ptr()) << "a stale copy must not be served";
+  EXPECT_TRUE(torch::equal(after, slot.param.detach().to(torch::kBFloat16)));
+  {
+    torch::NoGradGuard no_grad;
+    slot.param.add_(1.0);  // through the weight itself
+  }
+  EXPECT_TRUE(torch::equal(working_copy(slot.param, torch::kBFloat16), slot.param.detach().to(torch::kBFloat16)));
+  run.adam->restore(0);  // what a resume does after loading
+  const auto again = working_copy(slot.param, torch::kBFloat16);
+  EXPECT_EQ(again.data_ptr(), served.data_ptr()) << "restore takes the copy again into its buffer";
+  EXPECT_TRUE(torch::equal(again, slot.param.detach().to(torch::kBFloat16)));
+  // The optimizer gone, its copies are no longer offered.
+  run.adam.reset();
+  EXPECT_NE(working_copy(slot.param, torch::kBFloat16).data_ptr(), served.data_ptr());
+}
+
+TEST(ComputeDtype, OnlyAnOptimizerThatUpdatesEveryWeightKeepsTheirCopy) {
+  EXPECT_FALSE(Bf16Run(true, /*offload=*/true).kept) << "offload updates a host copy";
+  Transformer m(testing::tiny_llama());
+  m->reset_parameters(4);
+  FlatParameters::Options options;
+  options.pad_to = 2;
+  options.unit_of = block_unit;
+  FlatParameters flat(*m, OptimConfig{}, options);
+  AdamW shard(flat.data(), flat.grad(), flat.shard_segments(0, 2, false, false), OptimConfig{}, false,
+              AdamWKernel::host);
+  EXPECT_FALSE(shard.keep_working_copy(torch::kBFloat16, flat.slots())) << "a ZeRO rank updates its piece only";
+  AdamW fused(flat, OptimConfig{}, false, AdamWKernel::fused);
+  EXPECT_FALSE(fused.keep_working_copy(torch::kBFloat16, flat.slots())) << "PyTorch's kernel writes no copy";
+  AdamW whole(flat, OptimConfig{}, false, AdamWKernel::host);
+  EXPECT_TRUE(whole.keep_working_copy(torch::kBFloat16, flat.slots()));
+  EXPECT_THROW(whole.keep_working_copy(torch::kFloat32, flat.slots()), c10::Error);
 }
 
 TEST(ComputeDtype, ActivationCheckpointingRecomputesInTheForwardsPrecision) {

@@ -16,6 +16,7 @@
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/linear_cross_entropy.h"
+#include "tide/engine/optim/adamw.h"
 
 namespace tide {
 namespace {
@@ -211,6 +212,74 @@ TEST(Cuda, CrossEntropyKernelGivesNaNForATargetOutsideTheVocabulary) {
   const auto loss = cross_entropy_rows_(logits, torch::tensor({3, 10}, torch::kInt64).to(kCuda), false).to(torch::kCPU);
   EXPECT_TRUE(std::isfinite(loss[0].item<float>()));
   EXPECT_TRUE(std::isnan(loss[1].item<float>()));
+}
+
+// tide's AdamW kernel against the host kernel: one launch over ranges whose offsets allow
+// 16-byte moves and one whose do not, across chunk boundaries, decayed and plain; clipped,
+// skipped, and with the rate a device scalar. Each operation is rounded as the host
+// rounds it (neither contracts a multiply-add; the step's factors are formed in double
+// by both): the same bits. The working copy it writes is the result, cast.
+TEST(Cuda, AdamWKernelGivesTheHostKernelsBitsAndWritesTheWorkingCopy) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t n = 200003;
+  const std::vector<OptimSegment> segments{
+      {0, 0, 70001, true, true}, {70001, 70001, 6, false, true}, {70007, 70007, n - 70007, true, true}};
+  OptimConfig o;
+  o.weight_decay = 0.1;
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.eps = 1e-8;
+  torch::manual_seed(21);
+  auto p_host = torch::randn({n});
+  auto p_cuda = p_host.to(kCuda);
+  auto g_host = torch::zeros({n});
+  auto g_cuda = g_host.to(kCuda);
+  AdamW host(p_host, g_host, segments, o, false, AdamWKernel::host);
+  AdamW cuda(p_cuda, g_cuda, segments, o, false, AdamWKernel::device);
+  ASSERT_TRUE(cuda.runs_on_device());
+  const auto slots_of = [&](const torch::Tensor& p) {
+    std::vector<FlatParameters::Slot> slots;
+    for (const auto& s : segments) {
+      FlatParameters::Slot slot;
+      slot.offset = s.param_offset;
+      slot.numel = s.numel;
+      slot.shape = {s.numel};
+      slot.param = p.narrow(0, s.param_offset, s.numel);
+      slots.push_back(slot);
+    }
+    return slots;
+  };
+  const auto host_slots = slots_of(p_host), cuda_slots = slots_of(p_cuda);
+  ASSERT_TRUE(host.keep_working_copy(torch::kBFloat16, host_slots));
+  ASSERT_TRUE(cuda.keep_working_copy(torch::kBFloat16, cuda_slots));
+  for (int step = 0; step < 5; ++step) {
+    const auto g = torch::randn({n}) * (step + 1);
+    g_host.copy_(g);
+    g_cuda.copy_(g);
+    const double rate = std::ldexp(1.0, -6 - step % 2);  // exact in the fp32 the kernel reads
+    UpdateGate gate;
+    if (step >= 1) gate.clip = torch::full({}, 0.5, torch::kFloat64);
+    if (step == 2) gate.skip = torch::full({}, true);
+    host.step(rate, gate);
+    UpdateGate on_cuda{gate.clip.defined() ? gate.clip.to(kCuda) : torch::Tensor(),
+                       gate.skip.defined() ? gate.skip.to(kCuda) : torch::Tensor()};
+    if (step == 4)
+      cuda.step(torch::full({}, rate, torch::TensorOptions(kCuda).dtype(torch::kFloat64)), on_cuda);
+    else
+      cuda.step(rate, on_cuda);
+    const std::string at = "step " + std::to_string(step);
+    EXPECT_TRUE(torch::equal(p_cuda.cpu(), p_host)) << at;
+    EXPECT_TRUE(torch::equal(cuda.exp_avg().cpu(), host.exp_avg())) << at;
+    EXPECT_TRUE(torch::equal(cuda.exp_avg_sq().cpu(), host.exp_avg_sq())) << at;
+    for (size_t k = 0; k < segments.size(); ++k) {
+      const auto copy = working_copy(cuda_slots[k].param, torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(copy.cpu(), cuda_slots[k].param.cpu().to(torch::kBFloat16))) << at << " range " << k;
+      EXPECT_TRUE(torch::equal(copy.cpu(), working_copy(host_slots[k].param, torch::kBFloat16)))
+          << at << " range " << k;
+    }
+  }
+  EXPECT_EQ(cuda.steps_taken(), 4);
+  EXPECT_EQ(host.steps_taken(), 4);
 }
 
 }  // namespace

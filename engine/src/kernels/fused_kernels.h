@@ -49,4 +49,41 @@ void rope(const void* x, const void* cos, const void* sin, void* y, const RopeSh
 void cross_entropy_rows(void* logits, const int64_t* targets, float* loss, int64_t rows, int64_t vocab, bool gradient,
                         Element e, cudaStream_t stream);
 
+// AdamW over ranges of flat fp32 buffers (params, grads, and the moments at their own
+// offsets), one launch for all: a block takes one chunk of kAdamWChunk elements of a
+// range. The step's scalars are device memory, read when the kernel runs (a captured
+// update takes what was written there before each replay): lr, the step count including
+// this step (the bias corrections), the factor that clips the gradients (null: 1) and a
+// skip flag (null, or 0: the step is taken; else nothing is written). `working`, where
+// not null, gets each updated parameter in `working_element` (bf16, fp16) at the
+// parameter's offset: the weights' working copy, written in the same pass.
+struct AdamWRange {
+  int64_t param = 0, grad = 0, state = 0, numel = 0;  // offsets in elements
+  bool decayed = false;
+  bool packed = false;  // all three offsets multiples of 4: 16 bytes a thread at a time
+};
+struct AdamWChunk {
+  int64_t range = 0, first = 0, numel = 0;
+};
+constexpr int64_t kAdamWChunk = 1 << 16;
+struct AdamWArgs {
+  float* params = nullptr;
+  const float* grads = nullptr;
+  float *exp_avg = nullptr, *exp_avg_sq = nullptr;
+  void* working = nullptr;
+  Element working_element = Element::BF16;
+  const float* lr = nullptr;
+  const float* step = nullptr;
+  const float* grad_factor = nullptr;
+  const float* skip = nullptr;
+  // The per-step factors are formed in double from these, as the host kernel's caller
+  // forms them (optim/adamw.cpp), then rounded to fp32.
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+// The chunks of `ranges` (host memory) into `out` (host, may be null), and how many.
+int64_t adamw_chunks(const AdamWRange* ranges, int64_t n_ranges, AdamWChunk* out);
+// ranges and chunks in device memory, as adamw_chunks laid them out.
+void adamw_update(const AdamWArgs& args, const AdamWRange* ranges, const AdamWChunk* chunks, int64_t n_chunks,
+                  cudaStream_t stream);
+
 }  // namespace tide::kernels

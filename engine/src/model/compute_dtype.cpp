@@ -16,14 +16,22 @@ namespace tide {
 namespace {
 thread_local WeightCastScope* innermost_scope = nullptr;  // this thread's, where active
 
-// The working copies the scopes keep, found from any thread: backward runs on autograd's
+uint32_t version_of(const at::Tensor& t) { return t.is_inference() ? 0 : t._version(); }
+
+// The working copies the scopes and standing owners keep, found from any thread: backward runs on autograd's
 // device threads, which hold no scope of their own.
 struct KeptCopies {
   struct Copy {
     at::Tensor weight;  // held, so that its address names no other tensor while the copy lives
     at::Tensor copy;
     uint32_t version = 0;
-    const WeightCastScope* scope = nullptr;
+    at::Tensor base;  // standing copies: the buffer the weight views, and its version then
+    uint32_t base_version = 0;
+    const void* owner = nullptr;  // the scope or the standing copies' owner
+
+    bool current() const {
+      return version == version_of(weight) && (!base.defined() || base_version == version_of(base));
+    }
   };
   std::mutex mutex;
   std::map<std::pair<const c10::TensorImpl*, at::ScalarType>, Copy> by_weight;
@@ -114,17 +122,45 @@ at::Tensor working_copy(const at::Tensor& weight, at::ScalarType dtype) {
   };
   auto& kept = kept_copies();
   const auto key = std::make_pair(weight.unsafeGetTensorImpl(), dtype);
-  const uint32_t version = weight.is_inference() ? 0 : weight._version();
   {
     const std::lock_guard<std::mutex> lock(kept.mutex);
     const auto it = kept.by_weight.find(key);
-    if (it != kept.by_weight.end() && it->second.version == version) return it->second.copy;
+    if (it != kept.by_weight.end() && it->second.current()) return it->second.copy;
   }
   if (!innermost_scope) return cast();
   auto copy = cast();
+  KeptCopies::Copy entry;
+  entry.weight = weight;
+  entry.copy = copy;
+  entry.version = version_of(weight);
+  entry.owner = innermost_scope;
   const std::lock_guard<std::mutex> lock(kept.mutex);
-  kept.by_weight[key] = {weight, copy, version, innermost_scope};
+  kept.by_weight[key] = std::move(entry);
   return copy;
+}
+
+void keep_working_copies(const void* owner, const at::Tensor& base, const std::vector<StandingCopy>& copies) {
+  auto& kept = kept_copies();
+  const std::lock_guard<std::mutex> lock(kept.mutex);
+  for (const auto& c : copies) {
+    TORCH_CHECK(c.copy.sizes() == c.weight.sizes() && c.copy.device() == c.weight.device(),
+                "keep_working_copies: a copy of shape ", c.copy.sizes(), " for a weight of shape ", c.weight.sizes());
+    KeptCopies::Copy entry;
+    entry.weight = c.weight;
+    entry.copy = c.copy;
+    entry.version = version_of(c.weight);
+    entry.base = base;
+    entry.base_version = base.defined() ? version_of(base) : 0;
+    entry.owner = owner;
+    kept.by_weight[std::make_pair(c.weight.unsafeGetTensorImpl(), c.copy.scalar_type())] = std::move(entry);
+  }
+}
+
+void drop_working_copies(const void* owner) {
+  auto& kept = kept_copies();
+  const std::lock_guard<std::mutex> lock(kept.mutex);
+  for (auto it = kept.by_weight.begin(); it != kept.by_weight.end();)
+    it = it->second.owner == owner ? kept.by_weight.erase(it) : std::next(it);
 }
 
 at::ScalarType compute_dtype_for(const at::Tensor& weight) {
@@ -141,10 +177,7 @@ WeightCastScope::WeightCastScope(bool active) : active_(active) {
 WeightCastScope::~WeightCastScope() {
   if (!active_) return;
   innermost_scope = outer_;
-  auto& kept = kept_copies();
-  const std::lock_guard<std::mutex> lock(kept.mutex);
-  for (auto it = kept.by_weight.begin(); it != kept.by_weight.end();)
-    it = it->second.scope == this ? kept.by_weight.erase(it) : std::next(it);
+  drop_working_copies(this);
 }
 
 AutocastState AutocastState::current() {

@@ -1,12 +1,16 @@
 #include "tide/engine/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include <torch/types.h>
 
 #include "adamw_kernel.h"
+#include "model/cuda_kernel_args.h"
+#include "tide/engine/model/compute_dtype.h"
 
 namespace tide {
 
@@ -46,12 +50,47 @@ AdamW::AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment
   }
   m_ = torch::zeros({n}, opts);
   v_ = torch::zeros({n}, opts);
-  TORCH_CHECK(!(offload && kernel == AdamWKernel::fused), "AdamW: offload runs the host kernel, not the fused one");
-  fused_ = kernel == AdamWKernel::fused || (kernel == AdamWKernel::automatic && !offload && !params_.is_cpu());
+  TORCH_CHECK(!(offload && (kernel == AdamWKernel::fused || kernel == AdamWKernel::device)),
+              "AdamW: offload runs the host kernel, not a device one");
+#ifdef TIDE_CUDA_KERNELS
+  const bool own_kernel_built = true;
+#else
+  const bool own_kernel_built = false;
+#endif
+  fused_ = kernel == AdamWKernel::fused || kernel == AdamWKernel::device ||
+           (kernel == AdamWKernel::automatic && !offload && !params_.is_cpu());
+  own_kernel_ = kernel == AdamWKernel::device ||
+                (kernel == AdamWKernel::automatic && fused_ && params_.is_cuda() && own_kernel_built);
+  TORCH_CHECK(!own_kernel_ || (own_kernel_built && params_.is_cuda() && grads_.is_cuda()),
+              "AdamW: tide's kernel takes CUDA buffers in a build with tide's CUDA kernels; the parameters are on ",
+              params_.device());
   if (fused_) {
     TORCH_CHECK(params_.scalar_type() == torch::kFloat32 && grads_.scalar_type() == torch::kFloat32,
                 "AdamW: the fused kernel takes fp32 parameters and gradients");
     steps_ = torch::zeros({}, params_.options());
+  }
+  if (own_kernel_) {
+#ifdef TIDE_CUDA_KERNELS
+    std::vector<kernels::AdamWRange> ranges;
+    int64_t at = 0;
+    for (const auto& s : segments_) {
+      if (s.numel > 0)
+        ranges.push_back({s.param_offset, s.grad_offset, at, s.numel, s.decayed,
+                          s.param_offset % 4 == 0 && s.grad_offset % 4 == 0 && at % 4 == 0});
+      at += s.numel;
+    }
+    const auto n_ranges = static_cast<int64_t>(ranges.size());
+    std::vector<kernels::AdamWChunk> chunks(
+        static_cast<size_t>(kernels::adamw_chunks(ranges.data(), n_ranges, nullptr)));
+    kernel_chunk_count_ = kernels::adamw_chunks(ranges.data(), n_ranges, chunks.data());
+    const auto to_device = [&](const void* data, size_t bytes) {
+      return torch::from_blob(const_cast<void*>(data), {static_cast<int64_t>(bytes)}, torch::kUInt8)
+          .to(params_.device());
+    };
+    kernel_ranges_ = to_device(ranges.data(), ranges.size() * sizeof(kernels::AdamWRange));
+    kernel_chunks_ = to_device(chunks.data(), chunks.size() * sizeof(kernels::AdamWChunk));
+#endif
+  } else if (fused_) {
     for (const bool decayed : {true, false}) {
       FusedGroup group;
       group.decayed = decayed;
@@ -71,12 +110,53 @@ AdamW::AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment
   }
 }
 
+AdamW::~AdamW() {
+  if (working_.defined()) drop_working_copies(this);
+}
+
+bool AdamW::keep_working_copy(at::ScalarType dtype, const std::vector<FlatParameters::Slot>& slots) {
+  TORCH_CHECK(dtype == torch::kBFloat16 || dtype == torch::kHalf, "AdamW: a working copy is bf16 or fp16, not ", dtype);
+  if (host_master_.defined() || (fused_ && !own_kernel_)) return false;
+  // Every slot must be a view of params() inside the segments this optimizer updates.
+  std::vector<std::pair<int64_t, int64_t>> updated;  // [begin, end) in params()
+  for (const auto& s : segments_) updated.emplace_back(s.param_offset, s.param_offset + s.numel);
+  std::sort(updated.begin(), updated.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& r : updated) {
+    if (!merged.empty() && r.first <= merged.back().second)
+      merged.back().second = std::max(merged.back().second, r.second);
+    else
+      merged.push_back(r);
+  }
+  for (const auto& s : slots) {
+    const auto it = std::upper_bound(merged.begin(), merged.end(), std::make_pair(s.offset, INT64_MAX));
+    if (it == merged.begin() || std::prev(it)->second < s.offset + s.numel) return false;
+    if (!s.param.defined() || s.param.scalar_type() != torch::kFloat32 || s.offset + s.numel > params_.numel() ||
+        s.param.data_ptr<float>() != params_.data_ptr<float>() + s.offset)
+      return false;
+  }
+  working_ = torch::empty({params_.numel()}, params_.options().dtype(dtype));
+  working_slots_ = slots;
+  offer_working_copy();
+  return true;
+}
+
+void AdamW::offer_working_copy() {
+  torch::NoGradGuard no_grad;
+  working_.copy_(params_);
+  std::vector<StandingCopy> copies;
+  copies.reserve(working_slots_.size());
+  for (const auto& s : working_slots_) copies.push_back({s.param, working_.narrow(0, s.offset, s.numel).view(s.shape)});
+  keep_working_copies(this, params_, copies);
+}
+
 int64_t AdamW::steps_taken() const { return fused_ ? static_cast<int64_t>(steps_.item<float>()) : t_; }
 
 void AdamW::restore(int64_t steps_taken) {
   torch::NoGradGuard no_grad;
   t_ = steps_taken;
   if (fused_) steps_.fill_(static_cast<double>(steps_taken));
+  if (working_.defined()) offer_working_copy();
   if (!host_master_.defined()) return;
   int64_t at = 0;
   for (const auto& s : segments_) {
@@ -104,6 +184,9 @@ void AdamW::step(double lr, const UpdateGate& gate) {
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
   const bool offloaded = host_master_.defined();
+  const CopyElement copy = !working_.defined()                      ? CopyElement::none
+                           : working_.scalar_type() == torch::kHalf ? CopyElement::f16
+                                                                    : CopyElement::bf16;
   int64_t at = 0;  // position in the moments (and the host copies)
   for (const auto& s : segments_) {
     // Offloaded: the update runs on the host copies; otherwise on the buffers.
@@ -116,10 +199,13 @@ void AdamW::step(double lr, const UpdateGate& gate) {
     }
     auto m = m_.narrow(0, at, s.numel), v = v_.narrow(0, at, s.numel);
     const double decay = s.decayed ? 1.0 - lr * cfg_.weight_decay : 1.0;
-    adamw_update_cpu(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), s.numel,
-                     grad_factor, static_cast<float>(decay), static_cast<float>(cfg_.beta1),
-                     static_cast<float>(cfg_.beta2), static_cast<float>(cfg_.eps), static_cast<float>(lr / bc1),
-                     static_cast<float>(1.0 / std::sqrt(bc2)));
+    adamw_update_cpu(
+        p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), s.numel, grad_factor,
+        static_cast<float>(decay), static_cast<float>(cfg_.beta1), static_cast<float>(cfg_.beta2),
+        static_cast<float>(cfg_.eps), static_cast<float>(lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)),
+        copy == CopyElement::none ? nullptr
+                                  : static_cast<char*>(working_.data_ptr()) + s.param_offset * working_.element_size(),
+        copy);
     if (offloaded) params_.narrow(0, s.param_offset, s.numel).copy_(p);
     at += s.numel;
   }
@@ -141,19 +227,61 @@ void AdamW::step(const torch::Tensor& lr, const UpdateGate& gate) {
 // Lr: a double (the kernel's argument) or an fp32 scalar tensor on the parameters' device.
 template <typename Lr>
 void AdamW::fused_step(const Lr& lr, const UpdateGate& gate) {
-  // PyTorch's fused AdamW divides the gradients by grad_scale (and leaves them so) and
-  // returns at once where found_inf is set; it reads the step count, which is ours to move.
-  std::optional<torch::Tensor> grad_scale, found_inf;
-  if (gate.clip.defined()) grad_scale = gate.clip.reciprocal().to(torch::kFloat32);
+  // Both kernels read the step count, which is ours to move, and write nothing where the
+  // skip flag (PyTorch's found_inf) is set.
+  std::optional<torch::Tensor> found_inf;
   steps_.add_(1);
   if (gate.skip.defined()) {
-    found_inf = gate.skip.to(torch::kFloat32);
+    found_inf = gate.skip.to(params_.device(), torch::kFloat32);
     steps_.sub_(*found_inf);
   }
+  if (own_kernel_) {
+    std::optional<torch::Tensor> factor;
+    if (gate.clip.defined()) factor = gate.clip.to(params_.device(), torch::kFloat32);
+    if constexpr (std::is_same_v<Lr, double>)
+      own_kernel_step(torch::full({}, lr, params_.options()), factor, found_inf);
+    else
+      own_kernel_step(lr, factor, found_inf);
+    return;
+  }
+  // PyTorch's fused AdamW divides the gradients by grad_scale (and leaves them so).
+  std::optional<torch::Tensor> grad_scale;
+  if (gate.clip.defined()) grad_scale = gate.clip.reciprocal().to(torch::kFloat32);
   for (auto& group : fused_groups_)
     at::_fused_adamw_(group.params, group.grads, group.exp_avg, group.exp_avg_sq, {}, group.steps, lr, cfg_.beta1,
                       cfg_.beta2, group.decayed ? cfg_.weight_decay : 0.0, cfg_.eps, /*amsgrad=*/false,
                       /*maximize=*/false, grad_scale, found_inf);
+}
+
+void AdamW::own_kernel_step(const torch::Tensor& lr, const std::optional<torch::Tensor>& grad_factor,
+                            const std::optional<torch::Tensor>& skip) {
+#ifdef TIDE_CUDA_KERNELS
+  kernels::AdamWArgs a;
+  a.params = params_.data_ptr<float>();
+  a.grads = grads_.data_ptr<float>();
+  a.exp_avg = m_.data_ptr<float>();
+  a.exp_avg_sq = v_.data_ptr<float>();
+  if (working_.defined()) {
+    a.working = working_.data_ptr();
+    a.working_element = element_of(working_);
+  }
+  a.lr = lr.data_ptr<float>();
+  a.step = steps_.data_ptr<float>();
+  a.grad_factor = grad_factor ? grad_factor->data_ptr<float>() : nullptr;
+  a.skip = skip ? skip->data_ptr<float>() : nullptr;
+  a.beta1 = cfg_.beta1;
+  a.beta2 = cfg_.beta2;
+  a.eps = cfg_.eps;
+  a.weight_decay = cfg_.weight_decay;
+  kernels::adamw_update(a, reinterpret_cast<const kernels::AdamWRange*>(kernel_ranges_.data_ptr()),
+                        reinterpret_cast<const kernels::AdamWChunk*>(kernel_chunks_.data_ptr()), kernel_chunk_count_,
+                        stream_of(params_));
+#else
+  (void)lr;
+  (void)grad_factor;
+  (void)skip;
+  TORCH_CHECK(false, "AdamW: this build has no CUDA kernels of tide's");
+#endif
 }
 
 }  // namespace tide

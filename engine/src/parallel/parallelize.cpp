@@ -3,6 +3,7 @@
 #include <torch/types.h>
 
 #include "tensor_parallel_group.h"
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/parameter_names.h"
 #include "tide/engine/model/tensor_parallel.h"
 #include "tide/engine/optim/adamw.h"
@@ -67,6 +68,10 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   } else {
     out.optim = std::make_unique<AdamW>(*out.flat, cfg.optimizer, cfg.parallel.offload_optimizer);
   }
+  // Under bf16 (fp16) compute the optimizer writes the weights' working copy as it
+  // updates them, where it updates them all: no cast in the step (compute_dtype.h).
+  const DType compute = resolve_compute_dtype(cfg.precision.compute, device);
+  if (compute != DType::Float32) out.optim->keep_working_copy(scalar_type_of(compute), out.flat->slots());
   if (pp > 1) {
     const auto& tp = out.model->tensor_parallel();
     const int64_t t = cfg.data.seq_len / (tp.sequence_parallel ? tp.size() : 1);

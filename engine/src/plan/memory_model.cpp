@@ -3,8 +3,9 @@
 //     rank's pieces of every unit, each unit padded to a multiple of dp;
 //   AdamW (adamw.h): two fp32 moments over the owned elements, and with offload a host
 //     master and gradient copy instead, all in host memory;
-//   bf16 compute (compute_dtype.h): one bf16 copy of every matmul weight cast per step
-//     (ZeRO-3 and recomputed blocks: per forward, held by autograd until backward);
+//   bf16 compute (compute_dtype.h): the bf16 working copy of the flat buffer that AdamW
+//     writes (one process, dp without ZeRO), else one copy of every matmul weight cast
+//     per step (ZeRO-3: per layer, cast in forward and again in backward);
 //   ZeRO-3 (sharded_parameters.h): unit 0 whole for the step, plus the running block's
 //     unit and the prefetched one; ZeRO-2/3 (sharded_gradients.h): each unit's gradients
 //     in a buffer until reduce-scattered, unit 0's for the whole backward;
@@ -166,13 +167,15 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     recomputed.push_back(static_cast<double>(recomputed_blocks(checkpointed, range)));
   const double all_recomputed = std::accumulate(recomputed.begin(), recomputed.end(), 0.0);
   if (bf16) {
-    // The bf16 working copies of the weights (compute_dtype.h, train_step.cpp): but for
-    // ZeRO-3 the step keeps every matmul weight's, recomputed blocks' too. Under ZeRO-3
-    // each layer casts its weight in forward and again in backward: one copy, the widest,
-    // at a time, beside the head's.
+    // The bf16 working copies of the weights (compute_dtype.h). An optimizer that
+    // updates every weight (no ZeRO sharding, no offload) writes a copy of the whole
+    // flat buffer as it updates it (adamw.h: keep_working_copy). Otherwise the step keeps
+    // every matmul weight's (ZeRO-1/2, offload), or (ZeRO-3) each layer casts its weight
+    // in forward and again in backward: one copy, the widest, at a time, beside the
+    // head's.
     const double widest = static_cast<double>(r.dim * std::max(r.ffn, r.heads * r.head_dim));
     const double blocks = L.zero != 3 ? static_cast<double>(r.blocks * r.block_matmul) : widest;
-    m.working_copy = 2 * (blocks + static_cast<double>(r.head_matmul));
+    m.working_copy = L.zero == 0 && !L.offload ? 2 * P : 2 * (blocks + static_cast<double>(r.head_matmul));
   }
   if (L.zero == 3) m.gathered += (unit0 + 2 * block_unit) * 4;
   if (L.zero >= 2 && L.micro_batches > 1) {

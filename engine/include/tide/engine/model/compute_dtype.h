@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -48,6 +49,17 @@ at::Tensor working_copy(const at::Tensor& weight, at::ScalarType dtype);
 // The dtype autocast computes in on the weight's device while it is on; the weight's own
 // dtype otherwise.
 at::ScalarType compute_dtype_for(const at::Tensor& weight);
+
+// Working copies that outlive a step: views of a buffer in a compute dtype that their
+// owner keeps equal to the weights (AdamW writes both in one pass). Each serves
+// working_copy while neither its weight's version nor base's (the flat buffer the weights
+// view; undefined: none) has moved since it was kept, so that a weight changed any other
+// way (a checkpoint loaded into it) is cast afresh until the owner keeps them again.
+struct StandingCopy {
+  at::Tensor weight, copy;
+};
+void keep_working_copies(const void* owner, const at::Tensor& base, const std::vector<StandingCopy>& copies);
+void drop_working_copies(const void* owner);
 
 // An optimizer step's working copies: while one lives on this thread, each weight is cast
 // once, at its first use, and the copy serves every micro-batch's forward and backward

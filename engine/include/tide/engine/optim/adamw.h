@@ -2,6 +2,7 @@
 // clips or skips its step from values that stay on the gradients' device.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include <torch/types.h>
@@ -24,9 +25,13 @@ struct UpdateGate {
 UpdateGate gate_update(const torch::Tensor& norm, double max_norm, const torch::Tensor& skip = {});
 
 // How the update runs: one vectorised pass per segment on the host's cores, reading the
-// gate there (CPU parameters, and offload); or PyTorch's fused multi-tensor AdamW on the
-// parameters' device, gated there, with the step count a device scalar (other devices).
-enum class AdamWKernel { automatic, host, fused };
+// gate there (CPU parameters, and offload); PyTorch's fused multi-tensor AdamW on the
+// parameters' device, gated there, with the step count a device scalar; or, on CUDA where
+// tide's kernels are built, tide's: one launch over every segment, gated on the device
+// like PyTorch's, which also writes the weights' working copy (keep_working_copy).
+// automatic: host for CPU parameters and offload, else tide's kernel where built, else
+// PyTorch's.
+enum class AdamWKernel { automatic, host, fused, device };
 
 class AdamW {
  public:
@@ -40,6 +45,19 @@ class AdamW {
   // The whole of a FlatParameters.
   AdamW(FlatParameters& flat, const OptimConfig& cfg, bool offload = false,
         AdamWKernel kernel = AdamWKernel::automatic);
+  ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
+
+  // Keeps the weights' working copy in `dtype` (bf16, fp16: the compute dtype) in a buffer
+  // beside params() that every update writes in the same pass as the weights, and offers
+  // each slot's view of it to working_copy (compute_dtype.h): the forward and backward
+  // then cast nothing (2 bytes a parameter, held for the run). Only where this optimizer
+  // updates every element the slots view (not a ZeRO shard, not offloaded) with a kernel
+  // that writes the copy (host, device); returns whether it keeps one. The copies are
+  // offered while neither a weight nor params() changed otherwise (restore() takes them
+  // again after a checkpoint is loaded).
+  bool keep_working_copy(at::ScalarType dtype, const std::vector<FlatParameters::Slot>& slots);
 
   // One update with learning rate `lr` (weight decay, betas and eps from config()), the
   // gradients clipped and the step skipped as `gate` says.
@@ -66,7 +84,7 @@ class AdamW {
   // The buffer of parameters it updates (segments' param_offset index it).
   torch::Tensor& params() { return params_; }
   // After a checkpoint was loaded into params() and the moments: the step count, and
-  // with offload the host master copy taken again from params().
+  // with offload the host master copy, or the working copy, taken again from params().
   void restore(int64_t steps_taken);
 
  private:
@@ -75,7 +93,14 @@ class AdamW {
   OptimConfig cfg_;
   torch::Tensor m_, v_;
   torch::Tensor host_master_, host_grad_;  // offload only
-  bool fused_ = false;
+  bool fused_ = false;                     // the update runs on the parameters' device, gated there
+  bool own_kernel_ = false;                // tide's CUDA kernel rather than PyTorch's
+  // keep_working_copy's buffer and the slots whose views of it are offered.
+  torch::Tensor working_;
+  std::vector<FlatParameters::Slot> working_slots_;
+  // tide's kernel's ranges and chunks (fused_kernels.h), in device memory.
+  torch::Tensor kernel_ranges_, kernel_chunks_;
+  int64_t kernel_chunk_count_ = 0;
   int64_t t_ = 0;        // the host kernel's step count
   torch::Tensor steps_;  // the fused kernel's: an fp32 scalar on the parameters' device
   // The fused kernel's tensor lists (views of the buffers), made once: the decayed
@@ -87,6 +112,9 @@ class AdamW {
   std::vector<FusedGroup> fused_groups_;
   template <typename Lr>
   void fused_step(const Lr& lr, const UpdateGate& gate);
+  void own_kernel_step(const torch::Tensor& lr, const std::optional<torch::Tensor>& grad_factor,
+                       const std::optional<torch::Tensor>& skip);
+  void offer_working_copy();
 };
 
 }  // namespace tide
