@@ -131,8 +131,10 @@ bool AdamW::keep_working_copy(at::ScalarType dtype, const std::vector<FlatParame
   for (const auto& s : slots) {
     const auto it = std::upper_bound(merged.begin(), merged.end(), std::make_pair(s.offset, INT64_MAX));
     if (it == merged.begin() || std::prev(it)->second < s.offset + s.numel) return false;
+    // By storage, not data pointer: a ZeRO-3 weight has no data between its gathers.
     if (!s.param.defined() || s.param.scalar_type() != torch::kFloat32 || s.offset + s.numel > params_.numel() ||
-        s.param.data_ptr<float>() != params_.data_ptr<float>() + s.offset)
+        !s.param.has_storage() || !s.param.storage().is_alias_of(params_.storage()) ||
+        s.param.storage_offset() != params_.storage_offset() + s.offset)
       return false;
   }
   working_ = torch::empty({params_.numel()}, params_.options().dtype(dtype));
