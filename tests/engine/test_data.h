@@ -5,7 +5,12 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
+
+#include <sys/types.h>
+#include <unistd.h>
 
 #include "tide/engine/config.h"
 #include "tide/engine/data/dataset_writer.h"
@@ -13,12 +18,30 @@
 
 namespace tide::testing {
 
+// Removes a directory when the process that made it exits (not a child it forked, which
+// inherits the object and exits first).
+class RemovedAtExit {
+ public:
+  explicit RemovedAtExit(std::filesystem::path dir) : dir_(std::move(dir)), owner_(::getpid()) {}
+  ~RemovedAtExit() {
+    std::error_code ignored;
+    if (::getpid() == owner_) std::filesystem::remove_all(dir_, ignored);
+  }
+  RemovedAtExit(const RemovedAtExit&) = delete;
+  RemovedAtExit& operator=(const RemovedAtExit&) = delete;
+
+ private:
+  std::filesystem::path dir_;
+  pid_t owner_;
+};
+
 // Prepares (once per process) a byte-tokenised dataset of the license texts every
-// Debian machine has, and returns its directory.
+// Debian machine has, and returns its directory, removed when the process exits.
 inline std::string small_dataset() {
   namespace fs = std::filesystem;
   static const std::string dir = [] {
     const fs::path root = fs::temp_directory_path() / ("tide_test_data_" + std::to_string(::getpid()));
+    static const RemovedAtExit cleanup(root);
     fs::remove_all(root);
     fs::create_directories(root / "text");
     int n = 0;

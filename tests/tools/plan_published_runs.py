@@ -25,6 +25,7 @@ Usage: plan_published_runs.py TIDE [--table FILE]
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -204,6 +205,7 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(args.table)), exist_ok=True)
         with open(args.table, "w") as f:
             f.write(table + "\n")
+    shutil.rmtree(work, ignore_errors=True)
     if failures:
         raise SystemExit("FAIL:\n  " + "\n  ".join(failures))
     print("plan vs published runs: ok")
