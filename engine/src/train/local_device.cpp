@@ -70,12 +70,24 @@ struct Probe {
     net->reset_parameters(1);
     tokens = torch::randint(model.vocab_size, {p.batch, p.seq}, torch::kLong);
   }
-  // With `compute` bf16 the matmuls run as a one-micro-batch training step runs them
-  // (train_step.cpp: autocast, each weight cast in forward and again in backward).
+  ~Probe() { drop_working_copies(this); }
+  Probe(const Probe&) = delete;
+  Probe& operator=(const Probe&) = delete;
+  // With `compute` bf16 the matmuls run as a one-process training step runs them: with
+  // the weights' bf16 copies the optimizer keeps (adamw.h: keep_working_copy), no cast.
   void pass(DType compute = DType::Float32) {
+    if (compute != DType::Float32 && !copies_kept) {
+      std::vector<StandingCopy> copies;
+      for (const auto& p : net->parameters()) copies.push_back({p, p.detach().to(scalar_type_of(compute))});
+      keep_working_copies(this, {}, copies);
+      copies_kept = true;
+    }
     net->zero_grad();
     with_compute_dtype(compute, [&] { return net->loss(tokens, tokens); }).backward();
   }
+
+ private:
+  bool copies_kept = false;
 };
 
 // Fused causal attention, forward and backward, at the probes' head width and length
