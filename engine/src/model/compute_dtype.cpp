@@ -37,9 +37,11 @@ struct KeptCopies {
   std::map<std::pair<const c10::TensorImpl*, at::ScalarType>, Copy> by_weight;
 };
 
+// Never destroyed: an owner that outlives this file's statics (an optimizer held by an
+// embedding program's own static) still drops its copies at exit.
 KeptCopies& kept_copies() {
-  static KeptCopies k;
-  return k;
+  static auto* k = new KeptCopies;
+  return *k;
 }
 
 // Sets this thread's autocast settings and cache switch for a region, and restores them
