@@ -60,7 +60,8 @@ void cross_entropy_rows(void* logits, const int64_t* targets, float* loss, int64
 struct AdamWRange {
   int64_t param = 0, grad = 0, state = 0, numel = 0;  // offsets in elements
   bool decayed = false;
-  bool packed = false;  // all three offsets multiples of 4: 16 bytes a thread at a time
+  bool packed = false;  // every address the range starts at 16-byte aligned and param % 4 == 0:
+                        // 16 bytes a thread at a time
 };
 struct AdamWChunk {
   int64_t range = 0, first = 0, numel = 0;

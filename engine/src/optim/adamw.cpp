@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -70,26 +71,7 @@ AdamW::AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment
     steps_ = torch::zeros({}, params_.options());
   }
   if (own_kernel_) {
-#ifdef TIDE_CUDA_KERNELS
-    std::vector<kernels::AdamWRange> ranges;
-    int64_t at = 0;
-    for (const auto& s : segments_) {
-      if (s.numel > 0)
-        ranges.push_back({s.param_offset, s.grad_offset, at, s.numel, s.decayed,
-                          s.param_offset % 4 == 0 && s.grad_offset % 4 == 0 && at % 4 == 0});
-      at += s.numel;
-    }
-    const auto n_ranges = static_cast<int64_t>(ranges.size());
-    std::vector<kernels::AdamWChunk> chunks(
-        static_cast<size_t>(kernels::adamw_chunks(ranges.data(), n_ranges, nullptr)));
-    kernel_chunk_count_ = kernels::adamw_chunks(ranges.data(), n_ranges, chunks.data());
-    const auto to_device = [&](const void* data, size_t bytes) {
-      return torch::from_blob(const_cast<void*>(data), {static_cast<int64_t>(bytes)}, torch::kUInt8)
-          .to(params_.device());
-    };
-    kernel_ranges_ = to_device(ranges.data(), ranges.size() * sizeof(kernels::AdamWRange));
-    kernel_chunks_ = to_device(chunks.data(), chunks.size() * sizeof(kernels::AdamWChunk));
-#endif
+    lay_out_kernel_ranges();
   } else if (fused_) {
     for (const bool decayed : {true, false}) {
       FusedGroup group;
@@ -255,9 +237,40 @@ void AdamW::fused_step(const Lr& lr, const UpdateGate& gate) {
                       /*maximize=*/false, grad_scale, found_inf);
 }
 
+// The ranges' 16-byte moves need every address they start at aligned: the buffers' own
+// addresses decide, which a shard's view need not have at a multiple of 16 bytes. The
+// working copy's four bf16 need the parameter offset a multiple of 4.
+void AdamW::lay_out_kernel_ranges() {
+#ifdef TIDE_CUDA_KERNELS
+  const auto aligned = [](const torch::Tensor& t, int64_t offset) {
+    return reinterpret_cast<std::uintptr_t>(t.data_ptr<float>() + offset) % 16 == 0;
+  };
+  std::vector<kernels::AdamWRange> ranges;
+  int64_t at = 0;
+  for (const auto& s : segments_) {
+    if (s.numel > 0)
+      ranges.push_back({s.param_offset, s.grad_offset, at, s.numel, s.decayed,
+                        s.param_offset % 4 == 0 && aligned(params_, s.param_offset) && aligned(grads_, s.grad_offset) &&
+                            aligned(m_, at) && aligned(v_, at)});
+    at += s.numel;
+  }
+  const auto n_ranges = static_cast<int64_t>(ranges.size());
+  std::vector<kernels::AdamWChunk> chunks(static_cast<size_t>(kernels::adamw_chunks(ranges.data(), n_ranges, nullptr)));
+  kernel_chunk_count_ = kernels::adamw_chunks(ranges.data(), n_ranges, chunks.data());
+  const auto to_device = [&](const void* data, size_t bytes) {
+    return torch::from_blob(const_cast<void*>(data), {static_cast<int64_t>(bytes)}, torch::kUInt8).to(params_.device());
+  };
+  kernel_ranges_ = to_device(ranges.data(), ranges.size() * sizeof(kernels::AdamWRange));
+  kernel_chunks_ = to_device(chunks.data(), chunks.size() * sizeof(kernels::AdamWChunk));
+  kernel_bases_ = {params_.data_ptr(), grads_.data_ptr()};
+#endif
+}
+
 void AdamW::own_kernel_step(const torch::Tensor& lr, const std::optional<torch::Tensor>& grad_factor,
                             const std::optional<torch::Tensor>& skip) {
 #ifdef TIDE_CUDA_KERNELS
+  // The buffers of a ZeRO shard may be made anew: the ranges' alignment is theirs.
+  if (kernel_bases_ != std::vector<const void*>{params_.data_ptr(), grads_.data_ptr()}) lay_out_kernel_ranges();
   kernels::AdamWArgs a;
   a.params = params_.data_ptr<float>();
   a.grads = grads_.data_ptr<float>();

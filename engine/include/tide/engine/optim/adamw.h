@@ -101,6 +101,7 @@ class AdamW {
   // tide's kernel's ranges and chunks (fused_kernels.h), in device memory.
   torch::Tensor kernel_ranges_, kernel_chunks_;
   int64_t kernel_chunk_count_ = 0;
+  std::vector<const void*> kernel_bases_;  // the parameters' and gradients' addresses they were laid out for
   int64_t t_ = 0;        // the host kernel's step count
   torch::Tensor steps_;  // the fused kernel's: an fp32 scalar on the parameters' device
   // The fused kernel's tensor lists (views of the buffers), made once: the decayed
@@ -115,6 +116,7 @@ class AdamW {
   void own_kernel_step(const torch::Tensor& lr, const std::optional<torch::Tensor>& grad_factor,
                        const std::optional<torch::Tensor>& skip);
   void offer_working_copy();
+  void lay_out_kernel_ranges();
 };
 
 }  // namespace tide
