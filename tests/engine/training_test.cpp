@@ -31,6 +31,14 @@ RunConfig tiny_run(const std::string& name) {
   return c;
 }
 
+// Hooks for a run a test reads afterwards: no progress bar, a fixed peak for the MFU.
+TrainHooks quiet_hooks() {
+  TrainHooks h;
+  h.show_progress = false;
+  h.peak_flops = 1e11;
+  return h;
+}
+
 std::vector<nlohmann::json> metrics_rows(const fs::path& run) {
   std::vector<nlohmann::json> out;
   std::ifstream in(run / "metrics.jsonl");
@@ -75,9 +83,7 @@ TEST(Training, RunWritesItsDirectoryAndIsRepeatable) {
   const fs::path b = fs::temp_directory_path() / ("tide_run_b_" + std::to_string(::getpid()));
   fs::remove_all(a);
   fs::remove_all(b);
-  TrainHooks hooks;
-  hooks.show_progress = false;
-  hooks.peak_flops = 1e11;
+  TrainHooks hooks = quiet_hooks();
   const TrainResult r = Trainer(tiny_run("a"), a.string(), hooks).run();
   Trainer(tiny_run("b"), b.string(), hooks).run();
   EXPECT_EQ(r.steps, 6);
@@ -103,9 +109,7 @@ TEST(Training, AProgressLineGivesTheSpeedOfTheStepsSinceTheLastOne) {
   // for it later: the line's speed is the tokens of the steps it covers over their time.
   const fs::path dir = fs::temp_directory_path() / ("tide_run_progress_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  TrainHooks hooks;
-  hooks.show_progress = false;
-  hooks.peak_flops = 1e11;
+  TrainHooks hooks = quiet_hooks();
   RunConfig c = tiny_run("progress");
   c.log_every = 3;
   c.eval.every = 0;
@@ -140,9 +144,7 @@ TEST(Training, AProgressLineGivesTheSpeedOfTheStepsSinceTheLastOne) {
 TEST(Training, LuaStyleScheduleHookDrivesTheLearningRate) {
   const fs::path dir = fs::temp_directory_path() / ("tide_run_lr_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  TrainHooks hooks;
-  hooks.show_progress = false;
-  hooks.peak_flops = 1e11;
+  TrainHooks hooks = quiet_hooks();
   hooks.lr = [](int64_t step) { return 1e-3 * static_cast<double>(step + 1); };
   std::vector<double> seen;
   hooks.on_step = [&](const StepMetrics& m) { seen.push_back(m.lr); };
@@ -164,9 +166,7 @@ TEST(Training, TheHostReadsAStepAfterQueueingTheNextUnlessAPolicyMustJudgeIt) {
   auto run = [&](bool policy) {
     fs::remove_all(dir);
     std::vector<std::string> order;
-    TrainHooks hooks;
-    hooks.show_progress = false;
-    hooks.peak_flops = 1e11;
+    TrainHooks hooks = quiet_hooks();
     hooks.loss_tap = [&](int64_t step, int64_t micro, const at::Tensor& loss) {
       if (micro == 0) order.push_back("start " + std::to_string(step + 1));
       return loss;
@@ -193,9 +193,7 @@ TEST(Training, GradientAccumulationEqualsOneLargeBatch) {
   // summed in another order. After that, the runs are not comparable element by element:
   // AdamW's first updates are about lr * sign(g), so an element whose gradient is nearly
   // all cancellation turns a rounding difference into a full step.
-  TrainHooks hooks;
-  hooks.show_progress = false;
-  hooks.peak_flops = 1e11;
+  TrainHooks hooks = quiet_hooks();
   RunConfig accumulated = tiny_run("accumulated"), whole = tiny_run("whole");
   accumulated.schedule.steps = whole.schedule.steps = 1;
   accumulated.schedule.warmup_steps = whole.schedule.warmup_steps = 0;
@@ -252,9 +250,7 @@ TEST(Training, ADropoutRunResumesWithTheMasksTheUninterruptedRunDrew) {
   const fs::path split = fs::temp_directory_path() / ("tide_run_dropout_split_" + std::to_string(::getpid()));
   fs::remove_all(straight);
   fs::remove_all(split);
-  TrainHooks hooks;
-  hooks.show_progress = false;
-  hooks.peak_flops = 1e11;
+  TrainHooks hooks = quiet_hooks();
   std::vector<double> ref, resumed;
   hooks.on_step = [&](const StepMetrics& m) { ref.push_back(m.loss); };
   Trainer(whole, straight.string(), hooks).run();
@@ -280,9 +276,7 @@ struct ScaledSteps {
 
 ScaledSteps train_fp16(const RunConfig& c, const fs::path& dir, const std::string& resume = "") {
   ScaledSteps out;
-  TrainHooks hooks;
-  hooks.show_progress = false;
-  hooks.peak_flops = 1e11;
+  TrainHooks hooks = quiet_hooks();
   hooks.resume = resume;
   hooks.on_step = [&](const StepMetrics& m) {
     out.loss.push_back(m.loss);
@@ -402,9 +396,7 @@ TEST(Training, Bf16AutocastTrains) {
   RunConfig c = tiny_run("bf16");
   c.precision.compute = DType::BFloat16;
   c.schedule.steps = 8;
-  TrainHooks hooks;
-  hooks.show_progress = false;
-  hooks.peak_flops = 1e11;
+  TrainHooks hooks = quiet_hooks();
   const fs::path dir = fs::temp_directory_path() / ("tide_run_bf16_" + std::to_string(::getpid()));
   Trainer(c, dir.string(), hooks).run();
   const auto l = losses_of(dir);
