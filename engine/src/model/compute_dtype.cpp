@@ -18,8 +18,8 @@ thread_local WeightCastScope* innermost_scope = nullptr;  // this thread's, wher
 
 uint32_t version_of(const at::Tensor& t) { return t.is_inference() ? 0 : t._version(); }
 
-// The working copies the scopes and standing owners keep, found from any thread: backward runs on autograd's
-// device threads, which hold no scope of their own.
+// The working copies the scopes and standing owners keep, found from any thread:
+// backward runs on autograd's device threads, which hold no scope of their own.
 struct KeptCopies {
   struct Copy {
     at::Tensor weight;  // held, so that its address names no other tensor while the copy lives
@@ -131,13 +131,7 @@ at::Tensor working_copy(const at::Tensor& weight, at::ScalarType dtype) {
   }
   if (!innermost_scope) return cast();
   auto copy = cast();
-  KeptCopies::Copy entry;
-  entry.weight = weight;
-  entry.copy = copy;
-  entry.version = version_of(weight);
-  entry.owner = innermost_scope;
-  const std::lock_guard<std::mutex> lock(kept.mutex);
-  kept.by_weight[key] = std::move(entry);
+  keep_working_copies(innermost_scope, {}, {{weight, copy}});
   return copy;
 }
 

@@ -270,7 +270,8 @@ void AdamW::own_kernel_step(const torch::Tensor& lr, const std::optional<torch::
                             const std::optional<torch::Tensor>& skip) {
 #ifdef TIDE_CUDA_KERNELS
   // The buffers of a ZeRO shard may be made anew: the ranges' alignment is theirs.
-  if (kernel_bases_ != std::vector<const void*>{params_.data_ptr(), grads_.data_ptr()}) lay_out_kernel_ranges();
+  if (kernel_bases_ != std::make_pair<const void*, const void*>(params_.data_ptr(), grads_.data_ptr()))
+    lay_out_kernel_ranges();
   kernels::AdamWArgs a;
   a.params = params_.data_ptr<float>();
   a.grads = grads_.data_ptr<float>();

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <torch/types.h>
@@ -101,7 +102,7 @@ class AdamW {
   // tide's kernel's ranges and chunks (fused_kernels.h), in device memory.
   torch::Tensor kernel_ranges_, kernel_chunks_;
   int64_t kernel_chunk_count_ = 0;
-  std::vector<const void*> kernel_bases_;  // the parameters' and gradients' addresses they were laid out for
+  std::pair<const void*, const void*> kernel_bases_;  // the parameters' and gradients' addresses they fit
   int64_t t_ = 0;        // the host kernel's step count
   torch::Tensor steps_;  // the fused kernel's: an fp32 scalar on the parameters' device
   // The fused kernel's tensor lists (views of the buffers), made once: the decayed
