@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include "cuda_skip.h"
+#include "normed_projections_reference.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/linear_cross_entropy.h"
@@ -90,7 +91,8 @@ TEST(Cuda, NormedProjectionsAreTheKernelNormThenItsProjections) {
   SKIP_WITHOUT_CUDA();
   // The node remakes the norm's output in backward with the same kernel and multiplies by
   // the same cuBLAS products as rms_norm then projection: the same bits, in fp32 and from a
-  // bf16 residual stream under bf16 compute.
+  // bf16 residual stream under bf16 compute. The norm's output gradient is the projections'
+  // summed in the GEMM (normed_projections_reference.h).
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     torch::manual_seed(14);
     const auto x = (torch::randn({4, 64, 256}) * 2).to(dtype), w = torch::randn({256});
@@ -111,8 +113,12 @@ TEST(Cuda, NormedProjectionsAreTheKernelNormThenItsProjections) {
     const auto fused = run_on(kCuda, node, {x, w, q, k}, up);
     const auto unfused = run_on(kCuda, apart, {x, w, q, k}, up);
     EXPECT_TRUE(torch::equal(fused.out, unfused.out)) << dtype;
-    for (size_t i = 0; i < 4; ++i)
-      EXPECT_TRUE(torch::equal(fused.grads[i], unfused.grads[i])) << dtype << " input " << i;
+    const auto norm_grads = norm_gradients_of_gemm_sum(x.to(kCuda), {w.to(kCuda), {}, 1e-5, false},
+                                                       {q.to(kCuda), k.to(kCuda)}, up.to(kCuda));
+    for (size_t i = 0; i < 4; ++i) {
+      const auto want = i < 2 ? norm_grads[i].to(torch::kCPU) : unfused.grads[i];
+      EXPECT_TRUE(torch::equal(fused.grads[i], want)) << dtype << " input " << i;
+    }
   }
 }
 

@@ -51,27 +51,39 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
     variable_list d(in.size() + 1);  // and none for the layout
     auto [y_norm, state] = apply_norm(in, *layout);
     const auto y_dtype = y_norm.scalar_type();
-    at::Tensor dy;  // the gradient of the norm's output: the projections' summed
+    at::Tensor dy;  // the gradient of the norm's output: the projections' summed, [rows, dim]
+    std::vector<int64_t> y_sizes;
     {
       auto y = layout->exchange.to_projections ? layout->exchange.to_projections(y_norm) : y_norm;
       y_norm = at::Tensor();
       y = y.to(layout->dtype);
       const auto y_rows = y.reshape({-1, y.size(-1)});
-      // The last projection's gradient joins the sum first, as autograd's engine runs the
-      // later node first and adds them (the same bits).
+      y_sizes = y.sizes().vec();
+      // Each projection's input gradient is summed by the GEMM into the others' (the
+      // product added to C as it is written, rounded once), not by a separate pass
+      // over the rows for each projection: where the norm's output is in the compute
+      // dtype, as under bf16 compute with a bf16 residual stream. A norm output of
+      // another dtype (fp32 stream, bf16 products) is summed in its own dtype.
+      const bool in_gemm = y_dtype == layout->dtype;
       for (size_t k = layout->slots.size(); k-- > 0;) {
         if (!grads[k].defined()) continue;
         const auto [w_at, b_at] = layout->slots[k];
         const auto& weight = in[w_at];
         // projection_backward's products (at::linear's backward).
         const auto g = grads[k].reshape({-1, grads[k].size(-1)});
-        const auto dy_k = g.mm(working_copy(weight, layout->dtype)).view(y.sizes()).to(y_dtype);
-        dy = dy.defined() ? dy.add_(dy_k) : dy_k;
+        const auto w = working_copy(weight, layout->dtype);
+        if (!dy.defined())
+          dy = g.mm(w).to(y_dtype);
+        else if (in_gemm)
+          dy.addmm_(g, w);
+        else
+          dy.add_(g.mm(w).to(y_dtype));
         d[w_at] = weight_gradient(weight, g.t(), y_rows);
         if (b_at) d[b_at] = g.sum(0).to(in[b_at].scalar_type());
       }
     }  // the remade output is gone before the norm's backward
     if (!dy.defined()) return d;
+    dy = dy.view(y_sizes);
     if (layout->exchange.from_projections) dy = layout->exchange.from_projections(dy);
     const auto n = norm_backward(dy, state);
     d[0] = n.x;
