@@ -144,6 +144,41 @@ TEST(Cuda, SwigluKernelEqualsLibTorchsOps) {
   }
 }
 
+TEST(Cuda, SwigluDownRemakesTheProductInTheGradientsPass) {
+  SKIP_WITHOUT_CUDA();
+  // On CUDA the backward remakes the product in the pass that makes the gate's gradient
+  // (over the product's gradient) and up's; on the CPU LibTorch's ops. 300 columns: one
+  // element at a time; 512: packs. The weight is fp32, multiplied by its working copy.
+  for (const int64_t cols : {300, 512}) {
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      torch::manual_seed(13);
+      const int64_t out_features = 96, rows = 4 * 64;
+      const auto g = (torch::randn({4, 64, cols}) * 4).to(dtype), u = torch::randn({4, 64, cols}).to(dtype);
+      const auto w = torch::randn({out_features, cols}) / std::sqrt(static_cast<double>(cols));
+      const auto up = torch::randn({4, 64, out_features}).to(dtype);
+      auto f = [](std::vector<torch::Tensor>& in) { return swiglu_down(in[0], in[1], in[2]); };
+      const auto gpu = run_on(kCuda, f, {g, u, w}, up);
+      const auto cpu = run_on(torch::kCPU, f, {g, u, w}, up);
+      const std::string what = std::to_string(cols) + " columns, " + std::string(c10::toString(dtype)) + ": ";
+      // Each side rounds the product (one step apart at most), then sums a GEMM's terms in
+      // its own order and rounds the result: two steps and the sums' (k + 4) u.
+      const double step = rel_for(dtype);
+      const auto sums = [](int64_t k) { return static_cast<double>(k + 4) * kUnitFp32; };
+      const auto g64 = g.to(torch::kFloat64), u64 = u.to(torch::kFloat64), dy = up.to(torch::kFloat64).abs();
+      const auto p = (torch::silu(g64) * u64).abs(), w64 = w.to(torch::kFloat64).abs();
+      expect_within(gpu.out, cpu.out, torch::matmul(p, w64.t()), 2 * step + sums(cols), what + "out");
+      const auto d_p = torch::matmul(dy, w64);  // the product's gradient's magnitudes
+      expect_within(gpu.grads[0], cpu.grads[0], d_p * u64.abs() * (1 + g64.abs()), 2 * step + sums(out_features),
+                    what + "d_gate");
+      expect_within(gpu.grads[1], cpu.grads[1], d_p * g64.abs(), 2 * step + sums(out_features), what + "d_up");
+      ASSERT_EQ(gpu.grads[2].scalar_type(), torch::kFloat32) << what;
+      expect_within(gpu.grads[2], cpu.grads[2],
+                    torch::matmul(dy.reshape({rows, out_features}).t(), p.reshape({rows, cols})), step + sums(rows),
+                    what + "d_weight");
+    }
+  }
+}
+
 TEST(Cuda, RotaryKernelEqualsLibTorchsOpsOnTheAttentionsLayout) {
   SKIP_WITHOUT_CUDA();
   // A head of 64: its halves are whole packs; of 20: one pair at a time.

@@ -47,17 +47,21 @@ __global__ void swiglu_forward_packed(const T* __restrict__ gate, const T* __res
   }
 }
 
+// d_gate may be d_out (each element read before it is written); product, where given,
+// receives silu(gate) * up as the forward made it.
 template <typename T>
-__global__ void swiglu_backward_kernel(const T* __restrict__ d_out, const T* __restrict__ gate,
-                                       const T* __restrict__ up, T* __restrict__ d_gate, T* __restrict__ d_up,
-                                       int64_t n) {
-  for (int64_t i = first_index(); i < n; i += index_stride()) swiglu_grad(d_out[i], gate[i], up[i], d_gate[i], d_up[i]);
+__global__ void swiglu_backward_kernel(const T* d_out, const T* __restrict__ gate, const T* __restrict__ up, T* d_gate,
+                                       T* __restrict__ d_up, T* __restrict__ product, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += index_stride()) {
+    const T g = gate[i], u = up[i];
+    if (product) product[i] = swiglu(g, u);
+    swiglu_grad(d_out[i], g, u, d_gate[i], d_up[i]);
+  }
 }
 
 template <typename T>
-__global__ void swiglu_backward_packed(const T* __restrict__ d_out, const T* __restrict__ gate,
-                                       const T* __restrict__ up, T* __restrict__ d_gate, T* __restrict__ d_up,
-                                       int64_t packs) {
+__global__ void swiglu_backward_packed(const T* d_out, const T* __restrict__ gate, const T* __restrict__ up, T* d_gate,
+                                       T* __restrict__ d_up, T* __restrict__ product, int64_t packs) {
   constexpr int V = Pack<T>::kSize;
   for (int64_t i = first_index(); i < packs; i += index_stride()) {
     const Pack<T> d = load_pack(d_out + i * V), g = load_pack(gate + i * V), u = load_pack(up + i * V);
@@ -66,6 +70,12 @@ __global__ void swiglu_backward_packed(const T* __restrict__ d_out, const T* __r
     for (int k = 0; k < V; ++k) swiglu_grad(d.v[k], g.v[k], u.v[k], dg.v[k], du.v[k]);
     store_pack(d_gate + i * V, dg);
     store_pack(d_up + i * V, du);
+    if (product) {
+      Pack<T> p;
+#pragma unroll
+      for (int k = 0; k < V; ++k) p.v[k] = swiglu(g.v[k], u.v[k]);
+      store_pack(product + i * V, p);
+    }
   }
 }
 
@@ -87,8 +97,8 @@ void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, Elem
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(const void* d_out, const void* gate, const void* up, void* d_gate, void* d_up, int64_t n,
-                     Element e, cudaStream_t stream) {
+void swiglu_backward(const void* d_out, const void* gate, const void* up, void* d_gate, void* d_up, void* product,
+                     int64_t n, Element e, cudaStream_t stream) {
   if (n == 0) return;
   with_element(e, [&](auto t) {
     using T = decltype(t);
@@ -97,11 +107,12 @@ void swiglu_backward(const void* d_out, const void* gate, const void* up, void* 
     const auto* u = static_cast<const T*>(up);
     auto* dg = static_cast<T*>(d_gate);
     auto* du = static_cast<T*>(d_up);
+    auto* p = static_cast<T*>(product);
     constexpr int V = Pack<T>::kSize;
-    if (n % V == 0 && packable({d_out, gate, up, d_gate, d_up}))
-      swiglu_backward_packed<T><<<grid_for(n / V, kThreads), kThreads, 0, stream>>>(d, g, u, dg, du, n / V);
+    if (n % V == 0 && packable({d_out, gate, up, d_gate, d_up}) && (!product || packable({product})))
+      swiglu_backward_packed<T><<<grid_for(n / V, kThreads), kThreads, 0, stream>>>(d, g, u, dg, du, p, n / V);
     else
-      swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(d, g, u, dg, du, n);
+      swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(d, g, u, dg, du, p, n);
   });
   check_launch("swiglu_backward");
 }

@@ -82,8 +82,8 @@ variable_list swiglu_gradients(const at::Tensor& gate, const at::Tensor& up, con
     const auto g = gate.contiguous(), u = up.contiguous();
     const auto dc = d.to(g.scalar_type()).contiguous();
     auto d_gate = at::empty_like(g), d_up = at::empty_like(u);
-    kernels::swiglu_backward(dc.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(), d_up.data_ptr(), g.numel(),
-                             element_of(g), stream_of(g));
+    kernels::swiglu_backward(dc.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(), d_up.data_ptr(), nullptr,
+                             g.numel(), element_of(g), stream_of(g));
     return {d_gate, d_up};
   }
 #endif
@@ -122,6 +122,10 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
     const auto saved = ctx->get_saved_variables();
     const auto &gate = saved[0], &up = saved[1], &weight = saved[2];
     const auto dy = grads[0].reshape({-1, grads[0].size(-1)});
+#ifdef TIDE_CUDA_KERNELS
+    if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type())
+      return remake_in_one_pass(gate, up, weight, dy);
+#endif
     at::Tensor d_weight;
     {
       const auto p = swiglu_values(gate, up);
@@ -132,6 +136,23 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
     d.push_back(d_weight);
     return d;
   }
+
+#ifdef TIDE_CUDA_KERNELS
+  // On CUDA one pass over the width reads gate, up and the product's gradient and writes
+  // the product again beside the gate's gradient (over the product's gradient, in place)
+  // and up's: two reads of the width fewer than remaking the product on its own, and as
+  // many tensors of the width alive at once.
+  static variable_list remake_in_one_pass(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
+                                          const at::Tensor& dy) {
+    const auto g = gate.contiguous(), u = up.contiguous();
+    auto d_gate = dy.mm(working_copy(weight, g.scalar_type())).to(g.scalar_type()).contiguous();  // d_p until the pass
+    auto d_up = at::empty_like(u), p = at::empty_like(g);
+    kernels::swiglu_backward(d_gate.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(), d_up.data_ptr(),
+                             p.data_ptr(), g.numel(), element_of(g), stream_of(g));
+    auto d_weight = weight_gradient(weight, dy.t(), p.view({-1, p.size(-1)}));
+    return {d_gate.view(gate.sizes()), d_up, d_weight};
+  }
+#endif
 };
 
 // --- Projection -----------------------------------------------------------------------
