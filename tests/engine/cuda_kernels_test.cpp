@@ -122,6 +122,40 @@ TEST(Cuda, NormedProjectionsAreTheKernelNormThenItsProjections) {
   }
 }
 
+TEST(Cuda, NormedProjectionsJoinTheResidualsGradientInTheNormsPass) {
+  SKIP_WITHOUT_CUDA();
+  // With the residual stream handed on (residual_out), x's gradient is the norm's plus
+  // the stream's, summed in the norm's backward kernel before it is rounded: within two
+  // roundings (2 steps) of the node's gradient without it plus the stream's; the
+  // parameters' gradients are the same bits. 256 columns: the warp kernel; 2500: a block
+  // a row.
+  for (const int64_t cols : {256, 2500}) {
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      torch::manual_seed(15);
+      const auto x = (torch::randn({4, 64, cols}) * 2).to(dtype), w = torch::randn({cols});
+      const auto q = torch::randn({96, cols}) / 16;
+      const auto up = torch::randn({4, 64, 96}).to(dtype), up_residual = torch::randn({4, 64, cols}).to(dtype);
+      const auto compute = dtype == torch::kFloat32 ? DType::Float32 : DType::BFloat16;
+      const auto node = [&](bool residual_out) {
+        return [&, residual_out](std::vector<torch::Tensor>& in) {
+          return with_compute_dtype(compute, [&] {
+            return torch::cat(normed_projections(in[0], {in[1], {}, 1e-5, false}, {{in[2], {}}}, {}, residual_out), -1);
+          });
+        };
+      };
+      const auto joined = run_on(kCuda, node(true), {x, w, q}, torch::cat({up, up_residual}, -1));
+      const auto alone = run_on(kCuda, node(false), {x, w, q}, up);
+      const std::string what = std::to_string(cols) + " columns, " + std::string(c10::toString(dtype)) + ": ";
+      const auto sum = alone.grads[0].to(torch::kFloat64) + up_residual.to(torch::kFloat64);
+      expect_within(joined.grads[0], sum,
+                    alone.grads[0].to(torch::kFloat64).abs() + up_residual.to(torch::kFloat64).abs(),
+                    2 * rel_for(dtype), what + "dx");
+      for (size_t i = 1; i < 3; ++i)
+        EXPECT_TRUE(torch::equal(joined.grads[i], alone.grads[i])) << what << "input " << i;
+    }
+  }
+}
+
 TEST(Cuda, SwigluKernelEqualsLibTorchsOps) {
   SKIP_WITHOUT_CUDA();
   // 257 x 300 elements: no whole number of bf16 packs, one at a time; 256 x 512: packs.

@@ -149,6 +149,67 @@ TEST(FusedOps, AProjectionIsAutocastsLinearWithTheWeightCastAgainInBackward) {
   }
 }
 
+// |got - want| <= 2 * 2^-8 * scale elementwise: at most two bf16 roundings (the sum, and
+// where a kernel rounds the product first, the product), each within 2^-8 of a value no
+// larger than scale (the sum's terms' magnitudes), beside fp32 accumulation's k u.
+void expect_within_bf16_sums(const torch::Tensor& got, const torch::Tensor& want, const torch::Tensor& scale, int64_t k,
+                             const std::string& what) {
+  const auto bound = scale * (2.0 / 256 + static_cast<double>(k + 2) / (1 << 24));
+  const auto excess = ((got.to(torch::kFloat64) - want).abs() - bound).max().item<double>();
+  EXPECT_LE(excess, 0.0) << what;
+}
+
+TEST(FusedOps, AProjectionOrSwigluDownOntoAResidualIsItsSumFormedByTheGemm) {
+  torch::manual_seed(16);
+  const auto x = torch::randn({2, 5, 24}), g = torch::randn({2, 5, 24}) * 3, w = torch::randn({16, 24});
+  const auto r = torch::randn({2, 5, 16}), up = torch::randn({2, 5, 16});
+  // Each op's inputs end with the weight and the residual.
+  struct Case {
+    std::string name;
+    std::vector<torch::Tensor> in;
+    std::function<torch::Tensor(std::vector<torch::Tensor>&, const torch::Tensor&)> op;
+    std::function<torch::Tensor(const std::vector<torch::Tensor>&)> operand;  // what multiplies the weight
+  };
+  const std::vector<Case> cases{
+      {"projection",
+       {x, w, r},
+       [](auto& in, const torch::Tensor& residual) { return projection(in[0], in[1], {}, residual); },
+       [](const auto& in) { return in[0].to(torch::kFloat64); }},
+      {"swiglu_down",
+       {g, x, w, r},
+       [](auto& in, const torch::Tensor& residual) { return swiglu_down(in[0], in[1], in[2], residual); },
+       [](const auto& in) { return torch::silu(in[0].to(torch::kFloat64)) * in[1].to(torch::kFloat64); }},
+  };
+  for (const Case& c : cases) {
+    const size_t n = c.in.size(), at_weight = n - 2, at_residual = n - 1;
+    // fp64 (and so fp32 compute, whose GEMM is at::addmm's): residual + the op, in autograd.
+    std::vector<torch::Tensor> in64;
+    for (const auto& t : c.in) in64.push_back(t.to(torch::kFloat64));
+    expect_same(run([&](auto& in) { return c.op(in, in[at_residual]); }, in64, up.to(torch::kFloat64)),
+                run([&](auto& in) { return in[at_residual] + c.op(in, {}); }, in64, up.to(torch::kFloat64)));
+    // bf16 compute (bf16 activations, the fp32 weight's working copy): the gradients of
+    // the op's inputs are those of the op alone, the residual's is the output's, and the
+    // output is the sum rounded by the GEMM.
+    std::vector<torch::Tensor> in;
+    for (size_t i = 0; i < n; ++i) in.push_back(i == at_weight ? c.in[i] : c.in[i].to(torch::kBFloat16));
+    const auto bf16 = [&](auto f) {
+      return run([&](auto& ins) { return with_compute_dtype(DType::BFloat16, [&] { return f(ins); }); }, in,
+                 up.to(torch::kBFloat16));
+    };
+    const auto onto = bf16([&](auto& ins) { return c.op(ins, ins[at_residual]); });
+    const auto alone = bf16([&](auto& ins) { return c.op(ins, {}); });
+    for (size_t i = 0; i < at_residual; ++i)
+      EXPECT_TRUE(torch::equal(onto.inputs[i], alone.inputs[i])) << c.name << " input " << i;
+    EXPECT_TRUE(torch::equal(onto.inputs[at_residual], up.to(torch::kBFloat16))) << c.name << ": the residual's";
+    const auto operand = c.operand(in), w16 = w.to(torch::kBFloat16).to(torch::kFloat64);
+    const auto residual = in[at_residual].to(torch::kFloat64);
+    expect_within_bf16_sums(onto.out, residual + torch::matmul(operand, w16.t()),
+                            residual.abs() + torch::matmul(operand.abs(), w16.abs().t()), 24, c.name + " output");
+  }
+  EXPECT_THROW(projection(x, w, torch::zeros({16}), r), c10::Error);  // a bias and a residual
+  EXPECT_THROW(projection(x, w, {}, r.narrow(-1, 0, 8)), c10::Error);
+}
+
 TEST(FusedOps, AWeightWhoseGradientIsThereGetsTheProductSummedIntoItOnce) {
   // A run's weights hold views of the flat fp32 gradient buffer: the matmul nodes sum
   // their weight's gradient straight into it and hand autograd none, while the weight's
@@ -415,6 +476,42 @@ TEST(FusedOps, NormedProjectionsKeepTheResidualStreamNotTheNormsOutput) {
   });
   // The norm's fp32 copy of x and its statistic, and its output, which the projections keep.
   EXPECT_EQ(plain - node, n * d * 4 + n * 4 + n * d * 2);
+}
+
+TEST(FusedOps, NormedProjectionsHandTheResidualStreamOnAndJoinItsGradient) {
+  torch::manual_seed(17);
+  for (const auto& c : {NormCase{false, false, 2}, NormCase{true, true, 1}}) {
+    const auto up = torch::randn({2, 5, projected_width(c)}), up_residual = torch::randn({2, 5, 16});
+    const auto with_residual = [&](auto& in) {
+      const NormWeights norm{in[1], c.layer_norm ? in[2] : torch::Tensor(), c.eps, c.layer_norm};
+      auto out = normed_projections(in[0], norm, projections_of(in, c), {}, /*residual_out=*/true);
+      EXPECT_TRUE(torch::equal(out.back(), in[0]));
+      return out;
+    };
+    // fp64: the extra output is x itself, its gradient x's beside the norm's.
+    auto in64 = norm_case_inputs(c, torch::kFloat64);
+    for (auto& t : in64) t = t.to(torch::kFloat64);
+    const auto both = torch::cat({up, up_residual}, -1).to(torch::kFloat64);
+    const auto side_by_side = [&](auto f) {
+      return [f](auto& in) {
+        auto out = f(in);
+        return torch::cat(out, -1);
+      };
+    };
+    expect_same(run(side_by_side(with_residual), in64, both), run(side_by_side([&](auto& in) {
+                                                                    std::vector<torch::Tensor> out{normed_case(in, c)};
+                                                                    out.push_back(in[0]);
+                                                                    return out;
+                                                                  }),
+                                                                  in64, both));
+    // fp32: x's gradient is the node's without the residual plus the residual's, added
+    // before it leaves the node; the other inputs' are the node's without it.
+    const auto in = norm_case_inputs(c, torch::kFloat32);
+    const auto joined = run(side_by_side(with_residual), in, torch::cat({up, up_residual}, -1));
+    const auto alone = run([&](auto& ins) { return normed_case(ins, c); }, in, up);
+    EXPECT_TRUE(torch::equal(joined.inputs[0], alone.inputs[0] + up_residual)) << c.layer_norm;
+    for (size_t i = 1; i < in.size(); ++i) EXPECT_TRUE(torch::equal(joined.inputs[i], alone.inputs[i])) << i;
+  }
 }
 
 TEST(FusedOps, TheCpuTakesLibTorchsOps) {

@@ -1,4 +1,6 @@
 #include <cmath>
+#include <functional>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/types.h>
@@ -57,6 +59,46 @@ TEST_P(BothFamilies, InitialisationIsSeededAndPerName) {
   EXPECT_FALSE(torch::equal(a->tok_embeddings, b->tok_embeddings));
   const double std = a->tok_embeddings.std().item<double>();
   EXPECT_NEAR(std, 0.02, 0.002);
+}
+
+TEST_P(BothFamilies, ABlockAddsEachLayerOntoItsInputAsTheUnfusedSumDoes) {
+  // Each layer adds its output onto the residual stream itself (LLaMA: by its last GEMM,
+  // and the stream's gradient joins the norm's in the norm's backward; BLOOM, whose
+  // projections have biases: after the projection). In fp64 against the block's two
+  // residual adds written out: the same output and gradients to fp64's rounding.
+  ModelConfig c = GetParam();
+  c.n_layers = 1;
+  Transformer m(c);
+  m->to(torch::kFloat64);
+  auto block = std::dynamic_pointer_cast<BlockImpl>((*m->blocks)[0]);
+  const int64_t t = 9, hd = head_dim(c);
+  torch::manual_seed(4);
+  const auto x = torch::randn({2, t, c.dim}, torch::kFloat64), up = torch::randn({2, t, c.dim}, torch::kFloat64);
+  const auto bias = m->attention_bias(t, x.options());
+  torch::Tensor cos, sin;
+  if (c.positions == PositionKind::RoPE) {
+    const auto inv = torch::pow(c.rope_theta, torch::arange(0, hd, 2, torch::kFloat64) / static_cast<double>(hd));
+    const auto freqs = torch::outer(torch::arange(t, torch::kFloat64), inv.reciprocal());
+    cos = torch::cat({freqs, freqs}, -1).cos();
+    sin = torch::cat({freqs, freqs}, -1).sin();
+  }
+  const auto run = [&](const std::function<torch::Tensor(const torch::Tensor&)>& f) {
+    for (auto& p : block->parameters()) p.mutable_grad() = torch::Tensor();
+    const auto in = x.clone().requires_grad_();
+    const auto out = f(in);
+    out.backward(up);
+    std::vector<torch::Tensor> got{out.detach(), in.grad()};
+    for (const auto& p : block->parameters()) got.push_back(p.grad().clone());
+    return got;
+  };
+  const auto fused = run([&](const torch::Tensor& in) { return block->forward(in, bias, cos, sin); });
+  const auto apart = run([&](const torch::Tensor& in) {
+    const auto h = in + block->attention(LayerInput(in, *block->input_norm), bias, cos, sin);
+    return h + block->mlp(LayerInput(h, *block->post_attention_norm));
+  });
+  ASSERT_EQ(fused.size(), apart.size());
+  for (size_t i = 0; i < fused.size(); ++i)
+    EXPECT_TRUE(torch::allclose(fused[i], apart[i], 1e-10, 1e-12)) << (i == 0 ? "output" : "gradient ") << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Model, BothFamilies, ::testing::Values(tiny_llama(), tiny_bloom()),

@@ -16,11 +16,13 @@ enum class Element { F32, BF16, F16 };
 // w is fp32 [cols].
 void rms_norm_forward(const void* x, const float* w, void* y, float* rstd, int64_t rows, int64_t cols, float eps,
                       Element e, cudaStream_t stream);
-// dx = rstd * (dy w - x rstd^2 mean(dy w x)) per row, and the weight's gradient as
-// partial sums over row ranges: dw_partial [rms_norm_partials(rows), cols] fp32, summed
-// over its first dimension by the caller (deterministic, unlike atomics).
-void rms_norm_backward(const void* dy, const void* x, const float* w, const float* rstd, void* dx, float* dw_partial,
-                       int64_t rows, int64_t cols, Element e, cudaStream_t stream);
+// dx = rstd * (dy w - x rstd^2 mean(dy w x)) + dx_add per row (dx_add may be null: the
+// gradient x also gets from elsewhere, the residual stream's, summed before dx is
+// rounded), and the weight's gradient as partial sums over row ranges: dw_partial
+// [rms_norm_partials(rows), cols] fp32, summed over its first dimension by the caller
+// (deterministic, unlike atomics).
+void rms_norm_backward(const void* dy, const void* x, const float* w, const float* rstd, const void* dx_add, void* dx,
+                       float* dw_partial, int64_t rows, int64_t cols, Element e, cudaStream_t stream);
 int64_t rms_norm_partials(int64_t rows);
 
 // out = silu(gate) * up, and its backward: d_gate = d_out * up * silu'(gate),

@@ -64,8 +64,8 @@ __global__ void rms_norm_forward_warp(const T* __restrict__ x, const float* __re
 // in shared memory (each thread owns its columns), written to dw_partial[blockIdx.x].
 template <typename T>
 __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
-                                         const float* __restrict__ rstd, T* __restrict__ dx,
-                                         float* __restrict__ dw_partial, int64_t rows, int64_t cols,
+                                         const float* __restrict__ rstd, const T* __restrict__ dx_add,
+                                         T* __restrict__ dx, float* __restrict__ dw_partial, int64_t rows, int64_t cols,
                                          int64_t rows_per_block) {
   extern __shared__ float dw[];  // [cols]
   __shared__ float scratch[kWarp];
@@ -85,9 +85,11 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
     }
     const float mean_dot = block_sum(dot, scratch) / static_cast<float>(cols);
     T* dxr = dx + row * cols;
+    const T* addr = dx_add ? dx_add + row * cols : nullptr;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       const float xn = to_float(xr[c]) * r;
-      dxr[c] = from_float<T>(r * (to_float(dyr[c]) * w[c] - xn * mean_dot));
+      const float d = r * (to_float(dyr[c]) * w[c] - xn * mean_dot);
+      dxr[c] = from_float<T>(addr ? d + to_float(addr[c]) : d);
     }
   }
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dw_partial[blockIdx.x * cols + c] = dw[c];
@@ -98,9 +100,8 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
 // and the block's warps add theirs into shared memory one after another.
 template <typename T>
 __global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
-                                       const float* __restrict__ rstd, T* __restrict__ dx,
-                                       float* __restrict__ dw_partial, int64_t rows, int cols,
-                                       int64_t rows_per_block) {
+                                       const float* __restrict__ rstd, const T* __restrict__ dx_add, T* __restrict__ dx,
+                                       float* __restrict__ dw_partial, int64_t rows, int cols, int64_t rows_per_block) {
   constexpr int V = Pack<T>::kSize;
   extern __shared__ float dw[];  // [cols]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
@@ -130,15 +131,23 @@ __global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __rest
     }
     const float mean_dot = warp_sum(dot) / static_cast<float>(cols);
     T* dxr = dx + row * cols;
+    const T* addr = dx_add ? dx_add + row * cols : nullptr;
 #pragma unroll
     for (int j = 0; j < kMaxLanePacks; ++j) {
       const int c = (lane + j * kWarp) * V;
       if (c >= cols) break;
       const Pack<T> xp = load_pack(xr + c), gp = load_pack(dyr + c);
+      float d[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) d[k] = r * (to_float(gp.v[k]) * w[c + k] - to_float(xp.v[k]) * r * mean_dot);
+      if (addr) {
+        const Pack<T> ap = load_pack(addr + c);
+#pragma unroll
+        for (int k = 0; k < V; ++k) d[k] += to_float(ap.v[k]);
+      }
       Pack<T> o;
 #pragma unroll
-      for (int k = 0; k < V; ++k)
-        o.v[k] = from_float<T>(r * (to_float(gp.v[k]) * w[c + k] - to_float(xp.v[k]) * r * mean_dot));
+      for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(d[k]);
       store_pack(dxr + c, o);
     }
   }
@@ -186,8 +195,8 @@ void rms_norm_forward(const void* x, const float* w, void* y, float* rstd, int64
   check_launch("rms_norm_forward");
 }
 
-void rms_norm_backward(const void* dy, const void* x, const float* w, const float* rstd, void* dx, float* dw_partial,
-                       int64_t rows, int64_t cols, Element e, cudaStream_t stream) {
+void rms_norm_backward(const void* dy, const void* x, const float* w, const float* rstd, const void* dx_add, void* dx,
+                       float* dw_partial, int64_t rows, int64_t cols, Element e, cudaStream_t stream) {
   if (rows == 0) return;
   const int64_t partials = rms_norm_partials(rows);
   const int64_t rows_per_block = (rows + partials - 1) / partials;
@@ -197,16 +206,17 @@ void rms_norm_backward(const void* dy, const void* x, const float* w, const floa
     const auto* dys = static_cast<const T*>(dy);
     const auto* xs = static_cast<const T*>(x);
     auto* dxs = static_cast<T*>(dx);
-    if (warp_rows<T>(cols, {dy, x, dx})) {
+    const auto* adds = static_cast<const T*>(dx_add);
+    if (warp_rows<T>(cols, {dy, x, dx}) && (!dx_add || packable({dx_add}))) {
       rms_norm_backward_warp<T><<<static_cast<unsigned>(partials), kThreads, shared, stream>>>(
-          dys, xs, w, rstd, dxs, dw_partial, rows, static_cast<int>(cols), rows_per_block);
+          dys, xs, w, rstd, adds, dxs, dw_partial, rows, static_cast<int>(cols), rows_per_block);
       return;
     }
     auto kernel = rms_norm_backward_kernel<T>;
     if (shared > 48 * 1024)
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-    kernel<<<static_cast<unsigned>(partials), kThreads, shared, stream>>>(dys, xs, w, rstd, dxs, dw_partial, rows, cols,
-                                                                          rows_per_block);
+    kernel<<<static_cast<unsigned>(partials), kThreads, shared, stream>>>(dys, xs, w, rstd, adds, dxs, dw_partial, rows,
+                                                                          cols, rows_per_block);
   });
   check_launch("rms_norm_backward");
 }

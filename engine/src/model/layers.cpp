@@ -51,18 +51,25 @@ torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallel& tp) {
   return tp.sequence_parallel ? tp.group->gather_sequence(x) : tp.group->copy_to(x);
 }
 
+// A layer's projected input, and (LayerInput::onto_residual) the residual stream its
+// output is added onto.
+struct ProjectedInput {
+  std::vector<torch::Tensor> out;
+  torch::Tensor residual;
+};
+
 // The input's projections by each of `ps` (column-parallel under tensor parallelism). A
 // normed input goes through one normed_projections node, which keeps the residual stream
 // rather than the norm's output, and with sequence parallelism gathers the sequence
-// again in backward rather than keeping it gathered.
-std::vector<torch::Tensor> project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps,
-                                         const TensorParallel& tp) {
+// again in backward rather than keeping it gathered; the residual stream the layer adds
+// onto is that node's output too, so that its gradient joins the norm's in one pass.
+ProjectedInput project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps, const TensorParallel& tp) {
   if (!in.norm) {
     const auto x = enter_tp(in.x, tp);
-    std::vector<torch::Tensor> out;
-    out.reserve(ps.size());
-    for (const auto& p : ps) out.push_back(projection(x, p.weight, p.bias));
-    return out;
+    ProjectedInput p;
+    for (const auto& w : ps) p.out.push_back(projection(x, w.weight, w.bias));
+    if (in.onto_residual) p.residual = in.x;
+    return p;
   }
   ProjectionExchange exchange;
   if (tp.group && tp.sequence_parallel) {
@@ -79,7 +86,18 @@ std::vector<torch::Tensor> project_input(const LayerInput& in, const std::vector
       return sum;
     };
   }
-  return normed_projections(in.x, in.norm->step_weights(), ps, std::move(exchange));
+  ProjectedInput p;
+  p.out = normed_projections(in.x, in.norm->step_weights(), ps, std::move(exchange), in.onto_residual);
+  if (in.onto_residual) {
+    p.residual = p.out.back();
+    p.out.pop_back();
+  }
+  return p;
+}
+
+// y added onto the residual stream, where there is one.
+torch::Tensor onto(const torch::Tensor& residual, const torch::Tensor& y) {
+  return residual.defined() ? residual + y : y;
 }
 
 // A Linear module's parameters, for projection and normed_projections (fused_ops.h):
@@ -100,11 +118,13 @@ torch::Tensor reduce_row_parallel(const torch::Tensor& y, const torch::Tensor& b
   return out + b.to(out.scalar_type());
 }
 
-// A row-parallel layer.
+// A row-parallel layer, added onto the residual stream where one is given: by the GEMM
+// where the product is whole here and has no bias.
 torch::Tensor leave_tp(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                       const TensorParallel& tp) {
-  if (!tp.group) return projection(x, weight, bias);
-  return reduce_row_parallel(projection(x, weight, {}), bias, tp);
+                       const TensorParallel& tp, const torch::Tensor& residual = {}) {
+  if (!tp.group && residual.defined() && !bias.defined()) return projection(x, weight, {}, residual);
+  if (!tp.group) return onto(residual, projection(x, weight, bias));
+  return onto(residual, reduce_row_parallel(projection(x, weight, {}), bias, tp));
 }
 }  // namespace
 
@@ -134,10 +154,12 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
                                      const torch::Tensor& sin) {
   const int64_t h = heads_, hd = head_dim(cfg_);
   const int64_t k_heads = kv_heads_;
-  torch::Tensor q, k, v;
+  torch::Tensor q, k, v, residual;
   if (qkv) {
     // BLOOM's fused layout: output features are ordered [H, 3, Hd].
-    const auto projected = project_input(x, {weights_of(qkv)}, tp_)[0];
+    auto in = project_input(x, {weights_of(qkv)}, tp_);
+    residual = in.residual;
+    const auto projected = in.out[0];
     const auto fused = projected.view({projected.size(0), projected.size(1), h, 3, hd});
     q = fused.select(3, 0).transpose(1, 2);  // [B, H, T, Hd]
     k = fused.select(3, 1).transpose(1, 2);
@@ -152,7 +174,9 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
         if (ps[i].bias.defined()) ps[i].bias = tp_.group->copy_to(ps[i].bias).narrow(0, kv_first_ * hd, hd);
       }
     }
-    const auto projected = project_input(x, ps, tp_);
+    auto in = project_input(x, ps, tp_);
+    residual = in.residual;
+    const auto& projected = in.out;
     const int64_t b = projected[0].size(0), t = projected[0].size(1);
     q = projected[0].view({b, t, h, hd}).transpose(1, 2);        // [B, H, T, Hd]
     k = projected[1].view({b, t, k_heads, hd}).transpose(1, 2);  // [B, K, T, Hd]
@@ -174,7 +198,7 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
                                                     /*scale=*/std::nullopt, /*enable_gqa=*/k_heads != h)
                        .transpose(1, 2)
                        .reshape({q.size(0), q.size(2), h * hd});
-  return leave_tp(ctx, out->weight, out->bias, tp_);  // [B, T, D]
+  return leave_tp(ctx, out->weight, out->bias, tp_, residual);  // [B, T, D]
 }
 
 MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.mlp), tp_(tp) {
@@ -189,12 +213,13 @@ torch::Tensor MlpImpl::forward(const LayerInput& x) {
   if (kind_ == MlpKind::SwiGLU) {
     // The down projection recomputes silu(gate) * up in backward: the widest tensor of a
     // block is not kept.
-    const auto gate_up = project_input(x, {weights_of(gate), weights_of(up)}, tp_);
-    const auto y = swiglu_down(gate_up[0], gate_up[1], down->weight);
-    return reduce_row_parallel(y, down->bias, tp_);
+    const auto in = project_input(x, {weights_of(gate), weights_of(up)}, tp_);
+    if (in.residual.defined() && !tp_.group && !down->bias.defined())
+      return swiglu_down(in.out[0], in.out[1], down->weight, in.residual);
+    return onto(in.residual, reduce_row_parallel(swiglu_down(in.out[0], in.out[1], down->weight), down->bias, tp_));
   }
-  const auto hidden = project_input(x, {weights_of(up)}, tp_)[0];
-  return leave_tp(torch::gelu(hidden, "tanh"), down->weight, down->bias, tp_);
+  const auto in = project_input(x, {weights_of(up)}, tp_);
+  return leave_tp(torch::gelu(in.out[0], "tanh"), down->weight, down->bias, tp_, in.residual);
 }
 
 BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {
@@ -207,6 +232,10 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
                                  const torch::Tensor& sin) {
+  if (!(dropout_ > 0 && is_training())) {  // each layer adds its output onto the stream itself
+    const auto h = attention(LayerInput(x, *input_norm, /*onto_residual=*/true), bias, cos, sin);
+    return mlp(LayerInput(h, *post_attention_norm, /*onto_residual=*/true));
+  }
   auto a = attention(LayerInput(x, *input_norm), bias, cos, sin);
   if (dropout_ > 0 && is_training()) a = F::dropout(a, F::DropoutFuncOptions().p(dropout_));
   auto h = x + a;

@@ -23,6 +23,7 @@ struct Layout : torch::CustomClassHolder {
   std::vector<std::pair<size_t, size_t>> slots;  // each projection's weight and bias (0: none)
   at::ScalarType dtype = at::kFloat;             // the projections compute in
   ProjectionExchange exchange;
+  bool residual_out = false;  // x is also an output, after the projections
 };
 
 std::pair<at::Tensor, NormState> apply_norm(at::TensorList in, const Layout& l) {
@@ -42,6 +43,8 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
       const auto bias = b_at ? in[b_at].to(layout->dtype) : at::Tensor();
       out.push_back(at::linear(y, working_copy(in[w_at], layout->dtype), bias));  // projection's product
     }
+    // An input returned as it is: autograd makes it a view of x whose gradient comes here.
+    if (layout->residual_out) out.push_back(in[0]);
     return out;
   }
 
@@ -51,6 +54,7 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
     variable_list d(in.size() + 1);  // and none for the layout
     auto [y_norm, state] = apply_norm(in, *layout);
     const auto y_dtype = y_norm.scalar_type();
+    const at::Tensor d_residual = layout->residual_out ? grads[layout->slots.size()] : at::Tensor();
     at::Tensor dy;  // the gradient of the norm's output: the projections' summed, [rows, dim]
     std::vector<int64_t> y_sizes;
     {
@@ -82,10 +86,13 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
         if (b_at) d[b_at] = g.sum(0).to(in[b_at].scalar_type());
       }
     }  // the remade output is gone before the norm's backward
-    if (!dy.defined()) return d;
+    if (!dy.defined()) {
+      d[0] = d_residual;
+      return d;
+    }
     dy = dy.view(y_sizes);
     if (layout->exchange.from_projections) dy = layout->exchange.from_projections(dy);
-    const auto n = norm_backward(dy, state);
+    const auto n = norm_backward(dy, state, d_residual);
     d[0] = n.x;
     d[1] = n.weight;
     if (layout->norm_bias) d[2] = n.bias;
@@ -97,7 +104,7 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
 
 std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeights& norm,
                                            const std::vector<ProjectionWeights>& projections,
-                                           ProjectionExchange exchange) {
+                                           ProjectionExchange exchange, bool residual_out) {
   const int64_t dim = x.size(-1);
   TORCH_CHECK(!projections.empty(), "normed_projections: no projection given");
   TORCH_CHECK(norm.weight.dim() == 1 && norm.weight.size(0) == dim, "normed_projections: norm weight ",
@@ -109,6 +116,7 @@ std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeight
   layout->norm_bias = norm.bias.defined();
   layout->dtype = compute_dtype_for(projections.front().weight);
   layout->exchange = std::move(exchange);
+  layout->residual_out = residual_out;
   std::vector<at::Tensor> in{x, norm.weight};
   if (norm.bias.defined()) in.push_back(norm.bias);
   for (const auto& p : projections) {

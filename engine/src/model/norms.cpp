@@ -50,11 +50,12 @@ std::pair<at::Tensor, NormState> layer_norm_forward(const at::Tensor& x, const a
   return {y.to(x.scalar_type()), s};
 }
 
-NormGradients norm_backward(const at::Tensor& dy, const NormState& s) {
+NormGradients norm_backward(const at::Tensor& dy, const NormState& s, const at::Tensor& dx_add) {
   const auto& x = s.x;
   if (s.mean.defined()) {  // LayerNorm: LibTorch's backward of native_layer_norm
     auto [dx, dw, db] = at::native_layer_norm_backward(dy.to(x.scalar_type()), x, {x.size(-1)}, s.mean, s.rstd,
                                                        s.weight, s.bias, {true, true, s.bias.defined()});
+    if (dx_add.defined()) dx.add_(dx_add);
     return {dx, dw.to(s.weight_dtype), db.defined() ? db.to(s.bias_dtype) : db};
   }
   // RMSNorm: dw = sum_rows(g x r); dx = r (g w - x r^2 mean(g w x)).
@@ -62,11 +63,12 @@ NormGradients norm_backward(const at::Tensor& dy, const NormState& s) {
   if (fused_kernels_take(x)) {  // what forward kept decides: the kernel keeps x as given
     const auto g = dy.to(x.scalar_type()).contiguous();
     const int64_t cols = x.size(-1), rows = x.numel() / cols;
+    const auto add = dx_add.defined() ? dx_add.to(x.scalar_type()).contiguous() : at::Tensor();
     auto dx = at::empty_like(x);
     auto partial = at::empty({kernels::rms_norm_partials(rows), cols}, x.options().dtype(at::kFloat));
     kernels::rms_norm_backward(g.data_ptr(), x.data_ptr(), s.weight.const_data_ptr<float>(),
-                               s.rstd.const_data_ptr<float>(), dx.data_ptr(), partial.data_ptr<float>(), rows, cols,
-                               element_of(x), stream_of(x));
+                               s.rstd.const_data_ptr<float>(), add.defined() ? add.const_data_ptr() : nullptr,
+                               dx.data_ptr(), partial.data_ptr<float>(), rows, cols, element_of(x), stream_of(x));
     return {dx, partial.sum(0).to(s.weight_dtype), {}};
   }
 #endif
@@ -75,7 +77,8 @@ NormGradients norm_backward(const at::Tensor& dy, const NormState& s) {
   const auto dw = (g * xr).reshape({-1, x.size(-1)}).sum(0);
   const auto gw = g * s.weight;
   const auto dot = (gw * xr).mean(-1, /*keepdim=*/true);
-  const auto dx = (gw - xr * dot).mul_(s.rstd);
+  auto dx = (gw - xr * dot).mul_(s.rstd);
+  if (dx_add.defined()) dx.add_(dx_add);
   return {dx, dw.to(s.weight_dtype), {}};
 }
 

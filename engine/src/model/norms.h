@@ -33,7 +33,10 @@ std::pair<at::Tensor, NormState> layer_norm_forward(const at::Tensor& x, const a
                                                     const at::Tensor& bias, double eps);
 
 // The gradients of a norm's input and parameters for dy, the gradient of its output. x's
-// gradient is in the statistics' dtype (autograd casts it to the input's).
-NormGradients norm_backward(const at::Tensor& dy, const NormState& s);
+// gradient is in the statistics' dtype (autograd casts it to the input's), or the
+// kernel's; where dx_add is given (the gradient x gets from elsewhere: the residual
+// stream's), it is added in before x's gradient is rounded, in the pass that makes it on
+// CUDA.
+NormGradients norm_backward(const at::Tensor& dy, const NormState& s, const at::Tensor& dx_add = {});
 
 }  // namespace tide

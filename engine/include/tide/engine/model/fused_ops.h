@@ -33,13 +33,19 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 // Keeps gate and up and the fp32 weight, not the product, which backward recomputes;
 // computes in gate's dtype with the weight's working copy (compute_dtype.h), and adds
 // the weight's gradient into its fp32 .grad where that is there (weight_gradient.h).
-at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight);
+// Where `residual` is given (of the output's shape, in gate's dtype), the result is
+// residual + the projection, summed by the GEMM as it writes (one rounding, no pass of
+// its own): the residual stream's add.
+at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
+                       const at::Tensor& residual = {});
 
 // x W^T + b, as at::linear under autocast, except that the weight's copy in the compute
 // dtype is its working copy (compute_dtype.h: kept for the step under a WeightCastScope,
 // otherwise made again in backward instead of kept from the forward) and its gradient is
-// computed by the node, in fp32.
-at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
+// computed by the node, in fp32. Where `residual` is given (no bias then; in the compute
+// dtype), residual + x W^T, summed by the GEMM as swiglu_down sums it.
+at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                      const at::Tensor& residual = {});
 
 // A norm over the last dimension: RMSNorm (no bias), or LayerNorm (with one).
 struct NormWeights {
@@ -65,16 +71,21 @@ struct ProjectionExchange {
 
 // A norm of x and the projections that read its output (attention's q, k and v; the
 // MLP's gate and up): what rms_norm or layer_norm, then projection of the output, give,
-// the same bits, except that the norm's output is not kept for backward. Backward makes
-// it again from x (one elementwise pass, and with sequence parallelism the all-gather
-// once more, as Megatron-LM gathers a column-parallel layer's input again), as
-// torch.compile's partitioner recomputes it: the node keeps x as given and the fp32
-// weights (their working copies, compute_dtype.h, are what the projections multiply by),
-// not the output the projections would each keep, nor the fp32 copy of
-// a bf16 x the norm alone keeps on the host.
+// the same bits, except that the norm's output is not kept for backward and that the
+// projections' input gradients are summed by the GEMM (each product added as it is
+// written, one rounding). Backward makes the output again from x (one elementwise pass,
+// and with sequence parallelism the all-gather once more, as Megatron-LM gathers a
+// column-parallel layer's input again), as torch.compile's partitioner recomputes it: the
+// node keeps x as given and the fp32 weights (their working copies, compute_dtype.h, are
+// what the projections multiply by), not the output the projections would each keep, nor
+// the fp32 copy of a bf16 x the norm alone keeps on the host.
+//
+// With `residual_out`, one more output follows the projections: x itself, for the
+// residual stream to read. Its gradient then reaches x through this node, added to the
+// norm's in the pass that makes it, instead of in a pass of autograd's own.
 std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeights& norm,
                                            const std::vector<ProjectionWeights>& projections,
-                                           ProjectionExchange exchange = {});
+                                           ProjectionExchange exchange = {}, bool residual_out = false);
 
 // Rotary position embedding with Hugging Face's convention (halves of the head
 // dimension): x * cos + rotate_half(x) * sin, for x [B, H, T, Hd] and cos, sin [T, Hd].

@@ -50,10 +50,15 @@ TORCH_MODULE(Norm);
 // output is not kept for backward (fused_ops.h: normed_projections).
 struct LayerInput {
   LayerInput(const torch::Tensor& x) : x(x) {}  // implicit: a tensor is read as it is
-  LayerInput(const torch::Tensor& residual, NormImpl& norm) : x(residual), norm(&norm) {}
+  LayerInput(const torch::Tensor& residual, NormImpl& norm, bool onto_residual = false)
+      : x(residual), norm(&norm), onto_residual(onto_residual) {}
 
   torch::Tensor x;
   NormImpl* norm = nullptr;
+  // The layer returns x + its output: the block's residual add, summed by the layer's last
+  // GEMM where its product is whole on this rank and has no bias, and its gradient joined
+  // to the norm's in the norm's backward pass (fused_ops.h).
+  bool onto_residual = false;
 };
 
 // Causal self-attention, multi-head or grouped-query; RoPE or ALiBi or neither. Under
