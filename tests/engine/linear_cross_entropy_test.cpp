@@ -122,6 +122,9 @@ TEST(LinearCrossEntropy, ChunkRowsKeepAChunksLogitsWithinTheBudget) {
   EXPECT_EQ(cross_entropy_chunk_rows(100, 32000), 100);      // fewer rows than a chunk: one chunk
   EXPECT_EQ(cross_entropy_chunk_rows(1 << 20, 1 << 26), 1);  // a vocabulary past the budget: a row a chunk
   EXPECT_EQ(cross_entropy_chunk_rows(0, 50), 1);
+  // bf16 logits turned into their gradient in place (CUDA): twice the rows in the budget.
+  EXPECT_EQ(cross_entropy_chunk_rows(16384, 32000, 2), 2048);  // 2^26 / 32000 = 2097
+  EXPECT_LE(cross_entropy_chunk_rows(16384, 32000, 2) * 32000 * 2, int64_t{128} << 20);
 }
 
 }  // namespace

@@ -134,10 +134,13 @@ at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
               "linear_cross_entropy: h [N, D] and weight [V, D] expected, got ", h.sizes(), " and ", weight.sizes());
   TORCH_CHECK(targets.dim() == 1 && targets.size(0) == h.size(0), "linear_cross_entropy: ", h.size(0),
               " rows of h and targets of shape ", targets.sizes());
-  const int64_t chunk = chunk_rows > 0 ? chunk_rows : cross_entropy_chunk_rows(h.size(0), weight.size(0));
   // Under autocast the node computes in the compute dtype with the weight's working copy
   // (autocast would cast the weight inside the node afresh every micro-batch).
   const auto hx = h.to(compute_dtype_for(weight));
+  // The logits in their dtype where the kernel works on them in place (whole_vocabulary_rows).
+  const int64_t bytes_per_logit = !shard.group && fused_kernels_take(hx) ? hx.element_size() : 4;
+  const int64_t chunk =
+      chunk_rows > 0 ? chunk_rows : cross_entropy_chunk_rows(h.size(0), weight.size(0), bytes_per_logit);
   const bool grad = at::GradMode::is_enabled();
   return LinearCrossEntropy::apply(hx, weight, targets, shard, chunk, grad && hx.requires_grad(),
                                    grad && weight.requires_grad());

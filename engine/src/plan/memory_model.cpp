@@ -118,8 +118,10 @@ Head head(const RankModel& r, int64_t tp, const Shape& x) {
   // chunk's weight-gradient product before it joins the fp32 sum. On a GPU one kernel
   // turns the logits into their gradient in place, and cuBLAS adds the product into the
   // fp32 sum.
-  const double chunk = static_cast<double>(cross_entropy_chunk_rows(static_cast<int64_t>(x.N), r.vocab));
-  if (x.gpu_kernels && tp == 1)
+  const bool in_place = x.gpu_kernels && tp == 1;
+  const double chunk = static_cast<double>(
+      cross_entropy_chunk_rows(static_cast<int64_t>(x.N), r.vocab, in_place ? static_cast<int64_t>(x.s) : 4));
+  if (in_place)
     h.forward_extra = chunk * V * x.s;
   else
     h.forward_extra = chunk * V * (bf16 > 0 ? 2 + 4 : 4) + bf16 * V * D * 2;

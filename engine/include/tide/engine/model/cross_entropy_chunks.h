@@ -7,14 +7,18 @@
 
 namespace tide {
 
-// Rows per chunk for `rows` positions against `vocab` weight rows: a chunk's fp32 logits
-// stay within 32 Mi elements (128 MiB), in multiples of 64 rows for the products. Small
-// enough that the logits are a fraction of what the model holds; large enough that the
-// weight gradient's sum over chunks costs little beside the chunks' products.
-inline int64_t cross_entropy_chunk_rows(int64_t rows, int64_t vocab) {
-  constexpr int64_t kChunkElements = int64_t{1} << 25;
+// Rows per chunk for `rows` positions against `vocab` weight rows: a chunk's logits stay
+// within 128 MiB as the loss holds them, `bytes_per_logit` each (4 where it computes in
+// fp32; the compute dtype's size where one kernel turns them into their gradient in place:
+// bf16 on CUDA, 2), in multiples of 64 rows for the products. Small enough that the
+// logits are a fraction of what the model holds; large enough that the weight gradient's
+// fp32 sum, read and written once a chunk (8 bytes per weight element), costs little
+// beside the chunks' products.
+inline int64_t cross_entropy_chunk_rows(int64_t rows, int64_t vocab, int64_t bytes_per_logit = 4) {
+  constexpr int64_t kChunkBytes = int64_t{128} << 20;
   constexpr int64_t kRowMultiple = 64;
-  const int64_t fit = std::max<int64_t>(kChunkElements / std::max<int64_t>(vocab, 1), 1);
+  const int64_t per_row = std::max<int64_t>(vocab, 1) * std::max<int64_t>(bytes_per_logit, 1);
+  const int64_t fit = std::max<int64_t>(kChunkBytes / per_row, 1);
   const int64_t rounded = fit >= kRowMultiple ? fit / kRowMultiple * kRowMultiple : fit;
   return std::clamp<int64_t>(rounded, 1, std::max<int64_t>(rows, 1));
 }
