@@ -236,12 +236,10 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bi
     const auto h = attention(LayerInput(x, *input_norm, /*onto_residual=*/true), bias, cos, sin);
     return mlp(LayerInput(h, *post_attention_norm, /*onto_residual=*/true));
   }
-  auto a = attention(LayerInput(x, *input_norm), bias, cos, sin);
-  if (dropout_ > 0 && is_training()) a = F::dropout(a, F::DropoutFuncOptions().p(dropout_));
-  auto h = x + a;
-  auto m = mlp(LayerInput(h, *post_attention_norm));
-  if (dropout_ > 0 && is_training()) m = F::dropout(m, F::DropoutFuncOptions().p(dropout_));
-  return h + m;
+  // Dropout falls between a layer's output and the stream.
+  const auto dropout = F::DropoutFuncOptions().p(dropout_);
+  const auto h = x + F::dropout(attention(LayerInput(x, *input_norm), bias, cos, sin), dropout);
+  return h + F::dropout(mlp(LayerInput(h, *post_attention_norm)), dropout);
 }
 
 }  // namespace tide
