@@ -298,6 +298,15 @@ struct RotaryFn : torch::autograd::Function<RotaryFn> {
   }
 };
 
+// A residual for a product of `sizes` [..., in] by a weight [out, in] in `dtype`: [..., out].
+void check_residual(const char* op, const at::Tensor& residual, at::IntArrayRef sizes, const at::Tensor& weight,
+                    at::ScalarType dtype) {
+  auto want = sizes.vec();
+  want.back() = weight.size(0);
+  TORCH_CHECK(residual.sizes().vec() == want && residual.scalar_type() == dtype, op, ": residual ", residual.sizes(),
+              " ", residual.scalar_type(), " must be ", at::IntArrayRef(want), " ", dtype);
+}
+
 }  // namespace
 
 bool fused_kernels_take(const at::Tensor& x) {
@@ -320,17 +329,6 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
-
-namespace {
-// A residual for a product of `sizes` [..., in] by a weight [out, in] in `dtype`: [..., out].
-void check_residual(const char* op, const at::Tensor& residual, at::IntArrayRef sizes, const at::Tensor& weight,
-                    at::ScalarType dtype) {
-  auto want = sizes.vec();
-  want.back() = weight.size(0);
-  TORCH_CHECK(residual.sizes().vec() == want && residual.scalar_type() == dtype, op, ": residual ", residual.sizes(),
-              " ", residual.scalar_type(), " must be ", at::IntArrayRef(want), " ", dtype);
-}
-}  // namespace
 
 at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                       const at::Tensor& residual) {
