@@ -149,67 +149,6 @@ TEST(FusedOps, AProjectionIsAutocastsLinearWithTheWeightCastAgainInBackward) {
   }
 }
 
-// |got - want| <= 2 * 2^-8 * scale elementwise: at most two bf16 roundings (the sum, and
-// where a kernel rounds the product first, the product), each within 2^-8 of a value no
-// larger than scale (the sum's terms' magnitudes), beside fp32 accumulation's k u.
-void expect_within_bf16_sums(const torch::Tensor& got, const torch::Tensor& want, const torch::Tensor& scale, int64_t k,
-                             const std::string& what) {
-  const auto bound = scale * (2.0 / 256 + static_cast<double>(k + 2) / (1 << 24));
-  const auto excess = ((got.to(torch::kFloat64) - want).abs() - bound).max().item<double>();
-  EXPECT_LE(excess, 0.0) << what;
-}
-
-TEST(FusedOps, AProjectionOrSwigluDownOntoAResidualIsItsSumFormedByTheGemm) {
-  torch::manual_seed(16);
-  const auto x = torch::randn({2, 5, 24}), g = torch::randn({2, 5, 24}) * 3, w = torch::randn({16, 24});
-  const auto r = torch::randn({2, 5, 16}), up = torch::randn({2, 5, 16});
-  // Each op's inputs end with the weight and the residual.
-  struct Case {
-    std::string name;
-    std::vector<torch::Tensor> in;
-    std::function<torch::Tensor(std::vector<torch::Tensor>&, const torch::Tensor&)> op;
-    std::function<torch::Tensor(const std::vector<torch::Tensor>&)> operand;  // what multiplies the weight
-  };
-  const std::vector<Case> cases{
-      {"projection",
-       {x, w, r},
-       [](auto& in, const torch::Tensor& residual) { return projection(in[0], in[1], {}, residual); },
-       [](const auto& in) { return in[0].to(torch::kFloat64); }},
-      {"swiglu_down",
-       {g, x, w, r},
-       [](auto& in, const torch::Tensor& residual) { return swiglu_down(in[0], in[1], in[2], residual); },
-       [](const auto& in) { return torch::silu(in[0].to(torch::kFloat64)) * in[1].to(torch::kFloat64); }},
-  };
-  for (const Case& c : cases) {
-    const size_t n = c.in.size(), at_weight = n - 2, at_residual = n - 1;
-    // fp64 (and so fp32 compute, whose GEMM is at::addmm's): residual + the op, in autograd.
-    std::vector<torch::Tensor> in64;
-    for (const auto& t : c.in) in64.push_back(t.to(torch::kFloat64));
-    expect_same(run([&](auto& in) { return c.op(in, in[at_residual]); }, in64, up.to(torch::kFloat64)),
-                run([&](auto& in) { return in[at_residual] + c.op(in, {}); }, in64, up.to(torch::kFloat64)));
-    // bf16 compute (bf16 activations, the fp32 weight's working copy): the gradients of
-    // the op's inputs are those of the op alone, the residual's is the output's, and the
-    // output is the sum rounded by the GEMM.
-    std::vector<torch::Tensor> in;
-    for (size_t i = 0; i < n; ++i) in.push_back(i == at_weight ? c.in[i] : c.in[i].to(torch::kBFloat16));
-    const auto bf16 = [&](auto f) {
-      return run([&](auto& ins) { return with_compute_dtype(DType::BFloat16, [&] { return f(ins); }); }, in,
-                 up.to(torch::kBFloat16));
-    };
-    const auto onto = bf16([&](auto& ins) { return c.op(ins, ins[at_residual]); });
-    const auto alone = bf16([&](auto& ins) { return c.op(ins, {}); });
-    for (size_t i = 0; i < at_residual; ++i)
-      EXPECT_TRUE(torch::equal(onto.inputs[i], alone.inputs[i])) << c.name << " input " << i;
-    EXPECT_TRUE(torch::equal(onto.inputs[at_residual], up.to(torch::kBFloat16))) << c.name << ": the residual's";
-    const auto operand = c.operand(in), w16 = w.to(torch::kBFloat16).to(torch::kFloat64);
-    const auto residual = in[at_residual].to(torch::kFloat64);
-    expect_within_bf16_sums(onto.out, residual + torch::matmul(operand, w16.t()),
-                            residual.abs() + torch::matmul(operand.abs(), w16.abs().t()), 24, c.name + " output");
-  }
-  EXPECT_THROW(projection(x, w, torch::zeros({16}), r), c10::Error);  // a bias and a residual
-  EXPECT_THROW(projection(x, w, {}, r.narrow(-1, 0, 8)), c10::Error);
-}
-
 TEST(FusedOps, AWeightWhoseGradientIsThereGetsTheProductSummedIntoItOnce) {
   // A run's weights hold views of the flat fp32 gradient buffer: the matmul nodes sum
   // their weight's gradient straight into it and hand autograd none, while the weight's

@@ -62,10 +62,10 @@ TEST_P(BothFamilies, InitialisationIsSeededAndPerName) {
 }
 
 TEST_P(BothFamilies, ABlockAddsEachLayerOntoItsInputAsTheUnfusedSumDoes) {
-  // Each layer adds its output onto the residual stream itself (LLaMA: by its last GEMM,
-  // and the stream's gradient joins the norm's in the norm's backward; BLOOM, whose
-  // projections have biases: after the projection). In fp64 against the block's two
-  // residual adds written out: the same output and gradients to fp64's rounding.
+  // Each layer adds its output onto the residual stream its normed_projections node hands
+  // on, whose gradient joins the norm's in the norm's backward. In fp64 against the
+  // block's two residual adds written out: the same output and gradients to fp64's
+  // rounding.
   ModelConfig c = GetParam();
   c.n_layers = 1;
   Transformer m(c);

@@ -111,30 +111,39 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
 // multiplied by its working copy in the product's dtype (working_copy). The products
 // are at::linear's and its backward's (matmul folded to mm, the weight's gradient as
 // dy^T p): the same bits.
-//
-// Onto a residual stream (SwigluDownOntoFn) the product is added to the residual by the
-// GEMM (addmm, C = the residual) and the residual's gradient is the output's.
-at::Tensor swiglu_down_forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
-                               const at::Tensor& weight, const at::Tensor& residual) {
-  ctx->save_for_backward({gate, up, weight});
-  const auto p = swiglu_values(gate, up);
-  const auto w = working_copy(weight, gate.scalar_type());
-  if (!residual.defined()) return at::matmul(p, w.t());
-  return at::addmm(residual.reshape({-1, residual.size(-1)}), p.reshape({-1, p.size(-1)}), w.t())
-      .view(residual.sizes());
-}
+struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
+                            const at::Tensor& weight) {
+    ctx->save_for_backward({gate, up, weight});
+    return at::matmul(swiglu_values(gate, up), working_copy(weight, gate.scalar_type()).t());
+  }
 
-// The gradients of gate, up and the weight.
-variable_list swiglu_down_backward(AutogradContext* ctx, const at::Tensor& grad) {
-  const auto saved = ctx->get_saved_variables();
-  const auto &gate = saved[0], &up = saved[1], &weight = saved[2];
-  const auto dy = grad.reshape({-1, grad.size(-1)});
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &gate = saved[0], &up = saved[1], &weight = saved[2];
+    const auto dy = grads[0].reshape({-1, grads[0].size(-1)});
 #ifdef TIDE_CUDA_KERNELS
-  if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
-    // One pass over the width reads gate, up and the product's gradient and writes the
-    // product again beside the gate's gradient (over the product's gradient, in place)
-    // and up's: two reads of the width fewer than remaking the product on its own, and
-    // as many tensors of the width alive at once.
+    if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type())
+      return remake_in_one_pass(gate, up, weight, dy);
+#endif
+    at::Tensor d_weight;
+    {
+      const auto p = swiglu_values(gate, up);
+      d_weight = weight_gradient(weight, dy.t(), p.reshape({-1, p.size(-1)}));
+    }  // the product is gone before the gradients of the gate and up are made
+    const auto d_p = dy.mm(working_copy(weight, gate.scalar_type())).view(gate.sizes());
+    auto d = swiglu_gradients(gate, up, d_p);
+    d.push_back(d_weight);
+    return d;
+  }
+
+#ifdef TIDE_CUDA_KERNELS
+  // On CUDA one pass over the width reads gate, up and the product's gradient and writes
+  // the product again beside the gate's gradient (over the product's gradient, in place)
+  // and up's: two reads of the width fewer than remaking the product on its own, and as
+  // many tensors of the width alive at once.
+  static variable_list remake_in_one_pass(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
+                                          const at::Tensor& dy) {
     const auto g = gate.contiguous(), u = up.contiguous();
     auto d_gate = dy.mm(working_copy(weight, g.scalar_type())).to(g.scalar_type()).contiguous();  // d_p until the pass
     auto d_up = at::empty_like(u), p = at::empty_like(g);
@@ -144,37 +153,6 @@ variable_list swiglu_down_backward(AutogradContext* ctx, const at::Tensor& grad)
     return {d_gate.view(gate.sizes()), d_up, d_weight};
   }
 #endif
-  at::Tensor d_weight;
-  {
-    const auto p = swiglu_values(gate, up);
-    d_weight = weight_gradient(weight, dy.t(), p.reshape({-1, p.size(-1)}));
-  }  // the product is gone before the gradients of the gate and up are made
-  const auto d_p = dy.mm(working_copy(weight, gate.scalar_type())).view(gate.sizes());
-  auto d = swiglu_gradients(gate, up, d_p);
-  d.push_back(d_weight);
-  return d;
-}
-
-struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
-                            const at::Tensor& weight) {
-    return swiglu_down_forward(ctx, gate, up, weight, {});
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return swiglu_down_backward(ctx, grads[0]);
-  }
-};
-
-struct SwigluDownOntoFn : torch::autograd::Function<SwigluDownOntoFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
-                            const at::Tensor& weight, const at::Tensor& residual) {
-    return swiglu_down_forward(ctx, gate, up, weight, residual);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto d = swiglu_down_backward(ctx, grads[0]);
-    d.push_back(grads[0]);  // the residual's
-    return d;
-  }
 };
 
 // --- Projection -----------------------------------------------------------------------
@@ -184,18 +162,14 @@ struct SwigluDownOntoFn : torch::autograd::Function<SwigluDownOntoFn> {
 // forward to its backward). The products are at::linear's and its backward's. Two
 // nodes, with and without the bias: a node's inputs must all be defined tensors.
 at::Tensor projection_forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                              const at::Tensor& bias, int64_t dtype_code, const at::Tensor& residual = {}) {
+                              const at::Tensor& bias, int64_t dtype_code) {
   const auto dtype = static_cast<at::ScalarType>(dtype_code);
   const auto xc = x.to(dtype);
   ctx->save_for_backward({xc, weight});
   ctx->saved_data["dtype"] = dtype_code;
   ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
   ctx->saved_data["bias_dtype"] = bias.defined() ? static_cast<int64_t>(bias.scalar_type()) : int64_t{-1};
-  const auto w = working_copy(weight, dtype);
-  if (residual.defined())
-    return at::addmm(residual.reshape({-1, residual.size(-1)}), xc.reshape({-1, xc.size(-1)}), w.t())
-        .view(residual.sizes());
-  return at::linear(xc, w, bias.defined() ? bias.to(dtype) : at::Tensor());
+  return at::linear(xc, working_copy(weight, dtype), bias.defined() ? bias.to(dtype) : at::Tensor());
 }
 
 // The gradients of x, the weight and (where there is one) the bias.
@@ -236,20 +210,6 @@ struct BiasedProjectionFn : torch::autograd::Function<BiasedProjectionFn> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto d = projection_backward(ctx, grads[0]);
     d.emplace_back();  // dtype
-    return d;
-  }
-};
-
-// residual + x W^T with the sum formed by the GEMM; the residual's gradient is the output's.
-struct ProjectionOntoFn : torch::autograd::Function<ProjectionOntoFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& residual, int64_t dtype) {
-    return projection_forward(ctx, x, weight, at::Tensor(), dtype, residual);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto d = projection_backward(ctx, grads[0]);
-    d.push_back(grads[0]);  // the residual's
-    d.emplace_back();       // dtype
     return d;
   }
 };
@@ -298,15 +258,6 @@ struct RotaryFn : torch::autograd::Function<RotaryFn> {
   }
 };
 
-// A residual for a product of `sizes` [..., in] by a weight [out, in] in `dtype`: [..., out].
-void check_residual(const char* op, const at::Tensor& residual, at::IntArrayRef sizes, const at::Tensor& weight,
-                    at::ScalarType dtype) {
-  auto want = sizes.vec();
-  want.back() = weight.size(0);
-  TORCH_CHECK(residual.sizes().vec() == want && residual.scalar_type() == dtype, op, ": residual ", residual.sizes(),
-              " ", residual.scalar_type(), " must be ", at::IntArrayRef(want), " ", dtype);
-}
-
 }  // namespace
 
 bool fused_kernels_take(const at::Tensor& x) {
@@ -330,30 +281,18 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
 
-at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                      const at::Tensor& residual) {
+at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   const auto dtype = compute_dtype_for(weight);
-  if (residual.defined()) {
-    TORCH_CHECK(!bias.defined(), "projection: a residual is added to a projection without a bias");
-    check_residual("projection", residual, x.sizes(), weight, dtype);
-    if (dtype == weight.scalar_type())
-      return at::addmm(residual.reshape({-1, residual.size(-1)}), x.reshape({-1, x.size(-1)}), weight.t())
-          .view(residual.sizes());
-    return ProjectionOntoFn::apply(x, weight, residual, static_cast<int64_t>(dtype));
-  }
   if (dtype == weight.scalar_type()) return at::linear(x, weight, bias);
   if (bias.defined()) return BiasedProjectionFn::apply(x, weight, bias, static_cast<int64_t>(dtype));
   return ProjectionFn::apply(x, weight, static_cast<int64_t>(dtype));
 }
 
-at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
-                       const at::Tensor& residual) {
+at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight) {
   TORCH_CHECK(gate.sizes() == up.sizes() && weight.dim() == 2 && weight.size(1) == gate.size(-1), "swiglu_down: gate ",
               gate.sizes(), " and up ", up.sizes(), " must agree and weight ", weight.sizes(), " must be [out, ",
               gate.size(-1), "]");
-  if (!residual.defined()) return SwigluDownFn::apply(gate, up, weight);
-  check_residual("swiglu_down", residual, gate.sizes(), weight, gate.scalar_type());
-  return SwigluDownOntoFn::apply(gate, up, weight, residual);
+  return SwigluDownFn::apply(gate, up, weight);
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -118,11 +118,9 @@ torch::Tensor reduce_row_parallel(const torch::Tensor& y, const torch::Tensor& b
   return out + b.to(out.scalar_type());
 }
 
-// A row-parallel layer, added onto the residual stream where one is given: by the GEMM
-// where the product is whole here and has no bias.
+// A row-parallel layer, added onto the residual stream where one is given.
 torch::Tensor leave_tp(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                        const TensorParallel& tp, const torch::Tensor& residual = {}) {
-  if (!tp.group && residual.defined() && !bias.defined()) return projection(x, weight, {}, residual);
   if (!tp.group) return onto(residual, projection(x, weight, bias));
   return onto(residual, reduce_row_parallel(projection(x, weight, {}), bias, tp));
 }
@@ -214,8 +212,6 @@ torch::Tensor MlpImpl::forward(const LayerInput& x) {
     // The down projection recomputes silu(gate) * up in backward: the widest tensor of a
     // block is not kept.
     const auto in = project_input(x, {weights_of(gate), weights_of(up)}, tp_);
-    if (in.residual.defined() && !tp_.group && !down->bias.defined())
-      return swiglu_down(in.out[0], in.out[1], down->weight, in.residual);
     return onto(in.residual, reduce_row_parallel(swiglu_down(in.out[0], in.out[1], down->weight), down->bias, tp_));
   }
   const auto in = project_input(x, {weights_of(up)}, tp_);

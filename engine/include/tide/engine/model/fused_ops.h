@@ -33,19 +33,13 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 // Keeps gate and up and the fp32 weight, not the product, which backward recomputes;
 // computes in gate's dtype with the weight's working copy (compute_dtype.h), and adds
 // the weight's gradient into its fp32 .grad where that is there (weight_gradient.h).
-// Where `residual` is given (of the output's shape, in gate's dtype), the result is
-// residual + the projection, summed by the GEMM as it writes (one rounding, no pass of
-// its own): the residual stream's add.
-at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
-                       const at::Tensor& residual = {});
+at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight);
 
 // x W^T + b, as at::linear under autocast, except that the weight's copy in the compute
 // dtype is its working copy (compute_dtype.h: kept for the step under a WeightCastScope,
 // otherwise made again in backward instead of kept from the forward) and its gradient is
-// computed by the node, in fp32. Where `residual` is given (no bias then; in the compute
-// dtype), residual + x W^T, summed by the GEMM as swiglu_down sums it.
-at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                      const at::Tensor& residual = {});
+// computed by the node, in fp32.
+at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 // A norm over the last dimension: RMSNorm (no bias), or LayerNorm (with one).
 struct NormWeights {

@@ -55,9 +55,9 @@ struct LayerInput {
 
   torch::Tensor x;
   NormImpl* norm = nullptr;
-  // The layer returns x + its output: the block's residual add, summed by the layer's last
-  // GEMM where its product is whole on this rank and has no bias, and its gradient joined
-  // to the norm's in the norm's backward pass (fused_ops.h).
+  // The layer returns x + its output, the block's residual add, with x handed on by the
+  // layer's normed_projections node: the stream's gradient then joins the norm's in the
+  // norm's backward pass instead of in an add of autograd's (fused_ops.h).
   bool onto_residual = false;
 };
 
