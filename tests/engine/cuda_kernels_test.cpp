@@ -181,15 +181,16 @@ TEST(Cuda, SwigluKernelEqualsLibTorchsOps) {
 TEST(Cuda, SwigluDownRemakesTheProductInTheGradientsPass) {
   SKIP_WITHOUT_CUDA();
   // On CUDA the backward remakes the product in the pass that makes the gate's gradient
-  // (over the product's gradient) and up's; on the CPU LibTorch's ops. 300 columns: one
-  // element at a time; 512: packs. The weight is fp32, multiplied by its working copy.
+  // (over the product's gradient) and up's; on the CPU LibTorch's ops. 129 x 300 elements:
+  // no whole number of bf16 packs, one at a time; 129 x 512: packs. The weight is fp32,
+  // multiplied by its working copy.
   for (const int64_t cols : {300, 512}) {
     for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
       torch::manual_seed(13);
-      const int64_t out_features = 96, rows = 4 * 64;
-      const auto g = (torch::randn({4, 64, cols}) * 4).to(dtype), u = torch::randn({4, 64, cols}).to(dtype);
+      const int64_t out_features = 96, rows = 129;  // 3 x 43
+      const auto g = (torch::randn({3, 43, cols}) * 4).to(dtype), u = torch::randn({3, 43, cols}).to(dtype);
       const auto w = torch::randn({out_features, cols}) / std::sqrt(static_cast<double>(cols));
-      const auto up = torch::randn({4, 64, out_features}).to(dtype);
+      const auto up = torch::randn({3, 43, out_features}).to(dtype);
       auto f = [](std::vector<torch::Tensor>& in) { return swiglu_down(in[0], in[1], in[2]); };
       const auto gpu = run_on(kCuda, f, {g, u, w}, up);
       const auto cpu = run_on(torch::kCPU, f, {g, u, w}, up);
