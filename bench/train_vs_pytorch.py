@@ -71,7 +71,9 @@ def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_grap
         "device": device, "precision.compute": precision, "cuda_graphs": str(cuda_graphs).lower(),
     }
     if profile_to:
-        sets.update({"profile.start_step": warmup + steps + 1, "profile.steps": 2})
+        # With the inputs' shapes: the trace then says which operator, on what, launched
+        # each kernel (a copy's source, say).
+        sets.update({"profile.start_step": warmup + steps + 1, "profile.steps": 2, "profile.shapes": "true"})
     cmd = [tide, "train", recipe, "--run-dir", run_dir, "--quiet"]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]

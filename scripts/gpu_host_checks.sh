@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The checks a GPU host owes issues 15 and 17 (docs/gpu.md), each part's log kept in
-# OUT_DIR, so that a short lease of a GPU machine goes to running them, not to typing them:
+# OUT_DIR, so that a short lease of a GPU machine goes to running them, not to typing them.
+# All parts together leave 8 files, the most the device tool brings back:
 #   build    build.log: (with --kit) tide and its tests built against the host's PyTorch with
 #            the carried libraries; later calls with --kit find that build's environment
 #   host     host.txt: GPU, driver, PyTorch and CUDA versions, tide's build
-#   binding  binding.txt: where the binaries' std-library symbols bind (docs/building.md,
-#            "libstdc++ first"); where any binds into LibTorch, the link line and toolchain
+#   binding  appended to host.txt: where the binaries' std-library symbols bind
+#            (docs/building.md, "libstdc++ first"); where any binds into LibTorch, the link
+#            line and toolchain
 #   tests    cuda-tests.log: the CUDA label, where a skip fails (TIDE_REQUIRE_CUDA=1)
 #   demo     demo.log: the demo recipe trained on GPU 0 in bf16, then sampled
 #   s1, s2   bench-S.log: bench/train_vs_pytorch.py --device cuda --precision bf16 on that
-#            shape, and profile-S.txt: the summary of tide's profile of two more steps
+#            shape, and profile-S.tar.gz: tide's profile of two more steps, captured and
+#            uncaptured (each run's summary, and its Chrome trace gzipped where the archive
+#            stays under 15 MiB)
 # Parts run in the order given (default: host binding tests demo s1 s2); a failed part is logged
 # and the next runs. Exit status: the number of failed parts.
 # Usage: scripts/gpu_host_checks.sh [--build DIR] [--kit DIR] OUT_DIR [PART...]
@@ -25,7 +29,7 @@ kit=""
 usage="usage: scripts/gpu_host_checks.sh [--build DIR] [--kit DIR] OUT_DIR [PART...]"
 while [[ $# -gt 0 ]]; do
   case $1 in
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --build) build=${2:?--build needs a folder}; shift 2 ;;
     --kit) kit=${2:?--kit needs a folder}; shift 2 ;;
     -*) echo "gpu_host_checks: unknown option '$1' ($usage)" >&2; exit 2 ;;
@@ -142,11 +146,15 @@ part_bench() {
   "$python" bench/train_vs_pytorch.py --tide "$tide" --device cuda --precision bf16 --shape "$shape" \
     --profile-dir "$profiles"
   local rc=$?
-  local run
-  for run in "$profiles"/*/; do
-    echo "=== $(basename "$run")"
-    cat "$run"*.summary.txt
-  done > "$out/profile-$shape.txt" 2>/dev/null
+  # The summaries, and the traces (which kernel each operator launched, with its inputs'
+  # shapes) where they fit the device tool's 16 MiB a file.
+  gzip -q "$profiles"/*/*.trace.json 2>/dev/null
+  local archive=$out/profile-$shape.tar.gz
+  tar -czf "$archive" -C "$profiles" . 2>/dev/null
+  if [[ $(stat -c %s "$archive" 2>/dev/null || echo 0) -gt $((15 << 20)) ]]; then
+    echo "gpu_host_checks: the traces make profile-$shape.tar.gz too large; summaries only"
+    tar -czf "$archive" -C "$profiles" --exclude='*.trace.json.gz' .
+  fi
   rm -rf "$profiles"
   return $rc
 }
@@ -156,13 +164,18 @@ for part in "${parts[@]}"; do
   case $part in
     build) log=build.log; cmd=(part_build) ;;
     host) log=host.txt; cmd=(part_host) ;;
-    binding) log=binding.txt; cmd=(part_binding) ;;
+    binding) log=host.txt; cmd=(part_binding) ;;
     tests) log=cuda-tests.log; cmd=(part_tests) ;;
     demo) log=demo.log; cmd=(part_demo) ;;
     *) log=bench-$part.log; cmd=(part_bench "$part") ;;
   esac
   start=$SECONDS
-  "${cmd[@]}" > "$out/$log" 2>&1
+  if [[ $part == binding ]]; then
+    echo "--- binding" >> "$out/$log"
+    "${cmd[@]}" >> "$out/$log" 2>&1
+  else
+    "${cmd[@]}" > "$out/$log" 2>&1
+  fi
   rc=$?
   echo "gpu_host_checks: $part: rc $rc in $((SECONDS - start)) s ($out/$log)"
   [[ $rc -eq 0 ]] || failed=$((failed + 1))
