@@ -2,6 +2,12 @@
 // row is aligned, a thread rotates one pack of pairs (i .. i + V - 1 with their partners
 // i + Hd/2 ..) in four loads and two stores, and the row's (b, h, t) is decoded once a
 // pack in 32-bit arithmetic where the counts allow; otherwise one thread a pair.
+//
+// Rows are numbered in x's memory order, the dimension of the smallest stride fastest:
+// for q and k as the attention makes them ([B, T, H, Hd] memory under a [B, H, T, Hd]
+// view) a warp's rows are the heads of one token, side by side in memory, and share
+// their cos and sin rows (one load for the warp); numbered t fastest, each warp read
+// eight tokens' rows of cos and sin, twice the bytes of x itself.
 #include <algorithm>
 #include <climits>
 
@@ -26,27 +32,52 @@ __device__ __forceinline__ void rotate(T a, T b, T ci, T cj, T si, T sj, bool in
   }
 }
 
-// Row r of B x H x T (t fastest) and the offsets of its x and y rows.
+// B, H and T in x's memory order: dims[0] outermost (the largest stride), dims[2] fastest.
+struct RowOrder {
+  int64_t count[3];
+  int64_t x_stride[3], y_stride[3];
+  int t_dim;  // which of the three is T (cos and sin are per token)
+  int64_t head_dim;
+};
+
+RowOrder row_order(const RopeShape& s) {
+  const int64_t count[3] = {s.batch, s.heads, s.tokens};
+  int dims[3] = {0, 1, 2};
+  // Stable: dimensions of equal stride keep B, H, T's order.
+  std::stable_sort(dims, dims + 3, [&](int a, int b) { return s.x_stride[a] > s.x_stride[b]; });
+  RowOrder o{};
+  for (int k = 0; k < 3; ++k) {
+    o.count[k] = count[dims[k]];
+    o.x_stride[k] = s.x_stride[dims[k]];
+    o.y_stride[k] = s.y_stride[dims[k]];
+    if (dims[k] == 2) o.t_dim = k;
+  }
+  o.head_dim = s.head_dim;
+  return o;
+}
+
+// Row r (in RowOrder's numbering) and the offsets of its x and y rows.
 template <typename I>
 struct Row {
   I t, x, y;
 };
 
 template <typename I>
-__device__ __forceinline__ Row<I> row_of(I r, const RopeShape& s) {
-  const I tokens = static_cast<I>(s.tokens), heads = static_cast<I>(s.heads);
-  const I t = r % tokens;
-  const I bh = r / tokens;
-  const I h = bh % heads, b = bh / heads;
-  return {t, static_cast<I>(b * s.x_stride[0] + h * s.x_stride[1] + t * s.x_stride[2]),
-          static_cast<I>(b * s.y_stride[0] + h * s.y_stride[1] + t * s.y_stride[2])};
+__device__ __forceinline__ Row<I> row_of(I r, const RowOrder& o) {
+  const I c1 = static_cast<I>(o.count[1]), c2 = static_cast<I>(o.count[2]);
+  const I i2 = r % c2;
+  const I rest = r / c2;
+  const I i1 = rest % c1, i0 = rest / c1;
+  const I t = o.t_dim == 0 ? i0 : (o.t_dim == 1 ? i1 : i2);
+  return {t, static_cast<I>(i0 * o.x_stride[0] + i1 * o.x_stride[1] + i2 * o.x_stride[2]),
+          static_cast<I>(i0 * o.y_stride[0] + i1 * o.y_stride[1] + i2 * o.y_stride[2])};
 }
 
 template <typename T>
 __global__ void rope_kernel(const T* __restrict__ x, const T* __restrict__ cos, const T* __restrict__ sin,
-                            T* __restrict__ y, RopeShape s, bool inverse) {
+                            T* __restrict__ y, RowOrder s, bool inverse) {
   const int64_t half = s.head_dim / 2;
-  const int64_t pairs = s.batch * s.heads * s.tokens * half;
+  const int64_t pairs = s.count[0] * s.count[1] * s.count[2] * half;
   for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = p % half;
@@ -63,7 +94,7 @@ __global__ void rope_kernel(const T* __restrict__ x, const T* __restrict__ cos, 
 // times cheaper there).
 template <typename T, typename I>
 __global__ void rope_packed(const T* __restrict__ x, const T* __restrict__ cos, const T* __restrict__ sin,
-                            T* __restrict__ y, RopeShape s, bool inverse, I packs) {
+                            T* __restrict__ y, RowOrder s, bool inverse, I packs) {
   constexpr int V = Pack<T>::kSize;
   const I half = static_cast<I>(s.head_dim / 2), per_row = half / V;
   // The loop's count in 64 bits (p + stride may pass INT_MAX), the decoding in I.
@@ -88,12 +119,11 @@ __global__ void rope_packed(const T* __restrict__ x, const T* __restrict__ cos, 
 }
 
 // The largest offset of any element of x or y, and of the packs' count.
-int64_t largest_offset(const RopeShape& s) {
+int64_t largest_offset(const RowOrder& s) {
   int64_t x = 0, y = 0;
-  const int64_t counts[3] = {s.batch, s.heads, s.tokens};
   for (int d = 0; d < 3; ++d) {
-    x += (counts[d] - 1) * s.x_stride[d];
-    y += (counts[d] - 1) * s.y_stride[d];
+    x += (s.count[d] - 1) * s.x_stride[d];
+    y += (s.count[d] - 1) * s.y_stride[d];
   }
   return (x > y ? x : y) + s.head_dim;
 }
@@ -114,17 +144,18 @@ void rope(const void* x, const void* cos, const void* sin, void* y, const RopeSh
     auto* ys = static_cast<T*>(y);
     bool packed = half % V == 0 && packable({x, cos, sin, y});
     for (int d = 0; d < 3; ++d) packed = packed && shape.x_stride[d] % V == 0 && shape.y_stride[d] % V == 0;
+    const RowOrder order = row_order(shape);
     if (!packed) {
-      rope_kernel<T><<<grid_for(rows * half, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, shape, inverse);
+      rope_kernel<T><<<grid_for(rows * half, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, order, inverse);
       return;
     }
     const int64_t packs = rows * (half / V);
-    const int64_t largest = std::max({packs, largest_offset(shape), shape.tokens * shape.head_dim});
+    const int64_t largest = std::max({packs, largest_offset(order), shape.tokens * shape.head_dim});
     if (largest < INT_MAX)
-      rope_packed<T, int><<<grid_for(packs, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, shape, inverse,
-                                                                               static_cast<int>(packs));
+      rope_packed<T, int>
+          <<<grid_for(packs, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, order, inverse, static_cast<int>(packs));
     else
-      rope_packed<T, int64_t><<<grid_for(packs, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, shape, inverse, packs);
+      rope_packed<T, int64_t><<<grid_for(packs, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, order, inverse, packs);
   });
   check_launch("rope");
 }
