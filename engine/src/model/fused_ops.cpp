@@ -1,5 +1,6 @@
 #include "tide/engine/model/fused_ops.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 
@@ -270,20 +271,28 @@ bool fused_kernels_take(const at::Tensor& x) {
 #endif
 }
 
+// Each node's forward is an operator in a profile (its backward is named by autograd):
+// the kernels it launches are its own there, not the step's.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  RECORD_FUNCTION("tide::rms_norm", std::vector<c10::IValue>({x, weight}));
   return RmsNormFn::apply(x, weight, eps);
 }
 
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
   TORCH_CHECK(bias.defined(), "layer_norm: a bias is required (zeros for none)");
+  RECORD_FUNCTION("tide::layer_norm", std::vector<c10::IValue>({x, weight, bias}));
   return LayerNormFn::apply(x, weight, bias, eps);
 }
 
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  RECORD_FUNCTION("tide::swiglu", std::vector<c10::IValue>({gate, up}));
+  return SwigluFn::apply(gate, up);
+}
 
 at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   const auto dtype = compute_dtype_for(weight);
   if (dtype == weight.scalar_type()) return at::linear(x, weight, bias);
+  RECORD_FUNCTION("tide::projection", std::vector<c10::IValue>({x, weight}));
   if (bias.defined()) return BiasedProjectionFn::apply(x, weight, bias, static_cast<int64_t>(dtype));
   return ProjectionFn::apply(x, weight, static_cast<int64_t>(dtype));
 }
@@ -292,10 +301,12 @@ at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::T
   TORCH_CHECK(gate.sizes() == up.sizes() && weight.dim() == 2 && weight.size(1) == gate.size(-1), "swiglu_down: gate ",
               gate.sizes(), " and up ", up.sizes(), " must agree and weight ", weight.sizes(), " must be [out, ",
               gate.size(-1), "]");
+  RECORD_FUNCTION("tide::swiglu_down", std::vector<c10::IValue>({gate, up, weight}));
   return SwigluDownFn::apply(gate, up, weight);
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  RECORD_FUNCTION("tide::rotary", std::vector<c10::IValue>({x, cos, sin}));
   return RotaryFn::apply(x, cos, sin);
 }
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <limits>
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 #include <torch/version.h>
@@ -142,6 +143,7 @@ at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
   const int64_t chunk =
       chunk_rows > 0 ? chunk_rows : cross_entropy_chunk_rows(h.size(0), weight.size(0), bytes_per_logit);
   const bool grad = at::GradMode::is_enabled();
+  RECORD_FUNCTION("tide::linear_cross_entropy", std::vector<c10::IValue>({hx, weight, targets}));
   return LinearCrossEntropy::apply(hx, weight, targets, shard, chunk, grad && hx.requires_grad(),
                                    grad && weight.requires_grad());
 }

@@ -1,5 +1,6 @@
 // normed_projections (fused_ops.h): a norm and the projections that read its output as one
 // autograd node that keeps the norm's input, not its output.
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 
@@ -128,6 +129,7 @@ std::vector<at::Tensor> normed_projections(const at::Tensor& x, const NormWeight
     layout->slots.emplace_back(in.size() - 1, p.bias.defined() ? in.size() : 0);
     if (p.bias.defined()) in.push_back(p.bias);
   }
+  RECORD_FUNCTION("tide::normed_projections", std::vector<c10::IValue>(in.begin(), in.end()));
   return NormedProjectionsFn::apply(at::TensorList(in), layout);
 }
 
