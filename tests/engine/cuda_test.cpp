@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <torch/types.h>
@@ -250,6 +251,54 @@ TEST(Cuda, CapturedStepsTrainAsStepsLaunchedOneKernelAtATime) {
     fs::remove_all(run_dir("launched-" + name));
     fs::remove_all(run_dir("captured-" + name));
   }
+}
+
+// The launch table's rows from a profile summary file: (name, seconds).
+std::vector<std::pair<std::string, double>> launch_rows(const fs::path& summary) {
+  std::ifstream in(summary);
+  std::vector<std::pair<std::string, double>> rows;
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("device time by the operator that launched it", 0) == 0) {
+      inside = true;
+      std::getline(in, line);  // the column names
+      continue;
+    }
+    if (!inside) continue;
+    std::istringstream fields(line);
+    double seconds = 0;
+    std::string share;
+    int64_t events = 0;
+    if (!(fields >> seconds >> share >> events)) break;
+    std::string name;
+    std::getline(fields >> std::ws, name);
+    rows.emplace_back(name, seconds);
+  }
+  return rows;
+}
+
+TEST(Cuda, AProfileNamesTheOperatorsThatLaunchedTheKernels) {
+  SKIP_WITHOUT_CUDA();
+  // Kineto links each kernel to the operator it was launched in: the summary's launch
+  // table must name operators for most of the device's time, tide's kernels among them.
+  RunConfig c = tiny_run("cuda", 4);
+  c.precision.compute = DType::BFloat16;
+  c.cuda_graphs = false;  // a replayed graph's kernels all name the one launch
+  c.profile.start_step = 3;
+  c.profile.steps = 2;
+  const fs::path dir = run_dir("profiled");
+  train(c, dir);
+  const auto rows = launch_rows(dir / "profile" / "steps-3-4-rank-0.summary.txt");
+  ASSERT_FALSE(rows.empty()) << "no launch table in the summary";
+  double named = 0, unnamed = 0;
+  bool saw_tide_node = false;
+  for (const auto& [name, seconds] : rows) {
+    (name == "(no operator recorded)" ? unnamed : named) += seconds;
+    saw_tide_node |= name.find("tide::") != std::string::npos;
+  }
+  EXPECT_GT(named, unnamed) << "most device time has no launching operator";
+  EXPECT_TRUE(saw_tide_node) << "no row names one of tide's nodes";
+  fs::remove_all(dir);
 }
 
 TEST(Cuda, ACheckpointMovesBetweenCudaAndCpu) {

@@ -86,6 +86,59 @@ TEST(ProfileSummary, TheDeviceIsBusyWhileAnyOfItsEventsRuns) {
   EXPECT_NE(text.find("idle 60.0%"), std::string::npos) << text;
 }
 
+TEST(ProfileSummary, DeviceTimeGoesToTheOperatorsThatLaunchedIt) {
+  using K = ProfiledEvent::Kind;
+  auto with = [](ProfiledEvent e, uint64_t correlation, uint64_t launched_by = 0) {
+    e.correlation = correlation;
+    e.launched_by = launched_by;
+    return e;
+  };
+  const std::string node = "torch::autograd::CppNode<tide::(anonymous namespace)::RmsNormFn>";
+  const std::vector<ProfiledEvent> events{
+      // Thread 1, forward: linear calls mm, reshape calls copy_, inside two annotations; the
+      // runtime's launch call has an id of CUPTI's, not taken for an operator's (0 here).
+      with(event("ProfilerStep#4", K::Annotation, 1, 0, 300), 8),
+      with(event("tide::forward_backward", K::Annotation, 1, 0, 200), 1),
+      with(event("aten::linear", K::HostOp, 1, 10, 60), 2),
+      with(event("aten::mm", K::HostOp, 1, 20, 30), 3),
+      event("cudaLaunchKernel", K::HostOp, 1, 21, 22),
+      with(event("aten::reshape", K::HostOp, 1, 70, 90), 4),
+      with(event("aten::copy_", K::HostOp, 1, 75, 85), 5),
+      // Thread 2, autograd's: a backward node inside its wrapper.
+      with(event("autograd::engine::evaluate_function: " + node, K::HostOp, 2, 100, 150), 6),
+      with(event(node, K::HostOp, 2, 105, 145), 7),
+      // The device: what each launched, a replayed graph's kernel (launched in an
+      // annotation), and two whose launcher is not known.
+      with(event("gemm", K::Device, 7, 30, 50), 0, 3),
+      with(event("gemm", K::Device, 7, 50, 60), 0, 3),
+      with(event("copy", K::Device, 7, 86, 90), 0, 5),
+      with(event("rmsnorm_backward", K::Device, 7, 150, 160), 0, 7),
+      with(event("graph_kernel", K::Device, 7, 160, 170), 0, 1),
+      with(event("step_kernel", K::Device, 7, 170, 171), 0, 8),
+      with(event("unlinked", K::Device, 7, 180, 183), 0, 0),
+      with(event("unknown", K::Device, 7, 190, 192), 0, 99),
+  };
+  const ProfileSummary s = summarize_profile(events);
+  ASSERT_EQ(s.launched_by.size(), 6u);
+  EXPECT_EQ(s.launched_by[0].name, "aten::linear > aten::mm");
+  EXPECT_EQ(s.launched_by[0].calls, 2);
+  EXPECT_DOUBLE_EQ(s.launched_by[0].seconds, 30e-9);
+  EXPECT_DOUBLE_EQ(row(s.launched_by, "torch::autograd::CppNode<tide::RmsNormFn>").seconds, 10e-9);
+  EXPECT_DOUBLE_EQ(row(s.launched_by, "tide::forward_backward").seconds, 10e-9);
+  EXPECT_DOUBLE_EQ(row(s.launched_by, "aten::reshape > aten::copy_").seconds, 4e-9);
+  EXPECT_DOUBLE_EQ(row(s.launched_by, "(no operator recorded)").seconds, 5e-9);
+  EXPECT_EQ(row(s.launched_by, "(no operator recorded)").calls, 2);
+  EXPECT_DOUBLE_EQ(row(s.launched_by, "ProfilerStep").seconds, 1e-9);
+  // Every device event is counted once, in one row.
+  double total = 0, launched = 0;
+  for (const auto& r : s.device) total += r.seconds;
+  for (const auto& r : s.launched_by) launched += r.seconds;
+  EXPECT_DOUBLE_EQ(launched, total);
+  const std::string text = format_profile_summary(s, 1, 10);
+  EXPECT_NE(text.find("device time by the operator that launched it"), std::string::npos) << text;
+  EXPECT_NE(text.find("aten::reshape > aten::copy_"), std::string::npos) << text;
+}
+
 RunConfig profiled_run(const std::string& name, int64_t steps) {
   RunConfig c = testing::tiny_byte_run(name);
   c.schedule.steps = steps;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -23,6 +24,23 @@ std::vector<ProfileRow> by_time(std::map<std::string, ProfileRow>& rows) {
 // Kernel names are whole template instantiations; a table needs their start.
 std::string shortened(const std::string& name, size_t most) {
   return name.size() <= most ? name : name.substr(0, most - 3) + "...";
+}
+
+// An operator's name in the launch table: without autograd's wrapper around a backward
+// node's name, anonymous namespaces or an annotation's step number.
+std::string launcher_name(const ProfiledEvent& e) {
+  std::string n = e.name;
+  const std::string wrapper = "autograd::engine::evaluate_function: ", anonymous = "(anonymous namespace)::";
+  if (n.compare(0, wrapper.size(), wrapper) == 0) n.erase(0, wrapper.size());
+  for (size_t at = n.find(anonymous); at != std::string::npos; at = n.find(anonymous, at))
+    n.erase(at, anonymous.size());
+  if (e.kind == ProfiledEvent::Kind::Annotation) {
+    const size_t hash = n.rfind('#');
+    if (hash != std::string::npos && hash + 1 < n.size() &&
+        n.find_first_not_of("0123456789", hash + 1) == std::string::npos)
+      n.erase(hash);
+  }
+  return n;
 }
 
 }  // namespace
@@ -50,12 +68,21 @@ ProfileSummary summarize_profile(const std::vector<ProfiledEvent>& events) {
   });
   std::vector<uint64_t> self(events.size());
   for (size_t i = 0; i < events.size(); ++i) self[i] = duration(events[i]);
+  // Each host event's outermost operator on its thread: itself where none contains it,
+  // and an annotation is its own.
+  std::vector<size_t> outermost(events.size());
   std::vector<size_t> chain;
   for (size_t k = 0; k < host.size(); ++k) {
     const ProfiledEvent& e = events[host[k]];
     if (k > 0 && events[host[k - 1]].thread != e.thread) chain.clear();
     while (!chain.empty() && events[chain.back()].end_ns < e.end_ns) chain.pop_back();
     if (!chain.empty()) self[chain.back()] -= std::min(self[chain.back()], duration(e));
+    outermost[host[k]] = host[k];
+    if (e.kind == ProfiledEvent::Kind::HostOp) {
+      const auto top = std::find_if(chain.begin(), chain.end(),
+                                    [&](size_t c) { return events[c].kind == ProfiledEvent::Kind::HostOp; });
+      if (top != chain.end()) outermost[host[k]] = *top;
+    }
     chain.push_back(host[k]);
   }
 
@@ -96,6 +123,26 @@ ProfileSummary summarize_profile(const std::vector<ProfiledEvent>& events) {
   if (open) busy += open_end - open_start;
   s.device_busy_seconds = seconds(busy);
   s.device = by_time(kernels);
+
+  std::unordered_map<uint64_t, size_t> by_correlation;
+  for (size_t i : host)
+    if (events[i].correlation != 0) by_correlation.emplace(events[i].correlation, i);
+  std::map<std::string, ProfileRow> launchers;
+  for (size_t i : device) {
+    const auto found = by_correlation.find(events[i].launched_by);
+    std::string name = "(no operator recorded)";
+    if (events[i].launched_by != 0 && found != by_correlation.end()) {
+      // A backward node's wrapper and the node itself read as one name.
+      const std::string inner = launcher_name(events[found->second]),
+                        outer = launcher_name(events[outermost[found->second]]);
+      name = outer == inner ? inner : outer + " > " + inner;
+    }
+    ProfileRow& row = launchers[name];
+    row.name = name;
+    ++row.calls;
+    row.seconds += seconds(duration(events[i]));
+  }
+  s.launched_by = by_time(launchers);
   return s;
 }
 
@@ -133,6 +180,15 @@ std::string format_profile_summary(const ProfileSummary& s, int64_t steps, size_
     const ProfileRow& r = s.device[i];
     out +=
         fmt::format("  {:>9.4f}  {:>5.1f}%  {:>7}  {}\n", r.seconds, share(r.seconds), r.calls, shortened(r.name, 100));
+  }
+  out += fmt::format(
+      "device time by the operator that launched it (outermost > innermost operator of the launch), {} of {}:\n",
+      std::min(top, s.launched_by.size()), s.launched_by.size());
+  out += fmt::format("  {:>9}  {:>6}  {:>7}  {}\n", "s", "share", "events", "operator");
+  for (size_t i = 0; i < s.launched_by.size() && i < top; ++i) {
+    const ProfileRow& r = s.launched_by[i];
+    out +=
+        fmt::format("  {:>9.4f}  {:>5.1f}%  {:>7}  {}\n", r.seconds, share(r.seconds), r.calls, shortened(r.name, 160));
   }
   return out;
 }

@@ -1,5 +1,6 @@
 // Where a profiled stretch of steps spent its time, from the profiler's events (internal):
-// the host operators by self time, the device kernels by time and how busy the device was.
+// the host operators by self time, the device kernels by time, the device's time by the
+// operator that launched it, and how busy the device was.
 // No LibTorch: step_profiler.cpp turns Kineto's events into ProfiledEvent.
 #pragma once
 
@@ -20,6 +21,10 @@ struct ProfiledEvent {
   uint64_t thread = 0;  // host events nest within a thread; device events within a stream
   uint64_t start_ns = 0, end_ns = 0;
   uint64_t flops = 0;  // counted by LibTorch for matmuls; 0 elsewhere
+  // An operator's or annotation's id in the profiler (0: none), which names it in the
+  // device events it launched; a device event's `launched_by` is that id (0: unknown).
+  uint64_t correlation = 0;
+  uint64_t launched_by = 0;
 };
 
 struct ProfileRow {
@@ -33,6 +38,10 @@ struct ProfileSummary {
   double wall_seconds = 0;               // from the first event's start to the last one's end
   std::vector<ProfileRow> host;          // by self time, most first
   std::vector<ProfileRow> device;        // by time, most first
+  // Device time by the operator that launched it, named "outermost > innermost" (the
+  // outermost operator of the launch's thread, the innermost one the launch was made in;
+  // one name where they are one), by time, most first.
+  std::vector<ProfileRow> launched_by;
   double outside_operators_seconds = 0;  // inside the annotations' threads' scopes, in no operator
   double device_busy_seconds = 0;        // the union of the device events' intervals
 };

@@ -48,6 +48,13 @@ std::vector<ProfiledEvent> profiled_events(const kineto::ProfilerResult& result)
     p.start_ns = e.startNs();
     p.end_ns = e.endNs();
     p.flops = e.flops();
+    // A kernel names the operator (or annotation) it was launched in by that one's id,
+    // as PyTorch's own profiler tables join them; the runtime's calls have ids of
+    // another kind (CUPTI's), which must not be taken for an operator's.
+    if (e.activityType() == static_cast<uint8_t>(ActivityType::CPU_OP) ||
+        e.activityType() == static_cast<uint8_t>(ActivityType::USER_ANNOTATION))
+      p.correlation = e.correlationId();
+    if (p.kind == ProfiledEvent::Kind::Device) p.launched_by = e.linkedCorrelationId();
     out.push_back(std::move(p));
   }
   return out;
