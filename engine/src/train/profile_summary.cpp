@@ -175,21 +175,18 @@ std::string format_profile_summary(const ProfileSummary& s, int64_t steps, size_
   out += fmt::format("device busy {:.4f} s ({:.1f}%, idle {:.1f}%); kernels and copies by time, {} of {}:\n",
                      s.device_busy_seconds, share(s.device_busy_seconds), 100.0 - share(s.device_busy_seconds),
                      std::min(top, s.device.size()), s.device.size());
-  out += fmt::format("  {:>9}  {:>6}  {:>7}  {}\n", "s", "share", "calls", "kernel");
-  for (size_t i = 0; i < s.device.size() && i < top; ++i) {
-    const ProfileRow& r = s.device[i];
-    out +=
-        fmt::format("  {:>9.4f}  {:>5.1f}%  {:>7}  {}\n", r.seconds, share(r.seconds), r.calls, shortened(r.name, 100));
-  }
+  // A table of device time: its column names, then `top` rows.
+  const auto device_rows = [&](const std::vector<ProfileRow>& rows, const char* count, const char* name, size_t width) {
+    out += fmt::format("  {:>9}  {:>6}  {:>7}  {}\n", "s", "share", count, name);
+    for (size_t i = 0; i < rows.size() && i < top; ++i)
+      out += fmt::format("  {:>9.4f}  {:>5.1f}%  {:>7}  {}\n", rows[i].seconds, share(rows[i].seconds), rows[i].calls,
+                         shortened(rows[i].name, width));
+  };
+  device_rows(s.device, "calls", "kernel", 100);
   out += fmt::format(
       "device time by the operator that launched it (outermost > innermost operator of the launch), {} of {}:\n",
       std::min(top, s.launched_by.size()), s.launched_by.size());
-  out += fmt::format("  {:>9}  {:>6}  {:>7}  {}\n", "s", "share", "events", "operator");
-  for (size_t i = 0; i < s.launched_by.size() && i < top; ++i) {
-    const ProfileRow& r = s.launched_by[i];
-    out +=
-        fmt::format("  {:>9.4f}  {:>5.1f}%  {:>7}  {}\n", r.seconds, share(r.seconds), r.calls, shortened(r.name, 160));
-  }
+  device_rows(s.launched_by, "events", "operator", 160);
   return out;
 }
 
