@@ -131,7 +131,7 @@ ProfileSummary summarize_profile(const std::vector<ProfiledEvent>& events) {
   for (size_t i : device) {
     const auto found = by_correlation.find(events[i].launched_by);
     std::string name = "(no operator recorded)";
-    if (events[i].launched_by != 0 && found != by_correlation.end()) {
+    if (found != by_correlation.end()) {  // 0, "unknown", is never a key
       // A backward node's wrapper and the node itself read as one name.
       const std::string inner = launcher_name(events[found->second]),
                         outer = launcher_name(events[outermost[found->second]]);
