@@ -125,11 +125,11 @@ void adamw_update(const AdamWArgs& args, const AdamWRange* ranges, const AdamWCh
   if (!args.working || args.working_element == Element::F32) {
     AdamWArgs a = args;
     a.working = nullptr;
-    adamw_kernel<float><<<blocks, kThreads, 0, stream>>>(a, ranges, chunks);
+    launch(adamw_kernel<float>, blocks, kThreads, 0, stream, a, ranges, chunks);
   } else if (args.working_element == Element::BF16) {
-    adamw_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(args, ranges, chunks);
+    launch(adamw_kernel<__nv_bfloat16>, blocks, kThreads, 0, stream, args, ranges, chunks);
   } else {
-    adamw_kernel<__half><<<blocks, kThreads, 0, stream>>>(args, ranges, chunks);
+    launch(adamw_kernel<__half>, blocks, kThreads, 0, stream, args, ranges, chunks);
   }
   check_launch("adamw_update");
 }

@@ -78,9 +78,9 @@ void cross_entropy_rows(void* logits, const int64_t* targets, float* loss, int64
     auto* l = static_cast<T*>(logits);
     const auto blocks = static_cast<unsigned>(rows);
     if (vocab % Pack<T>::kSize == 0 && packable({logits}))
-      cross_entropy_rows_kernel<T, true><<<blocks, kThreads, 0, stream>>>(l, targets, loss, vocab, gradient);
+      launch(cross_entropy_rows_kernel<T, true>, blocks, kThreads, 0, stream, l, targets, loss, vocab, gradient);
     else
-      cross_entropy_rows_kernel<T, false><<<blocks, kThreads, 0, stream>>>(l, targets, loss, vocab, gradient);
+      launch(cross_entropy_rows_kernel<T, false>, blocks, kThreads, 0, stream, l, targets, loss, vocab, gradient);
   });
   check_launch("cross_entropy_rows");
 }

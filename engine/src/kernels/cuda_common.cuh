@@ -1,9 +1,14 @@
 // What tide's kernels share: element conversion, block reductions, launch checks.
 #pragma once
 
+// TIDE_CUDA_EMULATION: compiled as C++ for the CPU (tests/kernels/cuda_emulation.h).
+#ifdef TIDE_CUDA_EMULATION
+#include "cuda_emulation.h"
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -114,6 +119,19 @@ __device__ __forceinline__ MaxSum block_max_sum(MaxSum v, float* scratch_max, fl
   }
   return v;
 }
+
+// kernel<<<grid, block, shared, stream>>>(args...), written once so that the emulation's
+// launch can stand in for it.
+#ifdef TIDE_CUDA_EMULATION
+using cuda_emulation::launch;
+#define TIDE_DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(::tide::cuda_emulation::dynamic_shared())
+#else
+template <typename... P, typename... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream, A&&... args) {
+  kernel<<<grid, block, shared, stream>>>(static_cast<P>(args)...);
+}
+#define TIDE_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
 
 inline void check_launch(const char* kernel) {
   const cudaError_t e = cudaGetLastError();

@@ -6,7 +6,11 @@
 
 #include <cstdint>
 
+#ifdef TIDE_CUDA_EMULATION
+#include "cuda_emulation.h"
+#else
 #include <cuda_runtime_api.h>
+#endif
 
 namespace tide::kernels {
 

@@ -67,7 +67,7 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
                                          const float* __restrict__ rstd, const T* __restrict__ dx_add,
                                          T* __restrict__ dx, float* __restrict__ dw_partial, int64_t rows, int64_t cols,
                                          int64_t rows_per_block) {
-  extern __shared__ float dw[];  // [cols]
+  TIDE_DYNAMIC_SHARED(float, dw);  // [cols]
   __shared__ float scratch[kWarp];
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dw[c] = 0.0f;
   const int64_t first = blockIdx.x * rows_per_block;
@@ -103,7 +103,7 @@ __global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __rest
                                        const float* __restrict__ rstd, const T* __restrict__ dx_add, T* __restrict__ dx,
                                        float* __restrict__ dw_partial, int64_t rows, int cols, int64_t rows_per_block) {
   constexpr int V = Pack<T>::kSize;
-  extern __shared__ float dw[];  // [cols]
+  TIDE_DYNAMIC_SHARED(float, dw);  // [cols]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   float mine[kMaxLanePacks][V];
 #pragma unroll
@@ -187,9 +187,9 @@ void rms_norm_forward(const void* x, const float* w, void* y, float* rstd, int64
     auto* ys = static_cast<T*>(y);
     if (warp_rows<T>(cols, {x, y})) {
       const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
-      rms_norm_forward_warp<T><<<blocks, kThreads, 0, stream>>>(xs, w, ys, rstd, rows, static_cast<int>(cols), eps);
+      launch(rms_norm_forward_warp<T>, blocks, kThreads, 0, stream, xs, w, ys, rstd, rows, static_cast<int>(cols), eps);
     } else {
-      rms_norm_forward_kernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(xs, w, ys, rstd, cols, eps);
+      launch(rms_norm_forward_kernel<T>, static_cast<unsigned>(rows), kThreads, 0, stream, xs, w, ys, rstd, cols, eps);
     }
   });
   check_launch("rms_norm_forward");
@@ -208,15 +208,15 @@ void rms_norm_backward(const void* dy, const void* x, const float* w, const floa
     auto* dxs = static_cast<T*>(dx);
     const auto* adds = static_cast<const T*>(dx_add);
     if (warp_rows<T>(cols, {dy, x, dx}) && (!dx_add || packable({dx_add}))) {
-      rms_norm_backward_warp<T><<<static_cast<unsigned>(partials), kThreads, shared, stream>>>(
-          dys, xs, w, rstd, adds, dxs, dw_partial, rows, static_cast<int>(cols), rows_per_block);
+      launch(rms_norm_backward_warp<T>, static_cast<unsigned>(partials), kThreads, shared, stream, dys, xs, w, rstd,
+             adds, dxs, dw_partial, rows, static_cast<int>(cols), rows_per_block);
       return;
     }
     auto kernel = rms_norm_backward_kernel<T>;
     if (shared > 48 * 1024)
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-    kernel<<<static_cast<unsigned>(partials), kThreads, shared, stream>>>(dys, xs, w, rstd, adds, dxs, dw_partial, rows,
-                                                                          cols, rows_per_block);
+    launch(kernel, static_cast<unsigned>(partials), kThreads, shared, stream, dys, xs, w, rstd, adds, dxs, dw_partial,
+           rows, cols, rows_per_block);
   });
   check_launch("rms_norm_backward");
 }

@@ -146,16 +146,17 @@ void rope(const void* x, const void* cos, const void* sin, void* y, const RopeSh
     for (int d = 0; d < 3; ++d) packed = packed && shape.x_stride[d] % V == 0 && shape.y_stride[d] % V == 0;
     const RowOrder order = row_order(shape);
     if (!packed) {
-      rope_kernel<T><<<grid_for(rows * half, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, order, inverse);
+      launch(rope_kernel<T>, grid_for(rows * half, kThreads), kThreads, 0, stream, xs, c, s, ys, order, inverse);
       return;
     }
     const int64_t packs = rows * (half / V);
     const int64_t largest = std::max({packs, largest_offset(order), shape.tokens * shape.head_dim});
     if (largest < INT_MAX)
-      rope_packed<T, int>
-          <<<grid_for(packs, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, order, inverse, static_cast<int>(packs));
+      launch(rope_packed<T, int>, grid_for(packs, kThreads), kThreads, 0, stream, xs, c, s, ys, order, inverse,
+             static_cast<int>(packs));
     else
-      rope_packed<T, int64_t><<<grid_for(packs, kThreads), kThreads, 0, stream>>>(xs, c, s, ys, order, inverse, packs);
+      launch(rope_packed<T, int64_t>, grid_for(packs, kThreads), kThreads, 0, stream, xs, c, s, ys, order, inverse,
+             packs);
   });
   check_launch("rope");
 }

@@ -90,9 +90,9 @@ void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, Elem
     auto* o = static_cast<T*>(out);
     constexpr int V = Pack<T>::kSize;
     if (n % V == 0 && packable({gate, up, out}))
-      swiglu_forward_packed<T><<<grid_for(n / V, kThreads), kThreads, 0, stream>>>(g, u, o, n / V);
+      launch(swiglu_forward_packed<T>, grid_for(n / V, kThreads), kThreads, 0, stream, g, u, o, n / V);
     else
-      swiglu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(g, u, o, n);
+      launch(swiglu_forward_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, g, u, o, n);
   });
   check_launch("swiglu_forward");
 }
@@ -110,9 +110,9 @@ void swiglu_backward(const void* d_out, const void* gate, const void* up, void* 
     auto* p = static_cast<T*>(product);
     constexpr int V = Pack<T>::kSize;
     if (n % V == 0 && packable({d_out, gate, up, d_gate, d_up}) && (!product || packable({product})))
-      swiglu_backward_packed<T><<<grid_for(n / V, kThreads), kThreads, 0, stream>>>(d, g, u, dg, du, p, n / V);
+      launch(swiglu_backward_packed<T>, grid_for(n / V, kThreads), kThreads, 0, stream, d, g, u, dg, du, p, n / V);
     else
-      swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream>>>(d, g, u, dg, du, p, n);
+      launch(swiglu_backward_kernel<T>, grid_for(n, kThreads), kThreads, 0, stream, d, g, u, dg, du, p, n);
   });
   check_launch("swiglu_backward");
 }
