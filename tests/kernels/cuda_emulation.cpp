@@ -72,7 +72,7 @@ namespace {
 constexpr int kWarpSize = 32;
 constexpr int kDefaultDynamicShared = 48 * 1024;
 constexpr int kLargestDynamicShared = 227 * 1024;  // Hopper's opt-in limit a block
-constexpr std::size_t kFiberStack = 256 * 1024;
+constexpr std::size_t kFiberStack = std::size_t{256} * 1024;
 
 // Unwinds a thread of a launch that has failed.
 struct Stop {};

@@ -63,13 +63,13 @@ std::string launch_error(void (*kernel)(int*), unsigned threads) {
 }
 
 TEST(CudaEmulation, ShufflesExchangeAcrossEachWarp) {
-  std::vector<int> out(3 * 64, -1);
+  std::vector<int> out(std::size_t{3} * 64, -1);
   launch(lane_sums, 3, 64, 0, nullptr, out.data());
   for (std::size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], 496) << "thread " << i;  // 0 + ... + 31
 }
 
 TEST(CudaEmulation, ABarrierOrdersSharedMemoryInEachBlock) {
-  std::vector<int> out(4 * 256, -1);
+  std::vector<int> out(std::size_t{4} * 256, -1);
   launch(neighbours, 4, 256, 0, nullptr, out.data());
   for (int b = 0; b < 4; ++b)
     for (int t = 0; t < 256; ++t) ASSERT_EQ(out[b * 256 + t], b * 1000 + (t + 1) % 256) << b << ", " << t;
@@ -93,7 +93,7 @@ TEST(CudaEmulation, UndefinedBarriersFailTheLaunch) {
 TEST(CudaEmulation, LaunchLimitsAreAGpus) {
   EXPECT_NE(launch_error(neighbours, 2048).find("2048 x 1 x 1 threads"), std::string::npos);
   std::vector<float> out(32);
-  const auto over_default = [&] { launch(reads_dynamic_shared, 1, 32, 64 * 1024, nullptr, out.data()); };
+  const auto over_default = [&] { launch(reads_dynamic_shared, 1, 32, std::size_t{64} * 1024, nullptr, out.data()); };
   EXPECT_THROW(over_default(), std::runtime_error);
   cudaFuncSetAttribute(reads_dynamic_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024);
   over_default();

@@ -82,7 +82,8 @@ void check_rms_norm(const Case& c) {
   }
   // The weight's gradient: each partial sums rows_per_block rows a lane at a time, then
   // the block's eight warps' sums; xn carries r's error.
-  const double rows_per_block = static_cast<double>((c.rows + partials - 1) / partials);
+  const int64_t rows_per_partial = (c.rows + partials - 1) / partials;  // rounded up
+  const auto rows_per_block = static_cast<double>(rows_per_partial);
   std::vector<double> dw_got(c.cols, 0.0), dw_bound(c.cols);
   for (int64_t p = 0; p < partials; ++p)
     for (int64_t k = 0; k < c.cols; ++k) dw_got[k] += dw_partial[p * c.cols + k];

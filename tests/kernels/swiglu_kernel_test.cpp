@@ -56,11 +56,11 @@ void check_swiglu(const Case& c) {
 }
 
 TEST(EmulatedKernels, SwigluPacksAndElementsForwardAndBackward) {
-  check_swiglu<__nv_bfloat16>({8 * 300, 0, false, true});  // whole packs of 8
-  check_swiglu<__nv_bfloat16>({8 * 300, 0, true, false});  // d_gate over d_out
-  check_swiglu<__nv_bfloat16>({2403, 0, false, true});     // not whole packs
-  check_swiglu<float>({4 * 512, 1, true, true});           // unaligned: element at a time
-  check_swiglu<float>({4 * 1004, 0, false, false});        // the last block partly past the end
+  check_swiglu<__nv_bfloat16>({int64_t{8} * 300, 0, false, true});  // whole packs of 8
+  check_swiglu<__nv_bfloat16>({int64_t{8} * 300, 0, true, false});  // d_gate over d_out
+  check_swiglu<__nv_bfloat16>({2403, 0, false, true});              // not whole packs
+  check_swiglu<float>({int64_t{4} * 512, 1, true, true});           // unaligned: element at a time
+  check_swiglu<float>({int64_t{4} * 1004, 0, false, false});        // the last block partly past the end
   check_swiglu<__half>({1000, 0, false, true});
 }
 
