@@ -17,6 +17,8 @@
 #define TIDE_EMULATION_ASAN 1
 #endif
 #endif
+// Under AddressSanitizer every switch between fibers is announced to it (it warns once
+// that it does not fully support swapcontext; the announced switches are what it needs).
 #ifdef TIDE_EMULATION_ASAN
 #include <sanitizer/common_interface_defs.h>
 #endif
