@@ -104,9 +104,11 @@ TEST(EmulatedKernels, RmsNormWarpPathAtMoreRowsThanPartialSums) {
 }
 
 TEST(EmulatedKernels, RmsNormWarpPathJoinsTheResidualGradient) {
+  // The packs a lane holds: 4 (1000 bf16), 8 (2048: the widest row a warp takes), 2, 1.
   check_rms_norm<__nv_bfloat16>({37, 1000, true, 0});
-  check_rms_norm<__nv_bfloat16>({20, 2048, true, 0});  // the widest row a warp takes: 8 packs a lane
+  check_rms_norm<__nv_bfloat16>({20, 2048, true, 0});
   check_rms_norm<__half>({9, 512, false, 0});
+  check_rms_norm<__nv_bfloat16>({50, 200, true, 0});
 }
 
 TEST(EmulatedKernels, RmsNormBlockPathForWideAndUnalignedRows) {

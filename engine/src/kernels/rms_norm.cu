@@ -97,17 +97,19 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
 
 // The same per warp: warp w of the block takes rows first + w, first + w + kWarps, ...;
 // each lane sums the weight gradient of its packs (lane, lane + 32, ...) in registers,
-// and the block's warps add theirs into shared memory one after another.
-template <typename T>
+// and the block's warps add theirs into shared memory one after another. P: the packs a
+// lane holds at most, the fewest that cover the row, so that a narrow row keeps fewer
+// registers (8 packs of bf16 take about 120 a thread, a quarter of the SM's warps).
+template <typename T, int P>
 __global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
                                        const float* __restrict__ rstd, const T* __restrict__ dx_add, T* __restrict__ dx,
                                        float* __restrict__ dw_partial, int64_t rows, int cols, int64_t rows_per_block) {
   constexpr int V = Pack<T>::kSize;
   TIDE_DYNAMIC_SHARED(float, dw);  // [cols]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  float mine[kMaxLanePacks][V];
+  float mine[P][V];
 #pragma unroll
-  for (int j = 0; j < kMaxLanePacks; ++j)
+  for (int j = 0; j < P; ++j)
 #pragma unroll
     for (int k = 0; k < V; ++k) mine[j][k] = 0.0f;
   const int64_t first = blockIdx.x * rows_per_block;
@@ -118,7 +120,7 @@ __global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __rest
     const float r = rstd[row];
     float dot = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kMaxLanePacks; ++j) {
+    for (int j = 0; j < P; ++j) {
       const int c = (lane + j * kWarp) * V;
       if (c >= cols) break;
       const Pack<T> xp = load_pack(xr + c), gp = load_pack(dyr + c);
@@ -133,7 +135,7 @@ __global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __rest
     T* dxr = dx + row * cols;
     const T* addr = dx_add ? dx_add + row * cols : nullptr;
 #pragma unroll
-    for (int j = 0; j < kMaxLanePacks; ++j) {
+    for (int j = 0; j < P; ++j) {
       const int c = (lane + j * kWarp) * V;
       if (c >= cols) break;
       const Pack<T> xp = load_pack(xr + c), gp = load_pack(dyr + c);
@@ -156,7 +158,7 @@ __global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __rest
     __syncthreads();
     if (warp != turn) continue;
 #pragma unroll
-    for (int j = 0; j < kMaxLanePacks; ++j) {
+    for (int j = 0; j < P; ++j) {
       const int c = (lane + j * kWarp) * V;
       if (c >= cols) break;
 #pragma unroll
@@ -208,8 +210,13 @@ void rms_norm_backward(const void* dy, const void* x, const float* w, const floa
     auto* dxs = static_cast<T*>(dx);
     const auto* adds = static_cast<const T*>(dx_add);
     if (warp_rows<T>(cols, {dy, x, dx}) && (!dx_add || packable({dx_add}))) {
-      launch(rms_norm_backward_warp<T>, static_cast<unsigned>(partials), kThreads, shared, stream, dys, xs, w, rstd,
-             adds, dxs, dw_partial, rows, static_cast<int>(cols), rows_per_block);
+      const int64_t lane_packs = (cols + kWarp * Pack<T>::kSize - 1) / (kWarp * Pack<T>::kSize);
+      auto kernel = lane_packs <= 1   ? rms_norm_backward_warp<T, 1>
+                    : lane_packs <= 2 ? rms_norm_backward_warp<T, 2>
+                    : lane_packs <= 4 ? rms_norm_backward_warp<T, 4>
+                                      : rms_norm_backward_warp<T, kMaxLanePacks>;
+      launch(kernel, static_cast<unsigned>(partials), kThreads, shared, stream, dys, xs, w, rstd, adds, dxs, dw_partial,
+             rows, static_cast<int>(cols), rows_per_block);
       return;
     }
     auto kernel = rms_norm_backward_kernel<T>;
