@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <numeric>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -93,8 +95,8 @@ struct Warp {
   std::uint64_t slots[kWarpSize] = {};
 };
 
-// A block's threads as fibers (ucontext) on the calling host thread, run round-robin:
-// a thread runs until it waits at a barrier or exits; a barrier opens when its last live
+// A block's threads as fibers (ucontext) on the calling host thread, run in rounds: a
+// thread runs until it waits at a barrier or exits; a barrier opens when its last live
 // member arrives. Deterministic, and a switch costs no system call beyond the signal mask.
 class Block {
  public:
@@ -130,10 +132,17 @@ class Block {
       f.context.uc_link = nullptr;
       makecontext(&f.context, reinterpret_cast<void (*)()>(&Block::entry), 1, t);
     }
+    // Each round takes the threads in another order (a shuffle seeded by the block, then
+    // reversed every other round): a kernel whose threads race for memory that no
+    // barrier orders gives results that depend on it, as it would on a GPU.
+    std::vector<int> order(static_cast<std::size_t>(threads_));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(static_cast<std::uint32_t>(index_)));
     int finished = 0;
     while (finished < threads_) {
       bool ran = false;
-      for (int t = 0; t < threads_; ++t) {
+      std::reverse(order.begin(), order.end());
+      for (const int t : order) {
         Fiber& f = fibers_[static_cast<std::size_t>(t)];
         if (f.state != State::runnable) continue;
         ran = true;

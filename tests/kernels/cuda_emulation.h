@@ -12,9 +12,9 @@
 // AddressSanitizer and UBSan (out-of-bounds and misaligned 16-byte accesses).
 //
 // Not emulated: the GPU's rounding of its fast intrinsics (__expf here is expf), fused
-// multiply-adds (kernels compile with -ffp-contract=off), races between the threads of a
-// block (fibers run in one fixed order, each until it waits) or between blocks (one at a
-// time).
+// multiply-adds (kernels compile with -ffp-contract=off), races between blocks (one at a
+// time). Races between a block's threads show only as far as the order the fibers run in
+// (each until it waits; shuffled, and reversed every round) changes a result.
 #pragma once
 
 #include <cmath>
