@@ -112,6 +112,8 @@ class Block {
     fibers_.resize(static_cast<std::size_t>(threads));
   }
   ~Block() { munmap(stacks_, kFiberStack * static_cast<std::size_t>(threads_)); }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
 
   // Runs block `index` (linear over the grid) to its end.
   void run(std::uint64_t index) {
