@@ -25,16 +25,23 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-float __bfloat162float(__nv_bfloat16 v) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(v.bits) << 16;
+namespace {
+std::uint32_t bits_of(float f) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+float float_of(std::uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+}  // namespace
+
+float __bfloat162float(__nv_bfloat16 v) { return float_of(static_cast<std::uint32_t>(v.bits) << 16); }
 
 __nv_bfloat16 __float2bfloat16(float f) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
+  std::uint32_t bits = bits_of(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return {static_cast<std::uint16_t>((bits >> 16) | 0x40u)};  // quiet NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);  // to nearest, ties to even
   return {static_cast<std::uint16_t>(bits >> 16)};
@@ -47,25 +54,19 @@ float __half2float(__half v) {
     const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
     return sign ? -magnitude : magnitude;
   }
-  const std::uint32_t bits =
-      sign | (exponent == 31 ? 0x7f800000u | (mantissa << 13) : ((exponent + 112) << 23) | (mantissa << 13));
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return float_of(sign |
+                  (exponent == 31 ? 0x7f800000u | (mantissa << 13) : ((exponent + 112) << 23) | (mantissa << 13)));
 }
 
 __half __float2half(float f) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
+  const std::uint32_t bits = bits_of(f);
   const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
   const std::uint32_t magnitude = bits & 0x7fffffffu;
   if (magnitude > 0x7f800000u) return {static_cast<std::uint16_t>(sign | 0x7e00u)};
   if (magnitude >= 0x477ff000u) return {static_cast<std::uint16_t>(sign | 0x7c00u)};  // >= 65520: infinity
-  if (magnitude < 0x38800000u) {  // under 2^-14: a subnormal, magnitude * 2^24 rounded to an integer
-    float m;
-    std::memcpy(&m, &magnitude, sizeof m);
-    return {static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::lrint(m * 16777216.0f)))};
-  }
+  if (magnitude < 0x38800000u)  // under 2^-14: a subnormal, magnitude * 2^24 rounded to an integer
+    return {
+        static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::lrint(float_of(magnitude) * 16777216.0f)))};
   const std::uint32_t rebased = magnitude - 0x38000000u;  // exponent 127 - 15 lower
   return {static_cast<std::uint16_t>(sign | ((rebased + 0xfffu + ((rebased >> 13) & 1u)) >> 13))};
 }
