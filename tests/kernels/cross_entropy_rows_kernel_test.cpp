@@ -80,6 +80,7 @@ TEST(EmulatedKernels, CrossEntropyRowsInPacksAndElements) {
   check_rows<float>({3, 1003, true, 0});  // not whole packs
   check_rows<float>({3, 1000, true, 1});  // unaligned logits
   check_rows<__half>({2, 512, true, 0});
+  check_rows<float>({2, 3, true, 0});  // fewer logits than threads: most hold none
 }
 
 TEST(EmulatedKernels, CrossEntropyRowsGiveNaNForATargetOutsideTheVocabulary) {

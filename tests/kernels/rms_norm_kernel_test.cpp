@@ -109,6 +109,7 @@ TEST(EmulatedKernels, RmsNormWarpPathJoinsTheResidualGradient) {
   check_rms_norm<__nv_bfloat16>({20, 2048, true, 0});
   check_rms_norm<__half>({9, 512, false, 0});
   check_rms_norm<__nv_bfloat16>({50, 200, true, 0});
+  check_rms_norm<__nv_bfloat16>({1, 8, true, 0});  // one row of one pack: one lane of one warp works
 }
 
 TEST(EmulatedKernels, RmsNormBlockPathForWideAndUnalignedRows) {
