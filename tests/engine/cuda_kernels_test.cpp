@@ -1,6 +1,9 @@
 // tide's CUDA kernels (engine/src/kernels) against the LibTorch ops the CPU runs for the
 // same fused op, from the same inputs: forward and backward, fp32 and bf16. Every test
-// skips where no CUDA device is present (ctest label `cuda`).
+// skips where no CUDA device is present (ctest label `cuda`). The same tests also run in
+// the emulation build (TIDE_CUDA_EMULATION, tests/kernels): there the kernels' device is
+// the CPU, whose tensors the fused ops hand to the emulated kernels while a scope is open,
+// and the suite is EmulatedCuda (ctest label `kernels`).
 //
 // The bounds: fp32 results differ by the order of their sums (at most n u sum|terms| for
 // n terms, u = 2^-24, counted in each test) and by the fast exponential the kernels use
@@ -12,17 +15,48 @@
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
-#include "cuda_skip.h"
 #include "normed_projections_reference.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/linear_cross_entropy.h"
+#ifdef TIDE_CUDA_EMULATION
+#include "cuda_emulation.h"
+#else
+#include "cuda_skip.h"
 #include "tide/engine/optim/adamw.h"
+#endif
 
 namespace tide {
 namespace {
 
+// Rows where a test wants many: the emulation runs a block's threads one after another,
+// so it takes fewer (still more than the RMSNorm backward's 1024 partial sums; still two
+// chunks of the loss, one part).
+#ifdef TIDE_CUDA_EMULATION
+constexpr int64_t kNormRows = 1100, kNormedRows = 64, kLossRows = 150;
+#else
+constexpr int64_t kNormRows = 3000, kNormedRows = 256, kLossRows = 300;
+#endif
+
+#ifdef TIDE_CUDA_EMULATION
+#define KERNEL_TEST(name) TEST(EmulatedCuda, name)
+#define SKIP_WITHOUT_KERNEL_DEVICE() (void)0
+const torch::Device kCuda(torch::kCPU);
+// Runs f with the fused ops handing the CPU's tensors to the emulated kernels.
+template <typename F>
+auto on_kernels(F f) {
+  cuda_emulation::EmulatedKernelsScope scope;
+  return f();
+}
+#else
+#define KERNEL_TEST(name) TEST(Cuda, name)
+#define SKIP_WITHOUT_KERNEL_DEVICE() SKIP_WITHOUT_CUDA()
 const torch::Device kCuda(torch::kCUDA, 0);
+template <typename F>
+auto on_kernels(F f) {
+  return f();
+}
+#endif
 
 // |cuda - cpu| <= rel * scale elementwise (scale: the magnitudes the result is made of).
 void expect_within(const torch::Tensor& cuda, const torch::Tensor& cpu, const torch::Tensor& scale, double rel,
@@ -57,18 +91,24 @@ Outcome run_on(const torch::Device& device, F f, const std::vector<torch::Tensor
   return o;
 }
 
-TEST(Cuda, RmsNormKernelEqualsLibTorchsOps) {
-  SKIP_WITHOUT_CUDA();
+// The same through tide's kernels: on kCuda, with the emulation's scope open there.
+template <typename F>
+Outcome run_on_kernels(F f, const std::vector<torch::Tensor>& inputs, const torch::Tensor& upstream) {
+  return on_kernels([&] { return run_on(kCuda, f, inputs, upstream); });
+}
+
+KERNEL_TEST(RmsNormKernelEqualsLibTorchsOps) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
   // 1000 columns: whole 16-byte packs, a row per warp; 2500: more than a warp's
   // registers hold, a row per block.
   for (const int64_t cols : {1000, 2500}) {
     for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
       torch::manual_seed(11);
       // More rows than the backward's 1024 partial sums, a width no power of two.
-      const auto x = (torch::randn({3000, cols}) * 2).to(dtype), w = torch::randn({cols});
-      const auto up = torch::randn({3000, cols}).to(dtype);
+      const auto x = (torch::randn({kNormRows, cols}) * 2).to(dtype), w = torch::randn({cols});
+      const auto up = torch::randn({kNormRows, cols}).to(dtype);
       auto f = [](std::vector<torch::Tensor>& in) { return rms_norm(in[0], in[1], 1e-5); };
-      const auto gpu = run_on(kCuda, f, {x, w}, up);
+      const auto gpu = run_on_kernels(f, {x, w}, up);
       const auto cpu = run_on(torch::kCPU, f, {x, w}, up);
       const std::string what = std::to_string(cols) + " columns, " + std::string(c10::toString(dtype)) + ": ";
       // A row's sum of squares over its columns: r differs by at most (cols + 4) u.
@@ -80,24 +120,25 @@ TEST(Cuda, RmsNormKernelEqualsLibTorchsOps) {
       const auto gw = (up.to(torch::kFloat64) * w.to(torch::kFloat64)).abs();
       const auto xn = x.to(torch::kFloat64).abs() * r;
       expect_within(gpu.grads[0], cpu.grads[0], (gw + xn * (gw * xn).mean(-1, true)) * r, rel + sums, what + "dx");
-      // dw sums 3000 rows in fp32 on both sides, in other orders.
+      // dw sums the rows in fp32 on both sides, in other orders.
       const auto dw_terms = (up.to(torch::kFloat64) * x.to(torch::kFloat64) * r).abs().sum(0);
-      expect_within(gpu.grads[1], cpu.grads[1], dw_terms, (3000 + 4) * kUnitFp32 + sums, what + "dw");
+      expect_within(gpu.grads[1], cpu.grads[1], dw_terms, static_cast<double>(kNormRows + 4) * kUnitFp32 + sums,
+                    what + "dw");
     }
   }
 }
 
-TEST(Cuda, NormedProjectionsAreTheKernelNormThenItsProjections) {
-  SKIP_WITHOUT_CUDA();
+KERNEL_TEST(NormedProjectionsAreTheKernelNormThenItsProjections) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
   // The node remakes the norm's output in backward with the same kernel and multiplies by
   // the same cuBLAS products as rms_norm then projection: the same bits, in fp32 and from a
   // bf16 residual stream under bf16 compute. The norm's output gradient is the projections'
   // summed in the GEMM (normed_projections_reference.h).
   for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
     torch::manual_seed(14);
-    const auto x = (torch::randn({4, 64, 256}) * 2).to(dtype), w = torch::randn({256});
+    const auto x = (torch::randn({4, kNormedRows / 4, 256}) * 2).to(dtype), w = torch::randn({256});
     const auto q = torch::randn({256, 256}) / 16, k = torch::randn({128, 256}) / 16;
-    const auto up = torch::randn({4, 64, 384}).to(dtype);
+    const auto up = torch::randn({4, kNormedRows / 4, 384}).to(dtype);
     const auto compute = dtype == torch::kFloat32 ? DType::Float32 : DType::BFloat16;
     auto node = [&](std::vector<torch::Tensor>& in) {
       return with_compute_dtype(compute, [&] {
@@ -110,11 +151,13 @@ TEST(Cuda, NormedProjectionsAreTheKernelNormThenItsProjections) {
         return torch::cat({projection(y, in[2], {}), projection(y, in[3], {})}, -1);
       });
     };
-    const auto fused = run_on(kCuda, node, {x, w, q, k}, up);
-    const auto unfused = run_on(kCuda, apart, {x, w, q, k}, up);
+    const auto fused = run_on_kernels(node, {x, w, q, k}, up);
+    const auto unfused = run_on_kernels(apart, {x, w, q, k}, up);
     EXPECT_TRUE(torch::equal(fused.out, unfused.out)) << dtype;
-    const auto norm_grads = norm_gradients_of_gemm_sum(x.to(kCuda), {w.to(kCuda), {}, 1e-5, false},
-                                                       {q.to(kCuda), k.to(kCuda)}, up.to(kCuda));
+    const auto norm_grads = on_kernels([&] {
+      return norm_gradients_of_gemm_sum(x.to(kCuda), {w.to(kCuda), {}, 1e-5, false}, {q.to(kCuda), k.to(kCuda)},
+                                        up.to(kCuda));
+    });
     for (size_t i = 0; i < 4; ++i) {
       const auto want = i < 2 ? norm_grads[i].to(torch::kCPU) : unfused.grads[i];
       EXPECT_TRUE(torch::equal(fused.grads[i], want)) << dtype << " input " << i;
@@ -122,8 +165,8 @@ TEST(Cuda, NormedProjectionsAreTheKernelNormThenItsProjections) {
   }
 }
 
-TEST(Cuda, NormedProjectionsJoinTheResidualsGradientInTheNormsPass) {
-  SKIP_WITHOUT_CUDA();
+KERNEL_TEST(NormedProjectionsJoinTheResidualsGradientInTheNormsPass) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
   // With the residual stream handed on (residual_out), x's gradient is the norm's plus
   // the stream's, summed in the norm's backward kernel before it is rounded: within two
   // roundings (2 steps) of the node's gradient without it plus the stream's; the
@@ -132,9 +175,10 @@ TEST(Cuda, NormedProjectionsJoinTheResidualsGradientInTheNormsPass) {
   for (const int64_t cols : {256, 2500}) {
     for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
       torch::manual_seed(15);
-      const auto x = (torch::randn({4, 64, cols}) * 2).to(dtype), w = torch::randn({cols});
+      const auto x = (torch::randn({4, kNormedRows / 4, cols}) * 2).to(dtype), w = torch::randn({cols});
       const auto q = torch::randn({96, cols}) / 16;
-      const auto up = torch::randn({4, 64, 96}).to(dtype), up_residual = torch::randn({4, 64, cols}).to(dtype);
+      const auto up = torch::randn({4, kNormedRows / 4, 96}).to(dtype);
+      const auto up_residual = torch::randn({4, kNormedRows / 4, cols}).to(dtype);
       const auto compute = dtype == torch::kFloat32 ? DType::Float32 : DType::BFloat16;
       const auto node = [&](bool residual_out) {
         return [&, residual_out](std::vector<torch::Tensor>& in) {
@@ -143,8 +187,8 @@ TEST(Cuda, NormedProjectionsJoinTheResidualsGradientInTheNormsPass) {
           });
         };
       };
-      const auto joined = run_on(kCuda, node(true), {x, w, q}, torch::cat({up, up_residual}, -1));
-      const auto alone = run_on(kCuda, node(false), {x, w, q}, up);
+      const auto joined = run_on_kernels(node(true), {x, w, q}, torch::cat({up, up_residual}, -1));
+      const auto alone = run_on_kernels(node(false), {x, w, q}, up);
       const std::string what = std::to_string(cols) + " columns, " + std::string(c10::toString(dtype)) + ": ";
       const auto sum = alone.grads[0].to(torch::kFloat64) + up_residual.to(torch::kFloat64);
       expect_within(joined.grads[0], sum,
@@ -156,8 +200,8 @@ TEST(Cuda, NormedProjectionsJoinTheResidualsGradientInTheNormsPass) {
   }
 }
 
-TEST(Cuda, SwigluKernelEqualsLibTorchsOps) {
-  SKIP_WITHOUT_CUDA();
+KERNEL_TEST(SwigluKernelEqualsLibTorchsOps) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
   // 257 x 300 elements: no whole number of bf16 packs, one at a time; 256 x 512: packs.
   for (const auto& shape : {std::vector<int64_t>{257, 300}, std::vector<int64_t>{256, 512}}) {
     for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
@@ -165,7 +209,7 @@ TEST(Cuda, SwigluKernelEqualsLibTorchsOps) {
       const auto g = (torch::randn(shape) * 4).to(dtype), u = torch::randn(shape).to(dtype);
       const auto up = torch::randn(shape).to(dtype);
       auto f = [](std::vector<torch::Tensor>& in) { return swiglu(in[0], in[1]); };
-      const auto gpu = run_on(kCuda, f, {g, u}, up);
+      const auto gpu = run_on_kernels(f, {g, u}, up);
       const auto cpu = run_on(torch::kCPU, f, {g, u}, up);
       const std::string what = std::to_string(shape[1]) + " columns, " + std::string(c10::toString(dtype)) + ": ";
       const double rel = rel_for(dtype);
@@ -178,8 +222,8 @@ TEST(Cuda, SwigluKernelEqualsLibTorchsOps) {
   }
 }
 
-TEST(Cuda, SwigluDownRemakesTheProductInTheGradientsPass) {
-  SKIP_WITHOUT_CUDA();
+KERNEL_TEST(SwigluDownRemakesTheProductInTheGradientsPass) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
   // On CUDA the backward remakes the product in the pass that makes the gate's gradient
   // (over the product's gradient) and up's; on the CPU LibTorch's ops. 129 x 300 elements:
   // no whole number of bf16 packs, one at a time; 129 x 512: packs. The weight is fp32,
@@ -192,7 +236,7 @@ TEST(Cuda, SwigluDownRemakesTheProductInTheGradientsPass) {
       const auto w = torch::randn({out_features, cols}) / std::sqrt(static_cast<double>(cols));
       const auto up = torch::randn({3, 43, out_features}).to(dtype);
       auto f = [](std::vector<torch::Tensor>& in) { return swiglu_down(in[0], in[1], in[2]); };
-      const auto gpu = run_on(kCuda, f, {g, u, w}, up);
+      const auto gpu = run_on_kernels(f, {g, u, w}, up);
       const auto cpu = run_on(torch::kCPU, f, {g, u, w}, up);
       const std::string what = std::to_string(cols) + " columns, " + std::string(c10::toString(dtype)) + ": ";
       // Counted in roundings to the element type, each within half a step of its value
@@ -219,8 +263,8 @@ TEST(Cuda, SwigluDownRemakesTheProductInTheGradientsPass) {
   }
 }
 
-TEST(Cuda, RotaryKernelEqualsLibTorchsOpsOnTheAttentionsLayout) {
-  SKIP_WITHOUT_CUDA();
+KERNEL_TEST(RotaryKernelEqualsLibTorchsOpsOnTheAttentionsLayout) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
   // A head of 64: its halves are whole packs; of 20: one pair at a time.
   for (const int64_t hd : {64, 20})
     for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
@@ -235,7 +279,7 @@ TEST(Cuda, RotaryKernelEqualsLibTorchsOpsOnTheAttentionsLayout) {
       auto f = [&](std::vector<torch::Tensor>& in) {
         return rotary(in[0].transpose(1, 2), cos.to(in[0].device()), sin.to(in[0].device()));
       };
-      const auto gpu = run_on(kCuda, f, {x}, up);
+      const auto gpu = run_on_kernels(f, {x}, up);
       const auto cpu = run_on(torch::kCPU, f, {x}, up);
       const double rel = rel_for(dtype);
       // Each output is a c + b s of one pair: scale by |a| + |b|.
@@ -248,21 +292,21 @@ TEST(Cuda, RotaryKernelEqualsLibTorchsOpsOnTheAttentionsLayout) {
     }
 }
 
-TEST(Cuda, CrossEntropyKernelEqualsLibTorchsOpsInTheFusedLoss) {
-  SKIP_WITHOUT_CUDA();
+KERNEL_TEST(CrossEntropyKernelEqualsLibTorchsOpsInTheFusedLoss) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
   // A vocabulary of 5000: rows of whole packs; of 4999: an element at a time.
   for (const int64_t v : {5000, 4999})
     for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
       torch::manual_seed(14);
-      const int64_t n = 300, d = 64;
+      const int64_t n = kLossRows, d = 64;
       const auto h = (torch::randn({n, d}) * 0.3).to(dtype), w = (torch::randn({v, d}) * 0.3).to(dtype);
       const auto targets = torch::randint(0, v, {n}, torch::kInt64);
-      // Chunks of 128 rows: two whole, one part.
+      // Chunks of 128 rows: whole ones and a part.
       auto f = [&](std::vector<torch::Tensor>& in) {
         return linear_cross_entropy(in[0], in[1], targets.to(in[0].device()), {}, 128);
       };
       const auto up = torch::full({}, 3.0);
-      const auto gpu = run_on(kCuda, f, {h, w}, up);
+      const auto gpu = run_on_kernels(f, {h, w}, up);
       const auto cpu = run_on(torch::kCPU, f, {h, w}, up);
       EXPECT_EQ(gpu.out.scalar_type(), torch::kFloat32) << "vocabulary " << v;
       // cuBLAS and the CPU's bf16 products may round a logit to neighbouring bf16 values
@@ -287,21 +331,26 @@ TEST(Cuda, CrossEntropyKernelEqualsLibTorchsOpsInTheFusedLoss) {
     }
 }
 
-TEST(Cuda, CrossEntropyKernelGivesNaNForATargetOutsideTheVocabulary) {
-  SKIP_WITHOUT_CUDA();
+KERNEL_TEST(CrossEntropyKernelGivesNaNForATargetOutsideTheVocabulary) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
   auto logits = torch::randn({2, 10}, torch::TensorOptions(kCuda));
-  const auto loss = cross_entropy_rows_(logits, torch::tensor({3, 10}, torch::kInt64).to(kCuda), false).to(torch::kCPU);
+  const auto loss = on_kernels([&] {
+    return cross_entropy_rows_(logits, torch::tensor({3, 10}, torch::kInt64).to(kCuda), false).to(torch::kCPU);
+  });
   EXPECT_TRUE(std::isfinite(loss[0].item<float>()));
   EXPECT_TRUE(std::isnan(loss[1].item<float>()));
 }
 
+#ifndef TIDE_CUDA_EMULATION
+// (The emulation build has no optimizer: tests/kernels/adamw_kernel_test.cpp checks the
+// kernel itself against the host kernel there.)
 // tide's AdamW kernel against the host kernel: one launch over ranges whose offsets allow
 // 16-byte moves and one whose do not, across chunk boundaries, decayed and plain; clipped,
 // skipped, and with the rate a device scalar. Each operation is rounded as the host
 // rounds it (neither contracts a multiply-add; the step's factors are formed in double
 // by both): the same bits. The working copy it writes is the result, cast.
-TEST(Cuda, AdamWKernelGivesTheHostKernelsBitsAndWritesTheWorkingCopy) {
-  SKIP_WITHOUT_CUDA();
+KERNEL_TEST(AdamWKernelGivesTheHostKernelsBitsAndWritesTheWorkingCopy) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
   const int64_t n = 200003;
   // The first range 16 bytes at a time, ending past a multiple of 4; the second one
   // element at a time; the third aligned again, over two chunks.
@@ -364,6 +413,8 @@ TEST(Cuda, AdamWKernelGivesTheHostKernelsBitsAndWritesTheWorkingCopy) {
   EXPECT_EQ(cuda.steps_taken(), 4);
   EXPECT_EQ(host.steps_taken(), 4);
 }
+
+#endif
 
 }  // namespace
 }  // namespace tide

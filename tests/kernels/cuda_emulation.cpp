@@ -4,6 +4,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -93,7 +94,10 @@ struct Warp {
   int lanes = 0;  // threads of the block in this warp (the last may be partial)
   int live = 0;
   Barrier barrier;
-  std::uint64_t slots[kWarpSize] = {};
+  // The lanes' values of the last two shuffles: a lane writes one while others may still
+  // read the other, and cannot come back to the first before every lane has read it (it
+  // waits at the next shuffle for them): one barrier a shuffle.
+  std::uint64_t slots[2][kWarpSize] = {};
 };
 
 // A block's threads as fibers (ucontext) on the calling host thread, run in rounds: a
@@ -129,6 +133,7 @@ class Block {
     for (int t = 0; t < threads_; ++t) {
       Fiber& f = fibers_[static_cast<std::size_t>(t)];
       f.state = State::runnable;
+      f.shuffles = 0;
       getcontext(&f.context);
       f.context.uc_stack.ss_sp = stacks_ + kFiberStack * static_cast<std::size_t>(t);
       f.context.uc_stack.ss_size = kFiberStack;
@@ -174,11 +179,10 @@ class Block {
       fail("a shuffle over the whole warp at line " + std::to_string(line) + " with " + std::to_string(w.live) +
            " lanes live");
     if (lane_mask < 0 || lane_mask >= kWarpSize) fail("a shuffle's lane mask " + std::to_string(lane_mask));
-    w.slots[lane] = bits;
+    auto& slots = w.slots[fibers_[static_cast<std::size_t>(current_)].shuffles++ % 2];
+    slots[lane] = bits;
     arrive(w.barrier, w.live, line, "shuffle");
-    const std::uint64_t other = w.slots[lane ^ lane_mask];
-    arrive(w.barrier, w.live, line, "shuffle");  // no lane writes its slot again before all have read
-    return other;
+    return slots[lane ^ lane_mask];
   }
 
   const Place& place() const { return place_; }
@@ -190,6 +194,7 @@ class Block {
     ucontext_t context;
     State state = State::runnable;
     const Barrier* waiting_at = nullptr;
+    std::uint64_t shuffles = 0;  // this lane's shuffles so far: which slots it writes
   };
 
   static thread_local Block* running_;
@@ -352,6 +357,14 @@ Block& running_block() {
 }
 
 }  // namespace
+
+namespace {
+std::atomic<bool> take_cpu_tensors{false};  // autograd may run a backward on another thread
+}  // namespace
+
+bool kernels_take_cpu_tensors() { return take_cpu_tensors; }
+EmulatedKernelsScope::EmulatedKernelsScope() : before_(take_cpu_tensors) { take_cpu_tensors = true; }
+EmulatedKernelsScope::~EmulatedKernelsScope() { take_cpu_tensors = before_; }
 
 const Place& place() { return running_block().place(); }
 void sync_block(int line) { running_block().sync_block(line); }

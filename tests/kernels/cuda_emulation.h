@@ -105,6 +105,19 @@ std::uint64_t shuffle_xor(std::uint64_t bits, int lane_mask, int line);
 void* dynamic_shared();
 // Sets the largest dynamic shared memory `kernel` may launch with (default 48 KiB).
 void set_max_dynamic_shared(const void* kernel, int bytes);
+// Whether tide's fused ops hand the CPU's tensors to the emulated kernels (the glue of
+// engine/src/model, built for the emulation: cuda_kernel_args.h); off unless a scope is open.
+bool kernels_take_cpu_tensors();
+class EmulatedKernelsScope {
+ public:
+  EmulatedKernelsScope();
+  ~EmulatedKernelsScope();
+  EmulatedKernelsScope(const EmulatedKernelsScope&) = delete;
+  EmulatedKernelsScope& operator=(const EmulatedKernelsScope&) = delete;
+
+ private:
+  bool before_;
+};
 // Runs `thread` for every thread of every block of the grid.
 void run_grid(const void* kernel, dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& thread);
 

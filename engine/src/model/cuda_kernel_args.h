@@ -4,9 +4,15 @@
 
 #include "cuda_kernels_config.h"
 
-#ifdef TIDE_CUDA_KERNELS
+// TIDE_LAUNCHES_KERNELS: the fused ops call tide's kernels, on CUDA tensors (a CUDA build,
+// TIDE_CUDA_KERNELS) or, in the tests' emulation build (TIDE_CUDA_EMULATION, tests/kernels),
+// on the CPU's tensors while an EmulatedKernels scope is open.
+#if defined(TIDE_CUDA_EMULATION) || defined(TIDE_CUDA_KERNELS)
+#define TIDE_LAUNCHES_KERNELS 1
 #include <ATen/core/Tensor.h>
+#ifndef TIDE_CUDA_EMULATION
 #include <ATen/cuda/CUDAContext.h>
+#endif
 
 #include "fused_kernels.h"
 
@@ -21,9 +27,15 @@ inline kernels::Element element_of(const at::Tensor& t) {
   }
 }
 
+#ifdef TIDE_CUDA_EMULATION
+inline bool on_kernel_device(const at::Tensor& t) { return t.is_cpu() && cuda_emulation::kernels_take_cpu_tensors(); }
+inline cudaStream_t stream_of(const at::Tensor&) { return nullptr; }
+#else
+inline bool on_kernel_device(const at::Tensor& t) { return t.is_cuda(); }
 inline cudaStream_t stream_of(const at::Tensor& t) {
   return at::cuda::getCurrentCUDAStream(t.device().index()).stream();
 }
+#endif
 
 }  // namespace tide
 #endif

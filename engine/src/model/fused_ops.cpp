@@ -66,7 +66,7 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
 // --- SwiGLU ---------------------------------------------------------------------------
 // silu(g) = g s with s = sigmoid(g): d_gate = d u silu'(g), d_up = d silu(g).
 at::Tensor swiglu_values(const at::Tensor& gate, const at::Tensor& up) {
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
   if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
     const auto g = gate.contiguous(), u = up.contiguous();
     auto out = at::empty_like(g);
@@ -78,7 +78,7 @@ at::Tensor swiglu_values(const at::Tensor& gate, const at::Tensor& up) {
 }
 
 variable_list swiglu_gradients(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& d) {
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
   if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
     const auto g = gate.contiguous(), u = up.contiguous();
     const auto dc = d.to(g.scalar_type()).contiguous();
@@ -123,7 +123,7 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
     const auto saved = ctx->get_saved_variables();
     const auto &gate = saved[0], &up = saved[1], &weight = saved[2];
     const auto dy = grads[0].reshape({-1, grads[0].size(-1)});
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
     if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type())
       return remake_in_one_pass(gate, up, weight, dy);
 #endif
@@ -138,7 +138,7 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
     return d;
   }
 
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
   // On CUDA one pass over the width reads gate, up and the product's gradient and writes
   // the product again beside the gate's gradient (over the product's gradient, in place)
   // and up's: two reads of the width fewer than remaking the product on its own, and as
@@ -223,7 +223,7 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
 at::Tensor rotary_kernel(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
   const auto x = x_in.stride(-1) == 1 ? x_in : x_in.contiguous();
   const auto c = cos.to(x.scalar_type()).contiguous(), s = sin.to(x.scalar_type()).contiguous();
@@ -242,7 +242,7 @@ at::Tensor rotary_kernel(const at::Tensor& x_in, const at::Tensor& cos, const at
 struct RotaryFn : torch::autograd::Function<RotaryFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
     if (fused_kernels_take(x) && x.dim() == 4) return rotary_kernel(x, cos, sin, /*inverse=*/false);
 #endif
     return x * cos + rotate_half(x) * sin;
@@ -252,7 +252,7 @@ struct RotaryFn : torch::autograd::Function<RotaryFn> {
     const auto saved = ctx->get_saved_variables();
     const auto &cos = saved[0], &sin = saved[1];
     const auto& dy = grads[0];
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
     if (fused_kernels_take(dy) && dy.dim() == 4) return {rotary_kernel(dy, cos, sin, /*inverse=*/true), {}, {}};
 #endif
     return {dy * cos - rotate_half(dy * sin), at::Tensor(), at::Tensor()};
@@ -262,9 +262,9 @@ struct RotaryFn : torch::autograd::Function<RotaryFn> {
 }  // namespace
 
 bool fused_kernels_take(const at::Tensor& x) {
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
   const auto t = x.scalar_type();
-  return x.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
+  return on_kernel_device(x) && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf);
 #else
   (void)x;
   return false;
@@ -313,7 +313,7 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 at::Tensor cross_entropy_rows_(at::Tensor& logits, const at::Tensor& targets, bool gradient) {
   TORCH_CHECK(fused_kernels_take(logits) && logits.dim() == 2 && logits.is_contiguous(),
               "cross_entropy_rows_: contiguous CUDA logits [rows, V] in fp32, bf16 or fp16 expected");
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
   const auto t = targets.to(at::kLong).contiguous();
   auto loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
   kernels::cross_entropy_rows(logits.data_ptr(), t.const_data_ptr<int64_t>(), loss.data_ptr<float>(), logits.size(0),

@@ -16,7 +16,7 @@ at::ScalarType statistics_dtype(const at::Tensor& x) {
 std::pair<at::Tensor, NormState> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps) {
   NormState s;
   s.weight_dtype = weight.scalar_type();
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
   if (fused_kernels_take(x)) {
     s.x = x.contiguous();  // the kernel keeps x as given
     s.weight = weight.to(at::kFloat).contiguous();
@@ -59,7 +59,7 @@ NormGradients norm_backward(const at::Tensor& dy, const NormState& s, const at::
     return {dx, dw.to(s.weight_dtype), db.defined() ? db.to(s.bias_dtype) : db};
   }
   // RMSNorm: dw = sum_rows(g x r); dx = r (g w - x r^2 mean(g w x)).
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
   if (fused_kernels_take(x)) {  // what forward kept decides: the kernel keeps x as given
     const auto g = dy.to(x.scalar_type()).contiguous();
     const int64_t cols = x.size(-1), rows = x.numel() / cols;

@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <torch/version.h>
 
 namespace tide {
