@@ -40,6 +40,11 @@ __global__ void waits_for_a_lane_at_the_block_barrier(int*) {
     __shfl_xor_sync(0xffffffffu, 1, 1);
 }
 
+__global__ void shuffles_after_lanes_exit(int*) {
+  if (threadIdx.x % 2) return;
+  __shfl_xor_sync(0xffffffffu, 1, 2);
+}
+
 __global__ void diverges(int*) {
   if (threadIdx.x % 2)
     __syncthreads();
@@ -86,6 +91,9 @@ TEST(CudaEmulation, UndefinedBarriersFailTheLaunch) {
   EXPECT_NE(deadlock.find("deadlock"), std::string::npos) << deadlock;
   const auto divergent = launch_error(diverges, 64);
   EXPECT_NE(divergent.find("divergent __syncthreads"), std::string::npos) << divergent;
+  const auto exited = launch_error(shuffles_after_lanes_exit, 64);
+  EXPECT_NE(exited.find("a shuffle over the whole warp"), std::string::npos)
+      << exited;  // however many have exited by then
   // The same barrier also passes when every thread stands at it.
   EXPECT_EQ(launch_error(neighbours, 256), "");
 }

@@ -57,27 +57,17 @@ const char* element_name() {
     return "fp32";
 }
 
-// The relative error of rounding an fp32 result to T (none for fp32 itself).
-template <typename T>
-constexpr double rounding_of() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return 1.0 / 256;
-  else if constexpr (std::is_same_v<T, __half>)
-    return 1.0 / 2048;
-  else
-    return 0.0;
-}
-
-// The error of storing an fp32 result near `exact` as T: half a step, relative to the
-// value among normal numbers, absolute among the subnormals (fp16's begin at 2^-14).
+// The error of storing an fp32 result near `exact` as T (none for fp32 itself): half a
+// step, relative to the value among normal numbers (2^-8 for bf16, 2^-11 for fp16),
+// absolute among the subnormals (fp16's begin at 2^-14).
 template <typename T>
 double storage_error(double exact) {
-  double underflow = 0;
   if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    underflow = std::ldexp(1.0, -134);
+    return std::abs(exact) / 256 + std::ldexp(1.0, -134);
   else if constexpr (std::is_same_v<T, __half>)
-    underflow = std::ldexp(1.0, -25);
-  return rounding_of<T>() * std::abs(exact) + underflow;
+    return std::abs(exact) / 2048 + std::ldexp(1.0, -25);
+  else
+    return 0.0;
 }
 
 // n values ~ N(0, scale^2), already rounded to T.

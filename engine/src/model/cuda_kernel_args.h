@@ -6,7 +6,8 @@
 
 // TIDE_LAUNCHES_KERNELS: the fused ops call tide's kernels, on CUDA tensors (a CUDA build,
 // TIDE_CUDA_KERNELS) or, in the tests' emulation build (TIDE_CUDA_EMULATION, tests/kernels),
-// on the CPU's tensors while an EmulatedKernels scope is open.
+// on the CPU's tensors while an EmulatedKernelsScope is open (optim/ and train/ launch
+// only on CUDA: TIDE_CUDA_KERNELS).
 #if defined(TIDE_CUDA_EMULATION) || defined(TIDE_CUDA_KERNELS)
 #define TIDE_LAUNCHES_KERNELS 1
 #include <ATen/core/Tensor.h>
