@@ -19,11 +19,11 @@
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/linear_cross_entropy.h"
+#include "tide/engine/optim/adamw.h"
 #ifdef TIDE_CUDA_EMULATION
 #include "cuda_emulation.h"
 #else
 #include "cuda_skip.h"
-#include "tide/engine/optim/adamw.h"
 #endif
 
 namespace tide {
@@ -42,6 +42,8 @@ constexpr int64_t kNormRows = 3000, kNormedRows = 256, kLossRows = 300;
 #define KERNEL_TEST(name) TEST(EmulatedCuda, name)
 #define SKIP_WITHOUT_KERNEL_DEVICE() (void)0
 const torch::Device kCuda(torch::kCPU);
+// While one is open, the fused ops and AdamW hand the CPU's tensors to the emulated kernels.
+using KernelDeviceScope = cuda_emulation::EmulatedKernelsScope;
 // Runs f with the fused ops handing the CPU's tensors to the emulated kernels.
 template <typename F>
 auto on_kernels(F f) {
@@ -52,6 +54,7 @@ auto on_kernels(F f) {
 #define KERNEL_TEST(name) TEST(Cuda, name)
 #define SKIP_WITHOUT_KERNEL_DEVICE() SKIP_WITHOUT_CUDA()
 const torch::Device kCuda(torch::kCUDA, 0);
+struct KernelDeviceScope {};
 template <typename F>
 auto on_kernels(F f) {
   return f();
@@ -341,9 +344,6 @@ KERNEL_TEST(CrossEntropyKernelGivesNaNForATargetOutsideTheVocabulary) {
   EXPECT_TRUE(std::isnan(loss[1].item<float>()));
 }
 
-#ifndef TIDE_CUDA_EMULATION
-// (The emulation build has no optimizer: tests/kernels/adamw_kernel_test.cpp checks the
-// kernel itself against the host kernel there.)
 // tide's AdamW kernel against the host kernel: one launch over ranges whose offsets allow
 // 16-byte moves and one whose do not, across chunk boundaries, decayed and plain; clipped,
 // skipped, and with the rate a device scalar. Each operation is rounded as the host
@@ -362,10 +362,11 @@ KERNEL_TEST(AdamWKernelGivesTheHostKernelsBitsAndWritesTheWorkingCopy) {
   o.beta2 = 0.95;
   o.eps = 1e-8;
   torch::manual_seed(21);
+  [[maybe_unused]] const KernelDeviceScope kernel_device;
   auto p_host = torch::randn({n});
-  auto p_cuda = p_host.to(kCuda);
+  auto p_cuda = p_host.to(kCuda, /*non_blocking=*/false, /*copy=*/true);  // kCuda is the CPU in the emulation
   auto g_host = torch::zeros({n});
-  auto g_cuda = g_host.to(kCuda);
+  auto g_cuda = g_host.to(kCuda, /*non_blocking=*/false, /*copy=*/true);
   AdamW host(p_host, g_host, segments, o, false, AdamWKernel::host);
   AdamW cuda(p_cuda, g_cuda, segments, o, false, AdamWKernel::device);
   ASSERT_TRUE(cuda.runs_on_device());
@@ -413,8 +414,6 @@ KERNEL_TEST(AdamWKernelGivesTheHostKernelsBitsAndWritesTheWorkingCopy) {
   EXPECT_EQ(cuda.steps_taken(), 4);
   EXPECT_EQ(host.steps_taken(), 4);
 }
-
-#endif
 
 }  // namespace
 }  // namespace tide

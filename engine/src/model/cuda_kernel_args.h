@@ -4,10 +4,10 @@
 
 #include "cuda_kernels_config.h"
 
-// TIDE_LAUNCHES_KERNELS: the fused ops call tide's kernels, on CUDA tensors (a CUDA build,
-// TIDE_CUDA_KERNELS) or, in the tests' emulation build (TIDE_CUDA_EMULATION, tests/kernels),
-// on the CPU's tensors while an EmulatedKernelsScope is open (optim/ and train/ launch
-// only on CUDA: TIDE_CUDA_KERNELS).
+// TIDE_LAUNCHES_KERNELS: the fused ops and AdamW call tide's kernels, on CUDA tensors (a
+// CUDA build, TIDE_CUDA_KERNELS) or, in the tests' emulation build (TIDE_CUDA_EMULATION,
+// tests/kernels), on the CPU's tensors while an EmulatedKernelsScope is open (train/'s
+// CUDA graphs exist only on CUDA: TIDE_CUDA_KERNELS).
 #if defined(TIDE_CUDA_EMULATION) || defined(TIDE_CUDA_KERNELS)
 #define TIDE_LAUNCHES_KERNELS 1
 #include <ATen/core/Tensor.h>

@@ -14,6 +14,20 @@
 #include "tide/engine/model/compute_dtype.h"
 
 namespace tide {
+namespace {
+
+// Whether tide's AdamW kernel can take t: a CUDA tensor in a build with the kernels (or
+// a CPU one in the tests' emulation of them, cuda_kernel_args.h).
+bool on_own_kernel_device(const torch::Tensor& t) {
+#ifdef TIDE_LAUNCHES_KERNELS
+  return on_kernel_device(t);
+#else
+  (void)t;
+  return false;
+#endif
+}
+
+}  // namespace
 
 UpdateGate gate_update(const torch::Tensor& norm, double max_norm, const torch::Tensor& skip) {
   torch::NoGradGuard no_grad;
@@ -53,16 +67,11 @@ AdamW::AdamW(torch::Tensor params, torch::Tensor grads, std::vector<OptimSegment
   v_ = torch::zeros({n}, opts);
   TORCH_CHECK(!(offload && (kernel == AdamWKernel::fused || kernel == AdamWKernel::device)),
               "AdamW: offload runs the host kernel, not a device one");
-#ifdef TIDE_CUDA_KERNELS
-  const bool own_kernel_built = true;
-#else
-  const bool own_kernel_built = false;
-#endif
   fused_ = kernel == AdamWKernel::fused || kernel == AdamWKernel::device ||
            (kernel == AdamWKernel::automatic && !offload && !params_.is_cpu());
-  own_kernel_ = kernel == AdamWKernel::device ||
-                (kernel == AdamWKernel::automatic && fused_ && params_.is_cuda() && own_kernel_built);
-  TORCH_CHECK(!own_kernel_ || (own_kernel_built && params_.is_cuda() && grads_.is_cuda()),
+  own_kernel_ =
+      kernel == AdamWKernel::device || (kernel == AdamWKernel::automatic && fused_ && on_own_kernel_device(params_));
+  TORCH_CHECK(!own_kernel_ || (on_own_kernel_device(params_) && on_own_kernel_device(grads_)),
               "AdamW: tide's kernel takes CUDA buffers in a build with tide's CUDA kernels; the parameters are on ",
               params_.device());
   if (fused_) {
@@ -241,7 +250,7 @@ void AdamW::fused_step(const Lr& lr, const UpdateGate& gate) {
 // addresses decide, which a shard's view need not have at a multiple of 16 bytes. The
 // working copy's four bf16 need the parameter offset a multiple of 4.
 void AdamW::lay_out_kernel_ranges() {
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
   const auto aligned = [](const torch::Tensor& t, int64_t offset) {
     return reinterpret_cast<std::uintptr_t>(t.data_ptr<float>() + offset) % 16 == 0;
   };
@@ -258,7 +267,9 @@ void AdamW::lay_out_kernel_ranges() {
   std::vector<kernels::AdamWChunk> chunks(static_cast<size_t>(kernels::adamw_chunks(ranges.data(), n_ranges, nullptr)));
   kernel_chunk_count_ = kernels::adamw_chunks(ranges.data(), n_ranges, chunks.data());
   const auto to_device = [&](const void* data, size_t bytes) {
-    return torch::from_blob(const_cast<void*>(data), {static_cast<int64_t>(bytes)}, torch::kUInt8).to(params_.device());
+    // A copy even on the host (the emulation's device): the vectors go with this call.
+    return torch::from_blob(const_cast<void*>(data), {static_cast<int64_t>(bytes)}, torch::kUInt8)
+        .to(params_.device(), /*non_blocking=*/false, /*copy=*/true);
   };
   kernel_ranges_ = to_device(ranges.data(), ranges.size() * sizeof(kernels::AdamWRange));
   kernel_chunks_ = to_device(chunks.data(), chunks.size() * sizeof(kernels::AdamWChunk));
@@ -268,7 +279,7 @@ void AdamW::lay_out_kernel_ranges() {
 
 void AdamW::own_kernel_step(const torch::Tensor& lr, const std::optional<torch::Tensor>& grad_factor,
                             const std::optional<torch::Tensor>& skip) {
-#ifdef TIDE_CUDA_KERNELS
+#ifdef TIDE_LAUNCHES_KERNELS
   // The buffers of a ZeRO shard may be made anew: the ranges' alignment is theirs.
   if (kernel_bases_ != std::make_pair<const void*, const void*>(params_.data_ptr(), grads_.data_ptr()))
     lay_out_kernel_ranges();
