@@ -13,12 +13,13 @@ namespace {
 struct Case {
   int64_t rows, cols;
   bool with_add;
-  int offset;  // elements the activations start past an aligned address (1: no 16-byte packs)
+  int offset;        // elements the activations start past an aligned address (1: no 16-byte packs)
+  int w_offset = 0;  // the same for the weight (1: the warp path's 16-byte weight loads cannot be)
 };
 
 std::string describe(const Case& c, const char* element) {
   return std::string(element) + " " + std::to_string(c.rows) + "x" + std::to_string(c.cols) +
-         (c.with_add ? " +add" : "") + (c.offset ? " unaligned" : "");
+         (c.with_add ? " +add" : "") + (c.offset ? " unaligned" : "") + (c.w_offset ? " unaligned weight" : "");
 }
 
 template <typename T>
@@ -37,14 +38,16 @@ void check_rms_norm(const Case& c) {
   T* y = y_buf.data() + c.offset;
   T* dx = dx_buf.data() + c.offset;
   const auto w_values = random_values<float>(static_cast<std::size_t>(c.cols), 4);
-  std::vector<float> w(w_values.begin(), w_values.end()), rstd(static_cast<std::size_t>(c.rows));
+  std::vector<float> w_buf(static_cast<std::size_t>(c.w_offset)), rstd(static_cast<std::size_t>(c.rows));
+  w_buf.insert(w_buf.end(), w_values.begin(), w_values.end());
+  const float* w = w_buf.data() + c.w_offset;
   const int64_t partials = rms_norm_partials(c.rows);
   std::vector<float> dw_partial(static_cast<std::size_t>(partials * c.cols));
 
-  rms_norm_forward(x, w.data(), y, rstd.data(), c.rows, c.cols, eps, element_of<T>(), nullptr);
-  rms_norm_backward(dy, x, w.data(), rstd.data(), add, dx, dw_partial.data(), c.rows, c.cols, element_of<T>(), nullptr);
+  rms_norm_forward(x, w, y, rstd.data(), c.rows, c.cols, eps, element_of<T>(), nullptr);
+  rms_norm_backward(dy, x, w, rstd.data(), add, dx, dw_partial.data(), c.rows, c.cols, element_of<T>(), nullptr);
 
-  const auto xd = as_double(x, n), gd = as_double(dy, n), wd = as_double(w);
+  const auto xd = as_double(x, n), gd = as_double(dy, n), wd = as_double(w, static_cast<std::size_t>(c.cols));
   const auto ad = add ? as_double(add, n) : std::vector<double>(n, 0.0);
   std::vector<double> y_want(n), y_bound(n), r_want(c.rows), r_bound(c.rows), dx_want(n), dx_bound(n);
   std::vector<double> dw_want(c.cols, 0.0), dw_scale(c.cols, 0.0);
@@ -116,6 +119,7 @@ TEST(EmulatedKernels, RmsNormBlockPathForWideAndUnalignedRows) {
   check_rms_norm<float>({40, 2500, true, 0});           // over 1024 fp32 a row
   check_rms_norm<__nv_bfloat16>({33, 1000, true, 1});   // rows not at 16-byte addresses
   check_rms_norm<__nv_bfloat16>({12, 1003, false, 0});  // rows not whole packs
+  check_rms_norm<float>({9, 512, true, 0, 1});          // a weight not at a 16-byte address
 }
 
 TEST(EmulatedKernels, RmsNormWeightGradientOverFortyEightKibibytesOfSharedMemory) {

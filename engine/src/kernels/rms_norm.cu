@@ -14,6 +14,23 @@ constexpr int64_t kMaxPartials = 1024;
 // rows of up to 32 x 8 x 8 = 2048 bf16 (1024 fp32) elements take the warp path.
 constexpr int kMaxLanePacks = 8;
 
+// The fp32 weights of one pack of V elements, V / 4 16-byte loads: V 4-byte ones (lanes
+// 4V bytes apart) made each of a warp's loads touch 32 sectors for 128 bytes, per pack
+// and per pass, more L1 traffic than the rows' own. The warp path takes a 16-byte-aligned
+// w (the fused ops make it so, norms.cpp).
+template <int V>
+__device__ __forceinline__ void load_weights(const float* __restrict__ w, int c, float (&out)[V]) {
+  static_assert(V % 4 == 0, "a pack is whole float4s of weights");
+#pragma unroll
+  for (int q = 0; q < V / 4; ++q) {
+    const float4 f = *reinterpret_cast<const float4*>(w + c + 4 * q);
+    out[4 * q] = f.x;
+    out[4 * q + 1] = f.y;
+    out[4 * q + 2] = f.z;
+    out[4 * q + 3] = f.w;
+  }
+}
+
 template <typename T>
 __global__ void rms_norm_forward_kernel(const T* __restrict__ x, const float* __restrict__ w, T* __restrict__ y,
                                         float* __restrict__ rstd, int64_t cols, float eps) {
@@ -53,9 +70,11 @@ __global__ void rms_norm_forward_warp(const T* __restrict__ x, const float* __re
   if (lane == 0) rstd[row] = r;
   for (int c = lane * V; c < cols; c += kWarp * V) {
     const Pack<T> p = load_pack(xr + c);
+    float wk[V];
+    load_weights(w, c, wk);
     Pack<T> o;
 #pragma unroll
-    for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(to_float(p.v[k]) * r * w[c + k]);
+    for (int k = 0; k < V; ++k) o.v[k] = from_float<T>(to_float(p.v[k]) * r * wk[k]);
     store_pack(yr + c, o);
   }
 }
@@ -101,9 +120,10 @@ __global__ void rms_norm_backward_kernel(const T* __restrict__ dy, const T* __re
 // lane holds at most, the fewest that cover the row, so that a narrow row keeps fewer
 // registers (8 packs of bf16 take about 120 a thread, a quarter of the SM's warps).
 template <typename T, int P>
-__global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
-                                       const float* __restrict__ rstd, const T* __restrict__ dx_add, T* __restrict__ dx,
-                                       float* __restrict__ dw_partial, int64_t rows, int cols, int64_t rows_per_block) {
+__global__ void __launch_bounds__(kThreads, P <= 4 ? 3 : 2)
+    rms_norm_backward_warp(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ w,
+                           const float* __restrict__ rstd, const T* __restrict__ dx_add, T* __restrict__ dx,
+                           float* __restrict__ dw_partial, int64_t rows, int cols, int64_t rows_per_block) {
   constexpr int V = Pack<T>::kSize;
   TIDE_DYNAMIC_SHARED(float, dw);  // [cols]
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
@@ -124,10 +144,12 @@ __global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __rest
       const int c = (lane + j * kWarp) * V;
       if (c >= cols) break;
       const Pack<T> xp = load_pack(xr + c), gp = load_pack(dyr + c);
+      float wk[V];
+      load_weights(w, c, wk);
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         const float xn = to_float(xp.v[k]) * r, g = to_float(gp.v[k]);
-        dot += g * w[c + k] * xn;
+        dot += g * wk[k] * xn;
         mine[j][k] += g * xn;
       }
     }
@@ -139,9 +161,11 @@ __global__ void rms_norm_backward_warp(const T* __restrict__ dy, const T* __rest
       const int c = (lane + j * kWarp) * V;
       if (c >= cols) break;
       const Pack<T> xp = load_pack(xr + c), gp = load_pack(dyr + c);
+      float wk[V];
+      load_weights(w, c, wk);
       float d[V];
 #pragma unroll
-      for (int k = 0; k < V; ++k) d[k] = r * (to_float(gp.v[k]) * w[c + k] - to_float(xp.v[k]) * r * mean_dot);
+      for (int k = 0; k < V; ++k) d[k] = r * (to_float(gp.v[k]) * wk[k] - to_float(xp.v[k]) * r * mean_dot);
       if (addr) {
         const Pack<T> ap = load_pack(addr + c);
 #pragma unroll
@@ -187,7 +211,7 @@ void rms_norm_forward(const void* x, const float* w, void* y, float* rstd, int64
     using T = decltype(t);
     const auto* xs = static_cast<const T*>(x);
     auto* ys = static_cast<T*>(y);
-    if (warp_rows<T>(cols, {x, y})) {
+    if (warp_rows<T>(cols, {x, w, y})) {
       const auto blocks = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
       launch(rms_norm_forward_warp<T>, blocks, kThreads, 0, stream, xs, w, ys, rstd, rows, static_cast<int>(cols), eps);
     } else {
@@ -209,7 +233,7 @@ void rms_norm_backward(const void* dy, const void* x, const float* w, const floa
     const auto* xs = static_cast<const T*>(x);
     auto* dxs = static_cast<T*>(dx);
     const auto* adds = static_cast<const T*>(dx_add);
-    if (warp_rows<T>(cols, {dy, x, dx}) && (!dx_add || packable({dx_add}))) {
+    if (warp_rows<T>(cols, {dy, x, w, dx}) && (!dx_add || packable({dx_add}))) {
       const int64_t lane_packs = (cols + kWarp * Pack<T>::kSize - 1) / (kWarp * Pack<T>::kSize);
       auto kernel = lane_packs <= 1   ? rms_norm_backward_warp<T, 1>
                     : lane_packs <= 2 ? rms_norm_backward_warp<T, 2>

@@ -10,6 +10,8 @@
 // CUDA graphs exist only on CUDA: TIDE_CUDA_KERNELS).
 #if defined(TIDE_CUDA_EMULATION) || defined(TIDE_CUDA_KERNELS)
 #define TIDE_LAUNCHES_KERNELS 1
+#include <cstdint>
+
 #include <ATen/core/Tensor.h>
 #ifndef TIDE_CUDA_EMULATION
 #include <ATen/cuda/CUDAContext.h>
@@ -26,6 +28,13 @@ inline kernels::Element element_of(const at::Tensor& t) {
     case at::kHalf: return kernels::Element::F16;
     default: TORCH_CHECK(false, "tide's CUDA kernels take fp32, bf16 or fp16, not ", t.scalar_type());
   }
+}
+
+// t where its data starts at a 16-byte boundary, else a copy that does (the caching
+// allocator's blocks do): for a small tensor a kernel reads in 16-byte loads, such as a
+// norm's weight, a view into the flat buffer at any offset.
+inline at::Tensor aligned_to_16_bytes(const at::Tensor& t) {
+  return reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0 ? t : t.clone();
 }
 
 #ifdef TIDE_CUDA_EMULATION

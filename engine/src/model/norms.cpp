@@ -19,7 +19,7 @@ std::pair<at::Tensor, NormState> rms_norm_forward(const at::Tensor& x, const at:
 #ifdef TIDE_LAUNCHES_KERNELS
   if (fused_kernels_take(x)) {
     s.x = x.contiguous();  // the kernel keeps x as given
-    s.weight = weight.to(at::kFloat).contiguous();
+    s.weight = aligned_to_16_bytes(weight.to(at::kFloat).contiguous());  // the warp path's 16-byte loads
     const int64_t cols = x.size(-1), rows = s.x.numel() / cols;
     auto y = at::empty_like(s.x);
     s.rstd = at::empty({rows}, x.options().dtype(at::kFloat));
