@@ -91,6 +91,8 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+// A store with the default (write-back) cache policy: a plain store here.
+inline void __stwb(uint4* p, uint4 v) { *p = v; }
 
 namespace tide::cuda_emulation {
 

@@ -45,16 +45,23 @@ __device__ __forceinline__ void write_copy(void* working, int64_t i, float p) {
   static_cast<W*>(working)[i] = from_float<W>(p);
 }
 
+// Four elements in one 8-byte store: as a struct of four (or through a cast to uint2) nvcc
+// splits them into narrower stores; their bits built into one 64-bit word it does not.
 template <typename W>
 __device__ __forceinline__ void write_copy4(void* working, int64_t i, float4 p) {
-  struct alignas(8) Four {
-    W v[4];
-  } f;
-  f.v[0] = from_float<W>(p.x);
-  f.v[1] = from_float<W>(p.y);
-  f.v[2] = from_float<W>(p.z);
-  f.v[3] = from_float<W>(p.w);
-  *reinterpret_cast<Four*>(static_cast<W*>(working) + i) = f;
+  W* at = static_cast<W*>(working) + i;
+  if constexpr (sizeof(W) == 4) {
+    *reinterpret_cast<float4*>(at) = p;
+  } else {
+    static_assert(sizeof(W) == 2, "a working copy's element is 2 or 4 bytes");
+    const auto bits = [](float v) {
+      const W w = from_float<W>(v);
+      uint16_t b;
+      memcpy(&b, &w, sizeof b);
+      return static_cast<uint64_t>(b);
+    };
+    *reinterpret_cast<uint64_t*>(at) = bits(p.x) | bits(p.y) << 16 | bits(p.z) << 32 | bits(p.w) << 48;
+  }
 }
 
 // W: the working copy's element (float where there is none: never written).

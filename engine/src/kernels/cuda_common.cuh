@@ -57,9 +57,12 @@ __device__ __forceinline__ Pack<T> load_pack(const T* p) {
   return r;
 }
 
+// One 16-byte store through CUDA's store intrinsic: a plain uint4 assignment was split by
+// nvcc into four 4-byte stores in RoPE's 64-bit-index kernel (its PTX), which the
+// 32-bit one stored whole.
 template <typename T>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T>& r) {
-  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&r);
+  __stwb(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&r));
 }
 
 // Whether every pointer is 16-byte aligned: where one is not, kernels take their
