@@ -3,6 +3,9 @@
 // weights' working copy in the compute dtype as it writes the weights. A block takes one
 // chunk of one range; a thread moves 16 bytes of each fp32 buffer at a time where the
 // range's offsets allow it.
+#include <cstdint>
+#include <cstring>
+
 #include "cuda_common.cuh"
 
 namespace tide::kernels {
