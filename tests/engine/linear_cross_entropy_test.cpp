@@ -37,6 +37,27 @@ TEST(LinearCrossEntropy, EqualsProjectionThenCrossEntropyInEveryChunking) {
   }
 }
 
+// Where the weight's .grad is there (a training run's flat buffer), the head's gradient is
+// scaled and summed into it in one pass; where it is not, autograd makes it. Both, over
+// two backward passes of upstream gradient 3, in two chunkings.
+TEST(LinearCrossEntropy, ASecondBackwardSumsTheHeadsGradientIntoItsGrad) {
+  torch::manual_seed(8);
+  const auto h0 = torch::randn({29, 12}, torch::kFloat64), w0 = torch::randn({41, 12}, torch::kFloat64);
+  const auto targets = torch::randint(0, 41, {29}, torch::kInt64);
+  const auto ref = reference(h0, w0, targets);
+  for (const int64_t chunk : {int64_t{0}, int64_t{4}}) {
+    auto h = h0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    (linear_cross_entropy(h, w, targets, {}, chunk) * 3.0).backward();  // .grad made by autograd
+    const auto first = w.grad().clone();
+    const void* storage = w.grad().data_ptr();
+    (linear_cross_entropy(h, w, targets, {}, chunk) * 3.0).backward();  // summed into it
+    EXPECT_EQ(w.grad().data_ptr(), storage) << "chunk " << chunk;
+    EXPECT_TRUE(torch::allclose(first, ref.grad_w, 1e-10, 1e-12)) << "chunk " << chunk;
+    EXPECT_TRUE(torch::allclose(w.grad(), ref.grad_w * 2, 1e-10, 1e-12)) << "chunk " << chunk;
+    EXPECT_TRUE(torch::allclose(h.grad(), ref.grad_h * 2, 1e-10, 1e-12)) << "chunk " << chunk;
+  }
+}
+
 TEST(LinearCrossEntropy, Float32MatchesWithinRounding) {
   torch::manual_seed(5);
   const auto h = torch::randn({64, 32}) * 4, w = torch::randn({1000, 32});

@@ -78,7 +78,11 @@ Gradients chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
   Gradients out;
   out.loss_sum = at::zeros({}, h.options().dtype(sum_type));
   if (want_h) out.h = at::empty_like(h, at::MemoryFormat::Contiguous);
-  if (want_weight) out.weight = at::zeros(weight.sizes(), weight.options().dtype(sum_type));
+  // The first chunk's product is written, not added: no zeroing pass over [V, D] first
+  // (zeros where there are no rows, so no chunk).
+  if (want_weight)
+    out.weight = n > 0 ? at::empty(weight.sizes(), weight.options().dtype(sum_type))
+                       : at::zeros(weight.sizes(), weight.options().dtype(sum_type));
   const auto weight_t = weight.t();
   const bool backward = want_h || want_weight;
   for (int64_t first_row = 0; first_row < n; first_row += chunk) {
@@ -94,7 +98,7 @@ Gradients chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
       auto rows_of_h = out.h.narrow(0, first_row, c);
       at::mm_out(rows_of_h, g, weight);
     }
-    if (want_weight) add_product(out.weight, g.t(), hc);
+    if (want_weight) add_product(out.weight, g.t(), hc, /*overwrite=*/first_row == 0);
   }
   return out;
 }
@@ -107,9 +111,8 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
                             bool want_weight) {
     auto g =
         chunked_cross_entropy(h, working_copy(weight, h.scalar_type()), targets, shard, chunk, want_h, want_weight);
-    ctx->save_for_backward({g.h, g.weight});
+    ctx->save_for_backward({g.h, g.weight, weight});
     ctx->saved_data["rows"] = h.size(0);
-    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     return g.loss_sum.div_(static_cast<double>(h.size(0)));
   }
 
@@ -119,10 +122,9 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     const auto scale = grads[0] / static_cast<double>(ctx->saved_data["rows"].toInt());
     at::Tensor grad_h, grad_weight;
     if (saved[0].defined()) grad_h = saved[0].mul_(scale);
-    if (saved[1].defined()) {
-      const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
-      grad_weight = saved[1].mul_(scale).to(dtype);
-    }
+    // Into the flat buffer's .grad in one pass where it is there (scaled, not scaled and
+    // then added by autograd: two passes over [V, D] fp32 fewer).
+    if (saved[1].defined()) grad_weight = scaled_weight_gradient(saved[2], saved[1], scale);
     return {grad_h, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

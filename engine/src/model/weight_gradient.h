@@ -8,8 +8,9 @@ namespace tide {
 
 // acc += a b, acc in fp32 (fp64) and a, b possibly in a narrower compute dtype: on CUDA
 // inside the GEMM (cuBLAS writes an fp32 result from bf16 inputs, LibTorch >= 2.9), else
-// the product then a sum into acc.
-void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b);
+// the product then a sum into acc. With `overwrite`, acc = a b: acc's contents are not
+// read (an empty acc needs no zeroing pass first).
+void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool overwrite = false);
 
 // The gradient a b of `weight`. Where the weight is a leaf whose .grad is already there in
 // its own dtype (a training run's flat fp32 buffer, llm.c's and Megatron's main_grad), the
@@ -19,5 +20,10 @@ void add_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b);
 // accumulator still runs, with every hook on it. Otherwise the product in the weight's
 // dtype, which autograd accumulates.
 at::Tensor weight_gradient(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b);
+
+// The same for a gradient made already, `g` in fp32 (fp64) times the upstream gradient
+// `scale` (a scalar tensor): summed into the weight's .grad in one pass where it is there
+// (undefined result), else g scale in the weight's dtype.
+at::Tensor scaled_weight_gradient(const at::Tensor& weight, const at::Tensor& g, const at::Tensor& scale);
 
 }  // namespace tide
