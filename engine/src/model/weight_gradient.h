@@ -23,7 +23,8 @@ at::Tensor weight_gradient(const at::Tensor& weight, const at::Tensor& a, const 
 
 // The same for a gradient made already, `g` in fp32 (fp64) times the upstream gradient
 // `scale` (a scalar tensor): summed into the weight's .grad in one pass where it is there
-// (undefined result), else g scale in the weight's dtype.
-at::Tensor scaled_weight_gradient(const at::Tensor& weight, const at::Tensor& g, const at::Tensor& scale);
+// (undefined result), else g scaled in place (g is the caller's to give up: no second
+// [V, D] buffer) in the weight's dtype.
+at::Tensor scaled_weight_gradient(const at::Tensor& weight, at::Tensor g, const at::Tensor& scale);
 
 }  // namespace tide
