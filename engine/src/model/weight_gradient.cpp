@@ -57,7 +57,7 @@ at::Tensor weight_gradient(const at::Tensor& weight, const at::Tensor& a, const 
   return a.mm(b).to(weight.scalar_type());
 }
 
-at::Tensor scaled_weight_gradient(const at::Tensor& weight, at::Tensor g, const at::Tensor& scale) {
+at::Tensor scaled_weight_gradient(const at::Tensor& weight, const at::Tensor& g, const at::Tensor& scale) {
   at::Tensor grad = summable_grad(weight);
   if (grad.defined() && g.scalar_type() == grad.scalar_type()) {
     grad.addcmul_(g, scale);

@@ -25,6 +25,6 @@ at::Tensor weight_gradient(const at::Tensor& weight, const at::Tensor& a, const 
 // `scale` (a scalar tensor): summed into the weight's .grad in one pass where it is there
 // (undefined result), else g scaled in place (g is the caller's to give up: no second
 // [V, D] buffer) in the weight's dtype.
-at::Tensor scaled_weight_gradient(const at::Tensor& weight, at::Tensor g, const at::Tensor& scale);
+at::Tensor scaled_weight_gradient(const at::Tensor& weight, const at::Tensor& g, const at::Tensor& scale);
 
 }  // namespace tide
