@@ -138,14 +138,20 @@ TEST(LinearCrossEntropy, NeverHoldsTheLogitsOfEveryRow) {
 }
 
 TEST(LinearCrossEntropy, ChunkRowsKeepAChunksLogitsWithinTheBudget) {
-  EXPECT_EQ(cross_entropy_chunk_rows(16384, 32000), 1024);  // 2^25 / 32000 = 1048, to a multiple of 64
-  EXPECT_LE(cross_entropy_chunk_rows(16384, 32000) * 32000, int64_t{1} << 25);
+  // fp32 logits: the 512 MiB budget binds before the 8192-row target.
+  EXPECT_EQ(cross_entropy_chunk_rows(16384, 32000), 4160);  // 2^29 / 128000 = 4194, to a multiple of 64
+  EXPECT_LE(cross_entropy_chunk_rows(16384, 32000) * 32000 * 4, int64_t{512} << 20);
   EXPECT_EQ(cross_entropy_chunk_rows(100, 32000), 100);      // fewer rows than a chunk: one chunk
-  EXPECT_EQ(cross_entropy_chunk_rows(1 << 20, 1 << 26), 1);  // a vocabulary past the budget: a row a chunk
+  EXPECT_EQ(cross_entropy_chunk_rows(1 << 20, 1 << 28), 1);  // a vocabulary past the budget: a row a chunk
   EXPECT_EQ(cross_entropy_chunk_rows(0, 50), 1);
-  // bf16 logits turned into their gradient in place (CUDA): twice the rows in the budget.
-  EXPECT_EQ(cross_entropy_chunk_rows(16384, 32000, 2), 2048);  // 2^26 / 32000 = 2097
-  EXPECT_LE(cross_entropy_chunk_rows(16384, 32000, 2) * 32000 * 2, int64_t{128} << 20);
+  // bf16 logits turned into their gradient in place (CUDA): the 8192-row target, within the
+  // budget (2^28 / 32000 = 8388 would fit), so S1's 16384 rows take two chunks.
+  EXPECT_EQ(cross_entropy_chunk_rows(16384, 32000, 2), 8192);
+  EXPECT_LE(cross_entropy_chunk_rows(16384, 32000, 2) * 32000 * 2, int64_t{512} << 20);
+  // A small vocabulary: the target, not the budget.
+  EXPECT_EQ(cross_entropy_chunk_rows(1 << 20, 8192), 8192);
+  // A large one (BLOOM's 250880, bf16): the budget again, 2^28 / 250880 = 1070.
+  EXPECT_EQ(cross_entropy_chunk_rows(16384, 250880, 2), 1024);
 }
 
 }  // namespace
