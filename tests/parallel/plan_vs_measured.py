@@ -161,9 +161,8 @@ def main():
 
     calibrate()
     rows, failures = [], []
-    for index, (name, nproc, overrides, *model) in enumerate(LAYOUTS):
-        if args.only and args.only not in name:
-            continue
+    chosen = [(i, layout) for i, layout in enumerate(LAYOUTS) if not args.only or args.only in layout[0]]
+    for index, (name, nproc, overrides, *model) in chosen:
         started = time.monotonic()
         model = model[0] if model else "llama"
         threads = max(1, os.cpu_count() // nproc)
@@ -195,7 +194,7 @@ def main():
         if busy:
             note += f" (not checked: other processes kept {outside:.2f} cores busy)"
         rows.append((name, desc, predicted_mb, measured_mb, mem_err, predicted_s, measured_s, time_err, note))
-        print(f"[{len(rows)}/{len(LAYOUTS)}] {name}: memory {100 * mem_err:+.1f}%, step {measured_s:.3f} s "
+        print(f"[{len(rows)}/{len(chosen)}] {name}: memory {100 * mem_err:+.1f}%, step {measured_s:.3f} s "
               f"({100 * time_err:+.1f}%){note}, {time.monotonic() - started:.0f} s", flush=True)
         if abs(mem_err) > MEMORY_TOLERANCE:
             failures.append(f"{name}: memory predicted {predicted_mb:.1f} MiB, measured {measured_mb:.1f} MiB")
