@@ -65,8 +65,21 @@ int connect_to_server() {
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0)
-    tide::fuzz::fault(std::string("the HTTP server refused a connection: ") + std::strerror(errno));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    int error = errno;
+    // A signal (libFuzzer's -timeout alarm) ended the wait, not the connection, which goes
+    // on: its outcome is the socket's error once it is writable. A connect waits where the
+    // server's listen queue is full, as it can be on a loaded machine.
+    if (error == EINTR) {
+      pollfd p{fd, POLLOUT, 0};
+      while (::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(kAnswerDeadline).count())) < 0 &&
+             errno == EINTR) {
+      }
+      socklen_t size = sizeof error;
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) error = errno;
+    }
+    if (error != 0) tide::fuzz::fault(std::string("the HTTP server refused a connection: ") + std::strerror(error));
+  }
   return fd;
 }
 
