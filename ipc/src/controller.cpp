@@ -14,6 +14,7 @@
 #include <zmq_addon.hpp>
 
 #include "controller_impl.h"
+#include "tide/engine/plan/cluster.h"
 
 namespace tide::ipc {
 namespace fs = std::filesystem;
@@ -140,7 +141,7 @@ std::vector<std::string> resolve_gpus(const std::string& spec) {
 Controller::Impl::Impl(ControllerOptions o) : opt(std::move(o)) {
   if (opt.state_dir.empty()) throw std::invalid_argument("the controller needs a state directory");
   if (opt.cpu_slots < 1) throw std::invalid_argument(fmt::format("cpu slots must be at least 1, not {}", opt.cpu_slots));
-  if (opt.cores <= 0) opt.cores = static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  if (opt.cores <= 0) opt.cores = local_cores();
   fs::create_directories(opt.state_dir);
   // Workers start in their run's workdir: a relative path to their executable would miss.
   if (!opt.worker_executable.empty()) opt.worker_executable = fs::absolute(opt.worker_executable).string();

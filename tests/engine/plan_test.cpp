@@ -2,6 +2,8 @@
 // engine's buffers, sharding and recomputation move memory where they should, layouts
 // that cannot run are refused with the reason, the ranking is ordered. (How close the
 // predictions come to measured peaks and step times: parallel.plan_vs_measured.)
+#include <sched.h>
+
 #include <algorithm>
 #include <fstream>
 #include <string>
@@ -13,6 +15,7 @@
 #include "../../engine/src/plan/rank_model.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/model/pipeline_stage.h"
+#include "tide/engine/plan/cluster.h"
 #include "tide/engine/plan/plan.h"
 #include "tide/scripting/recipe.h"
 
@@ -439,6 +442,24 @@ TEST(Plan, PipelineStagesSharingCoresComputeFasterWhileTheOthersWait) {
   EXPECT_DOUBLE_EQ(device_from_json(j).idle_peer_speedup, 1.5);
   j["idle_peer_speedup"] = 0.5;
   EXPECT_THROW(device_from_json(j), std::invalid_argument);
+}
+
+// A process pinned to some cores (taskset, a Slurm or container cpuset) plans, threads and
+// offers slots for those, not for every core of the host.
+TEST(Plan, LocalCoresAreTheAffinityMasks) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(local_cores(), CPU_COUNT(&all));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);  // this thread only
+  const int pinned = local_cores();
+  ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+  EXPECT_EQ(pinned, 1);
 }
 
 TEST(Plan, DeviceFilesAreReadAndTheirFaultsNamed) {

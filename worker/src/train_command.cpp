@@ -12,6 +12,7 @@
 #include "local_policies.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/launch_env.h"
+#include "tide/engine/plan/cluster.h"
 #include "tide/engine/run_layout.h"
 #include "tide/engine/train/fault_injection.h"
 #include "tide/engine/train/runtime.h"
@@ -76,7 +77,7 @@ void control_locally(TrainHooks& hooks, const std::shared_ptr<Recipe>& recipe, b
 // One rank of a job of several processes.
 void train_as_rank(const LaunchEnv& env, RunConfig cfg, const std::string& dir, const TrainHooks& hooks,
                    ipc::WorkerLink* link) {
-  if (cfg.threads == 0) cfg.threads = std::max(1, available_cores() / env.local_world);  // ranks of a host share it
+  if (cfg.threads == 0) cfg.threads = std::max(1, local_cores() / env.local_world);  // ranks of a host share it
   if (env.rank != 0) spdlog::set_level(spdlog::level::warn);
   spdlog::info("rank {} of {} (set by {}), rendezvous at {}:{}", env.rank, env.world, env.launcher, env.master_addr,
                env.master_port);

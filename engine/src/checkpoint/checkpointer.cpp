@@ -24,6 +24,7 @@
 #include "tide/engine/optim/flat_parameters.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/store_client.h"
+#include "tide/engine/plan/cluster.h"
 
 namespace tide {
 namespace fs = std::filesystem;
@@ -293,7 +294,7 @@ json Checkpointer::Impl::write_files(const Snapshot& snap, const fs::path& tmp) 
     order.push_back(&e);
     total += bytes_of(&e);
   }
-  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t cores = int64_t{local_cores()};
   const int64_t wanted = parts.cfg->checkpoint.writers > 0
                              ? parts.cfg->checkpoint.writers
                              : std::clamp<int64_t>(static_cast<int64_t>(total >> 26), 1, std::min<int64_t>(4, cores));

@@ -1,5 +1,6 @@
 // The local CPU as a planner device from what `tide plan --calibrate` stored (the probe
 // itself needs LibTorch: train/local_device.cpp), or from nominal figures.
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,6 +37,9 @@ DeviceSpec shared_cpu_device(DeviceSpec d, int ranks) {
 }
 
 int local_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   const long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<int>(n) : 1;
 }

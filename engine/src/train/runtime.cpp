@@ -1,28 +1,21 @@
 #include "tide/engine/train/runtime.h"
 
-#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <thread>
 
 #include <ATen/Parallel.h>
 #if __has_include(<c10/core/CachingDeviceAllocator.h>)
 #include <ATen/DeviceAccelerator.h>
 #endif
 
+#include "tide/engine/plan/cluster.h"
+
 namespace tide {
 
-int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 int configure_threads(int64_t requested) {
-  const int n = requested > 0 ? static_cast<int>(requested) : available_cores();
+  const int n = requested > 0 ? static_cast<int>(requested) : local_cores();
   at::set_num_threads(n);
   static bool interop_set = false;  // LibTorch allows setting it once per process
   if (!interop_set) {

@@ -85,6 +85,9 @@ DeviceSpec shared_cpu_device(DeviceSpec d, int ranks);
 DeviceSpec nominal_cpu_device(int ranks);
 // $XDG_CACHE_HOME/tide/calibration-cpu.json, or ~/.cache/tide/calibration-cpu.json.
 std::string default_calibration_path();
+// Cores this process may run on: its affinity mask (taskset, a Slurm or container cpuset),
+// not every core of the host. The planner, the ranks' threads and tided's slots all count
+// these.
 int local_cores();
 
 nlohmann::json to_json(const DeviceSpec& d);

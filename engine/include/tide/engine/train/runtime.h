@@ -7,10 +7,7 @@
 
 namespace tide {
 
-// Cores this process may run on (its affinity mask).
-int available_cores();
-
-// Sets LibTorch's intra-op threads (0: available_cores()) and one inter-op thread.
+// Sets LibTorch's intra-op threads (0: local_cores(), plan/cluster.h) and one inter-op thread.
 // LibTorch starts with a single intra-op thread on some machines, so this is explicit.
 int configure_threads(int64_t requested);
 
