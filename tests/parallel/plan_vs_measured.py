@@ -40,9 +40,13 @@ TIME_TOLERANCE = 0.25
 OUTSIDE_LOAD_LIMIT = 0.25
 # A layout whose steps the planner predicts to take longer than this in all runs its fewer
 # steps (at least MIN_STEPS: the first, which is not timed, and three to take the median
-# of). On a CPU without bf16 instructions (an AVX2-only EPYC: bf16 products 35x slower than
-# fp32's) the bf16 layouts' 24 and 16 steps took over ten minutes and the test its timeout.
-RUN_BUDGET_SECONDS = 60
+# of), and if MIN_STEPS of them would still not fit, micro-batches halved (the global batch
+# with them: as many micro-batches a step) until they do. On a CPU without bf16 instructions
+# (an AVX2-only EPYC: bf16 products 35x slower than fp32's) a bf16 step of micro-batch 8
+# takes 17 s: the bf16 layouts' 24 and 16 steps took over ten minutes and the test its
+# timeout; 4 steps of micro-batch 8 took 70 s each, 6 of micro-batch 2 about 30. The fp32
+# layouts' 8 steps take 7 to 13 s there.
+RUN_BUDGET_SECONDS = 30
 MIN_STEPS = 4
 
 # A LLaMA shape whose activations, logits and model state are all of the same order, so
@@ -54,14 +58,15 @@ MODELS = {
     # GELU, LayerNorm, ALiBi, tied embeddings, biases.
     "bloom": """tide.models.bloom {{ vocab_size = 4096, dim = 256, n_layers = 4, n_heads = 4, max_seq_len = 256 }}""",
 }
+MICRO_BATCH, GLOBAL_BATCH, STEPS = 8, 16, 8
 RECIPE = """
 return tide.recipe {{
   name = "plan-check", seed = 3, threads = {threads},
   model = {model},
   data = {{ path = "{data}", seq_len = 256, prefetch = 2 }},
-  batch = {{ micro_batch = 8, global_batch = 16 }},
+  batch = {{ micro_batch = {micro_batch}, global_batch = {global_batch} }},
   optimizer = {{ lr = 1e-3 }},
-  schedule = {{ steps = 8, warmup_steps = 1 }},
+  schedule = {{ steps = {steps}, warmup_steps = 1 }},
   eval = {{ every = 0 }},
   checkpoint = {{ every = 0 }},
   log_every = 1,
@@ -139,13 +144,25 @@ def main():
         assert "memory" in own, f"{name}: the planner cannot evaluate the layout: {own}"
         return own
 
+    def setting(fields, name, default):
+        return next((int(f.split("=")[1]) for f in fields if f.startswith(name + "=")), default)
+
+    def replace(fields, values):
+        return [f for f in fields if f.split("=")[0] not in values] + [f"{k}={v}" for k, v in values.items()]
+
     def measure(index, name, nproc, recipe, sets):
         own = predict(name, nproc, recipe, sets)
         fields = sets[1::2]  # sets is --set FIELD=VALUE, pair by pair
-        steps = next((int(f.split("=")[1]) for f in fields if f.startswith("schedule.steps=")), 8)
+        micro, batch = setting(fields, "batch.micro_batch", MICRO_BATCH), setting(fields, "batch.global_batch", GLOBAL_BATCH)
+        while MIN_STEPS * own["time"]["step"] > RUN_BUDGET_SECONDS and micro > 1:
+            micro, batch = micro // 2, batch // 2
+            fields = replace(fields, {"batch.micro_batch": micro, "batch.global_batch": batch})
+            sets = [a for f in fields for a in ("--set", f)]
+            own = predict(name, nproc, recipe, sets)
+        steps = setting(fields, "schedule.steps", STEPS)
         if steps * own["time"]["step"] > RUN_BUDGET_SECONDS:
             steps = max(MIN_STEPS, int(RUN_BUDGET_SECONDS / own["time"]["step"]))
-            fields = [f for f in fields if not f.startswith("schedule.steps=")] + [f"schedule.steps={steps}"]
+            fields = replace(fields, {"schedule.steps": steps})
             sets = [a for f in fields for a in ("--set", f)]
         run_dir = f"{work}/run-{index}"
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -168,7 +185,8 @@ def main():
         threads = max(1, os.cpu_count() // nproc)
         recipe = f"{work}/recipe-{model}-{nproc}.lua"
         with open(recipe, "w") as f:
-            f.write(RECIPE.format(data=f"{work}/ds", threads=threads, model=MODELS[model].format()))
+            f.write(RECIPE.format(data=f"{work}/ds", threads=threads, model=MODELS[model].format(),
+                                micro_batch=MICRO_BATCH, global_batch=GLOBAL_BATCH, steps=STEPS))
         sets = [a for o in overrides for a in ("--set", o)]
         desc, predicted_mb, measured_mb, predicted_s, measured_s, outside = measure(index, name, nproc, recipe, sets)
         mem_err = predicted_mb / measured_mb - 1
