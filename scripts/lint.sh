@@ -57,6 +57,12 @@ entries = []
 for path in sys.argv[3:]:
     if os.path.exists(path):
         entries += json.load(open(path))
+# A unity batch (cmake/UnityBuild.cmake) is one entry: each source it includes gets the
+# batch's command, so that clang-tidy reads it alone.
+for e in list(entries):
+    if re.search(r"/Unity/unity_\d+_cxx\.cxx$", e["file"]):
+        for source in re.findall(r'^#include "(.*)"$', open(e["file"]).read(), re.M):
+            entries.append(dict(e, file=source, command=e["command"].replace(e["file"], source)))
 known = {os.path.relpath(os.path.realpath(e["file"]), root) for e in entries}
 for e in entries:
     words = e["command"].split(" ")

@@ -23,7 +23,7 @@ const char* const kLlama3Pattern =
 // library (Oniguruma) and in ICU alike (a line below has all three).
 const char* const kBloomPattern = " ?[^(\\s|[.,!?\xE2\x80\xA6\xE3\x80\x82\xEF\xBC\x8C\xE3\x80\x81\xE0\xA5\xA4\xDB\x94\xD8\x8C])]+";
 
-const std::vector<std::string> kLines = {
+const std::vector<std::string> kReferenceLines = {
     "This program is free software: you can redistribute it and/or modify it.",
     "DON'T we'll THEY'RE it's I'M 12345 678 9, 3.14159 and 1000000 numbers",
     "  leading spaces,\ttabs,\n\nnew lines\r\n and trailing   ",
@@ -71,7 +71,7 @@ class HfTokenizerReference : public ::testing::Test {
 
   static std::vector<std::vector<int32_t>> reference(const std::string& name) {
     const fs::path lines = dir_ / "lines.json";
-    std::ofstream(lines) << json(kLines).dump();
+    std::ofstream(lines) << json(kReferenceLines).dump();
     const std::string cmd = std::string(TIDE_PYTHON) + " " + TIDE_SOURCE_DIR + "/tests/engine/hf_encode.py " +
                             (dir_ / (name + ".json")).string() + " < " + lines.string() + " 2>&1";
     std::string out;
@@ -90,10 +90,10 @@ class HfTokenizerReference : public ::testing::Test {
   void check(const std::string& name) {
     const auto ours = load_tokenizer((dir_ / (name + ".json")).string());
     const auto ref = reference(name);
-    ASSERT_EQ(ref.size(), kLines.size());
-    for (size_t i = 0; i < kLines.size(); ++i) {
-      EXPECT_EQ(ours->encode(kLines[i]), ref[i]) << name << ": " << kLines[i];
-      EXPECT_EQ(ours->decode(ours->encode(kLines[i])), kLines[i]);
+    ASSERT_EQ(ref.size(), kReferenceLines.size());
+    for (size_t i = 0; i < kReferenceLines.size(); ++i) {
+      EXPECT_EQ(ours->encode(kReferenceLines[i]), ref[i]) << name << ": " << kReferenceLines[i];
+      EXPECT_EQ(ours->decode(ours->encode(kReferenceLines[i])), kReferenceLines[i]);
     }
   }
   static fs::path dir_;
