@@ -41,6 +41,13 @@ double peak_device_mb(const c10::Device& device) {
 #endif
 }
 
+void reset_peak_device_memory(const c10::Device& device) {
+  if (device.is_cpu()) return;
+#if __has_include(<c10/core/CachingDeviceAllocator.h>)
+  at::accelerator::resetPeakStats(device.has_index() ? device.index() : at::accelerator::getDeviceIndex());
+#endif
+}
+
 MemoryReading read_memory() {
   MemoryReading r;
   long pages = 0, resident = 0;

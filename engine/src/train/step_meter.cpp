@@ -16,6 +16,10 @@
 
 namespace tide {
 
+namespace {
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+}  // namespace
+
 StepMeter::StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed* dist, c10::Device device,
                      double peak_flops, spdlog::logger& log)
     : pm_(pm),
@@ -24,12 +28,24 @@ StepMeter::StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed*
       device_kind_(device.is_cuda() ? "cuda" : "cpu"),
       compute_(cfg.precision.compute),
       log_(log),
-      peak_(peak_flops > 0 ? peak_flops : measure_matmul_peak(device_kind_, compute_)),
+      peak_(peak_flops),
       reprobes_left_(peak_flops > 0 ? 0 : 3),
       flops_per_token_(train_flops_per_token(cfg.model, cfg.data.seq_len)),
       world_(dist ? dist->world->size() : 1),
       flat_bytes_(pm.flat->numel() * static_cast<int64_t>(sizeof(float))) {
+  if (peak_ <= 0) peak_ = probe_matmul_peak();
   log_.info("matmul peak {:.1f} GFLOP/s; {:.3g} FLOPs per token", peak_ / 1e9, flops_per_token_);
+}
+
+double StepMeter::probe_matmul_peak() {
+  // The probe's operands (three 2048² fp32 products on the CPU, 8192² on a GPU: 48 MiB
+  // and 384 MiB to 768 MiB) would otherwise be a small run's peak.
+  host_peak_before_probe_mb_ = std::max(host_peak_before_probe_mb_, mib(peak_host_tensor_bytes()));
+  device_peak_before_probe_mb_ = std::max(device_peak_before_probe_mb_, peak_device_mb(device_));
+  const double flops = measure_matmul_peak(device_kind_, compute_);
+  reset_peak_host_tensor_bytes();
+  reset_peak_device_memory(device_);
+  return flops;
 }
 
 std::vector<const Comm*> StepMeter::groups() const {
@@ -86,16 +102,16 @@ void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left, 
   if (m.mfu > 1.0 && reprobes_left_ > 0) {
     // The model ran faster than the probe did: the machine was busy when it probed.
     --reprobes_left_;
-    peak_ = std::max(peak_, measure_matmul_peak(device_kind_, compute_));
+    peak_ = std::max(peak_, probe_matmul_peak());
     log_.info("matmul peak re-measured: {:.1f} GFLOP/s", peak_ / 1e9);
     m.mfu = m.tokens_per_second * flops_per_token_ / (peak_ * world_);
   }
   const auto mem = read_memory();
   m.rss_mb = mem.rss_mb;
   m.peak_rss_mb = mem.peak_rss_mb;
-  m.peak_gpu_mb = peak_device_mb(device_);
-  m.peak_host_tensor_mb = static_cast<double>(peak_host_tensor_bytes()) / (1024.0 * 1024.0);
-  m.host_tensor_mb = static_cast<double>(host_tensor_bytes()) / (1024.0 * 1024.0);
+  m.peak_gpu_mb = std::max(device_peak_before_probe_mb_, peak_device_mb(device_));
+  m.peak_host_tensor_mb = std::max(host_peak_before_probe_mb_, mib(peak_host_tensor_bytes()));
+  m.host_tensor_mb = mib(host_tensor_bytes());
   const DataParallel* dp = pm_.data_parallel.get();
   m.param_bytes = dp ? dp->param_bytes() : flat_bytes_;
   m.grad_bytes = dp ? dp->grad_bytes() : flat_bytes_;

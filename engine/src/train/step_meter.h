@@ -49,6 +49,8 @@ class StepMeter {
   std::vector<const Comm*> groups() const;  // this rank's process groups
   int64_t bytes_sent() const;
   double comm_wait_seconds() const;
+  // The matmul peak, measured with products whose memory the run's peaks leave out.
+  double probe_matmul_peak();
 
   const ParallelModel& pm_;
   Distributed* dist_;
@@ -58,6 +60,8 @@ class StepMeter {
   spdlog::logger& log_;
   double peak_;
   int reprobes_left_;
+  // The memory peaks (MiB) before the last probe: the allocators' peaks restart after it.
+  double host_peak_before_probe_mb_ = 0, device_peak_before_probe_mb_ = 0;
   double flops_per_token_;
   int world_;
   int64_t flat_bytes_;

@@ -17,7 +17,10 @@ struct MemoryReading {
 };
 MemoryReading read_memory();
 // The most memory `device`'s caching allocator has handed to tensors since the process
-// started, in MiB (PyTorch's max_memory_allocated); 0 for the CPU.
+// started or the last reset, in MiB (PyTorch's max_memory_allocated); 0 for the CPU.
 double peak_device_mb(const c10::Device& device);
+// The device's peak counts again from what tensors hold now (PyTorch's
+// reset_peak_memory_stats); nothing for the CPU.
+void reset_peak_device_memory(const c10::Device& device);
 
 }  // namespace tide
