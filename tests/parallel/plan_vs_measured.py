@@ -48,10 +48,8 @@ OUTSIDE_LOAD_LIMIT = 0.25
 # layouts' 8 steps take 7 to 13 s there.
 RUN_BUDGET_SECONDS = 30
 MIN_STEPS = 4
-# Halving stops here: beside a CPU hog the calibration predicts twice the step, and at
-# micro-batch 1 the bf16 ZeRO-3 row's memory was predicted 10.5% under (a planner gap
-# left open), where at 2 it holds (-3.8%).
-MIN_MICRO_BATCH = 2
+# Halving stops at one sequence.
+MIN_MICRO_BATCH = 1
 
 # A LLaMA shape whose activations, logits and model state are all of the same order, so
 # that an error in any of them shows: 3.4 M parameters, 37 MiB of saved tensors per block
@@ -88,6 +86,10 @@ LAYOUTS = [
     ("dp2 ZeRO-1", 2, ["parallel.zero=1"]),
     ("dp2 ZeRO-2", 2, ["parallel.zero=2"]),
     ("dp2 ZeRO-2, 2 micro-batches", 2, ["parallel.zero=2", "batch.global_batch=32"]),
+    # One micro-batch of one sequence: the peak is no longer activations but the gradient
+    # units' reduce-scatters at the end of backward (unit 0's beside two blocks', each with
+    # the piece it returns and Gloo's copy of its input).
+    ("dp2 ZeRO-2, micro-batch 1", 2, ["parallel.zero=2", "batch.micro_batch=1", "batch.global_batch=2"]),
     ("dp2 ZeRO-3", 2, ["parallel.zero=3"]),
     ("dp2 ZeRO-3, checkpointing", 2, ["parallel.zero=3", "model.activation_checkpointing=true"]),
     ("dp2 ZeRO-1 offload", 2, ["parallel.zero=1", "parallel.offload_optimizer=true"]),

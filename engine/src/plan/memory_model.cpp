@@ -8,7 +8,8 @@
 //     per step (ZeRO-3: per layer, cast in forward and again in backward);
 //   ZeRO-3 (sharded_parameters.h): unit 0 whole for the step, plus the running block's
 //     unit and the prefetched one; ZeRO-2/3 (sharded_gradients.h): each unit's gradients
-//     in a buffer until reduce-scattered, unit 0's for the whole backward;
+//     in a buffer until reduce-scattered, unit 0's for the whole backward, two
+//     reduce-scatters in flight (walked moment by moment: sharded_gradients_peak);
 //   autograd's saved tensors per block (layers.cpp), the gradients the loss makes in
 //     its forward and a chunk of its logits (linear_cross_entropy.cpp), the micro-batches a
 //     pipeline schedule keeps in flight (pipeline.cpp);
@@ -17,6 +18,7 @@
 // (T / tp with sequence parallelism), N = B*T, D dim, Hd head dim, F this rank's MLP
 // width, V this rank's vocabulary rows, s the compute dtype's bytes.
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 #include "estimates.h"
@@ -131,6 +133,55 @@ Head head(const RankModel& r, int64_t tp, const Shape& x) {
   h.backward_extra = tp > 1 ? x.N * D * x.s : 0;
   h.saved += h.loss;
   return h;
+}
+
+// ZeRO-2/3 (sharded_gradients.cpp): backward adds each unit's gradients into a buffer of
+// its own; a complete unit's buffer goes to a reduce-scatter with the piece it returns
+// and, through Gloo, a copy of its input; two stay in flight, and launching a third
+// waits for the oldest only after the third's buffers exist. Unit 0 (embedding, final
+// norm, head) fills from the head's backward to the embedding's and goes last, while the
+// embedding's dense gradient, just added into it, is still alive. Walks one micro-batch's
+// backward: the blocks in reverse order, each block's saved tensors freed once its
+// backward is done. Returns the most held at once beyond every saved tensor of the
+// micro-batch: in flight through an earlier micro-batch's end (`carried`, counted in
+// `gathered` for the whole step, so taken off here), each unit's buffers, the block's own
+// backward (`block_extra`) while it runs. `freed` is each block's saved bytes, in the
+// order backward reaches them.
+struct GradientUnits {
+  double block = 0, unit0 = 0;  // a block's unit and unit 0, bytes of fp32
+  double dp = 1;
+  bool staged = false;                // Gloo copies a collective's input
+  double embedding_gradient = 0;      // the first stage's dense gradient of the embedding
+  double gathered_blocks_at_end = 0;  // ZeRO-3's gathered blocks, released by the end
+};
+
+double sharded_gradients_peak(const GradientUnits& g, const std::vector<double>& freed, double block_extra,
+                              bool carried) {
+  const auto job = [&](double buffer) { return buffer * (1 + 1 / g.dp + (g.staged ? 1 : 0)); };
+  std::vector<double> in_flight;
+  double allowance = 0;
+  if (carried) {
+    in_flight = {job(g.block), job(g.unit0)};  // the previous micro-batch's block 0, then unit 0
+    allowance = job(g.block) + job(g.unit0);
+  }
+  const auto held = [&] {
+    double sum = 0;
+    for (const double j : in_flight) sum += j;
+    return sum - allowance;
+  };
+  double peak = std::numeric_limits<double>::lowest(), gone = 0;
+  for (const double saved : freed) {
+    // The block's backward: unit 0's buffer, its own unit's, the collectives in flight.
+    peak = std::max(peak, g.unit0 + g.block + held() + block_extra - gone);
+    gone += saved;
+    // Its unit launched beside the two in flight.
+    in_flight.push_back(job(g.block));
+    peak = std::max(peak, g.unit0 + held() - gone);
+    while (in_flight.size() > 2) in_flight.erase(in_flight.begin());
+  }
+  in_flight.push_back(job(g.unit0));
+  peak = std::max(peak, held() + g.embedding_gradient - g.gathered_blocks_at_end - gone);
+  return peak;
 }
 
 struct StageMemory {
@@ -250,11 +301,29 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   // gone.
   double block_extra = block_backward_extra(mc, r, x);
   if (all_recomputed > 0) block_extra += one_block;  // the recomputed block's own saved tensors
-  // ZeRO-2/3: unit 0's gradient buffer from the head's backward (once the loss's
-  // gradients are released) to the embedding's, and the block units' while in flight (two at most,
-  // sharded_gradients.cpp).
-  if (L.zero >= 2) block_extra += (unit0 + 2 * block_unit) * 4;
-  m.backward_transient = r.last ? std::max({h.forward_extra, h.backward_extra, block_extra - h.saved}) : block_extra;
+  // ZeRO-2/3: beside it the gradient units' buffers and collectives, moment by moment
+  // through backward (the head's saved tensors gone by then).
+  double backward_extra = block_extra;
+  if (L.zero >= 2) {
+    // Each block's saved tensors, in the order backward frees them: chunks and their
+    // blocks in reverse, a chunk's first blocks the recomputed ones.
+    std::vector<double> freed;
+    for (size_t c = chunks; c-- > 0;) {
+      const auto blocks = static_cast<int64_t>(range_blocks(stage.chunks[c], mc.n_layers));
+      for (int64_t b = blocks; b-- > 0;)
+        freed.push_back(static_cast<double>(b) < recomputed[c] ? x.Nn * D * x.s : one_block);
+    }
+    GradientUnits g;
+    g.block = block_unit * 4;
+    g.unit0 = unit0 * 4;
+    g.dp = static_cast<double>(L.dp);
+    g.staged = device.host;
+    if (r.first) g.embedding_gradient = static_cast<double>(r.vocab) * D * 4;
+    if (L.zero == 3) g.gathered_blocks_at_end = 2 * block_unit * 4;
+    backward_extra = sharded_gradients_peak(g, freed, block_extra, L.micro_batches > 1);
+  }
+  m.backward_transient =
+      r.last ? std::max({h.forward_extra, h.backward_extra, backward_extra - h.saved}) : backward_extra;
   if (L.pp > 1) {
     const double wire = bf16 ? 2.0 : 4.0;
     m.communication = x.Nn * D * wire;  // the gradient or activation being received
