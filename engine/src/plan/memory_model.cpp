@@ -152,6 +152,9 @@ struct GradientUnits {
   double dp = 1;
   bool staged = false;                // Gloo copies a collective's input
   double embedding_gradient = 0;      // the first stage's dense gradient of the embedding
+  // Tied embeddings on one stage: the head's weight gradient waits in autograd's buffer
+  // until the embedding's joins it, through every block's backward.
+  double tied_head_gradient = 0;
   double gathered_blocks_at_end = 0;  // ZeRO-3's gathered blocks, released by the end
 };
 
@@ -172,11 +175,11 @@ double sharded_gradients_peak(const GradientUnits& g, const std::vector<double>&
   double peak = std::numeric_limits<double>::lowest(), gone = 0;
   for (const double saved : freed) {
     // The block's backward: unit 0's buffer, its own unit's, the collectives in flight.
-    peak = std::max(peak, g.unit0 + g.block + held() + block_extra - gone);
+    peak = std::max(peak, g.unit0 + g.block + g.tied_head_gradient + held() + block_extra - gone);
     gone += saved;
     // Its unit launched beside the two in flight.
     in_flight.push_back(job(g.block));
-    peak = std::max(peak, g.unit0 + held() - gone);
+    peak = std::max(peak, g.unit0 + g.tied_head_gradient + held() - gone);
     while (in_flight.size() > 2) in_flight.erase(in_flight.begin());
   }
   in_flight.push_back(job(g.unit0));
@@ -319,6 +322,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     g.dp = static_cast<double>(L.dp);
     g.staged = device.host;
     if (r.first) g.embedding_gradient = static_cast<double>(r.vocab) * D * 4;
+    if (r.first && r.last && mc.tie_embeddings) g.tied_head_gradient = g.embedding_gradient;
     if (L.zero == 3) g.gathered_blocks_at_end = 2 * block_unit * 4;
     backward_extra = sharded_gradients_peak(g, freed, block_extra, L.micro_batches > 1);
   }
