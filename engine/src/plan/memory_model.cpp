@@ -150,8 +150,8 @@ Head head(const RankModel& r, int64_t tp, const Shape& x) {
 struct GradientUnits {
   double block = 0, unit0 = 0;  // a block's unit and unit 0, bytes of fp32
   double dp = 1;
-  bool staged = false;                // Gloo copies a collective's input
-  double embedding_gradient = 0;      // the first stage's dense gradient of the embedding
+  bool staged = false;            // Gloo copies a collective's input
+  double embedding_gradient = 0;  // the first stage's dense gradient of the embedding
   // Tied embeddings on one stage: the head's weight gradient waits in autograd's buffer
   // until the embedding's joins it, through every block's backward.
   double tied_head_gradient = 0;
