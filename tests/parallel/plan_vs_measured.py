@@ -41,15 +41,13 @@ OUTSIDE_LOAD_LIMIT = 0.25
 # A layout whose steps the planner predicts to take longer than this in all runs its fewer
 # steps (at least MIN_STEPS: the first, which is not timed, and three to take the median
 # of), and if MIN_STEPS of them would still not fit, micro-batches halved (the global batch
-# with them: as many micro-batches a step) until they do. On a CPU without bf16 instructions
-# (an AVX2-only EPYC: bf16 products 35x slower than fp32's) a bf16 step of micro-batch 8
-# takes 17 s: the bf16 layouts' 24 and 16 steps took over ten minutes and the test its
-# timeout; 4 steps of micro-batch 8 took 70 s each, 6 of micro-batch 2 about 30. The fp32
-# layouts' 8 steps take 7 to 13 s there.
+# with them: as many micro-batches a step) until they do or hold one sequence. On a CPU
+# without bf16 instructions (an AVX2-only EPYC: bf16 products 35x slower than fp32's) a bf16
+# step of micro-batch 8 takes 17 s: the bf16 layouts' 24 and 16 steps took over ten minutes
+# and the test its timeout; 4 steps of micro-batch 8 took 70 s each, 6 of micro-batch 2
+# about 30. The fp32 layouts' 8 steps take 7 to 13 s there.
 RUN_BUDGET_SECONDS = 30
 MIN_STEPS = 4
-# Halving stops at one sequence.
-MIN_MICRO_BATCH = 1
 
 # A LLaMA shape whose activations, logits and model state are all of the same order, so
 # that an error in any of them shows: 3.4 M parameters, 37 MiB of saved tensors per block
@@ -160,7 +158,7 @@ def main():
         own = predict(name, nproc, recipe, sets)
         fields = sets[1::2]  # sets is --set FIELD=VALUE, pair by pair
         micro, batch = setting(fields, "batch.micro_batch", MICRO_BATCH), setting(fields, "batch.global_batch", GLOBAL_BATCH)
-        while MIN_STEPS * own["time"]["step"] > RUN_BUDGET_SECONDS and micro > MIN_MICRO_BATCH:
+        while MIN_STEPS * own["time"]["step"] > RUN_BUDGET_SECONDS and micro > 1:
             micro, batch = micro // 2, batch // 2
             fields = replace(fields, {"batch.micro_batch": micro, "batch.global_batch": batch})
             sets = [a for f in fields for a in ("--set", f)]

@@ -162,16 +162,10 @@ double sharded_gradients_peak(const GradientUnits& g, const std::vector<double>&
                               bool carried) {
   const auto job = [&](double buffer) { return buffer * (1 + 1 / g.dp + (g.staged ? 1 : 0)); };
   std::vector<double> in_flight;
-  double allowance = 0;
-  if (carried) {
-    in_flight = {job(g.block), job(g.unit0)};  // the previous micro-batch's block 0, then unit 0
-    allowance = job(g.block) + job(g.unit0);
-  }
-  const auto held = [&] {
-    double sum = 0;
-    for (const double j : in_flight) sum += j;
-    return sum - allowance;
-  };
+  if (carried) in_flight = {job(g.block), job(g.unit0)};  // the previous micro-batch's block 0, then unit 0
+  const auto total = [&] { return std::accumulate(in_flight.begin(), in_flight.end(), 0.0); };
+  const double allowance = total();
+  const auto held = [&] { return total() - allowance; };
   double peak = std::numeric_limits<double>::lowest(), gone = 0;
   for (const double saved : freed) {
     // The block's backward: unit 0's buffer, its own unit's, the collectives in flight.
