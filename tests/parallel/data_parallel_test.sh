@@ -7,8 +7,8 @@
 #    another order, so only rounding differs); optimizer offload changes no bit;
 #  - per-rank model-state bytes equal the fp32 AdamW theory on 2 and 4 ranks, and the
 #    bytes sent equal each stage's theoretical volume;
-#  - bf16 ZeRO-3 x2 and fp16 ZeRO-2 x2 (with its loss scale) agree with one process in
-#    the same dtype to its resolution;
+#  - bf16 ZeRO-3 x2 (gathering in bf16, saving in fp32) and fp16 ZeRO-2 x2 (with its
+#    loss scale) agree with one process in the same dtype to its resolution;
 #  - a worker killed with SIGKILL stops the job within 60 s, named by rank.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -31,12 +31,27 @@ for shape in llama bloom; do
     || fail "$shape: ZeRO-2 weights are not dp's bytes"
 done
 
-# bf16 under ZeRO-3: each rank's one micro-batch casts every weight in forward and again
-# in backward, after the unit is gathered anew (one process, with two micro-batches,
-# keeps the copies for the step).
+# bf16 under ZeRO-3: units are gathered in bf16 (half the bytes: checked with the
+# volumes below) and widened, so the products multiply by the weights one process casts,
+# norm weights by their rounding; each rank's one micro-batch casts every weight in
+# forward and again in backward, after the unit is gathered anew (one process, with two
+# micro-batches, keeps the copies for the step).
 train llama llama-bf16-1 --set precision.compute=bf16
 train llama llama-bf16-zero3 --nproc 2 --set parallel.zero=3 --set precision.compute=bf16
 compare_half "$work/llama-bf16-1" "$work/llama-bf16-zero3" 8 || fail "bf16 ZeRO-3 differs from one process"
+# What it saves is gathered in fp32: the weights are not rounded to bf16 (a weight AdamW
+# moved has low mantissa bits, one rounded to bf16 has none).
+/usr/bin/python3 - "$work/llama-bf16-zero3/model.safetensors" <<'PY' || fail "bf16 ZeRO-3 saved rounded weights"
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+words = [w for name, e in header.items() if name != "__metadata__" and len(e["shape"]) == 2
+         for w in struct.unpack_from(f"<{(e['data_offsets'][1] - e['data_offsets'][0]) // 4}I", raw, 8 + n + e["data_offsets"][0])]
+low = sum(1 for w in words if w & 0xFFFF) / len(words)
+print(f"  bf16 ZeRO-3 saved {len(words)} matrix weights, {low:.1%} with low mantissa bits")
+assert low > 0.9, low
+PY
 # fp16 under ZeRO-2: the scaled gradients reduce-scattered as backward makes them, the
 # scale divided out in the update of each rank's pieces.
 train llama llama-fp16-1 --set precision.compute=fp16
@@ -61,6 +76,7 @@ compare "$work/bloom-zero3" "$work/bloom-zero3-recompute" 1 || fail "ZeRO-3 with
 #   ZeRO-2  4 psi + 12 psi / N  a reduce-scatters + all-gather (a + 1) 4 S (N-1)/N
 #   ZeRO-3 16 psi / N           a x (gather for forward, again for backward but unit 0 and the last
 #                               block, reduce-scatter)  a 4 (3 S - U_0 - B_last) (N-1)/N
+#          bf16 compute: the gathers in bf16            a (2 (2 S - U_0 - B_last) + 4 S) (N-1)/N
 # with a micro-batches per rank and step.
 for z in 0 1 2 3; do
   train llama llama-x4-zero$z --nproc 4 --set parallel.zero=$z --set schedule.steps=2 --set eval.every=0
@@ -81,14 +97,16 @@ for name, e in header.items():
     units[unit] = units.get(unit, 0) + n
 psi = sum(units.values())
 micro, global_batch = 2, 8
-cases = [("llama-dp2", 0, 2), ("llama-zero1", 1, 2), ("llama-zero2", 2, 2), ("llama-zero3", 3, 2)]
-cases += [(f"llama-x4-zero{z}", z, 4) for z in range(4)]
-for run, zero, n in cases:
+cases = [("llama-dp2", 0, 2, 4), ("llama-zero1", 1, 2, 4), ("llama-zero2", 2, 2, 4), ("llama-zero3", 3, 2, 4)]
+cases += [(f"llama-x4-zero{z}", z, 4, 4) for z in range(4)]
+cases += [("llama-bf16-zero3", 3, 2, 2)]
+for run, zero, n, width in cases:  # width: bytes of a gathered ZeRO-3 element
     padded = {u: -(-k // n) * n for u, k in units.items()}
     s = sum(padded.values())
     a = global_batch // (micro * n)
     theory = [16 * psi, 8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n, 16 * psi / n][zero]
-    volume = [8 * s, 8 * s, (a + 1) * 4 * s, a * 4 * (3 * s - padded[max(padded)] - padded[0])][zero] * (n - 1) / n
+    zero3 = a * (width * (2 * s - padded[max(padded)] - padded[0]) + 4 * s)
+    volume = [8 * s, 8 * s, (a + 1) * 4 * s, zero3][zero] * (n - 1) / n
     row = json.loads(open(f"{work}/{run}/metrics.jsonl").readline())
     held = sum(row["model_state_bytes"].values())
     ratio, comm = held / theory, row["comm_bytes"] / volume

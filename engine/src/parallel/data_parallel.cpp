@@ -12,6 +12,7 @@
 #include "gradient_hooks.h"
 #include "sharded_gradients.h"
 #include "sharded_parameters.h"
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/parameter_units.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/parallel/comm.h"
@@ -68,14 +69,14 @@ FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, in
 
 DataParallel::~DataParallel() = default;
 
-DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg,
+DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, DType compute,
                            std::vector<Comm*> model_parallel)
     : dp_(dp), model_parallel_(std::move(model_parallel)), flat_(flat), cfg_(cfg) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " do not divide among ",
               dp.size(), " ranks");
   TORCH_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "ZeRO stage ", cfg.zero, " does not exist");
   if (cfg.zero == 3) {
-    params_ = std::make_unique<ShardedParameters>(dp, flat);
+    params_ = std::make_unique<ShardedParameters>(dp, flat, scalar_type_of(compute));
     grads_ = std::make_unique<ShardedGradients>(dp, flat, ShardedGradients::Mode::Transient,
                                                 [this](int unit) { params_->release(unit); });
   } else if (cfg.zero >= 1) {

@@ -60,8 +60,9 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
                                  cfg.parallel.virtual_stages)[static_cast<size_t>(dist->pp->rank())];
   out.model = build_model(cfg, dist, out.stage, device);
   out.flat = flatten(cfg, dist, batch, out.model, out.stage);
+  const DType compute = resolve_compute_dtype(cfg.precision.compute, device);
   if (dist) {
-    out.data_parallel = std::make_unique<DataParallel>(*dist->dp, *out.flat, cfg.parallel,
+    out.data_parallel = std::make_unique<DataParallel>(*dist->dp, *out.flat, cfg.parallel, compute,
                                                        std::vector<Comm*>{dist->tp.get(), dist->pp.get()});
     out.model->set_parameter_units(out.data_parallel->parameter_units());
     out.optim = out.data_parallel->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
@@ -70,7 +71,6 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   }
   // Under bf16 (fp16) compute the optimizer writes the weights' working copy as it
   // updates them, where it updates them all: no cast in the step (compute_dtype.h).
-  const DType compute = resolve_compute_dtype(cfg.precision.compute, device);
   if (compute != DType::Float32) out.optim->keep_working_copy(scalar_type_of(compute), out.flat->slots());
   if (pp > 1) {
     const auto& tp = out.model->tensor_parallel();

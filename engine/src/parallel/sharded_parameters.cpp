@@ -24,7 +24,7 @@ void allocate_storage(const torch::Tensor& t) {
 }
 }  // namespace
 
-ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat) : dp_(dp) {
+ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat, at::ScalarType wire) : dp_(dp), wire_(wire) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " cannot be cut into ",
               dp.size(), " pieces");
   torch::NoGradGuard no_grad;
@@ -33,6 +33,7 @@ ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat) : dp_(dp) {
   shard_ = torch::zeros({flat.shard_numel(dp.size())}, opts);
   const size_t n = flat.units().size();
   whole_.resize(n);
+  wire_whole_.resize(n);
   gathering_.resize(n);
   gathered_.assign(n, 1);
   int64_t local = 0;
@@ -60,20 +61,35 @@ ShardedParameters::~ShardedParameters() {
     if (g) g->wait();
 }
 
-void ShardedParameters::allocate(int u) {
-  auto& whole = whole_[static_cast<size_t>(u)];
-  allocate_storage(whole);
-  gathered_bytes_ += whole.numel() * static_cast<int64_t>(sizeof(float));
+void ShardedParameters::count(int64_t bytes) {
+  gathered_bytes_ += bytes;
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
 }
 
-void ShardedParameters::prefetch(int u) {
+void ShardedParameters::allocate(int u) {
+  auto& whole = whole_[static_cast<size_t>(u)];
+  allocate_storage(whole);
+  count(whole.numel() * static_cast<int64_t>(sizeof(float)));
+}
+
+void ShardedParameters::prefetch(int u, bool exact) {
   const auto i = static_cast<size_t>(u);
   if (u < 0 || i >= whole_.size() || gathered_[i] || gathering_[i] || whole_[i].numel() == 0) return;
-  allocate(u);
   const int64_t piece = whole_[i].numel() / dp_.size();
-  gathering_[i] = dp_.all_gather_async(shard_.narrow(0, local_offset_[i], piece), whole_[i],
-                                       fmt::format("parameters of unit {}", u));
+  const std::string what = fmt::format("parameters of unit {}", u);
+  if (exact || wire_ == at::kFloat) {
+    allocate(u);
+    gathering_[i] = dp_.all_gather_async(shard_.narrow(0, local_offset_[i], piece), whole_[i], what);
+    return;
+  }
+  // This rank's piece cast for this gather alone (the collective holds it until done),
+  // as FSDP does: no second copy of the shard is kept. The fp32 parameters are allocated
+  // once the pieces are in (gather): while the gather runs, only its buffer is held.
+  torch::NoGradGuard no_grad;
+  auto& buffer = wire_whole_[i];
+  buffer = torch::empty({whole_[i].numel()}, shard_.options().dtype(wire_));
+  count(buffer.numel() * static_cast<int64_t>(buffer.element_size()));
+  gathering_[i] = dp_.all_gather_async(shard_.narrow(0, local_offset_[i], piece).to(wire_), buffer, what);
 }
 
 void ShardedParameters::gather(int u) {
@@ -84,7 +100,20 @@ void ShardedParameters::gather(int u) {
     gathering_[i]->wait();
     gathering_[i].reset();
   }
+  if (wire_whole_[i].defined()) {
+    torch::NoGradGuard no_grad;
+    allocate(u);
+    whole_[i].copy_(wire_whole_[i]);
+    drop_wire_buffer(u);
+  }
   gathered_[i] = 1;
+}
+
+void ShardedParameters::drop_wire_buffer(int u) {
+  auto& buffer = wire_whole_[static_cast<size_t>(u)];
+  if (!buffer.defined()) return;
+  gathered_bytes_ -= buffer.numel() * static_cast<int64_t>(buffer.element_size());
+  buffer = torch::Tensor();
 }
 
 void ShardedParameters::release(int u) {
@@ -93,6 +122,10 @@ void ShardedParameters::release(int u) {
     gathering_[i]->wait();
     gathering_[i].reset();
   } else if (!gathered_[i]) {
+    return;
+  }
+  if (wire_whole_[i].defined()) {  // prefetched, never used: its fp32 storage was never allocated
+    drop_wire_buffer(u);
     return;
   }
   gathered_[i] = 0;
@@ -124,7 +157,8 @@ void ShardedParameters::before_backward(int unit) {
 void ShardedParameters::end_forward() { release(0); }
 
 void ShardedParameters::gather_all() {
-  for (size_t u = 0; u < whole_.size(); ++u) prefetch(static_cast<int>(u));
+  if (wire_ != at::kFloat) release_all();  // a unit gathered in the wire dtype holds rounded values
+  for (size_t u = 0; u < whole_.size(); ++u) prefetch(static_cast<int>(u), /*exact=*/true);
   for (size_t u = 0; u < whole_.size(); ++u) gather(static_cast<int>(u));
 }
 

@@ -4,6 +4,13 @@
 // backward and freed once its gradients are in. Parameters stay ordinary leaf tensors
 // whose storage is allocated and freed underneath them, so autograd's saved tensors
 // see the gathered values again in backward.
+//
+// Under bf16 (fp16) compute the pieces travel in that dtype, as DeepSpeed's and FSDP's
+// (param_dtype) do: half the bytes of every gather. Each rank casts its fp32 piece of a
+// unit for each gather; a gathered unit's parameters hold the fp32 values of the cast pieces,
+// so every product multiplies by the same bf16 weights as without ZeRO-3 (its working copy
+// casts exactly), while norm weights and biases read the rounded values, as the peers'
+// do. Saving gathers the fp32 pieces themselves (gather_all).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +31,9 @@ class ShardedParameters : public ParameterUnits {
  public:
   // Takes this rank's pieces from the model's current parameters (every rank holds
   // the same initial values) and frees the rest. `flat` is the layout, without buffers.
-  ShardedParameters(Comm& dp, FlatParameters& flat);
+  // `wire`: the dtype the pieces are gathered in for forward and backward (float, or the
+  // compute dtype).
+  ShardedParameters(Comm& dp, FlatParameters& flat, at::ScalarType wire = at::kFloat);
   ~ShardedParameters() override;
 
   // This rank's pieces of all units, end to end: what the optimizer updates.
@@ -37,20 +46,24 @@ class ShardedParameters : public ParameterUnits {
 
   // The unit's gradients are in: its parameters can go.
   void release(int unit);
-  // Every rank: all parameters whole (to save them), then back to pieces.
+  // Every rank: all parameters whole in fp32 (to save them), then back to pieces.
   void gather_all();
   void release_all();
   int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
 
  private:
-  void gather(int unit);    // whole when it returns
-  void prefetch(int unit);  // started, not waited for
+  void gather(int unit);                        // whole when it returns
+  void prefetch(int unit, bool exact = false);  // started, not waited for; exact: in fp32
   void allocate(int unit);
+  void count(int64_t bytes);
+  void drop_wire_buffer(int unit);
 
   Comm& dp_;
   torch::Tensor shard_;
   std::vector<int64_t> local_offset_;
   std::vector<torch::Tensor> whole_;  // per unit; storage freed while released
+  at::ScalarType wire_;
+  std::vector<torch::Tensor> wire_whole_;  // per unit, while its gather in the wire dtype runs
   std::vector<std::unique_ptr<PendingCollective>> gathering_;
   std::vector<char> gathered_;
   int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;

@@ -7,7 +7,8 @@
 //     writes (one process, dp without ZeRO), else one copy of every matmul weight cast
 //     per step (ZeRO-3: per layer, cast in forward and again in backward);
 //   ZeRO-3 (sharded_parameters.h): unit 0 whole for the step, plus the running block's
-//     unit and the prefetched one; ZeRO-2/3 (sharded_gradients.h): each unit's gradients
+//     unit and the prefetched one (under bf16 compute gathered in bf16 from the rank's
+//     piece cast for it, then widened); ZeRO-2/3 (sharded_gradients.h): each unit's gradients
 //     in a buffer until reduce-scattered, unit 0's for the whole backward, two
 //     reduce-scatters in flight (walked moment by moment: sharded_gradients_peak);
 //   autograd's saved tensors per block (layers.cpp), the gradients the loss makes in
@@ -227,7 +228,11 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     const double blocks = L.zero != 3 ? static_cast<double>(r.blocks * r.block_matmul) : widest;
     m.working_copy = L.zero == 0 && !L.offload ? 2 * P : 2 * (blocks + static_cast<double>(r.head_matmul));
   }
-  if (L.zero == 3) m.gathered += (unit0 + 2 * block_unit) * 4;
+  // ZeRO-3's gathered blocks: the running one in fp32, the next one arriving (in fp32, or
+  // in the compute dtype from this rank's piece cast for it, widened when it is waited
+  // for: both at once for that moment).
+  const double gathered_blocks = block_unit * (bf16 ? 4 + 2 + 2.0 / L.dp : 4 + 4);
+  if (L.zero == 3) m.gathered += unit0 * 4 + gathered_blocks;
   if (L.zero >= 2 && L.micro_batches > 1) {
     // The last two units a micro-batch's backward reduce-scatters (block 0 and unit 0)
     // stay in flight through the next micro-batch's forward: their gradient buffers, the
@@ -317,11 +322,16 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     g.staged = device.host;
     if (r.first) g.embedding_gradient = static_cast<double>(r.vocab) * D * 4;
     if (r.first && r.last && mc.tie_embeddings) g.tied_head_gradient = g.embedding_gradient;
-    if (L.zero == 3) g.gathered_blocks_at_end = 2 * block_unit * 4;
+    if (L.zero == 3) g.gathered_blocks_at_end = gathered_blocks;
     backward_extra = sharded_gradients_peak(g, freed, block_extra, L.micro_batches > 1);
   }
   m.backward_transient =
       r.last ? std::max({h.forward_extra, h.backward_extra, backward_extra - h.saved}) : backward_extra;
+  // ZeRO-3 under bf16 compute: a micro-batch's forward starts with unit 0 arriving in bf16
+  // and widened, both at once, before any block is gathered or any activation made.
+  if (L.zero == 3 && bf16)
+    m.backward_transient =
+        std::max(m.backward_transient, unit0 * (2 + 2.0 / L.dp) - gathered_blocks - m.activations - m.loss);
   if (L.pp > 1) {
     const double wire = bf16 ? 2.0 : 4.0;
     m.communication = x.Nn * D * wire;  // the gradient or activation being received

@@ -185,7 +185,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     if (L.zero == 1) reduce = ring_of(P - deferred, 1.0), after = ring_of(deferred, 1.0);
     if (L.zero >= 2) reduce = M * ring_of(P - deferred, 1.0), after = ring_of(deferred, 1.0);
     if (L.zero == 1 || L.zero == 2) gather = ring_of(P, 1.0);
-    if (L.zero == 3) gather = 2 * M * ring_of(P, 1.0);
+    if (L.zero == 3) gather = 2 * M * ring_of(bf16 ? P / 2 : P, 1.0);  // bf16 compute: gathered in bf16
     t.dp_comm_total = reduce + after + gather;
     // A unit's reduction starts once its last backward pass has produced its gradients
     // (ZeRO-0/1: the last micro-batch's; 2-3: each pass's) and runs under the backward

@@ -33,9 +33,12 @@ class DataParallel {
   static FlatParameters::Options flat_options(const ParallelConfig& cfg, int ranks);
 
   // `flat` laid out with flat_options(cfg, dp.size()), before any forward pass.
+  // `compute`: the run's resolved compute dtype; under bf16 (fp16) stage 3 gathers
+  // parameters in it (sharded_parameters.h).
   // `model_parallel`: the groups of ranks that hold the other parts of this rank's
   // model replica (tensor parallel, pipeline stages); the gradient norm adds their parts.
-  DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, std::vector<Comm*> model_parallel = {});
+  DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, DType compute,
+               std::vector<Comm*> model_parallel = {});
   ~DataParallel();
 
   // ZeRO-3: what the model must call around each unit (Transformer::set_parameter_units);
