@@ -5,8 +5,9 @@
 #  - ZeRO-3 dp2, tp2 and pp2 reproduce one rank's losses on the same GPU (relative 1e-5)
 #    and, joined back into one model, its final parameters (1e-5), as on the CPU;
 #  - in bf16 (the fused kernels' bf16 path), ZeRO-2 dp2 (tide's AdamW kernel on each
-#    rank's shard of the flat buffers) and pp2 (bf16 between the stages) agree with one
-#    rank in bf16 to bf16's resolution, as on the CPU;
+#    rank's shard of the flat buffers), ZeRO-3 dp2 (units gathered in bf16 and widened
+#    on the GPU) and pp2 (bf16 between the stages) agree with one rank in bf16 to bf16's
+#    resolution, as on the CPU;
 #  - two ranks on one GPU with the default backend (NCCL) are refused, naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 "${TIDE_PYTHON:-python3}" "$(dirname "$0")/../tools/cuda_probe.py" || exit $?
@@ -27,8 +28,10 @@ compare "$work/cuda-1" "$work/cuda-pp2" 0 || fail "pp2 on one GPU differs from o
 bf16=(--set device=cuda --set precision.compute=bf16)
 train llama cuda-bf16-1 "${bf16[@]}"
 train llama cuda-bf16-zero2-dp2 --nproc 2 "${bf16[@]}" --set parallel.backend=gloo --set parallel.zero=2
+train llama cuda-bf16-zero3-dp2 --nproc 2 "${bf16[@]}" --set parallel.backend=gloo --set parallel.zero=3
 train llama cuda-bf16-pp2 --nproc 2 "${bf16[@]}" --set parallel.backend=gloo --set parallel.pp=2
 compare_half "$work/cuda-bf16-1" "$work/cuda-bf16-zero2-dp2" 8 || fail "bf16 ZeRO-2 dp2 on one GPU differs from one rank"
+compare_half "$work/cuda-bf16-1" "$work/cuda-bf16-zero3-dp2" 8 || fail "bf16 ZeRO-3 dp2 on one GPU differs from one rank"
 compare_half "$work/cuda-bf16-1" "$work/cuda-bf16-pp2" 8 || fail "bf16 pp2 on one GPU differs from one rank"
 
 refused llama "parallel.backend" --nproc 2 "${cuda[@]}" --set parallel.zero=3
