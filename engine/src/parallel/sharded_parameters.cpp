@@ -111,7 +111,6 @@ void ShardedParameters::gather(int u) {
 
 void ShardedParameters::drop_wire_buffer(int u) {
   auto& buffer = wire_whole_[static_cast<size_t>(u)];
-  if (!buffer.defined()) return;
   gathered_bytes_ -= buffer.numel() * static_cast<int64_t>(buffer.element_size());
   buffer = torch::Tensor();
 }

@@ -33,7 +33,7 @@ class ShardedParameters : public ParameterUnits {
   // the same initial values) and frees the rest. `flat` is the layout, without buffers.
   // `wire`: the dtype the pieces are gathered in for forward and backward (float, or the
   // compute dtype).
-  ShardedParameters(Comm& dp, FlatParameters& flat, at::ScalarType wire = at::kFloat);
+  ShardedParameters(Comm& dp, FlatParameters& flat, at::ScalarType wire);
   ~ShardedParameters() override;
 
   // This rank's pieces of all units, end to end: what the optimizer updates.
