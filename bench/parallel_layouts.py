@@ -8,8 +8,9 @@ the layout's theoretical volume (psi parameters, N ranks, a micro-batches per ra
 S = 4 B T D bytes of one micro-batch's activations, L blocks):
   dp, ZeRO-1   8 psi (N-1)/N            (one ring all-reduce of the gradients)
   ZeRO-2       (a+1) 4 psi (N-1)/N      (a reduce-scatters, one all-gather)
-  ZeRO-3       a 4 (3 psi - U0 - B) (N-1)/N  (gather for forward, again for backward
-                                         except unit 0 and the last block B, reduce-scatter)
+  ZeRO-3       a 4 (3 psi - E - H - B) (N-1)/N  (gather for forward, again for backward
+                                         except the embedding E, the last block B and the
+                                         head H with the final norm, reduce-scatter)
   tp           a (4L + 2) 2 S (N-1)/N   (two all-reduces per block forward and backward,
                                          embedding and head; sequence parallel: the same
                                          bytes as all-gathers and reduce-scatters, plus
@@ -99,7 +100,7 @@ def main():
             micro = sh["batch"] // (2 * dp)
         micro_batches = sh["batch"] // (micro * dp)
         zero = int(extra.get("parallel.zero", 0))
-        outer = 2 * sh["vocab"] * sh["dim"] + sh["dim"]  # embedding, head, final norm
+        outer = 2 * sh["vocab"] * sh["dim"] + sh["dim"]  # E + H: embedding, head, final norm
         block = (psi - outer) / sh["layers"]
         act = 4 * micro * sh["seq"] * sh["dim"]
         if n == 1:

@@ -51,17 +51,22 @@ TEST(FlatParameters, UnitsArePaddedAndShardedWithoutGapsOrOverlap) {
   OptimConfig o;
   FlatParameters::Options options;
   options.pad_to = 4;
-  options.unit_of = block_unit;
+  const ParameterUnitLayout layout = parameter_unit_layout(testing::tiny_llama());
+  ASSERT_FALSE(layout.tied);
+  options.unit_of = [layout](const std::string& name) { return layout.unit_of(name); };
   FlatParameters flat(*m, o, options);
-  ASSERT_EQ(static_cast<int64_t>(flat.units().size()), testing::tiny_llama().n_layers + 1);
+  const int64_t n_layers = testing::tiny_llama().n_layers;
+  ASSERT_EQ(static_cast<int64_t>(flat.units().size()), n_layers + 2);
   for (const auto& u : flat.units()) EXPECT_EQ(u.numel % 4, 0);
   for (const auto& s : flat.slots()) {
     const auto& u = flat.units()[static_cast<size_t>(s.unit)];
     EXPECT_GE(s.offset, u.offset);
     EXPECT_LE(s.offset + s.numel, u.offset + u.numel);
     EXPECT_EQ(s.decayed, s.offset < u.offset + u.decay_numel) << s.name;
-    EXPECT_EQ(s.unit, s.name.find("layers.") == std::string::npos ? 0 : 1 + std::stoi(s.name.substr(s.name.find("layers.") + 7)))
-        << s.name;
+    const bool head = s.name == "lm_head.weight" || s.name == "model.norm.weight";
+    const int block =
+        s.name.find("layers.") == std::string::npos ? -1 : std::stoi(s.name.substr(s.name.find("layers.") + 7));
+    EXPECT_EQ(s.unit, head ? n_layers + 1 : 1 + block) << s.name;
   }
   // The four ranks' pieces cover every element once, with the decay of its parameter.
   std::vector<int> seen(static_cast<size_t>(flat.numel()), 0);

@@ -176,13 +176,24 @@ TEST(PartitionStages, InterleavedRanksTakeEveryPpthChunkOfTheModel) {
   EXPECT_EQ(given[0].chunks[1].end, 7);
   EXPECT_EQ(given[1].chunks[0].first, 1);
   // Each chunk's backward completes its flat units (block b is unit b + 1) from the last
-  // block, with unit 0 (what lies outside the blocks) last where the chunk starts the
-  // model and first where it ends it.
-  EXPECT_EQ(chunk_units(given[0], 0, 8), (std::vector<int>{1, 0}));
-  EXPECT_EQ(chunk_units(given[0], 1, 8), (std::vector<int>{7, 6, 5}));
-  EXPECT_EQ(chunk_units(given[1], 0, 8), (std::vector<int>{4, 3, 2}));
-  EXPECT_EQ(chunk_units(given[1], 1, 8), (std::vector<int>{0, 8}));
-  EXPECT_EQ(chunk_units(PipelineStage{}, 0, 3), (std::vector<int>{3, 2, 1, 0}));
+  // block, with unit 0 (the embeddings) last where the chunk starts the model and the
+  // head's unit first where it ends it: its own (9) untied, unit 0 tied.
+  ParameterUnitLayout untied{8, false, false}, tied{8, true, false};
+  EXPECT_EQ(chunk_units(given[0], 0, untied), (std::vector<int>{1, 0}));
+  EXPECT_EQ(chunk_units(given[0], 1, untied), (std::vector<int>{7, 6, 5}));
+  EXPECT_EQ(chunk_units(given[1], 0, untied), (std::vector<int>{4, 3, 2}));
+  EXPECT_EQ(chunk_units(given[1], 1, untied), (std::vector<int>{9, 8}));
+  EXPECT_EQ(chunk_units(given[1], 1, tied), (std::vector<int>{0, 8}));
+  EXPECT_EQ(chunk_units(PipelineStage{}, 0, ParameterUnitLayout{3, false, false}), (std::vector<int>{4, 3, 2, 1, 0}));
+  EXPECT_EQ(chunk_units(PipelineStage{}, 0, ParameterUnitLayout{3, true, true}), (std::vector<int>{3, 2, 1, 0}));
+  // Names place parameters in those units.
+  EXPECT_EQ(untied.unit_of("lm_head.weight"), 9);
+  EXPECT_EQ(untied.unit_of("model.norm.weight"), 9);
+  EXPECT_EQ(untied.unit_of("model.embed_tokens.weight"), 0);
+  EXPECT_EQ(untied.unit_of("model.layers.7.mlp.up_proj.weight"), 8);
+  EXPECT_EQ(tied.unit_of("transformer.ln_f.bias"), 0);
+  EXPECT_EQ(untied.count(), 10);
+  EXPECT_EQ(tied.count(), 9);
   // Activation checkpointing recomputes the first model.recompute_blocks of each chunk.
   ModelConfig ckpt = m;
   EXPECT_EQ(recomputed_blocks(ckpt, given[0].chunks[1]), 0);

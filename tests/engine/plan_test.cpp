@@ -53,13 +53,13 @@ TEST(Plan, RankModelAddsUpToTheModel) {
        {"llama/llama-tiny", "llama/llama-2-70b", "llama/llama-3-8b", "bloom/bloom-560m", "bloom/bloom-tiny"}) {
     const ModelConfig m = recipe(name).model;
     const auto whole = plan::rank_model(m, 1, PipelineStage{});
-    EXPECT_EQ(whole.outside_elements + whole.blocks * whole.block_elements, parameter_count(m)) << name;
+    EXPECT_EQ(whole.padded_elements(1), parameter_count(m)) << name;
     // Pipeline stages hold every block once; the last stage's copy of tied embeddings is extra.
     for (const int64_t pp : {2, 4}) {
       int64_t total = 0;
       for (const auto& stage : partition_stages(m, pp, 256)) {
         const auto r = plan::rank_model(m, 1, stage);
-        total += r.outside_elements + r.blocks * r.block_elements;
+        total += r.padded_elements(1);
       }
       EXPECT_EQ(total, parameter_count(m) + (m.tie_embeddings ? m.vocab_size * m.dim : 0)) << name << " pp" << pp;
     }

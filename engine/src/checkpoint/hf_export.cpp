@@ -31,8 +31,8 @@ void export_checkpoint_hf(const std::string& step_dir, const std::string& out, c
   const RunConfig cfg = config_from_json(read_manifest(step_dir)["recipe"]);
   // One process's model: the checkpoint's pieces are joined whatever layout saved them.
   Transformer model(cfg.model);
-  FlatParameters::Options layout;
-  layout.unit_of = block_unit;
+  FlatParameters::Options layout;  // as one process trains it (parallelize.cpp)
+  layout.unit_of = [units = parameter_unit_layout(cfg.model)](const std::string& name) { return units.unit_of(name); };
   FlatParameters flat(*model, cfg.optimizer, layout);
   AdamW optim(flat, cfg.optimizer);
   Checkpointer(fs::path(step_dir).parent_path().string(), CheckpointParts{&cfg, model.get(), &flat, &optim, nullptr})

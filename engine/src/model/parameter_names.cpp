@@ -16,4 +16,21 @@ int block_unit(const std::string& name) {
   return 0;
 }
 
+bool is_head_parameter(const std::string& name) {
+  return name == "lm_head.weight" || name.rfind("model.norm.", 0) == 0 || name.rfind("transformer.ln_f.", 0) == 0;
+}
+
+int ParameterUnitLayout::unit_of(const std::string& name) const {
+  if (const int block = block_unit(name); block > 0) return block;
+  return is_head_parameter(name) ? head() : 0;
+}
+
+ParameterUnitLayout parameter_unit_layout(const ModelConfig& m) {
+  ParameterUnitLayout units;
+  units.n_layers = m.n_layers;
+  units.tied = m.tie_embeddings;
+  units.embedding_norm = m.embedding_norm;
+  return units;
+}
+
 }  // namespace tide

@@ -101,16 +101,16 @@ int64_t recomputed_blocks(const ModelConfig& m, const BlockRange& range) {
   return m.recompute_blocks > 0 ? std::min(m.recompute_blocks, blocks) : blocks;
 }
 
-std::vector<int> chunk_units(const PipelineStage& stage, int chunk, int64_t n_layers) {
+std::vector<int> chunk_units(const PipelineStage& stage, int chunk, const ParameterUnitLayout& units) {
   const auto& range = stage.chunks.at(static_cast<size_t>(chunk));
   const bool starts = stage.first && chunk == 0;
   const bool ends = stage.last && chunk + 1 == static_cast<int>(stage.chunks.size());
-  std::vector<int> units;
-  if (ends && !starts) units.push_back(0);
-  for (int64_t block = range.first + range_blocks(range, n_layers); block-- > range.first;)
-    units.push_back(static_cast<int>(block) + 1);
-  if (starts) units.push_back(0);
-  return units;
+  std::vector<int> out;
+  if (ends && (units.head() != 0 || !starts)) out.push_back(units.head());
+  for (int64_t block = range.first + range_blocks(range, units.n_layers); block-- > range.first;)
+    out.push_back(static_cast<int>(block) + 1);
+  if (starts) out.push_back(0);
+  return out;
 }
 
 bool stage_owns(const PipelineStage& stage, const std::string& name) {
@@ -120,9 +120,7 @@ bool stage_owns(const PipelineStage& stage, const std::string& name) {
       if (block >= c.first && (c.end < 0 || block < c.end)) return true;
     return false;
   }
-  const bool head = name == "lm_head.weight" || name.rfind("model.norm.", 0) == 0 ||
-                    name.rfind("transformer.ln_f.", 0) == 0;
-  return head ? stage.last : stage.first;
+  return is_head_parameter(name) ? stage.last : stage.first;
 }
 
 }  // namespace tide

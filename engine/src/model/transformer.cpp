@@ -232,6 +232,7 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {
   }
   if (embedding_norm) x = embedding_norm(x);
   if (cfg_.dropout > 0 && is_training()) x = torch::dropout(x, cfg_.dropout, true);
+  if (units_) x = units_->after_forward(0, x);
   return x;
 }
 
@@ -286,13 +287,19 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk) {
 torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
   TORCH_CHECK(stage_.first && stage_.last && stage_.chunks.size() == 1,
               "hidden() needs the whole model, not one pipeline stage");
-  return final_norm(run_blocks(embed(tokens), 0));
+  return normed_output(run_blocks(embed(tokens), 0));
 }
 
 torch::Tensor TransformerImpl::stage_forward(const torch::Tensor& input, const torch::Tensor& targets, size_t chunk) {
   const bool embeds = stage_.first && chunk == 0, heads = stage_.last && chunk + 1 == stage_.chunks.size();
   auto x = run_blocks(embeds ? embed(input) : input, chunk);
-  return heads ? head_loss(final_norm(x), targets) : x;
+  return heads ? head_loss(normed_output(x), targets) : x;
+}
+
+torch::Tensor TransformerImpl::normed_output(const torch::Tensor& x) {
+  // Tied, the head's unit is unit 0, whole since the embedding.
+  if (const int head = parameter_unit_layout(cfg_).head(); units_ && head != 0) units_->before_forward(head);
+  return final_norm(x);
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {

@@ -61,7 +61,6 @@ struct DataParallel::Buckets {
 FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, int ranks) {
   FlatParameters::Options o;
   o.pad_to = ranks;
-  o.unit_of = block_unit;
   o.data = cfg.zero < 3;
   o.grad = cfg.zero < 2;
   return o;
@@ -70,13 +69,13 @@ FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, in
 DataParallel::~DataParallel() = default;
 
 DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, DType compute,
-                           std::vector<Comm*> model_parallel)
+                           const ParameterUnitLayout& units, std::vector<Comm*> model_parallel)
     : dp_(dp), model_parallel_(std::move(model_parallel)), flat_(flat), cfg_(cfg) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " do not divide among ",
               dp.size(), " ranks");
   TORCH_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "ZeRO stage ", cfg.zero, " does not exist");
   if (cfg.zero == 3) {
-    params_ = std::make_unique<ShardedParameters>(dp, flat, scalar_type_of(compute));
+    params_ = std::make_unique<ShardedParameters>(dp, flat, units, scalar_type_of(compute));
     grads_ = std::make_unique<ShardedGradients>(dp, flat, ShardedGradients::Mode::Transient,
                                                 [this](int unit) { params_->release(unit); });
   } else if (cfg.zero >= 1) {

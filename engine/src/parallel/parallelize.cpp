@@ -43,8 +43,8 @@ Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineS
 std::unique_ptr<FlatParameters> flatten(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch,
                                         Transformer model, const PipelineStage& stage) {
   FlatParameters::Options layout;
-  layout.unit_of = block_unit;
   if (dist) layout = DataParallel::flat_options(cfg.parallel, static_cast<int>(batch.dp));
+  layout.unit_of = [units = parameter_unit_layout(cfg.model)](const std::string& name) { return units.unit_of(name); };
   layout.counted = [m = model.get(), rank = model->tensor_parallel().rank(), stage](const std::string& name) {
     return stage_owns(stage, name) && (rank == 0 || m->tp_slice(name).dim >= 0);
   };
@@ -62,8 +62,9 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   out.flat = flatten(cfg, dist, batch, out.model, out.stage);
   const DType compute = resolve_compute_dtype(cfg.precision.compute, device);
   if (dist) {
-    out.data_parallel = std::make_unique<DataParallel>(*dist->dp, *out.flat, cfg.parallel, compute,
-                                                       std::vector<Comm*>{dist->tp.get(), dist->pp.get()});
+    out.data_parallel =
+        std::make_unique<DataParallel>(*dist->dp, *out.flat, cfg.parallel, compute, parameter_unit_layout(cfg.model),
+                                       std::vector<Comm*>{dist->tp.get(), dist->pp.get()});
     out.model->set_parameter_units(out.data_parallel->parameter_units());
     out.optim = out.data_parallel->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
   } else {

@@ -24,7 +24,9 @@ void allocate_storage(const torch::Tensor& t) {
 }
 }  // namespace
 
-ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat, at::ScalarType wire) : dp_(dp), wire_(wire) {
+ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat, const ParameterUnitLayout& units,
+                                     at::ScalarType wire)
+    : dp_(dp), last_block_(units.last_block()), keep_embeddings_(units.embeddings_read_after_lookup()), wire_(wire) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " cannot be cut into ",
               dp.size(), " pieces");
   torch::NoGradGuard no_grad;
@@ -139,12 +141,17 @@ void ShardedParameters::before_forward(int unit) {
 }
 
 at::Tensor ShardedParameters::after_forward(int unit, const at::Tensor& y) {
+  if (unit == 0) {
+    if (!keep_embeddings_) release(0);
+    return y;
+  }
   if (!y.requires_grad()) {
     release(unit);
     return y;
   }
-  // The last block's backward comes next: keep it rather than gather it again.
-  if (static_cast<size_t>(unit) + 1 < whole_.size()) release(unit);
+  // The last block's backward comes right after the head's: keep it rather than gather
+  // it again.
+  if (unit != last_block_) release(unit);
   return call_before_backward(y, *this, unit);
 }
 
@@ -153,7 +160,7 @@ void ShardedParameters::before_backward(int unit) {
   if (unit > 1) prefetch(unit - 1);
 }
 
-void ShardedParameters::end_forward() { release(0); }
+void ShardedParameters::end_forward() { release_all(); }
 
 void ShardedParameters::gather_all() {
   if (wire_ != at::kFloat) release_all();  // a unit gathered in the wire dtype holds rounded values

@@ -1,9 +1,12 @@
 // ZeRO-3 parameters: each rank keeps only its piece of every unit. A unit's whole
 // parameters exist just while its block runs: all-gathered before its forward (the
 // next unit's gather already in flight), freed after, gathered again before its
-// backward and freed once its gradients are in. Parameters stay ordinary leaf tensors
-// whose storage is allocated and freed underneath them, so autograd's saved tensors
-// see the gathered values again in backward.
+// backward and freed once its gradients are in. The last block and the head, whose
+// backward follows at once, stay from their forward. The embeddings go after the token
+// lookup, whose backward reads no weight, unless the tied head or the embedding norm
+// reads them later: then they stay for the micro-batch. Parameters stay ordinary leaf
+// tensors whose storage is allocated and freed underneath them, so autograd's saved
+// tensors see the gathered values again in backward.
 //
 // Under bf16 (fp16) compute the pieces travel in that dtype, as DeepSpeed's and FSDP's
 // (param_dtype) do: half the bytes of every gather. Each rank casts its fp32 piece of a
@@ -33,7 +36,8 @@ class ShardedParameters : public ParameterUnits {
   // the same initial values) and frees the rest. `flat` is the layout, without buffers.
   // `wire`: the dtype the pieces are gathered in for forward and backward (float, or the
   // compute dtype).
-  ShardedParameters(Comm& dp, FlatParameters& flat, at::ScalarType wire);
+  // `units`: how the flat units map to the model.
+  ShardedParameters(Comm& dp, FlatParameters& flat, const ParameterUnitLayout& units, at::ScalarType wire);
   ~ShardedParameters() override;
 
   // This rank's pieces of all units, end to end: what the optimizer updates.
@@ -59,6 +63,8 @@ class ShardedParameters : public ParameterUnits {
   void drop_wire_buffer(int unit);
 
   Comm& dp_;
+  int last_block_ = 0;
+  bool keep_embeddings_ = false;  // through a micro-batch: read after the lookup
   torch::Tensor shard_;
   std::vector<int64_t> local_offset_;
   std::vector<torch::Tensor> whole_;  // per unit; storage freed while released

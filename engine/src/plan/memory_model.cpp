@@ -6,11 +6,13 @@
 //   bf16 compute (compute_dtype.h): the bf16 working copy of the flat buffer that AdamW
 //     writes (one process, dp without ZeRO), else one copy of every matmul weight cast
 //     per step (ZeRO-3: per layer, cast in forward and again in backward);
-//   ZeRO-3 (sharded_parameters.h): unit 0 whole for the step, plus the running block's
-//     unit and the prefetched one (under bf16 compute gathered in bf16 from the rank's
-//     piece cast for it, then widened); ZeRO-2/3 (sharded_gradients.h): each unit's gradients
-//     in a buffer until reduce-scattered, unit 0's for the whole backward, two
-//     reduce-scatters in flight (walked moment by moment: sharded_gradients_peak);
+//   ZeRO-3 (sharded_parameters.h): the running block's unit and the prefetched one (under
+//     bf16 compute gathered in bf16 from the rank's piece cast for it, then widened), the
+//     embeddings' unit at a forward's start (for the step when read after the lookup: tied
+//     or normed), the last block's beside the head's from the loss through the head's
+//     backward; ZeRO-2/3 (sharded_gradients.h): each unit's gradients in a buffer until
+//     reduce-scattered (tied, unit 0's for the whole backward), two reduce-scatters in
+//     flight (walked moment by moment: sharded_gradients_peak);
 //   autograd's saved tensors per block (layers.cpp), the gradients the loss makes in
 //     its forward and a chunk of its logits (linear_cross_entropy.cpp), the micro-batches a
 //     pipeline schedule keeps in flight (pipeline.cpp);
@@ -25,6 +27,7 @@
 #include "estimates.h"
 #include "rank_model.h"
 #include "tide/engine/model/cross_entropy_chunks.h"
+#include "tide/engine/model/parameter_names.h"
 #include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/parallel/pipeline_schedule.h"
 
@@ -139,17 +142,22 @@ Head head(const RankModel& r, int64_t tp, const Shape& x) {
 // ZeRO-2/3 (sharded_gradients.cpp): backward adds each unit's gradients into a buffer of
 // its own; a complete unit's buffer goes to a reduce-scatter with the piece it returns
 // and, through Gloo, a copy of its input; two stay in flight, and launching a third
-// waits for the oldest only after the third's buffers exist. Unit 0 (embedding, final
-// norm, head) fills from the head's backward to the embedding's and goes last, while the
-// embedding's dense gradient, just added into it, is still alive. Walks one micro-batch's
-// backward: the blocks in reverse order, each block's saved tensors freed once its
-// backward is done. Returns the most held at once beyond every saved tensor of the
-// micro-batch: in flight through an earlier micro-batch's end (`carried`, counted in
-// `gathered` for the whole step, so taken off here), each unit's buffers, the block's own
-// backward (`block_extra`) while it runs. `freed` is each block's saved bytes, in the
-// order backward reaches them.
+// waits for the oldest only after the third's buffers exist. An untied head's unit goes
+// first, as its backward ends; unit 0 (the embeddings) goes last, while the embedding's
+// dense gradient, just added into it, is still alive; tied, unit 0 also holds the head and
+// fills from the head's backward on. Walks one micro-batch's backward: the head's unit,
+// then the blocks in reverse order, each block's saved tensors freed once its backward is
+// done. Returns the most held at once beyond every saved tensor of the micro-batch but
+// the head's (gone by a block's backward): in flight through an earlier micro-batch's end
+// (`carried`, counted in `gathered` for the whole step, so taken off here), each unit's
+// buffers, the block's own backward (`block_extra`) while it runs. `freed` is each
+// block's saved bytes, in the order backward reaches them.
 struct GradientUnits {
   double block = 0, unit0 = 0;  // a block's unit and unit 0, bytes of fp32
+  double head = 0;              // the head's own unit (untied, last stage)
+  double head_weight_gradient = 0;     // of the head's saved tensors, moved into its unit's buffer
+  double head_saved = 0;               // the head's saved tensors, all alive when its unit launches
+  bool unit0_fills_from_head = false;  // tied: unit 0's buffer lives through every block's backward
   double dp = 1;
   bool staged = false;            // Gloo copies a collective's input
   double embedding_gradient = 0;  // the first stage's dense gradient of the embedding
@@ -167,14 +175,21 @@ double sharded_gradients_peak(const GradientUnits& g, const std::vector<double>&
   const auto total = [&] { return std::accumulate(in_flight.begin(), in_flight.end(), 0.0); };
   const double allowance = total();
   const auto held = [&] { return total() - allowance; };
-  double peak = std::numeric_limits<double>::lowest(), gone = 0;
+  double peak = std::numeric_limits<double>::lowest();
+  if (g.head > 0) {
+    in_flight.push_back(job(g.head));
+    peak = std::max(peak, held() + g.head_saved - g.head_weight_gradient);
+    while (in_flight.size() > 2) in_flight.erase(in_flight.begin());
+  }
+  const double unit0_held = g.unit0_fills_from_head ? g.unit0 : 0;
+  double gone = 0;
   for (const double saved : freed) {
     // The block's backward: unit 0's buffer, its own unit's, the collectives in flight.
-    peak = std::max(peak, g.unit0 + g.block + g.tied_head_gradient + held() + block_extra - gone);
+    peak = std::max(peak, unit0_held + g.block + g.tied_head_gradient + held() + block_extra - gone);
     gone += saved;
     // Its unit launched beside the two in flight.
     in_flight.push_back(job(g.block));
-    peak = std::max(peak, g.unit0 + g.tied_head_gradient + held() - gone);
+    peak = std::max(peak, unit0_held + g.tied_head_gradient + held() - gone);
     while (in_flight.size() > 2) in_flight.erase(in_flight.begin());
   }
   in_flight.push_back(job(g.unit0));
@@ -197,6 +212,9 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   const double piece = P / L.dp;
   const double unit0 = static_cast<double>(r.units(pad).front());
   const double block_unit = static_cast<double>(r.largest_block_unit(pad));
+  const double head_unit = r.head_elements > 0 ? static_cast<double>(r.units(pad).back()) : 0.0;
+  // ZeRO-3 keeps unit 0 whole through a micro-batch only where it is read after the lookup.
+  const bool unit0_kept = parameter_unit_layout(mc).embeddings_read_after_lookup();
   StageMemory out;
   MemoryEstimate& m = out.m;
 
@@ -232,7 +250,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   // in the compute dtype from this rank's piece cast for it, widened when it is waited
   // for: both at once for that moment).
   const double gathered_blocks = block_unit * (bf16 ? 4 + 2 + 2.0 / L.dp : 4 + 4);
-  if (L.zero == 3) m.gathered += unit0 * 4 + gathered_blocks;
+  if (L.zero == 3) m.gathered += (unit0_kept ? unit0 * 4 : 0) + gathered_blocks;
   if (L.zero >= 2 && L.micro_batches > 1) {
     // The last two units a micro-batch's backward reduce-scatters (block 0 and unit 0)
     // stay in flight through the next micro-batch's forward: their gradient buffers, the
@@ -318,6 +336,12 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     GradientUnits g;
     g.block = block_unit * 4;
     g.unit0 = unit0 * 4;
+    g.head = head_unit * 4;
+    g.unit0_fills_from_head = r.last && mc.tie_embeddings;
+    if (r.last) {
+      g.head_saved = h.saved;
+      g.head_weight_gradient = static_cast<double>(r.vocab) * D * 4;
+    }
     g.dp = static_cast<double>(L.dp);
     g.staged = device.host;
     if (r.first) g.embedding_gradient = static_cast<double>(r.vocab) * D * 4;
@@ -325,13 +349,27 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     if (L.zero == 3) g.gathered_blocks_at_end = gathered_blocks;
     backward_extra = sharded_gradients_peak(g, freed, block_extra, L.micro_batches > 1);
   }
-  m.backward_transient =
-      r.last ? std::max({h.forward_extra, h.backward_extra, backward_extra - h.saved}) : backward_extra;
-  // ZeRO-3 under bf16 compute: a micro-batch's forward starts with unit 0 arriving in bf16
-  // and widened, both at once, before any block is gathered or any activation made.
-  if (L.zero == 3 && bf16)
-    m.backward_transient =
-        std::max(m.backward_transient, unit0 * (2 + 2.0 / L.dp) - gathered_blocks - m.activations - m.loss);
+  // ZeRO-3 from the loss through the head's backward: the last block (kept for its
+  // backward) and the head's unit, not two blocks; the head arrives while the last block
+  // runs and, under bf16, is widened beside its bf16 copy before the loss is made.
+  double head_gathered = 0, head_widened = std::numeric_limits<double>::lowest();
+  if (L.zero == 3 && head_unit > 0) {
+    head_gathered = (block_unit + head_unit) * 4 - gathered_blocks;
+    head_widened = block_unit * 4 + head_unit * (bf16 ? 6 : 4) - gathered_blocks - h.saved;
+  }
+  m.backward_transient = r.last ? std::max({h.forward_extra + head_gathered, h.backward_extra + head_gathered,
+                                            backward_extra - h.saved, head_widened})
+                                : backward_extra;
+  // ZeRO-3: a micro-batch's forward starts with unit 0 gathered (under bf16 arriving in
+  // bf16 and widened, both at once), then block 0's gather started beside it, before any
+  // activation is made. Unit 0 kept for the step is counted in `gathered` already.
+  if (L.zero == 3) {
+    const double arriving = bf16 ? 2 + 2.0 / L.dp : 0.0;
+    const double start =
+        unit0_kept ? unit0 * arriving
+                   : std::max(unit0 * (4 + (bf16 ? 2 : 0)), unit0 * 4 + block_unit * (bf16 ? 2 + 2.0 / L.dp : 4));
+    m.backward_transient = std::max(m.backward_transient, start - gathered_blocks - m.activations - m.loss);
+  }
   if (L.pp > 1) {
     const double wire = bf16 ? 2.0 : 4.0;
     m.communication = x.Nn * D * wire;  // the gradient or activation being received

@@ -1,6 +1,7 @@
 #include "rank_model.h"
 
 #include <algorithm>
+#include <numeric>
 
 namespace tide::plan {
 
@@ -11,11 +12,13 @@ int64_t padded(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 std::vector<int64_t> RankModel::units(int64_t pad_to) const {
   std::vector<int64_t> out{padded(outside_elements, pad_to)};
   for (int64_t b = 0; b < blocks; ++b) out.push_back(padded(block_elements, pad_to));
+  if (head_elements > 0) out.push_back(padded(head_elements, pad_to));
   return out;
 }
 
 int64_t RankModel::padded_elements(int64_t pad_to) const {
-  return padded(outside_elements, pad_to) + blocks * padded(block_elements, pad_to);
+  const auto all = units(pad_to);
+  return std::accumulate(all.begin(), all.end(), int64_t{0});
 }
 
 int64_t RankModel::largest_block_unit(int64_t pad_to) const { return blocks > 0 ? padded(block_elements, pad_to) : 0; }
@@ -53,14 +56,15 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   r.block_matmul = attention_matmul + mlp_matmul;
   r.block_elements = 2 * norm + attention + mlp;
 
-  // Unit 0 (transformer.cpp): the embedding on the first stage (and its copy on the last
-  // when tied), learned positions and the embedding norm on the first, the final norm and
-  // an untied head on the last.
+  // Unit 0 (transformer.cpp, parameter_names.h): the embedding on the first stage (and
+  // its copy on the last when tied), learned positions and the embedding norm on the
+  // first. The last stage's final norm joins it when tied, else it and the head are a
+  // unit of their own.
   int64_t outside = 0;
   if (stage.first || (stage.last && m.tie_embeddings)) outside += r.vocab * d;
   if (stage.first && m.positions == PositionKind::Learned) outside += m.max_seq_len * d;
   if (stage.first && m.embedding_norm) outside += 2 * d;
-  if (stage.last) outside += norm + (m.tie_embeddings ? 0 : r.vocab * d);
+  if (stage.last) (m.tie_embeddings ? outside : r.head_elements) += norm + (m.tie_embeddings ? 0 : r.vocab * d);
   r.outside_elements = outside;
   r.head_matmul = stage.last ? r.vocab * d : 0;
   return r;

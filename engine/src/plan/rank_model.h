@@ -22,11 +22,12 @@ struct RankModel {
   bool first = true, last = true;
   int64_t block_elements = 0;    // parameters of one block on this rank
   int64_t block_matmul = 0;      // of which matmul weights
-  int64_t outside_elements = 0;  // unit 0: embeddings, final norm, output head of this stage
+  int64_t outside_elements = 0;  // unit 0: the embeddings, and (tied) the final norm
+  int64_t head_elements = 0;     // the head's own unit (untied, last stage): final norm and head
   int64_t head_matmul = 0;       // the output projection's weight (last stage), tied or not
 
   // Elements of each flat-buffer unit, each padded to a multiple of pad_to (FlatParameters):
-  // unit 0 first, then this stage's blocks.
+  // unit 0 first, then this stage's blocks, then the head's own unit where there is one.
   std::vector<int64_t> units(int64_t pad_to) const;
   int64_t padded_elements(int64_t pad_to) const;
   int64_t largest_block_unit(int64_t pad_to) const;

@@ -196,7 +196,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     // Gloo's threads take the cores the step computes on.
     const double overlap = dev.host ? 0.0 : 1.0;
     const double backward_compute = overlap * (t.compute + t.recompute) * 2.0 / 3.0;
-    const double units = std::max(1.0, blocks + 1);
+    const double units = static_cast<double>(r.units(pad).size());
     double exposed = after;
     if (L.zero >= 2) {
       exposed += std::max(0.0, reduce - backward_compute) + reduce / units;

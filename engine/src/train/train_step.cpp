@@ -30,7 +30,7 @@ TrainStep::TrainStep(ParallelModel& pm, Distributed* dist, const RunConfig& cfg,
   const PipelineStage& stage = pm.model->pipeline_stage();
   const bool tied_across_stages = pm.pipeline && cfg.model.tie_embeddings;  // a pipeline has pp > 1
   for (int chunk = 0; chunk < static_cast<int>(stage.chunks.size()); ++chunk) {
-    auto units = chunk_units(stage, chunk, cfg.model.n_layers);
+    auto units = chunk_units(stage, chunk, parameter_unit_layout(cfg.model));
     if (tied_across_stages) units.erase(std::remove(units.begin(), units.end(), 0), units.end());
     backward_units_.push_back(std::move(units));
   }

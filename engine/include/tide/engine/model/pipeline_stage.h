@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tide/engine/config.h"
+#include "tide/engine/model/parameter_names.h"
 
 namespace tide {
 
@@ -42,11 +43,11 @@ int64_t stage_blocks(const PipelineStage& stage, int64_t n_layers);
 // without it, model.recompute_blocks with it (all when 0 or more than the chunk holds).
 int64_t recomputed_blocks(const ModelConfig& m, const BlockRange& range);
 
-// The units of the flat parameter buffer (parameter_names.h: block_unit) whose gradients
-// a backward through chunk `chunk` of the stage produces, in the order it completes them:
-// the head's unit 0 (what lies outside the blocks) first where the chunk ends the model,
-// its blocks from the last, and unit 0 last where the chunk starts the model.
-std::vector<int> chunk_units(const PipelineStage& stage, int chunk, int64_t n_layers);
+// The units of the flat parameter buffer (parameter_names.h: ParameterUnitLayout) whose
+// gradients a backward through chunk `chunk` of the stage produces, in the order it
+// completes them: the head's unit first where the chunk ends the model, its blocks from
+// the last, and unit 0 last where the chunk starts the model.
+std::vector<int> chunk_units(const PipelineStage& stage, int chunk, const ParameterUnitLayout& units);
 
 // Whether the stage owns the whole model's parameter `name` (the last stage's copy of
 // tied embeddings is not owned: the first stage's is).

@@ -171,6 +171,7 @@ class TransformerImpl : public torch::nn::Module {
  private:
   torch::Tensor embed(const torch::Tensor& tokens);
   torch::Tensor run_blocks(torch::Tensor x, size_t chunk);  // the blocks of one of the stage's chunks
+  torch::Tensor normed_output(const torch::Tensor& x);      // the final norm, its unit gathered first
   torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);
 
   ModelConfig cfg_;

@@ -24,6 +24,7 @@ namespace tide {
 class AdamW;
 class Comm;
 class ParameterUnits;
+struct ParameterUnitLayout;
 class ShardedGradients;
 class ShardedParameters;
 
@@ -34,11 +35,12 @@ class DataParallel {
 
   // `flat` laid out with flat_options(cfg, dp.size()), before any forward pass.
   // `compute`: the run's resolved compute dtype; under bf16 (fp16) stage 3 gathers
-  // parameters in it (sharded_parameters.h).
+  // parameters in it (sharded_parameters.h). `units`: how `flat`'s units map to the
+  // model (parameter_names.h), which stage 3 follows to hold each no longer than needed.
   // `model_parallel`: the groups of ranks that hold the other parts of this rank's
   // model replica (tensor parallel, pipeline stages); the gradient norm adds their parts.
   DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, DType compute,
-               std::vector<Comm*> model_parallel = {});
+               const ParameterUnitLayout& units, std::vector<Comm*> model_parallel = {});
   ~DataParallel();
 
   // ZeRO-3: what the model must call around each unit (Transformer::set_parameter_units);
