@@ -128,7 +128,10 @@ struct Checkpointer::Impl {
   void commit(const Snapshot& snap, const json& files);
   void prune(int64_t newest);
   // This rank's parameters and moments from a checkpoint of any layout.
-  void restore_values(const SavedPieces& saved, const std::string& dir);
+  // Parameters (kinds 1: k = 0) or parameters and both moments (3) from whole tensors:
+  // whole(name, k) for each this rank holds a part of; `source` names them in errors.
+  void restore_values(const std::function<torch::Tensor(const std::string&, int)>& whole, int kinds,
+                      const std::string& source);
   void restore_rng(const json& manifest, const std::string& dir);
 };
 
@@ -407,7 +410,8 @@ ResumeState Checkpointer::load(const std::string& dir) {
     throw std::runtime_error(fmt::format("checkpoint {} is unusable: {}", dir, fmt::join(problems, "; ")));
   const json manifest = read_manifest(dir);
   torch::NoGradGuard no_grad;
-  impl_->restore_values(SavedPieces(dir, manifest), dir);
+  const SavedPieces saved(dir, manifest);
+  impl_->restore_values([&](const std::string& name, int k) { return saved.whole(name, kKinds[k]); }, 3, dir);
   ResumeState state;
   state.step = manifest.at("step").get<int64_t>();
   state.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
@@ -420,29 +424,39 @@ ResumeState Checkpointer::load(const std::string& dir) {
   return state;
 }
 
-void Checkpointer::Impl::restore_values(const SavedPieces& saved, const std::string& dir) {
+void Checkpointer::initialise(const std::function<at::Tensor(const std::string&)>& whole_parameter,
+                              const std::string& source) {
+  torch::NoGradGuard no_grad;
+  impl_->restore_values([&](const std::string& name, int) { return whole_parameter(name); }, 1, source);
+  impl_->parts.optim->restore(0);
+}
+
+void Checkpointer::Impl::restore_values(const std::function<torch::Tensor(const std::string&, int)>& whole, int kinds,
+                                        const std::string& source) {
   auto& flat = *parts.flat;
   auto& optim = *parts.optim;
   // Parameters: all local ones (ZeRO-3: this rank's pieces); moments: the optimizer's.
   const auto param_pieces = zero == 3 ? pieces_of(flat, dp_rank, dp, 3) : pieces_of(flat, 0, 1, 0);
   const auto moment_pieces = zero >= 1 ? pieces_of(flat, dp_rank, dp, zero) : pieces_of(flat, 0, 1, 0);
-  for (int k = 0; k < 3; ++k) {
+  for (int k = 0; k < kinds; ++k) {
     const auto& wanted = k == 0 ? param_pieces : moment_pieces;
     std::map<size_t, std::vector<const Piece*>> by_slot;
     for (const auto& p : wanted) by_slot[p.slot].push_back(&p);
     for (const auto& [slot_index, list] : by_slot) {
       const auto& slot = flat.slots()[slot_index];
-      const auto global = saved.whole(slot.name, kKinds[k]);
+      const auto global = whole(slot.name, k);
       // This rank's tensor-parallel slice of it (rows past the vocabulary stay zero).
       const TpSlice tp = parts.model->tp_slice(slot.name);
+      auto expected = slot.shape;  // of the whole parameter
+      if (tp.dim >= 0) expected[static_cast<size_t>(tp.dim)] = tp.valid;
+      TORCH_CHECK(global.sizes().vec() == expected, source, ": ", slot.name, " has shape ", global.sizes(), " there, ",
+                  c10::IntArrayRef(expected), " in this model");
       torch::Tensor local = global;
       if (tp.dim >= 0) {
         local = torch::zeros(slot.shape, torch::kFloat32);
         const int64_t n = std::clamp<int64_t>(tp.valid - tp.first, 0, tp.length);
         if (n > 0) local.narrow(tp.dim, 0, n).copy_(global.narrow(tp.dim, tp.first, n));
       }
-      TORCH_CHECK(local.numel() == slot.numel, "checkpoint ", dir, ": ", slot.name, " has ", local.numel(),
-                  " elements here, ", slot.numel, " in this model");
       const auto values = local.contiguous().view({-1});
       torch::Tensor dst = k == 0 ? optim.params() : moments(optim, k);
       for (const Piece* p : list) {

@@ -316,6 +316,12 @@ void add_schedule_checkpoint_and_eval_fields(std::vector<FieldSpec>& s) {
   s.push_back(integer("checkpoint.writers", 0, 64, kFixed,
                       "Files each rank writes side by side, one thread each; 0: one per 64 MiB of its share, up to 4.",
                       REF(checkpoint.writers)));
+  s.push_back(string("checkpoint.init_from", kFixed,
+                     "Weights the run starts from instead of its random initialisation (fine-tuning, continued "
+                     "pretraining): a Hugging Face directory (config.json + safetensors), a finished run's "
+                     "directory or a weights file tide wrote; the model fields must describe the same "
+                     "architecture. Any layout reads them. A resumed run continues from its checkpoint instead.",
+                     REF(checkpoint.init_from)));
   s.push_back(integer("eval.every", 0, 1e12, LiveEffect::EachStep, "Steps between validation passes; 0: never.", REF(eval.every)));
   s.push_back(integer("eval.batches", 1, 1e6, LiveEffect::EachStep, "Micro-batches per validation pass.", REF(eval.batches)));
 }

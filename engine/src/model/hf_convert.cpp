@@ -265,17 +265,19 @@ std::vector<std::string> hf_weight_files(const std::string& dir) {
   return {single.string()};
 }
 
+std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m) {
+  const std::string prefix = m.family == Family::BLOOM ? "transformer." : "";
+  return [prefix, tied = m.tie_embeddings](const std::string& name) -> std::string {
+    if (tied && name == "lm_head.weight") return "";
+    if (!prefix.empty() && name.rfind(prefix, 0) != 0 && name != "lm_head.weight") return prefix + name;
+    return name;
+  };
+}
+
 Transformer import_hf(const std::string& dir) {
   const ModelConfig m = model_config_from_hf(read_json(fs::path(dir) / "config.json"));
   Transformer model(m);
-  const std::string prefix = m.family == Family::BLOOM ? "transformer." : "";
-  load_weights(hf_weight_files(dir), *model, [&](const std::string& name) -> std::string {
-    // BLOOM files saved from BloomModel lack the "transformer." prefix; tied output
-    // weights are sometimes stored anyway.
-    if (m.tie_embeddings && name == "lm_head.weight") return "";
-    if (!prefix.empty() && name.rfind(prefix, 0) != 0 && name != "lm_head.weight") return prefix + name;
-    return name;
-  });
+  load_weights(hf_weight_files(dir), *model, hf_parameter_name(m));
   return model;
 }
 

@@ -43,8 +43,8 @@ void save_model(const std::string& path, Transformer& model) {
   save_weights(path, *model, {{"format", "pt"}, {"tide_model", config_to_json(rc)["model"].dump()}});
 }
 
-LoadedModel load_model(const std::string& path) {
-  LoadedModel out;
+ModelWeights find_model_weights(const std::string& path) {
+  ModelWeights out;
   const fs::path p(path);
   std::string weights;
   if (fs::is_directory(p)) {
@@ -52,7 +52,9 @@ LoadedModel load_model(const std::string& path) {
     if (fs::exists(config)) {
       const json j = read_json_file(config.string());
       if (j.is_object() && j.contains("model_type")) {
-        out.model = import_hf(path);
+        out.config = model_config_from_hf(j);
+        out.files = hf_weight_files(path);
+        out.parameter_name = hf_parameter_name(out.config);
         out.tokenizer_path = tokenizer_beside(p);
         return out;
       }
@@ -72,9 +74,19 @@ LoadedModel load_model(const std::string& path) {
   } else {
     throw std::runtime_error("'" + path + "' does not exist");
   }
-  out.model = Transformer(model_from_metadata(weights));
-  load_weights({weights}, *out.model);
+  out.config = model_from_metadata(weights);
+  out.files = {weights};
+  out.parameter_name = [](const std::string& name) { return name; };
   out.tokenizer_path = tokenizer_beside(fs::path(weights).parent_path());
+  return out;
+}
+
+LoadedModel load_model(const std::string& path) {
+  const ModelWeights weights = find_model_weights(path);
+  LoadedModel out;
+  out.model = Transformer(weights.config);
+  load_weights(weights.files, *out.model, weights.parameter_name);
+  out.tokenizer_path = weights.tokenizer_path;
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
+#include "initial_weights.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/optim/adamw.h"
@@ -78,11 +79,16 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
 }
 
 void TrainingLoop::resume() {
-  if (s_.hooks.resume.empty()) return;
-  std::optional<std::string> from = s_.hooks.resume;
-  if (s_.hooks.resume == "auto") from = s_.checkpointer->latest_valid();
+  std::optional<std::string> from;
+  if (!s_.hooks.resume.empty()) {
+    from = s_.hooks.resume == "auto" ? s_.checkpointer->latest_valid() : s_.hooks.resume;
+    if (!from) s_.log->info("no checkpoint to resume from: starting at step 0");
+  }
   if (!from) {
-    s_.log->info("no checkpoint to resume from: starting at step 0");
+    // A checkpoint holds what the run made of its initial weights: only a fresh start
+    // reads them.
+    if (!s_.cfg.checkpoint.init_from.empty())
+      load_initial_weights(s_.cfg.checkpoint.init_from, s_.cfg.model, *s_.checkpointer);
     return;
   }
   resumed_ = s_.checkpointer->load(*from);

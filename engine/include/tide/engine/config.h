@@ -94,6 +94,7 @@ struct CheckpointConfig {
   int64_t keep_every = 0;  // also keep every checkpoint whose step is a multiple; 0: none
   bool async = true;       // written in the background while training goes on
   int64_t writers = 0;     // files (and threads) per rank; 0: one per 64 MiB, up to 4
+  std::string init_from;   // weights the run starts from; empty: random initialisation
 };
 
 struct ParallelConfig {

@@ -21,6 +21,10 @@
 #include "tide/engine/checkpoint/checkpoint_index.h"
 #include "tide/engine/config.h"
 
+namespace at {
+class Tensor;
+}
+
 namespace tide {
 
 class AdamW;
@@ -79,6 +83,11 @@ class Checkpointer {
   // Reads `dir` (written under any layout) into this rank's parameters and moments.
   // Throws with the problems named when verification fails.
   ResumeState load(const std::string& dir);
+  // Sets this rank's parameters (its slices, its pieces) from whole tensors: what
+  // whole_parameter(name) returns, in fp32, for every parameter this rank holds a part of.
+  // Moments stay zero and the optimizer at step 0: a run that starts from given weights.
+  // `source` names them in errors.
+  void initialise(const std::function<at::Tensor(const std::string&)>& whole_parameter, const std::string& source);
   // The newest committed checkpoint under root that verifies; logs every one skipped.
   std::optional<std::string> latest_valid() const;
 

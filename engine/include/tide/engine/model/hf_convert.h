@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,10 @@ void export_hf(const std::string& dir, Transformer& model, int64_t max_shard_byt
 
 // The safetensors files of an HF directory (one file, or those the index names).
 std::vector<std::string> hf_weight_files(const std::string& dir);
+
+// The parameter an HF file's tensor holds ("" for none): BLOOM files saved from
+// BloomModel lack the "transformer." prefix, and tied output weights are sometimes stored.
+std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m);
 
 // Reads config.json and weights into a new model (fp32, CPU).
 Transformer import_hf(const std::string& dir);

@@ -11,11 +11,26 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "tide/engine/model/transformer.h"
 
 namespace tide {
+
+// The weights a path names, not yet read: a Hugging Face directory (config.json +
+// safetensors), a run directory that finished (model.safetensors), or a weights file
+// written by tide (its metadata holds the model config).
+struct ModelWeights {
+  ModelConfig config;
+  std::vector<std::string> files;
+  // The parameter a file's tensor holds ("" for none); identity for tide's files.
+  std::function<std::string(const std::string&)> parameter_name;
+  std::string tokenizer_path;  // empty when none is beside the weights
+};
+// Throws naming the path when it holds none of those.
+ModelWeights find_model_weights(const std::string& path);
 
 struct LoadedModel {
   Transformer model{nullptr};
