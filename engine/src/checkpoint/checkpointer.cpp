@@ -127,9 +127,9 @@ struct Checkpointer::Impl {
   json write_files(const Snapshot& snap, const fs::path& tmp) const;
   void commit(const Snapshot& snap, const json& files);
   void prune(int64_t newest);
-  // This rank's parameters and moments from a checkpoint of any layout.
-  // Parameters (kinds 1: k = 0) or parameters and both moments (3) from whole tensors:
-  // whole(name, k) for each this rank holds a part of; `source` names them in errors.
+  // This rank's parameters (kinds 1: k = 0), or parameters and both moments (3), from
+  // whole tensors of any layout's checkpoint or weights: whole(name, k) for each
+  // parameter this rank holds a part of; `source` names them in errors.
   void restore_values(const std::function<torch::Tensor(const std::string&, int)>& whole, int kinds,
                       const std::string& source);
   void restore_rng(const json& manifest, const std::string& dir);
