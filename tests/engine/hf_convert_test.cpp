@@ -125,6 +125,17 @@ TEST(HfConvert, MissingOrMisshapenTensorsAreNamed) {
   // A weights file written by tide carries its model config: load_model needs nothing else.
   LoadedModel loaded = load_model((dir / "model.safetensors").string());
   expect_identical(m, loaded.model);
+  // Integer tensors are no weights: cast to float they would load as numbers like 1e9.
+  const auto ints = torch::ones({other.dim}, torch::kInt32);
+  SafetensorsWriter w;
+  w.add("model.norm.weight", "I32", {other.dim}, ints.data_ptr(), static_cast<size_t>(ints.nbytes()));
+  w.write((dir / "ints.safetensors").string());
+  try {
+    load_weights({(dir / "ints.safetensors").string()}, *wrong);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.norm.weight' is I32; weights must be"), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
 }
 

@@ -44,6 +44,15 @@ torch::Tensor read_tensor(const SafetensorsReader& file, const SafetensorsEntry&
   return t;
 }
 
+torch::Tensor read_weight(const SafetensorsReader& file, const SafetensorsEntry& e, const std::string& path) {
+  // Weights are floating point: an integer tensor cast to float would load values such
+  // as 1e9 without a word.
+  if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16" && e.dtype != "F64")
+    throw std::runtime_error(path + ": tensor '" + e.name + "' is " + e.dtype +
+                             "; weights must be F32, F16, BF16 or F64");
+  return read_tensor(file, e).to(torch::kFloat32);
+}
+
 void save_weights(const std::string& path, torch::nn::Module& model, const std::map<std::string, std::string>& metadata,
                   const std::string& dtype) {
   torch::NoGradGuard no_grad;
@@ -75,12 +84,7 @@ void load_weights(const std::vector<std::string>& files, torch::nn::Module& mode
         throw std::runtime_error(path + ": tensor '" + e.name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) +
                                  ", the model's parameter has " + c10::str(p->sizes()));
       if (!loaded.insert(name).second) throw std::runtime_error(path + ": tensor '" + e.name + "' appears twice");
-      // Weights are floating point: an integer tensor cast to float would load values
-      // such as 1e9 without a word.
-      if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16" && e.dtype != "F64")
-        throw std::runtime_error(path + ": tensor '" + e.name + "' is " + e.dtype +
-                                 "; weights must be F32, F16, BF16 or F64");
-      p->copy_(read_tensor(r, e));
+      p->copy_(read_weight(r, e, path));
     }
   }
   for (const auto& item : params)

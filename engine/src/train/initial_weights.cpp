@@ -74,13 +74,8 @@ void load_initial_weights(const std::string& path, const ModelConfig& recipe, Ch
         if (it == tensors.end())
           throw std::runtime_error(fmt::format("{} holds no tensor for parameter '{}'", path, name));
         const auto& [file, entry] = it->second;
-        // Weights are floating point: an integer tensor cast to float would load values
-        // such as 1e9 without a word.
-        if (entry->dtype != "F32" && entry->dtype != "F16" && entry->dtype != "BF16" && entry->dtype != "F64")
-          throw std::runtime_error(fmt::format("{}: tensor '{}' is {}; weights must be F32, F16, BF16 or F64", path,
-                                               entry->name, entry->dtype));
         ++read;
-        return read_tensor(*file, *entry).to(torch::kFloat32);
+        return read_weight(*file, *entry, path);
       },
       path);
   spdlog::info("initialised from {}: {} of its {} tensors read on this rank", path, read, tensors.size());

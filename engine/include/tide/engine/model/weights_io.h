@@ -24,6 +24,9 @@ void load_weights(const std::vector<std::string>& files, torch::nn::Module& mode
 
 // A CPU tensor that owns a copy of the entry's data.
 torch::Tensor read_tensor(const SafetensorsReader& file, const SafetensorsEntry& e);
+// read_tensor of a weight, in fp32; throws naming `path` and the tensor unless the
+// entry is floating point.
+torch::Tensor read_weight(const SafetensorsReader& file, const SafetensorsEntry& e, const std::string& path);
 
 std::string safetensors_dtype(const torch::Tensor& t);
 
