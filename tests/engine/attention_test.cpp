@@ -37,7 +37,7 @@ torch::Tensor explicit_attention(AttentionImpl& a, const ModelConfig& c, const t
                                  const torch::Tensor& bias, const Rope* rope) {
   const auto x = x_in.to(torch::kFloat64);
   const int64_t b = x.size(0), t = x.size(1), h = c.n_heads, hd = head_dim(c);
-  auto lin = [&](const torch::nn::Linear& l) {
+  auto lin = [&](const Projection& l) {
     return torch::linear(x, l->weight.to(torch::kFloat64),
                          l->bias.defined() ? l->bias.to(torch::kFloat64) : torch::Tensor());
   };

@@ -40,10 +40,14 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   return n.layer_norm ? layer_norm(x, n.weight, n.bias, n.eps) : rms_norm(x, n.weight, n.eps);
 }
 
-namespace {
-torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out}));
 }
+
+torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) { return projection(x, weight, bias); }
+
+namespace {
 
 // Into a column-parallel layer: the whole sequence on every rank.
 torch::Tensor enter_tp(const torch::Tensor& x, const TensorParallel& tp) {
@@ -100,10 +104,9 @@ torch::Tensor onto(const torch::Tensor& residual, const torch::Tensor& y) {
   return residual.defined() ? residual + y : y;
 }
 
-// A Linear module's parameters, for projection and normed_projections (fused_ops.h):
-// LibTorch's Linear multiplies by weight.t(), a view, which bf16 autocast casts afresh at
-// every use; those take the weight's working copy (once per step under a WeightCastScope).
-ProjectionWeights weights_of(const torch::nn::Linear& l) { return {l->weight, l->bias}; }
+// A projection's parameters, for projection and normed_projections (fused_ops.h), which
+// take the weight's working copy (once per step under a WeightCastScope).
+ProjectionWeights weights_of(const Projection& l) { return {l->weight, l->bias}; }
 
 // Out of a row-parallel layer, whose product on this rank is y: the partial sums added
 // over ranks (and with sequence parallelism each rank keeps its part of the sequence),
@@ -137,14 +140,14 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp) :
   }
   const int64_t local = heads_ * hd;
   if (cfg.family == Family::BLOOM) {
-    qkv = register_module("query_key_value", linear(d, 3 * local, cfg.attention_bias));
-    out = register_module("dense", linear(local, d, cfg.attention_bias));
+    qkv = register_module("query_key_value", Projection(d, 3 * local, cfg.attention_bias));
+    out = register_module("dense", Projection(local, d, cfg.attention_bias));
   } else {
     const int64_t kv_rows = (kv_first_ >= 0 ? kv : kv_heads_) * hd;
-    q_proj = register_module("q_proj", linear(d, local, cfg.attention_bias));
-    k_proj = register_module("k_proj", linear(d, kv_rows, cfg.attention_bias));
-    v_proj = register_module("v_proj", linear(d, kv_rows, cfg.attention_bias));
-    out = register_module("o_proj", linear(local, d, cfg.attention_bias));
+    q_proj = register_module("q_proj", Projection(d, local, cfg.attention_bias));
+    k_proj = register_module("k_proj", Projection(d, kv_rows, cfg.attention_bias));
+    v_proj = register_module("v_proj", Projection(d, kv_rows, cfg.attention_bias));
+    out = register_module("o_proj", Projection(local, d, cfg.attention_bias));
   }
 }
 
@@ -202,9 +205,9 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
 MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.mlp), tp_(tp) {
   const int64_t d = cfg.dim, f = resolved_ffn_dim(cfg) / tp.size();
   const bool bloom_names = cfg.family == Family::BLOOM && cfg.mlp == MlpKind::GELU;
-  if (kind_ == MlpKind::SwiGLU) gate = register_module("gate_proj", linear(d, f, cfg.mlp_bias));
-  up = register_module(bloom_names ? "dense_h_to_4h" : "up_proj", linear(d, f, cfg.mlp_bias));
-  down = register_module(bloom_names ? "dense_4h_to_h" : "down_proj", linear(f, d, cfg.mlp_bias));
+  if (kind_ == MlpKind::SwiGLU) gate = register_module("gate_proj", Projection(d, f, cfg.mlp_bias));
+  up = register_module(bloom_names ? "dense_h_to_4h" : "up_proj", Projection(d, f, cfg.mlp_bias));
+  down = register_module(bloom_names ? "dense_4h_to_h" : "down_proj", Projection(f, d, cfg.mlp_bias));
 }
 
 torch::Tensor MlpImpl::forward(const LayerInput& x) {

@@ -11,7 +11,6 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include "tide/engine/config.h"
@@ -45,6 +44,19 @@ class NormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Norm);
 
+// A linear layer's weight [out, in] and optional bias [out], allocated and not
+// initialised (the model's reset_parameters / initialise_parameter give every value), so
+// that building a model costs no random draws and a deferred one (ParameterStorage) no
+// work at all. forward is x W^T + b through `projection` (fused_ops.h).
+class ProjectionImpl : public torch::nn::Module {
+ public:
+  ProjectionImpl(int64_t in, int64_t out, bool bias);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Projection);
+
 // What attention or the MLP reads: a tensor as it is, or the residual stream and the norm
 // before the layer, which the layer's projections apply themselves so that the norm's
 // output is not kept for backward (fused_ops.h: normed_projections).
@@ -75,7 +87,7 @@ class AttentionImpl : public torch::nn::Module {
                         const torch::Tensor& sin);
 
   // Separate projections (LLaMA) or one fused per-head QKV projection (BLOOM).
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, qkv{nullptr}, out{nullptr};
+  Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, qkv{nullptr}, out{nullptr};
 
  private:
   ModelConfig cfg_;
@@ -92,7 +104,7 @@ class MlpImpl : public torch::nn::Module {
   MlpImpl(const ModelConfig& cfg, const TensorParallel& tp);
   torch::Tensor forward(const LayerInput& x);
 
-  torch::nn::Linear gate{nullptr}, up{nullptr}, down{nullptr};
+  Projection gate{nullptr}, up{nullptr}, down{nullptr};
 
  private:
   MlpKind kind_;
