@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include "tide/engine/model/transformer.h"
+#include "tide/engine/optim/flat_parameters.h"
 #include "tiny_models.h"
 
 namespace tide {
@@ -59,6 +60,34 @@ TEST_P(BothFamilies, InitialisationIsSeededAndPerName) {
   EXPECT_FALSE(torch::equal(a->tok_embeddings, b->tok_embeddings));
   const double std = a->tok_embeddings.std().item<double>();
   EXPECT_NEAR(std, 0.02, 0.002);
+}
+
+// A run's model is built as shapes and each parameter written where it is placed
+// (parallelize.h): it must hold what reset_parameters gives, drawn in place or not.
+TEST_P(BothFamilies, ADeferredModelPlacedInFlatBuffersHoldsTheResetValues) {
+  Transformer reference(GetParam());
+  reference->reset_parameters(11);
+  Transformer deferred(GetParam(), TensorParallel{}, PipelineStage{}, ParameterStorage::Deferred);
+  int64_t bytes = 0;
+  for (const auto& p : deferred->parameters()) bytes += static_cast<int64_t>(p.storage().nbytes());
+  EXPECT_EQ(bytes, 0) << "a deferred model holds parameter memory before it is placed";
+  FlatParameters::Options options;
+  options.initial_values = [&](const std::string& name, const torch::Tensor& into) {
+    deferred->initialise_parameter(name, into, 11);
+  };
+  FlatParameters flat(*deferred, OptimConfig{}, options);
+  const auto expected = reference->named_parameters();
+  for (const auto& item : deferred->named_parameters()) {
+    EXPECT_TRUE(item.value().storage().is_alias_of(flat.data().storage())) << item.key();
+    EXPECT_TRUE(torch::equal(item.value(), expected[item.key()])) << item.key();
+    // Into a strided tensor the draw goes through a contiguous one: the same values.
+    auto strided = torch::empty_like(item.value()).t().contiguous().t();
+    if (item.value().dim() == 2) {
+      EXPECT_FALSE(strided.is_contiguous());
+    }
+    deferred->initialise_parameter(item.key(), strided, 11);
+    EXPECT_TRUE(torch::equal(strided, expected[item.key()])) << item.key();
+  }
 }
 
 TEST_P(BothFamilies, ABlockAddsEachLayerOntoItsInputAsTheUnfusedSumDoes) {

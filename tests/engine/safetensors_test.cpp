@@ -1,6 +1,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
@@ -65,6 +66,41 @@ TEST(Safetensors, RejectsShapeSizeMismatchOnWrite) {
   const float x = 0;
   SafetensorsWriter w;
   EXPECT_THROW(w.add("x", "F32", {2}, &x, 4), std::invalid_argument);
+}
+
+// Streamed tensor by tensor (a sharded run's final weights), a file has the bytes the
+// all-in-memory writer gives; out of order or unfinished, nothing is left behind.
+TEST(Safetensors, AStreamWritesTheSameBytesAndRefusesWhatBreaksTheHeader) {
+  const auto dir = fs::temp_directory_path() / "tide_st_stream";
+  fs::create_directories(dir);
+  const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f};
+  const std::vector<int64_t> b = {42, -7};
+  SafetensorsWriter w;
+  w.set_metadata("format", "pt");
+  w.add("layer.a", "F32", {2, 3}, a.data(), a.size() * 4);
+  w.add("b", "I64", {2}, b.data(), b.size() * 8);
+  const WrittenFile whole = w.write((dir / "whole.safetensors").string());
+
+  const std::vector<SafetensorsEntry> entries = {{"layer.a", "F32", {2, 3}, 0, 0}, {"b", "I64", {2}, 0, 0}};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  SafetensorsStream stream((dir / "streamed.safetensors").string(), entries, metadata);
+  stream.write("layer.a", a.data(), a.size() * 4);
+  stream.write("b", b.data(), b.size() * 8);
+  const WrittenFile streamed = stream.commit();
+  EXPECT_EQ(streamed.bytes, whole.bytes);
+  EXPECT_EQ(streamed.xxh3, whole.xxh3);
+  EXPECT_EQ(xxh3_of_file((dir / "streamed.safetensors").string()), whole.xxh3);
+
+  {
+    SafetensorsStream s((dir / "bad.safetensors").string(), entries, metadata);
+    EXPECT_THROW(s.write("b", b.data(), b.size() * 8), std::logic_error);  // "layer.a" comes first
+    EXPECT_THROW(s.write("layer.a", a.data(), 4), std::invalid_argument);  // not its size
+    s.write("layer.a", a.data(), a.size() * 4);
+    EXPECT_THROW(s.commit(), std::logic_error);  // "b" unwritten
+  }
+  EXPECT_FALSE(fs::exists(dir / "bad.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / "bad.safetensors.tmp"));
+  fs::remove_all(dir);
 }
 
 // A file with this header and `data_bytes` zero bytes of data.

@@ -139,6 +139,48 @@ for run, zero, n, width in cases:  # width: bytes of a gathered ZeRO-3 element
         assert gathered == expected, run
 PY
 
+# Placing a model needs no more host memory than the placed model state holds: the
+# model is built as shapes and each parameter drawn where it stays; under ZeRO-3 one
+# unit at a time is made whole beside the pieces (parallelize.h). At 4 ranks ZeRO-3
+# keeps 4 bytes x the parameters (pieces, gradient pieces, two moments, each a quarter):
+# any whole copy of the model beside the pieces already exceeds it (building the model
+# first, as before, held two: 2.25 x that).
+# Saving the final weights holds one unit whole at a time on every rank (final_weights.h):
+# at least the largest unit (ZeRO-3 gathers it; one process builds the model's shapes block
+# by block), less than three (Gloo gathers into a buffer of its own and copies it out: a
+# unit more while the gather runs). Eight blocks make the whole model, which saving held
+# before (and the leader a second copy), far more than three units.
+train llama llama-zero3-deep --nproc 2 --set parallel.zero=3 --set model.n_layers=8 --set schedule.steps=1 \
+  --set schedule.warmup_steps=0 --set eval.every=0
+/usr/bin/python3 - "$work" <<'PY' || fail "placing or saving the model held more than it should"
+import glob, json, re, struct, sys
+work = sys.argv[1]
+for run, ranks in [("llama-1", 1), ("llama-zero2", 2), ("llama-zero3", 2), ("llama-x4-zero3", 4),
+                   ("llama-bf16-zero3", 2), ("llama-zero3-deep", 2)]:
+    with open(f"{work}/{run}/model.safetensors", "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    units = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        n = 1
+        for d in e["shape"]:
+            n *= d
+        unit = (name.split(".layers.")[1].split(".")[0] if ".layers." in name
+                else "head" if name in ("lm_head.weight", "model.norm.weight") else "embed")
+        units[unit] = units.get(unit, 0) + n
+    largest = 4 * max(-(-k // ranks) * ranks for k in units.values())
+    whole = 4 * sum(units.values())
+    for log in sorted(glob.glob(f"{work}/{run}/train*.log")):
+        text = open(log).read()
+        held, peak = map(int, re.search(r"host tensors hold (\d+) bytes.*at most (\d+) bytes", text).groups())
+        saving = int(re.search(r"final weights saved: at most (\d+) host tensor bytes", text).group(1))
+        print(f"  {run} {log.rsplit('/', 1)[1]}: model state placed in {held} host tensor bytes, at most {peak} "
+              f"while placing; saving held {saving} bytes more (largest unit {largest}, whole model {whole})")
+        assert peak == held, (log, peak, held)
+        assert largest <= saving < 3 * largest, (log, saving, largest)
+PY
+
 # Layouts that do not fit the world are refused before any work, naming the factors.
 if $tide train "$work/llama.lua" --nproc 2 --set parallel.tp=3 --run-dir "$work/bad" --quiet 2> "$work/log"; then
   fail "tp=3 on 2 ranks was accepted"

@@ -112,65 +112,107 @@ const SafetensorsEntry* SafetensorsReader::find(const std::string& name) const {
 
 void SafetensorsWriter::add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
                             const void* data, size_t nbytes) {
+  SafetensorsEntry e{name, dtype, std::move(shape), 0, nbytes};
   uint64_t numel = 1;
-  for (const int64_t d : shape) numel *= static_cast<uint64_t>(d);
+  for (const int64_t d : e.shape) numel *= static_cast<uint64_t>(d);
   if (numel * safetensors_dtype_size(dtype) != nbytes)
     throw std::invalid_argument("tensor '" + name + "': " + std::to_string(nbytes) + " bytes do not match its shape");
-  SafetensorsEntry e{name, dtype, std::move(shape), size_, size_ + nbytes};
-  size_ += nbytes;
-  items_.push_back({std::move(e), data});
+  entries_.push_back(std::move(e));
+  data_.push_back(data);
 }
 
 WrittenFile SafetensorsWriter::write(const std::string& path) const {
+  SafetensorsStream stream(path, entries_, metadata_);
+  for (size_t i = 0; i < entries_.size(); ++i) stream.write(entries_[i].name, data_[i], entries_[i].end);
+  return stream.commit();
+}
+
+SafetensorsStream::SafetensorsStream(const std::string& path, std::vector<SafetensorsEntry> entries,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tmp_(path + ".tmp"), entries_(std::move(entries)) {
   nlohmann::json header = nlohmann::json::object();
-  if (!metadata_.empty()) header["__metadata__"] = metadata_;
-  for (const auto& it : items_)
-    header[it.entry.name] = {{"dtype", it.entry.dtype}, {"shape", it.entry.shape},
-                             {"data_offsets", {it.entry.begin, it.entry.end}}};
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t at = 0;
+  for (auto& e : entries_) {
+    uint64_t numel = 1;
+    for (const int64_t d : e.shape) numel *= static_cast<uint64_t>(d);
+    e.begin = at;
+    e.end = at += numel * safetensors_dtype_size(e.dtype);
+    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+  }
   std::string text = header.dump();
   while ((8 + text.size()) % 8 != 0) text += ' ';  // keep the data 8-byte aligned
   const uint64_t len = text.size();
-
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot create '" + tmp + "': " + std::strerror(errno));
-  XXH3_state_t* hash = XXH3_createState();
-  XXH3_64bits_reset(hash);
-  WrittenFile out;
-  auto put = [&](const void* p, size_t n) {
-    XXH3_64bits_update(hash, p, n);
-    out.bytes += n;
-    const auto* c = static_cast<const char*>(p);
-    while (n > 0) {
-      // Chunks of 32 MiB: a single write() of hundreds of MB runs several times slower
-      // (measured 385 vs 1800 MB/s to page cache + fsync on this machine).
-      const ssize_t w = ::write(fd, c, std::min<size_t>(n, size_t{32} << 20));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        const int e = errno;
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        XXH3_freeState(hash);
-        throw std::runtime_error("cannot write '" + tmp + "': " + std::strerror(e));
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  };
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw std::runtime_error("cannot create '" + tmp_ + "': " + std::strerror(errno));
+  hash_ = XXH3_createState();
+  XXH3_64bits_reset(hash_);
   put(&len, 8);
   put(text.data(), text.size());
-  for (const auto& it : items_) put(it.data, it.entry.end - it.entry.begin);
-  out.xxh3 = XXH3_64bits_digest(hash);
-  XXH3_freeState(hash);
+}
+
+SafetensorsStream::~SafetensorsStream() { abandon(); }
+
+void SafetensorsStream::abandon() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+    fd_ = -1;
+  }
+  if (hash_) XXH3_freeState(hash_);
+  hash_ = nullptr;
+}
+
+void SafetensorsStream::put(const void* p, size_t n) {
+  XXH3_64bits_update(hash_, p, n);
+  out_.bytes += n;
+  const auto* c = static_cast<const char*>(p);
+  while (n > 0) {
+    // Chunks of 32 MiB: a single write() of hundreds of MB runs several times slower
+    // (measured 385 vs 1800 MB/s to page cache + fsync on this machine).
+    const ssize_t w = ::write(fd_, c, std::min<size_t>(n, size_t{32} << 20));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int e = errno;
+      abandon();
+      throw std::runtime_error("cannot write '" + tmp_ + "': " + std::strerror(e));
+    }
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void SafetensorsStream::write(const std::string& name, const void* data, size_t nbytes) {
+  if (fd_ < 0) throw std::logic_error("'" + path_ + "': written after it was committed or failed");
+  if (next_ >= entries_.size() || entries_[next_].name != name)
+    throw std::logic_error("'" + path_ + "': tensor '" + name + "' written out of order (next: '" +
+                           (next_ < entries_.size() ? entries_[next_].name : std::string("none")) + "')");
+  const auto& e = entries_[next_];
+  if (nbytes != e.end - e.begin)
+    throw std::invalid_argument("'" + path_ + "': tensor '" + name + "' is " + std::to_string(e.end - e.begin) +
+                                " bytes, given " + std::to_string(nbytes));
+  put(data, nbytes);
+  ++next_;
+}
+
+WrittenFile SafetensorsStream::commit() {
+  if (fd_ < 0) throw std::logic_error("'" + path_ + "': committed twice or after a failure");
+  if (next_ != entries_.size())
+    throw std::logic_error("'" + path_ + "': committed with tensor '" + entries_[next_].name + "' unwritten");
+  out_.xxh3 = XXH3_64bits_digest(hash_);
+  XXH3_freeState(hash_);
+  hash_ = nullptr;
+  const int fd = fd_;
+  fd_ = -1;
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot flush '" + tmp + "': " + std::strerror(errno));
+    ::unlink(tmp_.c_str());
+    throw std::runtime_error("cannot flush '" + tmp_ + "': " + std::strerror(errno));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno));
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    ::unlink(tmp_.c_str());
+    throw std::runtime_error("cannot rename '" + tmp_ + "' to '" + path_ + "': " + std::strerror(errno));
   }
-  return out;
+  return out_;
 }
 
 uint64_t xxh3_of_file(const std::string& path) {

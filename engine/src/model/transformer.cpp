@@ -7,6 +7,7 @@
 #include <torch/types.h>
 #include <xxhash.h>
 
+#include "model/tensor_storage.h"
 #include "recompute.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/linear_cross_entropy.h"
@@ -40,8 +41,14 @@ std::shared_ptr<torch::nn::Module> holder_of(const std::string& name, torch::Ten
 }
 }  // namespace
 
-TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, PipelineStage stage)
+TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, PipelineStage stage,
+                                 ParameterStorage storage)
     : cfg_(cfg), tp_(tp), stage_(stage) {
+  const bool deferred = storage == ParameterStorage::Deferred;
+  auto shapes_only = [deferred](torch::nn::Module& m) {
+    if (deferred)
+      for (const auto& p : m.parameters()) release_storage(p);
+  };
   if (!tp_.group) tp_ = TensorParallel{};
   TORCH_CHECK(!stage_.chunks.empty(), "a pipeline stage without blocks");
   int64_t previous_end = 0;
@@ -67,12 +74,14 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
   if (stage_.first && cfg.embedding_norm)
     embedding_norm =
         backbone->register_module("word_embeddings_layernorm", Norm(NormKind::LayerNorm, cfg.dim, cfg.norm_eps, sp));
+  shapes_only(*backbone);
   // Blocks keep their index in the whole model in their names ("model.layers.5.…").
   blocks = torch::nn::ModuleList();
   auto layers = std::make_shared<torch::nn::Module>();
   for (const auto& c : stage_.chunks) {
     for (int64_t i = c.first; i < c.end; ++i) {
       Block block(cfg, tp_);
+      shapes_only(*block);
       blocks->push_back(block);
       layers->register_module(std::to_string(i), block);
     }
@@ -95,7 +104,10 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
     const int64_t heads = cfg.n_heads / tp_.size();  // this rank's heads
     alibi_slopes_ = torch::tensor(s, torch::kFloat64).narrow(0, tp_.rank() * heads, heads).to(torch::kFloat32);
   }
-  reset_parameters(0);
+  if (deferred)
+    shapes_only(*this);  // the final norm and the head
+  else
+    reset_parameters(0);
 }
 
 namespace {
@@ -126,59 +138,59 @@ TpSlice TransformerImpl::tp_slice(const std::string& name) const {
   return out;
 }
 
-void TransformerImpl::for_each_whole_parameter(
-    const std::function<void(const std::string&, const torch::Tensor&)>& fn) {
+torch::Tensor TransformerImpl::whole_parameter(const std::string& name) {
   torch::NoGradGuard no_grad;
-  for (const auto& item : named_parameters()) {
-    const TpSlice slice = tp_slice(item.key());
-    if (slice.dim < 0) {
-      fn(item.key(), item.value());
-      continue;
-    }
-    const auto local = item.value();
-    const auto all = tp_.group->all_gather(local, "whole parameter " + item.key());
-    std::vector<int64_t> shape{tp_.size()};
-    for (const auto d : local.sizes()) shape.push_back(d);
-    auto whole = torch::cat(all.view(shape).unbind(0), slice.dim);
-    if (slice.valid < slice.whole) whole = whole.narrow(slice.dim, 0, slice.valid);
-    fn(item.key(), whole);
-  }
+  const auto params = named_parameters();
+  const auto* local = params.find(name);
+  TORCH_CHECK(local, "no parameter ", name);
+  const TpSlice slice = tp_slice(name);
+  if (slice.dim < 0) return *local;
+  const auto all = tp_.group->all_gather(*local, "whole parameter " + name);
+  std::vector<int64_t> shape{tp_.size()};
+  for (const auto d : local->sizes()) shape.push_back(d);
+  auto whole = torch::cat(all.view(shape).unbind(0), slice.dim);
+  return slice.valid < slice.whole ? whole.narrow(slice.dim, 0, slice.valid) : whole;
 }
 
 void TransformerImpl::reset_parameters(uint64_t seed) {
+  for (auto& item : named_parameters()) initialise_parameter(item.key(), item.value(), seed);
+}
+
+void TransformerImpl::initialise_parameter(const std::string& name, const torch::Tensor& into, uint64_t seed) const {
   torch::NoGradGuard no_grad;
-  const double residual_std = cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.n_layers));
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    auto& p = item.value();
-    const bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
-    if (is_bias) {
-      p.zero_();
-    } else if (p.dim() == 1) {
-      p.fill_(1.0);  // norm weights
-    } else {
-      const bool residual_out = name.find("o_proj") != std::string::npos ||
-                                name.find("down_proj") != std::string::npos ||
-                                name.find("dense_4h_to_h") != std::string::npos ||
-                                name.find("self_attention.dense") != std::string::npos;
-      const double std = cfg_.scale_residual_init && residual_out ? residual_std : cfg_.init_std;
-      const uint64_t s = XXH3_64bits_withSeed(name.data(), name.size(), seed);
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(s);
-      // The whole tensor, as one process draws it; this rank keeps its slice.
-      const TpSlice slice = tp_slice(name);
-      auto shape = p.sizes().vec();
-      if (slice.dim >= 0) shape[static_cast<size_t>(slice.dim)] = slice.valid;
-      auto whole = torch::empty(shape, torch::kFloat32);
-      whole.normal_(0.0, std, gen);
-      if (slice.dim < 0) {
-        p.copy_(whole);
-        continue;
-      }
-      p.zero_();  // rows past the vocabulary stay zero
-      const int64_t n = std::clamp<int64_t>(slice.valid - slice.first, 0, slice.length);
-      if (n > 0) p.narrow(slice.dim, 0, n).copy_(whole.narrow(slice.dim, slice.first, n));
-    }
+  if (ends_with(name, "bias")) {
+    into.zero_();
+    return;
   }
+  if (into.dim() == 1) {
+    into.fill_(1.0);  // norm weights
+    return;
+  }
+  const bool residual_out = name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos ||
+                            name.find("dense_4h_to_h") != std::string::npos ||
+                            name.find("self_attention.dense") != std::string::npos;
+  const double std = cfg_.scale_residual_init && residual_out
+                         ? cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.n_layers))
+                         : cfg_.init_std;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(XXH3_64bits_withSeed(name.data(), name.size(), seed));
+  // The whole tensor, as one process draws it; this rank keeps its slice. Drawn in place
+  // where it can be (the same values: the draw depends on the count alone).
+  const TpSlice slice = tp_slice(name);
+  if (slice.dim < 0 && into.is_cpu() && into.is_contiguous() && into.scalar_type() == torch::kFloat32) {
+    into.normal_(0.0, std, gen);
+    return;
+  }
+  auto shape = into.sizes().vec();
+  if (slice.dim >= 0) shape[static_cast<size_t>(slice.dim)] = slice.valid;
+  auto whole = torch::empty(shape, torch::kFloat32);
+  whole.normal_(0.0, std, gen);
+  if (slice.dim < 0) {
+    into.copy_(whole);
+    return;
+  }
+  into.zero_();  // rows past the vocabulary stay zero
+  const int64_t n = std::clamp<int64_t>(slice.valid - slice.first, 0, slice.length);
+  if (n > 0) into.narrow(slice.dim, 0, n).copy_(whole.narrow(slice.dim, slice.first, n));
 }
 
 const torch::Tensor& TransformerImpl::output_weight() const { return lm_head.defined() ? lm_head : tok_embeddings; }

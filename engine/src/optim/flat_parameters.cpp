@@ -9,9 +9,8 @@
 namespace tide {
 
 FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& optim, Options options)
-    : pad_to_(std::max<int64_t>(1, options.pad_to)) {
+    : pad_to_(std::max<int64_t>(1, options.pad_to)), initial_values_(std::move(options.initial_values)) {
   std::vector<Slot> all;
-  torch::Device device(torch::kCPU);
   int n_units = 1;
   for (auto& item : model.named_parameters()) {
     Slot s;
@@ -23,7 +22,7 @@ FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& opti
     s.shape = s.param.sizes().vec();
     s.decayed = is_decayed(s.name, s.param, optim.decay_norms_and_biases, optim.decay_embeddings);
     s.counted = !options.counted || options.counted(s.name);
-    device = s.param.device();
+    device_ = s.param.device();
     n_units = std::max(n_units, s.unit + 1);
     all.push_back(std::move(s));
   }
@@ -53,19 +52,28 @@ FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& opti
   slots_ = std::move(all);
   numel_ = total;
 
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  if (options.device) device_ = *options.device;
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device_);
   torch::NoGradGuard no_grad;
   if (options.data) data_ = torch::zeros({numel_}, opts);
   if (options.grad) grad_ = torch::zeros({numel_}, opts);
   for (auto& s : slots_) {
     if (options.data) {
       auto view = data_.narrow(0, s.offset, s.numel).view(s.shape);
-      view.copy_(s.param);
+      write_initial_values(s, view);
       s.param.set_data(view);
     }
     // Autograd accumulates into an existing .grad in place, so gradients land here.
     if (options.grad) s.param.mutable_grad() = grad_.narrow(0, s.offset, s.numel).view(s.shape);
   }
+}
+
+void FlatParameters::write_initial_values(const Slot& slot, const torch::Tensor& into) const {
+  torch::NoGradGuard no_grad;
+  if (initial_values_)
+    initial_values_(slot.name, into);
+  else
+    into.copy_(slot.param);
 }
 
 void FlatParameters::zero_grad() {

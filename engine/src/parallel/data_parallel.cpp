@@ -283,19 +283,12 @@ void DataParallel::gather_parameters() {
   for (auto& job : inflight) job.second->wait();
 }
 
-void DataParallel::with_full_parameters(const std::function<void()>& fn) {
-  if (!params_) {
-    fn();
-    return;
-  }
-  params_->gather_all();
-  try {
-    fn();
-  } catch (...) {
-    params_->release_all();
-    throw;
-  }
-  params_->release_all();
+void DataParallel::hold_whole(int unit) {
+  if (params_) params_->gather_exact(unit);
+}
+
+void DataParallel::release_whole(int unit) {
+  if (params_) params_->release(unit);
 }
 
 torch::Tensor DataParallel::sum(const torch::Tensor& x) {

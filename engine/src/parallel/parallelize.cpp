@@ -23,27 +23,32 @@ ParallelModel::~ParallelModel() {
 }
 
 namespace {
-// The model of this rank's stage and tensor-parallel slice, initialised and on `device`.
-Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineStage& stage, c10::Device device) {
+// The model of this rank's stage and tensor-parallel slice, as shapes: its parameters
+// get memory and values where they are placed (flatten).
+Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineStage& stage) {
   TensorParallel tp;
   if (dist && dist->tp->size() > 1)
     tp = TensorParallel{tensor_parallel_group(*dist->tp), cfg.parallel.sequence_parallel};
-  Transformer model(cfg.model, tp, stage);
-  // Initialised on the host (the same values as a CPU run), then moved: the flat buffers
-  // are allocated where the parameters live.
-  model->reset_parameters(static_cast<uint64_t>(cfg.seed));
+  Transformer model(cfg.model, tp, stage, ParameterStorage::Deferred);
   model->train();
-  if (device.is_cuda()) model->to(device);
   return model;
 }
 
 // The flat buffers laid out for the ZeRO stage. A parameter every tensor-parallel rank
 // holds whole counts once in the gradient norm, and the last stage's copy of tied
 // embeddings not at all.
+// Each parameter is drawn on the host (the same values as a CPU run, under any layout)
+// and written into its place on `device`: the flat buffer, or under ZeRO-3 a unit made
+// whole for the moment its piece is taken.
 std::unique_ptr<FlatParameters> flatten(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch,
-                                        Transformer model, const PipelineStage& stage) {
+                                        Transformer model, const PipelineStage& stage, c10::Device device) {
   FlatParameters::Options layout;
   if (dist) layout = DataParallel::flat_options(cfg.parallel, static_cast<int>(batch.dp));
+  layout.device = device;
+  layout.initial_values = [model, seed = static_cast<uint64_t>(cfg.seed)](const std::string& name,
+                                                                          const torch::Tensor& into) {
+    model->initialise_parameter(name, into, seed);
+  };
   layout.unit_of = [units = parameter_unit_layout(cfg.model)](const std::string& name) { return units.unit_of(name); };
   layout.counted = [m = model.get(), rank = model->tensor_parallel().rank(), stage](const std::string& name) {
     return stage_owns(stage, name) && (rank == 0 || m->tp_slice(name).dim >= 0);
@@ -58,8 +63,8 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   if (pp > 1)
     out.stage = partition_stages(cfg.model, pp, cfg.data.seq_len, cfg.parallel.pipeline_stages,
                                  cfg.parallel.virtual_stages)[static_cast<size_t>(dist->pp->rank())];
-  out.model = build_model(cfg, dist, out.stage, device);
-  out.flat = flatten(cfg, dist, batch, out.model, out.stage);
+  out.model = build_model(cfg, dist, out.stage);
+  out.flat = flatten(cfg, dist, batch, out.model, out.stage, device);
   const DType compute = resolve_compute_dtype(cfg.precision.compute, device);
   if (dist) {
     out.data_parallel =

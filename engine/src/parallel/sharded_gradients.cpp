@@ -35,8 +35,7 @@ ShardedGradients::ShardedGradients(Comm& dp, FlatParameters& flat, Mode mode, st
   armed_.assign(pending_init_.size(), 0);
   reduced_.assign(pending_init_.size(), 0);
   if (mode == Mode::Transient) {
-    const auto device = flat.slots().empty() ? torch::Device(torch::kCPU) : flat.slots()[0].param.device();
-    shard_ = torch::zeros({local}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    shard_ = torch::zeros({local}, torch::TensorOptions().dtype(torch::kFloat32).device(flat.device()));
   }
   hooks_ = hook_gradient_ready(flat, [this](size_t slot) { on_ready(slot); });
 }

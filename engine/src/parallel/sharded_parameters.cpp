@@ -3,26 +3,10 @@
 #include <fmt/format.h>
 #include <torch/types.h>
 
+#include "model/tensor_storage.h"
 #include "tide/engine/parallel/comm.h"
 
 namespace tide {
-
-namespace {
-// The storage under `t` (and every view of it) without its memory, and with it again.
-// The StorageImpl itself stays, so tensors that autograd saved keep pointing at it.
-void free_storage(const torch::Tensor& t) {
-  auto* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
-  s->set_nbytes(0);
-}
-
-void allocate_storage(const torch::Tensor& t) {
-  auto* s = t.storage().unsafeGetStorageImpl();
-  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
-  s->set_nbytes(nbytes);
-}
-}  // namespace
 
 ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat, const ParameterUnitLayout& units,
                                      at::ScalarType wire)
@@ -30,32 +14,32 @@ ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat, const Param
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " cannot be cut into ",
               dp.size(), " pieces");
   torch::NoGradGuard no_grad;
-  const auto device = flat.slots().empty() ? torch::Device(torch::kCPU) : flat.slots()[0].param.device();
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  shard_ = torch::zeros({flat.shard_numel(dp.size())}, opts);
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(flat.device());
+  shard_ = torch::empty({flat.shard_numel(dp.size())}, opts);
   const size_t n = flat.units().size();
   whole_.resize(n);
   wire_whole_.resize(n);
   gathering_.resize(n);
-  gathered_.assign(n, 1);
+  gathered_.assign(n, 0);
   int64_t local = 0;
   for (size_t u = 0; u < n; ++u) {
     const auto& unit = flat.units()[u];
     const int64_t piece = unit.numel / dp.size();
     local_offset_.push_back(local);
-    whole_[u] = torch::zeros({unit.numel}, opts);
-    gathered_bytes_ += unit.numel * static_cast<int64_t>(sizeof(float));
+    whole_[u] = torch::empty({unit.numel}, opts);
+    int64_t used = 0;
     for (const size_t i : unit.slots) {
       const auto& s = flat.slots()[i];
       auto view = whole_[u].narrow(0, s.offset - unit.offset, s.numel).view(s.shape);
-      view.copy_(s.param);
+      flat.write_initial_values(s, view);
       s.param.set_data(view);
+      used += s.numel;
     }
+    whole_[u].narrow(0, used, unit.numel - used).zero_();  // the padding
     shard_.narrow(0, local, piece).copy_(whole_[u].narrow(0, dp.rank() * piece, piece));
+    if (unit.numel > 0) release_storage(whole_[u]);
     local += piece;
   }
-  release_all();
-  peak_gathered_bytes_ = 0;
 }
 
 ShardedParameters::~ShardedParameters() {
@@ -131,7 +115,7 @@ void ShardedParameters::release(int u) {
   }
   gathered_[i] = 0;
   if (whole_[i].numel() == 0) return;
-  free_storage(whole_[i]);
+  release_storage(whole_[i]);
   gathered_bytes_ -= whole_[i].numel() * static_cast<int64_t>(sizeof(float));
 }
 
@@ -162,10 +146,12 @@ void ShardedParameters::before_backward(int unit) {
 
 void ShardedParameters::end_forward() { release_all(); }
 
-void ShardedParameters::gather_all() {
-  if (wire_ != at::kFloat) release_all();  // a unit gathered in the wire dtype holds rounded values
-  for (size_t u = 0; u < whole_.size(); ++u) prefetch(static_cast<int>(u), /*exact=*/true);
-  for (size_t u = 0; u < whole_.size(); ++u) gather(static_cast<int>(u));
+void ShardedParameters::gather_exact(int unit) {
+  const auto i = static_cast<size_t>(unit);
+  // Gathered (or on its way) in the wire dtype, it would hold rounded values.
+  if (wire_ != at::kFloat && (gathering_[i] || gathered_[i])) release(unit);
+  prefetch(unit, /*exact=*/true);
+  gather(unit);
 }
 
 void ShardedParameters::release_all() {

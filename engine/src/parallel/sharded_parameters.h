@@ -13,7 +13,7 @@
 // unit for each gather; a gathered unit's parameters hold the fp32 values of the cast pieces,
 // so every product multiplies by the same bf16 weights as without ZeRO-3 (its working copy
 // casts exactly), while norm weights and biases read the rounded values, as the peers'
-// do. Saving gathers the fp32 pieces themselves (gather_all).
+// do. Saving gathers the fp32 pieces themselves (gather_exact).
 #pragma once
 
 #include <cstdint>
@@ -32,8 +32,10 @@ class PendingCollective;
 
 class ShardedParameters : public ParameterUnits {
  public:
-  // Takes this rank's pieces from the model's current parameters (every rank holds
-  // the same initial values) and frees the rest. `flat` is the layout, without buffers.
+  // Places the parameters one unit at a time: the unit made whole, its parameters'
+  // first values written there (flat.write_initial_values: every rank the same), this
+  // rank's piece kept and the unit freed, so at most one whole unit beside the pieces
+  // ever exists. `flat` is the layout, without buffers.
   // `wire`: the dtype the pieces are gathered in for forward and backward (float, or the
   // compute dtype).
   // `units`: how the flat units map to the model.
@@ -50,8 +52,9 @@ class ShardedParameters : public ParameterUnits {
 
   // The unit's gradients are in: its parameters can go.
   void release(int unit);
-  // Every rank: all parameters whole in fp32 (to save them), then back to pieces.
-  void gather_all();
+  // Every rank: the unit whole in fp32, from the pieces themselves (to save it), until
+  // release(unit).
+  void gather_exact(int unit);
   void release_all();
   int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
 

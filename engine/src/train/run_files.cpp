@@ -37,10 +37,14 @@ void copy_tokenizer(const std::string& tokenizer_path, const fs::path& dir) {
   fs::copy_file(tokenizer_path, dir / fs::path(tokenizer_path).filename(), fs::copy_options::overwrite_existing);
 }
 
-void save_model(const std::string& path, Transformer& model) {
+std::map<std::string, std::string> weights_metadata(const ModelConfig& model) {
   RunConfig rc;
-  rc.model = model->config();
-  save_weights(path, *model, {{"format", "pt"}, {"tide_model", config_to_json(rc)["model"].dump()}});
+  rc.model = model;
+  return {{"format", "pt"}, {"tide_model", config_to_json(rc)["model"].dump()}};
+}
+
+void save_model(const std::string& path, Transformer& model) {
+  save_weights(path, *model, weights_metadata(model->config()));
 }
 
 ModelWeights find_model_weights(const std::string& path) {

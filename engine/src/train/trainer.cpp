@@ -1,5 +1,6 @@
 #include "tide/engine/train/trainer.h"
 
+#include <chrono>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -121,7 +122,18 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   if (s.data->vocab_size() > cfg.model.vocab_size)
     throw ConfigError("model.vocab_size", fmt::format("{} is smaller than the dataset's vocabulary of {} ids ({})",
                                                       cfg.model.vocab_size, s.data->vocab_size(), cfg.data.path));
+  s.log->info("placing the model's {} parameters on {}", parameter_count(cfg.model), s.device.str());
+  const auto placing = std::chrono::steady_clock::now();
   s.pm = parallelize(s.cfg, dist, s.batch, s.device);
+  // Building and placing the model needs no more host memory than the placed parameters
+  // and optimizer state hold (parallelize.h): the figures a large run's start is judged by.
+  const int64_t held = host_tensor_bytes(), peak = peak_host_tensor_bytes();
+  s.log->info(
+      "model state placed in {:.1f} s: host tensors hold {} bytes ({:.1f} MiB), at most {} bytes ({:.1f} MiB) while "
+      "placing{}",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - placing).count(), held,
+      static_cast<double>(held) / (1 << 20), peak, static_cast<double>(peak) / (1 << 20),
+      s.device.is_cuda() ? fmt::format("; {} peak {:.1f} MiB", s.device.str(), peak_device_mb(s.device)) : "");
   s.checkpointer = std::make_unique<Checkpointer>(
       (s.dir / "checkpoints").string(), CheckpointParts{&s.cfg, s.pm.model.get(), s.pm.flat.get(), s.pm.optim.get(), dist});
   if (s.leader && fs::exists(s.data->tokenizer_path())) copy_tokenizer(s.data->tokenizer_path(), s.dir);

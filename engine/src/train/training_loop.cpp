@@ -12,6 +12,7 @@
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
+#include "final_weights.h"
 #include "initial_weights.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/token_dataset.h"
@@ -399,7 +400,10 @@ TrainResult TrainingLoop::finish() {
   s_.checkpointer->wait();
   result_.replayed_steps = graphs_.replayed_steps();
   result_.weights_path = (s_.dir / "model.safetensors").string();
-  save_weights(result_.weights_path);
+  const int64_t extra = save_final_weights(result_.weights_path, cfg_, s_.pm, s_.dist, s_.device);
+  s_.log->info(
+      "final weights saved: at most {} host tensor bytes ({:.1f} MiB) held beyond the model state while saving", extra,
+      static_cast<double>(extra) / (1 << 20));
   if (!s_.leader) return result_;
   json summary = {{"steps", result_.steps},
                   {"final_loss", result_.final_loss},
@@ -410,48 +414,6 @@ TrainResult TrainingLoop::finish() {
   std::ofstream(s_.dir / "summary.json", std::ios::trunc) << summary.dump(2) << "\n";
   s_.log->info("done: {}", summary.dump());
   return result_;
-}
-
-// Every rank calls it; the leader writes one process's model.
-void TrainingLoop::save_weights(const std::string& path) {
-  const int pp = s_.dist ? s_.dist->pp->size() : 1;
-  auto save = [&] {
-    if (s_.pm.model->tensor_parallel().size() == 1 && pp == 1) {
-      if (s_.leader) save_model(path, s_.pm.model);
-      return;
-    }
-    // The slices of the tensor-parallel ranks joined, the stages' parts sent to the first
-    // stage of the first replica, and one process's model written by the leader.
-    Transformer whole{nullptr};
-    if (s_.leader) whole = Transformer(cfg_.model);
-    auto params = s_.leader ? whole->named_parameters() : torch::OrderedDict<std::string, torch::Tensor>();
-    const bool sender = pp > 1 && !s_.leader && s_.dist->dp->rank() == 0 && s_.dist->tp->rank() == 0;
-    std::vector<std::unique_ptr<PendingCollective>> sends;
-    int tag = 0;
-    s_.pm.model->for_each_whole_parameter([&](const std::string& name, const torch::Tensor& t) {
-      if (!stage_owns(s_.pm.stage, name)) return;
-      if (s_.leader) params[name].copy_(t);
-      if (sender) sends.push_back(s_.dist->pp->send(t.contiguous(), 0, tag++, "weights " + name));
-    });
-    for (auto& w : sends) w->wait();
-    if (!s_.leader) return;
-    if (pp > 1) {
-      torch::NoGradGuard no_grad;
-      const auto stages = partition_stages(cfg_.model, pp, cfg_.data.seq_len, cfg_.parallel.pipeline_stages,
-                                           cfg_.parallel.virtual_stages);
-      for (int st = 1; st < pp; ++st) {
-        int from_tag = 0;
-        for (auto& item : params)
-          if (stage_owns(stages[static_cast<size_t>(st)], item.key()))
-            s_.dist->pp->recv(item.value(), st, from_tag++, "weights " + item.key());
-      }
-    }
-    save_model(path, whole);
-  };
-  if (s_.pm.data_parallel)
-    s_.pm.data_parallel->with_full_parameters(save);
-  else
-    save();
 }
 
 }  // namespace tide

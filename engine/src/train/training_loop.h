@@ -81,7 +81,6 @@ class TrainingLoop {
   void restore_loss_scale(const ResumeState& state);  // fp16: the scale the checkpoint kept
   TrainResult stopped(int64_t steps);
   TrainResult finish();
-  void save_weights(const std::string& path);
 
   Trainer::State& s_;
   const RunConfig& cfg_;  // s_.cfg: follows live changes

@@ -9,6 +9,8 @@
 
 #include "tide/engine/io/mapped_file.h"
 
+struct XXH3_state_s;  // xxhash.h's running hash
+
 namespace tide {
 
 struct SafetensorsEntry {
@@ -45,24 +47,50 @@ struct WrittenFile {
   uint64_t xxh3 = 0;
 };
 
+// A safetensors file written tensor by tensor: the header first, from the entries'
+// names, dtypes and shapes alone, then each tensor's bytes in the entries' order. What
+// must exist at once is one tensor, not the file's worth (a sharded run's final weights).
+// Written to a temporary file, fsynced and renamed into place by commit(); destroyed
+// uncommitted, the temporary is removed.
+class SafetensorsStream {
+ public:
+  // Offsets are given to the entries here, end to end in their order.
+  SafetensorsStream(const std::string& path, std::vector<SafetensorsEntry> entries,
+                    const std::map<std::string, std::string>& metadata);
+  ~SafetensorsStream();
+  SafetensorsStream(const SafetensorsStream&) = delete;
+  SafetensorsStream& operator=(const SafetensorsStream&) = delete;
+
+  // The next entry's bytes; `name` and the size must be that entry's.
+  void write(const std::string& name, const void* data, size_t nbytes);
+  // Every entry written: the file in place, and its size and hash.
+  WrittenFile commit();
+
+ private:
+  void put(const void* data, size_t nbytes);
+  void abandon();
+
+  std::string path_, tmp_;
+  std::vector<SafetensorsEntry> entries_;
+  size_t next_ = 0;
+  int fd_ = -1;
+  ::XXH3_state_s* hash_ = nullptr;
+  WrittenFile out_;
+};
+
+// A file whose tensors are all in memory: one SafetensorsStream.
 class SafetensorsWriter {
  public:
   // `data` must stay valid until write() returns.
   void add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape, const void* data,
            size_t nbytes);
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
-  // Writes to `path` (through a temporary file, fsynced and renamed into place),
-  // hashing the bytes on the way.
   WrittenFile write(const std::string& path) const;
 
  private:
-  struct Item {
-    SafetensorsEntry entry;
-    const void* data;
-  };
-  std::vector<Item> items_;
+  std::vector<SafetensorsEntry> entries_;
+  std::vector<const void*> data_;
   std::map<std::string, std::string> metadata_;
-  uint64_t size_ = 0;
 };
 
 // XXH3-64 of a whole file (verification of what write() reported).

@@ -136,9 +136,20 @@ struct TpSlice {
   int64_t first = 0, length = 0, whole = 0, valid = 0;
 };
 
+// What a model's constructor gives its parameters.
+enum class ParameterStorage {
+  Initialised,  // memory, and the values of reset_parameters(0)
+  // Shapes alone, no memory (one block at a time exists while it is built): the model of
+  // a run, whose parameters are placed in the flat buffers or ZeRO-3's pieces and written
+  // there by initialise_parameter, so the whole model never exists on one rank. Nothing
+  // may read a parameter before it is placed.
+  Deferred,
+};
+
 class TransformerImpl : public torch::nn::Module {
  public:
-  explicit TransformerImpl(const ModelConfig& cfg, TensorParallel tp = {}, PipelineStage stage = {});
+  explicit TransformerImpl(const ModelConfig& cfg, TensorParallel tp = {}, PipelineStage stage = {},
+                           ParameterStorage storage = ParameterStorage::Initialised);
 
   // tokens [B, T] int64 → logits [B, T, V]. Not under tensor parallelism.
   torch::Tensor forward(const torch::Tensor& tokens);
@@ -157,12 +168,15 @@ class TransformerImpl : public torch::nn::Module {
   // its own generator seeded by (seed, name), and this rank keeps its slice, so any
   // layout holds the same values as one process.
   void reset_parameters(uint64_t seed);
+  // Parameter `name`'s values as reset_parameters(seed) gives them, written into `into`
+  // (of the parameter's shape, on any device; the parameter itself is not read).
+  void initialise_parameter(const std::string& name, const torch::Tensor& into, uint64_t seed) const;
 
   const TensorParallel& tensor_parallel() const { return tp_; }
   TpSlice tp_slice(const std::string& name) const;
-  // Every tensor-parallel rank calls it: fn(name, whole tensor) for each parameter, in
-  // order, with the slices of all ranks joined (padding dropped).
-  void for_each_whole_parameter(const std::function<void(const std::string&, const torch::Tensor&)>& fn);
+  // Every tensor-parallel rank calls it for the same parameter: the slices of all ranks
+  // joined (padding dropped); a parameter every rank holds whole, itself.
+  torch::Tensor whole_parameter(const std::string& name);
 
   const ModelConfig& config() const { return cfg_; }
   const torch::Tensor& output_weight() const;

@@ -66,8 +66,12 @@ class DataParallel {
   std::unique_ptr<AdamW> make_optimizer(const OptimConfig& optim, bool offload);
   // After the optimizer step: stages 1 and 2 gather the updated pieces on all ranks.
   void gather_parameters();
-  // Every rank calls it: fn runs with all parameters whole (stage 3 gathers them).
-  void with_full_parameters(const std::function<void()>& fn);
+  // Every rank of the group calls them, for the same units in the same order: unit
+  // `unit`'s parameters whole in fp32 from hold_whole until release_whole (stage 3
+  // gathers its exact pieces, whatever dtype forward gathers in; other stages hold every
+  // parameter whole already). One unit at a time is how a sharded model is saved.
+  void hold_whole(int unit);
+  void release_whole(int unit);
 
   // Sum of a scalar over the group (losses for reporting): on the scalar's device, or
   // read on the host.

@@ -38,7 +38,9 @@ struct ParallelModel {
 };
 
 // Builds the model initialised from cfg.seed (every layout holds the same values as one
-// process), on `device`, and parallelizes it over `dist` (null: one process).
+// process), on `device`, and parallelizes it over `dist` (null: one process). The model
+// is built as shapes and each parameter written where it stays: no rank holds more of it
+// at once than its flat buffer, or under ZeRO-3 its pieces and one whole unit.
 ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch, c10::Device device);
 
 }  // namespace tide

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,5 +48,7 @@ void copy_tokenizer(const std::string& tokenizer_path, const std::filesystem::pa
 
 // Writes model.safetensors with the model config in its metadata.
 void save_model(const std::string& path, Transformer& model);
+// That metadata: {"format": "pt", "tide_model": the model config as JSON}.
+std::map<std::string, std::string> weights_metadata(const ModelConfig& model);
 
 }  // namespace tide

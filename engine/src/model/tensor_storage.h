@@ -1,0 +1,17 @@
+// A tensor's memory taken away and given back, the tensor itself (its shape, dtype,
+// device, autograd identity and every view of it) kept: how ZeRO-3 holds parameters
+// between their gathers, and how a model is built as shapes alone
+// (ParameterStorage::Deferred) until its parameters are placed.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace tide {
+
+// The StorageImpl stays (tensors autograd saved keep pointing at it), without memory.
+void release_storage(const at::Tensor& t);
+// Memory for all of t's elements again, from its storage's allocator; values undefined.
+// t spans its storage (a tensor made whole, not a view).
+void allocate_storage(const at::Tensor& t);
+
+}  // namespace tide
