@@ -2,6 +2,7 @@
 #include <functional>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
@@ -58,8 +59,12 @@ TEST_P(BothFamilies, InitialisationIsSeededAndPerName) {
     EXPECT_TRUE(torch::equal(item.value(), b->named_parameters()[item.key()])) << item.key();
   b->reset_parameters(8);
   EXPECT_FALSE(torch::equal(a->tok_embeddings, b->tok_embeddings));
+  // Normal(0, 0.02): over N values the mean's standard error is 0.02 / sqrt(N) and the
+  // standard deviation's 0.02 / sqrt(2 N); five of either would be a broken draw.
+  const double n = static_cast<double>(a->tok_embeddings.numel());
   const double std = a->tok_embeddings.std().item<double>();
-  EXPECT_NEAR(std, 0.02, 0.002);
+  EXPECT_NEAR(std, 0.02, 5 * 0.02 / std::sqrt(2 * n));
+  EXPECT_NEAR(a->tok_embeddings.mean().item<double>(), 0.0, 5 * 0.02 / std::sqrt(n));
 }
 
 // A run's model is built as shapes and each parameter written where it is placed
@@ -72,8 +77,8 @@ TEST_P(BothFamilies, ADeferredModelPlacedInFlatBuffersHoldsTheResetValues) {
   for (const auto& p : deferred->parameters()) bytes += static_cast<int64_t>(p.storage().nbytes());
   EXPECT_EQ(bytes, 0) << "a deferred model holds parameter memory before it is placed";
   FlatParameters::Options options;
-  options.initial_values = [&](const std::string& name, const torch::Tensor& into) {
-    deferred->initialise_parameter(name, into, 11);
+  options.initial_values = [&](const std::string& name, const torch::Tensor& into, int64_t first) {
+    deferred->initialise_parameter(name, into, 11, first);
   };
   FlatParameters flat(*deferred, OptimConfig{}, options);
   const auto expected = reference->named_parameters();
@@ -88,6 +93,32 @@ TEST_P(BothFamilies, ADeferredModelPlacedInFlatBuffersHoldsTheResetValues) {
     deferred->initialise_parameter(item.key(), strided, 11);
     EXPECT_TRUE(torch::equal(strided, expected[item.key()])) << item.key();
   }
+}
+
+// A ZeRO-3 rank draws only its pieces of a parameter: any range drawn alone holds what
+// the whole draw holds there, whatever the thread count.
+TEST_P(BothFamilies, AnyRangeOfAParameterDrawnAloneHoldsTheWholeDrawsValues) {
+  ModelConfig cfg = GetParam();
+  cfg.vocab_size = 2000;  // an embedding of several threads' grains
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  Transformer m(cfg), one_thread(cfg);
+  m->reset_parameters(5);
+  at::set_num_threads(1);
+  one_thread->reset_parameters(5);
+  EXPECT_TRUE(torch::equal(m->tok_embeddings, one_thread->tok_embeddings));
+  for (const auto& item : m->named_parameters()) {
+    const auto whole = item.value().reshape({-1});
+    const int64_t n = whole.numel();
+    for (const int64_t first : {int64_t{0}, int64_t{1}, int64_t{3}, n / 3, n - 5}) {
+      const int64_t count = std::min<int64_t>(n - first, 4 * (first % 7) + 9);
+      auto part = torch::full({count}, -7.0f);
+      at::set_num_threads(first % 2 == 0 ? 1 : 2);
+      m->initialise_parameter(item.key(), part, 5, first);
+      EXPECT_TRUE(torch::equal(part, whole.narrow(0, first, count))) << item.key() << " from " << first;
+    }
+  }
+  at::set_num_threads(threads);
 }
 
 TEST_P(BothFamilies, ABlockAddsEachLayerOntoItsInputAsTheUnfusedSumDoes) {

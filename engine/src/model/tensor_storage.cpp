@@ -1,5 +1,6 @@
 #include "model/tensor_storage.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/core/StorageImpl.h>
 
 namespace tide {
@@ -8,6 +9,13 @@ void release_storage(const at::Tensor& t) {
   auto* s = t.storage().unsafeGetStorageImpl();
   s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
   s->set_nbytes(0);
+}
+
+at::Tensor storageless_empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  auto t = at::empty({0}, options);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  t.storage().unsafeGetStorageImpl()->set_nbytes(static_cast<size_t>(t.numel()) * t.element_size());
+  return t;
 }
 
 void allocate_storage(const at::Tensor& t) {

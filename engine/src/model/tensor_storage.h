@@ -10,6 +10,9 @@ namespace tide {
 
 // The StorageImpl stays (tensors autograd saved keep pointing at it), without memory.
 void release_storage(const at::Tensor& t);
+// A tensor of `sizes` whose storage claims their bytes but has no memory: views of it
+// can be cut (parameters of a ZeRO-3 unit), nothing may read it until allocate_storage.
+at::Tensor storageless_empty(at::IntArrayRef sizes, const at::TensorOptions& options);
 // Memory for all of t's elements again, from its storage's allocator; values undefined.
 // t spans its storage (a tensor made whole, not a view).
 void allocate_storage(const at::Tensor& t);

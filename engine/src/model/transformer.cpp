@@ -7,6 +7,7 @@
 #include <torch/types.h>
 #include <xxhash.h>
 
+#include "model/normal_draw.h"
 #include "model/tensor_storage.h"
 #include "recompute.h"
 #include "tide/engine/model/compute_dtype.h"
@@ -156,41 +157,54 @@ void TransformerImpl::reset_parameters(uint64_t seed) {
   for (auto& item : named_parameters()) initialise_parameter(item.key(), item.value(), seed);
 }
 
-void TransformerImpl::initialise_parameter(const std::string& name, const torch::Tensor& into, uint64_t seed) const {
+void TransformerImpl::initialise_parameter(const std::string& name, const torch::Tensor& into, uint64_t seed,
+                                           int64_t first) const {
   torch::NoGradGuard no_grad;
+  const auto params = named_parameters();
+  const auto* p = params.find(name);
+  TORCH_CHECK(p, "no parameter ", name);
+  const int64_t n = into.numel();
+  TORCH_CHECK(first >= 0 && first + n <= p->numel(), "elements [", first, ", ", first + n, ") of ", name, " with ",
+              p->numel());
   if (ends_with(name, "bias")) {
     into.zero_();
     return;
   }
-  if (into.dim() == 1) {
+  if (p->dim() == 1) {
     into.fill_(1.0);  // norm weights
     return;
   }
+  TORCH_CHECK(p->dim() == 2, "no initialisation for ", name, " of ", p->dim(), " dimensions");
   const bool residual_out = name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos ||
                             name.find("dense_4h_to_h") != std::string::npos ||
                             name.find("self_attention.dense") != std::string::npos;
   const double std = cfg_.scale_residual_init && residual_out
                          ? cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.n_layers))
                          : cfg_.init_std;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(XXH3_64bits_withSeed(name.data(), name.size(), seed));
-  // The whole tensor, as one process draws it; this rank keeps its slice. Drawn in place
-  // where it can be (the same values: the draw depends on the count alone).
+  const uint64_t key = XXH3_64bits_withSeed(name.data(), name.size(), seed);
+  // Drawn straight into `into` where it is a host fp32 array, else through one.
+  const bool direct = into.is_cpu() && into.is_contiguous() && into.scalar_type() == torch::kFloat32;
+  const auto out = direct ? into : torch::empty({n}, torch::kFloat32);
+  float* data = out.data_ptr<float>();
+  // Element (r, c) of this rank's [rows, cols] tensor is element (r + r0, c + c0) of the
+  // whole [.., whole_cols] one; rows from `valid` on are the vocabulary's padding.
   const TpSlice slice = tp_slice(name);
-  if (slice.dim < 0 && into.is_cpu() && into.is_contiguous() && into.scalar_type() == torch::kFloat32) {
-    into.normal_(0.0, std, gen);
-    return;
+  const int64_t cols = p->size(1);
+  const int64_t r0 = slice.dim == 0 ? slice.first : 0, c0 = slice.dim == 1 ? slice.first : 0;
+  const int64_t whole_cols = slice.dim == 1 ? slice.whole : cols;
+  const int64_t valid = slice.dim == 0 ? slice.valid - r0 : p->size(0);  // local rows that hold values
+  if (slice.dim != 1) {  // the rows are consecutive in the whole tensor: one range
+    const int64_t drawn = std::clamp<int64_t>(valid * cols - first, 0, n);
+    draw_normal(key, std, r0 * cols + first, data, drawn);
+    std::fill(data + drawn, data + n, 0.0f);
+  } else {
+    for (int64_t i = 0; i < n;) {
+      const int64_t r = (first + i) / cols, c = (first + i) % cols, run = std::min(cols - c, n - i);
+      draw_normal(key, std, r * whole_cols + c0 + c, data + i, run);
+      i += run;
+    }
   }
-  auto shape = into.sizes().vec();
-  if (slice.dim >= 0) shape[static_cast<size_t>(slice.dim)] = slice.valid;
-  auto whole = torch::empty(shape, torch::kFloat32);
-  whole.normal_(0.0, std, gen);
-  if (slice.dim < 0) {
-    into.copy_(whole);
-    return;
-  }
-  into.zero_();  // rows past the vocabulary stay zero
-  const int64_t n = std::clamp<int64_t>(slice.valid - slice.first, 0, slice.length);
-  if (n > 0) into.narrow(slice.dim, 0, n).copy_(whole.narrow(slice.dim, slice.first, n));
+  if (!direct) into.copy_(out.view(into.sizes()));
 }
 
 const torch::Tensor& TransformerImpl::output_weight() const { return lm_head.defined() ? lm_head : tok_embeddings; }

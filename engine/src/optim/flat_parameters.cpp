@@ -59,21 +59,21 @@ FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& opti
   if (options.grad) grad_ = torch::zeros({numel_}, opts);
   for (auto& s : slots_) {
     if (options.data) {
-      auto view = data_.narrow(0, s.offset, s.numel).view(s.shape);
-      write_initial_values(s, view);
-      s.param.set_data(view);
+      const auto flat = data_.narrow(0, s.offset, s.numel);
+      write_initial_values(s, flat);
+      s.param.set_data(flat.view(s.shape));
     }
     // Autograd accumulates into an existing .grad in place, so gradients land here.
     if (options.grad) s.param.mutable_grad() = grad_.narrow(0, s.offset, s.numel).view(s.shape);
   }
 }
 
-void FlatParameters::write_initial_values(const Slot& slot, const torch::Tensor& into) const {
+void FlatParameters::write_initial_values(const Slot& slot, const torch::Tensor& into, int64_t first) const {
   torch::NoGradGuard no_grad;
   if (initial_values_)
-    initial_values_(slot.name, into);
+    initial_values_(slot.name, into, first);
   else
-    into.copy_(slot.param);
+    into.copy_(slot.param.reshape({-1}).narrow(0, first, into.numel()).view(into.sizes()));
 }
 
 void FlatParameters::zero_grad() {

@@ -38,16 +38,16 @@ Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineS
 // holds whole counts once in the gradient norm, and the last stage's copy of tied
 // embeddings not at all.
 // Each parameter is drawn on the host (the same values as a CPU run, under any layout)
-// and written into its place on `device`: the flat buffer, or under ZeRO-3 a unit made
-// whole for the moment its piece is taken.
+// and written into its place on `device`: the flat buffer, or under ZeRO-3 this rank's
+// pieces, the only part of it this rank draws.
 std::unique_ptr<FlatParameters> flatten(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch,
                                         Transformer model, const PipelineStage& stage, c10::Device device) {
   FlatParameters::Options layout;
   if (dist) layout = DataParallel::flat_options(cfg.parallel, static_cast<int>(batch.dp));
   layout.device = device;
   layout.initial_values = [model, seed = static_cast<uint64_t>(cfg.seed)](const std::string& name,
-                                                                          const torch::Tensor& into) {
-    model->initialise_parameter(name, into, seed);
+                                                                          const torch::Tensor& into, int64_t first) {
+    model->initialise_parameter(name, into, seed, first);
   };
   layout.unit_of = [units = parameter_unit_layout(cfg.model)](const std::string& name) { return units.unit_of(name); };
   layout.counted = [m = model.get(), rank = model->tensor_parallel().rank(), stage](const std::string& name) {

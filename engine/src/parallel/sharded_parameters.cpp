@@ -15,7 +15,7 @@ ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat, const Param
               dp.size(), " pieces");
   torch::NoGradGuard no_grad;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(flat.device());
-  shard_ = torch::empty({flat.shard_numel(dp.size())}, opts);
+  shard_ = torch::zeros({flat.shard_numel(dp.size())}, opts);  // the padding stays zero
   const size_t n = flat.units().size();
   whole_.resize(n);
   wire_whole_.resize(n);
@@ -25,19 +25,17 @@ ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat, const Param
   for (size_t u = 0; u < n; ++u) {
     const auto& unit = flat.units()[u];
     const int64_t piece = unit.numel / dp.size();
+    const int64_t begin = dp.rank() * piece, end = begin + piece;  // this rank's, in the unit
     local_offset_.push_back(local);
-    whole_[u] = torch::empty({unit.numel}, opts);
-    int64_t used = 0;
+    whole_[u] = storageless_empty({unit.numel}, opts);
     for (const size_t i : unit.slots) {
       const auto& s = flat.slots()[i];
-      auto view = whole_[u].narrow(0, s.offset - unit.offset, s.numel).view(s.shape);
-      flat.write_initial_values(s, view);
-      s.param.set_data(view);
-      used += s.numel;
+      // The part of the parameter in this rank's piece: the only values drawn here.
+      const int64_t at = s.offset - unit.offset;
+      const int64_t a = std::max(begin, at), b = std::min(end, at + s.numel);
+      if (a < b) flat.write_initial_values(s, shard_.narrow(0, local + a - begin, b - a), a - at);
+      s.param.set_data(whole_[u].narrow(0, at, s.numel).view(s.shape));
     }
-    whole_[u].narrow(0, used, unit.numel - used).zero_();  // the padding
-    shard_.narrow(0, local, piece).copy_(whole_[u].narrow(0, dp.rank() * piece, piece));
-    if (unit.numel > 0) release_storage(whole_[u]);
     local += piece;
   }
 }

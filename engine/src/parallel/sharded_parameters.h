@@ -32,10 +32,9 @@ class PendingCollective;
 
 class ShardedParameters : public ParameterUnits {
  public:
-  // Places the parameters one unit at a time: the unit made whole, its parameters'
-  // first values written there (flat.write_initial_values: every rank the same), this
-  // rank's piece kept and the unit freed, so at most one whole unit beside the pieces
-  // ever exists. `flat` is the layout, without buffers.
+  // Places the parameters: this rank's pieces get their first values
+  // (flat.write_initial_values, which for a model built as shapes draws just those
+  // elements) and nothing whole is made. `flat` is the layout, without buffers.
   // `wire`: the dtype the pieces are gathered in for forward and backward (float, or the
   // compute dtype).
   // `units`: how the flat units map to the model.

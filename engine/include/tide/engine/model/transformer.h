@@ -164,13 +164,16 @@ class TransformerImpl : public torch::nn::Module {
   torch::Tensor stage_forward(const torch::Tensor& input, const torch::Tensor& targets, size_t chunk = 0);
   const PipelineStage& pipeline_stage() const { return stage_; }
 
-  // Normal(0, init_std) weights, zero biases, unit norms; each tensor drawn whole from
-  // its own generator seeded by (seed, name), and this rank keeps its slice, so any
-  // layout holds the same values as one process.
+  // Normal(0, init_std) weights, zero biases, unit norms. A weight's element is a pure
+  // function of (seed, name, its index in the whole tensor) (normal_draw.h), so any
+  // layout holds the same values as one process, each rank drawing only its part.
   void reset_parameters(uint64_t seed);
-  // Parameter `name`'s values as reset_parameters(seed) gives them, written into `into`
-  // (of the parameter's shape, on any device; the parameter itself is not read).
-  void initialise_parameter(const std::string& name, const torch::Tensor& into, uint64_t seed) const;
+  // Elements [first, first + into.numel()) of parameter `name` (this rank's tensor, in
+  // row-major order) as reset_parameters(seed) gives them, written into `into` (any
+  // shape, read row-major; any device). The parameter itself is not read, and only the
+  // elements asked for are drawn: a ZeRO-3 rank draws its pieces, a tensor-parallel rank
+  // its slice.
+  void initialise_parameter(const std::string& name, const torch::Tensor& into, uint64_t seed, int64_t first = 0) const;
 
   const TensorParallel& tensor_parallel() const { return tp_; }
   TpSlice tp_slice(const std::string& name) const;

@@ -57,12 +57,13 @@ class FlatParameters {
     // Whether to allocate the whole parameter / gradient buffers and make parameters
     // and their .grad views of them (ZeRO-2 holds no whole gradient, ZeRO-3 neither).
     bool data = true, grad = true;
-    // Writes a parameter's first values into `into`, its place in a flat buffer (its
-    // shape, on `device`). Empty: the parameter's own values are copied. A model built
-    // as shapes alone (transformer.h: ParameterStorage::Deferred) is placed through it,
-    // so its values exist only where they will stay. Called while the buffers are made
+    // Writes elements [first, first + into.numel()) of a parameter's first values (in
+    // row-major order) into `into`, their place in a flat buffer or a ZeRO-3 piece (1-D,
+    // on `device`). Empty: the parameter's own values are copied. A model built as
+    // shapes alone (transformer.h: ParameterStorage::Deferred) is placed through it, so
+    // its values exist only where they will stay. Called while the buffers are made
     // (here and by ZeRO-3's ShardedParameters), not after.
-    std::function<void(const std::string& name, const torch::Tensor& into)> initial_values;
+    std::function<void(const std::string& name, const torch::Tensor& into, int64_t first)> initial_values;
     // Where the buffers live; empty: where the parameters are.
     std::optional<c10::Device> device;
   };
@@ -75,8 +76,8 @@ class FlatParameters {
   int64_t numel() const { return numel_; }  // padded
   int64_t pad_to() const { return pad_to_; }
   c10::Device device() const { return device_; }
-  // Options::initial_values of `slot` into `into`.
-  void write_initial_values(const Slot& slot, const torch::Tensor& into) const;
+  // Options::initial_values of `slot` from element `first` into `into`.
+  void write_initial_values(const Slot& slot, const torch::Tensor& into, int64_t first = 0) const;
   const std::vector<Slot>& slots() const { return slots_; }
   const std::vector<Unit>& units() const { return units_; }
   void zero_grad();
@@ -94,7 +95,7 @@ class FlatParameters {
   torch::Tensor data_, grad_;
   int64_t numel_ = 0, pad_to_ = 1;
   c10::Device device_{c10::kCPU};
-  std::function<void(const std::string&, const torch::Tensor&)> initial_values_;
+  std::function<void(const std::string&, const torch::Tensor&, int64_t)> initial_values_;
   std::vector<Slot> slots_;
   std::vector<Unit> units_;
 };
