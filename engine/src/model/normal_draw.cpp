@@ -20,12 +20,12 @@ std::array<float, 4> normal_block(uint64_t key, float std, uint64_t block) {
   // logarithm is finite (the largest value is sqrt(2 ln 2^25) = 5.9 std).
   auto uniform = [](uint32_t x) { return (static_cast<float>(x >> 8) + 0.5f) * 0x1p-24f; };
   std::array<float, 4> out;
-  for (int pair = 0; pair < 2; ++pair) {
-    const float r = std::sqrt(-2.0f * std::log(uniform(w[2 * pair]))) * std;
+  for (size_t k = 0; k < 4; k += 2) {
+    const float r = std::sqrt(-2.0f * std::log(uniform(w[k]))) * std;
     float s, c;
-    ::sincosf(kTwoPi * uniform(w[2 * pair + 1]), &s, &c);
-    out[2 * pair] = r * c;
-    out[2 * pair + 1] = r * s;
+    ::sincosf(kTwoPi * uniform(w[k + 1]), &s, &c);
+    out[k] = r * c;
+    out[k + 1] = r * s;
   }
   return out;
 }
