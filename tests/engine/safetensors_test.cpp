@@ -12,15 +12,20 @@ namespace tide {
 namespace {
 namespace fs = std::filesystem;
 
-TEST(Safetensors, WritesTheDocumentedLayoutAndReadsItBack) {
-  const auto path = fs::temp_directory_path() / "tide_st_test.safetensors";
-  const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f};
-  const std::vector<int64_t> b = {42, -7};
+// Two tensors and a metadata entry, as the tests below write them.
+const std::vector<float> kA = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f};
+const std::vector<int64_t> kB = {42, -7};
+WrittenFile write_a_and_b(const fs::path& path) {
   SafetensorsWriter w;
   w.set_metadata("format", "pt");
-  w.add("layer.a", "F32", {2, 3}, a.data(), a.size() * 4);
-  w.add("b", "I64", {2}, b.data(), b.size() * 8);
-  w.write(path.string());
+  w.add("layer.a", "F32", {2, 3}, kA.data(), kA.size() * 4);
+  w.add("b", "I64", {2}, kB.data(), kB.size() * 8);
+  return w.write(path.string());
+}
+
+TEST(Safetensors, WritesTheDocumentedLayoutAndReadsItBack) {
+  const auto path = fs::temp_directory_path() / "tide_st_test.safetensors";
+  write_a_and_b(path);
 
   // Bytes on disk: u64 LE header length, JSON header, data 8-byte aligned.
   std::ifstream in(path, std::ios::binary);
@@ -38,10 +43,10 @@ TEST(Safetensors, WritesTheDocumentedLayoutAndReadsItBack) {
   const SafetensorsReader r(path.string());
   const auto* ea = r.find("layer.a");
   ASSERT_NE(ea, nullptr);
-  EXPECT_EQ(std::memcmp(r.data(*ea), a.data(), 24), 0);
+  EXPECT_EQ(std::memcmp(r.data(*ea), kA.data(), 24), 0);
   const auto* eb = r.find("b");
   ASSERT_NE(eb, nullptr);
-  EXPECT_EQ(std::memcmp(r.data(*eb), b.data(), 16), 0);
+  EXPECT_EQ(std::memcmp(r.data(*eb), kB.data(), 16), 0);
   fs::remove(path);
 }
 
@@ -73,19 +78,13 @@ TEST(Safetensors, RejectsShapeSizeMismatchOnWrite) {
 TEST(Safetensors, AStreamWritesTheSameBytesAndRefusesWhatBreaksTheHeader) {
   const auto dir = fs::temp_directory_path() / "tide_st_stream";
   fs::create_directories(dir);
-  const std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f};
-  const std::vector<int64_t> b = {42, -7};
-  SafetensorsWriter w;
-  w.set_metadata("format", "pt");
-  w.add("layer.a", "F32", {2, 3}, a.data(), a.size() * 4);
-  w.add("b", "I64", {2}, b.data(), b.size() * 8);
-  const WrittenFile whole = w.write((dir / "whole.safetensors").string());
+  const WrittenFile whole = write_a_and_b(dir / "whole.safetensors");
 
   const std::vector<SafetensorsEntry> entries = {{"layer.a", "F32", {2, 3}, 0, 0}, {"b", "I64", {2}, 0, 0}};
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   SafetensorsStream stream((dir / "streamed.safetensors").string(), entries, metadata);
-  stream.write("layer.a", a.data(), a.size() * 4);
-  stream.write("b", b.data(), b.size() * 8);
+  stream.write("layer.a", kA.data(), kA.size() * 4);
+  stream.write("b", kB.data(), kB.size() * 8);
   const WrittenFile streamed = stream.commit();
   EXPECT_EQ(streamed.bytes, whole.bytes);
   EXPECT_EQ(streamed.xxh3, whole.xxh3);
@@ -93,9 +92,9 @@ TEST(Safetensors, AStreamWritesTheSameBytesAndRefusesWhatBreaksTheHeader) {
 
   {
     SafetensorsStream s((dir / "bad.safetensors").string(), entries, metadata);
-    EXPECT_THROW(s.write("b", b.data(), b.size() * 8), std::logic_error);  // "layer.a" comes first
-    EXPECT_THROW(s.write("layer.a", a.data(), 4), std::invalid_argument);  // not its size
-    s.write("layer.a", a.data(), a.size() * 4);
+    EXPECT_THROW(s.write("b", kB.data(), kB.size() * 8), std::logic_error);  // "layer.a" comes first
+    EXPECT_THROW(s.write("layer.a", kA.data(), 4), std::invalid_argument);  // not its size
+    s.write("layer.a", kA.data(), kA.size() * 4);
     EXPECT_THROW(s.commit(), std::logic_error);  // "b" unwritten
   }
   EXPECT_FALSE(fs::exists(dir / "bad.safetensors"));

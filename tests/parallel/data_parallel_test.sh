@@ -83,23 +83,12 @@ compare "$work/bloom-zero3" "$work/bloom-zero3-recompute" 1 || fail "ZeRO-3 with
 for z in 0 1 2 3; do
   train llama llama-x4-zero$z --nproc 4 --set parallel.zero=$z --set schedule.steps=2 --set eval.every=0
 done
-/usr/bin/python3 - "$work" <<'PY' || fail "model-state bytes or bytes sent differ from the theory"
-import json, struct, sys
+/usr/bin/python3 - "$work" "$(dirname "$0")" <<'PY' || fail "model-state bytes or bytes sent differ from the theory"
+import json, sys
 work = sys.argv[1]
-with open(f"{work}/llama-1/model.safetensors", "rb") as f:
-    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-units = {}
-for name, e in header.items():
-    if name == "__metadata__":
-        continue
-    n = 1
-    for d in e["shape"]:
-        n *= d
-    if ".layers." in name:
-        unit = 1 + int(name.split(".layers.")[1].split(".")[0])
-    else:
-        unit = "head" if name in ("lm_head.weight", "model.norm.weight") else 0
-    units[unit] = units.get(unit, 0) + n
+sys.path.insert(0, sys.argv[2])
+from units import unit_sizes
+units = unit_sizes(f"{work}/llama-1/model.safetensors")
 psi = sum(units.values())
 micro, global_batch = 2, 8
 cases = [("llama-dp2", 0, 2, 4), ("llama-zero1", 1, 2, 4), ("llama-zero2", 2, 2, 4), ("llama-zero3", 3, 2, 4)]
@@ -152,23 +141,14 @@ PY
 # before (and the leader a second copy), far more than three units.
 train llama llama-zero3-deep --nproc 2 --set parallel.zero=3 --set model.n_layers=8 --set schedule.steps=1 \
   --set schedule.warmup_steps=0 --set eval.every=0
-/usr/bin/python3 - "$work" <<'PY' || fail "placing or saving the model held more than it should"
-import glob, json, re, struct, sys
+/usr/bin/python3 - "$work" "$(dirname "$0")" <<'PY' || fail "placing or saving the model held more than it should"
+import glob, re, sys
 work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from units import unit_sizes
 for run, ranks in [("llama-1", 1), ("llama-zero2", 2), ("llama-zero3", 2), ("llama-x4-zero3", 4),
                    ("llama-bf16-zero3", 2), ("llama-zero3-deep", 2)]:
-    with open(f"{work}/{run}/model.safetensors", "rb") as f:
-        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-    units = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        n = 1
-        for d in e["shape"]:
-            n *= d
-        unit = (name.split(".layers.")[1].split(".")[0] if ".layers." in name
-                else "head" if name in ("lm_head.weight", "model.norm.weight") else "embed")
-        units[unit] = units.get(unit, 0) + n
+    units = unit_sizes(f"{work}/{run}/model.safetensors")
     largest = 4 * max(-(-k // ranks) * ranks for k in units.values())
     whole = 4 * sum(units.values())
     for log in sorted(glob.glob(f"{work}/{run}/train*.log")):
