@@ -43,7 +43,9 @@ TEST(Safetensors, WritesTheDocumentedLayoutAndReadsItBack) {
   const SafetensorsReader r(path.string());
   const auto* ea = r.find("layer.a");
   ASSERT_NE(ea, nullptr);
-  EXPECT_EQ(std::memcmp(r.data(*ea), kA.data(), 24), 0);
+  std::vector<float> read_a(kA.size());
+  std::memcpy(read_a.data(), r.data(*ea), 24);
+  EXPECT_EQ(read_a, kA);
   const auto* eb = r.find("b");
   ASSERT_NE(eb, nullptr);
   EXPECT_EQ(std::memcmp(r.data(*eb), kB.data(), 16), 0);
@@ -93,7 +95,7 @@ TEST(Safetensors, AStreamWritesTheSameBytesAndRefusesWhatBreaksTheHeader) {
   {
     SafetensorsStream s((dir / "bad.safetensors").string(), entries, metadata);
     EXPECT_THROW(s.write("b", kB.data(), kB.size() * 8), std::logic_error);  // "layer.a" comes first
-    EXPECT_THROW(s.write("layer.a", kA.data(), 4), std::invalid_argument);  // not its size
+    EXPECT_THROW(s.write("layer.a", kA.data(), 4), std::invalid_argument);   // not its size
     s.write("layer.a", kA.data(), kA.size() * 4);
     EXPECT_THROW(s.commit(), std::logic_error);  // "b" unwritten
   }
