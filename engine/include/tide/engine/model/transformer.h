@@ -7,8 +7,6 @@
 // K = key/value heads, Hd = head dim (D / H), F = MLP hidden, V = vocabulary.
 #pragma once
 
-#include <functional>
-
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/pimpl.h>
