@@ -120,9 +120,10 @@ TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
   EXPECT_GT(no_sp.time.tp_comm, 0.0);
 }
 
-// ZeRO-3 under bf16 compute gathers in bf16: a third less traffic than in fp32 (the
-// reduce-scatters stay fp32), and the block arriving takes half its bytes, widened when
-// it is waited for, beside this rank's piece cast for it.
+// ZeRO-3 under bf16 compute gathers in bf16 and holds what it gathered in bf16: a third
+// less traffic than in fp32 (the reduce-scatters stay fp32); the running block takes 2
+// bytes a weight, its norms widened to 4 beside it, the block arriving 2, beside this
+// rank's piece cast for it; and no weight is cast (the untied head neither).
 TEST(Plan, Zero3GathersInTheComputeDtype) {
   PlanLayout l;
   l.dp = 8;
@@ -137,7 +138,10 @@ TEST(Plan, Zero3GathersInTheComputeDtype) {
   EXPECT_NEAR(bf16.time.dp_comm_total / fp32.time.dp_comm_total, 2.0 / 3.0, 0.01);
   const auto r = plan::rank_model(recipe("llama/llama-3-8b").model, 1, PipelineStage{});
   const double block = static_cast<double>(r.largest_block_unit(8));
-  EXPECT_DOUBLE_EQ(fp32.memory.gathered - bf16.memory.gathered, block * (2 - 2.0 / 8));
+  EXPECT_DOUBLE_EQ(fp32.memory.gathered - bf16.memory.gathered,
+                   block * (4 - 2.0 / 8) - 4 * static_cast<double>(r.block_widened));
+  EXPECT_EQ(r.block_widened, 2 * r.dim) << "a LLaMA block widens its two norms";
+  EXPECT_EQ(bf16.memory.working_copy, 0.0) << "the gathered units are the weights' copies";
 }
 
 // Eight ranks as two replicas of four pipeline stages, each taking 16 micro-batches of one.

@@ -7,8 +7,9 @@
 #    another order, so only rounding differs); optimizer offload changes no bit;
 #  - per-rank model-state bytes equal the fp32 AdamW theory on 2 and 4 ranks, and the
 #    bytes sent equal each stage's theoretical volume;
-#  - bf16 ZeRO-3 x2 (gathering in bf16, saving in fp32) and fp16 ZeRO-2 x2 (with its
-#    loss scale) agree with one process in the same dtype to its resolution;
+#  - bf16 ZeRO-3 x2, LLaMA and BLOOM (gathered and held in bf16, saved in fp32), and
+#    fp16 ZeRO-2 x2 (with its loss scale) agree with one process in the same dtype to its
+#    resolution;
 #  - a worker killed with SIGKILL stops the job within 60 s, named by rank.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -31,14 +32,16 @@ for shape in llama bloom; do
     || fail "$shape: ZeRO-2 weights are not dp's bytes"
 done
 
-# bf16 under ZeRO-3: units are gathered in bf16 (half the bytes: checked with the
-# volumes below) and widened, so the products multiply by the weights one process casts,
-# norm weights by their rounding; each rank's one micro-batch casts every weight in
-# forward and again in backward, after the unit is gathered anew (one process, with two
-# micro-batches, keeps the copies for the step).
+# bf16 under ZeRO-3: units are gathered and held in bf16 (half the bytes: checked with the
+# volumes and the gathered peak below), so the products multiply by the weights one
+# process casts, and what is read otherwise (embeddings, norm weights; BLOOM's biases,
+# embedding norm and tied head, which casts the fp32 embedding) by its rounding.
 train llama llama-bf16-1 --set precision.compute=bf16
 train llama llama-bf16-zero3 --nproc 2 --set parallel.zero=3 --set precision.compute=bf16
 compare_half "$work/llama-bf16-1" "$work/llama-bf16-zero3" 8 || fail "bf16 ZeRO-3 differs from one process"
+train bloom bloom-bf16-1 --set precision.compute=bf16
+train bloom bloom-bf16-zero3 --nproc 2 --set parallel.zero=3 --set precision.compute=bf16
+compare_half "$work/bloom-bf16-1" "$work/bloom-bf16-zero3" 8 || fail "BLOOM bf16 ZeRO-3 differs from one process"
 # What it saves is gathered in fp32: the weights are not rounded to bf16 (a weight AdamW
 # moved has low mantissa bits, one rounded to bf16 has none).
 /usr/bin/python3 - "$work/llama-bf16-zero3/model.safetensors" <<'PY' || fail "bf16 ZeRO-3 saved rounded weights"
@@ -87,7 +90,7 @@ done
 import json, sys
 work = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
-from units import unit_sizes
+from units import unit_sizes, widened
 units = unit_sizes(f"{work}/llama-1/model.safetensors")
 psi = sum(units.values())
 micro, global_batch = 2, 8
@@ -112,16 +115,21 @@ for run, zero, n, width in cases:  # width: bytes of a gathered ZeRO-3 element
     assert 1.0 <= comm <= 1.05, run
     if zero == 3:
         # Gathered parameters at their most (sharded_parameters.h): the transient peak less
-        # ZeRO-2's, whose gradient buffers go the same way. A unit arrives (fp32; bf16:
-        # 2 bytes a buffer element, widened to 4 beside it, then freed) beside the one
+        # ZeRO-2's, whose gradient buffers go the same way. A unit arrives beside the one
         # running: the embeddings with block 0 (then freed: the lookup's backward reads no
         # weight), block with block, the last block (kept for its backward) with the head.
+        # fp32: 4 bytes an element. bf16: a unit is held in its 2-byte buffer, and the
+        # parameters read beyond products (embeddings, norms) are widened to 4 bytes of
+        # their own beside it (w: their exact elements); the embeddings' unit, all widened,
+        # lets its buffer go once widened.
         e, h = padded[0], padded["head"]
         b = max(k for u, k in padded.items() if u not in (0, "head"))
         if width == 4:
             expected = 4 * max(e + b, 2 * b, b + h)
         else:
-            expected = max(6 * e, 4 * e + 2 * b, 6 * b, 4 * b + 6 * h)
+            w = unit_sizes(f"{work}/llama-1/model.safetensors", widened)
+            wb = max(k for u, k in w.items() if u not in (0, "head"))
+            expected = max(2 * e + 4 * w[0], 4 * w[0] + 2 * b, 4 * b + 4 * wb, 2 * b + 4 * wb + 2 * h + 4 * w["head"])
         zero2 = json.loads(open(f"{work}/{run.replace('bf16-', '').replace('zero3', 'zero2')}/metrics.jsonl").readline())
         gathered = row["transient_peak_bytes"] - zero2["transient_peak_bytes"]
         print(f"  {run}: gathered parameters peak at {gathered} bytes, expected {expected}")

@@ -7,7 +7,8 @@
 #    a vocabulary of 301 padded to 302);
 #  - tp2 with one key/value head (held whole by both ranks, each using it for its heads);
 #  - dp2 x tp2, ZeRO-1 dp2 x tp2 (equal to dp2 x tp2 exactly) and ZeRO-3 dp2 x tp2 with
-#    sequence parallelism;
+#    sequence parallelism; bf16 ZeRO-3 dp2 x tp2 with one key/value head agrees with one
+#    bf16 process to bf16's resolution;
 #  - bf16 tp2 with sequence parallelism (BLOOM: biases) agrees with one bf16 process to
 #    bf16's resolution;
 #  - layouts the model cannot be cut into are refused naming the field.
@@ -34,6 +35,13 @@ train llama llama-zero3-dp2-tp2-sp --nproc 4 --set parallel.tp=2 --set parallel.
 compare "$work/bloom-1" "$work/bloom-dp2-tp2" 0 || fail "dp2 x tp2 differs from one process"
 compare "$work/bloom-dp2-tp2" "$work/bloom-zero1-dp2-tp2" 1 || fail "ZeRO-1 dp2 x tp2 differs from dp2 x tp2"
 compare "$work/llama-1" "$work/llama-zero3-dp2-tp2-sp" 0 || fail "ZeRO-3 dp2 x tp2 differs from one process"
+# bf16 ZeRO-3 holds the gathered projections in bf16 alone, but not a key/value head held
+# whole, whose rows each rank reads from the fp32 weights (transformer.h).
+train llama llama-kv1-bf16 --set model.n_kv_heads=1 --set precision.compute=bf16
+train llama llama-kv1-bf16-zero3-dp2-tp2 --nproc 4 --set model.n_kv_heads=1 --set precision.compute=bf16 \
+  --set parallel.tp=2 --set parallel.zero=3
+compare_half "$work/llama-kv1-bf16" "$work/llama-kv1-bf16-zero3-dp2-tp2" 8 \
+  || fail "bf16 ZeRO-3 dp2 x tp2 with a replicated key/value head differs"
 
 # bf16 across ranks: the row-parallel layers' biases (BLOOM) and the projections' casts.
 echo "bloom, bf16:"

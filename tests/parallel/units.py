@@ -4,12 +4,20 @@ import json
 import struct
 
 
-def unit_sizes(weights_path):
+def widened(name, shape):
+    """Whether ZeRO-3 gathered in bf16 widens the parameter to fp32 (LLaMA, no tensor
+    parallelism: transformer.h, weights_read_in_compute_dtype): all but the projections'
+    and the untied head's matrices."""
+    return len(shape) == 1 or "embed_tokens" in name
+
+
+def unit_sizes(weights_path, only=lambda name, shape: True):
+    """Elements per unit, of the parameters `only(name, shape)` accepts."""
     with open(weights_path, "rb") as f:
         header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
     units = {}
     for name, e in header.items():
-        if name == "__metadata__":
+        if name == "__metadata__" or not only(name, e["shape"]):
             continue
         n = 1
         for d in e["shape"]:

@@ -25,4 +25,14 @@ void allocate_storage(const at::Tensor& t) {
   s->set_nbytes(nbytes);
 }
 
+void borrow_storage(const at::Tensor& t, const at::Tensor& from) {
+  TORCH_CHECK(from.is_contiguous() && from.numel() == t.numel() && from.scalar_type() == t.scalar_type() &&
+                  from.device() == t.device(),
+              "borrow_storage: ", from.sizes(), " ", from.scalar_type(), " on ", from.device(),
+              " cannot be the memory of ", t.sizes(), " ", t.scalar_type(), " on ", t.device());
+  auto* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(from.data_ptr(), t.device()));  // no deleter: not ours to free
+  s->set_nbytes(static_cast<size_t>(t.numel()) * t.element_size());
+}
+
 }  // namespace tide

@@ -16,5 +16,9 @@ at::Tensor storageless_empty(at::IntArrayRef sizes, const at::TensorOptions& opt
 // Memory for all of t's elements again, from its storage's allocator; values undefined.
 // t spans its storage (a tensor made whole, not a view).
 void allocate_storage(const at::Tensor& t);
+// t's storage points at the memory of `from` (contiguous, t's element count, dtype and
+// device) without owning it: the caller keeps `from`'s memory until release_storage(t).
+// t spans its storage.
+void borrow_storage(const at::Tensor& t, const at::Tensor& from);
 
 }  // namespace tide

@@ -209,6 +209,20 @@ void TransformerImpl::initialise_parameter(const std::string& name, const torch:
 
 const torch::Tensor& TransformerImpl::output_weight() const { return lm_head.defined() ? lm_head : tok_embeddings; }
 
+std::set<std::string> TransformerImpl::weights_read_in_compute_dtype() const {
+  std::set<std::string> out;
+  if (lm_head.defined()) out.insert("lm_head.weight");
+  const auto modules = named_modules();
+  for (const auto& item : modules)
+    if (dynamic_cast<const ProjectionImpl*>(item.value().get())) out.insert(item.key() + ".weight");
+  for (const auto& item : modules)
+    if (const auto* a = dynamic_cast<const AttentionImpl*>(item.value().get()); a && a->reads_key_value_whole()) {
+      out.erase(item.key() + ".k_proj.weight");
+      out.erase(item.key() + ".v_proj.weight");
+    }
+  return out;
+}
+
 torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOptions& options) {
   // Causal attention alone needs no mask: the attention kernel is told it is causal.
   if (!alibi_slopes_.defined()) return {};

@@ -69,13 +69,14 @@ FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, in
 DataParallel::~DataParallel() = default;
 
 DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, DType compute,
-                           const ParameterUnitLayout& units, std::vector<Comm*> model_parallel)
+                           const ParameterUnitLayout& units, std::vector<Comm*> model_parallel,
+                           const std::function<bool(const std::string&)>& read_in_compute_dtype)
     : dp_(dp), model_parallel_(std::move(model_parallel)), flat_(flat), cfg_(cfg) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " do not divide among ",
               dp.size(), " ranks");
   TORCH_CHECK(cfg.zero >= 0 && cfg.zero <= 3, "ZeRO stage ", cfg.zero, " does not exist");
   if (cfg.zero == 3) {
-    params_ = std::make_unique<ShardedParameters>(dp, flat, units, scalar_type_of(compute));
+    params_ = std::make_unique<ShardedParameters>(dp, flat, units, scalar_type_of(compute), read_in_compute_dtype);
     grads_ = std::make_unique<ShardedGradients>(dp, flat, ShardedGradients::Mode::Transient,
                                                 [this](int unit) { params_->release(unit); });
   } else if (cfg.zero >= 1) {

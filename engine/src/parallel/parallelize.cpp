@@ -69,7 +69,10 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   if (dist) {
     out.data_parallel =
         std::make_unique<DataParallel>(*dist->dp, *out.flat, cfg.parallel, compute, parameter_unit_layout(cfg.model),
-                                       std::vector<Comm*>{dist->tp.get(), dist->pp.get()});
+                                       std::vector<Comm*>{dist->tp.get(), dist->pp.get()},
+                                       [names = out.model->weights_read_in_compute_dtype()](const std::string& name) {
+                                         return names.count(name) > 0;
+                                       });
     out.model->set_parameter_units(out.data_parallel->parameter_units());
     out.optim = out.data_parallel->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
   } else {

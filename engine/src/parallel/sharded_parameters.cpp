@@ -4,117 +4,167 @@
 #include <torch/types.h>
 
 #include "model/tensor_storage.h"
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/parallel/comm.h"
 
 namespace tide {
 
-ShardedParameters::ShardedParameters(Comm& dp, FlatParameters& flat, const ParameterUnitLayout& units,
-                                     at::ScalarType wire)
-    : dp_(dp), last_block_(units.last_block()), keep_embeddings_(units.embeddings_read_after_lookup()), wire_(wire) {
+struct ShardedParameters::Unit {
+  int64_t offset = 0, numel = 0;  // in the flat index space; numel padded
+  int64_t local_offset = 0;       // where this rank's piece starts in shard_
+  std::vector<size_t> slots;      // its parameters, flat_.slots() indices
+  // Gathered in the compute dtype: each parameter's own memory, sharing its storage but
+  // not its version counter (a gather writing into it is no in-place change of the
+  // parameter for autograd), and whether it is held only as its working copy.
+  std::vector<at::Tensor> memory;
+  std::vector<char> in_compute_dtype;
+  at::Tensor whole;  // fp32 [numel], where fp32 gathers land; storageless between them
+  at::Tensor wire;   // [numel] in the compute dtype: the gather's buffer, and the unit's values while held
+  std::unique_ptr<PendingCollective> gathering;
+  bool gathered = false;
+  bool exact = false;  // gathered (or on its way) in fp32 into `whole`
+  int64_t bytes = 0;   // counted in gathered_bytes_
+};
+
+ShardedParameters::ShardedParameters(Comm& dp, const FlatParameters& flat, const ParameterUnitLayout& units,
+                                     at::ScalarType wire,
+                                     const std::function<bool(const std::string&)>& read_in_compute_dtype)
+    : dp_(dp),
+      flat_(flat),
+      last_block_(units.last_block()),
+      keep_embeddings_(units.embeddings_read_after_lookup()),
+      wire_(wire) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " cannot be cut into ",
               dp.size(), " pieces");
   torch::NoGradGuard no_grad;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(flat.device());
   shard_ = torch::zeros({flat.shard_numel(dp.size())}, opts);  // the padding stays zero
-  const size_t n = flat.units().size();
-  whole_.resize(n);
-  wire_whole_.resize(n);
-  gathering_.resize(n);
-  gathered_.assign(n, 0);
+  // Gathered in fp32, the parameters are views of their unit's buffer; in the compute
+  // dtype, each has memory of its own that only some of them ever get.
+  const bool own_memory = wire_ != at::kFloat;
+  units_.resize(flat.units().size());
   int64_t local = 0;
-  for (size_t u = 0; u < n; ++u) {
-    const auto& unit = flat.units()[u];
-    const int64_t piece = unit.numel / dp.size();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const auto& layout = flat.units()[u];
+    auto& unit = units_[u];
+    unit.offset = layout.offset;
+    unit.numel = layout.numel;
+    unit.slots = layout.slots;
+    unit.local_offset = local;
+    unit.whole = storageless_empty({layout.numel}, opts);
+    const int64_t piece = layout.numel / dp.size();
     const int64_t begin = dp.rank() * piece, end = begin + piece;  // this rank's, in the unit
-    local_offset_.push_back(local);
-    whole_[u] = storageless_empty({unit.numel}, opts);
-    for (const size_t i : unit.slots) {
+    for (const size_t i : layout.slots) {
       const auto& s = flat.slots()[i];
       // The part of the parameter in this rank's piece: the only values drawn here.
-      const int64_t at = s.offset - unit.offset;
+      const int64_t at = s.offset - layout.offset;
       const int64_t a = std::max(begin, at), b = std::min(end, at + s.numel);
       if (a < b) flat.write_initial_values(s, shard_.narrow(0, local + a - begin, b - a), a - at);
-      s.param.set_data(whole_[u].narrow(0, at, s.numel).view(s.shape));
+      if (!own_memory) {
+        s.param.set_data(unit.whole.narrow(0, at, s.numel).view(s.shape));
+        continue;
+      }
+      unit.memory.push_back(storageless_empty(s.shape, opts));
+      s.param.set_data(unit.memory.back());
+      unit.in_compute_dtype.push_back(read_in_compute_dtype && read_in_compute_dtype(s.name) ? 1 : 0);
     }
     local += piece;
   }
 }
 
 ShardedParameters::~ShardedParameters() {
-  for (auto& g : gathering_)
-    if (g) g->wait();
+  for (auto& unit : units_) {
+    if (unit.gathering) unit.gathering->wait();
+    drop_working_copies(&unit);
+  }
 }
 
-void ShardedParameters::count(int64_t bytes) {
+void ShardedParameters::count(Unit& unit, int64_t bytes) {
+  unit.bytes += bytes;
   gathered_bytes_ += bytes;
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
 }
 
-void ShardedParameters::allocate(int u) {
-  auto& whole = whole_[static_cast<size_t>(u)];
-  allocate_storage(whole);
-  count(whole.numel() * static_cast<int64_t>(sizeof(float)));
-}
-
 void ShardedParameters::prefetch(int u, bool exact) {
   const auto i = static_cast<size_t>(u);
-  if (u < 0 || i >= whole_.size() || gathered_[i] || gathering_[i] || whole_[i].numel() == 0) return;
-  const int64_t piece = whole_[i].numel() / dp_.size();
+  if (u < 0 || i >= units_.size()) return;
+  auto& unit = units_[i];
+  if (unit.gathered || unit.gathering || unit.numel == 0) return;
+  const int64_t piece = unit.numel / dp_.size();
+  const auto mine = shard_.narrow(0, unit.local_offset, piece);
   const std::string what = fmt::format("parameters of unit {}", u);
   if (exact || wire_ == at::kFloat) {
-    allocate(u);
-    gathering_[i] = dp_.all_gather_async(shard_.narrow(0, local_offset_[i], piece), whole_[i], what);
+    allocate_storage(unit.whole);
+    count(unit, unit.numel * static_cast<int64_t>(sizeof(float)));
+    unit.exact = true;
+    unit.gathering = dp_.all_gather_async(mine, unit.whole, what);
     return;
   }
   // This rank's piece cast for this gather alone (the collective holds it until done),
-  // as FSDP does: no second copy of the shard is kept. The fp32 parameters are allocated
-  // once the pieces are in (gather): while the gather runs, only its buffer is held.
+  // as FSDP does: no second copy of the shard is kept.
   torch::NoGradGuard no_grad;
-  auto& buffer = wire_whole_[i];
-  buffer = torch::empty({whole_[i].numel()}, shard_.options().dtype(wire_));
-  count(buffer.numel() * static_cast<int64_t>(buffer.element_size()));
-  gathering_[i] = dp_.all_gather_async(shard_.narrow(0, local_offset_[i], piece).to(wire_), buffer, what);
+  unit.wire = torch::empty({unit.numel}, shard_.options().dtype(wire_));
+  count(unit, unit.numel * static_cast<int64_t>(unit.wire.element_size()));
+  unit.gathering = dp_.all_gather_async(mine.to(wire_), unit.wire, what);
 }
 
 void ShardedParameters::gather(int u) {
-  const auto i = static_cast<size_t>(u);
-  if (gathered_[i]) return;
+  auto& unit = units_[static_cast<size_t>(u)];
+  if (unit.gathered) return;
   prefetch(u);
-  if (gathering_[i]) {
-    gathering_[i]->wait();
-    gathering_[i].reset();
+  if (unit.gathering) {
+    unit.gathering->wait();
+    unit.gathering.reset();
   }
-  if (wire_whole_[i].defined()) {
-    torch::NoGradGuard no_grad;
-    allocate(u);
-    whole_[i].copy_(wire_whole_[i]);
-    drop_wire_buffer(u);
+  if (unit.exact) {
+    // Each parameter's own memory, where it has one, points into the fp32 buffer.
+    for (size_t k = 0; k < unit.memory.size(); ++k) {
+      const auto& s = flat_.slots()[unit.slots[k]];
+      borrow_storage(unit.memory[k], unit.whole.narrow(0, s.offset - unit.offset, s.numel));
+    }
+  } else if (unit.wire.defined()) {
+    hold_in_wire_dtype(unit);
   }
-  gathered_[i] = 1;
+  unit.gathered = true;
 }
 
-void ShardedParameters::drop_wire_buffer(int u) {
-  auto& buffer = wire_whole_[static_cast<size_t>(u)];
-  gathered_bytes_ -= buffer.numel() * static_cast<int64_t>(buffer.element_size());
-  buffer = torch::Tensor();
+void ShardedParameters::hold_in_wire_dtype(Unit& unit) {
+  torch::NoGradGuard no_grad;
+  std::vector<StandingCopy> copies;
+  for (size_t k = 0; k < unit.memory.size(); ++k) {
+    const auto& s = flat_.slots()[unit.slots[k]];
+    const auto values = unit.wire.narrow(0, s.offset - unit.offset, s.numel).view(s.shape);
+    if (unit.in_compute_dtype[k]) {
+      copies.push_back({s.param, values});
+      continue;
+    }
+    allocate_storage(unit.memory[k]);
+    count(unit, s.numel * static_cast<int64_t>(sizeof(float)));
+    unit.memory[k].copy_(values);
+  }
+  if (!copies.empty()) {
+    keep_working_copies(&unit, {}, copies);
+    return;
+  }
+  count(unit, -unit.numel * static_cast<int64_t>(unit.wire.element_size()));  // all widened: the buffer goes
+  unit.wire = at::Tensor();
 }
 
 void ShardedParameters::release(int u) {
-  const auto i = static_cast<size_t>(u);
-  if (gathering_[i]) {  // never free memory a collective is still writing
-    gathering_[i]->wait();
-    gathering_[i].reset();
-  } else if (!gathered_[i]) {
+  auto& unit = units_[static_cast<size_t>(u)];
+  if (unit.gathering) {  // never free memory a collective is still writing
+    unit.gathering->wait();
+    unit.gathering.reset();
+  } else if (!unit.gathered) {
     return;
   }
-  if (wire_whole_[i].defined()) {  // prefetched, never used: its fp32 storage was never allocated
-    drop_wire_buffer(u);
-    return;
-  }
-  gathered_[i] = 0;
-  if (whole_[i].numel() == 0) return;
-  release_storage(whole_[i]);
-  gathered_bytes_ -= whole_[i].numel() * static_cast<int64_t>(sizeof(float));
+  drop_working_copies(&unit);
+  for (const auto& m : unit.memory) release_storage(m);
+  if (unit.exact) release_storage(unit.whole);
+  unit.wire = at::Tensor();
+  unit.gathered = unit.exact = false;
+  gathered_bytes_ -= unit.bytes;
+  unit.bytes = 0;
 }
 
 void ShardedParameters::before_forward(int unit) {
@@ -144,16 +194,16 @@ void ShardedParameters::before_backward(int unit) {
 
 void ShardedParameters::end_forward() { release_all(); }
 
-void ShardedParameters::gather_exact(int unit) {
-  const auto i = static_cast<size_t>(unit);
+void ShardedParameters::gather_exact(int u) {
   // Gathered (or on its way) in the wire dtype, it would hold rounded values.
-  if (wire_ != at::kFloat && (gathering_[i] || gathered_[i])) release(unit);
-  prefetch(unit, /*exact=*/true);
-  gather(unit);
+  const auto& unit = units_[static_cast<size_t>(u)];
+  if ((unit.gathering || unit.gathered) && !unit.exact) release(u);
+  prefetch(u, /*exact=*/true);
+  gather(u);
 }
 
 void ShardedParameters::release_all() {
-  for (size_t u = 0; u < whole_.size(); ++u) release(static_cast<int>(u));
+  for (size_t u = 0; u < units_.size(); ++u) release(static_cast<int>(u));
 }
 
 }  // namespace tide

@@ -10,14 +10,20 @@
 //
 // Under bf16 (fp16) compute the pieces travel in that dtype, as DeepSpeed's and FSDP's
 // (param_dtype) do: half the bytes of every gather. Each rank casts its fp32 piece of a
-// unit for each gather; a gathered unit's parameters hold the fp32 values of the cast pieces,
-// so every product multiplies by the same bf16 weights as without ZeRO-3 (its working copy
-// casts exactly), while norm weights and biases read the rounded values, as the peers'
-// do. Saving gathers the fp32 pieces themselves (gather_exact).
+// unit for each gather, and the gathered unit is held in that dtype, as FSDP2 holds it:
+// a weight that is only ever multiplied (the model says which: read_in_compute_dtype)
+// never exists in fp32 on a rank, its gathered bf16 values serve as its working copy
+// (compute_dtype.h: keep_working_copies), so a gathered block costs 2 bytes a weight and
+// no cast in forward or backward. The others (embeddings, norms, biases) are widened into
+// fp32 tensors of their own, holding the rounded values, as the peers' do. Every product
+// multiplies by the same bf16 weights as without ZeRO-3 (its working copy rounds the
+// same fp32 values). Saving gathers the fp32 pieces themselves (gather_exact).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/types.h>
@@ -34,11 +40,13 @@ class ShardedParameters : public ParameterUnits {
  public:
   // Places the parameters: this rank's pieces get their first values
   // (flat.write_initial_values, which for a model built as shapes draws just those
-  // elements) and nothing whole is made. `flat` is the layout, without buffers.
-  // `wire`: the dtype the pieces are gathered in for forward and backward (float, or the
-  // compute dtype).
-  // `units`: how the flat units map to the model.
-  ShardedParameters(Comm& dp, FlatParameters& flat, const ParameterUnitLayout& units, at::ScalarType wire);
+  // elements) and nothing whole is made. `flat` is the layout, without buffers; it
+  // outlives this. `wire`: the dtype the pieces are gathered in for forward and backward
+  // (float, or the compute dtype). `units`: how the flat units map to the model.
+  // `read_in_compute_dtype(name)`: whether every read of a parameter in forward and
+  // backward is of its working copy in the compute dtype (transformer.h); empty: none is.
+  ShardedParameters(Comm& dp, const FlatParameters& flat, const ParameterUnitLayout& units, at::ScalarType wire,
+                    const std::function<bool(const std::string&)>& read_in_compute_dtype = {});
   ~ShardedParameters() override;
 
   // This rank's pieces of all units, end to end: what the optimizer updates.
@@ -58,22 +66,19 @@ class ShardedParameters : public ParameterUnits {
   int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
 
  private:
+  struct Unit;
   void gather(int unit);                        // whole when it returns
   void prefetch(int unit, bool exact = false);  // started, not waited for; exact: in fp32
-  void allocate(int unit);
-  void count(int64_t bytes);
-  void drop_wire_buffer(int unit);
+  void hold_in_wire_dtype(Unit& unit);
+  void count(Unit& unit, int64_t bytes);
 
   Comm& dp_;
+  const FlatParameters& flat_;
   int last_block_ = 0;
   bool keep_embeddings_ = false;  // through a micro-batch: read after the lookup
-  torch::Tensor shard_;
-  std::vector<int64_t> local_offset_;
-  std::vector<torch::Tensor> whole_;  // per unit; storage freed while released
   at::ScalarType wire_;
-  std::vector<torch::Tensor> wire_whole_;  // per unit, while its gather in the wire dtype runs
-  std::vector<std::unique_ptr<PendingCollective>> gathering_;
-  std::vector<char> gathered_;
+  torch::Tensor shard_;
+  std::vector<Unit> units_;
   int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
 };
 

@@ -5,9 +5,11 @@
 //     master and gradient copy instead, all in host memory;
 //   bf16 compute (compute_dtype.h): the bf16 working copy of the flat buffer that AdamW
 //     writes (one process, dp without ZeRO), else one copy of every matmul weight cast
-//     per step (ZeRO-3: per layer, cast in forward and again in backward);
+//     per step (ZeRO-3: none, its gathered units are the copies; a tied head's, cast in
+//     forward and again in backward);
 //   ZeRO-3 (sharded_parameters.h): the running block's unit and the prefetched one (under
-//     bf16 compute gathered in bf16 from the rank's piece cast for it, then widened), the
+//     bf16 compute gathered and held in bf16 from the rank's piece cast for it, norms and
+//     biases widened beside it, the embeddings' unit widened whole), the
 //     embeddings' unit at a forward's start (for the step when read after the lookup: tied
 //     or normed), the last block's beside the head's from the loss through the head's
 //     backward; ZeRO-2/3 (sharded_gradients.h): each unit's gradients in a buffer until
@@ -239,17 +241,19 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     // The bf16 working copies of the weights (compute_dtype.h). An optimizer that
     // updates every weight (no ZeRO sharding, no offload) writes a copy of the whole
     // flat buffer as it updates it (adamw.h: keep_working_copy). Otherwise the step keeps
-    // every matmul weight's (ZeRO-1/2, offload), or (ZeRO-3) each layer casts its weight
-    // in forward and again in backward: one copy, the widest, at a time, beside the
-    // head's.
-    const double widest = static_cast<double>(r.dim * std::max(r.ffn, r.heads * r.head_dim));
-    const double blocks = L.zero != 3 ? static_cast<double>(r.blocks * r.block_matmul) : widest;
-    m.working_copy = L.zero == 0 && !L.offload ? 2 * P : 2 * (blocks + static_cast<double>(r.head_matmul));
+    // every matmul weight's (ZeRO-1/2, offload). ZeRO-3's gathered units are their
+    // weights' copies; only a tied head casts the embedding (fp32: the lookup reads it),
+    // in forward and again in backward.
+    const double matmul = L.zero != 3         ? static_cast<double>(r.blocks * r.block_matmul + r.head_matmul)
+                          : mc.tie_embeddings ? static_cast<double>(r.head_matmul)
+                                              : 0.0;
+    m.working_copy = L.zero == 0 && !L.offload ? 2 * P : 2 * matmul;
   }
-  // ZeRO-3's gathered blocks: the running one in fp32, the next one arriving (in fp32, or
-  // in the compute dtype from this rank's piece cast for it, widened when it is waited
-  // for: both at once for that moment).
-  const double gathered_blocks = block_unit * (bf16 ? 4 + 2 + 2.0 / L.dp : 4 + 4);
+  // ZeRO-3's gathered blocks: the running one (fp32; bf16: held in bf16, its norms and
+  // biases widened to fp32 beside it) and the next one arriving (in fp32, or in the
+  // compute dtype from this rank's piece cast for it).
+  const double block_widened = static_cast<double>(r.block_widened);
+  const double gathered_blocks = bf16 ? block_unit * (2 + 2 + 2.0 / L.dp) + 4 * block_widened : block_unit * (4 + 4);
   if (L.zero == 3) m.gathered += (unit0_kept ? unit0 * 4 : 0) + gathered_blocks;
   if (L.zero >= 2 && L.micro_batches > 1) {
     // The last two units a micro-batch's backward reduce-scatters (block 0 and unit 0)
@@ -350,16 +354,18 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     backward_extra = sharded_gradients_peak(g, freed, block_extra, L.micro_batches > 1);
   }
   // ZeRO-3 from the loss through the head's backward: the last block (kept for its
-  // backward) and the head's unit, not two blocks; the head arrives while the last block
-  // runs and, under bf16, is widened beside its bf16 copy before the loss is made.
-  double head_gathered = 0, head_widened = std::numeric_limits<double>::lowest();
+  // backward) and the head's unit, not two blocks (under bf16 both held in bf16, their
+  // norms widened beside them).
+  double head_gathered = 0;
   if (L.zero == 3 && head_unit > 0) {
-    head_gathered = (block_unit + head_unit) * 4 - gathered_blocks;
-    head_widened = block_unit * 4 + head_unit * (bf16 ? 6 : 4) - gathered_blocks - h.saved;
+    const double head_widened = static_cast<double>(r.head_elements - r.head_matmul);
+    head_gathered =
+        (bf16 ? 2 * (block_unit + head_unit) + 4 * (block_widened + head_widened) : 4 * (block_unit + head_unit)) -
+        gathered_blocks;
   }
-  m.backward_transient = r.last ? std::max({h.forward_extra + head_gathered, h.backward_extra + head_gathered,
-                                            backward_extra - h.saved, head_widened})
-                                : backward_extra;
+  m.backward_transient =
+      r.last ? std::max({h.forward_extra + head_gathered, h.backward_extra + head_gathered, backward_extra - h.saved})
+             : backward_extra;
   // ZeRO-3: a micro-batch's forward starts with unit 0 gathered (under bf16 arriving in
   // bf16 and widened, both at once), then block 0's gather started beside it, before any
   // activation is made. Unit 0 kept for the step is counted in `gathered` already.

@@ -38,7 +38,7 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   // A block (layers.cpp): two norms, attention, MLP.
   const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;
   const int64_t local = r.heads * hd;
-  int64_t attention = 0, attention_matmul = 0;
+  int64_t attention = 0, attention_matmul = 0, kv_whole = 0;
   if (m.family == Family::BLOOM) {
     attention_matmul = d * 3 * local + local * d;
     attention = attention_matmul + (m.attention_bias ? 3 * local + d : 0);
@@ -48,6 +48,7 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
     r.kv_heads = kv_split ? kv / tp : 1;
     const int64_t kv_rows = (kv_split ? kv / tp : kv) * hd;  // held whole when fewer than tp
     attention_matmul = d * local + 2 * d * kv_rows + local * d;
+    if (!kv_split) kv_whole = 2 * d * kv_rows;
     attention = attention_matmul + (m.attention_bias ? local + 2 * kv_rows + d : 0);
   }
   const int64_t mlp_matrices = m.mlp == MlpKind::SwiGLU ? 3 : 2;
@@ -55,6 +56,7 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   const int64_t mlp = mlp_matmul + (m.mlp_bias ? (mlp_matrices - 1) * r.ffn + d : 0);
   r.block_matmul = attention_matmul + mlp_matmul;
   r.block_elements = 2 * norm + attention + mlp;
+  r.block_widened = r.block_elements - r.block_matmul + kv_whole;
 
   // Unit 0 (transformer.cpp, parameter_names.h): the embedding on the first stage (and
   // its copy on the last when tied), learned positions and the embedding norm on the

@@ -22,6 +22,10 @@ struct RankModel {
   bool first = true, last = true;
   int64_t block_elements = 0;    // parameters of one block on this rank
   int64_t block_matmul = 0;      // of which matmul weights
+  // Of a block's elements, those ZeRO-3 gathered in bf16 widens to fp32: all but the
+  // weights read only as their working copy (transformer.h: weights_read_in_compute_dtype),
+  // so norms, biases, and key/value weights held whole under tensor parallelism.
+  int64_t block_widened = 0;
   int64_t outside_elements = 0;  // unit 0: the embeddings, and (tied) the final norm
   int64_t head_elements = 0;     // the head's own unit (untied, last stage): final norm and head
   int64_t head_matmul = 0;       // the output projection's weight (last stage), tied or not

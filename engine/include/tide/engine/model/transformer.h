@@ -7,6 +7,9 @@
 // K = key/value heads, Hd = head dim (D / H), F = MLP hidden, V = vocabulary.
 #pragma once
 
+#include <set>
+#include <string>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/pimpl.h>
@@ -86,6 +89,9 @@ class AttentionImpl : public torch::nn::Module {
 
   // Separate projections (LLaMA) or one fused per-head QKV projection (BLOOM).
   Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, qkv{nullptr}, out{nullptr};
+  // Fewer key/value heads than tensor-parallel ranks: k_proj and v_proj are held whole
+  // and each rank reads its head's rows of the fp32 weights (through copy_to).
+  bool reads_key_value_whole() const { return kv_first_ >= 0; }
 
  private:
   ModelConfig cfg_;
@@ -181,6 +187,12 @@ class TransformerImpl : public torch::nn::Module {
 
   const ModelConfig& config() const { return cfg_; }
   const torch::Tensor& output_weight() const;
+  // The parameters a forward or backward pass reads only as their working copy in the
+  // compute dtype (compute_dtype.h: working_copy): the projections' weights and an
+  // untied head. Their owner may hold them as that copy alone (ZeRO-3 under bf16 compute:
+  // sharded_parameters.h). Not the embeddings (the lookup reads the table), norms or
+  // biases, nor key/value weights that each tensor-parallel rank reads in part.
+  std::set<std::string> weights_read_in_compute_dtype() const;
 
   torch::Tensor tok_embeddings, pos_embeddings;  // on the first stage (and tied: the last)
   Norm embedding_norm{nullptr}, final_norm{nullptr};

@@ -10,7 +10,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/types.h>
@@ -38,8 +40,12 @@ class DataParallel {
   // model (parameter_names.h), which stage 3 follows to hold each no longer than needed.
   // `model_parallel`: the groups of ranks that hold the other parts of this rank's
   // model replica (tensor parallel, pipeline stages); the gradient norm adds their parts.
+  // `read_in_compute_dtype`: the parameters the model reads only as their working copy
+  // (transformer.h: weights_read_in_compute_dtype), which stage 3 holds gathered in the
+  // compute dtype alone; empty: none.
   DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, DType compute,
-               const ParameterUnitLayout& units, std::vector<Comm*> model_parallel = {});
+               const ParameterUnitLayout& units, std::vector<Comm*> model_parallel = {},
+               const std::function<bool(const std::string&)>& read_in_compute_dtype = {});
   ~DataParallel();
 
   // ZeRO-3: what the model must call around each unit (Transformer::set_parameter_units);
