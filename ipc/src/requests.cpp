@@ -16,6 +16,7 @@
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/live_change.h"
 #include "tide/engine/run_layout.h"
+#include "tide/engine/train/initial_weights.h"
 #include "tide/scripting/recipe.h"
 
 namespace tide::ipc {
@@ -225,6 +226,22 @@ json Requests::status_of(const RunRecord& r) {
   return j;
 }
 
+namespace {
+// checkpoint.init_from, where the workers will read it (relative to the workdir): weights
+// that do not fit the recipe's model are refused at submit, naming the fields, as the
+// workers would refuse them at start. This daemon's own workers see its file system, so
+// a path it cannot find is refused too; Slurm's nodes may mount what the daemon does not,
+// so there a path the daemon cannot see is left to them.
+void check_init_from(const RunConfig& cfg, const std::string& workdir, bool remote_workers) {
+  if (cfg.checkpoint.init_from.empty()) return;
+  fs::path path(cfg.checkpoint.init_from);
+  if (path.is_relative()) path = fs::path(workdir) / path;
+  std::error_code ec;
+  if (remote_workers && !fs::exists(path, ec)) return;
+  check_initial_weights(path.string(), cfg.model);
+}
+}  // namespace
+
 std::optional<json> Requests::begin_submit(const json& b, const ReplyTo& to) {
   PendingSubmit s;
   s.to = to;
@@ -243,7 +260,12 @@ std::optional<json> Requests::begin_submit(const json& b, const ReplyTo& to) {
   if (!fs::path(s.workdir).is_absolute() || !fs::is_directory(s.workdir))
     throw ProtocolError(ErrorCode::bad_request, fmt::format("workdir '{}' is not an absolute directory", s.workdir));
   // Relative paths in the recipe (data.path) resolve against the workdir, as the workers will.
-  evaluate(std::move(s));
+  // The weights a run starts from are checked on the evaluator's thread (file reads).
+  auto check = [workdir = s.workdir, remote = opt_.slurm.enabled](const Recipe& recipe) {
+    check_init_from(recipe.config(), workdir, remote);
+    return json();
+  };
+  evaluate(std::move(s), std::move(check));
   return std::nullopt;
 }
 
@@ -329,7 +351,7 @@ json Requests::finish_submit(const PendingSubmit& s) {
   if (RunRecord* existing = runs_.registry().find_by_key(s.key))
     return {{"run", status_of(*existing)}, {"duplicate", true}};
   const EvaluatedRecipe& evaluated = s.evaluated.get();
-  if (!evaluated.recipe) throw ProtocolError(ErrorCode::invalid_recipe, evaluated.error);
+  if (!evaluated.recipe || !evaluated.error.empty()) throw ProtocolError(ErrorCode::invalid_recipe, evaluated.error);
   RunConfig cfg;
   try {
     cfg = evaluated.recipe->config();

@@ -257,15 +257,25 @@ def part_bad_input():
     err = conn.request("submit", {"recipe": recipe("w", 5), "workers": 3}, ok=False)
     assert err["code"] == "unavailable", err
     # What a worker would refuse is refused at submit, naming the field: no run is made.
+    # Weights to start from (a tide weights file: its metadata holds the model) of another
+    # width than the recipe's, found where the workers would look (relative to the workdir).
+    metadata = {"format": "pt", "tide_model": json.dumps({
+        "family": "llama", "vocab_size": 300, "dim": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+        "multiple_of": 32, "max_seq_len": 64})}
+    header = json.dumps({"__metadata__": metadata}).encode()
+    with open(os.path.join(WORK, "wider.safetensors"), "wb") as f:
+        f.write(len(header).to_bytes(8, "little") + header)
     before = len(conn.request("list")["runs"])
     for overrides, field in ((["parallel.pp=2", "parallel.zero=3"], "parallel.zero"),
                              (["parallel.tp=2", "parallel.sequence_parallel=true", "data.seq_len=63"],
-                              "parallel.sequence_parallel")):
+                              "parallel.sequence_parallel"),
+                             (["checkpoint.init_from=wider.safetensors"], "model.dim = 64 in the recipe, 128 in"),
+                             (["checkpoint.init_from=nowhere"], "nowhere' does not exist")):
         err = conn.request("submit", {"recipe": recipe("layout", 5), "workdir": WORK, "workers": 2,
                                       "overrides": overrides}, ok=False)
         assert err["code"] == "invalid_recipe" and field in err["message"], (overrides, err)
     assert len(conn.request("list")["runs"]) == before
-    print(f"  a layout the workers would refuse, refused at submit: {err['message'][:100]}")
+    print(f"  a layout or weights the workers would refuse, refused at submit: {err['message'][:100]}")
     err = conn.request("set", {"run": run, "values": {"model.dim": 128}}, ok=False)
     assert err["code"] == "invalid_value" and "model.dim" in err["message"], err
     err = conn.request("set", {"run": run, "values": {"optimizer.lr": 100}}, ok=False)

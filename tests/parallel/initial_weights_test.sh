@@ -63,6 +63,11 @@ assert tuned < fresh - 0.3, (tuned, fresh)
 PY
 
 refused llama "model.dim = 128 in the recipe, 64 in" --set model.dim=128 --set checkpoint.init_from="$work/llama-base"
+# By the launcher, before any rank starts.
+rm -rf "$work/refused"
+refused llama "model.dim = 128 in the recipe, 64 in" --nproc 2 --set model.dim=128 \
+  --set checkpoint.init_from="$work/llama-base"
+ls "$work/refused"/train*.log > /dev/null 2>&1 && fail "refused weights: ranks were started"
 refused llama "does not exist" --set checkpoint.init_from="$work/nowhere"
 refused llama "model.family = \"llama\" in the recipe, \"bloom\" in" --set checkpoint.init_from="$work/bloom-hf"
 echo "  weights of another architecture and a missing path are refused, named"

@@ -15,6 +15,7 @@
 #include "tide/engine/plan/cluster.h"
 #include "tide/engine/run_layout.h"
 #include "tide/engine/train/fault_injection.h"
+#include "tide/engine/train/initial_weights.h"
 #include "tide/engine/train/runtime.h"
 #include "tide/engine/train/trainer.h"
 #include "tide/scripting/recipe.h"
@@ -35,6 +36,10 @@ struct Options {
 // This process starts nproc workers (of nnodes machines), each a `tide-worker train` of one rank.
 void launch_training(const Options& opt, const RunConfig& cfg, const std::string& dir) {
   check_supported_layout(cfg, opt.nproc * opt.nnodes);
+  // Weights that do not fit are refused once, here, not by every rank after it started.
+  // A resumed run reads its checkpoint, not them.
+  if (opt.resume.empty() && !cfg.checkpoint.init_from.empty())
+    check_initial_weights(cfg.checkpoint.init_from, cfg.model);
   ipc::WorkerSpec spec;
   spec.nproc = opt.nproc;
   spec.nnodes = opt.nnodes;

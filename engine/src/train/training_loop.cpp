@@ -13,7 +13,6 @@
 #include <nlohmann/json.hpp>
 
 #include "final_weights.h"
-#include "initial_weights.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/optim/adamw.h"
@@ -22,6 +21,7 @@
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/train/evaluate.h"
+#include "tide/engine/train/initial_weights.h"
 #include "tide/engine/train/run_files.h"
 
 namespace tide {

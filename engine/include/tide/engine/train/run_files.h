@@ -11,28 +11,15 @@
 #pragma once
 
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <string>
-#include <vector>
 
+#include "tide/engine/model/model_weights.h"
 #include "tide/engine/model/transformer.h"
 
 namespace tide {
 
-// The weights a path names, not yet read: a Hugging Face directory (config.json +
-// safetensors), a run directory that finished (model.safetensors), or a weights file
-// written by tide (its metadata holds the model config).
-struct ModelWeights {
-  ModelConfig config;
-  std::vector<std::string> files;
-  // The parameter a file's tensor holds ("" for none); identity for tide's files.
-  std::function<std::string(const std::string&)> parameter_name;
-  std::string tokenizer_path;  // empty when none is beside the weights
-};
-// Throws naming the path when it holds none of those.
-ModelWeights find_model_weights(const std::string& path);
-
+// The model a path names (model_weights.h: find_model_weights), read.
 struct LoadedModel {
   Transformer model{nullptr};
   std::string tokenizer_path;  // empty when none is beside the weights
@@ -40,8 +27,6 @@ struct LoadedModel {
 
 LoadedModel load_model(const std::string& path);
 
-// tokenizer.json or tokenizer.model in `dir`; empty when neither exists.
-std::string tokenizer_beside(const std::filesystem::path& dir);
 // A copy of the tokenizer file into `dir` under its own name, so that an exported model
 // directory is whole; nothing when `tokenizer_path` is empty.
 void copy_tokenizer(const std::string& tokenizer_path, const std::filesystem::path& dir);

@@ -1,0 +1,30 @@
+// The Hugging Face description of a model (config.json) and the files and tensor names
+// of a Hugging Face directory, for the LLaMA and BLOOM families (no LibTorch: tided checks
+// a run's checkpoint.init_from with them).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tide/engine/config.h"
+
+namespace tide {
+
+// HF config.json for this model. Throws ConfigError when the model uses a part the
+// family's HF architecture cannot express (say LayerNorm in a LLaMA).
+nlohmann::json hf_config(const ModelConfig& m);
+// Errors name the config.json key and its value (a missing key, a string where a number
+// belongs).
+ModelConfig model_config_from_hf(const nlohmann::json& hf);
+
+// The safetensors files of an HF directory (one file, or those the index names).
+std::vector<std::string> hf_weight_files(const std::string& dir);
+
+// The parameter an HF file's tensor holds ("" for none): BLOOM files saved from
+// BloomModel lack the "transformer." prefix, and tied output weights are sometimes stored.
+std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m);
+
+}  // namespace tide

@@ -1,0 +1,195 @@
+#include "tide/engine/model/hf_config.h"
+
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "tide/engine/config_schema.h"
+#include "tide/engine/io/file_name.h"
+#include "tide/engine/io/json_input.h"
+
+namespace tide {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+void require(bool ok, const std::string& field, const std::string& why) {
+  if (!ok) throw ConfigError(field, why + " (not expressible in the Hugging Face architecture)");
+}
+}  // namespace
+
+json hf_config(const ModelConfig& m) {
+  json j;
+  if (m.family == Family::LLaMA) {
+    require(m.norm == NormKind::RMSNorm, "model.norm", "LLaMA uses RMSNorm");
+    require(m.positions == PositionKind::RoPE, "model.positions", "LLaMA uses RoPE");
+    require(m.mlp == MlpKind::SwiGLU, "model.mlp", "LLaMA uses SwiGLU");
+    require(!m.embedding_norm, "model.embedding_norm", "LLaMA has no embedding norm");
+    j = {{"architectures", {"LlamaForCausalLM"}},
+         {"model_type", "llama"},
+         {"hidden_size", m.dim},
+         {"intermediate_size", resolved_ffn_dim(m)},
+         {"num_attention_heads", m.n_heads},
+         {"num_hidden_layers", m.n_layers},
+         {"num_key_value_heads", resolved_kv_heads(m)},
+         {"hidden_act", "silu"},
+         {"max_position_embeddings", m.max_seq_len},
+         {"rms_norm_eps", m.norm_eps},
+         {"rope_theta", m.rope_theta},
+         {"vocab_size", m.vocab_size},
+         {"tie_word_embeddings", m.tie_embeddings},
+         {"attention_bias", m.attention_bias},
+         {"mlp_bias", m.mlp_bias},
+         {"initializer_range", m.init_std},
+         {"torch_dtype", "float32"}};
+  } else {
+    require(m.norm == NormKind::LayerNorm, "model.norm", "BLOOM uses LayerNorm");
+    require(m.positions == PositionKind::ALiBi, "model.positions", "BLOOM uses ALiBi");
+    require(m.mlp == MlpKind::GELU && resolved_ffn_dim(m) == 4 * m.dim, "model.mlp", "BLOOM uses a 4*dim GELU MLP");
+    require(m.attention_bias && m.mlp_bias, "model.attention_bias", "BLOOM has biases everywhere");
+    require(m.embedding_norm, "model.embedding_norm", "BLOOM normalises its embeddings");
+    j = {{"architectures", {"BloomForCausalLM"}},
+         {"model_type", "bloom"},
+         {"hidden_size", m.dim},
+         {"n_head", m.n_heads},
+         {"n_layer", m.n_layers},
+         {"vocab_size", m.vocab_size},
+         {"layer_norm_epsilon", m.norm_eps},
+         {"apply_residual_connection_post_layernorm", false},
+         {"tie_word_embeddings", m.tie_embeddings},
+         {"initializer_range", m.init_std},
+         {"torch_dtype", "float32"}};
+  }
+  // tide's own resolution of the model, so a round trip restores every field.
+  RunConfig rc;
+  rc.model = m;
+  j["tide"] = config_to_json(rc)["model"];
+  return j;
+}
+
+namespace {
+// Typed reads of a Hugging Face config.json whose errors name the key and the value.
+class HfConfig {
+ public:
+  explicit HfConfig(const json& j) : j_(j) {
+    if (!j_.is_object()) throw ConfigError("config.json", "is " + std::string(j_.type_name()) + ", not an object");
+  }
+  // The first of `keys` present; required when `fallback` is absent.
+  int64_t integer(std::initializer_list<const char*> keys, std::optional<int64_t> fallback = std::nullopt) const {
+    const auto [key, v] = find(keys, fallback.has_value());
+    if (v == nullptr) return *fallback;
+    if (!v->is_number_integer()) throw wrong(key, *v, "an integer");
+    return v->get<int64_t>();
+  }
+  double number(const char* key, double fallback) const {
+    const auto [k, v] = find({key}, true);
+    if (v == nullptr) return fallback;
+    if (!v->is_number()) throw wrong(k, *v, "a number");
+    return v->get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    const auto [k, v] = find({key}, true);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) throw wrong(k, *v, "true or false");
+    return v->get<bool>();
+  }
+  std::string string(const char* key) const {
+    const auto [k, v] = find({key}, false);
+    if (!v->is_string()) throw wrong(k, *v, "a string");
+    return v->get<std::string>();
+  }
+  const json* get(const char* key) const { return j_.contains(key) && !j_[key].is_null() ? &j_[key] : nullptr; }
+
+ private:
+  std::pair<std::string, const json*> find(std::initializer_list<const char*> keys, bool optional) const {
+    for (const char* k : keys)
+      if (const json* v = get(k)) return {k, v};
+    if (!optional) throw ConfigError(std::string("config.json ") + *keys.begin(), "missing");
+    return {*keys.begin(), nullptr};
+  }
+  static ConfigError wrong(const std::string& key, const json& v, const char* want) {
+    return ConfigError("config.json " + key, v.dump() + " is not " + want);
+  }
+  const json& j_;
+};
+}  // namespace
+
+ModelConfig model_config_from_hf(const json& config) {
+  const HfConfig hf(config);
+  if (const json* own = hf.get("tide"); own != nullptr && own->is_object()) return model_config_from_json(*own);
+  const std::string type = hf.string("model_type");
+  ModelConfig m;
+  if (type == "llama") {
+    m.family = Family::LLaMA;
+    m.dim = hf.integer({"hidden_size"});
+    m.ffn_dim = hf.integer({"intermediate_size"});
+    m.n_heads = hf.integer({"num_attention_heads"});
+    m.n_layers = hf.integer({"num_hidden_layers"});
+    m.n_kv_heads = hf.integer({"num_key_value_heads"}, m.n_heads);
+    m.max_seq_len = hf.integer({"max_position_embeddings"}, 2048);
+    m.norm_eps = hf.number("rms_norm_eps", 1e-6);
+    m.rope_theta = hf.number("rope_theta", 10000.0);
+    m.vocab_size = hf.integer({"vocab_size"});
+    m.tie_embeddings = hf.boolean("tie_word_embeddings", false);
+    m.attention_bias = hf.boolean("attention_bias", false);
+    m.mlp_bias = hf.boolean("mlp_bias", false);
+    if (const json* scaling = hf.get("rope_scaling"))
+      throw ConfigError("config.json rope_scaling", "RoPE scaling " + scaling->dump() + " is not supported yet");
+  } else if (type == "bloom") {
+    m.family = Family::BLOOM;
+    m.dim = hf.integer({"hidden_size", "n_embed"});
+    m.n_heads = hf.integer({"n_head", "num_attention_heads"});
+    m.n_layers = hf.integer({"n_layer", "num_hidden_layers"});
+    m.vocab_size = hf.integer({"vocab_size"});
+    m.norm_eps = hf.number("layer_norm_epsilon", 1e-5);
+    m.tie_embeddings = hf.boolean("tie_word_embeddings", true);
+    m.norm = NormKind::LayerNorm;
+    m.positions = PositionKind::ALiBi;
+    m.mlp = MlpKind::GELU;
+    m.attention_bias = m.mlp_bias = m.embedding_norm = true;
+    m.max_seq_len = hf.integer({"seq_length"}, 2048);
+    if (hf.boolean("apply_residual_connection_post_layernorm", false))
+      throw ConfigError("config.json apply_residual_connection_post_layernorm", "true is not supported");
+  } else {
+    throw ConfigError("config.json model_type", fmt::format("'{}' is not a supported family (llama, bloom)", type));
+  }
+  m.init_std = hf.number("initializer_range", 0.02);
+  validate_model(m);
+  return m;
+}
+
+std::vector<std::string> hf_weight_files(const std::string& dir) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    const json j = read_json_file(index.string());
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw std::runtime_error(index.string() + ": no 'weight_map' object");
+    std::set<std::string> files;
+    for (const auto& [tensor, file] : j["weight_map"].items()) {
+      if (!file.is_string() || !is_plain_file_name(file.get<std::string>()))
+        throw std::runtime_error(index.string() + ": weight_map." + tensor + " = " + file.dump() +
+                                 " is not a file name in the directory");
+      files.insert(file.get<std::string>());
+    }
+    std::vector<std::string> out;
+    for (const auto& f : files) out.push_back((fs::path(dir) / f).string());
+    return out;
+  }
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (!fs::exists(single))
+    throw std::runtime_error("'" + dir + "' has neither model.safetensors nor model.safetensors.index.json");
+  return {single.string()};
+}
+
+std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m) {
+  const std::string prefix = m.family == Family::BLOOM ? "transformer." : "";
+  return [prefix, tied = m.tie_embeddings](const std::string& name) -> std::string {
+    if (tied && name == "lm_head.weight") return "";
+    if (!prefix.empty() && name.rfind(prefix, 0) != 0 && name != "lm_head.weight") return prefix + name;
+    return name;
+  };
+}
+
+}  // namespace tide
