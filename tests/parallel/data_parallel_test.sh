@@ -142,11 +142,12 @@ PY
 # keeps 4 bytes x the parameters (pieces, gradient pieces, two moments, each a quarter):
 # any whole copy of the model beside the pieces already exceeds it (building the model
 # first, as before, held two: 2.25 x that).
-# Saving the final weights holds one unit whole at a time on every rank (final_weights.h):
-# at least the largest unit (ZeRO-3 gathers it; one process builds the model's shapes block
-# by block), less than three (Gloo gathers into a buffer of its own and copies it out: a
-# unit more while the gather runs). Eight blocks make the whole model, which saving held
-# before (and the leader a second copy), far more than three units.
+# Saving the final weights holds one unit whole at a time on every ZeRO-3 rank
+# (final_weights.h): at least the largest unit, which it gathers, less than three (Gloo
+# gathers into a buffer of its own and copies it out: a unit more while the gather runs).
+# Eight blocks make the whole model, which saving held before (and the leader a second
+# copy), far more than three units. A rank that holds every parameter whole writes them as
+# they are: less than a unit more (the model's shapes are built with no memory).
 train llama llama-zero3-deep --nproc 2 --set parallel.zero=3 --set model.n_layers=8 --set schedule.steps=1 \
   --set schedule.warmup_steps=0 --set eval.every=0
 /usr/bin/python3 - "$work" "$(dirname "$0")" <<'PY' || fail "placing or saving the model held more than it should"
@@ -166,7 +167,10 @@ for run, ranks in [("llama-1", 1), ("llama-zero2", 2), ("llama-zero3", 2), ("lla
         print(f"  {run} {log.rsplit('/', 1)[1]}: model state placed in {held} host tensor bytes, at most {peak} "
               f"while placing; saving held {saving} bytes more (largest unit {largest}, whole model {whole})")
         assert peak == held, (log, peak, held)
-        assert largest <= saving < 3 * largest, (log, saving, largest)
+        if "zero3" in run:
+            assert largest <= saving < 3 * largest, (log, saving, largest)
+        else:
+            assert saving < largest, (log, saving, largest)
 PY
 
 # Layouts that do not fit the world are refused before any work, naming the factors.

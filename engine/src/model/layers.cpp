@@ -14,13 +14,16 @@
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/transformer.h"
 
+#include "model/tensor_storage.h"
+
 namespace tide {
 namespace F = torch::nn::functional;
 
 NormImpl::NormImpl(NormKind kind, int64_t dim, double eps, std::shared_ptr<TensorParallelGroup> sequence_parallel)
     : kind_(kind), eps_(eps), sequence_parallel_(std::move(sequence_parallel)) {
-  weight = register_parameter("weight", torch::ones({dim}));
-  if (kind == NormKind::LayerNorm) bias = register_parameter("bias", torch::zeros({dim}));
+  weight = register_parameter("weight", parameter_tensor({dim}));
+  if (kind == NormKind::LayerNorm) bias = register_parameter("bias", parameter_tensor({dim}));
+  if (!DeferredStorage::active()) reset_parameters();
 }
 
 void NormImpl::reset_parameters() {
@@ -41,8 +44,8 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
 }
 
 ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, bool with_bias) {
-  weight = register_parameter("weight", torch::empty({out, in}));
-  if (with_bias) bias = register_parameter("bias", torch::empty({out}));
+  weight = register_parameter("weight", parameter_tensor({out, in}));
+  if (with_bias) bias = register_parameter("bias", parameter_tensor({out}));
 }
 
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) { return projection(x, weight, bias); }

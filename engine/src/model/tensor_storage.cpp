@@ -14,8 +14,26 @@ void release_storage(const at::Tensor& t) {
 at::Tensor storageless_empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
   auto t = at::empty({0}, options);
   t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
-  t.storage().unsafeGetStorageImpl()->set_nbytes(static_cast<size_t>(t.numel()) * t.element_size());
+  auto* s = t.storage().unsafeGetStorageImpl();
+  // No pointer at all (an empty tensor's may be a live zero-byte block): a read before
+  // allocate_storage faults at address 0 (or fails LibTorch's data_ptr check) rather than
+  // reading past the end of a live block.
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, t.device()));
+  s->set_nbytes(static_cast<size_t>(t.numel()) * t.element_size());
   return t;
+}
+
+namespace {
+thread_local bool deferring = false;
+}  // namespace
+
+DeferredStorage::DeferredStorage() : outer_(deferring) { deferring = true; }
+DeferredStorage::~DeferredStorage() { deferring = outer_; }
+bool DeferredStorage::active() { return deferring; }
+
+at::Tensor parameter_tensor(at::IntArrayRef sizes) {
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  return deferring ? storageless_empty(sizes, options) : at::empty(sizes, options);
 }
 
 void allocate_storage(const at::Tensor& t) {

@@ -13,6 +13,22 @@ void release_storage(const at::Tensor& t);
 // A tensor of `sizes` whose storage claims their bytes but has no memory: views of it
 // can be cut (parameters of a ZeRO-3 unit), nothing may read it until allocate_storage.
 at::Tensor storageless_empty(at::IntArrayRef sizes, const at::TensorOptions& options);
+// A new fp32 host parameter of `sizes`: memory, values undefined; or, while a
+// DeferredStorage lives on this thread, none (storageless_empty). A model built within
+// one is shapes alone, and no part of it, not one block, is ever allocated.
+at::Tensor parameter_tensor(at::IntArrayRef sizes);
+class DeferredStorage {
+ public:
+  DeferredStorage();
+  ~DeferredStorage();
+  DeferredStorage(const DeferredStorage&) = delete;
+  DeferredStorage& operator=(const DeferredStorage&) = delete;
+  static bool active();
+
+ private:
+  bool outer_;
+};
+
 // Memory for all of t's elements again, from its storage's allocator; values undefined.
 // t spans its storage (a tensor made whole, not a view).
 void allocate_storage(const at::Tensor& t);

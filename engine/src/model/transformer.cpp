@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <torch/types.h>
 #include <xxhash.h>
@@ -46,10 +47,8 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
                                  ParameterStorage storage)
     : cfg_(cfg), tp_(tp), stage_(stage) {
   const bool deferred = storage == ParameterStorage::Deferred;
-  auto shapes_only = [deferred](torch::nn::Module& m) {
-    if (deferred)
-      for (const auto& p : m.parameters()) release_storage(p);
-  };
+  std::optional<DeferredStorage> shapes_only;  // every parameter made without memory
+  if (deferred) shapes_only.emplace();
   if (!tp_.group) tp_ = TensorParallel{};
   TORCH_CHECK(!stage_.chunks.empty(), "a pipeline stage without blocks");
   int64_t previous_end = 0;
@@ -67,22 +66,20 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
   auto backbone = std::make_shared<torch::nn::Module>();
   // The last stage's copy of tied embeddings has the first stage's name (and values).
   if (stage_.first || (stage_.last && cfg.tie_embeddings))
-    holder_of(bloom ? "word_embeddings" : "embed_tokens", torch::empty({vocab_local_, cfg.dim}), tok_embeddings,
+    holder_of(bloom ? "word_embeddings" : "embed_tokens", parameter_tensor({vocab_local_, cfg.dim}), tok_embeddings,
               *backbone);
   if (stage_.first && cfg.positions == PositionKind::Learned)
-    holder_of(bloom ? "word_position_embeddings" : "embed_positions", torch::empty({cfg.max_seq_len, cfg.dim}),
+    holder_of(bloom ? "word_position_embeddings" : "embed_positions", parameter_tensor({cfg.max_seq_len, cfg.dim}),
               pos_embeddings, *backbone);
   if (stage_.first && cfg.embedding_norm)
     embedding_norm =
         backbone->register_module("word_embeddings_layernorm", Norm(NormKind::LayerNorm, cfg.dim, cfg.norm_eps, sp));
-  shapes_only(*backbone);
   // Blocks keep their index in the whole model in their names ("model.layers.5.…").
   blocks = torch::nn::ModuleList();
   auto layers = std::make_shared<torch::nn::Module>();
   for (const auto& c : stage_.chunks) {
     for (int64_t i = c.first; i < c.end; ++i) {
       Block block(cfg, tp_);
-      shapes_only(*block);
       blocks->push_back(block);
       layers->register_module(std::to_string(i), block);
     }
@@ -92,7 +89,7 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
     final_norm = backbone->register_module(bloom ? "ln_f" : "norm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
   register_module(bloom ? "transformer" : "model", backbone);
   if (stage_.last && !cfg.tie_embeddings)
-    holder_of("lm_head", torch::empty({vocab_local_, cfg.dim}), lm_head, *this);
+    holder_of("lm_head", parameter_tensor({vocab_local_, cfg.dim}), lm_head, *this);
 
   if (cfg.positions == PositionKind::RoPE) {
     // The cos/sin tables are made for the positions used (rope_tables), not for
@@ -105,10 +102,8 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
     const int64_t heads = cfg.n_heads / tp_.size();  // this rank's heads
     alibi_slopes_ = torch::tensor(s, torch::kFloat64).narrow(0, tp_.rank() * heads, heads).to(torch::kFloat32);
   }
-  if (deferred)
-    shapes_only(*this);  // the final norm and the head
-  else
-    reset_parameters(0);
+  shapes_only.reset();
+  if (!deferred) reset_parameters(0);
 }
 
 namespace {

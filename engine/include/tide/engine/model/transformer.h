@@ -143,10 +143,10 @@ struct TpSlice {
 // What a model's constructor gives its parameters.
 enum class ParameterStorage {
   Initialised,  // memory, and the values of reset_parameters(0)
-  // Shapes alone, no memory (one block at a time exists while it is built): the model of
-  // a run, whose parameters are placed in the flat buffers or ZeRO-3's pieces and written
-  // there by initialise_parameter, so the whole model never exists on one rank. Nothing
-  // may read a parameter before it is placed.
+  // Shapes alone, never any memory (tensor_storage.h: DeferredStorage): the model of a
+  // run, whose parameters are placed in the flat buffers or ZeRO-3's pieces and written
+  // there by initialise_parameter, so the whole model never exists on one rank; the
+  // shapes a converter streams by. Nothing may read a parameter before it is placed.
   Deferred,
 };
 
