@@ -1,5 +1,7 @@
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <gtest/gtest.h>
 #include <torch/types.h>
@@ -10,6 +12,7 @@
 #include "tide/engine/model/hf_convert.h"
 #include "tide/engine/model/weights_io.h"
 #include "tide/engine/train/run_files.h"
+#include "tide/engine/train/tensor_memory.h"
 #include "tiny_models.h"
 
 namespace tide {
@@ -136,6 +139,65 @@ TEST(HfConvert, MissingOrMisshapenTensorsAreNamed) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("'model.norm.weight' is I32; weights must be"), std::string::npos) << e.what();
   }
+  fs::remove_all(dir);
+}
+
+// Converting holds one parameter at a time, never the model: each tensor is read (its
+// file's dtype, then fp32: 4 bytes an element, 6 at the moment a bf16 one is widened) and
+// written in the output's dtype (2 bytes for bf16; fp32 is written as read) before the
+// next, and the model's shapes are built with no memory. So the most host tensor memory
+// held, exporting an fp32 file as bf16 or importing bf16 shards as fp32, is 6 bytes times
+// the largest parameter's elements, exactly. Loading the model whole held 4 bytes times
+// all of them. Weights that are not the model of their config are refused before anything
+// is written.
+TEST(HfConvert, ConversionHoldsOneParameterAtATime) {
+  ModelConfig cfg = tiny_llama();
+  cfg.n_layers = 6;
+  Transformer m(cfg);
+  m->reset_parameters(5);
+  int64_t largest = 0, all = 0;
+  for (const auto& p : m->parameters()) {
+    largest = std::max(largest, p.numel());
+    all += p.numel();
+  }
+  ASSERT_LT(6 * largest, 4 * all / 2) << "the model must be many times its largest parameter";
+  const auto dir = temp_dir("tide_streamed");
+  fs::create_directories(dir);
+  save_model((dir / "model.safetensors").string(), m);
+  count_host_tensor_memory();
+  auto peak_of = [](const std::function<void()>& convert) {
+    reset_peak_host_tensor_bytes();
+    const int64_t before = host_tensor_bytes();
+    convert();
+    EXPECT_EQ(host_tensor_bytes(), before) << "a conversion keeps no tensor";
+    return peak_host_tensor_bytes() - before;
+  };
+  EXPECT_EQ(peak_of([&] {
+              convert_weights((dir / "model.safetensors").string(), (dir / "hf").string(), true,
+                              /*max_shard_bytes=*/16 * 1024, "BF16");
+            }),
+            6 * largest);
+  EXPECT_GT(hf_weight_files((dir / "hf").string()).size(), 1u);
+  EXPECT_EQ(peak_of([&] { convert_weights((dir / "hf").string(), (dir / "back").string(), false); }), 6 * largest);
+  LoadedModel back = load_model((dir / "back").string());
+  for (const auto& item : m->named_parameters())
+    EXPECT_TRUE(
+        torch::equal(item.value().to(torch::kBFloat16).to(torch::kFloat32), back.model->named_parameters()[item.key()]))
+        << item.key();
+  // A file of another model's weights is refused naming the tensor, and nothing is written.
+  ModelConfig wider = cfg;
+  wider.n_layers = 7;
+  Transformer more(wider);
+  const auto extra = dir / "extra";
+  fs::create_directories(extra);
+  save_weights((extra / "model.safetensors").string(), *more, weights_metadata(cfg));
+  try {
+    convert_weights((extra / "model.safetensors").string(), (dir / "refused").string(), true);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.layers.6."), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "refused"));
   fs::remove_all(dir);
 }
 

@@ -1,15 +1,14 @@
-#include <filesystem>
 #include <memory>
 
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
-#include "tide/engine/model/hf_convert.h"
 #include "tide/engine/train/run_files.h"
 
 namespace tide::cli {
 
 void add_convert_command(CLI::App& app) {
+  // Both directions stream: one tensor in memory at a time, whatever the model's size.
   auto* convert = app.add_subcommand("convert", "Import and export Hugging Face safetensors weights");
   convert->require_subcommand(1);
   struct Options {
@@ -24,8 +23,8 @@ void add_convert_command(CLI::App& app) {
   exp->add_option("--max-shard-mb", opt->max_shard_mb, "Shard above this size (MiB); 0: one file");
   exp->add_option("--dtype", opt->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
   exp->callback([opt] {
-    LoadedModel m = load_model(opt->from);
-    export_hf(opt->out, m.model, static_cast<int64_t>(opt->max_shard_mb * 1024 * 1024), opt->dtype, m.tokenizer_path);
+    convert_weights(opt->from, opt->out, /*hf_dir=*/true, static_cast<int64_t>(opt->max_shard_mb * 1024 * 1024),
+                    opt->dtype);
     spdlog::info("wrote {}", opt->out);
   });
 
@@ -33,10 +32,7 @@ void add_convert_command(CLI::App& app) {
   imp->add_option("hf_dir", opt->from, "Hugging Face directory (config.json + safetensors)")->required();
   imp->add_option("-o,--out", opt->out, "Directory to write model.safetensors (and tokenizer.json) into")->required();
   imp->callback([opt] {
-    LoadedModel m = load_model(opt->from);
-    std::filesystem::create_directories(opt->out);
-    save_model((std::filesystem::path(opt->out) / "model.safetensors").string(), m.model);
-    copy_tokenizer(m.tokenizer_path, opt->out);
+    convert_weights(opt->from, opt->out, /*hf_dir=*/false);
     spdlog::info("wrote {}/model.safetensors", opt->out);
   });
 }

@@ -5,17 +5,15 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "saved_pieces.h"
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/model/hf_convert.h"
-#include "tide/engine/model/parameter_units.h"
-#include "tide/engine/model/transformer.h"
-#include "tide/engine/optim/adamw.h"
-#include "tide/engine/optim/flat_parameters.h"
 #include "tide/engine/train/run_files.h"
 
 namespace tide {
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 
 void require_sound_checkpoint(const std::string& step_dir) {
   const auto problems = verify_checkpoint(step_dir);
@@ -28,18 +26,16 @@ void require_sound_checkpoint(const std::string& step_dir) {
 
 void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& dtype) {
   require_sound_checkpoint(step_dir);
-  const RunConfig cfg = config_from_json(read_manifest(step_dir)["recipe"]);
-  // One process's model: the checkpoint's pieces are joined whatever layout saved them.
-  Transformer model(cfg.model);
-  FlatParameters::Options layout;  // as one process trains it (parallelize.cpp)
-  layout.unit_of = [units = parameter_unit_layout(cfg.model)](const std::string& name) { return units.unit_of(name); };
-  FlatParameters flat(*model, cfg.optimizer, layout);
-  AdamW optim(flat, cfg.optimizer);
-  Checkpointer(fs::path(step_dir).parent_path().string(), CheckpointParts{&cfg, model.get(), &flat, &optim, nullptr})
-      .load(step_dir);
+  const json manifest = read_manifest(step_dir);
+  const RunConfig cfg = config_from_json(manifest["recipe"]);
+  // Each parameter joined from the pieces of whatever layout saved it, as its turn to be
+  // written comes: one whole parameter in memory at a time, not the model (and AdamW's
+  // moments beside it).
+  const SavedPieces pieces(step_dir, manifest);
   // The run's tokenizer, two levels up (<run>/checkpoints/step-N), completes the directory.
-  export_hf(out, model, 0, dtype,
-            tokenizer_beside(fs::absolute(step_dir).lexically_normal().parent_path().parent_path()));
+  export_hf(
+      out, cfg.model, parameter_shapes(cfg.model), [&](const std::string& name) { return pieces.whole(name, "param"); },
+      0, dtype, tokenizer_beside(fs::absolute(step_dir).lexically_normal().parent_path().parent_path()));
 }
 
 }  // namespace tide

@@ -36,6 +36,7 @@ at::Tensor SavedPieces::whole(const std::string& param, const std::string& kind)
     const int64_t n = p.range_end - p.range_begin;
     std::memcpy(local.view({-1}).narrow(0, p.range_begin, n).data_ptr<float>(), p.file->data(*p.entry),
                 static_cast<size_t>(n) * 4);
+    p.file->release(*p.entry);  // copied: a resume or an export reads each piece once
   }
   for (const auto& [slice_first, local] : locals) {
     if (first.tp_dim < 0) {

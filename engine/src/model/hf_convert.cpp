@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <torch/types.h>
 
@@ -52,46 +53,52 @@ void export_tokenizer(const fs::path& dir, const std::string& tokenizer_path, in
 }
 }  // namespace
 
-void export_hf(const std::string& dir, Transformer& model, int64_t max_shard_bytes, const std::string& dtype,
+void export_hf(const std::string& dir, const ModelConfig& m, const std::vector<TensorShape>& tensors,
+               const TensorSource& source, int64_t max_shard_bytes, const std::string& dtype,
                const std::string& tokenizer_path) {
-  torch::NoGradGuard no_grad;
   fs::create_directories(dir);
-  json config = hf_config(model->config());
+  json config = hf_config(m);
   // What the weight files hold: transformers loads them as this dtype by default.
   config["torch_dtype"] = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
-  if (!tokenizer_path.empty()) export_tokenizer(dir, tokenizer_path, model->config().max_seq_len, config);
+  if (!tokenizer_path.empty()) export_tokenizer(dir, tokenizer_path, m.max_seq_len, config);
   write_json(fs::path(dir) / "config.json", config);
   if (max_shard_bytes <= 0) {
-    save_weights((fs::path(dir) / "model.safetensors").string(), *model, {{"format", "pt"}}, dtype);
+    stream_weights((fs::path(dir) / "model.safetensors").string(), tensors, source, {{"format", "pt"}}, dtype);
     return;
   }
-  // Greedy shards in parameter order, as transformers' save_pretrained does.
-  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> shards(1);
+  // Greedy shards in parameter order, as transformers' save_pretrained does, planned from
+  // the shapes: each tensor is fetched only when its shard is written.
+  const auto width = static_cast<int64_t>(safetensors_dtype_size(dtype));
+  std::vector<std::vector<TensorShape>> shards(1);
   int64_t in_shard = 0, total = 0;
-  for (const auto& item : model->named_parameters()) {
-    auto t = item.value().detach().to(torch::kCPU, dtype == "BF16" ? torch::kBFloat16 : dtype == "F16" ? torch::kFloat16 : torch::kFloat32).contiguous();
-    const int64_t bytes = static_cast<int64_t>(t.nbytes());
+  for (const auto& t : tensors) {
+    const int64_t bytes = width * c10::multiply_integers(t.shape);
     if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
     }
-    shards.back().emplace_back(item.key(), t);
+    shards.back().push_back(t);
     in_shard += bytes;
     total += bytes;
   }
   json weight_map = json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-    SafetensorsWriter w;
-    w.set_metadata("format", "pt");
-    for (const auto& [name, t] : shards[i]) {
-      w.add(name, dtype, t.sizes().vec(), t.data_ptr(), static_cast<size_t>(t.nbytes()));
-      weight_map[name] = file;
-    }
-    w.write((fs::path(dir) / file).string());
+    stream_weights((fs::path(dir) / file).string(), shards[i], source, {{"format", "pt"}}, dtype);
+    for (const auto& t : shards[i]) weight_map[t.name] = file;
   }
   write_json(fs::path(dir) / "model.safetensors.index.json",
              {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}});
+}
+
+void export_hf(const std::string& dir, Transformer& model, int64_t max_shard_bytes, const std::string& dtype,
+               const std::string& tokenizer_path) {
+  const auto params = model->named_parameters();
+  std::vector<TensorShape> tensors;
+  for (const auto& item : params) tensors.push_back({item.key(), item.value().sizes().vec()});
+  export_hf(
+      dir, model->config(), tensors, [&](const std::string& name) { return params[name]; }, max_shard_bytes, dtype,
+      tokenizer_path);
 }
 
 Transformer import_hf(const std::string& dir) {

@@ -1,7 +1,9 @@
 #include "tide/engine/model/weights_io.h"
 
-#include <set>
 #include <stdexcept>
+#include <utility>
+
+#include <c10/util/accumulate.h>
 
 #include <torch/types.h>
 
@@ -53,44 +55,90 @@ torch::Tensor read_weight(const SafetensorsReader& file, const SafetensorsEntry&
   return read_tensor(file, e).to(torch::kFloat32);
 }
 
-void save_weights(const std::string& path, torch::nn::Module& model, const std::map<std::string, std::string>& metadata,
-                  const std::string& dtype) {
+WrittenFile stream_weights(const std::string& path, const std::vector<TensorShape>& tensors, const TensorSource& source,
+                           const std::map<std::string, std::string>& metadata, const std::string& dtype) {
   torch::NoGradGuard no_grad;
   const auto type = scalar_type(dtype);
-  std::vector<torch::Tensor> keep;  // owns the bytes until write() returns
-  SafetensorsWriter w;
-  for (const auto& [k, v] : metadata) w.set_metadata(k, v);
-  for (const auto& item : model.named_parameters()) {
-    auto t = item.value().detach().to(torch::kCPU, type).contiguous();
-    keep.push_back(t);
-    w.add(item.key(), dtype, t.sizes().vec(), t.data_ptr(), static_cast<size_t>(t.nbytes()));
+  const size_t width = safetensors_dtype_size(dtype);
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& t : tensors) {
+    SafetensorsEntry e;
+    e.name = t.name;
+    e.dtype = dtype;
+    e.shape = t.shape;
+    e.end = width * static_cast<uint64_t>(c10::multiply_integers(t.shape));
+    entries.push_back(std::move(e));
   }
-  w.write(path);
+  SafetensorsStream out(path, std::move(entries), metadata);
+  for (const auto& t : tensors) {
+    const auto values = source(t.name).detach().to(torch::kCPU, type).contiguous();
+    if (values.sizes().vec() != t.shape)
+      throw std::runtime_error(path + ": tensor '" + t.name + "' of shape " + c10::str(c10::IntArrayRef(t.shape)) +
+                               " was given values of shape " + c10::str(values.sizes()));
+    out.write(t.name, values.data_ptr(), static_cast<size_t>(values.nbytes()));
+  }
+  return out.commit();
+}
+
+void save_weights(const std::string& path, torch::nn::Module& model, const std::map<std::string, std::string>& metadata,
+                  const std::string& dtype) {
+  const auto params = model.named_parameters();
+  std::vector<TensorShape> tensors;
+  for (const auto& item : params) tensors.push_back({item.key(), item.value().sizes().vec()});
+  stream_weights(
+      path, tensors, [&](const std::string& name) { return params[name]; }, metadata, dtype);
+}
+
+WeightFiles::WeightFiles(const std::vector<std::string>& files,
+                         const std::function<std::string(const std::string&)>& rename, std::string what)
+    : what_(std::move(what)) {
+  for (const auto& file : files) {
+    files_.push_back(std::make_unique<SafetensorsReader>(file));
+    for (const auto& e : files_.back()->entries()) {
+      const std::string name = rename ? rename(e.name) : e.name;
+      if (name.empty()) continue;
+      if (!tensors_.emplace(name, std::make_pair(files_.back().get(), &e)).second)
+        throw std::runtime_error(file + ": tensor '" + e.name + "' appears twice");
+    }
+  }
+}
+
+WeightFiles::~WeightFiles() = default;
+
+std::vector<std::string> WeightFiles::names() const {
+  std::vector<std::string> out;
+  for (const auto& item : tensors_) out.push_back(item.first);
+  return out;
+}
+
+torch::Tensor WeightFiles::read(const std::string& name, const std::vector<int64_t>& shape) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw std::runtime_error(what_ + " holds no tensor for parameter '" + name + "'");
+  const auto& [file, entry] = it->second;
+  if (!shape.empty() && entry->shape != shape)
+    throw std::runtime_error(what_ + ": tensor '" + entry->name + "' has shape " +
+                             c10::str(c10::IntArrayRef(entry->shape)) + ", the model's parameter has " +
+                             c10::str(c10::IntArrayRef(shape)));
+  ++reads_;
+  auto values = read_weight(*file, *entry, what_);
+  file->release(*entry);
+  return values;
 }
 
 void load_weights(const std::vector<std::string>& files, torch::nn::Module& model,
                   const std::function<std::string(const std::string&)>& rename) {
   torch::NoGradGuard no_grad;
+  const std::string what = files.size() == 1 ? files[0] : std::to_string(files.size()) + " files";
+  const WeightFiles weights(files, rename, what);
   auto params = model.named_parameters();
-  std::set<std::string> loaded;
-  for (const auto& path : files) {
-    const SafetensorsReader r(path);
-    for (const auto& e : r.entries()) {
-      const std::string name = rename ? rename(e.name) : e.name;
-      if (name.empty()) continue;
-      auto* p = params.find(name);
-      if (!p) throw std::runtime_error(path + ": tensor '" + e.name + "' has no parameter in this model");
-      if (p->sizes().vec() != e.shape)
-        throw std::runtime_error(path + ": tensor '" + e.name + "' has shape " + c10::str(c10::IntArrayRef(e.shape)) +
-                                 ", the model's parameter has " + c10::str(p->sizes()));
-      if (!loaded.insert(name).second) throw std::runtime_error(path + ": tensor '" + e.name + "' appears twice");
-      p->copy_(read_weight(r, e, path));
-    }
+  for (const auto& name : weights.names()) {
+    auto* p = params.find(name);
+    if (!p) throw std::runtime_error(what + ": tensor '" + name + "' has no parameter in this model");
+    p->copy_(weights.read(name, p->sizes().vec()));
   }
-  for (const auto& item : params)
-    if (!loaded.count(item.key()))
-      throw std::runtime_error("parameter '" + item.key() + "' is missing from " +
-                               (files.size() == 1 ? files[0] : std::to_string(files.size()) + " files"));
+  for (const auto& item : params)  // each tensor named a distinct parameter: only a missing one is left
+    if (!weights.holds(item.key()))
+      throw std::runtime_error(what + " holds no tensor for parameter '" + item.key() + "'");
 }
 
 }  // namespace tide

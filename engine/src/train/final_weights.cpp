@@ -33,14 +33,12 @@ int64_t save_final_weights(const std::string& path, const RunConfig& cfg, Parall
                                                 cfg.parallel.virtual_stages)
                              : std::vector<PipelineStage>{pm.stage};
   const auto units = parameter_unit_layout(cfg.model);
-  // The whole model's names and shapes, in its order: a model of shapes alone.
-  const Transformer whole(cfg.model, TensorParallel{}, PipelineStage{}, ParameterStorage::Deferred);
-  const auto params = whole->named_parameters();
+  const auto params = parameter_shapes(cfg.model);  // the whole model's, in its order
 
   std::unique_ptr<SafetensorsStream> out;
   if (leader) {
     std::vector<SafetensorsEntry> entries;
-    for (const auto& item : params) entries.push_back({item.key(), "F32", item.value().sizes().vec(), 0, 0});
+    for (const auto& p : params) entries.push_back({p.name, "F32", p.shape, 0, 0});
     out = std::make_unique<SafetensorsStream>(path, std::move(entries), weights_metadata(cfg.model));
   }
   auto write = [&](const std::string& name, const torch::Tensor& t) {
@@ -51,13 +49,13 @@ int64_t save_final_weights(const std::string& path, const RunConfig& cfg, Parall
   int held = -1;  // the unit held whole
   int sent = 0;
   std::vector<int> received(static_cast<size_t>(pp), 0);  // per stage, in its send order
-  for (const auto& item : params) {
-    const std::string& name = item.key();
+  for (const auto& p : params) {
+    const std::string& name = p.name;
     int owner = 0;
     while (!stage_owns(stages[static_cast<size_t>(owner)], name)) ++owner;
     if (owner != stage) {
       if (!leader) continue;
-      auto buffer = torch::empty(item.value().sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device));
+      auto buffer = torch::empty(p.shape, torch::TensorOptions().dtype(torch::kFloat32).device(device));
       dist->pp->recv(buffer, owner, received[static_cast<size_t>(owner)]++, "weights " + name);
       write(name, buffer);
       continue;

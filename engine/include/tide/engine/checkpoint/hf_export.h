@@ -8,8 +8,8 @@
 namespace tide {
 
 // Verifies `step_dir` (every file's size and hash; a problem is logged and the export
-// refused), joins its pieces into one process's model and writes `out` in `dtype` (F32,
-// BF16 or F16).
+// refused) and writes `out` in `dtype` (F32, BF16 or F16), each parameter joined from the
+// pieces of whatever layout saved it as it is written: one parameter in memory at a time.
 void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& dtype);
 
 // Throws naming the checkpoint, how many problems verify_checkpoint found (each one

@@ -20,6 +20,11 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The pages of [offset, offset + length) leave this process's resident set (the file's
+  // page cache keeps them; a later read brings them back): a reader that has copied a
+  // tensor out lets it go, so reading a model larger than memory one tensor at a time
+  // does not hold the whole file mapped in.
+  void release(size_t offset, size_t length) const;
 
  private:
   std::string path_;

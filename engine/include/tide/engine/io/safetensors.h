@@ -31,6 +31,10 @@ class SafetensorsReader {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const SafetensorsEntry* find(const std::string& name) const;
   const uint8_t* data(const SafetensorsEntry& e) const { return data_start_ + e.begin; }
+  // The entry's bytes out of this process's resident set (MappedFile::release), once copied.
+  void release(const SafetensorsEntry& e) const {
+    file_.release(static_cast<size_t>(data(e) - file_.data()), e.end - e.begin);
+  }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return file_.path(); }
 

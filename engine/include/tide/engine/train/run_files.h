@@ -16,6 +16,7 @@
 
 #include "tide/engine/model/model_weights.h"
 #include "tide/engine/model/transformer.h"
+#include "tide/engine/model/weights_io.h"
 
 namespace tide {
 
@@ -26,6 +27,18 @@ struct LoadedModel {
 };
 
 LoadedModel load_model(const std::string& path);
+
+// The parameters of a model of config `m` (one process's: no tensor or pipeline split),
+// in the model's order, as shapes: built with no memory, so any size costs nothing.
+std::vector<TensorShape> parameter_shapes(const ModelConfig& m);
+
+// The weights at `from` (find_model_weights) written again one tensor at a time, so that a
+// model larger than this host's memory converts: as a Hugging Face directory (export_hf's
+// options), or as a tide weights file (`hf_dir` false: model.safetensors with the model
+// in its metadata). The tokenizer beside them goes along. Throws before writing when the
+// files do not hold exactly the parameters of their config's model.
+void convert_weights(const std::string& from, const std::string& out, bool hf_dir, int64_t max_shard_bytes = 0,
+                     const std::string& dtype = "F32");
 
 // A copy of the tokenizer file into `dir` under its own name, so that an exported model
 // directory is whole; nothing when `tokenizer_path` is empty.
