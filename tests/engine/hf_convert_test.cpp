@@ -174,7 +174,7 @@ TEST(HfConvert, ConversionHoldsOneParameterAtATime) {
   };
   EXPECT_EQ(peak_of([&] {
               convert_weights((dir / "model.safetensors").string(), (dir / "hf").string(), true,
-                              /*max_shard_bytes=*/16 * 1024, "BF16");
+                              /*max_shard_bytes=*/int64_t{16} * 1024, "BF16");
             }),
             6 * largest);
   EXPECT_GT(hf_weight_files((dir / "hf").string()).size(), 1u);
