@@ -58,6 +58,7 @@ json ExportJob::to_json() const {
   }
   if (finished > 0) j["finished"] = finished;
   if (!error.empty()) j["error"] = error;
+  if (!progress.is_null()) j["progress"] = progress;
   return j;
 }
 
@@ -96,6 +97,8 @@ json Exports::launch(ExportJob job, std::vector<std::string> args) {
   job.id = fmt::format("{}-{}", job.kind, number);
   const fs::path run_dir = runs_.registry().run_dir(job.run);
   job.log = (run_dir / (job.id + ".log")).string();
+  job.progress_file = (run_dir / (job.id + ".progress.json")).string();
+  args.insert(args.end(), {"--progress-file", job.progress_file});
   job.started = unix_now();
   WorkerSpec spec;
   spec.executable = opt_.worker_executable;
@@ -104,7 +107,8 @@ json Exports::launch(ExportJob job, std::vector<std::string> args) {
   spec.working_dir = run_dir.string();
   spec.die_with_parent = true;
   std::error_code ec;
-  fs::remove(job.log, ec);  // a log left by an earlier controller's job of this id
+  fs::remove(job.log, ec);  // a log and progress left by an earlier controller's job of this id
+  fs::remove(job.progress_file, ec);
   try {
     job.child = std::make_unique<WorkerGroup>(spec);
   } catch (const std::exception& e) {
@@ -180,13 +184,43 @@ json Exports::list(const json& body) {
   return {{"run", r.id}, {"exports", found}};
 }
 
+bool Exports::read_progress(ExportJob& job) const {
+  constexpr size_t kMaxBytes = 4096;  // what the child writes is a few dozen
+  job.progress_read = unix_now();
+  std::ifstream in(job.progress_file, std::ios::binary);
+  if (!in) return false;
+  std::string text(kMaxBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  const json p = json::parse(text, nullptr, false);
+  // Anything else (a file of another program, cut short) is not progress: kept as it was.
+  if (text.size() > kMaxBytes || !p.is_object() || !p.contains("stage") || !p["stage"].is_string() ||
+      p["stage"].get<std::string>().size() > 32 || !p.contains("done") || !p["done"].is_number_unsigned() ||
+      !p.contains("total") || !p["total"].is_number_unsigned() ||
+      p["done"].get<uint64_t>() > p["total"].get<uint64_t>())
+    return false;
+  const auto quarter = [](const json& q) {
+    const auto total = q["total"].get<uint64_t>();
+    return total == 0
+               ? 4
+               : static_cast<int>(4.0 * static_cast<double>(q["done"].get<uint64_t>()) / static_cast<double>(total));
+  };
+  const bool news =
+      job.progress.is_null() || job.progress["stage"] != p["stage"] || quarter(job.progress) != quarter(p);
+  job.progress = {{"stage", p["stage"]}, {"done", p["done"]}, {"total", p["total"]}};
+  return news;
+}
+
 void Exports::watch() {
+  constexpr double kProgressEvery = 0.5;  // seconds between reads of a child's progress
   size_t finished = 0;
   for (auto& [n, job] : jobs_) {
     if (!job.child) {
       ++finished;
       continue;
     }
+    if (unix_now() - job.progress_read >= kProgressEvery && read_progress(job))
+      bus_.publish(job.run, job.kind, job.to_json());
     for (const auto& exit : job.child->reap()) {
       job.state = exit.ok() ? "done" : "failed";
       if (!exit.ok())
@@ -195,6 +229,10 @@ void Exports::watch() {
     if (!job.child->all_ended()) continue;
     job.child.reset();
     job.finished = unix_now();
+    read_progress(job);  // where it ended: all of it, or where it failed
+    std::error_code ec;
+    fs::remove(job.progress_file, ec);
+    fs::remove(job.progress_file + ".tmp", ec);
     if (job.state == "done")
       spdlog::info("run {}: {} {}", job.run, job.id, job.kind == "export" ? "wrote " + job.out : "found it sound");
     else

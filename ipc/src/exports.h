@@ -29,6 +29,11 @@ struct ExportJob {
   std::string error;
   double started = 0, finished = 0;
   std::unique_ptr<WorkerGroup> child;
+  // Where the child stands, as its progress file last said ({"stage", "done", "total"}
+  // in bytes; null before it said anything); read at most twice a second.
+  std::string progress_file;
+  nlohmann::json progress;
+  double progress_read = 0;
   nlohmann::json to_json() const;
 };
 
@@ -57,6 +62,9 @@ class Exports {
   // Starts `tide-worker <args>` for the job and publishes it; throws internal when it
   // cannot start.
   nlohmann::json launch(ExportJob job, std::vector<std::string> args);
+  // Reads the job's progress file; true when its stage or its quarter changed (an event
+  // is worth publishing).
+  bool read_progress(ExportJob& job) const;
 
   const ControllerOptions& opt_;
   RunBook& runs_;

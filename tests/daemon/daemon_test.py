@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -151,6 +152,13 @@ def part_control():
     assert json.load(open(os.path.join(by_hand, "config.json")))["torch_dtype"] == "bfloat16"
     exports = conn.request("exports", {"run": run})["exports"]
     assert [(x["state"], x["step"]) for x in exports] == [("done", stopped_at)], exports
+    # Where it ended, as the child's progress file said: every byte of the parameters
+    # written (BF16: the file's data section); the file itself gone.
+    weights = os.path.join(run_dir, "hf", "model.safetensors")
+    with open(weights, "rb") as f:
+        data_bytes = os.path.getsize(weights) - 8 - struct.unpack("<Q", f.read(8))[0]
+    assert exports[0]["progress"] == {"stage": "writing", "done": data_bytes, "total": data_bytes}, exports[0]
+    assert not os.path.exists(os.path.join(run_dir, exports[0]["id"] + ".progress.json"))
     # One export per output directory at a time.
     first = conn.request("export", {"run": run, "out": "hf-twice"})["export"]
     err = conn.request("export", {"run": run, "out": os.path.join(run_dir, "hf-twice")}, ok=False)
@@ -168,6 +176,9 @@ def part_control():
     out = subprocess.run([TIDE, "verify", run, *ep], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == \
         os.path.join(run_dir, "checkpoints", f"step-{stopped_at:08d}") + ": sound", (out.stdout, out.stderr)
+    listed = {c["step"]: c for c in conn.request("checkpoints", {"run": run})["checkpoints"]}[stopped_at]
+    assert listed["verify"]["progress"] == {"stage": "verifying", "done": listed["bytes"], "total": listed["bytes"]}, \
+        listed
     bad = subprocess.run([TIDE, "verify", run, "--step", "1", *ep], capture_output=True, text=True)
     assert bad.returncode != 0 and "no committed checkpoint at step 1" in bad.stderr, bad.stderr
 

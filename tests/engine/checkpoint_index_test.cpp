@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -140,6 +142,27 @@ TEST_F(CheckpointIndex, VerificationNamesWhatIsWrong) {
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("format 2"), std::string::npos) << problems[0];
   EXPECT_THROW(read_manifest(newer.string()), std::runtime_error);
+}
+
+TEST_F(CheckpointIndex, VerificationReportsEveryByteItHashes) {
+  // A file of more than one 64 MiB chunk: its hash, taken a chunk at a time, must be the
+  // one the writer took in a single pass.
+  const fs::path dir = with_pieces(7, nlohmann::json::array(), {{"big", (65 << 20) / 4 + 3}});
+  const auto bytes = static_cast<int64_t>(fs::file_size(dir / "rank-00000.safetensors"));
+  std::vector<std::tuple<std::string, int64_t, int64_t>> heard;
+  const auto listen = [&](const std::string& stage, int64_t done, int64_t total) {
+    heard.emplace_back(stage, done, total);
+  };
+  EXPECT_TRUE(verify_checkpoint(dir.string(), listen).empty());
+  using Heard = std::tuple<std::string, int64_t, int64_t>;
+  EXPECT_EQ(heard, (std::vector<Heard>{
+                       {"verifying", 0, bytes}, {"verifying", int64_t{64} << 20, bytes}, {"verifying", bytes, bytes}}));
+
+  // A missing file counts as read: the report still ends at the manifest's total.
+  fs::remove(dir / "rank-00000.safetensors");
+  heard.clear();
+  EXPECT_EQ(verify_checkpoint(dir.string(), listen).size(), 1u);
+  EXPECT_EQ(heard, (std::vector<Heard>{{"verifying", 0, bytes}, {"verifying", bytes, bytes}}));
 }
 
 TEST_F(CheckpointIndex, ManifestNamesCannotLeaveTheDirectory) {

@@ -18,6 +18,7 @@
 #include "tide/engine/io/json_input.h"
 #include "tide/ipc/client.h"
 #include "tide/ipc/curve.h"
+#include "tide/worker/progress_report.h"
 
 namespace tide::cli {
 namespace fs = std::filesystem;
@@ -357,13 +358,26 @@ namespace {
 json wait_for_job(ipc::Client& client, const std::string& run, json job, const char* doing) {
   const std::string id = job.value("id", ""), kind = job.value("kind", "export");
   const auto begun = std::chrono::steady_clock::now();
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  std::string stage;
   while (job.value("state", "") == "running") {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
     job = client.request("exports", {{"run", run}, {"export", id}}).at(kind);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begun).count();
-    if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\r%s: %s, %.0f s", id.c_str(), doing, s);
+    // The child's progress once it reports one (docs/protocol.md); a line per stage when
+    // stderr is not a terminal.
+    const json p = job.value("progress", json());
+    const std::string where = p.is_object()
+                                  ? worker::describe_byte_progress(p.value("stage", ""), p.value("done", int64_t{0}),
+                                                                   p.value("total", int64_t{0}))
+                                  : doing;
+    if (tty)
+      std::fprintf(stderr, "\r\033[2K%s: %s, %.0f s", id.c_str(), where.c_str(), s);
+    else if (p.is_object() && p.value("stage", "") != stage)
+      std::fprintf(stderr, "%s: %s\n", id.c_str(), where.c_str());
+    if (p.is_object()) stage = p.value("stage", "");
   }
-  if (::isatty(STDERR_FILENO)) std::fprintf(stderr, "\n");
+  if (tty) std::fprintf(stderr, "\n");
   if (job.value("state", "") != "done")
     throw std::runtime_error(fmt::format("{} failed: {} (log: {})", id, job.value("error", "?"), job.value("log", "")));
   return job;

@@ -13,6 +13,7 @@
 #include "tide/engine/checkpoint/checkpoint_index.h"
 #include "tide/engine/checkpoint/hf_export.h"
 #include "tide/ipc/worker_group.h"
+#include "tide/worker/progress_report.h"
 #include "tide/worker/stop_signals.h"
 
 namespace tide::worker {
@@ -23,9 +24,17 @@ void add_overrides(CLI::App& cmd, std::vector<std::string>& overrides) {
       ->type_name("KEY=VALUE");
 }
 
+namespace {
+void add_progress_file(CLI::App& cmd, std::string& file) {
+  cmd.add_option("--progress-file", file,
+                 "Keep {\"stage\", \"done\", \"total\"} (bytes) up to date in this JSON file (what a daemon reads)")
+      ->type_name("PATH");
+}
+}  // namespace
+
 void add_export_command(CLI::App& app, const std::string& name) {
   struct Options {
-    std::string dir, out, dtype = "F32";
+    std::string dir, out, dtype = "F32", progress_file;
   };
   auto opt = std::make_shared<Options>();
   auto* exp = app.add_subcommand(name,
@@ -34,18 +43,24 @@ void add_export_command(CLI::App& app, const std::string& name) {
   exp->add_option("dir", opt->dir, "A step directory")->required();
   exp->add_option("-o,--out", opt->out, "Directory to write")->required();
   exp->add_option("--dtype", opt->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
+  add_progress_file(*exp, opt->progress_file);
   exp->callback([opt] {
-    export_checkpoint_hf(opt->dir, opt->out, opt->dtype);
+    ProgressReport report(opt->progress_file);
+    export_checkpoint_hf(opt->dir, opt->out, opt->dtype, report.progress());
     spdlog::info("wrote {}", opt->out);
   });
 }
 
 void add_verify_command(CLI::App& app, const std::string& name) {
-  auto dir = std::make_shared<std::string>();
+  struct Options {
+    std::string dir, progress_file;
+  };
+  auto opt = std::make_shared<Options>();
   auto* verify = app.add_subcommand(name, "Check every file's size and XXH3 hash against the manifest");
-  verify->add_option("dir", *dir, "A step directory, or a run directory (its newest checkpoint)")->required();
-  verify->callback([dir] {
-    std::string step_dir = *dir;
+  verify->add_option("dir", opt->dir, "A step directory, or a run directory (its newest checkpoint)")->required();
+  add_progress_file(*verify, opt->progress_file);
+  verify->callback([opt] {
+    std::string step_dir = opt->dir;
     if (!fs::exists(fs::path(step_dir) / "manifest.json")) {
       const fs::path root = fs::is_directory(fs::path(step_dir) / "checkpoints") ? fs::path(step_dir) / "checkpoints"
                                                                                  : fs::path(step_dir);
@@ -53,7 +68,8 @@ void add_verify_command(CLI::App& app, const std::string& name) {
       if (all.empty()) throw std::runtime_error(fmt::format("no committed checkpoint under {}", root.string()));
       step_dir = all.back().path;
     }
-    require_sound_checkpoint(step_dir);
+    ProgressReport report(opt->progress_file);
+    require_sound_checkpoint(step_dir, report.progress());
     std::cout << fmt::format("{}: sound ({} files)\n", step_dir, read_manifest(step_dir)["files"].size());
   });
 }

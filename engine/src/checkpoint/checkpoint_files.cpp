@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -99,7 +100,7 @@ nlohmann::json read_manifest(const std::string& dir) {
   return j;
 }
 
-std::vector<std::string> verify_checkpoint(const std::string& dir) {
+std::vector<std::string> verify_checkpoint(const std::string& dir, const Progress& progress) {
   std::vector<std::string> problems;
   std::vector<std::unique_ptr<SafetensorsReader>> files;  // the pieces point into them
   std::vector<SavedPiece> pieces;
@@ -112,19 +113,31 @@ std::vector<std::string> verify_checkpoint(const std::string& dir) {
     problems.push_back(e.what());
     return problems;
   }
+  // Bytes as the manifest counts them (unsigned: a manifest's sizes are not trusted to
+  // add up); a file found missing or of another size counts as read.
+  uint64_t total = 0, done = 0;
+  for (const auto& [name, info] : manifest["files"].items()) total += info["bytes"].get<uint64_t>();
+  const auto report = [&] {
+    const auto clamp = [](uint64_t x) { return static_cast<int64_t>(std::min<uint64_t>(x, INT64_MAX)); };
+    if (progress) progress("verifying", clamp(done), clamp(total));
+  };
+  report();
   for (const auto& [name, info] : manifest["files"].items()) {
     const auto path = (fs::path(dir) / name).string();
+    const auto listed = info.at("bytes").get<uint64_t>();
     std::error_code ec;
     const auto size = fs::file_size(path, ec);
-    if (ec) {
-      problems.push_back(fmt::format("{}: missing", path));
+    if (ec || size != listed) {
+      problems.push_back(ec ? fmt::format("{}: missing", path)
+                            : fmt::format("{}: {} bytes, the manifest says {}", path, size, listed));
+      done += listed;
+      report();
       continue;
     }
-    if (size != info.at("bytes").get<uint64_t>()) {
-      problems.push_back(fmt::format("{}: {} bytes, the manifest says {}", path, size, info.at("bytes").get<uint64_t>()));
-      continue;
-    }
-    const std::string hash = hex64(xxh3_of_file(path));
+    const std::string hash = hex64(xxh3_of_file(path, [&](uint64_t bytes) {
+      done += bytes;
+      report();
+    }));
     if (hash != info.at("xxh3").get<std::string>()) {
       problems.push_back(fmt::format("{}: XXH3 {} differs from the manifest's {} (corrupt)", path, hash,
                                      info.at("xxh3").get<std::string>()));
@@ -135,8 +148,8 @@ std::vector<std::string> verify_checkpoint(const std::string& dir) {
     // checkpoint alike.
     try {
       auto file = std::make_unique<SafetensorsReader>(path);
-      const auto listed = read_piece_list(*file);
-      pieces.insert(pieces.end(), listed.begin(), listed.end());
+      const auto in_file = read_piece_list(*file);
+      pieces.insert(pieces.end(), in_file.begin(), in_file.end());
       files.push_back(std::move(file));
     } catch (const std::exception& e) {
       problems.push_back(e.what());

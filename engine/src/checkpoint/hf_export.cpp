@@ -1,6 +1,9 @@
 #include "tide/engine/checkpoint/hf_export.h"
 
 #include <filesystem>
+#include <functional>
+#include <map>
+#include <numeric>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -8,6 +11,7 @@
 #include "saved_pieces.h"
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
+#include "tide/engine/io/safetensors.h"
 #include "tide/engine/model/hf_convert.h"
 #include "tide/engine/train/run_files.h"
 
@@ -15,8 +19,8 @@ namespace tide {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-void require_sound_checkpoint(const std::string& step_dir) {
-  const auto problems = verify_checkpoint(step_dir);
+void require_sound_checkpoint(const std::string& step_dir, const Progress& progress) {
+  const auto problems = verify_checkpoint(step_dir, progress);
   if (problems.empty()) return;
   for (const auto& p : problems) spdlog::error("{}", p);
   // The first problem in the message too: a daemon reports a child's last error line.
@@ -24,18 +28,37 @@ void require_sound_checkpoint(const std::string& step_dir) {
                                        problems.size(), problems.size() == 1 ? "" : "s", problems.front()));
 }
 
-void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& dtype) {
-  require_sound_checkpoint(step_dir);
+void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& dtype,
+                          const Progress& progress) {
+  require_sound_checkpoint(step_dir, progress);
   const json manifest = read_manifest(step_dir);
   const RunConfig cfg = config_from_json(manifest["recipe"]);
   // Each parameter joined from the pieces of whatever layout saved it, as its turn to be
   // written comes: one whole parameter in memory at a time, not the model (and AdamW's
   // moments beside it).
   const SavedPieces pieces(step_dir, manifest);
+  const auto shapes = parameter_shapes(cfg.model);
+  // Parameters are fetched in the order they are written: a fetch means every one before
+  // it is on disk.
+  std::map<std::string, int64_t> bytes_before;
+  int64_t total = 0;
+  const auto width = static_cast<int64_t>(safetensors_dtype_size(dtype));
+  for (const auto& s : shapes) {
+    bytes_before[s.name] = total;
+    total += width * std::accumulate(s.shape.begin(), s.shape.end(), int64_t{1}, std::multiplies<>());
+  }
+  const auto report = [&](int64_t done) {
+    if (progress) progress("writing", done, total);
+  };
   // The run's tokenizer, two levels up (<run>/checkpoints/step-N), completes the directory.
   export_hf(
-      out, cfg.model, parameter_shapes(cfg.model), [&](const std::string& name) { return pieces.whole(name, "param"); },
+      out, cfg.model, shapes,
+      [&](const std::string& name) {
+        report(bytes_before.at(name));
+        return pieces.whole(name, "param");
+      },
       0, dtype, tokenizer_beside(fs::absolute(step_dir).lexically_normal().parent_path().parent_path()));
+  report(total);
 }
 
 }  // namespace tide

@@ -130,7 +130,7 @@ class SplitWriter {
 // The tokenizer opt.tokenizer names: "bpe" (trained here on the first bpe_sample_mb of
 // the inputs), "bytes", or a tokenizer file.
 std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, const std::vector<std::string>& files,
-                                          const std::function<void(const std::string&, int64_t, int64_t)>& report) {
+                                          const Progress& report) {
   if (opt.tokenizer == "bytes") return std::make_unique<ByteLevelBpe>(ByteLevelBpe::bytes());
   if (opt.tokenizer != "bpe") return load_tokenizer(opt.tokenizer);
   std::vector<std::string> sample;
@@ -149,8 +149,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, const std::
 
 }  // namespace
 
-PrepareReport prepare_dataset(const PrepareOptions& opt,
-                              const std::function<void(const std::string&, int64_t, int64_t)>& progress) {
+PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progress) {
   if (opt.val_fraction < 0 || opt.val_fraction >= 1)
     throw std::invalid_argument("val fraction " + std::to_string(opt.val_fraction) + " is outside [0, 1)");
   const auto files = list_inputs(opt.inputs);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -215,9 +216,21 @@ WrittenFile SafetensorsStream::commit() {
   return out_;
 }
 
-uint64_t xxh3_of_file(const std::string& path) {
+uint64_t xxh3_of_file(const std::string& path, const std::function<void(uint64_t bytes)>& hashed) {
+  constexpr size_t kChunk = size_t{64} << 20;
   MappedFile file(path);
-  return XXH3_64bits(file.data(), file.size());
+  XXH3_state_t* state = XXH3_createState();
+  if (state == nullptr) throw std::bad_alloc();
+  XXH3_64bits_reset(state);
+  for (size_t at = 0; at < file.size(); at += kChunk) {
+    const size_t n = std::min(kChunk, file.size() - at);
+    XXH3_64bits_update(state, file.data() + at, n);
+    file.release(at, n);
+    if (hashed) hashed(n);
+  }
+  const uint64_t hash = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  return hash;
 }
 
 }  // namespace tide

@@ -235,7 +235,11 @@ function eventLine(kind, event) {
   else if (kind === "control")
     text = `${b.result} at step ${b.step}: ${b.values ? JSON.stringify(b.values) : b.error || ""}`;
   else if (kind === "checkpoint") text = b.ok ? `step ${b.step} saved: ${b.path}` : `step ${b.step} failed: ${b.error}`;
-  else if (kind === "export" || kind === "verify") text = `${b.id} of step ${b.step} ${b.state}${b.error ? `: ${b.error}` : ""}`;
+  else if (kind === "export" || kind === "verify") {
+    const p = b.state === "running" && b.progress;
+    const where = p ? `: ${p.stage} ${p.total > 0 ? Math.floor((100 * p.done) / p.total) : 100}%` : "";
+    text = `${b.id} of step ${b.step} ${b.state}${where}${b.error ? `: ${b.error}` : ""}`;
+  }
   else if (kind === "policy") text = `${b.policy} at step ${b.step}${b.error ? `: ${b.error}` : ""}`;
   else if (kind === "scheduler") text = `slurm job ${b.slurm_job} ${b.state}${b.reason ? ` (${b.reason})` : ""}`;
   else text = JSON.stringify(b);

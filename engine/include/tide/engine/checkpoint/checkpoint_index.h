@@ -10,6 +10,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "tide/engine/io/progress.h"
+
 namespace tide {
 
 constexpr int kCheckpointFormat = 1;
@@ -23,8 +25,9 @@ struct CheckpointEntry {
 // directories are not listed).
 std::vector<CheckpointEntry> list_checkpoints(const std::string& root);
 // What is wrong with a checkpoint directory: a missing or unreadable manifest, a
-// missing file, a size or hash that differs, each naming the file. Empty: sound.
-std::vector<std::string> verify_checkpoint(const std::string& dir);
+// missing file, a size or hash that differs, each naming the file. Empty: sound. Every
+// byte is read: `progress` hears ("verifying", bytes read, the manifest's bytes).
+std::vector<std::string> verify_checkpoint(const std::string& dir, const Progress& progress = {});
 // The manifest; throws naming the file when it is missing or not a tide manifest.
 nlohmann::json read_manifest(const std::string& dir);
 

@@ -2,9 +2,10 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
+
+#include "tide/engine/io/progress.h"
 
 namespace tide {
 
@@ -25,9 +26,8 @@ struct PrepareReport {
 };
 
 // Documents are separated by blank lines; each ends with the end-of-text id.
-// progress(stage, done, total) is called as work proceeds.
-PrepareReport prepare_dataset(const PrepareOptions& opt,
-                              const std::function<void(const std::string&, int64_t, int64_t)>& progress = {});
+// Its stages report through `progress`.
+PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progress = {});
 
 // Splits text into documents at runs of blank lines (trimmed, empty ones dropped).
 std::vector<std::string_view> split_documents(std::string_view text);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -97,7 +98,9 @@ class SafetensorsWriter {
   std::map<std::string, std::string> metadata_;
 };
 
-// XXH3-64 of a whole file (verification of what write() reported).
-uint64_t xxh3_of_file(const std::string& path);
+// XXH3-64 of a whole file (verification of what write() reported), read a chunk at a
+// time: each chunk's pages leave the resident set once hashed, and `hashed(bytes)` is
+// told of it (a checkpoint's files are tens of GB).
+uint64_t xxh3_of_file(const std::string& path, const std::function<void(uint64_t bytes)>& hashed = {});
 
 }  // namespace tide
