@@ -59,6 +59,42 @@ TEST(ConfigSchema, CrossFieldChecks) {
             2);
 }
 
+TEST(ConfigSchema, ADataBlendNamesEachDatasetAndRefusesWhatCannotBeOne) {
+  const RunConfig c = config_from_json(
+      json{{"data", {{"blend", {{{"path", "data/web/"}, {"weight", 3}}, {{"path", "data/code"}, {"name", "py"}}}}}}});
+  const auto sources = data_sources(c.data);
+  ASSERT_EQ(sources.size(), 2u);
+  EXPECT_EQ(sources[0].name, "web");  // the directory's name, its trailing '/' aside
+  EXPECT_EQ(sources[0].weight, 3);
+  EXPECT_EQ(sources[1].name, "py");
+  EXPECT_EQ(sources[1].weight, 1);  // the default
+  EXPECT_EQ(config_to_json(config_from_json(config_to_json(c))), config_to_json(c));
+  // data.path alone is a blend of one.
+  RunConfig single;
+  single.data.path = "data/kjv";
+  ASSERT_EQ(data_sources(single.data).size(), 1u);
+  EXPECT_EQ(data_sources(single.data)[0].name, "kjv");
+
+  const auto refused = [](const json& data, const std::string& field, const std::string& words) {
+    try {
+      config_from_json(json{{"data", data}});
+      ADD_FAILURE() << data.dump() << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.field(), field) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused({{"path", "a"}, {"blend", {{{"path", "b"}}}}}, "data.blend", "set one");
+  refused({{"blend", {{{"path", "a/x"}}, {{"path", "b/x"}}}}}, "data.blend[2].name", "data.blend[1]'s name too");
+  refused({{"blend", {{{"path", "a"}, {"weight", 0}}}}}, "data.blend[1].weight", "not above 0");
+  refused({{"blend", {{{"path", "a"}, {"weight", -2}}}}}, "data.blend[1].weight", "out of range");
+  refused({{"blend", {{{"path", "a"}, {"share", 2}}}}}, "data.blend[1]", "unknown key \"share\"");
+  refused({{"blend", {{{"weight", 2}}}}}, "data.blend[1].path", "missing");
+  refused({{"blend", {{{"path", "a"}, {"name", "../up"}}}}}, "data.blend[1].name", "may hold only");
+  refused({{"blend", {{{"path", "."}}}}}, "data.blend[1].name", "give a name");
+  refused({{"blend", "data/a"}}, "data.blend", "expected a list");
+}
+
 TEST(ConfigSchema, WholeFloatsAreIntegers) {
   const RunConfig c = config_from_json(json{{"schedule", {{"steps", 1e3}}}});
   EXPECT_EQ(c.schedule.steps, 1000);

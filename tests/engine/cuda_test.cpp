@@ -169,7 +169,8 @@ TEST(Cuda, BatchesForAGpuComeInPageLockedMemoryWithTheSameTokens) {
   const TokenDataset ds(testing::small_dataset());
   const auto& split = ds.split("train");
   for (const int64_t prefetch : {0, 2}) {
-    BatchLoader pinned(split, 9, 4, 16, 0, prefetch, 0, 0, /*pin=*/true), plain(split, 9, 4, 16, 0, prefetch);
+    BatchLoader pinned(SampleSource(split, 9), 4, 16, 0, prefetch, 0, 0, /*pin=*/true),
+        plain(SampleSource(split, 9), 4, 16, 0, prefetch);
     for (int i = 0; i < 3; ++i) {
       const Batch a = pinned.next(), b = plain.next();
       EXPECT_TRUE(a.tokens.is_pinned() && a.targets.is_pinned()) << "prefetch " << prefetch;

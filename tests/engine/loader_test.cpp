@@ -1,3 +1,6 @@
+#include <cmath>
+#include <vector>
+
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
@@ -11,7 +14,7 @@ namespace {
 TEST(BatchLoader, TargetsAreTokensShiftedByOne) {
   const TokenDataset ds(testing::small_dataset());
   const auto& split = ds.split("train");
-  const Batch b = make_batch(split, 5, 0, 4, 32);
+  const Batch b = make_batch(SampleSource(split, 5), 0, 4, 32);
   ASSERT_EQ(b.tokens.sizes(), (std::vector<int64_t>{4, 32}));
   EXPECT_TRUE(torch::equal(b.tokens.narrow(1, 1, 31), b.targets.narrow(1, 0, 31)));
   // Each row is a real window of the split.
@@ -24,19 +27,62 @@ TEST(BatchLoader, DeterministicAndResumableAtAnyCursor) {
   const auto& split = ds.split("train");
   std::vector<Batch> straight;
   {
-    BatchLoader l(split, 9, 4, 16, 0, 3);
+    BatchLoader l(SampleSource(split, 9), 4, 16, 0, 3);
     for (int i = 0; i < 6; ++i) straight.push_back(l.next());
     EXPECT_EQ(l.cursor(), 24);
   }
-  BatchLoader resumed(split, 9, 4, 16, /*cursor=*/12, 0);  // after three batches, no prefetch
+  BatchLoader resumed(SampleSource(split, 9), 4, 16, /*cursor=*/12, 0);  // after three batches, no prefetch
   for (int i = 3; i < 6; ++i) EXPECT_TRUE(torch::equal(resumed.next().tokens, straight[i].tokens)) << i;
-  BatchLoader other_seed(split, 10, 4, 16, 0, 2);
+  BatchLoader other_seed(SampleSource(split, 10), 4, 16, 0, 2);
   EXPECT_FALSE(torch::equal(other_seed.next().tokens, straight[0].tokens));
+}
+
+TEST(SampleSource, ABlendDrawsEachSplitItsShareOfEveryStretchOfSamples) {
+  const TokenDataset ds(testing::small_dataset());
+  const TokenSplit &train = ds.split("train"), &val = ds.split("val");
+  // A split may appear twice: the draw picks a position in the blend, not a split.
+  const std::vector<double> weights = {5, 3, 2};
+  const SampleSource blend({&train, &val, &train}, weights, 42);
+  // The draws are the Kronecker sequence of the golden ratio, whose partial quotients are
+  // all 1: any n of them fall in an interval of [0, 1) within n * D_n of its length's
+  // share, n * D_n <= 3 + (1 / log(golden ratio) + 1 / log 2) log n (Kuipers and
+  // Niederreiter, Uniform Distribution of Sequences, ch. 2, thm 3.4); one more for the
+  // interval's ends rounded to 2^-64.
+  const double golden = (1 + std::sqrt(5.0)) / 2;
+  for (const int64_t first : {int64_t{0}, int64_t{123456789}, int64_t{1} << 40}) {
+    const int64_t n = 20000;
+    std::vector<int64_t> count(3, 0);
+    for (int64_t i = first; i < first + n; ++i) ++count[blend.split_of(i)];
+    const double bound = 4 + (1 / std::log(golden) + 1 / std::log(2.0)) * std::log(static_cast<double>(n));
+    for (size_t d = 0; d < 3; ++d)
+      EXPECT_LE(std::abs(static_cast<double>(count[d]) - static_cast<double>(n) * weights[d] / 10), bound)
+          << "split " << d << " from sample " << first << ": " << count[d] << " of " << n;
+  }
+  // Each row is a window of the split its sample was drawn from.
+  const Batch b = make_batch(blend, 1000, 16, 24);
+  for (int64_t r = 0; r < 16; ++r) {
+    const auto [split, start] = blend.window(1000 + r, 24);
+    ASSERT_LE(start + 25, split->size());
+    for (int64_t t = 0; t < 24; ++t) ASSERT_EQ(b.tokens[r][t].item<int64_t>(), split->at(start + t)) << r;
+  }
+  EXPECT_THROW(SampleSource({&train, &val}, {1.0, 0.0}, 1), std::invalid_argument);
+}
+
+TEST(BatchLoader, ABlendResumesAtAnyCursor) {
+  const TokenDataset ds(testing::small_dataset());
+  const SampleSource blend({&ds.split("train"), &ds.split("val")}, {3.0, 1.0}, 9);
+  std::vector<Batch> straight;
+  {
+    BatchLoader l(blend, 4, 16, 0, 3);
+    for (int i = 0; i < 6; ++i) straight.push_back(l.next());
+  }
+  BatchLoader resumed(blend, 4, 16, /*cursor=*/12, 0);
+  for (int i = 3; i < 6; ++i) EXPECT_TRUE(torch::equal(resumed.next().tokens, straight[i].tokens)) << i;
 }
 
 TEST(BatchLoader, RefusesSplitsShorterThanAWindow) {
   const TokenDataset ds(testing::small_dataset());
-  EXPECT_THROW(BatchLoader(ds.split("val"), 1, 1, ds.split("val").size(), 0, 0), std::runtime_error);
+  EXPECT_THROW(BatchLoader(SampleSource(ds.split("val"), 1), 1, ds.split("val").size(), 0, 0), std::runtime_error);
 }
 
 }  // namespace

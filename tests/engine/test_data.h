@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -35,27 +36,35 @@ class RemovedAtExit {
   pid_t owner_;
 };
 
-// Prepares (once per process) a byte-tokenised dataset of the license texts every
-// Debian machine has, and returns its directory, removed when the process exits.
-inline std::string small_dataset() {
+// Prepares a dataset of the license texts `files` (every Debian machine has them) with
+// `tokenizer` ("bytes", "bpe") under a directory named `tag`, removed when the process
+// exits, and returns its directory.
+inline std::string license_dataset(const std::string& tag, const std::vector<std::string>& files,
+                                   const std::string& tokenizer, int64_t vocab_size = 8192) {
   namespace fs = std::filesystem;
-  static const std::string dir = [] {
-    const fs::path root = fs::temp_directory_path() / ("tide_test_data_" + std::to_string(::getpid()));
-    static const RemovedAtExit cleanup(root);
-    fs::remove_all(root);
-    fs::create_directories(root / "text");
-    int n = 0;
-    for (const char* f : {"/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0",
-                          "/usr/share/common-licenses/MPL-2.0"})
-      if (fs::exists(f)) fs::copy_file(f, root / "text" / (std::to_string(n++) + ".txt"));
-    PrepareOptions opt;
-    opt.inputs = {(root / "text").string()};
-    opt.out_dir = (root / "ds").string();
-    opt.tokenizer = "bytes";
-    opt.val_fraction = 0.1;
-    prepare_dataset(opt);
-    return opt.out_dir;
-  }();
+  const fs::path root = fs::temp_directory_path() / ("tide_test_data_" + tag + "_" + std::to_string(::getpid()));
+  static std::vector<std::unique_ptr<RemovedAtExit>> cleanups;
+  cleanups.push_back(std::make_unique<RemovedAtExit>(root));
+  fs::remove_all(root);
+  fs::create_directories(root / "text");
+  int n = 0;
+  for (const auto& name : files) {
+    const fs::path f = fs::path("/usr/share/common-licenses") / name;
+    if (fs::exists(f)) fs::copy_file(f, root / "text" / (std::to_string(n++) + ".txt"));
+  }
+  PrepareOptions opt;
+  opt.inputs = {(root / "text").string()};
+  opt.out_dir = (root / "ds").string();
+  opt.tokenizer = tokenizer;
+  opt.vocab_size = vocab_size;
+  opt.val_fraction = 0.1;
+  prepare_dataset(opt);
+  return opt.out_dir;
+}
+
+// A byte-tokenised dataset of three licenses, prepared once per process.
+inline std::string small_dataset() {
+  static const std::string dir = license_dataset("small", {"GPL-3", "Apache-2.0", "MPL-2.0"}, "bytes");
   return dir;
 }
 

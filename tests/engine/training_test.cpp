@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -10,9 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "test_data.h"
+#include "tide/engine/config_schema.h"
+#include "tide/engine/data/token_dataset.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/train/evaluate.h"
 #include "tide/engine/train/run_files.h"
 #include "tide/engine/train/trainer.h"
 #include "tiny_models.h"
@@ -403,6 +407,57 @@ TEST(Training, Bf16AutocastTrains) {
   ASSERT_EQ(l.size(), 8u);
   for (double x : l) EXPECT_TRUE(std::isfinite(x));
   EXPECT_LT(l.back(), l.front());
+  fs::remove_all(dir);
+}
+
+TEST(Training, ABlendValidatesEachDatasetAndReportsTheirWeightedMean) {
+  const fs::path dir = fs::temp_directory_path() / ("tide_run_blend_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RunConfig c = tiny_run("blend");
+  c.data.path.clear();
+  const std::string gnu = testing::license_dataset("gnu", {"GPL-2", "LGPL-2.1"}, "bytes");
+  c.data.blend = {{testing::small_dataset(), 3.0, "three"}, {gnu, 1.0, ""}};
+  const TrainResult r = Trainer(c, dir.string(), quiet_hooks()).run();
+  const auto rows = metrics_rows(dir);
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_FALSE(rows[1].contains("val_losses"));  // step 2: no validation
+  const auto& last = rows.back();
+  ASSERT_TRUE(last.contains("val_losses")) << last.dump();
+  const double three = last["val_losses"]["three"], ds = last["val_losses"]["ds"];
+  // The mean weighted as the datasets are drawn: 3 to 1.
+  EXPECT_DOUBLE_EQ(last["val_loss"].get<double>(), 0.75 * three + 0.25 * ds);
+  EXPECT_DOUBLE_EQ(*r.final_val_loss, last["val_loss"].get<double>());
+  // Each is the loss of the final weights on that dataset's validation split.
+  LoadedModel m = load_model(dir.string());
+  const TokenDataset small(testing::small_dataset()), other(gnu);
+  EXPECT_DOUBLE_EQ(three,
+                   evaluate_loss(m.model, small.split("val"), c.data.seq_len, c.batch.micro_batch, c.eval.batches));
+  EXPECT_DOUBLE_EQ(ds, evaluate_loss(m.model, other.split("val"), c.data.seq_len, c.batch.micro_batch, c.eval.batches));
+  EXPECT_NE(three, ds);
+  std::ifstream log(dir / "train.log");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("data blend: three 75.0% ("), std::string::npos) << text;
+  fs::remove_all(dir);
+
+  // Datasets of different tokenizers are not a blend: the same id would be another token.
+  c.data.blend[1].path = testing::license_dataset("gnu_bpe", {"GPL-2", "LGPL-2.1"}, "bpe", 300);
+  try {
+    Trainer(c, dir.string(), quiet_hooks());
+    ADD_FAILURE() << "a blend of two tokenizers was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "data.blend[2]");
+    EXPECT_NE(std::string(e.what()).find("is not data.blend[1]'s"), std::string::npos) << e.what();
+  }
+  // A dataset that is not there is named with its field.
+  c.data.blend[1].path = gnu;
+  c.data.blend[0].path = dir.string() + "/missing";
+  try {
+    Trainer(c, dir.string(), quiet_hooks());
+    ADD_FAILURE() << "a missing dataset was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "data.blend[1]");
+    EXPECT_NE(std::string(e.what()).find("is not a prepared dataset"), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
 }
 

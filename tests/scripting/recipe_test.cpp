@@ -117,6 +117,23 @@ TEST(Recipes, OverridesWinAndAreChecked) {
   EXPECT_NE(list.find("schedule.steps: the recipe's schedule is [0.0001], not a table"), std::string::npos) << list;
 }
 
+TEST(Recipes, ADataBlendIsAListOfTables) {
+  const std::string text =
+      "return tide.recipe{ data = { blend = { { path = 'data/web', weight = 7 },\n"
+      "                                       { path = 'data/code', weight = 2, name = 'code' } } } }\n";
+  const Recipe r = Recipe::load_string(text, "@b.lua");
+  ASSERT_EQ(r.config().data.blend.size(), 2u);
+  EXPECT_EQ(r.config().data.blend[0].path, "data/web");
+  EXPECT_EQ(r.config().data.blend[0].weight, 7);
+  EXPECT_EQ(r.config().data.blend[1].name, "code");
+  // An override replaces the list, written as JSON.
+  const Recipe o = Recipe::load_string(text, "@b.lua", {R"(data.blend=[{"path": "data/books"}])"});
+  ASSERT_EQ(o.config().data.blend.size(), 1u);
+  EXPECT_EQ(o.config().data.blend[0].path, "data/books");
+  const std::string e = error_of("return tide.recipe{ data = { blend = { { path = 'a', weight = 'heavy' } } } }\n");
+  EXPECT_NE(e.find("data.blend[1].weight: expected a number, got \"heavy\""), std::string::npos) << e;
+}
+
 TEST(Recipes, TextThatIsNotUtf8IsRefusedNamingTheField) {
   // A recipe's strings become JSON (config.json, the workers' wire), which holds only
   // UTF-8 (found by tests/fuzz: the schema's own message failed to print the value).

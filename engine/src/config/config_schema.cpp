@@ -150,6 +150,70 @@ FieldSpec url_list(const std::string& path, size_t most, std::string doc, F ref)
   return f;
 }
 
+// Names that become directories, metric keys and event topics: letters, digits, '.',
+// '_' and '-', 64 at most, not starting with '.'.
+bool is_plain_name(const std::string& s) {
+  return !s.empty() && s.size() <= 64 && s[0] != '.' && std::all_of(s.begin(), s.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+  });
+}
+constexpr char kPlainNameRule[] = "letters, digits, '.', '_' and '-' (64 at most, not starting with '.')";
+
+// A list of datasets, each a table {path = DIR, weight = W, name = NAME}: weight and
+// name optional.
+template <class F>
+FieldSpec source_list(const std::string& path, size_t most, std::string doc, F ref) {
+  FieldSpec f{path, FieldType::SourceList, {}, 0, static_cast<double>(most), LiveEffect::None, std::move(doc), {}, {}};
+  f.set = [=](RunConfig& c, const json& v) {
+    if (v.is_object() && v.empty()) {
+      ref(c).clear();
+      return;
+    }
+    if (!v.is_array())
+      throw ConfigError(path, fmt::format("expected a list of {{path = ..., weight = ...}} tables, got {}", show(v)));
+    if (v.size() > most) throw ConfigError(path, fmt::format("has {} datasets; {} at most", v.size(), most));
+    std::vector<DataSource> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string where = fmt::format("{}[{}]", path, i + 1);
+      const json& e = v[i];
+      if (!e.is_object())
+        throw ConfigError(where, fmt::format("expected a table {{path = ..., weight = ...}}, got {}", show(e)));
+      DataSource d;
+      for (auto it = e.begin(); it != e.end(); ++it) {
+        const std::string& key = it.key();
+        const json& value = it.value();
+        if (key == "path") {
+          if (!value.is_string() || value.get<std::string>().empty())
+            throw ConfigError(where + ".path", fmt::format("expected a dataset directory, got {}", show(value)));
+          d.path = value.get<std::string>();
+        } else if (key == "weight") {
+          d.weight = as_number(where + ".weight", value, 0, 1e9);
+          if (d.weight <= 0) throw ConfigError(where + ".weight", fmt::format("{} is not above 0", show(value)));
+        } else if (key == "name") {
+          if (!value.is_string() || !is_plain_name(value.get<std::string>()))
+            throw ConfigError(where + ".name", fmt::format("{} may hold only {}", show(value), kPlainNameRule));
+          d.name = value.get<std::string>();
+        } else {
+          throw ConfigError(where, fmt::format("unknown key {} (path, weight, name)", json(key).dump()));
+        }
+      }
+      if (d.path.empty()) throw ConfigError(where + ".path", "missing: the dataset's directory");
+      out.push_back(std::move(d));
+    }
+    ref(c) = std::move(out);
+  };
+  f.get = [=](const RunConfig& c) {
+    json out = json::array();
+    for (const auto& d : ref(const_cast<RunConfig&>(c))) {
+      json e = {{"path", d.path}, {"weight", d.weight}};
+      if (!d.name.empty()) e["name"] = d.name;
+      out.push_back(std::move(e));
+    }
+    return out;
+  };
+  return f;
+}
+
 template <class E, class F>
 FieldSpec choice(std::string path, std::vector<std::pair<std::string, E>> names, LiveEffect live, std::string doc, F ref) {
   std::vector<std::string> labels;
@@ -250,6 +314,12 @@ void add_model_fields(std::vector<FieldSpec>& s) {
 void add_batch_and_optimizer_fields(std::vector<FieldSpec>& s) {
   // Data and batch.
   s.push_back(string("data.path", kFixed, "Dataset directory written by `tide data prepare`.", REF(data.path)));
+  s.push_back(source_list("data.blend", 64,
+                          "Instead of data.path: datasets {path = DIR, weight = W, name = NAME} that training "
+                          "samples draw from in proportion to their weights (Megatron-LM's data blend); one "
+                          "tokenizer for all. Validation reports each one's loss (by name: the directory's by "
+                          "default) and their weighted mean.",
+                          REF(data.blend)));
   s.push_back(integer("data.seq_len", 1, 1e7, kFixed, "Tokens per training sequence.", REF(data.seq_len)));
   s.push_back(integer("data.prefetch", 0, 1024, kFixed, "Batches the loader prepares ahead.", REF(data.prefetch)));
   s.push_back(integer("batch.micro_batch", 1, 1e6, kFixed, "Sequences per forward/backward.", REF(batch.micro_batch)));
@@ -601,14 +671,23 @@ void validate(const RunConfig& c) {
   const auto& m = c.model;
   auto fail = [](const std::string& field, const std::string& msg) { throw ConfigError(field, msg); };
   // The name becomes a directory (runs/<name>) and part of run ids and event topics.
-  const bool plain_name = !c.name.empty() && c.name.size() <= 64 && c.name[0] != '.' &&
-                          std::all_of(c.name.begin(), c.name.end(), [](char ch) {
-                            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
-                          });
-  if (!plain_name)
-    fail("name", fmt::format("{} may hold only letters, digits, '.', '_' and '-' (64 at most, not starting with '.')",
-                             json(c.name).dump()));
+  if (!is_plain_name(c.name)) fail("name", fmt::format("{} may hold only {}", json(c.name).dump(), kPlainNameRule));
   validate_model(m);
+  if (!c.data.blend.empty() && !c.data.path.empty())
+    fail("data.blend", fmt::format("is set and so is data.path = {}: set one of them", json(c.data.path).dump()));
+  const auto sources = data_sources(c.data);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    // A label of the validation losses (metrics, TensorBoard tags).
+    if (!c.data.blend.empty() && !is_plain_name(sources[i].name))
+      fail(fmt::format("data.blend[{}].name", i + 1),
+           fmt::format("the directory's name {} may not be a label: give a name of {}", json(sources[i].name).dump(),
+                       kPlainNameRule));
+    for (size_t j = 0; j < i; ++j)
+      if (sources[j].name == sources[i].name)
+        fail(fmt::format("data.blend[{}].name", i + 1),
+             fmt::format("{} is data.blend[{}]'s name too: give each dataset a name of its own",
+                         json(sources[i].name).dump(), j + 1));
+  }
   if (c.data.seq_len > m.max_seq_len)
     fail("data.seq_len", fmt::format("{} exceeds model.max_seq_len = {}", c.data.seq_len, m.max_seq_len));
   // Without the world size, a dp of 0 (inferred) is checked as 1; the launcher checks
@@ -626,6 +705,18 @@ void validate(const RunConfig& c) {
     fail("parallel.pp", fmt::format("{} exceeds model.n_layers = {}", c.parallel.pp, m.n_layers));
 }
 
+std::vector<DataSource> data_sources(const DataConfig& d) {
+  std::vector<DataSource> out = d.blend;
+  if (out.empty()) out.push_back({d.path, 1.0, ""});
+  for (auto& s : out) {
+    if (!s.name.empty()) continue;
+    std::string dir = s.path;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    s.name = dir.substr(dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/') + 1);
+  }
+  return out;
+}
+
 std::string schema_markdown() {
   std::string out = "| field | type | default | live | description |\n|---|---|---|---|---|\n";
   const RunConfig defaults;
@@ -639,6 +730,9 @@ std::string schema_markdown() {
       case FieldType::Choice: type = fmt::format("{}", fmt::join(f.choices, " \\| ")); break;
       case FieldType::IntList: type = fmt::format("list of integers [{}, {}]", f.min, f.max); break;
       case FieldType::UrlList: type = fmt::format("list of http(s) URLs (at most {})", f.max); break;
+      case FieldType::SourceList:
+        type = fmt::format("list of {{path, weight, name}} tables (at most {})", f.max);
+        break;
     }
     out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", f.path, type, f.get(defaults).dump(), f.live != LiveEffect::None ? "yes" : "",
                        f.doc);

@@ -1,61 +1,44 @@
 #include "tide/engine/data/batch_loader.h"
 
-#include <stdexcept>
-#include <string>
+#include <functional>
 
 #include <torch/types.h>
 
 namespace tide {
 namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-void check_split(const TokenSplit& split, int64_t seq_len) {
-  if (split.size() < seq_len + 1)
-    throw std::runtime_error("a split of " + std::to_string(split.size()) + " tokens is shorter than one window of " +
-                             std::to_string(seq_len + 1) + " tokens (data.seq_len + 1)");
-}
-}  // namespace
-
-int64_t window_start(uint64_t seed, int64_t index, int64_t n_tokens, int64_t seq_len) {
-  const uint64_t span = static_cast<uint64_t>(n_tokens - seq_len);  // starts in [0, n - T - 1]
-  return static_cast<int64_t>(splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(index)) % span);
-}
-
-namespace {
-Batch fill(const TokenSplit& split, int64_t batch, int64_t seq_len, const std::function<int64_t(int64_t)>& start_of) {
+// Row b of the batch is the window of seq_len + 1 tokens window_of(b) gives: its split
+// and its first token.
+Batch fill(int64_t batch, int64_t seq_len,
+           const std::function<std::pair<const TokenSplit*, int64_t>(int64_t)>& window_of) {
   auto buf = torch::empty({batch, seq_len + 1}, torch::kInt64);
   auto* p = buf.data_ptr<int64_t>();
-  for (int64_t b = 0; b < batch; ++b) split.copy(start_of(b), seq_len + 1, p + b * (seq_len + 1));
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto [split, start] = window_of(b);
+    split->copy(start, seq_len + 1, p + b * (seq_len + 1));
+  }
   return {buf.narrow(1, 0, seq_len).contiguous(), buf.narrow(1, 1, seq_len).contiguous()};
 }
 }  // namespace
 
-Batch make_batch(const TokenSplit& split, uint64_t seed, int64_t first, int64_t batch, int64_t seq_len) {
-  check_split(split, seq_len);
-  return fill(split, batch, seq_len,
-              [&](int64_t b) { return window_start(seed, first + b, split.size(), seq_len); });
+Batch make_batch(const SampleSource& samples, int64_t first, int64_t batch, int64_t seq_len) {
+  samples.check(seq_len);
+  return fill(batch, seq_len, [&](int64_t b) { return samples.window(first + b, seq_len); });
 }
 
 Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_batches, int64_t batch,
                       int64_t seq_len) {
-  check_split(split, seq_len);
+  require_window(split, seq_len);
   const int64_t windows = n_batches * batch;
   const int64_t span = split.size() - seq_len - 1;
-  return fill(split, batch, seq_len, [&](int64_t b) {
+  return fill(batch, seq_len, [&](int64_t b) {
     const int64_t w = batch_index * batch + b;
-    return windows > 1 ? span * w / (windows - 1) : 0;
+    return std::make_pair(&split, windows > 1 ? span * w / (windows - 1) : 0);
   });
 }
 
-BatchLoader::BatchLoader(const TokenSplit& split, uint64_t seed, int64_t batch, int64_t seq_len, int64_t cursor,
-                         int64_t prefetch, int64_t offset, int64_t stride, bool pin)
-    : split_(split),
-      seed_(seed),
+BatchLoader::BatchLoader(SampleSource samples, int64_t batch, int64_t seq_len, int64_t cursor, int64_t prefetch,
+                         int64_t offset, int64_t stride, bool pin)
+    : samples_(std::move(samples)),
       batch_(batch),
       seq_len_(seq_len),
       cursor_(cursor),
@@ -64,7 +47,7 @@ BatchLoader::BatchLoader(const TokenSplit& split, uint64_t seed, int64_t batch, 
       offset_(offset),
       stride_(stride > 0 ? stride : batch),
       pin_(pin) {
-  check_split(split, seq_len);
+  samples_.check(seq_len);
   if (prefetch_ > 0) worker_ = std::thread([this] { run(); });
 }
 
@@ -97,7 +80,7 @@ void BatchLoader::run() {
 }
 
 Batch BatchLoader::produce(int64_t first) const {
-  Batch b = make_batch(split_, seed_, first, batch_, seq_len_);
+  Batch b = make_batch(samples_, first, batch_, seq_len_);
   if (pin_) {
     b.tokens = b.tokens.pin_memory();
     b.targets = b.targets.pin_memory();

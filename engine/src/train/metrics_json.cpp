@@ -34,6 +34,10 @@ nlohmann::json to_json(const StepMetrics& m) {
   if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
   if (!m.anomaly.empty()) j["anomaly"] = {{"kind", m.anomaly}, {"action", m.anomaly_action}};
   if (m.val_loss) j["val_loss"] = finite(*m.val_loss);
+  if (!m.val_losses.empty()) {
+    auto& by_name = j["val_losses"] = nlohmann::json::object();
+    for (const auto& [name, loss] : m.val_losses) by_name[name] = finite(loss);
+  }
   if (!m.changes.empty()) {
     auto& changes = j["changes"] = nlohmann::json::object();
     for (const auto& [field, value] : m.changes) changes[field] = nlohmann::json::parse(value);

@@ -123,7 +123,7 @@ TensorBoardLog::TensorBoardLog(const std::string& dir, int64_t resumed_step) {
 
 void TensorBoardLog::write(const StepMetrics& m) {
   std::string summary;
-  auto add = [&summary](const char* tag, double value) {
+  auto add = [&summary](const std::string& tag, double value) {
     if (std::isfinite(value)) bytes_field(summary, 1, scalar(tag, value));
   };
   add("train/loss", m.loss);
@@ -140,6 +140,7 @@ void TensorBoardLog::write(const StepMetrics& m) {
   add("memory/peak_host_tensor_mb", m.peak_host_tensor_mb);
   add("comm/bytes", static_cast<double>(m.comm_bytes));
   if (m.val_loss) add("eval/loss", *m.val_loss);
+  for (const auto& [name, loss] : m.val_losses) add("eval/loss/" + name, loss);
   std::string e = event(m.time > 0 ? m.time : now(), m.step);  // the row's time: the same in metrics.jsonl
   bytes_field(e, 5, summary);
   record(e);

@@ -14,7 +14,7 @@
 
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
-#include "tide/engine/data/token_dataset.h"
+#include "tide/engine/data/training_data.h"
 #include "tide/engine/io/std_binding.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/optim/flat_parameters.h"
@@ -73,6 +73,13 @@ void describe(const Trainer::State& s, int threads) {
              : "");
   s.log->info("{}", intro);
   if (s.leader) spdlog::info("{}", intro);
+  if (s.data->size() > 1) {
+    std::vector<std::string> shares;
+    for (size_t i = 0; i < s.data->size(); ++i)
+      shares.push_back(fmt::format("{} {:.1f}% ({}, {} train tokens)", s.data->name(i), 100 * s.data->share(i),
+                                   s.data->dataset(i).dir(), s.data->dataset(i).split("train").size()));
+    s.log->info("data blend: {}", fmt::join(shares, "; "));
+  }
   const PipelineStage& st = s.pm.stage;
   if (s.pm.pipeline) {
     std::vector<std::string> chunks;
@@ -118,10 +125,11 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   count_host_tensor_memory();
   // Dropout masks differ between data-parallel ranks, as they would between batches.
   torch::manual_seed(static_cast<uint64_t>(cfg.seed) + 1000003ull * static_cast<uint64_t>(s.dp_rank));
-  s.data = std::make_unique<TokenDataset>(cfg.data.path);
+  s.data = std::make_unique<TrainingData>(cfg.data);
   if (s.data->vocab_size() > cfg.model.vocab_size)
-    throw ConfigError("model.vocab_size", fmt::format("{} is smaller than the dataset's vocabulary of {} ids ({})",
-                                                      cfg.model.vocab_size, s.data->vocab_size(), cfg.data.path));
+    throw ConfigError("model.vocab_size",
+                      fmt::format("{} is smaller than the dataset's vocabulary of {} ids ({})", cfg.model.vocab_size,
+                                  s.data->vocab_size(), s.data->dataset(0).dir()));
   s.log->info("placing the model's {} parameters on {}", parameter_count(cfg.model), s.device.str());
   const auto placing = std::chrono::steady_clock::now();
   s.pm = parallelize(s.cfg, dist, s.batch, s.device);

@@ -18,7 +18,7 @@ class logger;
 namespace tide {
 
 class Checkpointer;
-class TokenDataset;
+class TrainingData;
 
 struct Trainer::State {
   RunConfig cfg;  // follows live changes
@@ -29,7 +29,7 @@ struct Trainer::State {
   int64_t dp_rank = 0;
   BatchLayout batch;  // dp ranks and the micro-batch, fixed for the job
   std::shared_ptr<spdlog::logger> log;
-  std::unique_ptr<TokenDataset> data;
+  std::unique_ptr<TrainingData> data;
   c10::Device device{c10::kCPU};
   ParallelModel pm;
   std::unique_ptr<Checkpointer> checkpointer;

@@ -14,7 +14,7 @@
 
 #include "final_weights.h"
 #include "tide/engine/config_schema.h"
-#include "tide/engine/data/token_dataset.h"
+#include "tide/engine/data/training_data.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/lr_schedule.h"
 #include "tide/engine/parallel/comm.h"
@@ -62,14 +62,21 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
   if (s.hooks.controlled)
     control_ = std::make_unique<LiveControl>(s.dist ? s.dist->control() : nullptr, s.hooks.take_commands,
                                              s.hooks.on_event, s.batch);
-  const TokenSplit& val = s.data->split("val");
-  can_eval_ = val.size() > cfg_.data.seq_len;
-  result_.unigram_baseline = can_eval_ ? unigram_entropy(val) : 0.0;
+  double evaluable_share = 0;
+  for (size_t i = 0; i < s.data->size(); ++i)
+    if (s.data->dataset(i).split("val").size() > cfg_.data.seq_len) {
+      evaluable_.emplace_back(i, s.data->share(i));
+      evaluable_share += s.data->share(i);
+    }
+  for (auto& [i, share] : evaluable_) {
+    share /= evaluable_share;
+    result_.unigram_baseline += share * unigram_entropy(s.data->dataset(i).split("val"));
+  }
   resume();
   // Data-parallel ranks read different samples; tensor-parallel ranks and pipeline
   // stages of one replica read the same.
   const int64_t micro = s.batch.micro_batch;
-  loader_ = std::make_unique<BatchLoader>(s.data->split("train"), static_cast<uint64_t>(cfg_.seed), micro,
+  loader_ = std::make_unique<BatchLoader>(s.data->train_samples(static_cast<uint64_t>(cfg_.seed)), micro,
                                           cfg_.data.seq_len, resumed_.loader_cursor, cfg_.data.prefetch,
                                           s.dp_rank * micro, s.batch.dp * micro, /*pin=*/s.device.is_cuda());
   open_metrics();
@@ -223,8 +230,18 @@ TrainingLoop::Next TrainingLoop::run_step(int64_t& step, const Changes& changes)
 bool TrainingLoop::step_end_has_work(int64_t step) const {
   const int64_t done = step + 1;
   const bool last = done == cfg_.schedule.steps;
-  return !judge_.judges_on_device() || last || (can_eval_ && evaluation_due(cfg_.eval, done, last)) ||
+  return !judge_.judges_on_device() || last || (!evaluable_.empty() && evaluation_due(cfg_.eval, done, last)) ||
          checkpoint_due(cfg_.checkpoint, done, last);
+}
+
+void TrainingLoop::validate(StepMetrics& m) {
+  double mean = 0;
+  for (const auto& [i, share] : evaluable_) {
+    const double loss = step_.validation_loss(s_.data->dataset(i).split("val"), cfg_.eval.batches);
+    mean += share * loss;
+    if (s_.data->size() > 1) m.val_losses.emplace_back(s_.data->name(i), loss);
+  }
+  result_.final_val_loss = m.val_loss = mean;
 }
 
 TrainingLoop::Next TrainingLoop::settle(int64_t& step, bool step_end) {
@@ -248,8 +265,7 @@ TrainingLoop::Next TrainingLoop::settle(int64_t& step, bool step_end) {
     if (anomaly.action == AnomalyAction::ScaleLr) s_.cfg.optimizer.lr_scale *= verdict.lr_factor;
   }
   measure(m, p, loss);
-  if (step_end && can_eval_ && evaluation_due(cfg_.eval, m.step, m.step == cfg_.schedule.steps))
-    result_.final_val_loss = m.val_loss = step_.validation_loss(s_.data->split("val"), cfg_.eval.batches);
+  if (step_end && !evaluable_.empty() && evaluation_due(cfg_.eval, m.step, m.step == cfg_.schedule.steps)) validate(m);
   report(m, static_cast<bool>(anomaly));
   if (anomaly) {
     int64_t at = p.step;

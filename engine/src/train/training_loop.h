@@ -74,6 +74,9 @@ class TrainingLoop {
   Next settle(int64_t& step, bool step_end);
   bool step_end_has_work(int64_t step) const;
   void measure(StepMetrics& m, const PendingStep& p, const StepLoss& loss);
+  // Each evaluable dataset's validation loss (into m.val_losses under a blend) and their
+  // mean weighted by the blend's shares, into m.val_loss.
+  void validate(StepMetrics& m);
   void report(const StepMetrics& m, bool anomaly);
   // After an anomalous step: the event, and a rollback (step becomes the checkpoint's) or a stop.
   Next respond(const AnomalyJudge::Verdict& v, const StepMetrics& m, int64_t& step);
@@ -96,7 +99,9 @@ class TrainingLoop {
   std::unique_ptr<JsonlWriter> metrics_;  // the leader's
   std::unique_ptr<TensorBoardLog> tensorboard_;  // the leader's, beside metrics_
   ProgressLine progress_;
-  bool can_eval_ = false;
+  // The datasets whose validation split holds a window, with their shares renormalised
+  // over these: validation and the unigram baseline are their weighted means.
+  std::vector<std::pair<size_t, double>> evaluable_;
   TrainResult result_;
   int64_t tokens_seen_ = 0;
   // The steps since the last progress line: its speed is theirs (one step's own time is

@@ -47,8 +47,16 @@ struct ModelConfig {
   int64_t recompute_blocks = 0;
 };
 
+// One dataset of a blend and its share of the training samples.
+struct DataSource {
+  std::string path;
+  double weight = 1.0;
+  std::string name;  // its validation loss's label; "": the directory's name (source_name)
+};
+
 struct DataConfig {
   std::string path;  // a dataset directory written by `tide data prepare`
+  std::vector<DataSource> blend;  // instead of path: several datasets, sampled by weight
   int64_t seq_len = 256;
   int64_t prefetch = 4;  // batches prepared ahead by the background loader
 };
@@ -188,6 +196,10 @@ struct RunConfig {
 int64_t resolved_ffn_dim(const ModelConfig& m);
 int64_t resolved_kv_heads(const ModelConfig& m);
 int64_t head_dim(const ModelConfig& m);
+
+// The datasets a run trains on: data.blend, or data.path alone with weight 1; each
+// name given or, when none is, its directory's ("data/kjv/" -> "kjv").
+std::vector<DataSource> data_sources(const DataConfig& d);
 
 // Exact parameter count without allocating weights.
 int64_t parameter_count(const ModelConfig& m);

@@ -24,7 +24,7 @@ class ConfigError : public std::runtime_error {
   std::string field_;
 };
 
-enum class FieldType { Int, Number, Bool, String, Choice, IntList, UrlList };
+enum class FieldType { Int, Number, Bool, String, Choice, IntList, UrlList, SourceList };
 
 // What changing a field does to a training run, declared with the field: the trainer
 // acts on the effect, never on the field's name (live_change.h checks a change).

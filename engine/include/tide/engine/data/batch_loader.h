@@ -1,6 +1,6 @@
-// Training batches: random windows of seq_len + 1 tokens, deterministic given the seed.
-// Sample i's window is a pure function of (seed, i), so the loader's whole state is
-// one cursor (sequences consumed): resuming at a cursor reproduces the data order.
+// Training batches: the windows of seq_len + 1 tokens a SampleSource names. Sample i's
+// dataset and window are a pure function of (seed, i), so the loader's whole state is one
+// cursor (sequences consumed): resuming at a cursor reproduces the data order.
 #pragma once
 
 #include <condition_variable>
@@ -11,6 +11,7 @@
 
 #include <torch/types.h>
 
+#include "tide/engine/data/sample_source.h"
 #include "tide/engine/data/token_dataset.h"
 
 namespace tide {
@@ -20,11 +21,8 @@ struct Batch {
   torch::Tensor targets;  // [B, T] int64, tokens shifted by one
 };
 
-// Start of sample `index`'s window in a split of n tokens.
-int64_t window_start(uint64_t seed, int64_t index, int64_t n_tokens, int64_t seq_len);
-
 // Builds the batch of samples [first, first + batch) directly (no thread).
-Batch make_batch(const TokenSplit& split, uint64_t seed, int64_t first, int64_t batch, int64_t seq_len);
+Batch make_batch(const SampleSource& samples, int64_t first, int64_t batch, int64_t seq_len);
 
 // Evenly spaced windows covering a split; the same every call (validation).
 Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_batches, int64_t batch,
@@ -38,7 +36,7 @@ class BatchLoader {
   // offset = rank * batch and stride = ranks * batch, the ranks together read exactly
   // what one process would. With `pin`, the batches are in page-locked memory (for a GPU:
   // their copy to the device is then queued, not waited for by the host; needs CUDA).
-  BatchLoader(const TokenSplit& split, uint64_t seed, int64_t batch, int64_t seq_len, int64_t cursor, int64_t prefetch,
+  BatchLoader(SampleSource samples, int64_t batch, int64_t seq_len, int64_t cursor, int64_t prefetch,
               int64_t offset = 0, int64_t stride = 0, bool pin = false);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
@@ -51,8 +49,7 @@ class BatchLoader {
   void run();
   Batch produce(int64_t first) const;
 
-  const TokenSplit& split_;
-  uint64_t seed_;
+  const SampleSource samples_;
   int64_t batch_, seq_len_, cursor_, produced_, prefetch_, offset_, stride_;
   bool pin_;
   std::deque<Batch> ready_;

@@ -39,7 +39,8 @@ struct StepMetrics {
   bool skipped = false;  // non-finite gradients or an anomaly policy: the update was not applied
   double loss_scale = 0;                // fp16: the loss scale the step's backward used; 0 otherwise
   std::string anomaly, anomaly_action;  // "loss_spike", ... and what it triggered
-  std::optional<double> val_loss;
+  std::optional<double> val_loss;       // under a blend: the datasets' mean, weighted as they are drawn
+  std::vector<std::pair<std::string, double>> val_losses;  // under a blend: each dataset's, by name
   // Live changes applied before this step: field and new value (JSON text).
   std::vector<std::pair<std::string, std::string>> changes;
 };
