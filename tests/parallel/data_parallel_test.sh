@@ -10,6 +10,8 @@
 #  - bf16 ZeRO-3 x2, LLaMA and BLOOM (gathered and held in bf16, saved in fp32), and
 #    fp16 ZeRO-2 x2 (with its loss scale) agree with one process in the same dtype to its
 #    resolution;
+#  - a data blend of two datasets under ZeRO-2 x2 reproduces one process's losses and
+#    each dataset's validation loss;
 #  - a worker killed with SIGKILL stops the job within 60 s, named by rank.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -60,6 +62,29 @@ PY
 train llama llama-fp16-1 --set precision.compute=fp16
 train llama llama-fp16-zero2 --nproc 2 --set parallel.zero=2 --set precision.compute=fp16
 compare_half "$work/llama-fp16-1" "$work/llama-fp16-zero2" 11 || fail "fp16 ZeRO-2 differs from one process"
+
+# A data blend: the ranks together draw the samples one process draws from each dataset,
+# and validate each dataset alike.
+cp /usr/share/common-licenses/GPL-2 /usr/share/common-licenses/LGPL-2.1 "$work/"
+$tide data prepare "$work/GPL-2" "$work/LGPL-2.1" --out "$work/ds2" --tokenizer bytes --val-fraction 0.1 2> /dev/null
+blend=(--set data.path= --set "data.blend=[{\"path\": \"$work/ds\", \"weight\": 3}, {\"path\": \"$work/ds2\"}]")
+train llama llama-blend-1 "${blend[@]}"
+train llama llama-blend-zero2 --nproc 2 --set parallel.zero=2 "${blend[@]}"
+compare "$work/llama-blend-1" "$work/llama-blend-zero2" 0 || fail "a blend under ZeRO-2 differs from one process"
+/usr/bin/python3 - "$work" <<'PY' || fail "a blend's validation losses differ between layouts"
+import json, sys
+rows = {run: [json.loads(l) for l in open(f"{sys.argv[1]}/{run}/metrics.jsonl")] for run in ("llama-blend-1", "llama-blend-zero2", "llama-1")}
+evaluated = [r for r in rows["llama-blend-1"] if "val_loss" in r]
+assert [r["step"] for r in evaluated] == [5, 10], evaluated
+for a, b in zip(evaluated, [r for r in rows["llama-blend-zero2"] if "val_loss" in r]):
+    assert sorted(a["val_losses"]) == ["ds", "ds2"], a
+    for name, loss in a["val_losses"].items():
+        assert abs(b["val_losses"][name] - loss) <= 1e-5 * loss, (a["step"], name, loss, b["val_losses"][name])
+    assert abs(a["val_loss"] - (0.75 * a["val_losses"]["ds"] + 0.25 * a["val_losses"]["ds2"])) <= 1e-12 * a["val_loss"]
+# The blend trains on other samples than the first dataset alone.
+assert [r["loss"] for r in rows["llama-blend-1"]] != [r["loss"] for r in rows["llama-1"]]
+print(f"  blend 3:1 of two datasets: ZeRO-2 x2 matches one process; validation at step 10: {evaluated[-1]['val_losses']}")
+PY
 
 # Optimizer offload (master pieces and moments in host memory) changes no bit.
 train llama llama-offload --nproc 2 --set parallel.zero=1 --set parallel.offload_optimizer=true
