@@ -118,8 +118,10 @@ def click(driver, css):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-3", "--out", os.path.join(WORK, "ds"),
-                    "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
+    for name, text in (("ds", "GPL-3"), ("ds2", "GPL-2")):
+        subprocess.run([TIDE, "data", "prepare", f"/usr/share/common-licenses/{text}", "--out",
+                        os.path.join(WORK, name), "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True,
+                       stderr=subprocess.DEVNULL)
     d = Tided(TIDED, WORKER, STATE, slots=3).start()
     driver = None
     try:
@@ -129,9 +131,10 @@ def main():
                                  text=True)
         assert printed.stdout.strip() == url and "dashboard.token" in printed.stderr, printed
         # Two runs: one on two ranks that trains until the test ends it, and a short one at
-        # another rate.
+        # another rate on a blend of two datasets, validated every 10 steps.
         long_run = submit("parallel.dp=2", workers=2)
-        short_run = submit("optimizer.lr=3e-3", "schedule.steps=40")
+        short_run = submit("optimizer.lr=3e-3", "schedule.steps=40", "eval.every=10", "data.path=",
+                           'data.blend=[{"path": "ds", "weight": 3}, {"path": "ds2"}]')
         wait("the short run to complete", lambda: api(url, f"api/runs/{short_run}")[1]["run"]["state"] == "completed",
              timeout=120)
 
@@ -229,6 +232,14 @@ def main():
         assert long_run in labels and short_run in labels, labels
         driver.save_screenshot(os.path.join(OUT, "compare-page.png"))
         print(f"compare page: {long_run} and {short_run} on one chart")
+
+        # The blend's run: each dataset's validation loss is a series of the loss chart.
+        driver.get(f"{url}#/run/{short_run}")
+        legend = wait("each dataset's validation loss", lambda: (lambda t: "validation ds2" in t and t)(
+            read(driver, "#chart-loss", lambda e: e.get_attribute("textContent"))))
+        assert "validation ds" in legend.replace("validation ds2", ""), legend
+        driver.save_screenshot(os.path.join(OUT, "blend-run-page.png"))
+        print(f"run page of the blend {short_run}: validation ds and ds2 on the loss chart")
 
         # The runs page lists both, with their states.
         driver.get(url)

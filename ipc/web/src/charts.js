@@ -91,6 +91,15 @@ export class StepChart {
     this.box.dataset.firstStep = x.length ? String(x[0]) : "";
   }
 
+  // Another list of series (a data blend's datasets, as rows name them): the chart is
+  // built again when their labels change.
+  setSeries(series) {
+    if (series.map((s) => s.label).join("\n") === this.series.map((s) => s.label).join("\n")) return;
+    this.series = series;
+    this.columns = series.map(() => []);
+    this.build();
+  }
+
   setLog(log) {
     if (log === this.log) return;
     this.log = log;

@@ -19,7 +19,15 @@ function single(id, title, label, color, value, smoothed = true) {
   };
 }
 
-// Each chart: its series and how a column is taken from the rows (smoothed or not).
+// Under a data blend, the datasets whose validation losses the rows carry (val_losses).
+function blendNames(rows) {
+  const names = new Set();
+  for (const r of rows) for (const name of Object.keys(r.val_losses || {})) names.add(name);
+  return [...names].sort();
+}
+
+// Each chart: its series and how a column is taken from the rows (smoothed or not);
+// `more`: series that follow from the rows, after the fixed ones.
 const CHARTS = [
   {
     id: "chart-loss",
@@ -30,6 +38,7 @@ const CHARTS = [
       { label: "validation loss", color: PALETTE[1] },
       { label: "anomaly", color: "#e03131", kind: "points" },
     ],
+    more: (rows) => blendNames(rows).map((name, i) => ({ label: `validation ${name}`, color: PALETTE[(i + 2) % PALETTE.length] })),
     columns: (rows, w) => {
       const loss = rows.map((r) => r.loss ?? null);
       return [
@@ -37,6 +46,7 @@ const CHARTS = [
         smooth(loss, w),
         rows.map((r) => r.val_loss ?? null),
         rows.map((r) => (r.anomaly ? r.loss ?? null : null)),
+        ...blendNames(rows).map((name) => rows.map((r) => r.val_losses?.[name] ?? null)),
       ];
     },
   },
@@ -344,7 +354,10 @@ export function mount(view, id) {
   const drawCharts = () => {
     const ordered = [...rows.values()].sort((a, b) => a.step - b.step);
     const x = ordered.map((r) => r.step);
-    for (const { spec, chart } of charts) chart.setData(x, spec.columns(ordered, settings.smoothing));
+    for (const { spec, chart } of charts) {
+      if (spec.more) chart.setSeries([...spec.series, ...spec.more(ordered)]);
+      chart.setData(x, spec.columns(ordered, settings.smoothing));
+    }
     if (rankChart) rankChart.draw(settings.log);
   };
   const drawSummary = () => run && append(clear(header), summary(run));
