@@ -13,6 +13,7 @@
 
 #include "plan_request.h"
 #include "tide/engine/config_schema.h"
+#include "tide/engine/data/training_data.h"
 #include "tide/engine/io/json_input.h"
 #include "tide/engine/live_change.h"
 #include "tide/engine/run_layout.h"
@@ -259,10 +260,12 @@ std::optional<json> Requests::begin_submit(const json& b, const ReplyTo& to) {
   s.workdir = b.contains("workdir") ? require_string(b, "workdir") : fs::current_path().string();
   if (!fs::path(s.workdir).is_absolute() || !fs::is_directory(s.workdir))
     throw ProtocolError(ErrorCode::bad_request, fmt::format("workdir '{}' is not an absolute directory", s.workdir));
-  // Relative paths in the recipe (data.path) resolve against the workdir, as the workers will.
-  // The weights a run starts from are checked on the evaluator's thread (file reads).
+  // Relative paths in the recipe (data.path, data.blend, checkpoint.init_from) resolve
+  // against the workdir, as the workers will. The weights a run starts from and its
+  // datasets' metadata are checked on the evaluator's thread (file reads).
   auto check = [workdir = s.workdir, remote = opt_.slurm.enabled](const Recipe& recipe) {
     check_init_from(recipe.config(), workdir, remote);
+    check_training_data(recipe.config().data, workdir, remote);
     return json();
   };
   evaluate(std::move(s), std::move(check));

@@ -265,7 +265,7 @@ def part_bad_input():
     slow.close()
     print(f"  stop answered in {took * 1000:.1f} ms while a recipe was being evaluated; "
           f"then the recipe: {reply['error']['message'][:60]}")
-    err = conn.request("submit", {"recipe": recipe("w", 5), "workers": 3}, ok=False)
+    err = conn.request("submit", {"recipe": recipe("w", 5), "workdir": WORK, "workers": 3}, ok=False)
     assert err["code"] == "unavailable", err
     # What a worker would refuse is refused at submit, naming the field: no run is made.
     # Weights to start from (a tide weights file: its metadata holds the model) of another
@@ -276,8 +276,15 @@ def part_bad_input():
     header = json.dumps({"__metadata__": metadata}).encode()
     with open(os.path.join(WORK, "wider.safetensors"), "wb") as f:
         f.write(len(header).to_bytes(8, "little") + header)
+    # Datasets: one that is not there; a blend of two tokenizers (ids that mean other tokens).
+    subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-2", "--out", os.path.join(WORK, "ds-bpe"),
+                    "--tokenizer", "bpe", "--vocab-size", "300"], check=True, stderr=subprocess.DEVNULL)
     before = len(conn.request("list")["runs"])
     for overrides, field in ((["parallel.pp=2", "parallel.zero=3"], "parallel.zero"),
+                             (["data.path=nowhere"], "data.path: '" + os.path.join(WORK, "nowhere") +
+                              "' is not a prepared dataset"),
+                             (["data.path=", 'data.blend=[{"path": "ds"}, {"path": "ds-bpe"}]'],
+                              "data.blend[2]: ds-bpe: its tokenizer"),
                              (["parallel.tp=2", "parallel.sequence_parallel=true", "data.seq_len=63"],
                               "parallel.sequence_parallel"),
                              (["checkpoint.init_from=wider.safetensors"], "model.dim = 64 in the recipe, 128 in"),
@@ -286,7 +293,7 @@ def part_bad_input():
                                       "overrides": overrides}, ok=False)
         assert err["code"] == "invalid_recipe" and field in err["message"], (overrides, err)
     assert len(conn.request("list")["runs"]) == before
-    print(f"  a layout or weights the workers would refuse, refused at submit: {err['message'][:100]}")
+    print(f"  a layout, weights or datasets the workers would refuse, refused at submit: {err['message'][:100]}")
     err = conn.request("set", {"run": run, "values": {"model.dim": 128}}, ok=False)
     assert err["code"] == "invalid_value" and "model.dim" in err["message"], err
     err = conn.request("set", {"run": run, "values": {"optimizer.lr": 100}}, ok=False)

@@ -442,7 +442,7 @@ TEST(Training, ABlendValidatesEachDatasetAndReportsTheirWeightedMean) {
   // Datasets of different tokenizers are not a blend: the same id would be another token.
   c.data.blend[1].path = testing::license_dataset("gnu_bpe", {"GPL-2", "LGPL-2.1"}, "bpe", 300);
   try {
-    Trainer(c, dir.string(), quiet_hooks());
+    const Trainer refused(c, dir.string(), quiet_hooks());
     ADD_FAILURE() << "a blend of two tokenizers was taken";
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "data.blend[2]");
@@ -452,7 +452,7 @@ TEST(Training, ABlendValidatesEachDatasetAndReportsTheirWeightedMean) {
   c.data.blend[1].path = gnu;
   c.data.blend[0].path = dir.string() + "/missing";
   try {
-    Trainer(c, dir.string(), quiet_hooks());
+    const Trainer refused(c, dir.string(), quiet_hooks());
     ADD_FAILURE() << "a missing dataset was taken";
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "data.blend[1]");

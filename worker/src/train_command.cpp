@@ -1,5 +1,6 @@
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include "controlled_worker.h"
 #include "launcher.h"
 #include "local_policies.h"
+#include "tide/engine/data/training_data.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/launch_env.h"
 #include "tide/engine/plan/cluster.h"
@@ -40,6 +42,9 @@ void launch_training(const Options& opt, const RunConfig& cfg, const std::string
   // A resumed run reads its checkpoint, not them.
   if (opt.resume.empty() && !cfg.checkpoint.init_from.empty())
     check_initial_weights(cfg.checkpoint.init_from, cfg.model);
+  // So are datasets that cannot be read or blended (their token files each rank reads).
+  // Another node's ranks may see paths this one does not.
+  check_training_data(cfg.data, std::filesystem::current_path().string(), opt.nnodes > 1);
   ipc::WorkerSpec spec;
   spec.nproc = opt.nproc;
   spec.nnodes = opt.nnodes;

@@ -117,54 +117,100 @@ void TokenSplit::copy(int64_t start, int64_t n, int64_t* out) const {
   }
 }
 
-TokenDataset::TokenDataset(const std::string& dir) : dir_(dir) {
-  const std::string meta_path = dir + "/dataset.json";
-  if (!std::ifstream(meta_path))
-    throw std::runtime_error("'" + dir + "' is not a prepared dataset (no dataset.json); run `tide data prepare`");
-  meta_ = read_json_file(meta_path);
-  try {
-    check(meta_path);
-  } catch (const nlohmann::json::exception& e) {
-    // A field of the wrong type: the library's words after the file's name.
-    throw std::runtime_error(meta_path + ": " + json_error_text(e));
-  }
-}
+namespace {
+// dataset.json's fields that say how to read the token files, checked; the recorded
+// splits are checked against the files by the caller.
+struct MetaFields {
+  int dtype_bytes = 2;
+  int64_t vocab_size = 0;
+  const nlohmann::json* splits = nullptr;  // into the metadata; null when not recorded
+};
 
-void TokenDataset::check(const std::string& meta_path) {
-  if (!meta_.is_object()) throw std::runtime_error(meta_path + ": not a JSON object");
-  const auto tokenizer = meta_.value("tokenizer", std::string("tokenizer.json"));
+MetaFields check_meta(const nlohmann::json& meta, const std::string& meta_path) {
+  if (!meta.is_object()) throw std::runtime_error(meta_path + ": not a JSON object");
+  const auto tokenizer = meta.value("tokenizer", std::string("tokenizer.json"));
   if (!is_plain_file_name(tokenizer))
     throw std::runtime_error(meta_path + ": tokenizer " + nlohmann::json(tokenizer).dump() +
                              " is not a file name inside the dataset directory");
-  if (meta_.value("format", "") != "tide-tokens")
-    throw std::runtime_error(meta_path + ": format is not 'tide-tokens'");
-  if (meta_.value("version", 0) != kDatasetFormatVersion)
-    throw std::runtime_error(meta_path + ": version " + meta_.value("version", nlohmann::json(0)).dump() +
+  if (meta.value("format", "") != "tide-tokens") throw std::runtime_error(meta_path + ": format is not 'tide-tokens'");
+  if (meta.value("version", 0) != kDatasetFormatVersion)
+    throw std::runtime_error(meta_path + ": version " + meta.value("version", nlohmann::json(0)).dump() +
                              " is not supported");
-  const std::string dtype = meta_.value("dtype", "");
-  if (dtype != "uint16" && dtype != "uint32") throw std::runtime_error(meta_path + ": dtype '" + dtype + "' is unknown");
-  const int bytes = dtype == "uint16" ? 2 : 4;
-  const auto& vocab = meta_.contains("vocab_size") ? meta_["vocab_size"] : nlohmann::json();
+  const std::string dtype = meta.value("dtype", "");
+  if (dtype != "uint16" && dtype != "uint32")
+    throw std::runtime_error(meta_path + ": dtype '" + dtype + "' is unknown");
+  MetaFields f;
+  f.dtype_bytes = dtype == "uint16" ? 2 : 4;
+  const auto& vocab = meta.contains("vocab_size") ? meta["vocab_size"] : nlohmann::json();
   if (!vocab.is_number_integer() || vocab.get<int64_t>() < 1 || vocab.get<int64_t>() > (int64_t{1} << 32))
     throw std::runtime_error(meta_path + ": vocab_size " + vocab.dump() + " is not an integer in [1, 2^32]");
-  vocab_size_ = vocab.get<int64_t>();
-  const auto& recorded = meta_.contains("splits") ? meta_["splits"] : nlohmann::json();
-  if (!recorded.is_null() && !recorded.is_object()) throw std::runtime_error(meta_path + ": splits is not an object");
-  for (const char* name : {"train", "val"}) {
-    TokenSplit split(dir_ + "/" + name + ".bin", dir_ + "/" + name + ".idx", bytes);
-    std::string xxh3;
-    if (recorded.contains(name)) {
-      const auto& r = recorded[name];
+  f.vocab_size = vocab.get<int64_t>();
+  if (meta.contains("splits")) {
+    const auto& recorded = meta["splits"];
+    if (!recorded.is_null() && !recorded.is_object()) throw std::runtime_error(meta_path + ": splits is not an object");
+    if (recorded.is_object()) f.splits = &recorded;
+  }
+  if (f.splits)
+    for (const char* name : {"train", "val"}) {
+      if (!f.splits->contains(name)) continue;
+      const auto& r = (*f.splits)[name];
       const std::string field = meta_path + ": splits." + name;
       if (!r.is_object()) throw std::runtime_error(field + " is not an object");
-      if (r.contains("xxh3")) {
-        if (!r["xxh3"].is_string() || r["xxh3"].get<std::string>().size() != 16)
-          throw std::runtime_error(field + ".xxh3 " + r["xxh3"].dump() + " is not 16 hex digits");
-        xxh3 = r["xxh3"].get<std::string>();
-      }
+      if (r.contains("xxh3") && (!r["xxh3"].is_string() || r["xxh3"].get<std::string>().size() != 16))
+        throw std::runtime_error(field + ".xxh3 " + r["xxh3"].dump() + " is not 16 hex digits");
+      if (r.contains("tokens") && !r["tokens"].is_number_unsigned())
+        throw std::runtime_error(field + ".tokens " + r["tokens"].dump() + " is not a count");
+    }
+  return f;
+}
+
+nlohmann::json read_meta(const std::string& dir) {
+  const std::string meta_path = dir + "/dataset.json";
+  if (!std::ifstream(meta_path))
+    throw std::runtime_error("'" + dir + "' is not a prepared dataset (no dataset.json); run `tide data prepare`");
+  return read_json_file(meta_path);
+}
+
+// Runs `check` with a field of the wrong type reported as the library words it, after the
+// file's name.
+template <class F>
+auto naming_the_file(const std::string& meta_path, F check) {
+  try {
+    return check();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(meta_path + ": " + json_error_text(e));
+  }
+}
+}  // namespace
+
+nlohmann::json TokenDataset::read_checked_meta(const std::string& dir) {
+  nlohmann::json meta = read_meta(dir);
+  const std::string meta_path = dir + "/dataset.json";
+  naming_the_file(meta_path, [&] { return check_meta(meta, meta_path); });
+  return meta;
+}
+
+TokenDataset::TokenDataset(const std::string& dir) : dir_(dir) {
+  meta_ = read_meta(dir);
+  const std::string meta_path = dir + "/dataset.json";
+  naming_the_file(meta_path, [&] {
+    check(meta_path);
+    return 0;
+  });
+}
+
+void TokenDataset::check(const std::string& meta_path) {
+  const MetaFields f = check_meta(meta_, meta_path);
+  vocab_size_ = f.vocab_size;
+  for (const char* name : {"train", "val"}) {
+    TokenSplit split(dir_ + "/" + name + ".bin", dir_ + "/" + name + ".idx", f.dtype_bytes);
+    std::string xxh3;
+    if (f.splits && f.splits->contains(name)) {
+      const auto& r = (*f.splits)[name];
+      if (r.contains("xxh3")) xxh3 = r["xxh3"].get<std::string>();
       if (r.contains("tokens") && r["tokens"] != split.size())
-        throw std::runtime_error(field + ".tokens " + r["tokens"].dump() + " differs from the " +
-                                 std::to_string(split.size()) + " tokens in " + name + ".bin");
+        throw std::runtime_error(meta_path + ": splits." + name + ".tokens " + r["tokens"].dump() +
+                                 " differs from the " + std::to_string(split.size()) + " tokens in " + name + ".bin");
     }
     split.verify(vocab_size_, xxh3);
     splits_.emplace_back(name, std::move(split));

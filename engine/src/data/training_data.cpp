@@ -1,20 +1,47 @@
 #include "tide/engine/data/training_data.h"
 
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "tide/engine/config_schema.h"
 
 namespace tide {
 namespace {
-// A tokenizer file's bytes; "" when there is none.
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
+// The tokenizer a dataset was written with: its file (its bytes; "" when there is none)
+// and its vocabulary.
+struct DatasetTokenizer {
+  std::string path, bytes;
+  int64_t vocab_size = 0;
+
+  DatasetTokenizer(std::string file, int64_t vocab) : path(std::move(file)), vocab_size(vocab) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream out;
+    out << in.rdbuf();
+    bytes = out.str();
+  }
+};
+
+std::string field_of(const DataConfig& cfg, size_t i) {
+  return cfg.blend.empty() ? "data.path" : fmt::format("data.blend[{}]", i + 1);
+}
+
+void require_same_tokenizer(const std::string& field, const std::string& dir, const DatasetTokenizer& t,
+                            const DatasetTokenizer& first) {
+  if (t.bytes == first.bytes && t.vocab_size == first.vocab_size) return;
+  throw ConfigError(field, fmt::format("{}: its tokenizer ({}, {} ids) is not data.blend[1]'s ({}, {} ids): the same "
+                                       "id would be another token; prepare every dataset of a blend with one "
+                                       "tokenizer (tide data prepare --tokenizer FILE)",
+                                       dir, t.path, t.vocab_size, first.path, first.vocab_size));
+}
+
+std::string window_refusal(const std::string& dir, int64_t tokens, int64_t seq_len) {
+  return fmt::format("{}: its train split of {} tokens is shorter than one window of {} tokens (data.seq_len + 1)", dir,
+                     tokens, seq_len + 1);
 }
 }  // namespace
 
@@ -22,9 +49,9 @@ TrainingData::TrainingData(const DataConfig& cfg) {
   const auto sources = data_sources(cfg);
   double total = 0;
   for (const auto& s : sources) total += s.weight;
-  std::string first_tokenizer;
+  std::optional<DatasetTokenizer> first;
   for (size_t i = 0; i < sources.size(); ++i) {
-    const std::string field = cfg.blend.empty() ? "data.path" : fmt::format("data.blend[{}]", i + 1);
+    const std::string field = field_of(cfg, i);
     const DataSource& s = sources[i];
     if (s.path.empty()) throw ConfigError(field, "no dataset: name the directory `tide data prepare` wrote");
     Source source{s.name, s.weight / total, nullptr};
@@ -33,22 +60,47 @@ TrainingData::TrainingData(const DataConfig& cfg) {
     } catch (const std::exception& e) {
       throw ConfigError(field, e.what());
     }
-    try {
-      require_window(source.data->split("train"), cfg.seq_len);
-    } catch (const std::exception& e) {
-      throw ConfigError(field, fmt::format("{}: its train split: {}", s.path, e.what()));
-    }
-    const std::string tokenizer = file_bytes(source.data->tokenizer_path());
-    if (i == 0) {
-      first_tokenizer = tokenizer;
-    } else if (tokenizer != first_tokenizer || source.data->vocab_size() != sources_[0].data->vocab_size()) {
-      throw ConfigError(field, fmt::format("{}: its tokenizer ({}, {} ids) is not data.blend[1]'s ({}, {} ids): the "
-                                           "same id would be another token; prepare every dataset of a blend with "
-                                           "one tokenizer (tide data prepare --tokenizer FILE)",
-                                           s.path, source.data->tokenizer_path(), source.data->vocab_size(),
-                                           sources_[0].data->tokenizer_path(), sources_[0].data->vocab_size()));
-    }
+    const int64_t train_tokens = source.data->split("train").size();
+    if (train_tokens < cfg.seq_len + 1) throw ConfigError(field, window_refusal(s.path, train_tokens, cfg.seq_len));
+    const DatasetTokenizer tokenizer(source.data->tokenizer_path(), source.data->vocab_size());
+    if (first)
+      require_same_tokenizer(field, s.path, tokenizer, *first);
+    else
+      first = tokenizer;
     sources_.push_back(std::move(source));
+  }
+}
+
+void check_training_data(const DataConfig& cfg, const std::string& workdir, bool leave_unseen) {
+  const auto sources = data_sources(cfg);
+  std::optional<DatasetTokenizer> first;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const std::string field = field_of(cfg, i);
+    if (sources[i].path.empty()) throw ConfigError(field, "no dataset: name the directory `tide data prepare` wrote");
+    std::filesystem::path dir(sources[i].path);
+    if (dir.is_relative()) dir = std::filesystem::path(workdir) / dir;
+    std::error_code ec;
+    if (leave_unseen && !std::filesystem::exists(dir, ec)) continue;
+    nlohmann::json meta;
+    try {
+      meta = TokenDataset::read_checked_meta(dir.string());
+    } catch (const std::exception& e) {
+      throw ConfigError(field, e.what());
+    }
+    // Recorded counts were checked to be unsigned; a split's file is read by the workers.
+    const auto splits = meta.find("splits");
+    if (splits != meta.end() && splits->is_object() && splits->contains("train") &&
+        (*splits)["train"].contains("tokens")) {
+      const auto tokens = (*splits)["train"]["tokens"].get<uint64_t>();
+      if (tokens < static_cast<uint64_t>(cfg.seq_len) + 1)
+        throw ConfigError(field, window_refusal(sources[i].path, static_cast<int64_t>(tokens), cfg.seq_len));
+    }
+    const DatasetTokenizer tokenizer((dir / meta.value("tokenizer", "tokenizer.json")).string(),
+                                     meta["vocab_size"].get<int64_t>());
+    if (first)
+      require_same_tokenizer(field, sources[i].path, tokenizer, *first);
+    else
+      first = tokenizer;
   }
 }
 

@@ -49,6 +49,9 @@ class TokenDataset {
   // a bad id or a changed file fails here, not at the batch that holds it. Errors name the
   // file and the problem.
   explicit TokenDataset(const std::string& dir);
+  // dataset.json of `dir` with the constructor's checks of it, without reading the token
+  // files (a daemon checks a recipe's data this way at submit).
+  static nlohmann::json read_checked_meta(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
   const nlohmann::json& meta() const { return meta_; }

@@ -46,4 +46,12 @@ class TrainingData {
   std::vector<Source> sources_;
 };
 
+// What can be checked of a recipe's data without reading its token files (a daemon, at
+// submit): each dataset's dataset.json (TokenDataset::read_checked_meta), one tokenizer
+// for all, train splits (as recorded) that hold a window. Relative paths against
+// `workdir`; with `leave_unseen`, a directory that is not there is left to the workers
+// (Slurm's nodes may mount what the caller does not). Throws ConfigError as TrainingData
+// does.
+void check_training_data(const DataConfig& cfg, const std::string& workdir, bool leave_unseen);
+
 }  // namespace tide
