@@ -1,28 +1,35 @@
 #include "tide/engine/data/training_data.h"
 
+#include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/io/safetensors.h"
 
 namespace tide {
 namespace {
-// The tokenizer a dataset was written with: its file (its bytes; "" when there is none)
-// and its vocabulary.
+// The tokenizer a dataset was written with: its file, known by size and XXH3 (a file
+// handed to a daemon is hashed a chunk at a time, never held; -1: no file), and its
+// vocabulary.
 struct DatasetTokenizer {
-  std::string path, bytes;
+  std::string path;
+  int64_t bytes = -1;
+  uint64_t hash = 0;
   int64_t vocab_size = 0;
 
   DatasetTokenizer(std::string file, int64_t vocab) : path(std::move(file)), vocab_size(vocab) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream out;
-    out << in.rdbuf();
-    bytes = out.str();
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (ec) return;
+    bytes = static_cast<int64_t>(size);
+    hash = xxh3_of_file(path);
+  }
+  bool same_as(const DatasetTokenizer& o) const {
+    return bytes == o.bytes && hash == o.hash && vocab_size == o.vocab_size;
   }
 };
 
@@ -32,7 +39,7 @@ std::string field_of(const DataConfig& cfg, size_t i) {
 
 void require_same_tokenizer(const std::string& field, const std::string& dir, const DatasetTokenizer& t,
                             const DatasetTokenizer& first) {
-  if (t.bytes == first.bytes && t.vocab_size == first.vocab_size) return;
+  if (t.same_as(first)) return;
   throw ConfigError(field, fmt::format("{}: its tokenizer ({}, {} ids) is not data.blend[1]'s ({}, {} ids): the same "
                                        "id would be another token; prepare every dataset of a blend with one "
                                        "tokenizer (tide data prepare --tokenizer FILE)",
