@@ -43,7 +43,6 @@ struct RowGauge {
 constexpr double kMiB = 1024.0 * 1024.0;
 const RowGauge kRowGauges[] = {
     {"loss", "tide_run_loss", "Training loss of the run's latest step"},
-    {"val_loss", "tide_run_validation_loss", "Validation loss at the run's latest evaluation"},
     {"lr", "tide_run_learning_rate", "Learning rate of the latest step"},
     {"grad_norm", "tide_run_grad_norm", "Gradient norm of the latest step (before clipping)"},
     {"tokens_per_second", "tide_run_tokens_per_second", "Training throughput of the latest step"},
@@ -94,6 +93,9 @@ std::string prometheus_text(const json& info, const json& runs) {
   auto failed = family("tide_run_checkpoint_failures_total", "Checkpoint saves that failed under this daemon",
                        MetricType::Counter);
   auto save_seconds = family("tide_run_checkpoint_seconds", "Seconds the latest committed save took, start to commit");
+  auto validation = family("tide_run_validation_loss", "Validation loss at the run's latest evaluation");
+  auto by_dataset = family("tide_run_dataset_validation_loss",
+                           "Under a data blend, each dataset's validation loss at the run's latest evaluation");
   std::map<std::string, double> by_state;
   for (const auto& r : runs) {
     const std::string id = r.value("id", ""), s = r.value("state", "");
@@ -106,6 +108,13 @@ std::string prometheus_text(const json& info, const json& runs) {
     const json by_rank = r.value("ranks", json::object());
     for (const auto& [rank, figures] : by_rank.items())
       add_row(ranks, kRankGauges, figures, {{"run", id}, {"rank", rank}});
+    const json evaluated = r.value("validation", json());
+    if (evaluated.is_object() && evaluated.value("val_loss", json()).is_number()) {
+      add(validation, {{"run", id}}, number(evaluated, "val_loss"));
+      const json by_name = evaluated.value("val_losses", json::object());
+      for (const auto& [name, loss] : by_name.items())
+        if (loss.is_number()) add(by_dataset, {{"run", id}, {"dataset", name}}, loss.get<double>());
+    }
     const json stats = r.value("checkpoint_stats", json());
     if (stats.is_object()) {
       add(saved, {{"run", id}}, number(stats, "saved"));
@@ -121,7 +130,7 @@ std::string prometheus_text(const json& info, const json& runs) {
   for (auto* group : {&rows, &ranks})
     for (auto& f : *group)
       if (!f.metric.empty()) out.push_back(std::move(f));
-  for (auto* f : {&saved, &failed, &save_seconds})
+  for (auto* f : {&validation, &by_dataset, &saved, &failed, &save_seconds})
     if (!f->metric.empty()) out.push_back(std::move(*f));
 
   auto runs_by_state = family("tide_runs", "Runs the daemon holds, by state");

@@ -222,6 +222,7 @@ json Requests::status_of(const RunRecord& r) {
   if (const json* m = runs_.latest_metrics(r.id)) j["metrics"] = *m;
   j["ranks"] = runs_.ranks_of(r.id);
   j["checkpoint_stats"] = runs_.checkpoint_stats_of(r.id);
+  j["validation"] = runs_.validation_of(r.id);
   supervisor_.describe(r.id, j);
   j["run_dir"] = fs::absolute(runs_.registry().run_dir(r.id)).string();
   return j;

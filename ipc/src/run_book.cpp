@@ -106,6 +106,10 @@ void RunBook::record_live_change(RunRecord& r, const json& values) {
 void RunBook::record_metrics(RunRecord& r, const json& metrics) {
   if (r.state == RunState::starting) set_state(r, RunState::running);
   r.last_step = metrics.value("step", r.last_step);
+  if (metrics.contains("val_loss")) {
+    json& v = validation_[r.id] = {{"step", r.last_step}, {"val_loss", metrics["val_loss"]}};
+    if (metrics.contains("val_losses")) v["val_losses"] = metrics["val_losses"];
+  }
   bus_.publish(r.id, "metrics", metrics_[r.id] = metrics);
 }
 
@@ -176,6 +180,11 @@ json RunBook::ranks_of(const std::string& run) const {
 json RunBook::checkpoint_stats_of(const std::string& run) const {
   const auto it = checkpoint_stats_.find(run);
   return it == checkpoint_stats_.end() ? json(nullptr) : it->second;
+}
+
+json RunBook::validation_of(const std::string& run) const {
+  const auto it = validation_.find(run);
+  return it == validation_.end() ? json(nullptr) : it->second;
 }
 
 const json* RunBook::latest_metrics(const std::string& run) const {

@@ -50,6 +50,9 @@ class RunBook {
   // ({"saved", "failed", "last_seconds", "last_step"}), as status shows them.
   nlohmann::json ranks_of(const std::string& run) const;
   nlohmann::json checkpoint_stats_of(const std::string& run) const;
+  // The run's latest evaluation ({"step", "val_loss"}, and "val_losses" under a data
+  // blend), kept past the steps that do not evaluate; null before the first.
+  nlohmann::json validation_of(const std::string& run) const;
 
   // A line of the controller's about a run, where the run's own lines are: appended to
   // its train.log and published as a log event (the controller's log has it too).
@@ -66,6 +69,7 @@ class RunBook {
   EventBus& bus_;
   std::map<std::string, RunConfig> configs_;  // unfinished runs
   std::map<std::string, nlohmann::json> metrics_;
+  std::map<std::string, nlohmann::json> validation_;
   // One step's figures of every rank: a row once all have come.
   struct RankRows {
     int64_t attempt = -1;  // of the figures pending: a new attempt's do not mix with them

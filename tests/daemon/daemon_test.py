@@ -1010,7 +1010,12 @@ def part_http():
     conn = Conn(d.tcp("commands"))
     assert conn.request("info")["endpoints"]["http"] == url
 
-    run = submit(conn, recipe("web", 100000), overrides=["parallel.dp=2"], workers=2)
+    # A blend of two datasets, evaluated every other step.
+    subprocess.run([TIDE, "data", "prepare", "/usr/share/common-licenses/GPL-2", "--out", os.path.join(WORK, "ds2"),
+                    "--tokenizer", "bytes", "--val-fraction", "0.1"], check=True, stderr=subprocess.DEVNULL)
+    overrides = ["parallel.dp=2", "eval.every=2", "eval.batches=1", "data.path=",
+                 'data.blend=[{"path": "ds", "weight": 3}, {"path": "ds2"}]']
+    run = submit(conn, recipe("web", 100000), workers=2, overrides=overrides)
     wait_status(conn, run, lambda r: r["state"] == "running" and r["last_step"] >= 5, what="step 5")
     samples = scrape(url)
     step = samples[("tide_run_step", (("run", run),))]
@@ -1023,6 +1028,14 @@ def part_http():
     # The same double, printed with 16 significant digits by prometheus-cpp: within 1e-15.
     assert abs(rows[int(step)]["loss"] - loss) <= 1e-15 * abs(loss), (rows[int(step)]["loss"], loss)
     assert samples[("tide_run_tokens_per_second", (("run", run),))] > 0
+    # The latest evaluation at the scrape (step 2k <= the scraped step), kept between
+    # evaluations: its mean and each dataset's.
+    evaluated = rows[int(step) // 2 * 2]
+    assert abs(samples[("tide_run_validation_loss", (("run", run),))] - evaluated["val_loss"]) <= \
+        1e-15 * evaluated["val_loss"], (samples, evaluated)
+    for name in ("ds", "ds2"):
+        scraped = samples[("tide_run_dataset_validation_loss", (("dataset", name), ("run", run)))]
+        assert abs(scraped - evaluated["val_losses"][name]) <= 1e-15 * scraped, (name, scraped, evaluated)
     print(f"/metrics: {len(samples)} samples; {run} at step {int(step)}, loss {loss} as in metrics.jsonl")
 
     status, body = http("GET", f"{url}api/runs/{run}")
@@ -1036,7 +1049,7 @@ def part_http():
     assert layout == {"dp": 2, "tp": 1, "pp": 1, "zero": 0, "offload": False, "device": "cpu", "micro_batch": 2,
                       "global_batch": 8, "seq_len": 64}, layout
     status, body = http("GET", f"{url}api/runs/{run}/recipe")
-    assert status == 200 and body["recipe"] == recipe("web", 100000) and body["overrides"] == ["parallel.dp=2"], body
+    assert status == 200 and body["recipe"] == recipe("web", 100000) and body["overrides"] == overrides, body
     status, body = http("GET", f"{url}api/runs/{run}/logs?lines=1")
     assert status == 200 and len(body["lines"]) == 1 and body["source"] == "train", body
     assert http("GET", f"{url}api/runs/{run}/logs?lines=x")[0] == 400
