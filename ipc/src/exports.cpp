@@ -219,14 +219,18 @@ void Exports::watch() {
       ++finished;
       continue;
     }
-    if (unix_now() - job.progress_read >= kProgressEvery && read_progress(job))
-      bus_.publish(job.run, job.kind, job.to_json());
     for (const auto& exit : job.child->reap()) {
       job.state = exit.ok() ? "done" : "failed";
       if (!exit.ok())
         job.error = fmt::format("tide-worker {} {}: {}", job.kind, exit.describe(), last_error_line(job.log));
     }
-    if (!job.child->all_ended()) continue;
+    if (!job.child->all_ended()) {
+      // A child that ended is reported once, below, with where it ended: no progress
+      // event right before its end's.
+      if (unix_now() - job.progress_read >= kProgressEvery && read_progress(job))
+        bus_.publish(job.run, job.kind, job.to_json());
+      continue;
+    }
     job.child.reset();
     job.finished = unix_now();
     read_progress(job);  // where it ended: all of it, or where it failed

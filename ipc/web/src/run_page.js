@@ -365,14 +365,20 @@ export function mount(view, id) {
     drawCharts();
     drawSummary();
   }, 250);
+  // Events can come in bursts (a job's progress, then its end): only the answer to the
+  // newest request is drawn, whatever order the answers arrive in.
+  let checkpointsAsked = 0;
   const loadCheckpoints = async () => {
+    const asked = ++checkpointsAsked;
     try {
+      const listed = await api.checkpoints(id);
+      if (asked !== checkpointsAsked) return;
       append(
         clear(checkpointBox),
-        checkpointTable(await api.checkpoints(id), (step) => sendControl(id, result, "verify", { step }, `verify step ${step}`)),
+        checkpointTable(listed, (step) => sendControl(id, result, "verify", { step }, `verify step ${step}`)),
       );
     } catch (e) {
-      checkpointBox.textContent = e.message;
+      if (asked === checkpointsAsked) checkpointBox.textContent = e.message;
     }
   };
   const reloadRun = throttle(async () => {
