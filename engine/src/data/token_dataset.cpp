@@ -217,7 +217,11 @@ void TokenDataset::check(const std::string& meta_path) {
   }
 }
 
-std::string TokenDataset::tokenizer_path() const { return dir_ + "/" + meta_.value("tokenizer", "tokenizer.json"); }
+std::string TokenDataset::tokenizer_path_of(const std::string& dir, const nlohmann::json& meta) {
+  return dir + "/" + meta.value("tokenizer", "tokenizer.json");
+}
+
+std::string TokenDataset::tokenizer_path() const { return tokenizer_path_of(dir_, meta_); }
 
 const TokenSplit& TokenDataset::split(const std::string& name) const {
   for (const auto& [n, s] : splits_)

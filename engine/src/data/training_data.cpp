@@ -37,18 +37,24 @@ std::string field_of(const DataConfig& cfg, size_t i) {
   return cfg.blend.empty() ? "data.path" : fmt::format("data.blend[{}]", i + 1);
 }
 
-void require_same_tokenizer(const std::string& field, const std::string& dir, const DatasetTokenizer& t,
-                            const DatasetTokenizer& first) {
-  if (t.same_as(first)) return;
+// What both the full open and the metadata check refuse of source `field` (directory
+// `dir`): a train split (as counted, or as recorded) that holds no window, a tokenizer
+// other than the first source's. `first` is set by the first source.
+void check_source(const std::string& field, const std::string& dir, std::optional<uint64_t> train_tokens,
+                  int64_t seq_len, const DatasetTokenizer& tokenizer, std::optional<DatasetTokenizer>& first) {
+  if (train_tokens && *train_tokens < static_cast<uint64_t>(seq_len) + 1)
+    throw ConfigError(field, fmt::format("{}: its train split of {} tokens is shorter than one window of {} tokens "
+                                         "(data.seq_len + 1)",
+                                         dir, *train_tokens, seq_len + 1));
+  if (!first) {
+    first = tokenizer;
+    return;
+  }
+  if (tokenizer.same_as(*first)) return;
   throw ConfigError(field, fmt::format("{}: its tokenizer ({}, {} ids) is not data.blend[1]'s ({}, {} ids): the same "
                                        "id would be another token; prepare every dataset of a blend with one "
                                        "tokenizer (tide data prepare --tokenizer FILE)",
-                                       dir, t.path, t.vocab_size, first.path, first.vocab_size));
-}
-
-std::string window_refusal(const std::string& dir, int64_t tokens, int64_t seq_len) {
-  return fmt::format("{}: its train split of {} tokens is shorter than one window of {} tokens (data.seq_len + 1)", dir,
-                     tokens, seq_len + 1);
+                                       dir, tokenizer.path, tokenizer.vocab_size, first->path, first->vocab_size));
 }
 }  // namespace
 
@@ -67,13 +73,8 @@ TrainingData::TrainingData(const DataConfig& cfg) {
     } catch (const std::exception& e) {
       throw ConfigError(field, e.what());
     }
-    const int64_t train_tokens = source.data->split("train").size();
-    if (train_tokens < cfg.seq_len + 1) throw ConfigError(field, window_refusal(s.path, train_tokens, cfg.seq_len));
-    const DatasetTokenizer tokenizer(source.data->tokenizer_path(), source.data->vocab_size());
-    if (first)
-      require_same_tokenizer(field, s.path, tokenizer, *first);
-    else
-      first = tokenizer;
+    check_source(field, s.path, static_cast<uint64_t>(source.data->split("train").size()), cfg.seq_len,
+                 DatasetTokenizer(source.data->tokenizer_path(), source.data->vocab_size()), first);
     sources_.push_back(std::move(source));
   }
 }
@@ -95,19 +96,15 @@ void check_training_data(const DataConfig& cfg, const std::string& workdir, bool
       throw ConfigError(field, e.what());
     }
     // Recorded counts were checked to be unsigned; a split's file is read by the workers.
+    std::optional<uint64_t> train_tokens;
     const auto splits = meta.find("splits");
     if (splits != meta.end() && splits->is_object() && splits->contains("train") &&
-        (*splits)["train"].contains("tokens")) {
-      const auto tokens = (*splits)["train"]["tokens"].get<uint64_t>();
-      if (tokens < static_cast<uint64_t>(cfg.seq_len) + 1)
-        throw ConfigError(field, window_refusal(sources[i].path, static_cast<int64_t>(tokens), cfg.seq_len));
-    }
-    const DatasetTokenizer tokenizer((dir / meta.value("tokenizer", "tokenizer.json")).string(),
-                                     meta["vocab_size"].get<int64_t>());
-    if (first)
-      require_same_tokenizer(field, sources[i].path, tokenizer, *first);
-    else
-      first = tokenizer;
+        (*splits)["train"].contains("tokens"))
+      train_tokens = (*splits)["train"]["tokens"].get<uint64_t>();
+    check_source(
+        field, sources[i].path, train_tokens, cfg.seq_len,
+        DatasetTokenizer(TokenDataset::tokenizer_path_of(dir.string(), meta), meta["vocab_size"].get<int64_t>()),
+        first);
   }
 }
 

@@ -52,6 +52,8 @@ class TokenDataset {
   // dataset.json of `dir` with the constructor's checks of it, without reading the token
   // files (a daemon checks a recipe's data this way at submit).
   static nlohmann::json read_checked_meta(const std::string& dir);
+  // The tokenizer file a dataset's metadata names, in `dir`.
+  static std::string tokenizer_path_of(const std::string& dir, const nlohmann::json& meta);
 
   const std::string& dir() const { return dir_; }
   const nlohmann::json& meta() const { return meta_; }
