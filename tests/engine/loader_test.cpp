@@ -1,4 +1,5 @@
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -20,6 +21,39 @@ TEST(BatchLoader, TargetsAreTokensShiftedByOne) {
   // Each row is a real window of the split.
   const int64_t start = window_start(5, 0, split.size(), 32);
   for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(b.tokens[0][i].item<int64_t>(), split.at(start + i));
+}
+
+// A document ends with its end-of-text token, so a token's document within its row is
+// the count of end-of-text tokens before it there: read from the token ids, independent
+// of the .idx offsets the loader reads.
+void expect_documents_follow_end_of_text(const Batch& b, int64_t eos, const std::string& what) {
+  ASSERT_TRUE(b.documents.defined()) << what;
+  ASSERT_EQ(b.documents.sizes(), b.tokens.sizes()) << what;
+  ASSERT_EQ(b.documents.scalar_type(), torch::kInt32) << what;
+  int64_t boundaries = 0;
+  for (int64_t r = 0; r < b.tokens.size(0); ++r) {
+    int32_t ended = 0;
+    for (int64_t p = 0; p < b.tokens.size(1); ++p) {
+      ASSERT_EQ(b.documents[r][p].item<int32_t>(), ended) << what << ", row " << r << ", position " << p;
+      if (b.tokens[r][p].item<int64_t>() == eos) ++ended;
+    }
+    boundaries += ended;
+  }
+  EXPECT_GT(boundaries, 0) << what << ": no row crosses a document's end, nothing was tested";
+}
+
+TEST(BatchLoader, EachTokensDocumentIsCountedFromItsRowsFirst) {
+  const TokenDataset ds(testing::small_dataset());
+  const auto eos = ds.meta().at("eos_id").get<int64_t>();
+  const auto& train = ds.split("train");
+  expect_documents_follow_end_of_text(make_batch(SampleSource(train, 3), 0, 16, 200, /*with_documents=*/true), eos,
+                                      "training batch");
+  BatchLoader loader(SampleSource(train, 3), 16, 200, 0, 2, 0, 0, /*pin=*/false, /*with_documents=*/true);
+  const Batch first = loader.next();
+  EXPECT_TRUE(torch::equal(first.documents, make_batch(SampleSource(train, 3), 0, 16, 200, true).documents));
+  expect_documents_follow_end_of_text(make_eval_batch(ds.split("val"), 0, 1, 8, 200, true), eos, "validation batch");
+  // Not asked for, not made.
+  EXPECT_FALSE(make_batch(SampleSource(train, 3), 0, 2, 16).documents.defined());
 }
 
 TEST(BatchLoader, DeterministicAndResumableAtAnyCursor) {

@@ -1,5 +1,7 @@
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -163,6 +165,86 @@ TEST_P(BothFamilies, ABlockAddsEachLayerOntoItsInputAsTheUnfusedSumDoes) {
 
 INSTANTIATE_TEST_SUITE_P(Model, BothFamilies, ::testing::Values(tiny_llama(), tiny_bloom()),
                          [](const auto& info) { return info.param.family == Family::LLaMA ? "llama" : "bloom"; });
+
+// Documents packed into rows, attended within each document only (data.document_attention).
+class PackedDocuments : public ::testing::TestWithParam<ModelConfig> {};
+
+TEST_P(PackedDocuments, EachDocumentIsComputedAsIfItStoodAlone) {
+  torch::manual_seed(0);
+  Transformer m(GetParam());
+  m->reset_parameters(5);
+  m->eval();
+  // Two rows of 24 tokens: documents of 7, 10 and 7 tokens, then of 12 and 12.
+  const std::vector<std::vector<int64_t>> lengths = {{7, 10, 7}, {12, 12}};
+  const int64_t t = 24;
+  const auto tokens = torch::randint(0, GetParam().vocab_size, {2, t}, torch::kInt64);
+  const auto targets = torch::randint(0, GetParam().vocab_size, {2, t}, torch::kInt64);
+  auto documents = torch::empty({2, t}, torch::kInt32);
+  for (size_t r = 0; r < lengths.size(); ++r)
+    for (int64_t d = 0, at = 0; d < static_cast<int64_t>(lengths[r].size()); at += lengths[r][d++])
+      documents[static_cast<int64_t>(r)].narrow(0, at, lengths[r][d]).fill_(d);
+
+  // Each document alone in a row of its own: positions from 0, nothing before it. RoPE
+  // and ALiBi see only position differences, learned positions restart: in real
+  // arithmetic the packed and the lone forward are equal. In fp32 they round apart: each
+  // product is a dot product of at most 96 terms (n u = 96 * 2^-24 = 5.7e-6 relative at
+  // worst), a few of them in sequence through two blocks whose final norm makes the
+  // outputs O(1); 1e-4 bounds that. A token that sees another document moves by far more
+  // (the control below: over 1e-3).
+  const auto packed = m->hidden(tokens, documents);
+  const auto unmasked = m->hidden(tokens);
+  double moved = 0;
+  for (size_t r = 0; r < lengths.size(); ++r) {
+    const auto row = static_cast<int64_t>(r);
+    for (int64_t d = 0, at = 0; d < static_cast<int64_t>(lengths[r].size()); at += lengths[r][d++]) {
+      const int64_t n = lengths[r][d];
+      const auto alone = m->hidden(tokens[row].narrow(0, at, n).unsqueeze(0))[0];
+      const auto here = packed[row].narrow(0, at, n);
+      EXPECT_LE((here - alone).abs().max().item<double>(), 1e-4) << "row " << r << ", document " << d;
+      if (d > 0) moved = std::max(moved, (unmasked[row].narrow(0, at, n) - alone).abs().max().item<double>());
+    }
+  }
+  EXPECT_GT(moved, 1e-3) << "without the mask, later documents should see the earlier ones";
+
+  // Training: the packed loss is the token-weighted mean of the lone documents' losses,
+  // and so are its gradients.
+  m->train();
+  m->zero_grad();
+  const auto packed_loss = m->loss(tokens, targets, documents);
+  packed_loss.backward();
+  std::vector<torch::Tensor> packed_grads;
+  for (const auto& p : m->parameters()) packed_grads.push_back(p.grad().clone());
+  m->zero_grad();
+  auto alone_loss = torch::zeros({}, torch::kFloat32);
+  for (size_t r = 0; r < lengths.size(); ++r)
+    for (int64_t d = 0, at = 0; d < static_cast<int64_t>(lengths[r].size()); at += lengths[r][d++]) {
+      const auto row = static_cast<int64_t>(r);
+      const int64_t n = lengths[r][d];
+      const auto part = m->loss(tokens[row].narrow(0, at, n).unsqueeze(0), targets[row].narrow(0, at, n).unsqueeze(0));
+      alone_loss = alone_loss + part * (static_cast<double>(n) / static_cast<double>(2 * t));
+    }
+  alone_loss.backward();
+  EXPECT_NEAR(packed_loss.item<double>(), alone_loss.item<double>(), 1e-4 * alone_loss.item<double>());
+  const auto params = m->named_parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& alone = params[i].value().grad();
+    const double scale = alone.abs().max().item<double>();
+    EXPECT_LE((packed_grads[i] - alone).abs().max().item<double>(), 1e-4 * scale) << params[i].key();
+  }
+}
+
+ModelConfig tiny_llama_with_learned_positions() {
+  auto m = tiny_llama();
+  m.positions = PositionKind::Learned;
+  return m;
+}
+
+INSTANTIATE_TEST_SUITE_P(Model, PackedDocuments,
+                         ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_learned_positions()),
+                         [](const auto& info) {
+                           if (info.param.positions == PositionKind::Learned) return std::string("learned_positions");
+                           return std::string(info.param.family == Family::LLaMA ? "llama" : "bloom");
+                         });
 
 TEST(Model, HuggingFaceParameterNames) {
   Transformer l(tiny_llama());

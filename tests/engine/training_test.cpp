@@ -410,6 +410,25 @@ TEST(Training, Bf16AutocastTrains) {
   fs::remove_all(dir);
 }
 
+TEST(Training, DocumentsAttendedApartTrainAndValidateSo) {
+  const fs::path dir = fs::temp_directory_path() / ("tide_run_documents_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RunConfig c = tiny_run("documents");
+  c.data.document_attention = true;
+  c.eval.batches = 8;  // 32 windows over the validation split's paragraphs: some hold two
+  const TrainResult r = Trainer(c, dir.string(), quiet_hooks()).run();
+  ASSERT_TRUE(r.final_val_loss.has_value());
+  // Validation masks as training does: the final weights' loss with each window's
+  // documents apart, not the loss with attention across them.
+  LoadedModel m = load_model(dir.string());
+  const TokenDataset data(c.data.path);
+  const auto& val = data.split("val");
+  const double apart = evaluate_loss(m.model, val, c.data.seq_len, c.batch.micro_batch, c.eval.batches, true);
+  EXPECT_DOUBLE_EQ(*r.final_val_loss, apart);
+  EXPECT_NE(apart, evaluate_loss(m.model, val, c.data.seq_len, c.batch.micro_batch, c.eval.batches));
+  fs::remove_all(dir);
+}
+
 TEST(Training, ABlendValidatesEachDatasetAndReportsTheirWeightedMean) {
   const fs::path dir = fs::temp_directory_path() / ("tide_run_blend_" + std::to_string(::getpid()));
   fs::remove_all(dir);

@@ -94,6 +94,18 @@ print(f"  {other.rsplit('/', 1)[1]}: losses {'equal' if exact else 'within 1e-5'
 PY
 }
 
+# Two runs that must train differently: some step's loss differs by more than the 1e-5
+# relative that `compare` allows two layouts of one run (their summation orders apart).
+losses_differ() {  # losses_differ RUN_A RUN_B
+  "${TIDE_PYTHON:-python3}" - "$1" "$2" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:3])
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+assert worst > 1e-5, f"{sys.argv[2]} trains as {sys.argv[1]} does (losses within {worst:.1e})"
+print(f"  {sys.argv[2].rsplit('/', 1)[1]}: losses differ from {sys.argv[1].rsplit('/', 1)[1]}'s by up to {worst:.1e} relative")
+PY
+}
+
 refused() {  # refused RECIPE EXPECTED_TEXT [tide train options...]: rejected before any work, saying why
   local recipe=$1 expected=$2
   shift 2

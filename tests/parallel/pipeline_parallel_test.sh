@@ -11,6 +11,8 @@
 #  - dp2 x pp2 (and ZeRO-1 on it, equal to it exactly), tp2 x pp2 with sequence
 #    parallelism, ZeRO-2 dp2 x pp2 (both shapes: BLOOM's tied embeddings reduced after
 #    their sum over the stages), and dp2 x tp2 x pp2 on 8 ranks;
+#  - documents attended apart (data.document_attention) through interleaved pp2: every
+#    chunk masks with the batch's documents, validation too;
 #  - pp2 in bf16 sends bf16 between stages (half the bytes) and agrees with one process,
 #    and so does pp2 in fp16 with its loss scale;
 #  - the combinations that cannot work are refused up front, naming the field.
@@ -63,6 +65,12 @@ compare "$work/bloom4-1" "$work/bloom4-dp2-pp2-v2" 0 || fail "interleaved dp2 x 
 train llama llama4-tp2-pp2-v2-sp --nproc 4 --set model.n_layers=4 --set parallel.pp=2 \
   --set parallel.virtual_stages=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 compare "$work/llama4-1" "$work/llama4-tp2-pp2-v2-sp" 0 || fail "interleaved tp2 x pp2 differs from one process"
+# Documents apart: every stage reads the batch, so each chunk masks its attention by the
+# same documents; learned positions restart on the first.
+train llama llama4-doc-1 --set model.n_layers=4 --set data.document_attention=true --set model.positions=learned
+train llama llama4-doc-pp2-v2 --nproc 2 --set model.n_layers=4 --set data.document_attention=true \
+  --set model.positions=learned --set parallel.pp=2 --set parallel.virtual_stages=2
+compare "$work/llama4-doc-1" "$work/llama4-doc-pp2-v2" 0 || fail "interleaved pp2 with documents apart differs"
 
 # bf16 compute: activations and their gradients cross between stages in bf16, the dtype
 # they have on both sides, so the bytes halve, and the losses agree with one process's.

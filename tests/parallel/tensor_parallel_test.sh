@@ -11,6 +11,9 @@
 #    bf16 process to bf16's resolution;
 #  - bf16 tp2 with sequence parallelism (BLOOM: biases) agrees with one bf16 process to
 #    bf16's resolution;
+#  - documents attended apart (data.document_attention) under tp2 with sequence
+#    parallelism: BLOOM (ALiBi with -inf across documents) and LLaMA with learned
+#    positions (restarting at each document, each rank adding its part of the sequence's);
 #  - layouts the model cannot be cut into are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -49,6 +52,20 @@ train bloom bloom-bf16-1 --set precision.compute=bf16
 train bloom bloom-bf16-tp2-sp --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
   --set precision.compute=bf16
 compare_half "$work/bloom-bf16-1" "$work/bloom-bf16-tp2-sp" 8 || fail "bf16 tp2 with sequence parallelism differs"
+
+# Each rank masks the whole sequence for its heads; the losses differ from attention that
+# spans the windows (some windows hold the end of one document and the start of another).
+echo "document attention:"
+train bloom bloom-doc-1 --set data.document_attention=true
+train bloom bloom-doc-tp2-sp --nproc 2 --set data.document_attention=true --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true
+compare "$work/bloom-doc-1" "$work/bloom-doc-tp2-sp" 0 || fail "tp2 with sequence parallelism and documents apart differs"
+losses_differ "$work/bloom-1" "$work/bloom-doc-1" || fail "data.document_attention changed nothing"
+train llama llama-doc-learned-1 --set data.document_attention=true --set model.positions=learned
+train llama llama-doc-learned-tp2-sp --nproc 2 --set data.document_attention=true --set model.positions=learned \
+  --set parallel.tp=2 --set parallel.sequence_parallel=true
+compare "$work/llama-doc-learned-1" "$work/llama-doc-learned-tp2-sp" 0 ||
+  fail "tp2 with sequence parallelism and learned positions restarting at each document differs"
 
 # Layouts the model cannot be cut into: refused before any worker starts.
 refused llama "model.n_heads = 3" --nproc 2 --set parallel.tp=2 --set model.n_heads=3 --set model.n_kv_heads=1 --set model.dim=48

@@ -322,6 +322,11 @@ void add_batch_and_optimizer_fields(std::vector<FieldSpec>& s) {
                           REF(data.blend)));
   s.push_back(integer("data.seq_len", 1, 1e7, kFixed, "Tokens per training sequence.", REF(data.seq_len)));
   s.push_back(integer("data.prefetch", 0, 1024, kFixed, "Batches the loader prepares ahead.", REF(data.prefetch)));
+  s.push_back(boolean("data.document_attention", kFixed,
+                      "A token attends only to earlier tokens of its own document, not to the documents packed "
+                      "before it in the sequence (Megatron-LM's reset_attention_mask, Llama 3's document "
+                      "mask); learned positions restart at each document. Validation is masked likewise.",
+                      REF(data.document_attention)));
   s.push_back(integer("batch.micro_batch", 1, 1e6, kFixed, "Sequences per forward/backward.", REF(batch.micro_batch)));
   s.push_back(integer("batch.global_batch", 1, 1e9, LiveEffect::EachStep,
                       "Sequences per optimizer step; a multiple of micro_batch (gradient accumulation).",

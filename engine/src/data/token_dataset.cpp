@@ -117,6 +117,23 @@ void TokenSplit::copy(int64_t start, int64_t n, int64_t* out) const {
   }
 }
 
+void TokenSplit::copy_documents(int64_t start, int64_t n, int32_t* out) const {
+  if (start < 0 || n < 0 || start + n > n_tokens_) throw std::out_of_range("token window outside the split");
+  // `end`: the offset where the current token's document ends, the first one past the
+  // token (the last offset is the token count, so the walk stays inside the index).
+  // Empty documents (equal offsets) are stepped over without a number of their own.
+  auto end = std::upper_bound(doc_offsets_.begin(), doc_offsets_.end(), static_cast<uint64_t>(start));
+  int32_t document = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto token = static_cast<uint64_t>(start + i);
+    if (*end <= token) {
+      while (*end <= token) ++end;
+      ++document;
+    }
+    out[i] = document;
+  }
+}
+
 namespace {
 // dataset.json's fields that say how to read the token files, checked; the recorded
 // splits are checked against the files by the caller.

@@ -194,9 +194,9 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
   // on CUDA, the blocked flash kernel on the host (the math fallback where neither takes
   // the inputs). Grouped-query attention reads each key/value head for its H / K query
   // heads without repeating it; causal-only attention passes no mask, so a backend that
-  // skips the masked blocks can.
+  // skips the masked blocks can. `bias` is additive (ALiBi) or a boolean mask (documents).
   std::optional<at::Tensor> mask;
-  if (bias.defined()) mask = bias.to(q.scalar_type());  // no copy when the dtypes agree
+  if (bias.defined()) mask = bias.scalar_type() == at::kBool ? bias : bias.to(q.scalar_type());  // no copy: same dtype
   const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;
   const auto ctx = at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/!bias.defined(),
                                                     /*scale=*/std::nullopt, /*enable_gqa=*/k_heads != h)

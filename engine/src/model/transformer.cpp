@@ -34,6 +34,24 @@ std::vector<double> alibi_slopes(int64_t n_heads) {
 }
 
 namespace {
+// [B, 1, T, T]: true where query i may attend key j, j <= i in i's document (documents
+// [B, T], numbers that never decrease along a row). Every row keeps its diagonal, so no
+// softmax row is empty.
+torch::Tensor document_mask(const torch::Tensor& documents) {
+  const int64_t t = documents.size(1);
+  const auto same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, T, T]: doc_i == doc_j
+  return same.logical_and_(torch::ones({t, t}, documents.options().dtype(torch::kBool)).tril()).unsqueeze(1);
+}
+
+// [B, T] int64: each token's distance from its document's first token in the row.
+torch::Tensor positions_in_documents(const torch::Tensor& documents) {
+  const auto index = torch::arange(documents.size(1), documents.options().dtype(torch::kInt64)).expand_as(documents);
+  auto starts = documents.ne(documents.roll(1, 1));
+  starts.select(1, 0).fill_(true);
+  const auto first = std::get<0>(torch::where(starts, index, torch::zeros_like(index)).cummax(1));
+  return index - first;
+}
+
 std::shared_ptr<torch::nn::Module> holder_of(const std::string& name, torch::Tensor value, torch::Tensor& out,
                                              torch::nn::Module& parent) {
   auto m = std::make_shared<torch::nn::Module>();
@@ -241,7 +259,7 @@ torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOpti
   return bias_cache_ = bias.to(opts.dtype());
 }
 
-torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {
+torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens, const torch::Tensor& documents) {
   const int64_t t = tokens.size(1);
   TORCH_CHECK(t <= cfg_.max_seq_len, "sequence of ", t, " tokens exceeds model.max_seq_len = ", cfg_.max_seq_len);
   if (units_) units_->before_forward(0);
@@ -263,7 +281,10 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {
   }
   if (pos_embeddings.defined()) {
     const auto table = tp_.sequence_parallel ? tp_.group->copy_to(pos_embeddings) : pos_embeddings;
-    x = x + table.narrow(0, first_position, x.size(1));
+    if (documents.defined())
+      x = x + torch::embedding(table, positions_in_documents(documents).narrow(1, first_position, x.size(1)));
+    else
+      x = x + table.narrow(0, first_position, x.size(1));
   }
   if (embedding_norm) x = embedding_norm(x);
   if (cfg_.dropout > 0 && is_training()) x = torch::dropout(x, cfg_.dropout, true);
@@ -271,13 +292,21 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens) {
   return x;
 }
 
-torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk) {
+torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const torch::Tensor& documents) {
   // Under bf16 compute the residual stream is bf16 (norm statistics stay fp32), as it is
   // in Megatron-Core and torchtitan: half the activation memory and traffic.
   x = in_compute_dtype(x);
   // Attention sees the whole sequence, also when the residual stream is split.
   const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
-  const auto bias = attention_bias(t, x.options());
+  auto bias = attention_bias(t, x.options());
+  if (documents.defined()) {
+    TORCH_CHECK(documents.dim() == 2 && documents.size(0) == x.size(0) && documents.size(1) == t, "documents of shape ",
+                documents.sizes(), " for a batch of ", x.size(0), " sequences of ", t, " tokens");
+    // RoPE and ALiBi see only position differences, the same within a document wherever
+    // it sits in the row: the mask alone makes each document attend as if it came first.
+    const auto allowed = document_mask(documents);
+    bias = bias.defined() ? bias.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity()) : allowed;
+  }
   torch::Tensor cos, sin;
   if (rope_inv_freq_.defined()) {
     if (!rope_cos_.defined() || rope_cos_.size(0) < t) {
@@ -319,15 +348,16 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk) {
   return x;
 }
 
-torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens) {
+torch::Tensor TransformerImpl::hidden(const torch::Tensor& tokens, const torch::Tensor& documents) {
   TORCH_CHECK(stage_.first && stage_.last && stage_.chunks.size() == 1,
               "hidden() needs the whole model, not one pipeline stage");
-  return normed_output(run_blocks(embed(tokens), 0));
+  return normed_output(run_blocks(embed(tokens, documents), 0, documents));
 }
 
-torch::Tensor TransformerImpl::stage_forward(const torch::Tensor& input, const torch::Tensor& targets, size_t chunk) {
+torch::Tensor TransformerImpl::stage_forward(const torch::Tensor& input, const torch::Tensor& targets, size_t chunk,
+                                             const torch::Tensor& documents) {
   const bool embeds = stage_.first && chunk == 0, heads = stage_.last && chunk + 1 == stage_.chunks.size();
-  auto x = run_blocks(embeds ? embed(input) : input, chunk);
+  auto x = run_blocks(embeds ? embed(input, documents) : input, chunk, documents);
   return heads ? head_loss(normed_output(x), targets) : x;
 }
 
@@ -344,8 +374,9 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
   return logits;
 }
 
-torch::Tensor TransformerImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
-  return head_loss(hidden(tokens), targets);
+torch::Tensor TransformerImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets,
+                                    const torch::Tensor& documents) {
+  return head_loss(hidden(tokens, documents), targets);
 }
 
 torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Tensor& targets) {

@@ -59,7 +59,8 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
         pp_.recv(in, previous, forward_tag(virtual_stage - 1, m, n), fmt::format("activations of micro-batch {}", m));
         in.requires_grad_(true);
       }
-      auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets, op.chunk); });
+      auto out =
+          with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets, op.chunk, b.documents); });
       if (last) {
         out = on_loss(m, out);
         loss_sum.add(out);
@@ -111,7 +112,7 @@ double Pipeline::forward_loss(const Batch& b) {
       in = torch::empty(activation_, wire_);
       pp_.recv(in, (stage + stages - 1) % stages, tag(virtual_stage - 1), "evaluation activations");
     }
-    auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets, chunk); });
+    auto out = with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets, chunk, b.documents); });
     if (virtual_stage == last_virtual)
       loss = out.item<double>();
     else

@@ -150,7 +150,8 @@ struct StepGraphs::Impl {
     if (batches.size() != inputs.size()) return false;
     for (size_t i = 0; i < batches.size(); ++i)
       if (!batches[i].tokens.sizes().equals(inputs[i].tokens.sizes()) ||
-          !batches[i].targets.sizes().equals(inputs[i].targets.sizes()))
+          !batches[i].targets.sizes().equals(inputs[i].targets.sizes()) ||
+          batches[i].documents.defined() != inputs[i].documents.defined())
         return false;
     return true;
   }
@@ -209,6 +210,7 @@ StepValues StepGraphs::forward_backward(const std::vector<Batch>& batches, const
       for (size_t i = 0; i < batches.size(); ++i) {
         m.inputs[i].tokens.copy_(batches[i].tokens, /*non_blocking=*/true);
         m.inputs[i].targets.copy_(batches[i].targets, /*non_blocking=*/true);
+        if (batches[i].documents.defined()) m.inputs[i].documents.copy_(batches[i].documents, /*non_blocking=*/true);
       }
       m.fb_graph->replay();
       return m.fb_out;
@@ -216,7 +218,9 @@ StepValues StepGraphs::forward_backward(const std::vector<Batch>& batches, const
     case Impl::Phase::capture_update: break;
   }
   m.drop();
-  for (const Batch& b : batches) m.inputs.push_back({b.tokens.clone(), b.targets.clone()});
+  for (const Batch& b : batches)
+    m.inputs.push_back(
+        {b.tokens.clone(), b.targets.clone(), b.documents.defined() ? b.documents.clone() : at::Tensor()});
   try {
     m.fb_out = m.capture(m.fb_graph, [&] { return fn(m.inputs); });
   } catch (const std::exception& e) {

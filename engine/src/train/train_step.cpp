@@ -100,7 +100,8 @@ at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches, const at::T
   LossSum loss_sum;
   for (size_t micro = 0; micro < batches.size(); ++micro) {
     const Batch& b = batches[micro];
-    auto loss = with_compute_dtype(cfg_.precision.compute, [&] { return pm_.model->loss(b.tokens, b.targets); });
+    auto loss =
+        with_compute_dtype(cfg_.precision.compute, [&] { return pm_.model->loss(b.tokens, b.targets, b.documents); });
     loss = on_loss(static_cast<int64_t>(micro), loss);
     before_backward(static_cast<int64_t>(micro), 0);
     const auto mean_part = loss / static_cast<double>(batches.size());
@@ -119,15 +120,17 @@ at::Tensor TrainStep::across_stages(const at::Tensor& x) {
 
 double TrainStep::validation_loss(const TokenSplit& split, int64_t batches) {
   const int64_t seq_len = cfg_.data.seq_len, micro = batch_.micro_batch;
+  const bool documents = cfg_.data.document_attention;
   double total = 0;
   if (pm_.pipeline) {
     pm_.model->eval();
     const double stage_total = sum_eval_losses([&](const Batch& b) { return pm_.pipeline->forward_loss(b); }, split,
-                                               seq_len, micro, batches, dp_rank_, batch_.dp);
+                                               seq_len, micro, batches, dp_rank_, batch_.dp, documents);
     total = across_stages(torch::tensor(stage_total, torch::kFloat64)).item<double>();
     pm_.model->train();
   } else {
-    total = evaluate_loss_sum(pm_.model, split, seq_len, micro, batches, dp_rank_, batch_.dp, cfg_.precision.compute);
+    total = evaluate_loss_sum(pm_.model, split, seq_len, micro, batches, dp_rank_, batch_.dp, cfg_.precision.compute,
+                              documents);
   }
   if (pm_.data_parallel) total = pm_.data_parallel->sum(total);
   return total / static_cast<double>(batches);

@@ -76,9 +76,10 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
   // Data-parallel ranks read different samples; tensor-parallel ranks and pipeline
   // stages of one replica read the same.
   const int64_t micro = s.batch.micro_batch;
-  loader_ = std::make_unique<BatchLoader>(s.data->train_samples(static_cast<uint64_t>(cfg_.seed)), micro,
-                                          cfg_.data.seq_len, resumed_.loader_cursor, cfg_.data.prefetch,
-                                          s.dp_rank * micro, s.batch.dp * micro, /*pin=*/s.device.is_cuda());
+  loader_ =
+      std::make_unique<BatchLoader>(s.data->train_samples(static_cast<uint64_t>(cfg_.seed)), micro, cfg_.data.seq_len,
+                                    resumed_.loader_cursor, cfg_.data.prefetch, s.dp_rank * micro, s.batch.dp * micro,
+                                    /*pin=*/s.device.is_cuda(), cfg_.data.document_attention);
   open_metrics();
   tokens_seen_ = resumed_.step * tokens_per_step();
   shown_tokens_seen_ = tokens_seen_;
@@ -142,6 +143,7 @@ std::vector<Batch> TrainingLoop::next_batches(int64_t n) {
     if (s_.device.is_cuda()) {
       b.tokens = b.tokens.to(s_.device, /*non_blocking=*/true);
       b.targets = b.targets.to(s_.device, /*non_blocking=*/true);
+      if (b.documents.defined()) b.documents = b.documents.to(s_.device, /*non_blocking=*/true);
     }
     out.push_back(std::move(b));
   }

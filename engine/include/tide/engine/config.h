@@ -59,6 +59,7 @@ struct DataConfig {
   std::vector<DataSource> blend;  // instead of path: several datasets, sampled by weight
   int64_t seq_len = 256;
   int64_t prefetch = 4;  // batches prepared ahead by the background loader
+  bool document_attention = false;  // attention within each packed document only (Batch::documents)
 };
 
 struct BatchConfig {

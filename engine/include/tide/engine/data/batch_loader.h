@@ -19,14 +19,19 @@ namespace tide {
 struct Batch {
   torch::Tensor tokens;   // [B, T] int64
   torch::Tensor targets;  // [B, T] int64, tokens shifted by one
+  // [B, T] int32, made only when asked (data.document_attention): each input token's
+  // document, counted within its row from 0 (TokenSplit::copy_documents). Undefined:
+  // attention spans the whole row.
+  torch::Tensor documents;
 };
 
 // Builds the batch of samples [first, first + batch) directly (no thread).
-Batch make_batch(const SampleSource& samples, int64_t first, int64_t batch, int64_t seq_len);
+Batch make_batch(const SampleSource& samples, int64_t first, int64_t batch, int64_t seq_len,
+                 bool with_documents = false);
 
 // Evenly spaced windows covering a split; the same every call (validation).
-Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_batches, int64_t batch,
-                      int64_t seq_len);
+Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_batches, int64_t batch, int64_t seq_len,
+                      bool with_documents = false);
 
 class BatchLoader {
  public:
@@ -36,8 +41,9 @@ class BatchLoader {
   // offset = rank * batch and stride = ranks * batch, the ranks together read exactly
   // what one process would. With `pin`, the batches are in page-locked memory (for a GPU:
   // their copy to the device is then queued, not waited for by the host; needs CUDA).
+  // With `with_documents`, each batch has Batch::documents.
   BatchLoader(SampleSource samples, int64_t batch, int64_t seq_len, int64_t cursor, int64_t prefetch,
-              int64_t offset = 0, int64_t stride = 0, bool pin = false);
+              int64_t offset = 0, int64_t stride = 0, bool pin = false, bool with_documents = false);
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -51,7 +57,7 @@ class BatchLoader {
 
   const SampleSource samples_;
   int64_t batch_, seq_len_, cursor_, produced_, prefetch_, offset_, stride_;
-  bool pin_;
+  bool pin_, with_documents_;
   std::deque<Batch> ready_;
   std::mutex mu_;
   std::condition_variable cv_;

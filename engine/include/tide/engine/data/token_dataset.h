@@ -35,6 +35,9 @@ class TokenSplit {
   uint32_t at(int64_t i) const;
   // Copies n tokens starting at `start` as int64 (the dtype LibTorch wants for ids).
   void copy(int64_t start, int64_t n, int64_t* out) const;
+  // For each of the n tokens from `start`, its document counted from the one that holds
+  // `start`: 0 0 0 1 1 2 ... (a document ends with its end-of-text token).
+  void copy_documents(int64_t start, int64_t n, int32_t* out) const;
 
  private:
   MappedFile bin_;

@@ -81,9 +81,10 @@ struct LayerInput {
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp);
-  // x [B, T, D] (with sequence parallelism [B, T / tp, D]); bias undefined (causal) or
-  // [1, H / tp, T, T] causal mask + ALiBi of this rank's heads; cos/sin [T, Hd] when
-  // RoPE is used, else undefined. Returns the same shape as x.
+  // x [B, T, D] (with sequence parallelism [B, T / tp, D]); bias undefined (causal),
+  // [1 or B, H / tp, T, T] ALiBi of this rank's heads with -inf where a query may not
+  // look, or a boolean [B, 1, T, T] (true: may attend; a document mask without ALiBi);
+  // cos/sin [T, Hd] when RoPE is used, else undefined. Returns the same shape as x.
   torch::Tensor forward(const LayerInput& x, const torch::Tensor& bias, const torch::Tensor& cos,
                         const torch::Tensor& sin);
 
@@ -157,15 +158,21 @@ class TransformerImpl : public torch::nn::Module {
 
   // tokens [B, T] int64 → logits [B, T, V]. Not under tensor parallelism.
   torch::Tensor forward(const torch::Tensor& tokens);
+  // `documents` below: [B, T], each token's document within its row, numbers that never
+  // decrease along it (Batch::documents). Given, a token attends only to the earlier
+  // tokens of its document and learned positions count from the document's first token;
+  // undefined, attention spans the row.
+
   // Mean next-token cross-entropy; targets [B, T] int64.
-  torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+  torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets, const torch::Tensor& documents = {});
   // Final hidden state after the last norm, [B, T, D] ([B, T / tp, D] with sequence
   // parallelism). The whole model only.
-  torch::Tensor hidden(const torch::Tensor& tokens);
+  torch::Tensor hidden(const torch::Tensor& tokens, const torch::Tensor& documents = {});
   // One chunk of this pipeline stage (pipeline_stage.h): tokens (the model's first chunk)
   // or the previous virtual stage's activations in, the mean loss (its last chunk;
-  // targets [B, T]) or activations out.
-  torch::Tensor stage_forward(const torch::Tensor& input, const torch::Tensor& targets, size_t chunk = 0);
+  // targets [B, T]) or activations out. Every stage is given the batch's documents.
+  torch::Tensor stage_forward(const torch::Tensor& input, const torch::Tensor& targets, size_t chunk = 0,
+                              const torch::Tensor& documents = {});
   const PipelineStage& pipeline_stage() const { return stage_; }
 
   // Normal(0, init_std) weights, zero biases, unit norms. A weight's element is a pure
@@ -208,8 +215,9 @@ class TransformerImpl : public torch::nn::Module {
   torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options);
 
  private:
-  torch::Tensor embed(const torch::Tensor& tokens);
-  torch::Tensor run_blocks(torch::Tensor x, size_t chunk);  // the blocks of one of the stage's chunks
+  torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& documents);
+  // The blocks of one of the stage's chunks.
+  torch::Tensor run_blocks(torch::Tensor x, size_t chunk, const torch::Tensor& documents);
   torch::Tensor normed_output(const torch::Tensor& x);      // the final norm, its unit gathered first
   torch::Tensor head_loss(const torch::Tensor& h, const torch::Tensor& targets);
 

@@ -13,16 +13,17 @@
 namespace tide {
 
 // Mean next-token loss over n_batches evenly spaced batches of the split (no grad).
+// `with_documents`: attention within each document (data.document_attention).
 double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
-                     int64_t n_batches);
+                     int64_t n_batches, bool with_documents = false);
 // The sum of the losses of batches first, first + step, ... < n_batches: data-parallel
 // ranks each take a share and add up. `compute`: the dtype the forward runs in, as in
 // training (validation measures the model that trains).
 double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
-                         int64_t n_batches, int64_t first, int64_t step, DType compute);
+                         int64_t n_batches, int64_t first, int64_t step, DType compute, bool with_documents);
 // The same with the loss of a batch computed by `loss_of` (a pipeline's forward).
-double sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split,
-                         int64_t seq_len, int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step);
+double sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split, int64_t seq_len,
+                       int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step, bool with_documents);
 
 // Entropy (nats) of the split's unigram token distribution: the loss of a model that
 // knows only token frequencies, the baseline a trained model must beat.
