@@ -76,12 +76,33 @@ TEST_P(HfRoundTrip, ImportWithoutTideFieldsUsesHfConfig) {
   std::ofstream(dir / "config.json", std::ios::trunc) << cfg.dump();
   Transformer back = import_hf(dir.string());
   EXPECT_EQ(parameter_count(back->config()), parameter_count(GetParam()));
+  const ModelConfig &ours = GetParam(), &theirs = back->config();
+  EXPECT_EQ(theirs.rope_scaling, ours.rope_scaling);
+  if (ours.rope_scaling != RopeScaling::None) {
+    EXPECT_EQ(theirs.rope_scaling_factor, ours.rope_scaling_factor);
+    EXPECT_EQ(theirs.rope_low_freq_factor, ours.rope_low_freq_factor);
+    EXPECT_EQ(theirs.rope_high_freq_factor, ours.rope_high_freq_factor);
+    EXPECT_EQ(theirs.rope_original_max_seq_len, ours.rope_original_max_seq_len);
+  }
   expect_identical(m, back);
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Convert, HfRoundTrip, ::testing::Values(tiny_llama(), tiny_bloom()),
-                         [](const auto& info) { return info.param.family == Family::LLaMA ? "llama" : "bloom"; });
+ModelConfig tiny_llama_with_rope_scaling() {
+  ModelConfig m = tiny_llama();
+  m.rope_scaling = RopeScaling::Llama3;
+  m.rope_scaling_factor = 32;
+  m.rope_high_freq_factor = 3;
+  m.rope_original_max_seq_len = 24;
+  return m;
+}
+
+INSTANTIATE_TEST_SUITE_P(Convert, HfRoundTrip,
+                         ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_rope_scaling()),
+                         [](const auto& info) {
+                           if (info.param.rope_scaling != RopeScaling::None) return std::string("llama_rope_scaling");
+                           return std::string(info.param.family == Family::LLaMA ? "llama" : "bloom");
+                         });
 
 TEST(HfConvert, BloomFilesWithoutTheTransformerPrefixLoad) {
   Transformer m(tiny_bloom());
@@ -228,6 +249,43 @@ TEST(HfConvert, ConfigValuesOfTheWrongTypeAreNamed) {
   missing.erase("num_hidden_layers");
   EXPECT_EQ(hf_error(missing), "config.json num_hidden_layers: missing");
   EXPECT_EQ(hf_error(nlohmann::json::array()), "config.json: is array, not an object");
+  // Values of the right type are held to the recipe schema's ranges and rules.
+  EXPECT_EQ(with("num_attention_heads", 0), "config.json: gives model.n_heads: 0 is out of range [1, 100000]");
+  EXPECT_EQ(with("head_dim", 16), "config.json head_dim: 16 is not hidden_size / num_attention_heads = 32 / 4");
+  EXPECT_EQ(with("head_dim", 8), "");
+}
+
+TEST(HfConvert, RopeScalingIsReadOrRefusedByName) {
+  nlohmann::json cfg = hf_config(tiny_llama());
+  cfg.erase("tide");
+  auto scaled = [&](const nlohmann::json& scaling) {
+    nlohmann::json c = cfg;
+    c["rope_scaling"] = scaling;
+    return c;
+  };
+  // Older files say `type`; Llama 3.1's config.json, `rope_type`.
+  const ModelConfig linear = model_config_from_hf(scaled({{"type", "linear"}, {"factor", 2.0}}));
+  EXPECT_EQ(linear.rope_scaling, RopeScaling::Linear);
+  EXPECT_EQ(linear.rope_scaling_factor, 2.0);
+  const ModelConfig llama3 = model_config_from_hf(scaled({{"rope_type", "llama3"},
+                                                          {"factor", 8.0},
+                                                          {"low_freq_factor", 1.0},
+                                                          {"high_freq_factor", 4.0},
+                                                          {"original_max_position_embeddings", 8192}}));
+  EXPECT_EQ(llama3.rope_scaling, RopeScaling::Llama3);
+  EXPECT_EQ(llama3.rope_original_max_seq_len, 8192);
+  EXPECT_EQ(model_config_from_hf(scaled(nullptr)).rope_scaling, RopeScaling::None);  // "rope_scaling": null
+  EXPECT_EQ(hf_error(scaled({{"rope_type", "yarn"}, {"factor", 4.0}})),
+            "config.json rope_scaling.rope_type: 'yarn' is not a supported RoPE scaling (linear, llama3)");
+  EXPECT_EQ(hf_error(scaled({{"rope_type", "llama3"}, {"factor", 8.0}})),
+            "config.json rope_scaling.original_max_position_embeddings: missing");
+  EXPECT_EQ(hf_error(scaled({{"rope_type", "linear"}})), "config.json rope_scaling.factor: missing");
+  EXPECT_EQ(hf_error(scaled({{"rope_type", "linear"}, {"factor", "2"}})),
+            "config.json rope_scaling.factor: \"2\" is not a number");
+  EXPECT_EQ(hf_error(scaled({{"rope_type", "linear"}, {"factor", 0.5}})),
+            "config.json: gives model.rope_scaling_factor: 0.5 is out of range [1, 1000000]");
+  EXPECT_EQ(hf_error(scaled({{"factor", 2.0}})), "config.json rope_scaling.rope_type: missing");
+  EXPECT_EQ(hf_error(scaled("linear")), "config.json rope_scaling: is string, not an object");
 }
 
 TEST(HfConvert, AnIndexNamingAFileOutsideTheDirectoryIsRefused) {

@@ -2,7 +2,9 @@
 """The Hugging Face side of tide's parity tests (tests/engine/hf_reference_model_test.cpp).
 
   hf_reference.py make DIR     random tiny LlamaForCausalLM and BloomForCausalLM (fixed seed),
-                               saved by transformers in DIR/llama and DIR/bloom, each with
+                               saved by transformers in DIR/llama and DIR/bloom (and the
+                               LLaMA shape with RoPE scaling: DIR/llama3, Llama 3.1's
+                               scaling, and DIR/llama_linear), each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
                                [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
                                continuation of input_ids[0], N new tokens, and greedy_margin [1]:
@@ -42,11 +44,20 @@ def make(out):
     torch.manual_seed(0)
     # initializer_range 0.2 (not HF's 0.02): logits far enough apart that greedy choices are
     # not near-ties that rounding could flip.
-    models = {
-        "llama": LlamaForCausalLM(LlamaConfig(
+    def llama(**rope):
+        return LlamaForCausalLM(LlamaConfig(
             vocab_size=97, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
-            tie_word_embeddings=False, initializer_range=0.2, attn_implementation="eager")),
+            tie_word_embeddings=False, initializer_range=0.2, attn_implementation="eager", **rope))
+
+    # Scaled RoPE: a pretrained context of 16 tokens (the inputs' length), so that with a head
+    # dimension of 8 (wavelengths 6.3 to 6283 tokens) llama3 scaling keeps none of the
+    # frequencies as they were: one is blended, three are divided by the factor.
+    models = {
+        "llama": llama(),
+        "llama3": llama(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        "llama_linear": llama(rope_scaling={"rope_type": "linear", "factor": 4.0}),
         "bloom": BloomForCausalLM(BloomConfig(
             vocab_size=97, hidden_size=24, n_layer=2, n_head=6, layer_norm_epsilon=1e-5,
             initializer_range=0.2, attn_implementation="eager")),

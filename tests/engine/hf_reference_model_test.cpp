@@ -21,6 +21,20 @@ using testing::run_hf_reference;
 
 class HfReference : public ::testing::TestWithParam<std::string> {};
 
+// The shapes hf_reference.py makes, by name.
+ModelConfig tiny_model(const std::string& name) {
+  if (name == "bloom") return testing::tiny_bloom();
+  ModelConfig m = testing::tiny_llama();
+  if (name == "llama3") {
+    m.rope_scaling = RopeScaling::Llama3;
+    m.rope_original_max_seq_len = 16;  // the rest: Llama 3.1's (factor 8, frequency factors 1 and 4)
+  } else if (name == "llama_linear") {
+    m.rope_scaling = RopeScaling::Linear;
+    m.rope_scaling_factor = 4;
+  }
+  return m;
+}
+
 TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuation) {
   const fs::path root = fs::temp_directory_path() / ("tide_hf_reference_" + GetParam() + std::to_string(::getpid()));
   fs::remove_all(root);
@@ -53,7 +67,7 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
 }
 
 TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
-  const ModelConfig config = GetParam() == "llama" ? testing::tiny_llama() : testing::tiny_bloom();
+  const ModelConfig config = tiny_model(GetParam());
   torch::manual_seed(3);
   Transformer model(config);
   model->reset_parameters(1);
@@ -76,7 +90,7 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers, HfReference, ::testing::Values("llama", "bloom"),
+INSTANTIATE_TEST_SUITE_P(Transformers, HfReference, ::testing::Values("llama", "bloom", "llama3", "llama_linear"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

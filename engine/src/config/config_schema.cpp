@@ -290,6 +290,24 @@ void add_model_fields(std::vector<FieldSpec>& s) {
       {{"rope", PositionKind::RoPE}, {"alibi", PositionKind::ALiBi}, {"learned", PositionKind::Learned}}, kFixed,
       "Position encoding.", REF(model.positions)));
   s.push_back(number("model.rope_theta", 1, 1e12, kFixed, "RoPE base.", REF(model.rope_theta)));
+  s.push_back(choice<RopeScaling>(
+      "model.rope_scaling",
+      {{"none", RopeScaling::None}, {"linear", RopeScaling::Linear}, {"llama3", RopeScaling::Llama3}}, kFixed,
+      "RoPE frequencies stretched for a longer context (Hugging Face's rope_scaling): linear divides each by "
+      "rope_scaling_factor; llama3 (Llama 3.1 and later) divides the low ones, keeps the high ones and blends "
+      "between.",
+      REF(model.rope_scaling)));
+  s.push_back(number("model.rope_scaling_factor", 1, 1e6, kFixed, "How much longer the context is (rope_scaling).",
+                     REF(model.rope_scaling_factor)));
+  s.push_back(number("model.rope_low_freq_factor", 1e-6, 1e6, kFixed,
+                     "llama3 scaling: wavelengths over rope_original_max_seq_len / this are divided by the factor.",
+                     REF(model.rope_low_freq_factor)));
+  s.push_back(number("model.rope_high_freq_factor", 1e-6, 1e6, kFixed,
+                     "llama3 scaling: wavelengths under rope_original_max_seq_len / this are kept.",
+                     REF(model.rope_high_freq_factor)));
+  s.push_back(integer("model.rope_original_max_seq_len", 1, 1e9, kFixed,
+                      "llama3 scaling: the context the model was pretrained with.",
+                      REF(model.rope_original_max_seq_len)));
   s.push_back(choice<MlpKind>("model.mlp", {{"swiglu", MlpKind::SwiGLU}, {"gelu", MlpKind::GELU}}, kFixed,
                               "MLP kind (GELU is the tanh form).", REF(model.mlp)));
   s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));
@@ -663,6 +681,12 @@ void validate_model(const ModelConfig& m) {
                        "model ({}); lower it to the longest sequence the model will see",
                        m.max_seq_len, m.max_seq_len, m.dim, table, rest));
   }
+  if (m.rope_scaling != RopeScaling::None && m.positions != PositionKind::RoPE)
+    fail("model.rope_scaling", "scales RoPE's frequencies, and model.positions is not rope");
+  if (m.rope_scaling == RopeScaling::Llama3 && !(m.rope_low_freq_factor < m.rope_high_freq_factor))
+    fail("model.rope_high_freq_factor",
+         fmt::format("{} is not above model.rope_low_freq_factor = {}: llama3 scaling blends between them",
+                     m.rope_high_freq_factor, m.rope_low_freq_factor));
   if (m.recompute_blocks > 0 && !m.activation_checkpointing)
     fail("model.recompute_blocks",
          fmt::format("{} blocks to recompute need model.activation_checkpointing = true", m.recompute_blocks));

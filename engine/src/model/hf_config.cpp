@@ -44,6 +44,15 @@ json hf_config(const ModelConfig& m) {
          {"mlp_bias", m.mlp_bias},
          {"initializer_range", m.init_std},
          {"torch_dtype", "float32"}};
+    if (m.rope_scaling == RopeScaling::Linear) {
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.rope_scaling_factor}};
+    } else if (m.rope_scaling == RopeScaling::Llama3) {
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", m.rope_scaling_factor},
+                           {"low_freq_factor", m.rope_low_freq_factor},
+                           {"high_freq_factor", m.rope_high_freq_factor},
+                           {"original_max_position_embeddings", m.rope_original_max_seq_len}};
+    }
   } else {
     require(m.norm == NormKind::LayerNorm, "model.norm", "BLOOM uses LayerNorm");
     require(m.positions == PositionKind::ALiBi, "model.positions", "BLOOM uses ALiBi");
@@ -73,8 +82,11 @@ namespace {
 // Typed reads of a Hugging Face config.json whose errors name the key and the value.
 class HfConfig {
  public:
-  explicit HfConfig(const json& j) : j_(j) {
-    if (!j_.is_object()) throw ConfigError("config.json", "is " + std::string(j_.type_name()) + ", not an object");
+  // `object`: the key of the object read, when it is not the whole file ("rope_scaling").
+  explicit HfConfig(const json& j, std::string object = "") : j_(j), object_(std::move(object)) {
+    if (!j_.is_object())
+      throw ConfigError(object_.empty() ? "config.json" : "config.json " + object_,
+                        "is " + std::string(j_.type_name()) + ", not an object");
   }
   // The first of `keys` present; required when `fallback` is absent.
   int64_t integer(std::initializer_list<const char*> keys, std::optional<int64_t> fallback = std::nullopt) const {
@@ -106,14 +118,37 @@ class HfConfig {
   std::pair<std::string, const json*> find(std::initializer_list<const char*> keys, bool optional) const {
     for (const char* k : keys)
       if (const json* v = get(k)) return {k, v};
-    if (!optional) throw ConfigError(std::string("config.json ") + *keys.begin(), "missing");
+    if (!optional) throw ConfigError("config.json " + path(*keys.begin()), "missing");
     return {*keys.begin(), nullptr};
   }
-  static ConfigError wrong(const std::string& key, const json& v, const char* want) {
-    return ConfigError("config.json " + key, v.dump() + " is not " + want);
+  std::string path(const std::string& key) const { return object_.empty() ? key : object_ + "." + key; }
+  ConfigError wrong(const std::string& key, const json& v, const char* want) const {
+    return ConfigError("config.json " + path(key), v.dump() + " is not " + want);
   }
   const json& j_;
+  std::string object_;
 };
+
+// Hugging Face's rope_scaling object (`rope_type`, or `type` in older files).
+void read_rope_scaling(const json& scaling, ModelConfig& m) {
+  const HfConfig hf(scaling, "rope_scaling");
+  const bool old_key = hf.get("rope_type") == nullptr && hf.get("type") != nullptr;
+  const std::string type = hf.string(old_key ? "type" : "rope_type");
+  if (type == "default") return;
+  if (type == "linear") {
+    m.rope_scaling = RopeScaling::Linear;
+  } else if (type == "llama3") {
+    m.rope_scaling = RopeScaling::Llama3;
+    m.rope_low_freq_factor = hf.number("low_freq_factor", m.rope_low_freq_factor);
+    m.rope_high_freq_factor = hf.number("high_freq_factor", m.rope_high_freq_factor);
+    m.rope_original_max_seq_len = hf.integer({"original_max_position_embeddings"});
+  } else {
+    throw ConfigError("config.json rope_scaling.rope_type",
+                      fmt::format("'{}' is not a supported RoPE scaling (linear, llama3)", type));
+  }
+  if (hf.get("factor") == nullptr) throw ConfigError("config.json rope_scaling.factor", "missing");
+  m.rope_scaling_factor = hf.number("factor", 0);
+}
 }  // namespace
 
 ModelConfig model_config_from_hf(const json& config) {
@@ -135,8 +170,12 @@ ModelConfig model_config_from_hf(const json& config) {
     m.tie_embeddings = hf.boolean("tie_word_embeddings", false);
     m.attention_bias = hf.boolean("attention_bias", false);
     m.mlp_bias = hf.boolean("mlp_bias", false);
-    if (const json* scaling = hf.get("rope_scaling"))
-      throw ConfigError("config.json rope_scaling", "RoPE scaling " + scaling->dump() + " is not supported yet");
+    if (const json* scaling = hf.get("rope_scaling")) read_rope_scaling(*scaling, m);
+    // A head size of its own (Gemma-style) has no place in tide's shape, which derives it.
+    if (const json* hd = hf.get("head_dim");
+        hd != nullptr && !(m.n_heads > 0 && hd->is_number_integer() && hd->get<int64_t>() * m.n_heads == m.dim))
+      throw ConfigError("config.json head_dim", fmt::format("{} is not hidden_size / num_attention_heads = {} / {}",
+                                                            hd->dump(), m.dim, m.n_heads));
   } else if (type == "bloom") {
     m.family = Family::BLOOM;
     m.dim = hf.integer({"hidden_size", "n_embed"});
@@ -156,8 +195,15 @@ ModelConfig model_config_from_hf(const json& config) {
     throw ConfigError("config.json model_type", fmt::format("'{}' is not a supported family (llama, bloom)", type));
   }
   m.init_std = hf.number("initializer_range", 0.02);
-  validate_model(m);
-  return m;
+  // Through the recipe schema's ranges and rules: config.json is input from outside (a
+  // head count of 0 must be an error, not a division by it).
+  RunConfig rc;
+  rc.model = m;
+  try {
+    return model_config_from_json(config_to_json(rc)["model"]);
+  } catch (const ConfigError& e) {
+    throw ConfigError("config.json", fmt::format("gives {}", e.what()));
+  }
 }
 
 std::vector<std::string> hf_weight_files(const std::string& dir) {

@@ -33,6 +33,33 @@ std::vector<double> alibi_slopes(int64_t n_heads) {
   return slopes;
 }
 
+std::vector<double> rope_inverse_frequencies(const ModelConfig& m) {
+  constexpr double kPi = 3.14159265358979323846;
+  const int64_t hd = head_dim(m);
+  const double factor = m.rope_scaling_factor, low = m.rope_low_freq_factor, high = m.rope_high_freq_factor;
+  const auto original = static_cast<double>(m.rope_original_max_seq_len);
+  std::vector<double> out;
+  for (int64_t i = 0; i < hd; i += 2) {
+    double f = 1.0 / std::pow(m.rope_theta, static_cast<double>(i) / static_cast<double>(hd));
+    if (m.rope_scaling == RopeScaling::Linear) {
+      f /= factor;
+    } else if (m.rope_scaling == RopeScaling::Llama3) {
+      // Llama 3.1: a wavelength longer than the pretrained context / low is stretched by the
+      // factor, one shorter than context / high kept; between, the two mixed by where the
+      // context / wavelength ratio lies between low and high.
+      const double wavelength = 2 * kPi / f;
+      if (wavelength > original / low) {
+        f /= factor;
+      } else if (wavelength >= original / high) {
+        const double smooth = (original / wavelength - low) / (high - low);
+        f = (1 - smooth) * f / factor + smooth * f;
+      }
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+
 namespace {
 // [B, 1, T, T]: true where query i may attend key j, j <= i in i's document (documents
 // [B, T], numbers that never decrease along a row). Every row keeps its diagonal, so no
@@ -112,9 +139,7 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
   if (cfg.positions == PositionKind::RoPE) {
     // The cos/sin tables are made for the positions used (rope_tables), not for
     // max_seq_len: a long context limit costs nothing until sequences reach it.
-    const int64_t hd = head_dim(cfg);
-    rope_inv_freq_ =
-        torch::pow(cfg.rope_theta, torch::arange(0, hd, 2, torch::kFloat64) / static_cast<double>(hd)).reciprocal();
+    rope_inv_freq_ = torch::tensor(rope_inverse_frequencies(cfg), torch::kFloat64);
   } else if (cfg.positions == PositionKind::ALiBi) {
     const auto s = alibi_slopes(cfg.n_heads);
     const int64_t heads = cfg.n_heads / tp_.size();  // this rank's heads

@@ -11,6 +11,7 @@ namespace tide {
 
 enum class NormKind { RMSNorm, LayerNorm };
 enum class PositionKind { RoPE, ALiBi, Learned };
+enum class RopeScaling { None, Linear, Llama3 };
 enum class MlpKind { SwiGLU, GELU };
 // Parameter naming and fused-QKV layout of the Hugging Face family.
 enum class Family { LLaMA, BLOOM };
@@ -33,6 +34,15 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   PositionKind positions = PositionKind::RoPE;
   double rope_theta = 10000.0;
+  // RoPE's frequencies stretched for a context longer than the one pretrained (Hugging
+  // Face's rope_scaling): Linear divides each by the factor; Llama3 (Llama 3.1 and later)
+  // divides those whose wavelength exceeds original / low_freq_factor tokens, keeps those
+  // under original / high_freq_factor and blends in between. Defaults: Llama 3.1's.
+  RopeScaling rope_scaling = RopeScaling::None;
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_seq_len = 8192;
   MlpKind mlp = MlpKind::SwiGLU;
   bool attention_bias = false;
   bool mlp_bias = false;

@@ -236,4 +236,8 @@ TORCH_MODULE(Transformer);
 // ALiBi slopes of the BLOOM reference, for any head count (not only powers of two).
 std::vector<double> alibi_slopes(int64_t n_heads);
 
+// RoPE's inverse frequencies theta^(-2i / Hd), one per pair of a head's dimensions, with
+// the model's rope_scaling applied.
+std::vector<double> rope_inverse_frequencies(const ModelConfig& m);
+
 }  // namespace tide
