@@ -255,6 +255,35 @@ TEST(HfConvert, ConfigValuesOfTheWrongTypeAreNamed) {
   EXPECT_EQ(with("head_dim", 8), "");
 }
 
+TEST(HfConvert, MistralAndQwen2ReadAsLlamaOrAreRefusedByName) {
+  nlohmann::json cfg = hf_config(tiny_llama());
+  cfg.erase("tide");
+  auto as = [&](const char* type, const nlohmann::json& extra) {
+    nlohmann::json c = cfg;
+    c["model_type"] = type;
+    c.erase("attention_bias");
+    c.erase("mlp_bias");
+    c.update(extra);
+    return c;
+  };
+  const ModelConfig qwen2 = model_config_from_hf(as("qwen2", {{"use_sliding_window", false}, {"sliding_window", 16}}));
+  EXPECT_EQ(qwen2.family, Family::LLaMA);
+  EXPECT_TRUE(qwen2.qkv_bias);
+  EXPECT_FALSE(qwen2.attention_bias);
+  EXPECT_EQ(hf_config(qwen2)["model_type"], "qwen2");
+  EXPECT_EQ(hf_error(as("qwen2", {{"use_sliding_window", true}})),
+            "config.json use_sliding_window: true: attention over a sliding window is not supported");
+  EXPECT_FALSE(model_config_from_hf(as("mistral", {{"sliding_window", nullptr}})).qkv_bias);
+  EXPECT_EQ(hf_error(as("mistral", {{"sliding_window", 32}})), "");  // max_position_embeddings: no token falls out
+  EXPECT_EQ(hf_error(as("mistral", {{"sliding_window", 16}})),
+            "config.json sliding_window: 16: attention over a sliding window shorter than max_position_embeddings = "
+            "32 is not supported (Mistral v0.3 and later have none)");
+  EXPECT_EQ(hf_error(as("llama", {{"hidden_act", "gelu"}})),
+            "config.json hidden_act: 'gelu' is not silu, the SwiGLU MLP's");
+  EXPECT_EQ(hf_error(as("gemma", nlohmann::json::object())),
+            "config.json model_type: 'gemma' is not a supported family (llama, mistral, qwen2, bloom)");
+}
+
 TEST(HfConvert, RopeScalingIsReadOrRefusedByName) {
   nlohmann::json cfg = hf_config(tiny_llama());
   cfg.erase("tide");

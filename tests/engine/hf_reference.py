@@ -4,7 +4,9 @@
   hf_reference.py make DIR     random tiny LlamaForCausalLM and BloomForCausalLM (fixed seed),
                                saved by transformers in DIR/llama and DIR/bloom (and the
                                LLaMA shape with RoPE scaling: DIR/llama3, Llama 3.1's
-                               scaling, and DIR/llama_linear), each with
+                               scaling, and DIR/llama_linear; MistralForCausalLM in
+                               DIR/mistral; Qwen2ForCausalLM, biases on q, k and v, in
+                               DIR/qwen2), each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
                                [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
                                continuation of input_ids[0], N new tokens, and greedy_margin [1]:
@@ -20,7 +22,8 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 NEW_TOKENS = 12
 
@@ -44,24 +47,32 @@ def make(out):
     torch.manual_seed(0)
     # initializer_range 0.2 (not HF's 0.02): logits far enough apart that greedy choices are
     # not near-ties that rounding could flip.
-    def llama(**rope):
-        return LlamaForCausalLM(LlamaConfig(
-            vocab_size=97, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
-            tie_word_embeddings=False, initializer_range=0.2, attn_implementation="eager", **rope))
+    shape = dict(vocab_size=97, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+                 tie_word_embeddings=False, initializer_range=0.2, attn_implementation="eager")
 
-    # Scaled RoPE: a pretrained context of 16 tokens (the inputs' length), so that with a head
-    # dimension of 8 (wavelengths 6.3 to 6283 tokens) llama3 scaling keeps none of the
-    # frequencies as they were: one is blended, three are divided by the factor.
+    def llama(**rope):
+        return LlamaForCausalLM(LlamaConfig(**shape, **rope))
+
     models = {
         "llama": llama(),
-        "llama3": llama(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-        "llama_linear": llama(rope_scaling={"rope_type": "linear", "factor": 4.0}),
         "bloom": BloomForCausalLM(BloomConfig(
             vocab_size=97, hidden_size=24, n_layer=2, n_head=6, layer_norm_epsilon=1e-5,
             initializer_range=0.2, attn_implementation="eager")),
     }
+    # Scaled RoPE: a pretrained context of 16 tokens (the inputs' length), so that with a head
+    # dimension of 8 (wavelengths 6.3 to 6283 tokens) llama3 scaling keeps none of the
+    # frequencies as they were: one is blended, three are divided by the factor.
+    models["llama3"] = llama(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    models["llama_linear"] = llama(rope_scaling={"rope_type": "linear", "factor": 4.0})
+    torch.manual_seed(1)  # seed 0's draw has a near-tie in its greedy continuation (greedy_margin)
+    models["mistral"] = MistralForCausalLM(MistralConfig(sliding_window=None, **shape))
+    models["qwen2"] = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=False, **shape))
+    with torch.no_grad():  # transformers starts biases at zero, where a lost one would not show
+        for name, p in models["qwen2"].named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.2)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, 97, (2, 16), generator=g)
     for family, model in models.items():

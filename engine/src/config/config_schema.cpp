@@ -311,6 +311,10 @@ void add_model_fields(std::vector<FieldSpec>& s) {
   s.push_back(choice<MlpKind>("model.mlp", {{"swiglu", MlpKind::SwiGLU}, {"gelu", MlpKind::GELU}}, kFixed,
                               "MLP kind (GELU is the tanh form).", REF(model.mlp)));
   s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));
+  s.push_back(boolean("model.qkv_bias", kFixed,
+                      "Biases on the query, key and value projections, none on the output's (Qwen2); "
+                      "model.attention_bias puts them on all four.",
+                      REF(model.qkv_bias)));
   s.push_back(boolean("model.mlp_bias", kFixed, "Biases on MLP projections.", REF(model.mlp_bias)));
   s.push_back(boolean("model.embedding_norm", kFixed, "LayerNorm after the token embedding (BLOOM).",
                       REF(model.embedding_norm)));
@@ -681,6 +685,8 @@ void validate_model(const ModelConfig& m) {
                        "model ({}); lower it to the longest sequence the model will see",
                        m.max_seq_len, m.max_seq_len, m.dim, table, rest));
   }
+  if (m.qkv_bias && m.family == Family::BLOOM)
+    fail("model.qkv_bias", "the bloom family's fused QKV projection takes its biases from model.attention_bias");
   if (m.rope_scaling != RopeScaling::None && m.positions != PositionKind::RoPE)
     fail("model.rope_scaling", "scales RoPE's frequencies, and model.positions is not rope");
   if (m.rope_scaling == RopeScaling::Llama3 && !(m.rope_low_freq_factor < m.rope_high_freq_factor))

@@ -24,7 +24,8 @@ int64_t parameter_count(const ModelConfig& m) {
   const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;
 
   int64_t attention = d * d + 2 * d * kv + d * d;
-  if (m.attention_bias) attention += d + 2 * kv + d;
+  if (m.attention_bias || m.qkv_bias) attention += d + 2 * kv;
+  if (m.attention_bias) attention += d;
   int64_t mlp = m.mlp == MlpKind::SwiGLU ? 3 * d * f : 2 * d * f;
   if (m.mlp_bias) mlp += (m.mlp == MlpKind::SwiGLU ? 2 * f : f) + d;
   const int64_t block = 2 * norm + attention + mlp;

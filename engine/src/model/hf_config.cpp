@@ -27,8 +27,11 @@ json hf_config(const ModelConfig& m) {
     require(m.positions == PositionKind::RoPE, "model.positions", "LLaMA uses RoPE");
     require(m.mlp == MlpKind::SwiGLU, "model.mlp", "LLaMA uses SwiGLU");
     require(!m.embedding_norm, "model.embedding_norm", "LLaMA has no embedding norm");
-    j = {{"architectures", {"LlamaForCausalLM"}},
-         {"model_type", "llama"},
+    // Biases on q, k and v alone are Qwen2's architecture (LLaMA's attention_bias is all four).
+    const bool qwen2 = m.qkv_bias && !m.attention_bias;
+    if (qwen2) require(!m.mlp_bias, "model.mlp_bias", "Qwen2 (biases on q, k and v alone) has no MLP biases");
+    j = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+         {"model_type", qwen2 ? "qwen2" : "llama"},
          {"hidden_size", m.dim},
          {"intermediate_size", resolved_ffn_dim(m)},
          {"num_attention_heads", m.n_heads},
@@ -44,6 +47,11 @@ json hf_config(const ModelConfig& m) {
          {"mlp_bias", m.mlp_bias},
          {"initializer_range", m.init_std},
          {"torch_dtype", "float32"}};
+    if (qwen2) {
+      j.erase("attention_bias");
+      j.erase("mlp_bias");
+      j["use_sliding_window"] = false;
+    }
     if (m.rope_scaling == RopeScaling::Linear) {
       j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.rope_scaling_factor}};
     } else if (m.rope_scaling == RopeScaling::Llama3) {
@@ -156,7 +164,9 @@ ModelConfig model_config_from_hf(const json& config) {
   if (const json* own = hf.get("tide"); own != nullptr && own->is_object()) return model_config_from_json(*own);
   const std::string type = hf.string("model_type");
   ModelConfig m;
-  if (type == "llama") {
+  // Mistral and Qwen2 are LLaMA's architecture under other names: Mistral's without the
+  // sliding window (v0.3 on) and Qwen2 with biases on q, k and v alone.
+  if (type == "llama" || type == "mistral" || type == "qwen2") {
     m.family = Family::LLaMA;
     m.dim = hf.integer({"hidden_size"});
     m.ffn_dim = hf.integer({"intermediate_size"});
@@ -168,8 +178,24 @@ ModelConfig model_config_from_hf(const json& config) {
     m.rope_theta = hf.number("rope_theta", 10000.0);
     m.vocab_size = hf.integer({"vocab_size"});
     m.tie_embeddings = hf.boolean("tie_word_embeddings", false);
-    m.attention_bias = hf.boolean("attention_bias", false);
-    m.mlp_bias = hf.boolean("mlp_bias", false);
+    if (type == "qwen2") {
+      m.qkv_bias = true;
+      if (hf.boolean("use_sliding_window", false))
+        throw ConfigError("config.json use_sliding_window", "true: attention over a sliding window is not supported");
+    } else {
+      m.attention_bias = hf.boolean("attention_bias", false);
+      m.mlp_bias = hf.boolean("mlp_bias", false);
+    }
+    if (type == "mistral" && hf.get("sliding_window") != nullptr) {
+      const int64_t window = hf.integer({"sliding_window"});
+      if (window < m.max_seq_len)
+        throw ConfigError("config.json sliding_window",
+                          fmt::format("{}: attention over a sliding window shorter than max_position_embeddings = "
+                                      "{} is not supported (Mistral v0.3 and later have none)",
+                                      window, m.max_seq_len));
+    }
+    if (const std::string act = hf.get("hidden_act") != nullptr ? hf.string("hidden_act") : "silu"; act != "silu")
+      throw ConfigError("config.json hidden_act", fmt::format("'{}' is not silu, the SwiGLU MLP's", act));
     if (const json* scaling = hf.get("rope_scaling")) read_rope_scaling(*scaling, m);
     // A head size of its own (Gemma-style) has no place in tide's shape, which derives it.
     if (const json* hd = hf.get("head_dim");
@@ -192,7 +218,8 @@ ModelConfig model_config_from_hf(const json& config) {
     if (hf.boolean("apply_residual_connection_post_layernorm", false))
       throw ConfigError("config.json apply_residual_connection_post_layernorm", "true is not supported");
   } else {
-    throw ConfigError("config.json model_type", fmt::format("'{}' is not a supported family (llama, bloom)", type));
+    throw ConfigError("config.json model_type",
+                      fmt::format("'{}' is not a supported family (llama, mistral, qwen2, bloom)", type));
   }
   m.init_std = hf.number("initializer_range", 0.02);
   // Through the recipe schema's ranges and rules: config.json is input from outside (a

@@ -147,9 +147,10 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp) :
     out = register_module("dense", Projection(local, d, cfg.attention_bias));
   } else {
     const int64_t kv_rows = (kv_first_ >= 0 ? kv : kv_heads_) * hd;
-    q_proj = register_module("q_proj", Projection(d, local, cfg.attention_bias));
-    k_proj = register_module("k_proj", Projection(d, kv_rows, cfg.attention_bias));
-    v_proj = register_module("v_proj", Projection(d, kv_rows, cfg.attention_bias));
+    const bool qkv_bias = cfg.attention_bias || cfg.qkv_bias;
+    q_proj = register_module("q_proj", Projection(d, local, qkv_bias));
+    k_proj = register_module("k_proj", Projection(d, kv_rows, qkv_bias));
+    v_proj = register_module("v_proj", Projection(d, kv_rows, qkv_bias));
     out = register_module("o_proj", Projection(local, d, cfg.attention_bias));
   }
 }

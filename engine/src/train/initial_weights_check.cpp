@@ -25,9 +25,9 @@ std::vector<std::string> architecture_differences(const ModelConfig& recipe, con
     return config_to_json(c)["model"];
   };
   const auto a = fields(recipe), b = fields(weights);
-  std::vector<std::string> keys{"family",     "vocab_size",     "dim",      "n_layers",       "n_heads",
-                                "n_kv_heads", "ffn_dim",        "norm",     "norm_eps",       "positions",
-                                "mlp",        "attention_bias", "mlp_bias", "embedding_norm", "tie_embeddings"};
+  std::vector<std::string> keys{
+      "family",   "vocab_size", "dim", "n_layers",       "n_heads",  "n_kv_heads",     "ffn_dim",        "norm",
+      "norm_eps", "positions",  "mlp", "attention_bias", "mlp_bias", "embedding_norm", "tie_embeddings", "qkv_bias"};
   if (recipe.positions == PositionKind::RoPE) keys.emplace_back("rope_theta");
   if (recipe.positions == PositionKind::Learned) keys.emplace_back("max_seq_len");
   std::vector<std::string> out;

@@ -45,6 +45,7 @@ struct ModelConfig {
   int64_t rope_original_max_seq_len = 8192;
   MlpKind mlp = MlpKind::SwiGLU;
   bool attention_bias = false;
+  bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)
   bool mlp_bias = false;
   bool embedding_norm = false;  // BLOOM's LayerNorm right after the embedding
   bool tie_embeddings = false;
