@@ -103,9 +103,9 @@ class HfConfig {
     if (!v->is_number_integer()) throw wrong(key, *v, "an integer");
     return v->get<int64_t>();
   }
-  double number(const char* key, double fallback) const {
-    const auto [k, v] = find({key}, true);
-    if (v == nullptr) return fallback;
+  double number(const char* key, std::optional<double> fallback = std::nullopt) const {
+    const auto [k, v] = find({key}, fallback.has_value());
+    if (v == nullptr) return *fallback;
     if (!v->is_number()) throw wrong(k, *v, "a number");
     return v->get<double>();
   }
@@ -154,8 +154,7 @@ void read_rope_scaling(const json& scaling, ModelConfig& m) {
     throw ConfigError("config.json rope_scaling.rope_type",
                       fmt::format("'{}' is not a supported RoPE scaling (linear, llama3)", type));
   }
-  if (hf.get("factor") == nullptr) throw ConfigError("config.json rope_scaling.factor", "missing");
-  m.rope_scaling_factor = hf.number("factor", 0);
+  m.rope_scaling_factor = hf.number("factor");
 }
 }  // namespace
 
