@@ -3,7 +3,8 @@
 `tokenizers`, in the project's .venv).
 
 Usage: hf_encode.py tokenizer.json < lines.json   (a JSON array of strings)
-Prints a JSON array with the ids of each line (no special tokens added).
+Prints a JSON object: "ids", the ids of each line (no special tokens added), and
+"decoded", those ids decoded back to text (normalised text, where the file normalises).
 """
 import json
 import sys
@@ -14,4 +15,5 @@ if len(sys.argv) != 2:
     sys.exit(__doc__)
 tokenizer = Tokenizer.from_file(sys.argv[1])
 lines = json.load(sys.stdin)
-print(json.dumps([tokenizer.encode(line, add_special_tokens=False).ids for line in lines]))
+ids = [tokenizer.encode(line, add_special_tokens=False).ids for line in lines]
+print(json.dumps({"ids": ids, "decoded": [tokenizer.decode(i, skip_special_tokens=False) for i in ids]}))

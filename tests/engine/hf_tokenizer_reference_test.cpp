@@ -1,6 +1,7 @@
-// Byte-level BPE tokenizer.json files with GPT-2's, LLaMA-3's and BLOOM's
-// pre-tokenizers: our ids against Hugging Face's tokenizers library (the Rust one, from
-// PyPI, in the project's .venv; tests/engine/hf_encode.py).
+// Byte-level BPE tokenizer.json files with GPT-2's, LLaMA-3's, BLOOM's and Qwen2's
+// pre-tokenizers and Unicode normalizers: our ids and decoded text against Hugging
+// Face's tokenizers library (the Rust one, from PyPI, in the project's .venv;
+// tests/engine/hf_encode.py).
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -31,6 +32,14 @@ const std::vector<std::string> kReferenceLines = {
     "\xE4\xB8\xAD\xE6\x96\x87\xE3\x80\x82\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xEF\xBC\x8C \xF0\x9F\x98\x80 emoji",
     "special <|endoftext|> tokens<|endoftext|>inside",
     "(parentheses) | pipes|(nested (ones)) a|b",
+    // Decomposed e and A with their combining accents, an Angstrom sign (NFC makes it
+    // A-ring), a ligature, a circled digit, fullwidth letters and decomposed Hangul: the
+    // normal forms each change some of them.
+    "cafe\xCC\x81 re\xCC\x81sume\xCC\x81 A\xCC\x8A \xE2\x84\xAB 2024",
+    "\xEF\xAC\x81ne \xE2\x91\xA0 \xEF\xBD\x86\xEF\xBD\x95\xEF\xBD\x8C\xEF\xBD\x8C \xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB",
+    // A special token with a combining mark after it: the mark is normalised alone, as
+    // the token is taken out of the raw text first.
+    "end<|endoftext|>\xCC\xB8 e\xCC\x81",
     "",
 };
 
@@ -42,12 +51,13 @@ class HfTokenizerReference : public ::testing::Test {
     std::ifstream in("/usr/share/common-licenses/GPL-3");
     std::stringstream ss;
     ss << in.rdbuf();
-    const std::string corpus = ss.str() + "\n12345 67890 DON'T caf\xC3\xA9 na\xC3\xAFve\n";
+    const std::string corpus =
+        ss.str() + "\n12345 67890 DON'T caf\xC3\xA9 na\xC3\xAFve r\xC3\xA9sum\xC3\xA9 fine full\n";
     train_bpe({corpus}, 700).save((dir_ / "gpt2.json").string());
     // The same corpus through the tokenizers library itself: its files put the special
     // tokens first and the byte alphabet in its own order, so no byte is its own id.
     std::ofstream(dir_ / "corpus.txt") << corpus;
-    for (const char* layout : {"gpt2", "llama3"}) {
+    for (const char* layout : {"gpt2", "llama3", "qwen2"}) {
       const std::string cmd = std::string(TIDE_PYTHON) + " " + TIDE_SOURCE_DIR + "/tests/engine/hf_train_bpe.py " +
                               layout + " " + (dir_ / "corpus.txt").string() + " 700 " +
                               (dir_ / (std::string("hf-") + layout + ".json")).string();
@@ -55,8 +65,10 @@ class HfTokenizerReference : public ::testing::Test {
     }
     std::ifstream base_in(dir_ / "gpt2.json");
     const json base = json::parse(base_in);
-    auto variant = [&](const std::string& name, const std::string& pattern, bool ignore_merges) {
+    auto variant = [&](const std::string& name, const std::string& pattern, bool ignore_merges,
+                       const json& normalizer = nullptr) {
       json j = base;
+      j["normalizer"] = normalizer;
       j["pre_tokenizer"] = {{"type", "Sequence"},
                             {"pretokenizers",
                              {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
@@ -66,10 +78,17 @@ class HfTokenizerReference : public ::testing::Test {
     };
     variant("llama3", kLlama3Pattern, true);
     variant("bloom", kBloomPattern, false);
+    // NFKD then NFC is NFKC, reached through a Sequence.
+    variant("nfkc-sequence", kLlama3Pattern, false,
+            {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKD"}}, {{"type", "NFC"}}}}});
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
-  static std::vector<std::vector<int32_t>> reference(const std::string& name) {
+  struct Reference {
+    std::vector<std::vector<int32_t>> ids;
+    std::vector<std::string> decoded;
+  };
+  static Reference reference(const std::string& name) {
     const fs::path lines = dir_ / "lines.json";
     std::ofstream(lines) << json(kReferenceLines).dump();
     const std::string cmd = std::string(TIDE_PYTHON) + " " + TIDE_SOURCE_DIR + "/tests/engine/hf_encode.py " +
@@ -82,18 +101,21 @@ class HfTokenizerReference : public ::testing::Test {
       ::pclose(p);
     }
     const json j = json::parse(out, nullptr, false);
-    if (j.is_discarded())
+    if (j.is_discarded() || !j.is_object()) {
       ADD_FAILURE() << "the tokenizers reference did not run (scripts/setup.sh installs it into .venv): " << out;
-    return j.is_discarded() ? std::vector<std::vector<int32_t>>{} : j.get<std::vector<std::vector<int32_t>>>();
+      return {};
+    }
+    return {j.at("ids").get<std::vector<std::vector<int32_t>>>(), j.at("decoded").get<std::vector<std::string>>()};
   }
 
   void check(const std::string& name) {
     const auto ours = load_tokenizer((dir_ / (name + ".json")).string());
     const auto ref = reference(name);
-    ASSERT_EQ(ref.size(), kReferenceLines.size());
+    ASSERT_EQ(ref.ids.size(), kReferenceLines.size());
+    ASSERT_EQ(ref.decoded.size(), kReferenceLines.size());
     for (size_t i = 0; i < kReferenceLines.size(); ++i) {
-      EXPECT_EQ(ours->encode(kReferenceLines[i]), ref[i]) << name << ": " << kReferenceLines[i];
-      EXPECT_EQ(ours->decode(ours->encode(kReferenceLines[i])), kReferenceLines[i]);
+      EXPECT_EQ(ours->encode(kReferenceLines[i]), ref.ids[i]) << name << ": " << kReferenceLines[i];
+      EXPECT_EQ(ours->decode(ours->encode(kReferenceLines[i])), ref.decoded[i]) << name << ": " << kReferenceLines[i];
     }
   }
   static fs::path dir_;
@@ -105,6 +127,8 @@ TEST_F(HfTokenizerReference, Llama3SplitWithIgnoreMerges) { check("llama3"); }
 TEST_F(HfTokenizerReference, BloomSplit) { check("bloom"); }
 TEST_F(HfTokenizerReference, Gpt2LayoutTrainedByTheTokenizersLibrary) { check("hf-gpt2"); }
 TEST_F(HfTokenizerReference, Llama3LayoutTrainedByTheTokenizersLibrary) { check("hf-llama3"); }
+TEST_F(HfTokenizerReference, Qwen2LayoutWithNfcTrainedByTheTokenizersLibrary) { check("hf-qwen2"); }
+TEST_F(HfTokenizerReference, NormalizerSequence) { check("nfkc-sequence"); }
 
 TEST(HfTokenizer, UnsupportedPreTokenizerIsNamed) {
   const auto path = fs::temp_directory_path() / ("tide_tok_meta_" + std::to_string(::getpid()) + ".json");

@@ -157,6 +157,42 @@ TEST(Tokenizer, APreTokenizerWithoutByteLevelIsRefused) {
   }
 }
 
+TEST(Tokenizer, NormalizerIsAppliedKeptOnSaveAndOthersAreRefusedByName) {
+  // A byte tokenizer with NFC: a decomposed e-acute (65 CC 81) is encoded as the composed
+  // one's two bytes (C3 A9). Bytes that are not UTF-8 pass through, so any input still
+  // encodes and decodes.
+  const auto path = edited_tokenizer("tide_tok_nfc", [](nlohmann::json& j) { j["normalizer"] = {{"type", "NFC"}}; });
+  const auto nfc = load_tokenizer(path);
+  EXPECT_EQ(nfc->decode(nfc->encode("caf"
+                                    "e\xCC\x81")),
+            "caf\xC3\xA9");
+  EXPECT_EQ(nfc->encode("caf"
+                        "e\xCC\x81"),
+            nfc->encode("caf\xC3\xA9"));
+  const std::string broken = "a\xFF\xC3 e\xCC\x81\x80";
+  EXPECT_EQ(nfc->decode(nfc->encode(broken)), "a\xFF\xC3 \xC3\xA9\x80");
+  nfc->save(path);
+  std::ifstream in(path);
+  EXPECT_EQ(nlohmann::json::parse(in)["normalizer"], (nlohmann::json{{"type", "NFC"}}));
+  EXPECT_EQ(load_tokenizer(path)->encode("caf"
+                                         "e\xCC\x81"),
+            nfc->encode("caf\xC3\xA9"));
+  std::filesystem::remove(path);
+  // Unchanged without one: the decomposed form stays three bytes.
+  EXPECT_EQ(ByteLevelBpe::bytes().encode("e\xCC\x81").size(), 3u);
+  for (const nlohmann::json& norm :
+       {nlohmann::json{{"type", "Lowercase"}},
+        nlohmann::json{{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Strip"}}}}}}) {
+    const auto bad = edited_tokenizer("tide_tok_norm", [&](nlohmann::json& j) { j["normalizer"] = norm; });
+    const std::string e = load_error(bad);
+    EXPECT_NE(e.find(bad + ": normalizer '" + (norm["type"] == "Sequence" ? "Strip" : "Lowercase") +
+                     "' is not supported (NFC, NFD, NFKC, NFKD and Sequence are)"),
+              std::string::npos)
+        << e;
+    std::filesystem::remove(bad);
+  }
+}
+
 TEST(Tokenizer, ABacktrackingPatternIsStoppedAndNamed) {
   // "(a*)*b" on a run of a's without a b tries every way to split the run: 2^40 paths.
   const auto path = edited_tokenizer("tide_tok_regex", [](nlohmann::json& j) {

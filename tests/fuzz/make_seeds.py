@@ -50,8 +50,8 @@ def tokenizer_seeds(out, text, work, src):
     corpus = os.path.join(work, "corpus.txt")
     with open(corpus, "w", encoding="utf-8") as f:
         f.write(text)
-    # GPT-2's and LLaMA-3's layouts, as the tokenizers library writes them.
-    for layout, vocab in (("gpt2", 300), ("llama3", 320)):
+    # GPT-2's, LLaMA-3's and Qwen2's (NFC) layouts, as the tokenizers library writes them.
+    for layout, vocab in (("gpt2", 300), ("llama3", 320), ("qwen2", 310)):
         path = os.path.join(work, layout + ".json")
         subprocess.run([sys.executable, os.path.join(src, "tests", "engine", "hf_train_bpe.py"), layout, corpus,
                         str(vocab), path], check=True)

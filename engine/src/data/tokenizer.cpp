@@ -113,7 +113,7 @@ void ByteLevelBpe::save(const std::string& path) const {
                     {"truncation", nullptr},
                     {"padding", nullptr},
                     {"added_tokens", added},
-                    {"normalizer", nullptr},
+                    {"normalizer", normalizer_.to_json()},
                     {"pre_tokenizer", pre},
                     {"post_processor", nullptr},
                     {"decoder", byte_level},
@@ -153,9 +153,6 @@ ByteLevelBpe ByteLevelBpe::from_json(const json& doc, const std::string& path) {
                              (model.is_object() ? model.value("type", json("?")).dump() : "?") +
                              ", only byte-level BPE tokenizer.json files are supported");
   if (!model.contains("vocab") || !model["vocab"].is_object()) throw std::runtime_error(path + ": model.vocab missing");
-  if (doc.contains("normalizer") && !doc["normalizer"].is_null())
-    throw std::runtime_error(path + ": normalizer " + doc["normalizer"].value("type", json("?")).dump() +
-                             " is not supported (byte-level BPE files have none)");
   for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(field) && !model[field].is_null() && model[field] != "")
       throw std::runtime_error(path + ": model." + field + " is not supported");
@@ -230,6 +227,7 @@ ByteLevelBpe ByteLevelBpe::from_json(const json& doc, const std::string& path) {
     merges.emplace_back(ia->second, ib->second);
   }
   ByteLevelBpe t;
+  t.normalizer_ = Normalizer::from_json(doc.value("normalizer", json()), path);
   t.pre_ = PreTokenizer::from_json(doc.value("pre_tokenizer", json()), path);
   t.ignore_merges_ = model.value("ignore_merges", false);
   t.tokens_ = std::move(tokens);
@@ -286,7 +284,10 @@ std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
       if (pos < at) at = pos, hit = &sp;
     }
     const std::string_view stretch = text.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start);
-    for (const auto& piece : pre_.split(stretch)) {
+    // The tokenizers library takes special tokens out first, then normalises what lies
+    // between them (its added tokens are "normalized": false, as tide writes them).
+    const auto pieces = normalizer_.empty() ? pre_.split(stretch) : pre_.split(normalizer_.apply(stretch));
+    for (const auto& piece : pieces) {
       if (merges_.empty()) {
         bytes_to_ids(piece, ids);
         continue;

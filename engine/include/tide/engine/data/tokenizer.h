@@ -1,7 +1,7 @@
 // Tokenizers: text ↔ ids. Two kinds, one interface:
 //  - ByteLevelBpe: byte-level BPE stored as a Hugging Face `tokenizer.json` (GPT-2 byte
-//    alphabet; the file's pre-tokenizer, GPT-2's for those tide trains); a byte
-//    tokenizer is one with no merges.
+//    alphabet; the file's normalizer and pre-tokenizer, GPT-2's for those tide trains);
+//    a byte tokenizer is one with no merges.
 //  - SentencePieceBpe: a SentencePiece BPE `tokenizer.model` (LLaMA-1/2), read from its
 //    protobuf bytes directly: Debian's libsentencepiece cannot share a process with
 //    LibTorch (protobuf 3.14 vs 3.21).
@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "tide/engine/data/normalizer.h"
 #include "tide/engine/data/pretokenizer.h"
 
 namespace tide {
@@ -84,6 +85,7 @@ class ByteLevelBpe : public Tokenizer {
   // the byte tokens anywhere (GPT-2's "!" is id 0); only tide's own start at 0.
   int32_t byte_ids_[256] = {};
   std::vector<std::pair<std::string, int32_t>> specials_;  // matched in text, longest first
+  Normalizer normalizer_;                                  // before pre-tokenisation; special tokens match the raw text
   PreTokenizer pre_ = PreTokenizer::gpt2();
   bool ignore_merges_ = false;  // a piece that is itself in the vocabulary is one id
   int32_t eos_id_ = -1, bos_id_ = -1;
