@@ -78,6 +78,8 @@ TEST_P(HfRoundTrip, ImportWithoutTideFieldsUsesHfConfig) {
   EXPECT_EQ(parameter_count(back->config()), parameter_count(GetParam()));
   const ModelConfig &ours = GetParam(), &theirs = back->config();
   EXPECT_EQ(theirs.rope_scaling, ours.rope_scaling);
+  EXPECT_EQ(theirs.sliding_window, ours.sliding_window);
+  EXPECT_EQ(theirs.qkv_bias, ours.qkv_bias);
   if (ours.rope_scaling != RopeScaling::None) {
     EXPECT_EQ(theirs.rope_scaling_factor, ours.rope_scaling_factor);
     EXPECT_EQ(theirs.rope_low_freq_factor, ours.rope_low_freq_factor);
@@ -97,11 +99,22 @@ ModelConfig tiny_llama_with_rope_scaling() {
   return m;
 }
 
+// Mistral's shape (a window) and Qwen2's (a window and biases on q, k and v).
+ModelConfig tiny_llama_with_window(bool qkv_bias) {
+  ModelConfig m = tiny_llama();
+  m.sliding_window = 8;
+  m.qkv_bias = qkv_bias;
+  return m;
+}
+
 INSTANTIATE_TEST_SUITE_P(Convert, HfRoundTrip,
-                         ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_rope_scaling()),
+                         ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_rope_scaling(),
+                                           tiny_llama_with_window(false), tiny_llama_with_window(true)),
                          [](const auto& info) {
-                           if (info.param.rope_scaling != RopeScaling::None) return std::string("llama_rope_scaling");
-                           return std::string(info.param.family == Family::LLaMA ? "llama" : "bloom");
+                           const ModelConfig& m = info.param;
+                           if (m.rope_scaling != RopeScaling::None) return std::string("llama_rope_scaling");
+                           if (m.sliding_window > 0) return std::string(m.qkv_bias ? "qwen2_window" : "mistral_window");
+                           return std::string(m.family == Family::LLaMA ? "llama" : "bloom");
                          });
 
 TEST(HfConvert, BloomFilesWithoutTheTransformerPrefixLoad) {
@@ -255,7 +268,7 @@ TEST(HfConvert, ConfigValuesOfTheWrongTypeAreNamed) {
   EXPECT_EQ(with("head_dim", 8), "");
 }
 
-TEST(HfConvert, MistralAndQwen2ReadAsLlamaOrAreRefusedByName) {
+TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
   nlohmann::json cfg = hf_config(tiny_llama());
   cfg.erase("tide");
   auto as = [&](const char* type, const nlohmann::json& extra) {
@@ -270,14 +283,51 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaOrAreRefusedByName) {
   EXPECT_EQ(qwen2.family, Family::LLaMA);
   EXPECT_TRUE(qwen2.qkv_bias);
   EXPECT_FALSE(qwen2.attention_bias);
+  EXPECT_EQ(qwen2.sliding_window, 0);
   EXPECT_EQ(hf_config(qwen2)["model_type"], "qwen2");
-  EXPECT_EQ(hf_error(as("qwen2", {{"use_sliding_window", true}})),
-            "config.json use_sliding_window: true: attention over a sliding window is not supported");
+  EXPECT_EQ(hf_config(qwen2)["use_sliding_window"], false);
+  // Qwen2's window is in the layers from max_window_layers on (28 when unsaid), or where
+  // layer_types says so: all layers or none, not some.
+  const auto qwen2_window = [&](const nlohmann::json& extra) {
+    nlohmann::json c = as("qwen2", {{"use_sliding_window", true}, {"sliding_window", 16}});
+    c.update(extra);
+    return c;
+  };
+  EXPECT_EQ(model_config_from_hf(qwen2_window({{"max_window_layers", 0}})).sliding_window, 16);
+  EXPECT_EQ(model_config_from_hf(qwen2_window(nlohmann::json::object())).sliding_window, 0);  // 28 >= 2 layers
+  EXPECT_EQ(
+      model_config_from_hf(qwen2_window({{"layer_types", {"sliding_attention", "sliding_attention"}}})).sliding_window,
+      16);
+  EXPECT_EQ(hf_error(qwen2_window({{"max_window_layers", 1}})),
+            "config.json use_sliding_window: true: 1 of 2 layers attend over a sliding window and the rest in full "
+            "(max_window_layers, layer_types); tide gives every layer the same attention");
+  EXPECT_EQ(hf_error(qwen2_window({{"layer_types", {"full_attention", "chunked_attention"}}})),
+            "config.json layer_types: \"chunked_attention\" is neither full_attention nor sliding_attention");
+  EXPECT_EQ(hf_error(qwen2_window({{"layer_types", {"full_attention"}}})),
+            "config.json layer_types: [\"full_attention\"] is not a list of 2 layer types");
+  const nlohmann::json qwen2_out = hf_config(model_config_from_hf(qwen2_window({{"max_window_layers", 0}})));
+  EXPECT_EQ(qwen2_out["use_sliding_window"], true);
+  EXPECT_EQ(qwen2_out["sliding_window"], 16);
+  EXPECT_EQ(qwen2_out["max_window_layers"], 0);
+
   EXPECT_FALSE(model_config_from_hf(as("mistral", {{"sliding_window", nullptr}})).qkv_bias);
-  EXPECT_EQ(hf_error(as("mistral", {{"sliding_window", 32}})), "");  // max_position_embeddings: no token falls out
-  EXPECT_EQ(hf_error(as("mistral", {{"sliding_window", 16}})),
-            "config.json sliding_window: 16: attention over a sliding window shorter than max_position_embeddings = "
-            "32 is not supported (Mistral v0.3 and later have none)");
+  // As long as max_position_embeddings: no token ever falls out of it.
+  EXPECT_EQ(model_config_from_hf(as("mistral", {{"sliding_window", 32}})).sliding_window, 0);
+  const ModelConfig mistral = model_config_from_hf(as("mistral", {{"sliding_window", 16}}));
+  EXPECT_EQ(mistral.sliding_window, 16);
+  EXPECT_EQ(hf_config(mistral)["model_type"], "mistral");
+  EXPECT_EQ(hf_config(mistral)["architectures"], nlohmann::json({"MistralForCausalLM"}));
+  EXPECT_EQ(hf_config(mistral)["sliding_window"], 16);
+  EXPECT_EQ(hf_error(as("mistral", {{"sliding_window", -1}})),
+            "config.json: gives model.sliding_window: -1 is out of range [0, 1000000000]");
+  ModelConfig biased = mistral;
+  biased.mlp_bias = true;
+  try {
+    hf_config(biased);
+    ADD_FAILURE() << "a windowed model with MLP biases has no Hugging Face architecture";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.sliding_window"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(hf_error(as("llama", {{"hidden_act", "gelu"}})),
             "config.json hidden_act: 'gelu' is not silu, the SwiGLU MLP's");
   EXPECT_EQ(hf_error(as("gemma", nlohmann::json::object())),

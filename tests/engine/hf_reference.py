@@ -6,7 +6,9 @@
                                LLaMA shape with RoPE scaling: DIR/llama3, Llama 3.1's
                                scaling, and DIR/llama_linear; MistralForCausalLM in
                                DIR/mistral; Qwen2ForCausalLM, biases on q, k and v, in
-                               DIR/qwen2), each with
+                               DIR/qwen2; with sliding windows of 6 and 5 tokens, shorter
+                               than the inputs, DIR/mistral_window and DIR/qwen2_window),
+                               each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
                                [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
                                continuation of input_ids[0], N new tokens, and greedy_margin [1]:
@@ -69,10 +71,14 @@ def make(out):
     torch.manual_seed(1)  # seed 0's draw has a near-tie in its greedy continuation (greedy_margin)
     models["mistral"] = MistralForCausalLM(MistralConfig(sliding_window=None, **shape))
     models["qwen2"] = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=False, **shape))
+    models["mistral_window"] = MistralForCausalLM(MistralConfig(sliding_window=6, **shape))
+    models["qwen2_window"] = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, sliding_window=5,
+                                                          max_window_layers=0, **shape))
     with torch.no_grad():  # transformers starts biases at zero, where a lost one would not show
-        for name, p in models["qwen2"].named_parameters():
-            if name.endswith(".bias"):
-                p.normal_(0, 0.2)
+        for family in ("qwen2", "qwen2_window"):
+            for name, p in models[family].named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0, 0.2)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, 97, (2, 16), generator=g)
     for family, model in models.items():

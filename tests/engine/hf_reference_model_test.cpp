@@ -33,6 +33,11 @@ ModelConfig tiny_model(const std::string& name) {
     m.rope_scaling_factor = 4;
   } else if (name == "qwen2") {
     m.qkv_bias = true;
+  } else if (name == "mistral_window") {
+    m.sliding_window = 6;
+  } else if (name == "qwen2_window") {
+    m.qkv_bias = true;
+    m.sliding_window = 5;
   }
   return m;
 }
@@ -44,6 +49,8 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
   const fs::path dir = root / GetParam();
   Transformer model = import_hf(dir.string());
   model->eval();
+  EXPECT_EQ(model->config().sliding_window, tiny_model(GetParam()).sliding_window);
+  EXPECT_EQ(model->config().qkv_bias, tiny_model(GetParam()).qkv_bias);
   SafetensorsReader ref((dir / "reference.safetensors").string());
   const auto ids = read_named(ref, "input_ids"), expected = read_named(ref, "logits");
   torch::NoGradGuard no_grad;
@@ -101,7 +108,8 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
-                         ::testing::Values("llama", "bloom", "llama3", "llama_linear", "mistral", "qwen2"),
+                         ::testing::Values("llama", "bloom", "llama3", "llama_linear", "mistral", "qwen2",
+                                           "mistral_window", "qwen2_window"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -246,6 +246,66 @@ INSTANTIATE_TEST_SUITE_P(Model, PackedDocuments,
                            return std::string(info.param.family == Family::LLaMA ? "llama" : "bloom");
                          });
 
+// Attention over a sliding window (model.sliding_window = w): each layer lets a token see
+// the w - 1 tokens before it, so through L layers a changed token moves its own output
+// and those of the L (w - 1) tokens after it, and no other. Outside that reach every
+// input of every computation is the same bits (a masked key's weight is exp(-inf) = 0
+// exactly), so those outputs are equal, not close; inside it they differ.
+class SlidingWindow : public ::testing::TestWithParam<ModelConfig> {};
+
+TEST_P(SlidingWindow, AChangedTokenReachesLayersTimesTheWindowLessOne) {
+  ModelConfig c = GetParam();
+  c.sliding_window = 4;
+  torch::manual_seed(0);
+  Transformer m(c);
+  m->reset_parameters(5);
+  m->eval();
+  torch::NoGradGuard no_grad;
+  const int64_t t = 24, at = 6, reach = c.n_layers * (c.sliding_window - 1);
+  ASSERT_LT(at + reach + 1, t);
+  const auto tokens = torch::randint(0, c.vocab_size, {1, t}, torch::kInt64);
+  auto changed = tokens.clone();
+  changed[0][at] = (tokens[0][at].item<int64_t>() + 1) % c.vocab_size;
+  // Documents 0 up to position 9, then 1: the boundary cuts the reach short.
+  auto documents = torch::zeros({1, t}, torch::kInt32);
+  documents.narrow(1, 9, t - 9).fill_(1);
+  const auto moved = [&](const torch::Tensor& docs) {
+    return (m->hidden(tokens, docs) - m->hidden(changed, docs)).abs().amax({0, 2});  // [T]
+  };
+  const auto plain = moved({}), apart = moved(documents);
+  for (int64_t i = 0; i < t; ++i) {
+    const double p = plain[i].item<double>(), d = apart[i].item<double>();
+    if (i >= at && i <= at + reach)
+      EXPECT_GT(p, 0) << "position " << i << " is within reach";
+    else
+      EXPECT_EQ(p, 0) << "position " << i << " is out of reach";
+    if (i >= at && i < 9)
+      EXPECT_GT(d, 0) << "position " << i << " is within reach and the document";
+    else
+      EXPECT_EQ(d, 0) << "position " << i << " is out of reach or in another document";
+  }
+  // A window the sequence fits in is plain causal attention.
+  ModelConfig wide = c;
+  wide.sliding_window = t;
+  Transformer w(wide);
+  w->reset_parameters(5);
+  w->eval();
+  ModelConfig none = c;
+  none.sliding_window = 0;
+  Transformer n(none);
+  n->reset_parameters(5);
+  n->eval();
+  EXPECT_TRUE(torch::equal(w->hidden(tokens), n->hidden(tokens)));
+  EXPECT_FALSE(torch::equal(m->hidden(tokens), n->hidden(tokens)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Model, SlidingWindow,
+                         ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_learned_positions()),
+                         [](const auto& info) {
+                           if (info.param.positions == PositionKind::Learned) return std::string("learned_positions");
+                           return std::string(info.param.family == Family::LLaMA ? "llama" : "bloom");
+                         });
+
 TEST(Model, HuggingFaceParameterNames) {
   Transformer l(tiny_llama());
   const auto ln = l->named_parameters();

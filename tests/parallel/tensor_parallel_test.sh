@@ -13,7 +13,8 @@
 #    bf16's resolution;
 #  - documents attended apart (data.document_attention) under tp2 with sequence
 #    parallelism: BLOOM (ALiBi with -inf across documents) and LLaMA with learned
-#    positions (restarting at each document, each rank adding its part of the sequence's);
+#    positions (restarting at each document, each rank adding its part of the sequence's),
+#    and LLaMA with a sliding window (model.sliding_window) as well;
 #  - layouts the model cannot be cut into are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -66,6 +67,15 @@ train llama llama-doc-learned-tp2-sp --nproc 2 --set data.document_attention=tru
   --set parallel.tp=2 --set parallel.sequence_parallel=true
 compare "$work/llama-doc-learned-1" "$work/llama-doc-learned-tp2-sp" 0 ||
   fail "tp2 with sequence parallelism and learned positions restarting at each document differs"
+# A sliding window of 16 of the 64 tokens on top: each rank masks the whole sequence
+# with the window and the documents, as one process does.
+train llama llama-doc-window-1 --set data.document_attention=true --set model.sliding_window=16
+train llama llama-doc-window-tp2-sp --nproc 2 --set data.document_attention=true --set model.sliding_window=16 \
+  --set parallel.tp=2 --set parallel.sequence_parallel=true
+compare "$work/llama-doc-window-1" "$work/llama-doc-window-tp2-sp" 0 ||
+  fail "tp2 with sequence parallelism, a sliding window and documents apart differs"
+train llama llama-doc-1 --set data.document_attention=true
+losses_differ "$work/llama-doc-1" "$work/llama-doc-window-1" || fail "model.sliding_window changed nothing"
 
 # Layouts the model cannot be cut into: refused before any worker starts.
 refused llama "model.n_heads = 3" --nproc 2 --set parallel.tp=2 --set model.n_heads=3 --set model.n_kv_heads=1 --set model.dim=48

@@ -308,6 +308,10 @@ void add_model_fields(std::vector<FieldSpec>& s) {
   s.push_back(integer("model.rope_original_max_seq_len", 1, 1e9, kFixed,
                       "llama3 scaling: the context the model was pretrained with.",
                       REF(model.rope_original_max_seq_len)));
+  s.push_back(integer("model.sliding_window", 0, 1e9, kFixed,
+                      "A token attends to itself and this many - 1 tokens before it (Mistral, Qwen2); 0: to all before "
+                      "it. Costs nothing while data.seq_len is at most this.",
+                      REF(model.sliding_window)));
   s.push_back(choice<MlpKind>("model.mlp", {{"swiglu", MlpKind::SwiGLU}, {"gelu", MlpKind::GELU}}, kFixed,
                               "MLP kind (GELU is the tanh form).", REF(model.mlp)));
   s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));

@@ -29,9 +29,18 @@ json hf_config(const ModelConfig& m) {
     require(!m.embedding_norm, "model.embedding_norm", "LLaMA has no embedding norm");
     // Biases on q, k and v alone are Qwen2's architecture (LLaMA's attention_bias is all four).
     const bool qwen2 = m.qkv_bias && !m.attention_bias;
+    // LLaMA's config has no sliding window; Mistral's (without biases) and Qwen2's do.
+    const bool mistral = !qwen2 && m.sliding_window > 0;
     if (qwen2) require(!m.mlp_bias, "model.mlp_bias", "Qwen2 (biases on q, k and v alone) has no MLP biases");
-    j = {{"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-         {"model_type", qwen2 ? "qwen2" : "llama"},
+    if (mistral)
+      require(!m.attention_bias && !m.mlp_bias, "model.sliding_window",
+              "a sliding window is Mistral's, whose projections have no biases");
+    const char* type = qwen2 ? "qwen2" : mistral ? "mistral" : "llama";
+    j = {{"architectures",
+          {qwen2     ? "Qwen2ForCausalLM"
+           : mistral ? "MistralForCausalLM"
+                     : "LlamaForCausalLM"}},
+         {"model_type", type},
          {"hidden_size", m.dim},
          {"intermediate_size", resolved_ffn_dim(m)},
          {"num_attention_heads", m.n_heads},
@@ -47,10 +56,17 @@ json hf_config(const ModelConfig& m) {
          {"mlp_bias", m.mlp_bias},
          {"initializer_range", m.init_std},
          {"torch_dtype", "float32"}};
-    if (qwen2) {
+    if (qwen2 || mistral) {
       j.erase("attention_bias");
       j.erase("mlp_bias");
-      j["use_sliding_window"] = false;
+    }
+    if (mistral) j["sliding_window"] = m.sliding_window;
+    if (qwen2) {
+      j["use_sliding_window"] = m.sliding_window > 0;
+      if (m.sliding_window > 0) {
+        j["sliding_window"] = m.sliding_window;
+        j["max_window_layers"] = 0;  // every layer
+      }
     }
     if (m.rope_scaling == RopeScaling::Linear) {
       j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", m.rope_scaling_factor}};
@@ -67,6 +83,7 @@ json hf_config(const ModelConfig& m) {
     require(m.mlp == MlpKind::GELU && resolved_ffn_dim(m) == 4 * m.dim, "model.mlp", "BLOOM uses a 4*dim GELU MLP");
     require(m.attention_bias && m.mlp_bias, "model.attention_bias", "BLOOM has biases everywhere");
     require(m.embedding_norm, "model.embedding_norm", "BLOOM normalises its embeddings");
+    require(m.sliding_window == 0, "model.sliding_window", "BLOOM attends to every earlier token");
     j = {{"architectures", {"BloomForCausalLM"}},
          {"model_type", "bloom"},
          {"hidden_size", m.dim},
@@ -156,6 +173,35 @@ void read_rope_scaling(const json& scaling, ModelConfig& m) {
   }
   m.rope_scaling_factor = hf.number("factor");
 }
+
+// Qwen2 attends over its window in the layers from max_window_layers on (or where
+// layer_types says "sliding_attention"); tide gives every layer the same attention.
+void read_qwen2_window(const HfConfig& hf, ModelConfig& m) {
+  if (hf.get("sliding_window") == nullptr) return;
+  const int64_t window = hf.integer({"sliding_window"});
+  int64_t sliding = 0;
+  if (const json* types = hf.get("layer_types")) {
+    if (!types->is_array() || static_cast<int64_t>(types->size()) != m.n_layers)
+      throw ConfigError("config.json layer_types",
+                        fmt::format("{} is not a list of {} layer types", types->dump().substr(0, 200), m.n_layers));
+    for (const auto& t : *types) {
+      if (t == "sliding_attention")
+        ++sliding;
+      else if (t != "full_attention")
+        throw ConfigError("config.json layer_types",
+                          fmt::format("{} is neither full_attention nor sliding_attention", t.dump().substr(0, 200)));
+    }
+  } else {
+    const int64_t full = hf.integer({"max_window_layers"}, 28);
+    sliding = std::max<int64_t>(0, m.n_layers - std::max<int64_t>(0, full));
+  }
+  if (sliding > 0 && sliding < m.n_layers)
+    throw ConfigError("config.json use_sliding_window",
+                      fmt::format("true: {} of {} layers attend over a sliding window and the rest in full "
+                                  "(max_window_layers, layer_types); tide gives every layer the same attention",
+                                  sliding, m.n_layers));
+  if (sliding == m.n_layers) m.sliding_window = window;
+}
 }  // namespace
 
 ModelConfig model_config_from_hf(const json& config) {
@@ -179,20 +225,15 @@ ModelConfig model_config_from_hf(const json& config) {
     m.tie_embeddings = hf.boolean("tie_word_embeddings", false);
     if (type == "qwen2") {
       m.qkv_bias = true;
-      if (hf.boolean("use_sliding_window", false))
-        throw ConfigError("config.json use_sliding_window", "true: attention over a sliding window is not supported");
+      if (hf.boolean("use_sliding_window", false)) read_qwen2_window(hf, m);
     } else {
       m.attention_bias = hf.boolean("attention_bias", false);
       m.mlp_bias = hf.boolean("mlp_bias", false);
     }
-    if (type == "mistral" && hf.get("sliding_window") != nullptr) {
-      const int64_t window = hf.integer({"sliding_window"});
-      if (window < m.max_seq_len)
-        throw ConfigError("config.json sliding_window",
-                          fmt::format("{}: attention over a sliding window shorter than max_position_embeddings = "
-                                      "{} is not supported (Mistral v0.3 and later have none)",
-                                      window, m.max_seq_len));
-    }
+    // Mistral v0.1's window; v0.3 and later have none.
+    if (type == "mistral" && hf.get("sliding_window") != nullptr) m.sliding_window = hf.integer({"sliding_window"});
+    // A window the model's longest sequence fits in leaves nothing out.
+    if (m.sliding_window >= m.max_seq_len) m.sliding_window = 0;
     if (const std::string act = hf.get("hidden_act") != nullptr ? hf.string("hidden_act") : "silu"; act != "silu")
       throw ConfigError("config.json hidden_act", fmt::format("'{}' is not silu, the SwiGLU MLP's", act));
     if (const json* scaling = hf.get("rope_scaling")) read_rope_scaling(*scaling, m);

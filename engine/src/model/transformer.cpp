@@ -61,13 +61,16 @@ std::vector<double> rope_inverse_frequencies(const ModelConfig& m) {
 }
 
 namespace {
-// [B, 1, T, T]: true where query i may attend key j, j <= i in i's document (documents
+// [B, 1, T, T] with documents, else [1, 1, T, T]: true where query i may attend key j:
+// j <= i, i - j < window when there is one (0: none), and j in i's document (documents
 // [B, T], numbers that never decrease along a row). Every row keeps its diagonal, so no
 // softmax row is empty.
-torch::Tensor document_mask(const torch::Tensor& documents) {
-  const int64_t t = documents.size(1);
+torch::Tensor allowed_keys(int64_t t, const torch::Tensor& documents, int64_t window, const torch::Device& device) {
+  auto band = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(device)).tril();
+  if (window > 0) band = band.triu(1 - window);
+  if (!documents.defined()) return band.view({1, 1, t, t});
   const auto same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, T, T]: doc_i == doc_j
-  return same.logical_and_(torch::ones({t, t}, documents.options().dtype(torch::kBool)).tril()).unsqueeze(1);
+  return same.logical_and_(band).unsqueeze(1);
 }
 
 // [B, T] int64: each token's distance from its document's first token in the row.
@@ -324,12 +327,16 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   // Attention sees the whole sequence, also when the residual stream is split.
   const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
   auto bias = attention_bias(t, x.options());
-  if (documents.defined()) {
+  if (documents.defined())
     TORCH_CHECK(documents.dim() == 2 && documents.size(0) == x.size(0) && documents.size(1) == t, "documents of shape ",
                 documents.sizes(), " for a batch of ", x.size(0), " sequences of ", t, " tokens");
+  // A window no shorter than the sequence leaves nothing out: plain causal attention,
+  // which the kernels skip the masked half of, and on CUDA the flash kernel.
+  const int64_t window = cfg_.sliding_window > 0 && t > cfg_.sliding_window ? cfg_.sliding_window : 0;
+  if (documents.defined() || window > 0) {
     // RoPE and ALiBi see only position differences, the same within a document wherever
     // it sits in the row: the mask alone makes each document attend as if it came first.
-    const auto allowed = document_mask(documents);
+    const auto allowed = allowed_keys(t, documents, window, x.device());
     bias = bias.defined() ? bias.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity()) : allowed;
   }
   torch::Tensor cos, sin;

@@ -43,6 +43,9 @@ struct ModelConfig {
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_seq_len = 8192;
+  // > 0: a token attends to itself and the sliding_window - 1 tokens before it
+  // (Mistral's and Qwen2's sliding window); 0: to every token before it.
+  int64_t sliding_window = 0;
   MlpKind mlp = MlpKind::SwiGLU;
   bool attention_bias = false;
   bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)
