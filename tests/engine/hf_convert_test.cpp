@@ -82,20 +82,30 @@ TEST_P(HfRoundTrip, ImportWithoutTideFieldsUsesHfConfig) {
   EXPECT_EQ(theirs.qkv_bias, ours.qkv_bias);
   if (ours.rope_scaling != RopeScaling::None) {
     EXPECT_EQ(theirs.rope_scaling_factor, ours.rope_scaling_factor);
+    EXPECT_EQ(theirs.rope_original_max_seq_len, ours.rope_original_max_seq_len);
+  }
+  if (ours.rope_scaling == RopeScaling::Llama3) {
     EXPECT_EQ(theirs.rope_low_freq_factor, ours.rope_low_freq_factor);
     EXPECT_EQ(theirs.rope_high_freq_factor, ours.rope_high_freq_factor);
-    EXPECT_EQ(theirs.rope_original_max_seq_len, ours.rope_original_max_seq_len);
+  }
+  if (ours.rope_scaling == RopeScaling::Yarn) {
+    EXPECT_EQ(theirs.rope_beta_fast, ours.rope_beta_fast);
+    EXPECT_EQ(theirs.rope_beta_slow, ours.rope_beta_slow);
+    EXPECT_EQ(theirs.rope_attention_factor, ours.rope_attention_factor);
   }
   expect_identical(m, back);
   fs::remove_all(dir);
 }
 
-ModelConfig tiny_llama_with_rope_scaling() {
+ModelConfig tiny_llama_with_rope_scaling(RopeScaling kind) {
   ModelConfig m = tiny_llama();
-  m.rope_scaling = RopeScaling::Llama3;
+  m.rope_scaling = kind;
   m.rope_scaling_factor = 32;
   m.rope_high_freq_factor = 3;
   m.rope_original_max_seq_len = 24;
+  m.rope_beta_fast = 16;
+  m.rope_beta_slow = 0.5;
+  m.rope_attention_factor = kind == RopeScaling::Yarn ? 1.25 : 0;
   return m;
 }
 
@@ -108,10 +118,13 @@ ModelConfig tiny_llama_with_window(bool qkv_bias) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Convert, HfRoundTrip,
-                         ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_rope_scaling(),
+                         ::testing::Values(tiny_llama(), tiny_bloom(),
+                                           tiny_llama_with_rope_scaling(RopeScaling::Llama3),
+                                           tiny_llama_with_rope_scaling(RopeScaling::Yarn),
                                            tiny_llama_with_window(false), tiny_llama_with_window(true)),
                          [](const auto& info) {
                            const ModelConfig& m = info.param;
+                           if (m.rope_scaling == RopeScaling::Yarn) return std::string("llama_yarn");
                            if (m.rope_scaling != RopeScaling::None) return std::string("llama_rope_scaling");
                            if (m.sliding_window > 0) return std::string(m.qkv_bias ? "qwen2_window" : "mistral_window");
                            return std::string(m.family == Family::LLaMA ? "llama" : "bloom");
@@ -354,8 +367,30 @@ TEST(HfConvert, RopeScalingIsReadOrRefusedByName) {
   EXPECT_EQ(llama3.rope_scaling, RopeScaling::Llama3);
   EXPECT_EQ(llama3.rope_original_max_seq_len, 8192);
   EXPECT_EQ(model_config_from_hf(scaled(nullptr)).rope_scaling, RopeScaling::None);  // "rope_scaling": null
-  EXPECT_EQ(hf_error(scaled({{"rope_type", "yarn"}, {"factor", 4.0}})),
-            "config.json rope_scaling.rope_type: 'yarn' is not a supported RoPE scaling (linear, llama3)");
+  // Qwen2.5's yarn: the context before scaling defaults to max_position_embeddings (32
+  // here), the betas to YaRN's 32 and 1, the attention factor to 0.1 ln(factor) + 1 (0).
+  const ModelConfig yarn = model_config_from_hf(scaled({{"type", "yarn"}, {"factor", 4.0}}));
+  EXPECT_EQ(yarn.rope_scaling, RopeScaling::Yarn);
+  EXPECT_EQ(yarn.rope_original_max_seq_len, 32);
+  EXPECT_EQ(yarn.rope_beta_fast, 32.0);
+  EXPECT_EQ(yarn.rope_beta_slow, 1.0);
+  EXPECT_EQ(yarn.rope_attention_factor, 0.0);
+  EXPECT_NEAR(rope_attention_scale(yarn), 0.1 * std::log(4.0) + 1, 1e-15);
+  EXPECT_EQ(model_config_from_hf(scaled({{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", 1.5}}))
+                .rope_attention_factor,
+            1.5);
+  // DeepSeek's mscale and mscale_all_dim: the ratio of YaRN's factor with each.
+  EXPECT_NEAR(model_config_from_hf(
+                  scaled({{"rope_type", "yarn"}, {"factor", 40.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.707}}))
+                  .rope_attention_factor,
+              (0.1 * std::log(40.0) + 1) / (0.0707 * std::log(40.0) + 1), 1e-12);
+  EXPECT_EQ(hf_error(scaled({{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", false}})),
+            "config.json rope_scaling.truncate: false: yarn scaling with an unrounded ramp is not supported");
+  EXPECT_EQ(hf_error(scaled({{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", 1.0}, {"beta_slow", 2.0}})),
+            "config.json: gives model.rope_beta_fast: 1 is not above model.rope_beta_slow = 2: yarn scaling ramps "
+            "between them");
+  EXPECT_EQ(hf_error(scaled({{"rope_type", "dynamic"}, {"factor", 4.0}})),
+            "config.json rope_scaling.rope_type: 'dynamic' is not a supported RoPE scaling (linear, llama3, yarn)");
   EXPECT_EQ(hf_error(scaled({{"rope_type", "llama3"}, {"factor", 8.0}})),
             "config.json rope_scaling.original_max_position_embeddings: missing");
   EXPECT_EQ(hf_error(scaled({{"rope_type", "linear"}})), "config.json rope_scaling.factor: missing");

@@ -4,7 +4,7 @@
   hf_reference.py make DIR     random tiny LlamaForCausalLM and BloomForCausalLM (fixed seed),
                                saved by transformers in DIR/llama and DIR/bloom (and the
                                LLaMA shape with RoPE scaling: DIR/llama3, Llama 3.1's
-                               scaling, and DIR/llama_linear; MistralForCausalLM in
+                               scaling, DIR/llama_linear and DIR/llama_yarn; MistralForCausalLM in
                                DIR/mistral; Qwen2ForCausalLM, biases on q, k and v, in
                                DIR/qwen2; with sliding windows of 6 and 5 tokens, shorter
                                than the inputs, DIR/mistral_window and DIR/qwen2_window),
@@ -68,6 +68,11 @@ def make(out):
     models["llama3"] = llama(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
     models["llama_linear"] = llama(rope_scaling={"rope_type": "linear", "factor": 4.0})
+    # YaRN over the same 16 tokens: beta_slow 0.01 puts the ramp's end at dimension 3 of
+    # the 4 frequencies, so one is kept, two blended (1/3, 2/3) and one divided; the
+    # attention factor is the derived 0.1 ln 4 + 1.
+    models["llama_yarn"] = llama(rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_slow": 0.01,
+                                               "original_max_position_embeddings": 16})
     torch.manual_seed(1)  # seed 0's draw has a near-tie in its greedy continuation (greedy_margin)
     models["mistral"] = MistralForCausalLM(MistralConfig(sliding_window=None, **shape))
     models["qwen2"] = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=False, **shape))

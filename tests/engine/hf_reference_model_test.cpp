@@ -28,6 +28,11 @@ ModelConfig tiny_model(const std::string& name) {
   if (name == "llama3") {
     m.rope_scaling = RopeScaling::Llama3;
     m.rope_original_max_seq_len = 16;  // the rest: Llama 3.1's (factor 8, frequency factors 1 and 4)
+  } else if (name == "llama_yarn") {
+    m.rope_scaling = RopeScaling::Yarn;
+    m.rope_scaling_factor = 4;
+    m.rope_beta_slow = 0.01;
+    m.rope_original_max_seq_len = 16;
   } else if (name == "llama_linear") {
     m.rope_scaling = RopeScaling::Linear;
     m.rope_scaling_factor = 4;
@@ -108,7 +113,7 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
-                         ::testing::Values("llama", "bloom", "llama3", "llama_linear", "mistral", "qwen2",
+                         ::testing::Values("llama", "bloom", "llama3", "llama_linear", "llama_yarn", "mistral", "qwen2",
                                            "mistral_window", "qwen2_window"),
                          [](const auto& info) { return info.param; });
 

@@ -292,10 +292,14 @@ void add_model_fields(std::vector<FieldSpec>& s) {
   s.push_back(number("model.rope_theta", 1, 1e12, kFixed, "RoPE base.", REF(model.rope_theta)));
   s.push_back(choice<RopeScaling>(
       "model.rope_scaling",
-      {{"none", RopeScaling::None}, {"linear", RopeScaling::Linear}, {"llama3", RopeScaling::Llama3}}, kFixed,
+      {{"none", RopeScaling::None},
+       {"linear", RopeScaling::Linear},
+       {"llama3", RopeScaling::Llama3},
+       {"yarn", RopeScaling::Yarn}},
+      kFixed,
       "RoPE frequencies stretched for a longer context (Hugging Face's rope_scaling): linear divides each by "
       "rope_scaling_factor; llama3 (Llama 3.1 and later) divides the low ones, keeps the high ones and blends "
-      "between.",
+      "between; yarn (YaRN, Qwen2.5) does so by dimension and scales attention.",
       REF(model.rope_scaling)));
   s.push_back(number("model.rope_scaling_factor", 1, 1e6, kFixed, "How much longer the context is (rope_scaling).",
                      REF(model.rope_scaling_factor)));
@@ -306,8 +310,17 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                      "llama3 scaling: wavelengths under rope_original_max_seq_len / this are kept.",
                      REF(model.rope_high_freq_factor)));
   s.push_back(integer("model.rope_original_max_seq_len", 1, 1e9, kFixed,
-                      "llama3 scaling: the context the model was pretrained with.",
+                      "llama3 and yarn scaling: the context the model was pretrained with.",
                       REF(model.rope_original_max_seq_len)));
+  s.push_back(number("model.rope_beta_fast", 1e-6, 1e6, kFixed,
+                     "yarn scaling: frequencies turning more often than this over the original context are kept.",
+                     REF(model.rope_beta_fast)));
+  s.push_back(number("model.rope_beta_slow", 1e-6, 1e6, kFixed,
+                     "yarn scaling: frequencies turning less often than this are divided by the factor.",
+                     REF(model.rope_beta_slow)));
+  s.push_back(number("model.rope_attention_factor", 0, 100, kFixed,
+                     "yarn scaling: cos and sin are scaled by this; 0: 0.1 ln(rope_scaling_factor) + 1.",
+                     REF(model.rope_attention_factor)));
   s.push_back(integer("model.sliding_window", 0, 1e9, kFixed,
                       "A token attends to itself and this many - 1 tokens before it (Mistral, Qwen2); 0: to all before "
                       "it. Costs nothing while data.seq_len is at most this.",
@@ -697,6 +710,10 @@ void validate_model(const ModelConfig& m) {
     fail("model.rope_high_freq_factor",
          fmt::format("{} is not above model.rope_low_freq_factor = {}: llama3 scaling blends between them",
                      m.rope_high_freq_factor, m.rope_low_freq_factor));
+  if (m.rope_scaling == RopeScaling::Yarn && !(m.rope_beta_slow < m.rope_beta_fast))
+    fail("model.rope_beta_fast",
+         fmt::format("{} is not above model.rope_beta_slow = {}: yarn scaling ramps between them", m.rope_beta_fast,
+                     m.rope_beta_slow));
   if (m.recompute_blocks > 0 && !m.activation_checkpointing)
     fail("model.recompute_blocks",
          fmt::format("{} blocks to recompute need model.activation_checkpointing = true", m.recompute_blocks));

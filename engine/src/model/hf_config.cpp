@@ -1,5 +1,6 @@
 #include "tide/engine/model/hf_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -76,6 +77,13 @@ json hf_config(const ModelConfig& m) {
                            {"low_freq_factor", m.rope_low_freq_factor},
                            {"high_freq_factor", m.rope_high_freq_factor},
                            {"original_max_position_embeddings", m.rope_original_max_seq_len}};
+    } else if (m.rope_scaling == RopeScaling::Yarn) {
+      j["rope_scaling"] = {{"rope_type", "yarn"},
+                           {"factor", m.rope_scaling_factor},
+                           {"original_max_position_embeddings", m.rope_original_max_seq_len},
+                           {"beta_fast", m.rope_beta_fast},
+                           {"beta_slow", m.rope_beta_slow}};
+      if (m.rope_attention_factor > 0) j["rope_scaling"]["attention_factor"] = m.rope_attention_factor;
     }
   } else {
     require(m.norm == NormKind::LayerNorm, "model.norm", "BLOOM uses LayerNorm");
@@ -167,9 +175,27 @@ void read_rope_scaling(const json& scaling, ModelConfig& m) {
     m.rope_low_freq_factor = hf.number("low_freq_factor", m.rope_low_freq_factor);
     m.rope_high_freq_factor = hf.number("high_freq_factor", m.rope_high_freq_factor);
     m.rope_original_max_seq_len = hf.integer({"original_max_position_embeddings"});
+  } else if (type == "yarn") {
+    m.rope_scaling = RopeScaling::Yarn;
+    // transformers' defaults: the context before scaling is max_position_embeddings.
+    m.rope_original_max_seq_len = hf.integer({"original_max_position_embeddings"}, m.max_seq_len);
+    m.rope_beta_fast = hf.number("beta_fast", m.rope_beta_fast);
+    m.rope_beta_slow = hf.number("beta_slow", m.rope_beta_slow);
+    if (!hf.boolean("truncate", true))
+      throw ConfigError("config.json rope_scaling.truncate",
+                        "false: yarn scaling with an unrounded ramp is not supported");
+    if (hf.get("attention_factor") != nullptr) {
+      m.rope_attention_factor = hf.number("attention_factor");
+    } else if (const double scale = hf.number("mscale", 0), all = hf.number("mscale_all_dim", 0);
+               scale != 0 && all != 0) {
+      // DeepSeek's form: the ratio of two of YaRN's factors, each 0.1 mscale ln(factor) + 1.
+      const double factor = hf.number("factor");
+      const auto yarn = [&](double s) { return factor <= 1 ? 1.0 : 0.1 * s * std::log(factor) + 1.0; };
+      m.rope_attention_factor = yarn(scale) / yarn(all);
+    }
   } else {
     throw ConfigError("config.json rope_scaling.rope_type",
-                      fmt::format("'{}' is not a supported RoPE scaling (linear, llama3)", type));
+                      fmt::format("'{}' is not a supported RoPE scaling (linear, llama3, yarn)", type));
   }
   m.rope_scaling_factor = hf.number("factor");
 }

@@ -38,10 +38,23 @@ std::vector<double> rope_inverse_frequencies(const ModelConfig& m) {
   const int64_t hd = head_dim(m);
   const double factor = m.rope_scaling_factor, low = m.rope_low_freq_factor, high = m.rope_high_freq_factor;
   const auto original = static_cast<double>(m.rope_original_max_seq_len);
+  // YaRN: the dimension (of hd) whose frequency turns `rotations` times over the original
+  // context; the ramp runs between those of beta_fast and beta_slow, rounded outwards and
+  // held inside [0, hd - 1], as transformers' truncated range is.
+  const auto dimension_turning = [&](double rotations) {
+    return static_cast<double>(hd) * std::log(original / (rotations * 2 * kPi)) / (2 * std::log(m.rope_theta));
+  };
+  const double ramp_low = std::max(0.0, std::floor(dimension_turning(m.rope_beta_fast)));
+  double ramp_high = std::min(static_cast<double>(hd - 1), std::ceil(dimension_turning(m.rope_beta_slow)));
+  if (ramp_high == ramp_low) ramp_high += 0.001;  // transformers' guard against a zero-width ramp
   std::vector<double> out;
   for (int64_t i = 0; i < hd; i += 2) {
     double f = 1.0 / std::pow(m.rope_theta, static_cast<double>(i) / static_cast<double>(hd));
-    if (m.rope_scaling == RopeScaling::Linear) {
+    if (m.rope_scaling == RopeScaling::Yarn) {
+      const int64_t pair = i / 2;  // the frequency's index
+      const double ramp = std::clamp((static_cast<double>(pair) - ramp_low) / (ramp_high - ramp_low), 0.0, 1.0);
+      f = ramp * f / factor + (1 - ramp) * f;  // ramp 0: kept (fast turning), 1: divided
+    } else if (m.rope_scaling == RopeScaling::Linear) {
       f /= factor;
     } else if (m.rope_scaling == RopeScaling::Llama3) {
       // Llama 3.1: a wavelength longer than the pretrained context / low is stretched by the
@@ -58,6 +71,12 @@ std::vector<double> rope_inverse_frequencies(const ModelConfig& m) {
     out.push_back(f);
   }
   return out;
+}
+
+double rope_attention_scale(const ModelConfig& m) {
+  if (m.rope_scaling != RopeScaling::Yarn) return 1.0;
+  if (m.rope_attention_factor > 0) return m.rope_attention_factor;
+  return m.rope_scaling_factor <= 1 ? 1.0 : 0.1 * std::log(m.rope_scaling_factor) + 1.0;
 }
 
 namespace {
@@ -348,8 +367,10 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
       const int64_t rows = std::min(cfg_.max_seq_len, std::max(t, 2 * (rope_cos_.defined() ? rope_cos_.size(0) : 0)));
       const auto freqs = torch::outer(torch::arange(rows, torch::kFloat64), rope_inv_freq_);
       const auto emb = torch::cat({freqs, freqs}, -1);  // [rows, Hd]
-      rope_cos_ = emb.cos().to(torch::kFloat32);
-      rope_sin_ = emb.sin().to(torch::kFloat32);
+      // YaRN scales both, so the scores grow by its square (1 elsewhere).
+      const double scale = rope_attention_scale(cfg_);
+      rope_cos_ = (emb.cos() * scale).to(torch::kFloat32);
+      rope_sin_ = (emb.sin() * scale).to(torch::kFloat32);
     }
     if (rope_cos_.device() != x.device()) {
       rope_cos_ = rope_cos_.to(x.device());

@@ -11,7 +11,7 @@ namespace tide {
 
 enum class NormKind { RMSNorm, LayerNorm };
 enum class PositionKind { RoPE, ALiBi, Learned };
-enum class RopeScaling { None, Linear, Llama3 };
+enum class RopeScaling { None, Linear, Llama3, Yarn };
 enum class MlpKind { SwiGLU, GELU };
 // Parameter naming and fused-QKV layout of the Hugging Face family.
 enum class Family { LLaMA, BLOOM };
@@ -38,11 +38,17 @@ struct ModelConfig {
   // Face's rope_scaling): Linear divides each by the factor; Llama3 (Llama 3.1 and later)
   // divides those whose wavelength exceeds original / low_freq_factor tokens, keeps those
   // under original / high_freq_factor and blends in between. Defaults: Llama 3.1's.
+  // Yarn (YaRN: Qwen2.5's long context) divides those that turn fewer than beta_slow
+  // times over the original context, keeps those turning over beta_fast times, ramps
+  // between by dimension, and scales cos and sin by the attention factor.
   RopeScaling rope_scaling = RopeScaling::None;
   double rope_scaling_factor = 8.0;
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
   int64_t rope_original_max_seq_len = 8192;
+  double rope_beta_fast = 32.0;
+  double rope_beta_slow = 1.0;
+  double rope_attention_factor = 0.0;  // 0: YaRN's 0.1 ln(factor) + 1
   // > 0: a token attends to itself and the sliding_window - 1 tokens before it
   // (Mistral's and Qwen2's sliding window); 0: to every token before it.
   int64_t sliding_window = 0;

@@ -239,5 +239,7 @@ std::vector<double> alibi_slopes(int64_t n_heads);
 // RoPE's inverse frequencies theta^(-2i / Hd), one per pair of a head's dimensions, with
 // the model's rope_scaling applied.
 std::vector<double> rope_inverse_frequencies(const ModelConfig& m);
+// What RoPE's cos and sin tables are multiplied by: YaRN's attention factor, else 1.
+double rope_attention_scale(const ModelConfig& m);
 
 }  // namespace tide
