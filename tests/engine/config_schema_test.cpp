@@ -120,5 +120,34 @@ TEST(ModelShape, ParameterCountFormula) {
   EXPECT_EQ(resolved_kv_heads(m), 8);
 }
 
+TEST(ModelShape, HeadsOfTheirOwnWidth) {
+  // Mistral NeMo 12B: 32 heads of 128 at dim 5120, so the query and output projections
+  // are 4096 wide (12,247,782,400 parameters, its published count).
+  ModelConfig m;
+  m.vocab_size = 131072;
+  m.dim = 5120;
+  m.n_layers = 40;
+  m.n_heads = 32;
+  m.n_kv_heads = 8;
+  m.head_dim = 128;
+  m.ffn_dim = 14336;
+  EXPECT_EQ(head_dim(m), 128);
+  EXPECT_EQ(parameter_count(m), 12'247'782'400);
+  // n_heads need not divide dim then; for BLOOM's fused layout it must, and the width too.
+  EXPECT_EQ(config_from_json(json{{"model", {{"dim", 64}, {"n_heads", 6}, {"head_dim", 16}}}}).model.head_dim, 16);
+  try {
+    config_from_json(json{{"model", {{"dim", 64}, {"n_heads", 6}}}});
+    ADD_FAILURE() << "6 heads do not divide 64";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "model.n_heads: 6 does not divide model.dim = 64 (or set model.head_dim)");
+  }
+  try {
+    config_from_json(json{{"model", {{"family", "bloom"}, {"dim", 64}, {"n_heads", 4}, {"head_dim", 32}}}});
+    ADD_FAILURE() << "BLOOM's fused QKV layout has heads of dim / n_heads";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "model.head_dim");
+  }
+}
+
 }  // namespace
 }  // namespace tide

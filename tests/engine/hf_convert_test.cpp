@@ -277,8 +277,18 @@ TEST(HfConvert, ConfigValuesOfTheWrongTypeAreNamed) {
   EXPECT_EQ(hf_error(nlohmann::json::array()), "config.json: is array, not an object");
   // Values of the right type are held to the recipe schema's ranges and rules.
   EXPECT_EQ(with("num_attention_heads", 0), "config.json: gives model.n_heads: 0 is out of range [1, 100000]");
-  EXPECT_EQ(with("head_dim", 16), "config.json head_dim: 16 is not hidden_size / num_attention_heads = 32 / 4");
-  EXPECT_EQ(with("head_dim", 8), "");
+  EXPECT_EQ(with("head_dim", 7.5), "config.json head_dim: 7.5 is not an integer");
+  EXPECT_EQ(with("head_dim", -8), "config.json: gives model.head_dim: -8 is out of range [0, 100000]");
+  EXPECT_EQ(with("head_dim", 15),
+            "config.json: gives model.positions: RoPE needs an even head dimension, "
+            "model.head_dim = 15");
+  // A width of its own is kept; hidden_size / num_attention_heads is the derived one.
+  nlohmann::json wide = cfg;
+  wide["head_dim"] = 16;
+  EXPECT_EQ(model_config_from_hf(wide).head_dim, 16);
+  EXPECT_EQ(hf_config(model_config_from_hf(wide))["head_dim"], 16);
+  wide["head_dim"] = 8;
+  EXPECT_EQ(model_config_from_hf(wide).head_dim, 0);
 }
 
 TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {

@@ -7,7 +7,8 @@
                                scaling, DIR/llama_linear and DIR/llama_yarn; MistralForCausalLM in
                                DIR/mistral; Qwen2ForCausalLM, biases on q, k and v, in
                                DIR/qwen2; with sliding windows of 6 and 5 tokens, shorter
-                               than the inputs, DIR/mistral_window and DIR/qwen2_window),
+                               than the inputs, DIR/mistral_window and DIR/qwen2_window;
+                               with heads of 16 at hidden_size 32, DIR/mistral_wide_heads),
                                each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
                                [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
@@ -79,6 +80,8 @@ def make(out):
     models["mistral_window"] = MistralForCausalLM(MistralConfig(sliding_window=6, **shape))
     models["qwen2_window"] = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, sliding_window=5,
                                                           max_window_layers=0, **shape))
+    # Mistral NeMo's shape: heads wider than hidden_size / num_attention_heads (16, not 8).
+    models["mistral_wide_heads"] = MistralForCausalLM(MistralConfig(sliding_window=None, head_dim=16, **shape))
     with torch.no_grad():  # transformers starts biases at zero, where a lost one would not show
         for family in ("qwen2", "qwen2_window"):
             for name, p in models[family].named_parameters():

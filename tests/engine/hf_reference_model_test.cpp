@@ -38,6 +38,8 @@ ModelConfig tiny_model(const std::string& name) {
     m.rope_scaling_factor = 4;
   } else if (name == "qwen2") {
     m.qkv_bias = true;
+  } else if (name == "mistral_wide_heads") {
+    m.head_dim = 16;
   } else if (name == "mistral_window") {
     m.sliding_window = 6;
   } else if (name == "qwen2_window") {
@@ -56,6 +58,7 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
   model->eval();
   EXPECT_EQ(model->config().sliding_window, tiny_model(GetParam()).sliding_window);
   EXPECT_EQ(model->config().qkv_bias, tiny_model(GetParam()).qkv_bias);
+  EXPECT_EQ(model->config().head_dim, tiny_model(GetParam()).head_dim);
   SafetensorsReader ref((dir / "reference.safetensors").string());
   const auto ids = read_named(ref, "input_ids"), expected = read_named(ref, "logits");
   torch::NoGradGuard no_grad;
@@ -114,7 +117,7 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
                          ::testing::Values("llama", "bloom", "llama3", "llama_linear", "llama_yarn", "mistral", "qwen2",
-                                           "mistral_window", "qwen2_window"),
+                                           "mistral_window", "qwen2_window", "mistral_wide_heads"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -163,8 +163,21 @@ TEST_P(BothFamilies, ABlockAddsEachLayerOntoItsInputAsTheUnfusedSumDoes) {
     EXPECT_TRUE(torch::allclose(fused[i], apart[i], 1e-10, 1e-12)) << (i == 0 ? "output" : "gradient ") << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Model, BothFamilies, ::testing::Values(tiny_llama(), tiny_bloom()),
-                         [](const auto& info) { return info.param.family == Family::LLaMA ? "llama" : "bloom"; });
+// Heads of their own width (model.head_dim): 4 heads of 16 make attention 64 wide in a
+// model of dim 32, with biases on q, k and v counted at that width.
+ModelConfig tiny_llama_with_wide_heads() {
+  ModelConfig m = tiny_llama();
+  m.head_dim = 16;
+  m.qkv_bias = true;
+  return m;
+}
+
+INSTANTIATE_TEST_SUITE_P(Model, BothFamilies,
+                         ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_wide_heads()),
+                         [](const auto& info) {
+                           if (info.param.head_dim > 0) return "llama_wide_heads";
+                           return info.param.family == Family::LLaMA ? "llama" : "bloom";
+                         });
 
 // Documents packed into rows, attended within each document only (data.document_attention).
 class PackedDocuments : public ::testing::TestWithParam<ModelConfig> {};

@@ -275,6 +275,9 @@ void add_model_fields(std::vector<FieldSpec>& s) {
   s.push_back(integer("model.n_heads", 1, 1e5, kFixed, "Query heads.", REF(model.n_heads)));
   s.push_back(integer("model.n_kv_heads", 0, 1e5, kFixed, "Key/value heads (grouped-query attention); 0: n_heads.",
                       REF(model.n_kv_heads)));
+  s.push_back(integer("model.head_dim", 0, 1e5, kFixed,
+                      "Width of each attention head; 0: dim / n_heads. Mistral NeMo and Qwen3 set their own.",
+                      REF(model.head_dim)));
   s.push_back(integer("model.ffn_dim", 0, 1e7, kFixed, "MLP hidden size; 0: derived from dim.", REF(model.ffn_dim)));
   s.push_back(integer("model.multiple_of", 1, 1e6, kFixed, "SwiGLU hidden size rounds up to this.",
                       REF(model.multiple_of)));
@@ -684,14 +687,18 @@ ModelConfig model_config_from_json(const json& model) {
 
 void validate_model(const ModelConfig& m) {
   auto fail = [](const std::string& field, const std::string& msg) { throw ConfigError(field, msg); };
-  if (m.dim % m.n_heads != 0)
-    fail("model.n_heads", fmt::format("{} does not divide model.dim = {}", m.n_heads, m.dim));
+  if (m.head_dim == 0 && m.dim % m.n_heads != 0)
+    fail("model.n_heads", fmt::format("{} does not divide model.dim = {} (or set model.head_dim)", m.n_heads, m.dim));
+  if (m.family == Family::BLOOM && m.head_dim > 0 && m.head_dim * m.n_heads != m.dim)
+    fail("model.head_dim", fmt::format("{} times model.n_heads = {} is not model.dim = {}: the bloom family's fused "
+                                       "QKV layout has heads of dim / n_heads",
+                                       m.head_dim, m.n_heads, m.dim));
   const int64_t kv = resolved_kv_heads(m);
   if (m.n_heads % kv != 0)
     fail("model.n_kv_heads", fmt::format("{} does not divide model.n_heads = {}", kv, m.n_heads));
   if (m.positions == PositionKind::RoPE && head_dim(m) % 2 != 0)
-    fail("model.positions", fmt::format("RoPE needs an even head dimension, model.dim / model.n_heads = {}",
-                                        head_dim(m)));
+    fail("model.positions", fmt::format("RoPE needs an even head dimension, {} = {}",
+                                        m.head_dim > 0 ? "model.head_dim" : "model.dim / model.n_heads", head_dim(m)));
   // A learned position table is a parameter: one that outweighs the rest of the model is
   // a typo (1e7 for 1e3) that would allocate gigabytes, not a design.
   if (m.positions == PositionKind::Learned) {

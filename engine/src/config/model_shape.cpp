@@ -4,7 +4,7 @@ namespace tide {
 
 int64_t resolved_kv_heads(const ModelConfig& m) { return m.n_kv_heads > 0 ? m.n_kv_heads : m.n_heads; }
 
-int64_t head_dim(const ModelConfig& m) { return m.dim / m.n_heads; }
+int64_t head_dim(const ModelConfig& m) { return m.head_dim > 0 ? m.head_dim : m.dim / m.n_heads; }
 
 int64_t resolved_ffn_dim(const ModelConfig& m) {
   if (m.ffn_dim > 0) return m.ffn_dim;
@@ -20,11 +20,11 @@ int64_t resolved_ffn_dim(const ModelConfig& m) {
 
 int64_t parameter_count(const ModelConfig& m) {
   const int64_t d = m.dim, v = m.vocab_size, f = resolved_ffn_dim(m);
-  const int64_t kv = resolved_kv_heads(m) * head_dim(m);
+  const int64_t q = m.n_heads * head_dim(m), kv = resolved_kv_heads(m) * head_dim(m);
   const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;
 
-  int64_t attention = d * d + 2 * d * kv + d * d;
-  if (m.attention_bias || m.qkv_bias) attention += d + 2 * kv;
+  int64_t attention = d * q + 2 * d * kv + q * d;
+  if (m.attention_bias || m.qkv_bias) attention += q + 2 * kv;
   if (m.attention_bias) attention += d;
   int64_t mlp = m.mlp == MlpKind::SwiGLU ? 3 * d * f : 2 * d * f;
   if (m.mlp_bias) mlp += (m.mlp == MlpKind::SwiGLU ? 2 * f : f) + d;

@@ -47,6 +47,7 @@ json hf_config(const ModelConfig& m) {
          {"num_attention_heads", m.n_heads},
          {"num_hidden_layers", m.n_layers},
          {"num_key_value_heads", resolved_kv_heads(m)},
+         {"head_dim", head_dim(m)},
          {"hidden_act", "silu"},
          {"max_position_embeddings", m.max_seq_len},
          {"rms_norm_eps", m.norm_eps},
@@ -263,11 +264,12 @@ ModelConfig model_config_from_hf(const json& config) {
     if (const std::string act = hf.get("hidden_act") != nullptr ? hf.string("hidden_act") : "silu"; act != "silu")
       throw ConfigError("config.json hidden_act", fmt::format("'{}' is not silu, the SwiGLU MLP's", act));
     if (const json* scaling = hf.get("rope_scaling")) read_rope_scaling(*scaling, m);
-    // A head size of its own (Gemma-style) has no place in tide's shape, which derives it.
-    if (const json* hd = hf.get("head_dim");
-        hd != nullptr && !(m.n_heads > 0 && hd->is_number_integer() && hd->get<int64_t>() * m.n_heads == m.dim))
-      throw ConfigError("config.json head_dim", fmt::format("{} is not hidden_size / num_attention_heads = {} / {}",
-                                                            hd->dump(), m.dim, m.n_heads));
+    // A head width of its own (Mistral NeMo's 128 at hidden_size 5120 and 32 heads); one
+    // equal to hidden_size / num_attention_heads is the derived width, kept as 0.
+    if (hf.get("head_dim") != nullptr) {
+      const int64_t hd = hf.integer({"head_dim"});
+      if (!(m.n_heads > 0 && m.dim % m.n_heads == 0 && hd == m.dim / m.n_heads)) m.head_dim = hd;
+    }
   } else if (type == "bloom") {
     m.family = Family::BLOOM;
     m.dim = hf.integer({"hidden_size", "n_embed"});

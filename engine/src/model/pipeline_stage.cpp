@@ -40,7 +40,7 @@ std::vector<BlockRange> cut_blocks(const ModelConfig& m, int64_t pp, int64_t vir
   one.n_layers = 1;
   none.n_layers = 0;
   const double block = 6.0 * static_cast<double>(parameter_count(one) - parameter_count(none)) +
-                       12.0 * static_cast<double>(m.dim) * static_cast<double>(seq_len);
+                       12.0 * static_cast<double>(m.n_heads * head_dim(m)) * static_cast<double>(seq_len);
   const double head = 6.0 * static_cast<double>(m.vocab_size) * static_cast<double>(m.dim);
   // cost[s][j]: the least possible most expensive stage when stages 0..s hold blocks
   // [0, j); from[s][j] where stage s starts.

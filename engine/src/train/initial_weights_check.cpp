@@ -15,19 +15,22 @@ namespace tide {
 namespace {
 std::vector<std::string> architecture_differences(const ModelConfig& recipe, const ModelConfig& weights,
                                                   const std::string& path) {
-  // Compared as the recipe schema writes them, sizes resolved: an explicit ffn_dim equal
-  // to the derived one, or n_kv_heads = n_heads against 0, describe the same model.
+  // Compared as the recipe schema writes them, sizes resolved: an explicit ffn_dim or
+  // head_dim equal to the derived one, or n_kv_heads = n_heads against 0, describe the
+  // same model.
   const auto fields = [](const ModelConfig& m) {
     RunConfig c;
     c.model = m;
     c.model.ffn_dim = resolved_ffn_dim(m);
     c.model.n_kv_heads = resolved_kv_heads(m);
+    c.model.head_dim = head_dim(m);
     return config_to_json(c)["model"];
   };
   const auto a = fields(recipe), b = fields(weights);
   std::vector<std::string> keys{
-      "family",   "vocab_size", "dim", "n_layers",       "n_heads",  "n_kv_heads",     "ffn_dim",        "norm",
-      "norm_eps", "positions",  "mlp", "attention_bias", "mlp_bias", "embedding_norm", "tie_embeddings", "qkv_bias"};
+      "family",         "vocab_size",     "dim",      "n_layers",  "n_heads", "n_kv_heads",     "head_dim",
+      "ffn_dim",        "norm",           "norm_eps", "positions", "mlp",     "attention_bias", "mlp_bias",
+      "embedding_norm", "tie_embeddings", "qkv_bias"};
   if (recipe.positions == PositionKind::RoPE) keys.emplace_back("rope_theta");
   if (recipe.positions == PositionKind::Learned) keys.emplace_back("max_seq_len");
   std::vector<std::string> out;

@@ -26,6 +26,10 @@ struct ModelConfig {
   int64_t n_layers = 32;
   int64_t n_heads = 32;
   int64_t n_kv_heads = 0;  // 0: same as n_heads (multi-head attention)
+  // Each head's width; 0: dim / n_heads. Mistral NeMo, Qwen3 and Gemma set their own, so
+  // that n_heads * head_dim differs from dim (the query and output projections map
+  // between the two).
+  int64_t head_dim = 0;
   int64_t ffn_dim = 0;     // 0: derived (LLaMA rule for SwiGLU, 4*dim for GELU)
   int64_t multiple_of = 256;
   double ffn_dim_multiplier = 0.0;  // 0: not applied
