@@ -351,10 +351,26 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("model.sliding_window"), std::string::npos) << e.what();
   }
+  // Qwen3: query/key norms, biases on all four attention projections or none.
+  const ModelConfig qwen3 = model_config_from_hf(as("qwen3", {{"head_dim", 16}, {"attention_bias", false}}));
+  EXPECT_TRUE(qwen3.qk_norm);
+  EXPECT_FALSE(qwen3.qkv_bias);
+  EXPECT_EQ(qwen3.head_dim, 16);
+  EXPECT_EQ(hf_config(qwen3)["model_type"], "qwen3");
+  EXPECT_EQ(hf_config(qwen3)["architectures"], nlohmann::json({"Qwen3ForCausalLM"}));
+  EXPECT_TRUE(model_config_from_hf(as("qwen3", {{"attention_bias", true}})).attention_bias);
+  ModelConfig qwen3_qkv = qwen3;
+  qwen3_qkv.qkv_bias = true;
+  try {
+    hf_config(qwen3_qkv);
+    ADD_FAILURE() << "query/key norms with biases on q, k and v alone have no Hugging Face architecture";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.qk_norm"), std::string::npos) << e.what();
+  }
   EXPECT_EQ(hf_error(as("llama", {{"hidden_act", "gelu"}})),
             "config.json hidden_act: 'gelu' is not silu, the SwiGLU MLP's");
   EXPECT_EQ(hf_error(as("gemma", nlohmann::json::object())),
-            "config.json model_type: 'gemma' is not a supported family (llama, mistral, qwen2, bloom)");
+            "config.json model_type: 'gemma' is not a supported family (llama, mistral, qwen2, qwen3, bloom)");
 }
 
 TEST(HfConvert, RopeScalingIsReadOrRefusedByName) {

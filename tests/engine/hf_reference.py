@@ -8,7 +8,8 @@
                                DIR/mistral; Qwen2ForCausalLM, biases on q, k and v, in
                                DIR/qwen2; with sliding windows of 6 and 5 tokens, shorter
                                than the inputs, DIR/mistral_window and DIR/qwen2_window;
-                               with heads of 16 at hidden_size 32, DIR/mistral_wide_heads),
+                               with heads of 16 at hidden_size 32, DIR/mistral_wide_heads;
+                               Qwen3ForCausalLM, query/key norms, in DIR/qwen3),
                                each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
                                [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
@@ -26,7 +27,8 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 NEW_TOKENS = 12
 
@@ -82,6 +84,13 @@ def make(out):
                                                           max_window_layers=0, **shape))
     # Mistral NeMo's shape: heads wider than hidden_size / num_attention_heads (16, not 8).
     models["mistral_wide_heads"] = MistralForCausalLM(MistralConfig(sliding_window=None, head_dim=16, **shape))
+    # Qwen3: query/key norms over heads of 16 (their weights drawn around 1: transformers
+    # starts them at 1, where a lost one would not show).
+    models["qwen3"] = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **shape))
+    with torch.no_grad():
+        for name, p in models["qwen3"].named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.normal_(1, 0.2)
     with torch.no_grad():  # transformers starts biases at zero, where a lost one would not show
         for family in ("qwen2", "qwen2_window"):
             for name, p in models[family].named_parameters():

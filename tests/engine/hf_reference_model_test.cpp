@@ -40,6 +40,9 @@ ModelConfig tiny_model(const std::string& name) {
     m.qkv_bias = true;
   } else if (name == "mistral_wide_heads") {
     m.head_dim = 16;
+  } else if (name == "qwen3") {
+    m.head_dim = 16;
+    m.qk_norm = true;
   } else if (name == "mistral_window") {
     m.sliding_window = 6;
   } else if (name == "qwen2_window") {
@@ -59,6 +62,7 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
   EXPECT_EQ(model->config().sliding_window, tiny_model(GetParam()).sliding_window);
   EXPECT_EQ(model->config().qkv_bias, tiny_model(GetParam()).qkv_bias);
   EXPECT_EQ(model->config().head_dim, tiny_model(GetParam()).head_dim);
+  EXPECT_EQ(model->config().qk_norm, tiny_model(GetParam()).qk_norm);
   SafetensorsReader ref((dir / "reference.safetensors").string());
   const auto ids = read_named(ref, "input_ids"), expected = read_named(ref, "logits");
   torch::NoGradGuard no_grad;
@@ -91,10 +95,16 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
   Transformer model(config);
   model->reset_parameters(1);
   {
-    // Biases start at zero, where one the export lost or misnamed would not show.
+    // Biases start at zero and norm weights at one, where one the export lost or misnamed
+    // would not show.
     torch::NoGradGuard no_grad;
-    for (auto& p : model->named_parameters())
-      if (p.key().size() > 5 && p.key().compare(p.key().size() - 5, 5, ".bias") == 0) p.value().normal_(0, 0.2);
+    const auto ends_with = [](const std::string& s, const std::string& tail) {
+      return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    for (auto& p : model->named_parameters()) {
+      if (ends_with(p.key(), ".bias")) p.value().normal_(0, 0.2);
+      if (ends_with(p.key(), "norm.weight")) p.value().normal_(1, 0.2);
+    }
   }
   model->eval();
   const fs::path dir = fs::temp_directory_path() / ("tide_hf_export_" + GetParam() + std::to_string(::getpid()));
@@ -117,7 +127,7 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
                          ::testing::Values("llama", "bloom", "llama3", "llama_linear", "llama_yarn", "mistral", "qwen2",
-                                           "mistral_window", "qwen2_window", "mistral_wide_heads"),
+                                           "mistral_window", "qwen2_window", "mistral_wide_heads", "qwen3"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -164,11 +164,13 @@ TEST_P(BothFamilies, ABlockAddsEachLayerOntoItsInputAsTheUnfusedSumDoes) {
 }
 
 // Heads of their own width (model.head_dim): 4 heads of 16 make attention 64 wide in a
-// model of dim 32, with biases on q, k and v counted at that width.
+// model of dim 32, with biases on q, k and v counted at that width, and query/key norms
+// of a head's width (model.qk_norm).
 ModelConfig tiny_llama_with_wide_heads() {
   ModelConfig m = tiny_llama();
   m.head_dim = 16;
   m.qkv_bias = true;
+  m.qk_norm = true;
   return m;
 }
 

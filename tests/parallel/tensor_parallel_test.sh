@@ -15,7 +15,8 @@
 #    parallelism: BLOOM (ALiBi with -inf across documents) and LLaMA with learned
 #    positions (restarting at each document, each rank adding its part of the sequence's),
 #    and LLaMA with a sliding window (model.sliding_window) as well;
-#  - heads wider than dim / n_heads (model.head_dim) split across tp2;
+#  - heads wider than dim / n_heads (model.head_dim) with query/key norms (model.qk_norm)
+#    split across tp2;
 #  - layouts the model cannot be cut into are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -77,10 +78,11 @@ compare "$work/llama-doc-window-1" "$work/llama-doc-window-tp2-sp" 0 ||
   fail "tp2 with sequence parallelism, a sliding window and documents apart differs"
 train llama llama-doc-1 --set data.document_attention=true
 # Heads of their own width (model.head_dim = 32: 4 heads make attention 128 wide at dim
-# 64): each rank's query and output projections hold its heads at that width.
-train llama llama-wide-1 --set model.head_dim=32
-train llama llama-wide-tp2 --nproc 2 --set model.head_dim=32 --set parallel.tp=2
-compare "$work/llama-wide-1" "$work/llama-wide-tp2" 0 || fail "tp2 with model.head_dim differs from one process"
+# 64) with query/key norms (Qwen3): each rank's query and output projections hold its
+# heads at that width, and each holds the norms whole, their gradients summed over ranks.
+train llama llama-wide-1 --set model.head_dim=32 --set model.qk_norm=true
+train llama llama-wide-tp2 --nproc 2 --set model.head_dim=32 --set model.qk_norm=true --set parallel.tp=2
+compare "$work/llama-wide-1" "$work/llama-wide-tp2" 0 || fail "tp2 with model.head_dim and model.qk_norm differs from one process"
 losses_differ "$work/llama-doc-1" "$work/llama-doc-window-1" || fail "model.sliding_window changed nothing"
 
 # Layouts the model cannot be cut into: refused before any worker starts.

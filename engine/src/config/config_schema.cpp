@@ -335,6 +335,9 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                       "Biases on the query, key and value projections, none on the output's (Qwen2); "
                       "model.attention_bias puts them on all four.",
                       REF(model.qkv_bias)));
+  s.push_back(boolean("model.qk_norm", kFixed,
+                      "RMSNorm over each head's query and key before RoPE (Qwen3); its weights have a head's width.",
+                      REF(model.qk_norm)));
   s.push_back(boolean("model.mlp_bias", kFixed, "Biases on MLP projections.", REF(model.mlp_bias)));
   s.push_back(boolean("model.embedding_norm", kFixed, "LayerNorm after the token embedding (BLOOM).",
                       REF(model.embedding_norm)));
@@ -709,6 +712,7 @@ void validate_model(const ModelConfig& m) {
                        "model ({}); lower it to the longest sequence the model will see",
                        m.max_seq_len, m.max_seq_len, m.dim, table, rest));
   }
+  if (m.qk_norm && m.family == Family::BLOOM) fail("model.qk_norm", "the bloom family has no query/key norms");
   if (m.qkv_bias && m.family == Family::BLOOM)
     fail("model.qkv_bias", "the bloom family's fused QKV projection takes its biases from model.attention_bias");
   if (m.rope_scaling != RopeScaling::None && m.positions != PositionKind::RoPE)

@@ -26,6 +26,7 @@ int64_t parameter_count(const ModelConfig& m) {
   int64_t attention = d * q + 2 * d * kv + q * d;
   if (m.attention_bias || m.qkv_bias) attention += q + 2 * kv;
   if (m.attention_bias) attention += d;
+  if (m.qk_norm) attention += 2 * head_dim(m);
   int64_t mlp = m.mlp == MlpKind::SwiGLU ? 3 * d * f : 2 * d * f;
   if (m.mlp_bias) mlp += (m.mlp == MlpKind::SwiGLU ? 2 * f : f) + d;
   const int64_t block = 2 * norm + attention + mlp;

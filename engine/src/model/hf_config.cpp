@@ -28,17 +28,23 @@ json hf_config(const ModelConfig& m) {
     require(m.positions == PositionKind::RoPE, "model.positions", "LLaMA uses RoPE");
     require(m.mlp == MlpKind::SwiGLU, "model.mlp", "LLaMA uses SwiGLU");
     require(!m.embedding_norm, "model.embedding_norm", "LLaMA has no embedding norm");
-    // Biases on q, k and v alone are Qwen2's architecture (LLaMA's attention_bias is all four).
-    const bool qwen2 = m.qkv_bias && !m.attention_bias;
-    // LLaMA's config has no sliding window; Mistral's (without biases) and Qwen2's do.
-    const bool mistral = !qwen2 && m.sliding_window > 0;
+    // Query/key norms are Qwen3's architecture; biases on q, k and v alone Qwen2's (LLaMA's
+    // attention_bias is all four).
+    const bool qwen3 = m.qk_norm;
+    const bool qwen2 = !qwen3 && m.qkv_bias && !m.attention_bias;
+    // LLaMA's config has no sliding window; Mistral's (without biases) and Qwen's do.
+    const bool mistral = !qwen2 && !qwen3 && m.sliding_window > 0;
+    if (qwen3)
+      require(!(m.qkv_bias && !m.attention_bias) && !m.mlp_bias, "model.qk_norm",
+              "Qwen3 (query/key norms) has biases on all four attention projections or none, and none on its MLP");
     if (qwen2) require(!m.mlp_bias, "model.mlp_bias", "Qwen2 (biases on q, k and v alone) has no MLP biases");
     if (mistral)
       require(!m.attention_bias && !m.mlp_bias, "model.sliding_window",
               "a sliding window is Mistral's, whose projections have no biases");
-    const char* type = qwen2 ? "qwen2" : mistral ? "mistral" : "llama";
+    const char* type = qwen3 ? "qwen3" : qwen2 ? "qwen2" : mistral ? "mistral" : "llama";
     j = {{"architectures",
-          {qwen2     ? "Qwen2ForCausalLM"
+          {qwen3     ? "Qwen3ForCausalLM"
+           : qwen2   ? "Qwen2ForCausalLM"
            : mistral ? "MistralForCausalLM"
                      : "LlamaForCausalLM"}},
          {"model_type", type},
@@ -58,12 +64,10 @@ json hf_config(const ModelConfig& m) {
          {"mlp_bias", m.mlp_bias},
          {"initializer_range", m.init_std},
          {"torch_dtype", "float32"}};
-    if (qwen2 || mistral) {
-      j.erase("attention_bias");
-      j.erase("mlp_bias");
-    }
+    if (qwen2 || mistral) j.erase("attention_bias");
+    if (qwen3 || qwen2 || mistral) j.erase("mlp_bias");
     if (mistral) j["sliding_window"] = m.sliding_window;
-    if (qwen2) {
+    if (qwen3 || qwen2) {
       j["use_sliding_window"] = m.sliding_window > 0;
       if (m.sliding_window > 0) {
         j["sliding_window"] = m.sliding_window;
@@ -201,7 +205,7 @@ void read_rope_scaling(const json& scaling, ModelConfig& m) {
   m.rope_scaling_factor = hf.number("factor");
 }
 
-// Qwen2 attends over its window in the layers from max_window_layers on (or where
+// Qwen2 and Qwen3 attend over their window in the layers from max_window_layers on (or where
 // layer_types says "sliding_attention"); tide gives every layer the same attention.
 void read_qwen2_window(const HfConfig& hf, ModelConfig& m) {
   if (hf.get("sliding_window") == nullptr) return;
@@ -236,9 +240,10 @@ ModelConfig model_config_from_hf(const json& config) {
   if (const json* own = hf.get("tide"); own != nullptr && own->is_object()) return model_config_from_json(*own);
   const std::string type = hf.string("model_type");
   ModelConfig m;
-  // Mistral and Qwen2 are LLaMA's architecture under other names: Mistral's without the
-  // sliding window (v0.3 on) and Qwen2 with biases on q, k and v alone.
-  if (type == "llama" || type == "mistral" || type == "qwen2") {
+  // Mistral, Qwen2 and Qwen3 are LLaMA's architecture under other names: Mistral with a
+  // sliding window (v0.1), Qwen2 with biases on q, k and v alone, Qwen3 with query/key
+  // norms.
+  if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3") {
     m.family = Family::LLaMA;
     m.dim = hf.integer({"hidden_size"});
     m.ffn_dim = hf.integer({"intermediate_size"});
@@ -250,8 +255,12 @@ ModelConfig model_config_from_hf(const json& config) {
     m.rope_theta = hf.number("rope_theta", 10000.0);
     m.vocab_size = hf.integer({"vocab_size"});
     m.tie_embeddings = hf.boolean("tie_word_embeddings", false);
-    if (type == "qwen2") {
-      m.qkv_bias = true;
+    if (type == "qwen2" || type == "qwen3") {
+      if (type == "qwen2") m.qkv_bias = true;
+      if (type == "qwen3") {
+        m.qk_norm = true;
+        m.attention_bias = hf.boolean("attention_bias", false);
+      }
       if (hf.boolean("use_sliding_window", false)) read_qwen2_window(hf, m);
     } else {
       m.attention_bias = hf.boolean("attention_bias", false);
@@ -287,7 +296,7 @@ ModelConfig model_config_from_hf(const json& config) {
       throw ConfigError("config.json apply_residual_connection_post_layernorm", "true is not supported");
   } else {
     throw ConfigError("config.json model_type",
-                      fmt::format("'{}' is not a supported family (llama, mistral, qwen2, bloom)", type));
+                      fmt::format("'{}' is not a supported family (llama, mistral, qwen2, qwen3, bloom)", type));
   }
   m.init_std = hf.number("initializer_range", 0.02);
   // Through the recipe schema's ranges and rules: config.json is input from outside (a

@@ -152,6 +152,11 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp) :
     k_proj = register_module("k_proj", Projection(d, kv_rows, qkv_bias));
     v_proj = register_module("v_proj", Projection(d, kv_rows, qkv_bias));
     out = register_module("o_proj", Projection(local, d, cfg.attention_bias));
+    if (cfg.qk_norm) {
+      const auto group = tp.size() > 1 ? tp.group : nullptr;  // each rank's heads add to the gradient
+      q_norm = register_module("q_norm", Norm(NormKind::RMSNorm, hd, cfg.norm_eps, group));
+      k_norm = register_module("k_norm", Norm(NormKind::RMSNorm, hd, cfg.norm_eps, group));
+    }
   }
 }
 
@@ -183,8 +188,14 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
     residual = in.residual;
     const auto& projected = in.out;
     const int64_t b = projected[0].size(0), t = projected[0].size(1);
-    q = projected[0].view({b, t, h, hd}).transpose(1, 2);        // [B, H, T, Hd]
-    k = projected[1].view({b, t, k_heads, hd}).transpose(1, 2);  // [B, K, T, Hd]
+    q = projected[0].view({b, t, h, hd});
+    k = projected[1].view({b, t, k_heads, hd});
+    if (q_norm) {  // over each head's width, before RoPE
+      q = q_norm(q);
+      k = k_norm(k);
+    }
+    q = q.transpose(1, 2);  // [B, H, T, Hd]
+    k = k.transpose(1, 2);  // [B, K, T, Hd]
     v = projected[2].view({b, t, k_heads, hd}).transpose(1, 2);
   }
   if (cos.defined()) {

@@ -49,8 +49,8 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
     const int64_t kv_rows = (kv_split ? kv / tp : kv) * hd;  // held whole when fewer than tp
     attention_matmul = d * local + 2 * d * kv_rows + local * d;
     if (!kv_split) kv_whole = 2 * d * kv_rows;
-    attention =
-        attention_matmul + (m.attention_bias || m.qkv_bias ? local + 2 * kv_rows : 0) + (m.attention_bias ? d : 0);
+    attention = attention_matmul + (m.attention_bias || m.qkv_bias ? local + 2 * kv_rows : 0) +
+                (m.attention_bias ? d : 0) + (m.qk_norm ? 2 * hd : 0);
   }
   const int64_t mlp_matrices = m.mlp == MlpKind::SwiGLU ? 3 : 2;
   const int64_t mlp_matmul = mlp_matrices * d * r.ffn;

@@ -30,7 +30,7 @@ std::vector<std::string> architecture_differences(const ModelConfig& recipe, con
   std::vector<std::string> keys{
       "family",         "vocab_size",     "dim",      "n_layers",  "n_heads", "n_kv_heads",     "head_dim",
       "ffn_dim",        "norm",           "norm_eps", "positions", "mlp",     "attention_bias", "mlp_bias",
-      "embedding_norm", "tie_embeddings", "qkv_bias"};
+      "embedding_norm", "tie_embeddings", "qkv_bias", "qk_norm"};
   if (recipe.positions == PositionKind::RoPE) keys.emplace_back("rope_theta");
   if (recipe.positions == PositionKind::Learned) keys.emplace_back("max_seq_len");
   std::vector<std::string> out;

@@ -59,6 +59,7 @@ struct ModelConfig {
   MlpKind mlp = MlpKind::SwiGLU;
   bool attention_bias = false;
   bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)
+  bool qk_norm = false;   // RMSNorm over each head's query and key before RoPE (Qwen3)
   bool mlp_bias = false;
   bool embedding_norm = false;  // BLOOM's LayerNorm right after the embedding
   bool tie_embeddings = false;

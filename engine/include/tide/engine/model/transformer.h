@@ -90,6 +90,9 @@ class AttentionImpl : public torch::nn::Module {
 
   // Separate projections (LLaMA) or one fused per-head QKV projection (BLOOM).
   Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, qkv{nullptr}, out{nullptr};
+  // model.qk_norm: one RMSNorm of a head's width for every query head, one for every key
+  // head; each tensor-parallel rank holds both whole and their gradients are summed.
+  Norm q_norm{nullptr}, k_norm{nullptr};
   // Fewer key/value heads than tensor-parallel ranks: k_proj and v_proj are held whole
   // and each rank reads its head's rows of the fp32 weights (through copy_to).
   bool reads_key_value_whole() const { return kv_first_ >= 0; }
