@@ -67,6 +67,9 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
     // q and k after RoPE (new tensors; the rotation itself keeps only cos and sin), v a
     // view of its projection: what attention keeps.
     bytes += x.N * (H + 2 * K) * hd * x.s;
+    // Query/key norms keep their inputs (the q and k projections' outputs) and one fp32
+    // statistic per head.
+    if (m.qk_norm) bytes += x.N * (H + K) * (hd * x.s + 4);
   }
   bytes += x.N * H * hd * x.s;  // attention's output, kept by it and the output projection
   if (x.fused_attention)
