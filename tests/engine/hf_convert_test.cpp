@@ -415,6 +415,11 @@ TEST(HfConvert, RopeScalingIsReadOrRefusedByName) {
   EXPECT_EQ(hf_error(scaled({{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", 1.0}, {"beta_slow", 2.0}})),
             "config.json: gives model.rope_beta_fast: 1 is not above model.rope_beta_slow = 2: yarn scaling ramps "
             "between them");
+  nlohmann::json base_one = scaled({{"rope_type", "yarn"}, {"factor", 4.0}});
+  base_one["rope_theta"] = 1.0;
+  EXPECT_EQ(hf_error(base_one),
+            "config.json: gives model.rope_theta: 1 leaves yarn scaling no dimensions to ramp "
+            "between: it needs a base above 1");
   EXPECT_EQ(hf_error(scaled({{"rope_type", "dynamic"}, {"factor", 4.0}})),
             "config.json rope_scaling.rope_type: 'dynamic' is not a supported RoPE scaling (linear, llama3, yarn)");
   EXPECT_EQ(hf_error(scaled({{"rope_type", "llama3"}, {"factor", 8.0}})),

@@ -721,6 +721,10 @@ void validate_model(const ModelConfig& m) {
     fail("model.rope_high_freq_factor",
          fmt::format("{} is not above model.rope_low_freq_factor = {}: llama3 scaling blends between them",
                      m.rope_high_freq_factor, m.rope_low_freq_factor));
+  // YaRN finds its ramp's dimensions through ln(rope_theta).
+  if (m.rope_scaling == RopeScaling::Yarn && m.rope_theta <= 1)
+    fail("model.rope_theta",
+         fmt::format("{} leaves yarn scaling no dimensions to ramp between: it needs a base above 1", m.rope_theta));
   if (m.rope_scaling == RopeScaling::Yarn && !(m.rope_beta_slow < m.rope_beta_fast))
     fail("model.rope_beta_fast",
          fmt::format("{} is not above model.rope_beta_slow = {}: yarn scaling ramps between them", m.rope_beta_fast,
