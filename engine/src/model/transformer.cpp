@@ -283,14 +283,24 @@ std::set<std::string> TransformerImpl::weights_read_in_compute_dtype() const {
   return out;
 }
 
+int64_t TransformerImpl::window_for(int64_t t) const {
+  // A window no shorter than the sequence leaves nothing out: plain causal attention,
+  // which the kernels skip the masked half of, and on CUDA the flash kernel.
+  return cfg_.sliding_window > 0 && t > cfg_.sliding_window ? cfg_.sliding_window : 0;
+}
+
 torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOptions& options) {
+  const int64_t window = window_for(t);
   // Causal attention alone needs no mask: the attention kernel is told it is causal.
-  if (!alibi_slopes_.defined()) return {};
-  const auto opts = options.requires_grad(false);
+  if (!alibi_slopes_.defined() && window == 0) return {};
+  // ALiBi's bias in the stream's dtype, else the window's boolean mask.
+  const auto opts =
+      options.requires_grad(false).dtype(alibi_slopes_.defined() ? options.dtype() : caffe2::TypeMeta::Make<bool>());
   // Every forward of a run asks for the same mask: build it once.
   if (bias_cache_.defined() && bias_cache_.size(-1) == t && bias_cache_.dtype() == opts.dtype() &&
       bias_cache_.device() == opts.device())
     return bias_cache_;
+  if (!alibi_slopes_.defined()) return bias_cache_ = allowed_keys(t, {}, window, opts.device());
   // Built in fp32 and rounded once to the stream's dtype (bf16 holds integers exactly
   // only up to 256, so j - i itself would round).
   const auto fp32 = opts.dtype(torch::kFloat32);
@@ -302,7 +312,8 @@ torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOpti
   // equals BLOOM's slope_h * j. Four dimensions: the host's flash kernel takes a mask
   // only in that form.
   const auto slopes = alibi_slopes_.to(opts.device(), torch::kFloat32).view({1, -1, 1, 1});
-  const auto bias = (slopes * distance.view({1, 1, t, t})).masked_fill_(future.view({1, 1, t, t}), neg_inf);
+  auto bias = (slopes * distance.view({1, 1, t, t})).masked_fill_(future.view({1, 1, t, t}), neg_inf);
+  if (window > 0) bias.masked_fill_(allowed_keys(t, {}, window, opts.device()).logical_not(), neg_inf);
   return bias_cache_ = bias.to(opts.dtype());
 }
 
@@ -345,18 +356,17 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   x = in_compute_dtype(x);
   // Attention sees the whole sequence, also when the residual stream is split.
   const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
+  // ALiBi and the sliding window, the same for every batch of this length.
   auto bias = attention_bias(t, x.options());
-  if (documents.defined())
+  if (documents.defined()) {
     TORCH_CHECK(documents.dim() == 2 && documents.size(0) == x.size(0) && documents.size(1) == t, "documents of shape ",
                 documents.sizes(), " for a batch of ", x.size(0), " sequences of ", t, " tokens");
-  // A window no shorter than the sequence leaves nothing out: plain causal attention,
-  // which the kernels skip the masked half of, and on CUDA the flash kernel.
-  const int64_t window = cfg_.sliding_window > 0 && t > cfg_.sliding_window ? cfg_.sliding_window : 0;
-  if (documents.defined() || window > 0) {
     // RoPE and ALiBi see only position differences, the same within a document wherever
     // it sits in the row: the mask alone makes each document attend as if it came first.
-    const auto allowed = allowed_keys(t, documents, window, x.device());
-    bias = bias.defined() ? bias.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity()) : allowed;
+    const auto allowed = allowed_keys(t, documents, window_for(t), x.device());
+    bias = bias.defined() && bias.scalar_type() != torch::kBool
+               ? bias.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
+               : allowed;
   }
   torch::Tensor cos, sin;
   if (rope_inv_freq_.defined()) {

@@ -213,11 +213,13 @@ class TransformerImpl : public torch::nn::Module {
   // The owner must outlive the model's forward and backward passes.
   void set_parameter_units(ParameterUnits* units) { units_ = units; }
 
-  // Additive attention bias with ALiBi: [1, H, T, T], -inf above the diagonal. Undefined
-  // without ALiBi (the attention is causal with no mask).
+  // With ALiBi the additive bias [1, H, T, T], -inf above the diagonal and outside a
+  // sliding window; without ALiBi the window's boolean mask [1, 1, T, T]; undefined for
+  // plain causal attention. Cached per length.
   torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options);
 
  private:
+  int64_t window_for(int64_t t) const;  // model.sliding_window where it leaves keys out, else 0
   torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& documents);
   // The blocks of one of the stage's chunks.
   torch::Tensor run_blocks(torch::Tensor x, size_t chunk, const torch::Tensor& documents);
