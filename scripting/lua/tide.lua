@@ -25,6 +25,13 @@ local LLAMA = {
   mlp = "swiglu", multiple_of = 256, attention_bias = false, mlp_bias = false,
   embedding_norm = false, tie_embeddings = false, init_std = 0.02,
 }
+-- LLaMA's architecture as Gemma builds it: a GeGLU MLP, norms multiplying by 1 + weight,
+-- tied embeddings scaled by sqrt(dim) on the way in.
+local GEMMA = {
+  family = "llama", norm = "rmsnorm", norm_eps = 1e-6, norm_zero_centered = true, positions = "rope",
+  rope_theta = 10000, mlp = "geglu", multiple_of = 256, attention_bias = false, mlp_bias = false,
+  embedding_norm = false, tie_embeddings = true, init_std = 0.02,
+}
 local BLOOM = {
   family = "bloom", norm = "layernorm", norm_eps = 1e-5, positions = "alibi", mlp = "gelu",
   attention_bias = true, mlp_bias = true, embedding_norm = true, tie_embeddings = true,
@@ -35,6 +42,11 @@ local BLOOM = {
 tide.models = {
   llama = function(t) local m = with_defaults("tide.models.llama", LLAMA, t); return m end,
   bloom = function(t) local m = with_defaults("tide.models.bloom", BLOOM, t); return m end,
+  gemma = function(t)
+    local m = with_defaults("tide.models.gemma", GEMMA, t)
+    if m.embedding_scale == nil and type(m.dim) == "number" and m.dim > 0 then m.embedding_scale = math.sqrt(m.dim) end
+    return m
+  end,
 }
 
 -- Marks the table as a recipe. (`return tide.recipe{...}` is a tail call, so the

@@ -203,67 +203,92 @@ KERNEL_TEST(NormedProjectionsJoinTheResidualsGradientInTheNormsPass) {
   }
 }
 
-KERNEL_TEST(SwigluKernelEqualsLibTorchsOps) {
-  SKIP_WITHOUT_KERNEL_DEVICE();
-  // 257 x 300 elements: no whole number of bf16 packs, one at a time; 256 x 512: packs.
-  for (const auto& shape : {std::vector<int64_t>{257, 300}, std::vector<int64_t>{256, 512}}) {
-    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-      torch::manual_seed(12);
-      const auto g = (torch::randn(shape) * 4).to(dtype), u = torch::randn(shape).to(dtype);
-      const auto up = torch::randn(shape).to(dtype);
-      auto f = [](std::vector<torch::Tensor>& in) { return swiglu(in[0], in[1]); };
-      const auto gpu = run_on_kernels(f, {g, u}, up);
-      const auto cpu = run_on(torch::kCPU, f, {g, u}, up);
-      const std::string what = std::to_string(shape[1]) + " columns, " + std::string(c10::toString(dtype)) + ": ";
-      const double rel = rel_for(dtype);
-      expect_within(gpu.out, cpu.out, cpu.out.abs(), rel, what + "out");
-      // d_gate = d u s (1 + g (1 - s)): scale by |d u| (1 + |g|).
-      const auto d = up.to(torch::kFloat64).abs(), gd = g.to(torch::kFloat64).abs(), ud = u.to(torch::kFloat64).abs();
-      expect_within(gpu.grads[0], cpu.grads[0], d * ud * (1 + gd), rel, what + "d_gate");
-      expect_within(gpu.grads[1], cpu.grads[1], d * gd, rel, what + "d_up");
-    }
-  }
+// What the rounding errors of a gated activation's value and slope scale with, for gates
+// g (fp64): silu's |g| and 1 + |g| (s (1 + g (1 - s)), s in (0, 1)); for gelu's tanh form
+// also the cancellation in 1 + t as g goes negative, where t = tanh(b (g + k g^3)) is
+// off by an ulp of itself plus its argument's relative error times its slope 1 - t^2
+// (the kernels' bound, tests/kernels/glu_kernel_test.cpp).
+struct GateMagnitudes {
+  torch::Tensor value, slope;
+};
+
+GateMagnitudes gate_magnitudes(GateActivation act, const torch::Tensor& g) {
+  const auto a = g.abs();
+  if (act == GateActivation::Silu) return {a, 1 + a};
+  const double b = std::sqrt(2.0 / M_PI), k = 0.044715;
+  const auto arg = b * (g + k * g.pow(3)), t = arg.tanh(), dt = 1 - t * t;
+  const auto t_error = 1 + dt * arg.abs(), outer = 0.5 * a * b * (1 + 3 * k * g * g);
+  return {0.5 * a * (1 + t.abs() + t_error), 0.5 * (1 + t.abs() + t_error) + outer * (1 + 2 * t_error)};
 }
 
-KERNEL_TEST(SwigluDownRemakesTheProductInTheGradientsPass) {
+const char* gate_name(GateActivation act) { return act == GateActivation::Silu ? "silu" : "gelu_tanh"; }
+
+KERNEL_TEST(GluKernelEqualsLibTorchsOps) {
+  SKIP_WITHOUT_KERNEL_DEVICE();
+  // 257 x 300 elements: no whole number of bf16 packs, one at a time; 256 x 512: packs.
+  for (const auto act : {GateActivation::Silu, GateActivation::GeluTanh})
+    for (const auto& shape : {std::vector<int64_t>{257, 300}, std::vector<int64_t>{256, 512}}) {
+      for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+        torch::manual_seed(12);
+        const auto g = (torch::randn(shape) * 4).to(dtype), u = torch::randn(shape).to(dtype);
+        const auto up = torch::randn(shape).to(dtype);
+        auto f = [act](std::vector<torch::Tensor>& in) { return glu(in[0], in[1], act); };
+        const auto gpu = run_on_kernels(f, {g, u}, up);
+        const auto cpu = run_on(torch::kCPU, f, {g, u}, up);
+        const std::string what = std::string(gate_name(act)) + ", " + std::to_string(shape[1]) + " columns, " +
+                                 std::string(c10::toString(dtype)) + ": ";
+        const double rel = rel_for(dtype);
+        const auto d = up.to(torch::kFloat64).abs(), ud = u.to(torch::kFloat64).abs();
+        const auto m = gate_magnitudes(act, g.to(torch::kFloat64));
+        expect_within(gpu.out, cpu.out, m.value * ud, rel, what + "out");
+        expect_within(gpu.grads[0], cpu.grads[0], d * ud * m.slope, rel, what + "d_gate");
+        expect_within(gpu.grads[1], cpu.grads[1], d * m.value, rel, what + "d_up");
+      }
+    }
+}
+
+KERNEL_TEST(GluDownRemakesTheProductInTheGradientsPass) {
   SKIP_WITHOUT_KERNEL_DEVICE();
   // On CUDA the backward remakes the product in the pass that makes the gate's gradient
   // (over the product's gradient) and up's; on the CPU LibTorch's ops. 129 x 300 elements:
   // no whole number of bf16 packs, one at a time; 129 x 512: packs. The weight is fp32,
   // multiplied by its working copy.
-  for (const int64_t cols : {300, 512}) {
-    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-      torch::manual_seed(13);
-      const int64_t out_features = 96, rows = 129;  // 3 x 43
-      const auto g = (torch::randn({3, 43, cols}) * 4).to(dtype), u = torch::randn({3, 43, cols}).to(dtype);
-      const auto w = torch::randn({out_features, cols}) / std::sqrt(static_cast<double>(cols));
-      const auto up = torch::randn({3, 43, out_features}).to(dtype);
-      auto f = [](std::vector<torch::Tensor>& in) { return swiglu_down(in[0], in[1], in[2]); };
-      const auto gpu = run_on_kernels(f, {g, u, w}, up);
-      const auto cpu = run_on(torch::kCPU, f, {g, u, w}, up);
-      const std::string what = std::to_string(cols) + " columns, " + std::string(c10::toString(dtype)) + ": ";
-      // Counted in roundings to the element type, each within half a step of its value
-      // (step: rel_for). The product: the kernel rounds it once, the CPU's ops twice (silu,
-      // then the product): 1.5 steps apart. The output: that, and each side's rounding of
-      // its GEMM sum: 2.5 steps. The gate's and up's gradients: the product's gradient
-      // rounded by each side's GEMM (1 step), then the kernel rounds once, the CPU's ops
-      // twice (d u or silu(g) first): 2.5 steps. The weight's fp32 gradient sums rows of
-      // the products: 1.5 steps. Beside each, the sums' (k + 4) u in either order.
-      const double step = rel_for(dtype);
-      const auto sums = [](int64_t k) { return static_cast<double>(k + 4) * kUnitFp32; };
-      const auto g64 = g.to(torch::kFloat64), u64 = u.to(torch::kFloat64), dy = up.to(torch::kFloat64).abs();
-      const auto p = (torch::silu(g64) * u64).abs(), w64 = w.to(torch::kFloat64).abs();
-      expect_within(gpu.out, cpu.out, torch::matmul(p, w64.t()), 2.5 * step + sums(cols), what + "out");
-      const auto d_p = torch::matmul(dy, w64);  // the product's gradient's magnitudes
-      expect_within(gpu.grads[0], cpu.grads[0], d_p * u64.abs() * (1 + g64.abs()), 2.5 * step + sums(out_features),
-                    what + "d_gate");
-      expect_within(gpu.grads[1], cpu.grads[1], d_p * g64.abs(), 2.5 * step + sums(out_features), what + "d_up");
-      ASSERT_EQ(gpu.grads[2].scalar_type(), torch::kFloat32) << what;
-      expect_within(gpu.grads[2], cpu.grads[2],
-                    torch::matmul(dy.reshape({rows, out_features}).t(), p.reshape({rows, cols})),
-                    1.5 * step + sums(rows), what + "d_weight");
+  for (const auto act : {GateActivation::Silu, GateActivation::GeluTanh})
+    for (const int64_t cols : {300, 512}) {
+      for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+        torch::manual_seed(13);
+        const int64_t out_features = 96, rows = 129;  // 3 x 43
+        const auto g = (torch::randn({3, 43, cols}) * 4).to(dtype), u = torch::randn({3, 43, cols}).to(dtype);
+        const auto w = torch::randn({out_features, cols}) / std::sqrt(static_cast<double>(cols));
+        const auto up = torch::randn({3, 43, out_features}).to(dtype);
+        auto f = [act](std::vector<torch::Tensor>& in) { return glu_down(in[0], in[1], in[2], act); };
+        const auto gpu = run_on_kernels(f, {g, u, w}, up);
+        const auto cpu = run_on(torch::kCPU, f, {g, u, w}, up);
+        const std::string what = std::string(gate_name(act)) + ", " + std::to_string(cols) + " columns, " +
+                                 std::string(c10::toString(dtype)) + ": ";
+        // Counted in roundings to the element type, each within half a step of its value
+        // (step: rel_for). The product: the kernel rounds it once, the CPU's ops twice (the
+        // activation, then the product): 1.5 steps apart. The output: that, and each side's
+        // rounding of its GEMM sum: 2.5 steps. The gate's and up's gradients: the product's
+        // gradient rounded by each side's GEMM (1 step), then the kernel rounds once, the
+        // CPU's ops twice (d u or act(g) first): 2.5 steps. The weight's fp32 gradient sums
+        // rows of the products: 1.5 steps. Beside each, the sums' (k + 4) u in either order.
+        const double step = rel_for(dtype);
+        const auto sums = [](int64_t k) { return static_cast<double>(k + 4) * kUnitFp32; };
+        const auto g64 = g.to(torch::kFloat64), u64 = u.to(torch::kFloat64), dy = up.to(torch::kFloat64).abs();
+        const auto m = gate_magnitudes(act, g64);
+        const auto p = m.value * u64.abs(), w64 = w.to(torch::kFloat64).abs();
+        expect_within(gpu.out, cpu.out, torch::matmul(p, w64.t()), 2.5 * step + sums(cols), what + "out");
+        const auto d_p = torch::matmul(dy, w64);  // the product's gradient's magnitudes
+        expect_within(gpu.grads[0], cpu.grads[0], d_p * u64.abs() * m.slope, 2.5 * step + sums(out_features),
+                      what + "d_gate");
+        expect_within(gpu.grads[1], cpu.grads[1], d_p * m.value, 2.5 * step + sums(out_features), what + "d_up");
+        ASSERT_EQ(gpu.grads[2].scalar_type(), torch::kFloat32) << what;
+        expect_within(gpu.grads[2], cpu.grads[2],
+                      torch::matmul(dy.reshape({rows, out_features}).t(), p.reshape({rows, cols})),
+                      1.5 * step + sums(rows), what + "d_weight");
+      }
     }
-  }
 }
 
 KERNEL_TEST(RotaryKernelEqualsLibTorchsOpsOnTheAttentionsLayout) {

@@ -78,35 +78,46 @@ TEST(FusedOps, LayerNormIsLibTorchsInFp32) {
                            torch::layer_norm(xb.to(torch::kFloat32), {16}, w, b, 1e-5).to(torch::kBFloat16)));
 }
 
-TEST(FusedOps, SwigluBackwardIsAutogradsThroughSiluTimesUp) {
+// Each gated activation beside the formula it computes.
+const std::vector<std::pair<GateActivation, std::function<torch::Tensor(const torch::Tensor&)>>> kGates{
+    {GateActivation::Silu, [](const torch::Tensor& g) { return torch::silu(g); }},
+    {GateActivation::GeluTanh, [](const torch::Tensor& g) { return torch::gelu(g, "tanh"); }},
+};
+
+TEST(FusedOps, GluBackwardIsAutogradsThroughTheActivationTimesUp) {
   torch::manual_seed(3);
   const auto g = torch::randn({6, 40}, torch::kFloat64) * 3, u = torch::randn({6, 40}, torch::kFloat64);
   const auto up = torch::randn({6, 40}, torch::kFloat64);
-  const auto fused = run([](auto& in) { return swiglu(in[0], in[1]); }, {g, u}, up);
-  const auto reference = run([](auto& in) { return torch::silu(in[0]) * in[1]; }, {g, u}, up);
-  expect_same(fused, reference);
+  for (const auto& [act, formula] : kGates) {
+    const auto fused = run([act = act](auto& in) { return glu(in[0], in[1], act); }, {g, u}, up);
+    const auto reference = run([f = formula](auto& in) { return f(in[0]) * in[1]; }, {g, u}, up);
+    expect_same(fused, reference);
+  }
 }
 
-TEST(FusedOps, SwigluDownIsTheProductThenItsProjection) {
+TEST(FusedOps, GluDownIsTheProductThenItsProjection) {
   torch::manual_seed(4);
   // In fp64 against autograd through the formula; in fp32 and bf16 the bits of the ops it
   // replaces (the same products in the same order).
   const auto g = torch::randn({2, 6, 40}, torch::kFloat64) * 3, u = torch::randn({2, 6, 40}, torch::kFloat64);
   const auto w = torch::randn({24, 40}, torch::kFloat64), up = torch::randn({2, 6, 24}, torch::kFloat64);
-  expect_same(run([](auto& in) { return swiglu_down(in[0], in[1], in[2]); }, {g, u, w}, up),
-              run([](auto& in) { return torch::matmul(torch::silu(in[0]) * in[1], in[2].t()); }, {g, u, w}, up));
-  for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
-    const auto fused = run([](auto& in) { return swiglu_down(in[0], in[1], in[2]); },
-                           {g.to(dtype), u.to(dtype), w.to(dtype)}, up.to(dtype));
-    const auto unfused = run([](auto& in) { return torch::linear(swiglu(in[0], in[1]), in[2]); },
-                             {g.to(dtype), u.to(dtype), w.to(dtype)}, up.to(dtype));
-    EXPECT_TRUE(torch::equal(fused.out, unfused.out)) << dtype;
-    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(fused.inputs[i], unfused.inputs[i])) << dtype << " " << i;
+  for (const auto& [act, formula] : kGates) {
+    SCOPED_TRACE(act == GateActivation::Silu ? "silu" : "gelu_tanh");
+    const auto down = [act = act](auto& in) { return glu_down(in[0], in[1], in[2], act); };
+    expect_same(run(down, {g, u, w}, up),
+                run([f = formula](auto& in) { return torch::matmul(f(in[0]) * in[1], in[2].t()); }, {g, u, w}, up));
+    for (const auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      const auto fused = run(down, {g.to(dtype), u.to(dtype), w.to(dtype)}, up.to(dtype));
+      const auto unfused = run([act = act](auto& in) { return torch::linear(glu(in[0], in[1], act), in[2]); },
+                               {g.to(dtype), u.to(dtype), w.to(dtype)}, up.to(dtype));
+      EXPECT_TRUE(torch::equal(fused.out, unfused.out)) << dtype;
+      for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(fused.inputs[i], unfused.inputs[i])) << dtype << " " << i;
+    }
   }
-  EXPECT_THROW(swiglu_down(g, u, w.t()), c10::Error);
+  EXPECT_THROW(glu_down(g, u, w.t(), GateActivation::Silu), c10::Error);
 }
 
-TEST(FusedOps, SwigluDownKeepsNotTheProduct) {
+TEST(FusedOps, GluDownKeepsNotTheProduct) {
   count_host_tensor_memory();
   torch::manual_seed(5);
   const int64_t n = 256, f = 512, d = 64;
@@ -118,8 +129,9 @@ TEST(FusedOps, SwigluDownKeepsNotTheProduct) {
     const auto y = fn();
     return host_tensor_bytes() - before - y.numel() * 4;
   };
-  EXPECT_EQ(kept([&] { return swiglu_down(g, u, w); }), 0);                    // gate, up and the weight exist already
-  EXPECT_EQ(kept([&] { return torch::linear(swiglu(g, u), w); }), n * f * 4);  // the product
+  const auto act = GateActivation::Silu;
+  EXPECT_EQ(kept([&] { return glu_down(g, u, w, act); }), 0);  // gate, up and the weight exist already
+  EXPECT_EQ(kept([&] { return torch::linear(glu(g, u, act), w); }), n * f * 4);  // the product
 }
 
 TEST(FusedOps, AProjectionIsAutocastsLinearWithTheWeightCastAgainInBackward) {
@@ -163,8 +175,10 @@ TEST(FusedOps, AWeightWhoseGradientIsThereGetsTheProductSummedIntoItOnce) {
   };
   const std::vector<Case> cases{
       {"projection, bf16", DType::BFloat16, [&](const torch::Tensor& w) { return projection(x, w, {}); }},
-      {"swiglu_down, fp32", DType::Float32, [&](const torch::Tensor& w) { return swiglu_down(gate, x, w); }},
-      {"swiglu_down, bf16", DType::BFloat16, [&](const torch::Tensor& w) { return swiglu_down(gate, x, w); }},
+      {"glu_down, fp32", DType::Float32,
+       [&](const torch::Tensor& w) { return glu_down(gate, x, w, GateActivation::Silu); }},
+      {"glu_down (gelu), bf16", DType::BFloat16,
+       [&](const torch::Tensor& w) { return glu_down(gate, x, w, GateActivation::GeluTanh); }},
   };
   for (const Case& c : cases) {
     const auto backward_through = [&](const torch::Tensor& w) {

@@ -80,6 +80,9 @@ TEST_P(HfRoundTrip, ImportWithoutTideFieldsUsesHfConfig) {
   EXPECT_EQ(theirs.rope_scaling, ours.rope_scaling);
   EXPECT_EQ(theirs.sliding_window, ours.sliding_window);
   EXPECT_EQ(theirs.qkv_bias, ours.qkv_bias);
+  EXPECT_EQ(theirs.mlp, ours.mlp);
+  EXPECT_EQ(theirs.norm_zero_centered, ours.norm_zero_centered);
+  EXPECT_EQ(theirs.embedding_scale, ours.embedding_scale);
   if (ours.rope_scaling != RopeScaling::None) {
     EXPECT_EQ(theirs.rope_scaling_factor, ours.rope_scaling_factor);
     EXPECT_EQ(theirs.rope_original_max_seq_len, ours.rope_original_max_seq_len);
@@ -121,9 +124,11 @@ INSTANTIATE_TEST_SUITE_P(Convert, HfRoundTrip,
                          ::testing::Values(tiny_llama(), tiny_bloom(),
                                            tiny_llama_with_rope_scaling(RopeScaling::Llama3),
                                            tiny_llama_with_rope_scaling(RopeScaling::Yarn),
-                                           tiny_llama_with_window(false), tiny_llama_with_window(true)),
+                                           tiny_llama_with_window(false), tiny_llama_with_window(true),
+                                           testing::tiny_gemma()),
                          [](const auto& info) {
                            const ModelConfig& m = info.param;
+                           if (m.mlp == MlpKind::GeGLU) return std::string("gemma");
                            if (m.rope_scaling == RopeScaling::Yarn) return std::string("llama_yarn");
                            if (m.rope_scaling != RopeScaling::None) return std::string("llama_rope_scaling");
                            if (m.sliding_window > 0) return std::string(m.qkv_bias ? "qwen2_window" : "mistral_window");
@@ -369,8 +374,59 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
   EXPECT_EQ(export_refusal(qwen3_qkv), "model.qk_norm");  // query/key norms, biases on q, k and v alone
   EXPECT_EQ(hf_error(as("llama", {{"hidden_act", "gelu"}})),
             "config.json hidden_act: 'gelu' is not silu, the SwiGLU MLP's");
-  EXPECT_EQ(hf_error(as("gemma", nlohmann::json::object())),
-            "config.json model_type: 'gemma' is not a supported family (llama, mistral, qwen2, qwen3, bloom)");
+  EXPECT_EQ(hf_error(as("falcon", nlohmann::json::object())),
+            "config.json model_type: 'falcon' is not a supported family (llama, mistral, qwen2, qwen3, gemma, bloom)");
+}
+
+TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedByName) {
+  nlohmann::json cfg = hf_config(tiny_llama());
+  cfg.erase("tide");
+  cfg.erase("tie_word_embeddings");
+  cfg.erase("head_dim");
+  cfg["model_type"] = "gemma";
+  cfg["hidden_act"] = "gelu";  // Gemma 1's older key, beside hidden_activation
+  cfg["hidden_activation"] = "gelu_pytorch_tanh";
+  const ModelConfig gemma = model_config_from_hf(cfg);
+  EXPECT_EQ(gemma.mlp, MlpKind::GeGLU);
+  EXPECT_TRUE(gemma.norm_zero_centered);
+  EXPECT_EQ(gemma.embedding_scale, std::sqrt(32.0));
+  EXPECT_TRUE(gemma.tie_embeddings);  // Gemma's default
+  EXPECT_EQ(gemma.head_dim, 256);     // transformers' default, Gemma 7B's
+  const nlohmann::json out = hf_config(gemma);
+  EXPECT_EQ(out["model_type"], "gemma");
+  EXPECT_EQ(out["architectures"], nlohmann::json({"GemmaForCausalLM"}));
+  EXPECT_EQ(out["hidden_act"], "gelu_pytorch_tanh");
+  EXPECT_EQ(out["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_EQ(out["head_dim"], 256);
+  EXPECT_FALSE(out.contains("mlp_bias"));
+  // Only hidden_act, as Gemma 1's first files: "gelu" there is the tanh form too.
+  nlohmann::json legacy = cfg;
+  legacy.erase("hidden_activation");
+  EXPECT_EQ(model_config_from_hf(legacy).mlp, MlpKind::GeGLU);
+  nlohmann::json relu = cfg;
+  relu["hidden_activation"] = "relu";
+  EXPECT_EQ(hf_error(relu),
+            "config.json hidden_activation: 'relu' is not gelu_pytorch_tanh, the tanh form of gelu Gemma's MLP is "
+            "gated by");
+  // What Gemma's config cannot say, refused by the field that says it.
+  ModelConfig unscaled = gemma;
+  unscaled.embedding_scale = 1;
+  EXPECT_EQ(export_refusal(unscaled), "model.embedding_scale");
+  ModelConfig plain_norms = gemma;
+  plain_norms.norm_zero_centered = false;
+  EXPECT_EQ(export_refusal(plain_norms), "model.norm_zero_centered");
+  ModelConfig windowed = gemma;
+  windowed.sliding_window = 8;
+  EXPECT_EQ(export_refusal(windowed), "model.mlp");
+  ModelConfig llama_centred = tiny_llama();
+  llama_centred.norm_zero_centered = true;
+  EXPECT_EQ(export_refusal(llama_centred), "model.norm_zero_centered");
+  ModelConfig llama_scaled = tiny_llama();
+  llama_scaled.embedding_scale = 2;
+  EXPECT_EQ(export_refusal(llama_scaled), "model.embedding_scale");
+  ModelConfig bloom_centred = tiny_bloom();
+  bloom_centred.norm_zero_centered = true;
+  EXPECT_EQ(export_refusal(bloom_centred), "model.norm_zero_centered");
 }
 
 TEST(HfConvert, RopeScalingIsReadOrRefusedByName) {

@@ -9,7 +9,8 @@
                                DIR/qwen2; with sliding windows of 6 and 5 tokens, shorter
                                than the inputs, DIR/mistral_window and DIR/qwen2_window;
                                with heads of 16 at hidden_size 32, DIR/mistral_wide_heads;
-                               Qwen3ForCausalLM, query/key norms, in DIR/qwen3),
+                               Qwen3ForCausalLM, query/key norms, in DIR/qwen3;
+                               GemmaForCausalLM, GeGLU and zero-centred norms, in DIR/gemma),
                                each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
                                [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
@@ -26,9 +27,9 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, GemmaConfig, GemmaForCausalLM,
+                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 NEW_TOKENS = 12
 
@@ -91,6 +92,15 @@ def make(out):
         for name, p in models["qwen3"].named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 p.normal_(1, 0.2)
+    # Gemma: a GeGLU MLP, norms multiplying by 1 + weight (drawn around 0: transformers
+    # starts them at 0, where a lost 1 + would not show), embeddings scaled by sqrt(32) and
+    # tied, heads of 16.
+    gemma_shape = dict(shape, tie_word_embeddings=True)
+    models["gemma"] = GemmaForCausalLM(GemmaConfig(head_dim=16, hidden_act="gelu_pytorch_tanh", **gemma_shape))
+    with torch.no_grad():
+        for name, p in models["gemma"].named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0, 0.2)
     with torch.no_grad():  # transformers starts biases at zero, where a lost one would not show
         for family in ("qwen2", "qwen2_window"):
             for name, p in models[family].named_parameters():

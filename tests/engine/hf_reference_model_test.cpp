@@ -48,6 +48,8 @@ ModelConfig tiny_model(const std::string& name) {
   } else if (name == "qwen2_window") {
     m.qkv_bias = true;
     m.sliding_window = 5;
+  } else if (name == "gemma") {
+    m = testing::tiny_gemma();
   }
   return m;
 }
@@ -63,6 +65,10 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
   EXPECT_EQ(model->config().qkv_bias, tiny_model(GetParam()).qkv_bias);
   EXPECT_EQ(model->config().head_dim, tiny_model(GetParam()).head_dim);
   EXPECT_EQ(model->config().qk_norm, tiny_model(GetParam()).qk_norm);
+  EXPECT_EQ(model->config().mlp, tiny_model(GetParam()).mlp);
+  EXPECT_EQ(model->config().norm_zero_centered, tiny_model(GetParam()).norm_zero_centered);
+  EXPECT_EQ(model->config().embedding_scale, tiny_model(GetParam()).embedding_scale);
+  EXPECT_EQ(model->config().tie_embeddings, tiny_model(GetParam()).tie_embeddings);
   SafetensorsReader ref((dir / "reference.safetensors").string());
   const auto ids = read_named(ref, "input_ids"), expected = read_named(ref, "logits");
   torch::NoGradGuard no_grad;
@@ -95,15 +101,15 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
   Transformer model(config);
   model->reset_parameters(1);
   {
-    // Biases start at zero and norm weights at one, where one the export lost or misnamed
-    // would not show.
+    // Biases start at zero and norm weights at a scale of one, where one the export lost or
+    // misnamed would not show.
     torch::NoGradGuard no_grad;
     const auto ends_with = [](const std::string& s, const std::string& tail) {
       return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
     };
     for (auto& p : model->named_parameters()) {
       if (ends_with(p.key(), ".bias")) p.value().normal_(0, 0.2);
-      if (ends_with(p.key(), "norm.weight")) p.value().normal_(1, 0.2);
+      if (ends_with(p.key(), "norm.weight")) p.value().normal_(config.norm_zero_centered ? 0 : 1, 0.2);
     }
   }
   model->eval();
@@ -127,7 +133,7 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
                          ::testing::Values("llama", "bloom", "llama3", "llama_linear", "llama_yarn", "mistral", "qwen2",
-                                           "mistral_window", "qwen2_window", "mistral_wide_heads", "qwen3"),
+                                           "mistral_window", "qwen2_window", "mistral_wide_heads", "qwen3", "gemma"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -175,8 +175,10 @@ ModelConfig tiny_llama_with_wide_heads() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Model, BothFamilies,
-                         ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_wide_heads()),
+                         ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_wide_heads(),
+                                           testing::tiny_gemma()),
                          [](const auto& info) {
+                           if (info.param.mlp == MlpKind::GeGLU) return "gemma";
                            if (info.param.head_dim > 0) return "llama_wide_heads";
                            return info.param.family == Family::LLaMA ? "llama" : "bloom";
                          });

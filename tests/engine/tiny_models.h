@@ -35,11 +35,26 @@ inline ModelConfig tiny_bloom() {
   return m;
 }
 
+// Gemma's architecture at tiny_llama's size: a GeGLU MLP, norms multiplying by 1 + weight,
+// embeddings scaled by sqrt(dim) and tied, heads of 16 (attention 64 wide at dim 32).
+inline ModelConfig tiny_gemma() {
+  ModelConfig m = tiny_llama();
+  m.mlp = MlpKind::GeGLU;
+  m.norm_zero_centered = true;
+  m.embedding_scale = 5.656854249492381;  // sqrt(32)
+  m.tie_embeddings = true;
+  m.head_dim = 16;
+  return m;
+}
+
 }  // namespace tide::testing
 
 namespace tide {
 // Short names in test output instead of gtest's byte dump of the struct.
 inline void PrintTo(const ModelConfig& m, std::ostream* os) {
-  *os << (m.family == Family::LLaMA ? "llama" : "bloom") << "(dim=" << m.dim << ", layers=" << m.n_layers << ")";
+  *os << (m.family == Family::BLOOM ? "bloom"
+          : m.mlp == MlpKind::GeGLU ? "gemma"
+                                    : "llama")
+      << "(dim=" << m.dim << ", layers=" << m.n_layers << ")";
 }
 }  // namespace tide

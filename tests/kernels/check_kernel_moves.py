@@ -28,8 +28,8 @@ PACKED = [
     ("rms_norm_forward_warp", re.compile(r"rms_norm_forward_warp")),
     ("rms_norm_backward_warp", re.compile(r"rms_norm_backward_warp")),
     ("rope_packed", re.compile(r"rope_packed")),
-    ("swiglu_forward_packed", re.compile(r"swiglu_forward_packed")),
-    ("swiglu_backward_packed", re.compile(r"swiglu_backward_packed")),
+    ("glu_forward_packed", re.compile(r"glu_forward_packed")),
+    ("glu_backward_packed", re.compile(r"glu_backward_packed")),
     # cross_entropy_rows_kernel<T, kPacked = true>
     ("cross_entropy_rows_kernel (packed)", re.compile(r"cross_entropy_rows_kernelI.*Lb1E")),
 ]

@@ -16,7 +16,8 @@
 #    positions (restarting at each document, each rank adding its part of the sequence's),
 #    and LLaMA with a sliding window (model.sliding_window) as well;
 #  - heads wider than dim / n_heads (model.head_dim) with query/key norms (model.qk_norm)
-#    split across tp2;
+#    split across tp2, and with Gemma's architecture (GeGLU, zero-centred norms, scaled
+#    tied embeddings) under tp2 with sequence parallelism;
 #  - layouts the model cannot be cut into are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -83,6 +84,15 @@ train llama llama-doc-1 --set data.document_attention=true
 train llama llama-wide-1 --set model.head_dim=32 --set model.qk_norm=true
 train llama llama-wide-tp2 --nproc 2 --set model.head_dim=32 --set model.qk_norm=true --set parallel.tp=2
 compare "$work/llama-wide-1" "$work/llama-wide-tp2" 0 || fail "tp2 with model.head_dim and model.qk_norm differs from one process"
+# Gemma's architecture on top (a GeGLU MLP, norms multiplying by 1 + weight, embeddings
+# scaled by sqrt(dim) and tied) under tp2 with sequence parallelism: every norm, the query
+# and key norms too, adds its 1 to the weight each rank holds whole.
+gemma=(--set model.head_dim=32 --set model.qk_norm=true --set model.mlp=geglu --set model.norm_zero_centered=true
+  --set model.embedding_scale=8 --set model.tie_embeddings=true)
+train llama llama-gemma-1 "${gemma[@]}"
+train llama llama-gemma-tp2-sp --nproc 2 "${gemma[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
+compare "$work/llama-gemma-1" "$work/llama-gemma-tp2-sp" 0 ||
+  fail "tp2 with sequence parallelism and Gemma's architecture differs from one process"
 losses_differ "$work/llama-doc-1" "$work/llama-doc-window-1" || fail "model.sliding_window changed nothing"
 
 # Layouts the model cannot be cut into: refused before any worker starts.

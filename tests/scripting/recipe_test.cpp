@@ -44,6 +44,8 @@ TEST(Recipes, PublishedParameterCountsAreExact) {
       {"qwen/qwen2.5-7b.lua", 7'615'616'512},
       {"mistral/mistral-nemo-12b.lua", 12'247'782'400},
       {"qwen/qwen3-8b.lua", 8'190'735'360},
+      {"gemma/gemma-2b.lua", 2'506'172'416},
+      {"gemma/gemma-7b.lua", 8'537'680'896},
       {"bloom/bloom-560m.lua", 559'214'592},
       {"bloom/bloom-7b1.lua", 7'069'016'064},
       {"bloom/bloom-176b.lua", 176'247'271'424},
@@ -76,6 +78,17 @@ TEST(Recipes, PresetsFillFamilyDefaults) {
   EXPECT_TRUE(b.config().model.embedding_norm);
   EXPECT_TRUE(b.config().model.tie_embeddings);
   EXPECT_EQ(b.config().model.dim, 64);
+  // Gemma: embeddings scaled by sqrt(dim) unless the recipe says otherwise.
+  const Recipe g =
+      Recipe::load_string("return tide.recipe{ model = tide.models.gemma{ dim = 64, n_heads = 4 } }", "@g.lua");
+  EXPECT_EQ(g.config().model.family, Family::LLaMA);
+  EXPECT_EQ(g.config().model.mlp, MlpKind::GeGLU);
+  EXPECT_TRUE(g.config().model.norm_zero_centered);
+  EXPECT_TRUE(g.config().model.tie_embeddings);
+  EXPECT_EQ(g.config().model.embedding_scale, 8.0);
+  const Recipe g1 = Recipe::load_string(
+      "return tide.recipe{ model = tide.models.gemma{ dim = 64, n_heads = 4, embedding_scale = 1 } }", "@g.lua");
+  EXPECT_EQ(g1.config().model.embedding_scale, 1.0);
 }
 
 TEST(Recipes, FieldErrorsNameTheLineTheFieldAndTheValue) {

@@ -288,6 +288,10 @@ void add_model_fields(std::vector<FieldSpec>& s) {
   s.push_back(choice<NormKind>("model.norm", {{"rmsnorm", NormKind::RMSNorm}, {"layernorm", NormKind::LayerNorm}},
                                kFixed, "Normalisation.", REF(model.norm)));
   s.push_back(number("model.norm_eps", 1e-12, 1, kFixed, "Norm epsilon.", REF(model.norm_eps)));
+  s.push_back(boolean("model.norm_zero_centered", kFixed,
+                      "Norms multiply by 1 + weight, weights starting at 0 (Gemma; Megatron-Core's "
+                      "layernorm_zero_centered_gamma).",
+                      REF(model.norm_zero_centered)));
   s.push_back(choice<PositionKind>(
       "model.positions",
       {{"rope", PositionKind::RoPE}, {"alibi", PositionKind::ALiBi}, {"learned", PositionKind::Learned}}, kFixed,
@@ -328,8 +332,11 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                       "A token attends to itself and this many - 1 tokens before it (Mistral, Qwen2); 0: to all before "
                       "it. Costs nothing while data.seq_len is at most this.",
                       REF(model.sliding_window)));
-  s.push_back(choice<MlpKind>("model.mlp", {{"swiglu", MlpKind::SwiGLU}, {"gelu", MlpKind::GELU}}, kFixed,
-                              "MLP kind (GELU is the tanh form).", REF(model.mlp)));
+  s.push_back(choice<MlpKind>("model.mlp",
+                              {{"swiglu", MlpKind::SwiGLU}, {"geglu", MlpKind::GeGLU}, {"gelu", MlpKind::GELU}}, kFixed,
+                              "MLP kind: swiglu down(silu(gate) * up) (LLaMA), geglu down(gelu(gate) * up) (Gemma), "
+                              "gelu down(gelu(up)) (BLOOM); GELU is the tanh form.",
+                              REF(model.mlp)));
   s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));
   s.push_back(boolean("model.qkv_bias", kFixed,
                       "Biases on the query, key and value projections, none on the output's (Qwen2); "
@@ -341,6 +348,10 @@ void add_model_fields(std::vector<FieldSpec>& s) {
   s.push_back(boolean("model.mlp_bias", kFixed, "Biases on MLP projections.", REF(model.mlp_bias)));
   s.push_back(boolean("model.embedding_norm", kFixed, "LayerNorm after the token embedding (BLOOM).",
                       REF(model.embedding_norm)));
+  s.push_back(number("model.embedding_scale", 1e-6, 1e6, kFixed,
+                     "Token embeddings are multiplied by this on the way in (Gemma: sqrt(dim)), not on the way out "
+                     "when tied.",
+                     REF(model.embedding_scale)));
   s.push_back(boolean("model.tie_embeddings", kFixed, "Output projection shares the embedding.",
                       REF(model.tie_embeddings)));
   s.push_back(number("model.dropout", 0, 1, kFixed, "Dropout on attention probabilities and residual branches.",

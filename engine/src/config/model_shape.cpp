@@ -6,10 +6,12 @@ int64_t resolved_kv_heads(const ModelConfig& m) { return m.n_kv_heads > 0 ? m.n_
 
 int64_t head_dim(const ModelConfig& m) { return m.head_dim > 0 ? m.head_dim : m.dim / m.n_heads; }
 
+bool gated_mlp(const ModelConfig& m) { return m.mlp != MlpKind::GELU; }
+
 int64_t resolved_ffn_dim(const ModelConfig& m) {
   if (m.ffn_dim > 0) return m.ffn_dim;
   if (m.mlp == MlpKind::GELU) return 4 * m.dim;
-  // LLaMA: two thirds of 4*dim (SwiGLU has three matrices), optionally scaled, then
+  // LLaMA: two thirds of 4*dim (a gated MLP has three matrices), optionally scaled, then
   // rounded up to a multiple of `multiple_of` (7B: 11008; 70B: 28672).
   int64_t hidden = 4 * m.dim;
   hidden = (2 * hidden) / 3;
@@ -27,8 +29,8 @@ int64_t parameter_count(const ModelConfig& m) {
   if (m.attention_bias || m.qkv_bias) attention += q + 2 * kv;
   if (m.attention_bias) attention += d;
   if (m.qk_norm) attention += 2 * head_dim(m);
-  int64_t mlp = m.mlp == MlpKind::SwiGLU ? 3 * d * f : 2 * d * f;
-  if (m.mlp_bias) mlp += (m.mlp == MlpKind::SwiGLU ? 2 * f : f) + d;
+  int64_t mlp = gated_mlp(m) ? 3 * d * f : 2 * d * f;
+  if (m.mlp_bias) mlp += (gated_mlp(m) ? 2 * f : f) + d;
   const int64_t block = 2 * norm + attention + mlp;
 
   int64_t total = v * d + m.n_layers * block + norm;

@@ -29,13 +29,16 @@ void rms_norm_backward(const void* dy, const void* x, const float* w, const floa
                        float* dw_partial, int64_t rows, int64_t cols, Element e, cudaStream_t stream);
 int64_t rms_norm_partials(int64_t rows);
 
-// out = silu(gate) * up, and its backward: d_gate = d_out * up * silu'(gate),
-// d_up = d_out * silu(gate). n elements, all contiguous. d_gate may be d_out (written in
-// place); `product` (may be null) receives out again, as swiglu_forward makes it, in the
+// A gated MLP's activation: SwiGLU's silu, GeGLU's gelu in its tanh form.
+enum class Gate { Silu, GeluTanh };
+
+// out = act(gate) * up, and its backward: d_gate = d_out * up * act'(gate),
+// d_up = d_out * act(gate). n elements, all contiguous. d_gate may be d_out (written in
+// place); `product` (may be null) receives out again, as glu_forward makes it, in the
 // same pass: the down projection's weight gradient wants it, and it is not kept.
-void swiglu_forward(const void* gate, const void* up, void* out, int64_t n, Element e, cudaStream_t stream);
-void swiglu_backward(const void* d_out, const void* gate, const void* up, void* d_gate, void* d_up, void* product,
-                     int64_t n, Element e, cudaStream_t stream);
+void glu_forward(Gate act, const void* gate, const void* up, void* out, int64_t n, Element e, cudaStream_t stream);
+void glu_backward(Gate act, const void* d_out, const void* gate, const void* up, void* d_gate, void* d_up,
+                  void* product, int64_t n, Element e, cudaStream_t stream);
 
 // Rotary embedding with Hugging Face's convention (the head dimension in halves,
 // (x1, x2) -> (x1 c - x2 s, x2 c + x1 s)) over x [B, H, T, Hd] with any strides for B, H

@@ -63,78 +63,104 @@ struct LayerNormFn : torch::autograd::Function<LayerNormFn> {
   }
 };
 
-// --- SwiGLU ---------------------------------------------------------------------------
-// silu(g) = g s with s = sigmoid(g): d_gate = d u silu'(g), d_up = d silu(g).
-at::Tensor swiglu_values(const at::Tensor& gate, const at::Tensor& up) {
+// --- Gated MLP (SwiGLU, GeGLU) ------------------------------------------------------
+// p = act(g) u: d_gate = d u act'(g), d_up = d act(g).
+at::Tensor activation_of(const at::Tensor& gate, GateActivation act) {
+  return act == GateActivation::Silu ? at::silu(gate) : at::gelu(gate, "tanh");
+}
+
+#ifdef TIDE_LAUNCHES_KERNELS
+kernels::Gate kernel_gate(GateActivation act) {
+  return act == GateActivation::Silu ? kernels::Gate::Silu : kernels::Gate::GeluTanh;
+}
+#endif
+
+at::Tensor glu_values(const at::Tensor& gate, const at::Tensor& up, GateActivation act) {
 #ifdef TIDE_LAUNCHES_KERNELS
   if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
     const auto g = gate.contiguous(), u = up.contiguous();
     auto out = at::empty_like(g);
-    kernels::swiglu_forward(g.data_ptr(), u.data_ptr(), out.data_ptr(), g.numel(), element_of(g), stream_of(g));
+    kernels::glu_forward(kernel_gate(act), g.data_ptr(), u.data_ptr(), out.data_ptr(), g.numel(), element_of(g),
+                         stream_of(g));
     return out;
   }
 #endif
-  return at::silu(gate).mul_(up);
+  return activation_of(gate, act).mul_(up);
 }
 
-variable_list swiglu_gradients(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& d) {
+variable_list glu_gradients(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& d, GateActivation act) {
 #ifdef TIDE_LAUNCHES_KERNELS
   if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type()) {
     const auto g = gate.contiguous(), u = up.contiguous();
     const auto dc = d.to(g.scalar_type()).contiguous();
     auto d_gate = at::empty_like(g), d_up = at::empty_like(u);
-    kernels::swiglu_backward(dc.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(), d_up.data_ptr(), nullptr,
-                             g.numel(), element_of(g), stream_of(g));
+    kernels::glu_backward(kernel_gate(act), dc.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(),
+                          d_up.data_ptr(), nullptr, g.numel(), element_of(g), stream_of(g));
     return {d_gate, d_up};
   }
 #endif
-  auto d_up = at::silu(gate).mul_(d);
+  auto d_up = activation_of(gate, act).mul_(d);
   auto d_gate = d * up;
-  at::silu_backward_out(d_gate, d_gate, gate);  // in place: three tensors of the width at once, as autograd's
+  // in place: three tensors of the width at once, as autograd's
+  if (act == GateActivation::Silu)
+    at::silu_backward_out(d_gate, d_gate, gate);
+  else
+    at::gelu_backward_out(d_gate, d_gate, gate, "tanh");
   return {d_gate, d_up};
 }
 
-struct SwigluFn : torch::autograd::Function<SwigluFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+GateActivation saved_activation(AutogradContext* ctx) {
+  return static_cast<GateActivation>(ctx->saved_data["activation"].toInt());
+}
+
+struct GluFn : torch::autograd::Function<GluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up, int64_t act) {
     ctx->save_for_backward({gate, up});
-    return swiglu_values(gate, up);
+    ctx->saved_data["activation"] = act;
+    return glu_values(gate, up, static_cast<GateActivation>(act));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    return swiglu_gradients(saved[0], saved[1], grads[0]);
+    auto d = glu_gradients(saved[0], saved[1], grads[0], saved_activation(ctx));
+    d.emplace_back();
+    return d;
   }
 };
 
-// The down projection of silu(gate) * up, which it recomputes in backward (one
+// The down projection of act(gate) * up, which it recomputes in backward (one
 // elementwise pass) instead of keeping: the widest activation of a block, as
 // torch.compile's partitioner also recomputes it. The weight is kept as given and
 // multiplied by its working copy in the product's dtype (working_copy). The products
 // are at::linear's and its backward's (matmul folded to mm, the weight's gradient as
 // dy^T p): the same bits.
-struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
+struct GluDownFn : torch::autograd::Function<GluDownFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
-                            const at::Tensor& weight) {
+                            const at::Tensor& weight, int64_t act) {
     ctx->save_for_backward({gate, up, weight});
-    return at::matmul(swiglu_values(gate, up), working_copy(weight, gate.scalar_type()).t());
+    ctx->saved_data["activation"] = act;
+    return at::matmul(glu_values(gate, up, static_cast<GateActivation>(act)),
+                      working_copy(weight, gate.scalar_type()).t());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &gate = saved[0], &up = saved[1], &weight = saved[2];
+    const auto act = saved_activation(ctx);
     const auto dy = grads[0].reshape({-1, grads[0].size(-1)});
 #ifdef TIDE_LAUNCHES_KERNELS
     if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type())
-      return remake_in_one_pass(gate, up, weight, dy);
+      return remake_in_one_pass(gate, up, weight, dy, act);
 #endif
     at::Tensor d_weight;
     {
-      const auto p = swiglu_values(gate, up);
+      const auto p = glu_values(gate, up, act);
       d_weight = weight_gradient(weight, dy.t(), p.reshape({-1, p.size(-1)}));
     }  // the product is gone before the gradients of the gate and up are made
     const auto d_p = dy.mm(working_copy(weight, gate.scalar_type())).view(gate.sizes());
-    auto d = swiglu_gradients(gate, up, d_p);
+    auto d = glu_gradients(gate, up, d_p, act);
     d.push_back(d_weight);
+    d.emplace_back();
     return d;
   }
 
@@ -144,14 +170,14 @@ struct SwigluDownFn : torch::autograd::Function<SwigluDownFn> {
   // and up's: two reads of the width fewer than remaking the product on its own, and as
   // many tensors of the width alive at once.
   static variable_list remake_in_one_pass(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
-                                          const at::Tensor& dy) {
+                                          const at::Tensor& dy, GateActivation act) {
     const auto g = gate.contiguous(), u = up.contiguous();
     auto d_gate = dy.mm(working_copy(weight, g.scalar_type())).to(g.scalar_type()).contiguous();  // d_p until the pass
     auto d_up = at::empty_like(u), p = at::empty_like(g);
-    kernels::swiglu_backward(d_gate.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(), d_up.data_ptr(),
-                             p.data_ptr(), g.numel(), element_of(g), stream_of(g));
+    kernels::glu_backward(kernel_gate(act), d_gate.data_ptr(), g.data_ptr(), u.data_ptr(), d_gate.data_ptr(),
+                          d_up.data_ptr(), p.data_ptr(), g.numel(), element_of(g), stream_of(g));
     auto d_weight = weight_gradient(weight, dy.t(), p.view({-1, p.size(-1)}));
-    return {d_gate.view(gate.sizes()), d_up, d_weight};
+    return {d_gate.view(gate.sizes()), d_up, d_weight, at::Tensor()};
   }
 #endif
 };
@@ -284,9 +310,9 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::T
   return LayerNormFn::apply(x, weight, bias, eps);
 }
 
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
-  RECORD_FUNCTION("tide::swiglu", std::vector<c10::IValue>({gate, up}));
-  return SwigluFn::apply(gate, up);
+at::Tensor glu(const at::Tensor& gate, const at::Tensor& up, GateActivation act) {
+  RECORD_FUNCTION("tide::glu", std::vector<c10::IValue>({gate, up}));
+  return GluFn::apply(gate, up, static_cast<int64_t>(act));
 }
 
 at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
@@ -297,12 +323,12 @@ at::Tensor projection(const at::Tensor& x, const at::Tensor& weight, const at::T
   return ProjectionFn::apply(x, weight, static_cast<int64_t>(dtype));
 }
 
-at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight) {
-  TORCH_CHECK(gate.sizes() == up.sizes() && weight.dim() == 2 && weight.size(1) == gate.size(-1), "swiglu_down: gate ",
+at::Tensor glu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight, GateActivation act) {
+  TORCH_CHECK(gate.sizes() == up.sizes() && weight.dim() == 2 && weight.size(1) == gate.size(-1), "glu_down: gate ",
               gate.sizes(), " and up ", up.sizes(), " must agree and weight ", weight.sizes(), " must be [out, ",
               gate.size(-1), "]");
-  RECORD_FUNCTION("tide::swiglu_down", std::vector<c10::IValue>({gate, up, weight}));
-  return SwigluDownFn::apply(gate, up, weight);
+  RECORD_FUNCTION("tide::glu_down", std::vector<c10::IValue>({gate, up, weight}));
+  return GluDownFn::apply(gate, up, weight, static_cast<int64_t>(act));
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -26,14 +26,31 @@ json hf_config(const ModelConfig& m) {
   if (m.family == Family::LLaMA) {
     require(m.norm == NormKind::RMSNorm, "model.norm", "LLaMA uses RMSNorm");
     require(m.positions == PositionKind::RoPE, "model.positions", "LLaMA uses RoPE");
-    require(m.mlp == MlpKind::SwiGLU, "model.mlp", "LLaMA uses SwiGLU");
+    require(m.mlp != MlpKind::GELU, "model.mlp", "LLaMA uses SwiGLU");
     require(!m.embedding_norm, "model.embedding_norm", "LLaMA has no embedding norm");
+    // A GeGLU MLP is Gemma's architecture, with its zero-centred norms and embeddings
+    // scaled by sqrt(dim); every other LLaMA-like family has neither.
+    const bool gemma = m.mlp == MlpKind::GeGLU;
+    const double gemma_scale = std::sqrt(static_cast<double>(m.dim));
+    if (gemma) {
+      require(m.norm_zero_centered, "model.norm_zero_centered",
+              "Gemma (a GeGLU MLP) multiplies by 1 + its norm weights");
+      require(std::abs(m.embedding_scale - gemma_scale) <= 1e-6 * gemma_scale, "model.embedding_scale",
+              fmt::format("Gemma (a GeGLU MLP) scales its embeddings by sqrt(model.dim) = {}, not {}", gemma_scale,
+                          m.embedding_scale));
+      require(!m.qk_norm && !m.qkv_bias && !m.mlp_bias && m.sliding_window == 0, "model.mlp",
+              "Gemma (a GeGLU MLP) has no query/key norms, no biases on q, k and v alone or on its MLP, and no "
+              "sliding window");
+    } else {
+      require(!m.norm_zero_centered, "model.norm_zero_centered", "LLaMA's norms multiply by their weights");
+      require(m.embedding_scale == 1.0, "model.embedding_scale", "LLaMA does not scale its embeddings");
+    }
     // Query/key norms are Qwen3's architecture; biases on q, k and v alone Qwen2's (LLaMA's
     // attention_bias is all four).
-    const bool qwen3 = m.qk_norm;
-    const bool qwen2 = !qwen3 && m.qkv_bias && !m.attention_bias;
+    const bool qwen3 = !gemma && m.qk_norm;
+    const bool qwen2 = !gemma && !qwen3 && m.qkv_bias && !m.attention_bias;
     // LLaMA's config has no sliding window; Mistral's (without biases) and Qwen's do.
-    const bool mistral = !qwen2 && !qwen3 && m.sliding_window > 0;
+    const bool mistral = !gemma && !qwen2 && !qwen3 && m.sliding_window > 0;
     if (qwen3)
       require(!(m.qkv_bias && !m.attention_bias) && !m.mlp_bias, "model.qk_norm",
               "Qwen3 (query/key norms) has biases on all four attention projections or none, and none on its MLP");
@@ -41,9 +58,10 @@ json hf_config(const ModelConfig& m) {
     if (mistral)
       require(!m.attention_bias && !m.mlp_bias, "model.sliding_window",
               "a sliding window is Mistral's, whose projections have no biases");
-    const char* type = qwen3 ? "qwen3" : qwen2 ? "qwen2" : mistral ? "mistral" : "llama";
+    const char* type = gemma ? "gemma" : qwen3 ? "qwen3" : qwen2 ? "qwen2" : mistral ? "mistral" : "llama";
     j = {{"architectures",
-          {qwen3     ? "Qwen3ForCausalLM"
+          {gemma     ? "GemmaForCausalLM"
+           : qwen3   ? "Qwen3ForCausalLM"
            : qwen2   ? "Qwen2ForCausalLM"
            : mistral ? "MistralForCausalLM"
                      : "LlamaForCausalLM"}},
@@ -65,7 +83,9 @@ json hf_config(const ModelConfig& m) {
          {"initializer_range", m.init_std},
          {"torch_dtype", "float32"}};
     if (qwen2 || mistral) j.erase("attention_bias");
-    if (qwen3 || qwen2 || mistral) j.erase("mlp_bias");
+    if (gemma || qwen3 || qwen2 || mistral) j.erase("mlp_bias");
+    // Both keys: transformers reads hidden_act, other readers of Gemma hidden_activation.
+    if (gemma) j["hidden_act"] = j["hidden_activation"] = "gelu_pytorch_tanh";
     if (mistral) j["sliding_window"] = m.sliding_window;
     if (qwen3 || qwen2) {
       j["use_sliding_window"] = m.sliding_window > 0;
@@ -97,6 +117,8 @@ json hf_config(const ModelConfig& m) {
     require(m.attention_bias && m.mlp_bias, "model.attention_bias", "BLOOM has biases everywhere");
     require(m.embedding_norm, "model.embedding_norm", "BLOOM normalises its embeddings");
     require(m.sliding_window == 0, "model.sliding_window", "BLOOM attends to every earlier token");
+    require(!m.norm_zero_centered, "model.norm_zero_centered", "BLOOM's norms multiply by their weights");
+    require(m.embedding_scale == 1.0, "model.embedding_scale", "BLOOM does not scale its embeddings");
     j = {{"architectures", {"BloomForCausalLM"}},
          {"model_type", "bloom"},
          {"hidden_size", m.dim},
@@ -233,6 +255,26 @@ void read_qwen2_window(const HfConfig& hf, ModelConfig& m) {
                                   sliding, m.n_layers));
   if (sliding == m.n_layers) m.sliding_window = window;
 }
+
+// Gemma: gelu in its tanh form gates the MLP, norms multiply by 1 + weight, embeddings
+// are scaled by sqrt(hidden_size) (in the stream's dtype), embeddings are tied unless
+// the file says otherwise.
+void read_gemma(const HfConfig& hf, ModelConfig& m) {
+  m.mlp = MlpKind::GeGLU;
+  m.norm_zero_centered = true;
+  m.embedding_scale = std::sqrt(static_cast<double>(m.dim));
+  m.tie_embeddings = hf.boolean("tie_word_embeddings", true);
+  // Gemma's files name the activation in hidden_activation, and Gemma 1's also carry the
+  // older hidden_act "gelu", which its weights were not trained with: they were trained
+  // with the tanh form (transformers#29402), which the serving and training stacks run
+  // (text-generation-inference, Megatron-Bridge). So hidden_activation first, and "gelu"
+  // read as the tanh form.
+  const char* key = hf.get("hidden_activation") != nullptr ? "hidden_activation" : "hidden_act";
+  const std::string act = hf.get(key) != nullptr ? hf.string(key) : "gelu_pytorch_tanh";
+  if (act != "gelu_pytorch_tanh" && act != "gelu_new" && act != "gelu")
+    throw ConfigError(std::string("config.json ") + key,
+                      fmt::format("'{}' is not gelu_pytorch_tanh, the tanh form of gelu Gemma's MLP is gated by", act));
+}
 }  // namespace
 
 ModelConfig model_config_from_hf(const json& config) {
@@ -240,10 +282,10 @@ ModelConfig model_config_from_hf(const json& config) {
   if (const json* own = hf.get("tide"); own != nullptr && own->is_object()) return model_config_from_json(*own);
   const std::string type = hf.string("model_type");
   ModelConfig m;
-  // Mistral, Qwen2 and Qwen3 are LLaMA's architecture under other names: Mistral with a
-  // sliding window (v0.1), Qwen2 with biases on q, k and v alone, Qwen3 with query/key
-  // norms.
-  if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3") {
+  // Mistral, Qwen2, Qwen3 and Gemma are LLaMA's architecture under other names: Mistral
+  // with a sliding window (v0.1), Qwen2 with biases on q, k and v alone, Qwen3 with
+  // query/key norms, Gemma with a GeGLU MLP, zero-centred norms and scaled embeddings.
+  if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "gemma") {
     m.family = Family::LLaMA;
     m.dim = hf.integer({"hidden_size"});
     m.ffn_dim = hf.integer({"intermediate_size"});
@@ -270,13 +312,17 @@ ModelConfig model_config_from_hf(const json& config) {
     if (type == "mistral" && hf.get("sliding_window") != nullptr) m.sliding_window = hf.integer({"sliding_window"});
     // A window the model's longest sequence fits in leaves nothing out.
     if (m.sliding_window >= m.max_seq_len) m.sliding_window = 0;
-    if (const std::string act = hf.get("hidden_act") != nullptr ? hf.string("hidden_act") : "silu"; act != "silu")
+    if (type == "gemma") {
+      read_gemma(hf, m);
+    } else if (const std::string act = hf.get("hidden_act") != nullptr ? hf.string("hidden_act") : "silu";
+               act != "silu") {
       throw ConfigError("config.json hidden_act", fmt::format("'{}' is not silu, the SwiGLU MLP's", act));
+    }
     if (const json* scaling = hf.get("rope_scaling")) read_rope_scaling(*scaling, m);
     // A head width of its own (Mistral NeMo's 128 at hidden_size 5120 and 32 heads); one
     // equal to hidden_size / num_attention_heads is the derived width, kept as 0.
-    if (hf.get("head_dim") != nullptr) {
-      const int64_t hd = hf.integer({"head_dim"});
+    if (hf.get("head_dim") != nullptr || type == "gemma") {
+      const int64_t hd = hf.integer({"head_dim"}, 256);  // transformers' default is Gemma's
       if (!(m.n_heads > 0 && m.dim % m.n_heads == 0 && hd == m.dim / m.n_heads)) m.head_dim = hd;
     }
   } else if (type == "bloom") {
@@ -296,7 +342,7 @@ ModelConfig model_config_from_hf(const json& config) {
       throw ConfigError("config.json apply_residual_connection_post_layernorm", "true is not supported");
   } else {
     throw ConfigError("config.json model_type",
-                      fmt::format("'{}' is not a supported family (llama, mistral, qwen2, qwen3, bloom)", type));
+                      fmt::format("'{}' is not a supported family (llama, mistral, qwen2, qwen3, gemma, bloom)", type));
   }
   m.init_std = hf.number("initializer_range", 0.02);
   // Through the recipe schema's ranges and rules: config.json is input from outside (a

@@ -19,8 +19,9 @@
 namespace tide {
 namespace F = torch::nn::functional;
 
-NormImpl::NormImpl(NormKind kind, int64_t dim, double eps, std::shared_ptr<TensorParallelGroup> sequence_parallel)
-    : kind_(kind), eps_(eps), sequence_parallel_(std::move(sequence_parallel)) {
+NormImpl::NormImpl(NormKind kind, int64_t dim, double eps, bool zero_centered,
+                   std::shared_ptr<TensorParallelGroup> sequence_parallel)
+    : kind_(kind), eps_(eps), zero_centered_(zero_centered), sequence_parallel_(std::move(sequence_parallel)) {
   weight = register_parameter("weight", parameter_tensor({dim}));
   if (kind == NormKind::LayerNorm) bias = register_parameter("bias", parameter_tensor({dim}));
   if (!DeferredStorage::active()) reset_parameters();
@@ -28,14 +29,19 @@ NormImpl::NormImpl(NormKind kind, int64_t dim, double eps, std::shared_ptr<Tenso
 
 void NormImpl::reset_parameters() {
   torch::NoGradGuard no_grad;
-  weight.fill_(1.0);
+  weight.fill_(zero_centered_ ? 0.0 : 1.0);
   if (bias.defined()) bias.zero_();
 }
 
 NormWeights NormImpl::step_weights() const {
   const bool ln = kind_ == NormKind::LayerNorm;
-  if (!sequence_parallel_) return {weight, bias, eps_, ln};
-  return {sequence_parallel_->copy_to(weight), ln ? sequence_parallel_->copy_to(bias) : torch::Tensor(), eps_, ln};
+  NormWeights w{weight, bias, eps_, ln};
+  if (sequence_parallel_) {
+    w.weight = sequence_parallel_->copy_to(weight);
+    if (ln) w.bias = sequence_parallel_->copy_to(bias);
+  }
+  if (zero_centered_) w.weight = w.weight + 1;
+  return w;
 }
 
 torch::Tensor NormImpl::forward(const torch::Tensor& x) {
@@ -154,8 +160,8 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp) :
     out = register_module("o_proj", Projection(local, d, cfg.attention_bias));
     if (cfg.qk_norm) {
       const auto group = tp.size() > 1 ? tp.group : nullptr;  // each rank's heads add to the gradient
-      q_norm = register_module("q_norm", Norm(NormKind::RMSNorm, hd, cfg.norm_eps, group));
-      k_norm = register_module("k_norm", Norm(NormKind::RMSNorm, hd, cfg.norm_eps, group));
+      q_norm = register_module("q_norm", Norm(NormKind::RMSNorm, hd, cfg.norm_eps, cfg.norm_zero_centered, group));
+      k_norm = register_module("k_norm", Norm(NormKind::RMSNorm, hd, cfg.norm_eps, cfg.norm_zero_centered, group));
     }
   }
 }
@@ -220,17 +226,18 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
 MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.mlp), tp_(tp) {
   const int64_t d = cfg.dim, f = resolved_ffn_dim(cfg) / tp.size();
   const bool bloom_names = cfg.family == Family::BLOOM && cfg.mlp == MlpKind::GELU;
-  if (kind_ == MlpKind::SwiGLU) gate = register_module("gate_proj", Projection(d, f, cfg.mlp_bias));
+  if (gated_mlp(cfg)) gate = register_module("gate_proj", Projection(d, f, cfg.mlp_bias));
   up = register_module(bloom_names ? "dense_h_to_4h" : "up_proj", Projection(d, f, cfg.mlp_bias));
   down = register_module(bloom_names ? "dense_4h_to_h" : "down_proj", Projection(f, d, cfg.mlp_bias));
 }
 
 torch::Tensor MlpImpl::forward(const LayerInput& x) {
-  if (kind_ == MlpKind::SwiGLU) {
-    // The down projection recomputes silu(gate) * up in backward: the widest tensor of a
+  if (gate) {
+    // The down projection recomputes act(gate) * up in backward: the widest tensor of a
     // block is not kept.
+    const auto act = kind_ == MlpKind::GeGLU ? GateActivation::GeluTanh : GateActivation::Silu;
     const auto in = project_input(x, {weights_of(gate), weights_of(up)}, tp_);
-    return onto(in.residual, reduce_row_parallel(swiglu_down(in.out[0], in.out[1], down->weight), down->bias, tp_));
+    return onto(in.residual, reduce_row_parallel(glu_down(in.out[0], in.out[1], down->weight, act), down->bias, tp_));
   }
   const auto in = project_input(x, {weights_of(up)}, tp_);
   return leave_tp(torch::gelu(in.out[0], "tanh"), down->weight, down->bias, tp_, in.residual);
@@ -238,9 +245,10 @@ torch::Tensor MlpImpl::forward(const LayerInput& x) {
 
 BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {
   const auto sp = tp.sequence_parallel ? tp.group : nullptr;
-  input_norm = register_module("input_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
+  input_norm = register_module("input_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_zero_centered, sp));
   attention = register_module(cfg.family == Family::BLOOM ? "self_attention" : "self_attn", Attention(cfg, tp));
-  post_attention_norm = register_module("post_attention_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
+  post_attention_norm =
+      register_module("post_attention_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_zero_centered, sp));
   mlp = register_module("mlp", Mlp(cfg, tp));
 }
 

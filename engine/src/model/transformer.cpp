@@ -139,8 +139,8 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
     holder_of(bloom ? "word_position_embeddings" : "embed_positions", parameter_tensor({cfg.max_seq_len, cfg.dim}),
               pos_embeddings, *backbone);
   if (stage_.first && cfg.embedding_norm)
-    embedding_norm =
-        backbone->register_module("word_embeddings_layernorm", Norm(NormKind::LayerNorm, cfg.dim, cfg.norm_eps, sp));
+    embedding_norm = backbone->register_module(
+        "word_embeddings_layernorm", Norm(NormKind::LayerNorm, cfg.dim, cfg.norm_eps, cfg.norm_zero_centered, sp));
   // Blocks keep their index in the whole model in their names ("model.layers.5.…").
   blocks = torch::nn::ModuleList();
   auto layers = std::make_shared<torch::nn::Module>();
@@ -153,7 +153,8 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
   }
   backbone->register_module(bloom ? "h" : "layers", layers);
   if (stage_.last)
-    final_norm = backbone->register_module(bloom ? "ln_f" : "norm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, sp));
+    final_norm = backbone->register_module(bloom ? "ln_f" : "norm",
+                                           Norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_zero_centered, sp));
   register_module(bloom ? "transformer" : "model", backbone);
   if (stage_.last && !cfg.tie_embeddings)
     holder_of("lm_head", parameter_tensor({vocab_local_, cfg.dim}), lm_head, *this);
@@ -231,7 +232,7 @@ void TransformerImpl::initialise_parameter(const std::string& name, const torch:
     return;
   }
   if (p->dim() == 1) {
-    into.fill_(1.0);  // norm weights
+    into.fill_(cfg_.norm_zero_centered ? 0.0 : 1.0);  // norm weights: a scale of 1
     return;
   }
   TORCH_CHECK(p->dim() == 2, "no initialisation for ", name, " of ", p->dim(), " dimensions");
@@ -337,6 +338,7 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens, const torch::T
   } else {
     x = torch::embedding(tok_embeddings, tokens);
   }
+  if (cfg_.embedding_scale != 1.0) x = x * cfg_.embedding_scale;
   if (pos_embeddings.defined()) {
     const auto table = tp_.sequence_parallel ? tp_.group->copy_to(pos_embeddings) : pos_embeddings;
     if (documents.defined())

@@ -1,5 +1,5 @@
 // The weight gradients of tide's matmul nodes (projection, normed_projections,
-// swiglu_down) and of the fused loss's head, summed in fp32.
+// glu_down) and of the fused loss's head, summed in fp32.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -98,9 +98,9 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double incoming = x.Nn * D * x.s;
   const double scores = x.fused_attention ? 0.0 : 2 * x.B * static_cast<double>(r.heads) * x.T * x.T * x.s;
-  double extra = std::max(incoming + (m.mlp == MlpKind::SwiGLU ? 3 : 1) * x.N * F * x.s + D * F * 4, incoming + scores);
+  double extra = std::max(incoming + (gated_mlp(m) ? 3 : 1) * x.N * F * x.s + D * F * 4, incoming + scores);
   const double qkv = static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim);
-  const double mlp_in = (m.mlp == MlpKind::SwiGLU ? 2 : 1) * F;
+  const double mlp_in = (gated_mlp(m) ? 2 : 1) * F;
   const bool fp32_copy = x.s < 4 && (!x.gpu_kernels || m.norm == NormKind::LayerNorm);
   const double node = 3 * x.N * D * x.s + (fp32_copy ? x.Nn * D * 4 : 0);
   extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,

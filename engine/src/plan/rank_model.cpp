@@ -52,7 +52,7 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
     attention = attention_matmul + (m.attention_bias || m.qkv_bias ? local + 2 * kv_rows : 0) +
                 (m.attention_bias ? d : 0) + (m.qk_norm ? 2 * hd : 0);
   }
-  const int64_t mlp_matrices = m.mlp == MlpKind::SwiGLU ? 3 : 2;
+  const int64_t mlp_matrices = gated_mlp(m) ? 3 : 2;
   const int64_t mlp_matmul = mlp_matrices * d * r.ffn;
   const int64_t mlp = mlp_matmul + (m.mlp_bias ? (mlp_matrices - 1) * r.ffn + d : 0);
   r.block_matmul = attention_matmul + mlp_matmul;

@@ -12,7 +12,9 @@ namespace tide {
 enum class NormKind { RMSNorm, LayerNorm };
 enum class PositionKind { RoPE, ALiBi, Learned };
 enum class RopeScaling { None, Linear, Llama3, Yarn };
-enum class MlpKind { SwiGLU, GELU };
+// SwiGLU: down(silu(gate) * up); GeGLU: down(gelu_tanh(gate) * up) (Gemma); GELU:
+// down(gelu_tanh(up)) (BLOOM, GPT-2).
+enum class MlpKind { SwiGLU, GeGLU, GELU };
 // Parameter naming and fused-QKV layout of the Hugging Face family.
 enum class Family { LLaMA, BLOOM };
 enum class DecayKind { Constant, Cosine, Linear, Lua };
@@ -30,12 +32,16 @@ struct ModelConfig {
   // that n_heads * head_dim differs from dim (the query and output projections map
   // between the two).
   int64_t head_dim = 0;
-  int64_t ffn_dim = 0;     // 0: derived (LLaMA rule for SwiGLU, 4*dim for GELU)
+  int64_t ffn_dim = 0;  // 0: derived (LLaMA rule for the gated kinds, 4*dim for GELU)
   int64_t multiple_of = 256;
   double ffn_dim_multiplier = 0.0;  // 0: not applied
   int64_t max_seq_len = 2048;
   NormKind norm = NormKind::RMSNorm;
   double norm_eps = 1e-5;
+  // Norm weights held as their difference from 1: a norm multiplies by 1 + weight, and
+  // weights start at 0 (Gemma; Megatron-Core's layernorm_zero_centered_gamma). Weight
+  // decay, where it reaches norms, then pulls a norm's scale towards 1, not 0.
+  bool norm_zero_centered = false;
   PositionKind positions = PositionKind::RoPE;
   double rope_theta = 10000.0;
   // RoPE's frequencies stretched for a context longer than the one pretrained (Hugging
@@ -62,6 +68,9 @@ struct ModelConfig {
   bool qk_norm = false;   // RMSNorm over each head's query and key before RoPE (Qwen3)
   bool mlp_bias = false;
   bool embedding_norm = false;  // BLOOM's LayerNorm right after the embedding
+  // The token embeddings are multiplied by this on the way in, not on the way out when
+  // tied (Gemma: sqrt(dim)).
+  double embedding_scale = 1.0;
   bool tie_embeddings = false;
   double dropout = 0.0;
   double init_std = 0.02;
@@ -220,6 +229,8 @@ struct RunConfig {
 
 // The SwiGLU hidden size rule of the LLaMA reference code, or the explicit size.
 int64_t resolved_ffn_dim(const ModelConfig& m);
+// Whether the MLP has a gate projection (three matrices, not two).
+bool gated_mlp(const ModelConfig& m);
 int64_t resolved_kv_heads(const ModelConfig& m);
 int64_t head_dim(const ModelConfig& m);
 

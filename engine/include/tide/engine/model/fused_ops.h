@@ -24,16 +24,20 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // deviation.
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps);
 
-// SwiGLU's product silu(gate) * up. Keeps gate and up (the unfused ops keep silu(gate)
-// too). The MLP takes swiglu_down, which also projects; this is the product alone, the
-// form the CUDA kernel is checked in.
-at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+// A gated MLP's activation: silu (SwiGLU: LLaMA, Mistral, Qwen) or gelu in its tanh
+// form (GeGLU: Gemma).
+enum class GateActivation { Silu, GeluTanh };
 
-// silu(gate) * up projected by weight [out, F] (no bias): the MLP's down projection.
+// A gated MLP's product act(gate) * up. Keeps gate and up (the unfused ops keep
+// act(gate) too). The MLP takes glu_down, which also projects; this is the product alone,
+// the form the CUDA kernel is checked in.
+at::Tensor glu(const at::Tensor& gate, const at::Tensor& up, GateActivation act);
+
+// act(gate) * up projected by weight [out, F] (no bias): the MLP's down projection.
 // Keeps gate and up and the fp32 weight, not the product, which backward recomputes;
 // computes in gate's dtype with the weight's working copy (compute_dtype.h), and adds
 // the weight's gradient into its fp32 .grad where that is there (weight_gradient.h).
-at::Tensor swiglu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight);
+at::Tensor glu_down(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight, GateActivation act);
 
 // x W^T + b, as at::linear under autocast, except that the weight's copy in the compute
 // dtype is its working copy (compute_dtype.h: kept for the step under a WeightCastScope,

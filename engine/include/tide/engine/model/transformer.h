@@ -23,17 +23,20 @@ namespace tide {
 
 class ParameterUnits;
 
-// RMSNorm (weight) or LayerNorm (weight, bias); normalises in fp32. With sequence
-// parallelism (`tp` given) each rank normalises its part of the sequence, so the
-// weight's gradient is summed over the tensor-parallel group.
+// RMSNorm (weight) or LayerNorm (weight, bias); normalises in fp32. Zero-centred, it
+// multiplies by 1 + weight (ModelConfig::norm_zero_centered). With sequence parallelism
+// (`tp` given) each rank normalises its part of the sequence, so the weight's gradient is
+// summed over the tensor-parallel group.
 class NormImpl : public torch::nn::Module {
  public:
-  NormImpl(NormKind kind, int64_t dim, double eps, std::shared_ptr<TensorParallelGroup> sequence_parallel = nullptr);
+  NormImpl(NormKind kind, int64_t dim, double eps, bool zero_centered,
+           std::shared_ptr<TensorParallelGroup> sequence_parallel = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
   void reset_parameters();
 
-  // The parameters as a step uses them: with sequence parallelism through copy_to, since
-  // each rank saw part of the sequence and their gradients are summed over ranks.
+  // The parameters as a step uses them: 1 + weight where zero-centred; with sequence
+  // parallelism through copy_to, since each rank saw part of the sequence and their
+  // gradients are summed over ranks.
   NormWeights step_weights() const;
 
   torch::Tensor weight, bias;
@@ -41,6 +44,7 @@ class NormImpl : public torch::nn::Module {
  private:
   NormKind kind_;
   double eps_;
+  bool zero_centered_;
   std::shared_ptr<TensorParallelGroup> sequence_parallel_;
 };
 TORCH_MODULE(Norm);
@@ -105,7 +109,8 @@ class AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Attention);
 
-// SwiGLU: down(silu(gate(x)) * up(x)); GELU: down(gelu_tanh(up(x))). Under tensor
+// SwiGLU: down(silu(gate(x)) * up(x)); GeGLU: down(gelu_tanh(gate(x)) * up(x)); GELU:
+// down(gelu_tanh(up(x))). Under tensor
 // parallelism gate and up are column-parallel, down row-parallel.
 class MlpImpl : public torch::nn::Module {
  public:
