@@ -83,6 +83,8 @@ TEST_P(HfRoundTrip, ImportWithoutTideFieldsUsesHfConfig) {
   EXPECT_EQ(theirs.mlp, ours.mlp);
   EXPECT_EQ(theirs.norm_zero_centered, ours.norm_zero_centered);
   EXPECT_EQ(theirs.embedding_scale, ours.embedding_scale);
+  EXPECT_EQ(theirs.post_norms, ours.post_norms);
+  EXPECT_NEAR(theirs.softmax_scale, ours.softmax_scale, 1e-15);
   if (ours.rope_scaling != RopeScaling::None) {
     EXPECT_EQ(theirs.rope_scaling_factor, ours.rope_scaling_factor);
     EXPECT_EQ(theirs.rope_original_max_seq_len, ours.rope_original_max_seq_len);
@@ -125,9 +127,10 @@ INSTANTIATE_TEST_SUITE_P(Convert, HfRoundTrip,
                                            tiny_llama_with_rope_scaling(RopeScaling::Llama3),
                                            tiny_llama_with_rope_scaling(RopeScaling::Yarn),
                                            tiny_llama_with_window(false), tiny_llama_with_window(true),
-                                           testing::tiny_gemma()),
+                                           testing::tiny_gemma(), testing::tiny_gemma3()),
                          [](const auto& info) {
                            const ModelConfig& m = info.param;
+                           if (m.post_norms) return std::string("gemma3");
                            if (m.mlp == MlpKind::GeGLU) return std::string("gemma");
                            if (m.rope_scaling == RopeScaling::Yarn) return std::string("llama_yarn");
                            if (m.rope_scaling != RopeScaling::None) return std::string("llama_rope_scaling");
@@ -337,7 +340,7 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
       model_config_from_hf(qwen2_window({{"layer_types", {"sliding_attention", "sliding_attention"}}})).sliding_window,
       16);
   EXPECT_EQ(hf_error(qwen2_window({{"max_window_layers", 1}})),
-            "config.json use_sliding_window: true: 1 of 2 layers attend over a sliding window and the rest in full "
+            "config.json use_sliding_window: 1 of 2 layers attend over a sliding window and the rest in full "
             "(max_window_layers, layer_types); tide gives every layer the same attention");
   EXPECT_EQ(hf_error(qwen2_window({{"layer_types", {"full_attention", "chunked_attention"}}})),
             "config.json layer_types: \"chunked_attention\" is neither full_attention nor sliding_attention");
@@ -374,8 +377,10 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
   EXPECT_EQ(export_refusal(qwen3_qkv), "model.qk_norm");  // query/key norms, biases on q, k and v alone
   EXPECT_EQ(hf_error(as("llama", {{"hidden_act", "gelu"}})),
             "config.json hidden_act: 'gelu' is not silu, the SwiGLU MLP's");
-  EXPECT_EQ(hf_error(as("falcon", nlohmann::json::object())),
-            "config.json model_type: 'falcon' is not a supported family (llama, mistral, qwen2, qwen3, gemma, bloom)");
+  EXPECT_EQ(
+      hf_error(as("falcon", nlohmann::json::object())),
+      "config.json model_type: 'falcon' is not a supported family (llama, mistral, qwen2, qwen3, gemma, gemma3_text, "
+      "bloom)");
 }
 
 TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedByName) {
@@ -427,6 +432,79 @@ TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedB
   ModelConfig bloom_centred = tiny_bloom();
   bloom_centred.norm_zero_centered = true;
   EXPECT_EQ(export_refusal(bloom_centred), "model.norm_zero_centered");
+  ModelConfig gemma_qk = gemma;
+  gemma_qk.qk_norm = true;  // Gemma 3's, which has post-norms
+  EXPECT_EQ(export_refusal(gemma_qk), "model.mlp");
+}
+
+TEST(HfConvert, Gemma3ReadsWithPostNormsAndItsScaleWhereEveryLayerAttendsAlikeOrIsRefusedByName) {
+  nlohmann::json cfg = hf_config(tiny_llama());
+  cfg.erase("tide");
+  cfg.erase("tie_word_embeddings");
+  cfg["model_type"] = "gemma3_text";
+  cfg["head_dim"] = 16;
+  cfg["hidden_activation"] = "gelu_pytorch_tanh";
+  cfg["query_pre_attn_scalar"] = 24;
+  cfg["rope_theta"] = 1e6;
+  cfg["rope_local_base_freq"] = 1e4;
+  cfg["sliding_window"] = 8;
+  cfg["attn_logit_softcapping"] = cfg["final_logit_softcapping"] = nullptr;
+  const auto with = [&](const nlohmann::json& extra) {
+    nlohmann::json c = cfg;
+    c.update(extra);
+    return c;
+  };
+  const ModelConfig full = model_config_from_hf(with({{"layer_types", {"full_attention", "full_attention"}}}));
+  EXPECT_TRUE(full.post_norms);
+  EXPECT_TRUE(full.qk_norm);
+  EXPECT_TRUE(full.norm_zero_centered);
+  EXPECT_EQ(full.mlp, MlpKind::GeGLU);
+  EXPECT_EQ(full.softmax_scale, 1 / std::sqrt(24.0));
+  EXPECT_EQ(full.sliding_window, 0);
+  EXPECT_EQ(full.rope_theta, 1e6);
+  // Every layer over the window: the local RoPE base, without the full layers' scaling.
+  const ModelConfig local = model_config_from_hf(with({{"layer_types", {"sliding_attention", "sliding_attention"}},
+                                                       {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}}}));
+  EXPECT_EQ(local.sliding_window, 8);
+  EXPECT_EQ(local.rope_theta, 1e4);
+  EXPECT_EQ(local.rope_scaling, RopeScaling::None);
+  // query_pre_attn_scalar equal to the head's width is the default scale.
+  EXPECT_EQ(
+      model_config_from_hf(with({{"layer_types", {"full_attention", "full_attention"}}, {"query_pre_attn_scalar", 16}}))
+          .softmax_scale,
+      0);
+  // Written back as read.
+  const nlohmann::json out = hf_config(full);
+  EXPECT_EQ(out["model_type"], "gemma3_text");
+  EXPECT_EQ(out["architectures"], nlohmann::json({"Gemma3ForCausalLM"}));
+  EXPECT_NEAR(out["query_pre_attn_scalar"].get<double>(), 24.0, 1e-12);
+  EXPECT_EQ(out["layer_types"], nlohmann::json({"full_attention", "full_attention"}));
+  EXPECT_EQ(hf_config(local)["layer_types"], nlohmann::json({"sliding_attention", "sliding_attention"}));
+  EXPECT_EQ(hf_config(local)["rope_local_base_freq"], 1e4);
+  // Gemma 3's own 5:1 pattern (sliding_window_pattern 6, here two layers both local but
+  // for the sixth) and any mix, soft-capping and bidirectional attention: refused, named.
+  EXPECT_EQ(model_config_from_hf(cfg).sliding_window, 8);  // no layer_types: layers 1 and 2 of 6 are local
+  EXPECT_EQ(hf_error(with({{"layer_types", {"sliding_attention", "full_attention"}}})),
+            "config.json layer_types: 1 of 2 layers attend over a sliding window and the rest in full (layer_types, "
+            "sliding_window_pattern); tide gives every layer the same attention");
+  EXPECT_EQ(hf_error(with({{"sliding_window_pattern", 2}})),
+            "config.json layer_types: 1 of 2 layers attend over a sliding window and the rest in full (layer_types, "
+            "sliding_window_pattern); tide gives every layer the same attention");
+  EXPECT_EQ(hf_error(with({{"attn_logit_softcapping", 50.0}})),
+            "config.json attn_logit_softcapping: 50.0: soft-capped logits are not supported");
+  EXPECT_EQ(hf_error(with({{"use_bidirectional_attention", true}})),
+            "config.json use_bidirectional_attention: true: tide's decoder attends causally");
+  EXPECT_EQ(hf_error(with({{"query_pre_attn_scalar", 0}})),
+            "config.json query_pre_attn_scalar: 0 is not a positive number");
+  ModelConfig no_qk = full;
+  no_qk.qk_norm = false;
+  EXPECT_EQ(export_refusal(no_qk), "model.qk_norm");
+  ModelConfig llama_post = tiny_llama();
+  llama_post.post_norms = true;
+  EXPECT_EQ(export_refusal(llama_post), "model.post_norms");
+  ModelConfig llama_scaled = tiny_llama();
+  llama_scaled.softmax_scale = 0.5;
+  EXPECT_EQ(export_refusal(llama_scaled), "model.softmax_scale");
 }
 
 TEST(HfConvert, RopeScalingIsReadOrRefusedByName) {

@@ -10,7 +10,10 @@
                                than the inputs, DIR/mistral_window and DIR/qwen2_window;
                                with heads of 16 at hidden_size 32, DIR/mistral_wide_heads;
                                Qwen3ForCausalLM, query/key norms, in DIR/qwen3;
-                               GemmaForCausalLM, GeGLU and zero-centred norms, in DIR/gemma),
+                               GemmaForCausalLM, GeGLU and zero-centred norms, in DIR/gemma;
+                               Gemma3ForCausalLM, post-norms and a scale of its own, every
+                               layer in full in DIR/gemma3, every layer over a window of 5
+                               in DIR/gemma3_window),
                                each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
                                [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
@@ -27,9 +30,9 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, GemmaConfig, GemmaForCausalLM,
-                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 NEW_TOKENS = 12
 
@@ -105,6 +108,19 @@ def make(out):
         for family in ("qwen2", "qwen2_window"):
             for name, p in models[family].named_parameters():
                 if name.endswith(".bias"):
+                    p.normal_(0, 0.2)
+    # Gemma 3: post-norms, query/key norms, scores scaled by 24^-1/2 (not the head's 16),
+    # every layer in full; and every layer over a window of 5 with the local RoPE base
+    # (1000, where the full layers' would be 10^6).
+    gemma3_shape = dict(gemma_shape, head_dim=16, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh")
+    models["gemma3"] = Gemma3ForCausalLM(Gemma3TextConfig(layer_types=["full_attention"] * 2, **gemma3_shape))
+    models["gemma3_window"] = Gemma3ForCausalLM(Gemma3TextConfig(
+        **dict(gemma3_shape, rope_theta=1e6), layer_types=["sliding_attention"] * 2, sliding_window=5,
+        rope_local_base_freq=1000.0))
+    with torch.no_grad():
+        for family in ("gemma3", "gemma3_window"):
+            for name, p in models[family].named_parameters():
+                if name.endswith("norm.weight"):
                     p.normal_(0, 0.2)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, 97, (2, 16), generator=g)

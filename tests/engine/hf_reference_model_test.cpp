@@ -50,6 +50,12 @@ ModelConfig tiny_model(const std::string& name) {
     m.sliding_window = 5;
   } else if (name == "gemma") {
     m = testing::tiny_gemma();
+  } else if (name == "gemma3") {
+    m = testing::tiny_gemma3();
+  } else if (name == "gemma3_window") {
+    m = testing::tiny_gemma3();
+    m.sliding_window = 5;
+    m.rope_theta = 1000;  // the window's layers' RoPE base
   }
   return m;
 }
@@ -69,6 +75,9 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
   EXPECT_EQ(model->config().norm_zero_centered, tiny_model(GetParam()).norm_zero_centered);
   EXPECT_EQ(model->config().embedding_scale, tiny_model(GetParam()).embedding_scale);
   EXPECT_EQ(model->config().tie_embeddings, tiny_model(GetParam()).tie_embeddings);
+  EXPECT_EQ(model->config().post_norms, tiny_model(GetParam()).post_norms);
+  EXPECT_EQ(model->config().softmax_scale, tiny_model(GetParam()).softmax_scale);
+  EXPECT_EQ(model->config().rope_theta, tiny_model(GetParam()).rope_theta);
   SafetensorsReader ref((dir / "reference.safetensors").string());
   const auto ids = read_named(ref, "input_ids"), expected = read_named(ref, "logits");
   torch::NoGradGuard no_grad;
@@ -133,7 +142,8 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
                          ::testing::Values("llama", "bloom", "llama3", "llama_linear", "llama_yarn", "mistral", "qwen2",
-                                           "mistral_window", "qwen2_window", "mistral_wide_heads", "qwen3", "gemma"),
+                                           "mistral_window", "qwen2_window", "mistral_wide_heads", "qwen3", "gemma",
+                                           "gemma3", "gemma3_window"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -155,8 +155,10 @@ TEST_P(BothFamilies, ABlockAddsEachLayerOntoItsInputAsTheUnfusedSumDoes) {
   };
   const auto fused = run([&](const torch::Tensor& in) { return block->forward(in, bias, cos, sin); });
   const auto apart = run([&](const torch::Tensor& in) {
-    const auto h = in + block->attention(LayerInput(in, *block->input_norm), bias, cos, sin);
-    return h + block->mlp(LayerInput(h, *block->post_attention_norm));
+    const auto post = [](Norm& norm, const torch::Tensor& y) { return norm ? norm(y) : y; };
+    const auto h =
+        in + post(block->attention_out_norm, block->attention(LayerInput(in, *block->input_norm), bias, cos, sin));
+    return h + post(block->mlp_out_norm, block->mlp(LayerInput(h, *block->mlp_norm)));
   });
   ASSERT_EQ(fused.size(), apart.size());
   for (size_t i = 0; i < fused.size(); ++i)
@@ -176,8 +178,9 @@ ModelConfig tiny_llama_with_wide_heads() {
 
 INSTANTIATE_TEST_SUITE_P(Model, BothFamilies,
                          ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_wide_heads(),
-                                           testing::tiny_gemma()),
+                                           testing::tiny_gemma(), testing::tiny_gemma3()),
                          [](const auto& info) {
+                           if (info.param.post_norms) return "gemma3";
                            if (info.param.mlp == MlpKind::GeGLU) return "gemma";
                            if (info.param.head_dim > 0) return "llama_wide_heads";
                            return info.param.family == Family::LLaMA ? "llama" : "bloom";

@@ -47,12 +47,23 @@ inline ModelConfig tiny_gemma() {
   return m;
 }
 
+// Gemma 3's architecture at that size: post-norms, query/key norms, scores scaled by
+// 24^-1/2 (query_pre_attn_scalar 24, not the head's 16).
+inline ModelConfig tiny_gemma3() {
+  ModelConfig m = tiny_gemma();
+  m.post_norms = true;
+  m.qk_norm = true;
+  m.softmax_scale = 0.20412414523193154;  // 1 / sqrt(24)
+  return m;
+}
+
 }  // namespace tide::testing
 
 namespace tide {
 // Short names in test output instead of gtest's byte dump of the struct.
 inline void PrintTo(const ModelConfig& m, std::ostream* os) {
   *os << (m.family == Family::BLOOM ? "bloom"
+          : m.post_norms            ? "gemma3"
           : m.mlp == MlpKind::GeGLU ? "gemma"
                                     : "llama")
       << "(dim=" << m.dim << ", layers=" << m.n_layers << ")";

@@ -84,11 +84,14 @@ train llama llama-doc-1 --set data.document_attention=true
 train llama llama-wide-1 --set model.head_dim=32 --set model.qk_norm=true
 train llama llama-wide-tp2 --nproc 2 --set model.head_dim=32 --set model.qk_norm=true --set parallel.tp=2
 compare "$work/llama-wide-1" "$work/llama-wide-tp2" 0 || fail "tp2 with model.head_dim and model.qk_norm differs from one process"
-# Gemma's architecture on top (a GeGLU MLP, norms multiplying by 1 + weight, embeddings
-# scaled by sqrt(dim) and tied) under tp2 with sequence parallelism: every norm, the query
-# and key norms too, adds its 1 to the weight each rank holds whole.
+# Gemma 3's architecture on top (a GeGLU MLP, norms multiplying by 1 + weight, embeddings
+# scaled by sqrt(dim) and tied, norms after attention and the MLP, a softmax scale of its
+# own) under tp2 with sequence parallelism: every norm, the query and key norms and the
+# post-norms of each rank's part of the sequence too, adds its 1 to the weight each rank
+# holds whole.
 gemma=(--set model.head_dim=32 --set model.qk_norm=true --set model.mlp=geglu --set model.norm_zero_centered=true
-  --set model.embedding_scale=8 --set model.tie_embeddings=true)
+  --set model.embedding_scale=8 --set model.tie_embeddings=true --set model.post_norms=true
+  --set model.softmax_scale=0.125)
 train llama llama-gemma-1 "${gemma[@]}"
 train llama llama-gemma-tp2-sp --nproc 2 "${gemma[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
 compare "$work/llama-gemma-1" "$work/llama-gemma-tp2-sp" 0 ||

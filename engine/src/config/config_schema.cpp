@@ -288,6 +288,10 @@ void add_model_fields(std::vector<FieldSpec>& s) {
   s.push_back(choice<NormKind>("model.norm", {{"rmsnorm", NormKind::RMSNorm}, {"layernorm", NormKind::LayerNorm}},
                                kFixed, "Normalisation.", REF(model.norm)));
   s.push_back(number("model.norm_eps", 1e-12, 1, kFixed, "Norm epsilon.", REF(model.norm_eps)));
+  s.push_back(boolean("model.post_norms", kFixed,
+                      "A norm on attention's and the MLP's outputs too, before each joins the residual stream "
+                      "(Gemma 2 and 3: four norms a block).",
+                      REF(model.post_norms)));
   s.push_back(boolean("model.norm_zero_centered", kFixed,
                       "Norms multiply by 1 + weight, weights starting at 0 (Gemma; Megatron-Core's "
                       "layernorm_zero_centered_gamma).",
@@ -332,6 +336,10 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                       "A token attends to itself and this many - 1 tokens before it (Mistral, Qwen2); 0: to all before "
                       "it. Costs nothing while data.seq_len is at most this.",
                       REF(model.sliding_window)));
+  s.push_back(number("model.softmax_scale", 0, 1e3, kFixed,
+                     "Attention's scores are multiplied by this before the softmax; 0: 1 / sqrt(head_dim). Gemma 2 "
+                     "and 3 set query_pre_attn_scalar^-1/2 (Megatron-Core's softmax_scale).",
+                     REF(model.softmax_scale)));
   s.push_back(choice<MlpKind>("model.mlp",
                               {{"swiglu", MlpKind::SwiGLU}, {"geglu", MlpKind::GeGLU}, {"gelu", MlpKind::GELU}}, kFixed,
                               "MLP kind: swiglu down(silu(gate) * up) (LLaMA), geglu down(gelu(gate) * up) (Gemma), "

@@ -8,6 +8,8 @@ int64_t head_dim(const ModelConfig& m) { return m.head_dim > 0 ? m.head_dim : m.
 
 bool gated_mlp(const ModelConfig& m) { return m.mlp != MlpKind::GELU; }
 
+int64_t block_norms(const ModelConfig& m) { return m.post_norms ? 4 : 2; }
+
 int64_t resolved_ffn_dim(const ModelConfig& m) {
   if (m.ffn_dim > 0) return m.ffn_dim;
   if (m.mlp == MlpKind::GELU) return 4 * m.dim;
@@ -31,7 +33,7 @@ int64_t parameter_count(const ModelConfig& m) {
   if (m.qk_norm) attention += 2 * head_dim(m);
   int64_t mlp = gated_mlp(m) ? 3 * d * f : 2 * d * f;
   if (m.mlp_bias) mlp += (gated_mlp(m) ? 2 * f : f) + d;
-  const int64_t block = 2 * norm + attention + mlp;
+  const int64_t block = block_norms(m) * norm + attention + mlp;
 
   int64_t total = v * d + m.n_layers * block + norm;
   if (m.positions == PositionKind::Learned) total += m.max_seq_len * d;

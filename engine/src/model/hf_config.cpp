@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -30,7 +31,8 @@ json hf_config(const ModelConfig& m) {
     require(!m.embedding_norm, "model.embedding_norm", "LLaMA has no embedding norm");
     // A GeGLU MLP is Gemma's architecture, with its zero-centred norms and embeddings
     // scaled by sqrt(dim); every other LLaMA-like family has neither.
-    const bool gemma = m.mlp == MlpKind::GeGLU;
+    // Gemma 3 adds post-norms, query/key norms and a scale of its own to Gemma's.
+    const bool gemma = m.mlp == MlpKind::GeGLU, gemma3 = gemma && m.post_norms;
     const double gemma_scale = std::sqrt(static_cast<double>(m.dim));
     if (gemma) {
       require(m.norm_zero_centered, "model.norm_zero_centered",
@@ -38,12 +40,21 @@ json hf_config(const ModelConfig& m) {
       require(std::abs(m.embedding_scale - gemma_scale) <= 1e-6 * gemma_scale, "model.embedding_scale",
               fmt::format("Gemma (a GeGLU MLP) scales its embeddings by sqrt(model.dim) = {}, not {}", gemma_scale,
                           m.embedding_scale));
-      require(!m.qk_norm && !m.qkv_bias && !m.mlp_bias && m.sliding_window == 0, "model.mlp",
-              "Gemma (a GeGLU MLP) has no query/key norms, no biases on q, k and v alone or on its MLP, and no "
-              "sliding window");
+      require(!m.qkv_bias && !m.mlp_bias, "model.mlp",
+              "Gemma (a GeGLU MLP) has no biases on q, k and v alone or on its MLP");
+      if (gemma3) {
+        require(m.qk_norm, "model.qk_norm", "Gemma 3 (a GeGLU MLP with post-norms) has query/key norms");
+        require(m.sliding_window == 0 || m.rope_scaling == RopeScaling::None, "model.rope_scaling",
+                "Gemma 3's sliding-window layers take no RoPE scaling");
+      } else {
+        require(!m.qk_norm && m.sliding_window == 0 && m.softmax_scale == 0, "model.mlp",
+                "Gemma (a GeGLU MLP without post-norms) has no query/key norms, sliding window or scale of its own");
+      }
     } else {
       require(!m.norm_zero_centered, "model.norm_zero_centered", "LLaMA's norms multiply by their weights");
       require(m.embedding_scale == 1.0, "model.embedding_scale", "LLaMA does not scale its embeddings");
+      require(!m.post_norms, "model.post_norms", "LLaMA has no norms after attention and the MLP");
+      require(m.softmax_scale == 0, "model.softmax_scale", "LLaMA scales attention's scores by 1 / sqrt(head_dim)");
     }
     // Query/key norms are Qwen3's architecture; biases on q, k and v alone Qwen2's (LLaMA's
     // attention_bias is all four).
@@ -58,9 +69,15 @@ json hf_config(const ModelConfig& m) {
     if (mistral)
       require(!m.attention_bias && !m.mlp_bias, "model.sliding_window",
               "a sliding window is Mistral's, whose projections have no biases");
-    const char* type = gemma ? "gemma" : qwen3 ? "qwen3" : qwen2 ? "qwen2" : mistral ? "mistral" : "llama";
+    const char* type = gemma3    ? "gemma3_text"
+                       : gemma   ? "gemma"
+                       : qwen3   ? "qwen3"
+                       : qwen2   ? "qwen2"
+                       : mistral ? "mistral"
+                                 : "llama";
     j = {{"architectures",
-          {gemma     ? "GemmaForCausalLM"
+          {gemma3    ? "Gemma3ForCausalLM"
+           : gemma   ? "GemmaForCausalLM"
            : qwen3   ? "Qwen3ForCausalLM"
            : qwen2   ? "Qwen2ForCausalLM"
            : mistral ? "MistralForCausalLM"
@@ -86,6 +103,17 @@ json hf_config(const ModelConfig& m) {
     if (gemma || qwen3 || qwen2 || mistral) j.erase("mlp_bias");
     // Both keys: transformers reads hidden_act, other readers of Gemma hidden_activation.
     if (gemma) j["hidden_act"] = j["hidden_activation"] = "gelu_pytorch_tanh";
+    if (gemma3) {
+      // Every layer attends alike: all over the window (with its own RoPE base, which is
+      // tide's) or all in full.
+      const bool windowed = m.sliding_window > 0;
+      j["layer_types"] = std::vector<std::string>(m.n_layers, windowed ? "sliding_attention" : "full_attention");
+      j["sliding_window"] = windowed ? m.sliding_window : m.max_seq_len;
+      j["rope_local_base_freq"] = m.rope_theta;
+      j["query_pre_attn_scalar"] =
+          m.softmax_scale > 0 ? 1.0 / (m.softmax_scale * m.softmax_scale) : static_cast<double>(head_dim(m));
+      j["attn_logit_softcapping"] = j["final_logit_softcapping"] = nullptr;
+    }
     if (mistral) j["sliding_window"] = m.sliding_window;
     if (qwen3 || qwen2) {
       j["use_sliding_window"] = m.sliding_window > 0;
@@ -119,6 +147,8 @@ json hf_config(const ModelConfig& m) {
     require(m.sliding_window == 0, "model.sliding_window", "BLOOM attends to every earlier token");
     require(!m.norm_zero_centered, "model.norm_zero_centered", "BLOOM's norms multiply by their weights");
     require(m.embedding_scale == 1.0, "model.embedding_scale", "BLOOM does not scale its embeddings");
+    require(!m.post_norms, "model.post_norms", "BLOOM has no norms after attention and the MLP");
+    require(m.softmax_scale == 0, "model.softmax_scale", "BLOOM scales attention's scores by 1 / sqrt(head_dim)");
     j = {{"architectures", {"BloomForCausalLM"}},
          {"model_type", "bloom"},
          {"hidden_size", m.dim},
@@ -227,11 +257,11 @@ void read_rope_scaling(const json& scaling, ModelConfig& m) {
   m.rope_scaling_factor = hf.number("factor");
 }
 
-// Qwen2 and Qwen3 attend over their window in the layers from max_window_layers on (or where
-// layer_types says "sliding_attention"); tide gives every layer the same attention.
-void read_qwen2_window(const HfConfig& hf, ModelConfig& m) {
-  if (hf.get("sliding_window") == nullptr) return;
-  const int64_t window = hf.integer({"sliding_window"});
+// How many of the model's layers attend over a sliding window: those layer_types marks
+// "sliding_attention", else those `sliding_by_default` says. tide gives every layer the
+// same attention, so some and not all is refused, as `field` (and `keys`, what says which).
+int64_t sliding_layers(const HfConfig& hf, const ModelConfig& m, const std::function<bool(int64_t)>& sliding_by_default,
+                       const std::string& field, const std::string& keys) {
   int64_t sliding = 0;
   if (const json* types = hf.get("layer_types")) {
     if (!types->is_array() || static_cast<int64_t>(types->size()) != m.n_layers)
@@ -245,15 +275,25 @@ void read_qwen2_window(const HfConfig& hf, ModelConfig& m) {
                           fmt::format("{} is neither full_attention nor sliding_attention", t.dump().substr(0, 200)));
     }
   } else {
-    const int64_t full = hf.integer({"max_window_layers"}, 28);
-    sliding = std::max<int64_t>(0, m.n_layers - std::max<int64_t>(0, full));
+    for (int64_t i = 0; i < m.n_layers; ++i) sliding += sliding_by_default(i) ? 1 : 0;
   }
   if (sliding > 0 && sliding < m.n_layers)
-    throw ConfigError("config.json use_sliding_window",
-                      fmt::format("true: {} of {} layers attend over a sliding window and the rest in full "
-                                  "(max_window_layers, layer_types); tide gives every layer the same attention",
-                                  sliding, m.n_layers));
-  if (sliding == m.n_layers) m.sliding_window = window;
+    throw ConfigError("config.json " + field,
+                      fmt::format("{} of {} layers attend over a sliding window and the rest in full ({}); tide gives "
+                                  "every layer the same attention",
+                                  sliding, m.n_layers, keys));
+  return sliding;
+}
+
+// Qwen2 and Qwen3 attend over their window in the layers from max_window_layers on (or where
+// layer_types says "sliding_attention").
+void read_qwen2_window(const HfConfig& hf, ModelConfig& m) {
+  if (hf.get("sliding_window") == nullptr) return;
+  const int64_t window = hf.integer({"sliding_window"});
+  const int64_t full = std::max<int64_t>(0, hf.integer({"max_window_layers"}, 28));
+  const auto past_full = [&](int64_t i) { return i >= full; };
+  if (sliding_layers(hf, m, past_full, "use_sliding_window", "max_window_layers, layer_types") == m.n_layers)
+    m.sliding_window = window;
 }
 
 // Gemma: gelu in its tanh form gates the MLP, norms multiply by 1 + weight, embeddings
@@ -275,6 +315,35 @@ void read_gemma(const HfConfig& hf, ModelConfig& m) {
     throw ConfigError(std::string("config.json ") + key,
                       fmt::format("'{}' is not gelu_pytorch_tanh, the tanh form of gelu Gemma's MLP is gated by", act));
 }
+
+// Gemma 3 (text): Gemma's architecture with norms after attention and the MLP too,
+// query/key norms, scores scaled by query_pre_attn_scalar^-1/2, and layers that attend
+// over a sliding window (with RoPE base rope_local_base_freq, unscaled) or in full (base
+// rope_theta, with rope_scaling). Run once the head's width is known.
+void read_gemma3(const HfConfig& hf, ModelConfig& m) {
+  m.post_norms = true;
+  m.qk_norm = true;
+  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (hf.get(cap) != nullptr)
+      throw ConfigError(std::string("config.json ") + cap,
+                        fmt::format("{}: soft-capped logits are not supported", hf.get(cap)->dump()));
+  if (hf.boolean("use_bidirectional_attention", false))
+    throw ConfigError("config.json use_bidirectional_attention", "true: tide's decoder attends causally");
+  const double scalar = hf.number("query_pre_attn_scalar", 256);
+  if (!(scalar > 0))
+    throw ConfigError("config.json query_pre_attn_scalar", fmt::format("{} is not a positive number", scalar));
+  if (scalar != static_cast<double>(head_dim(m))) m.softmax_scale = 1.0 / std::sqrt(scalar);
+  // Without layer_types, every sliding_window_pattern-th layer is a full one.
+  const int64_t pattern = hf.integer({"sliding_window_pattern"}, 6);
+  const auto between_full = [&](int64_t i) { return pattern <= 0 || (i + 1) % pattern != 0; };
+  const int64_t sliding = sliding_layers(hf, m, between_full, "layer_types", "layer_types, sliding_window_pattern");
+  if (sliding == m.n_layers && hf.get("sliding_window") != nullptr) {
+    m.sliding_window = hf.integer({"sliding_window"});
+    m.rope_theta = hf.number("rope_local_base_freq", 10000.0);
+    m.rope_scaling = RopeScaling::None;  // rope_scaling is the full-attention layers'
+    if (m.sliding_window >= m.max_seq_len) m.sliding_window = 0;
+  }
+}
 }  // namespace
 
 ModelConfig model_config_from_hf(const json& config) {
@@ -285,7 +354,8 @@ ModelConfig model_config_from_hf(const json& config) {
   // Mistral, Qwen2, Qwen3 and Gemma are LLaMA's architecture under other names: Mistral
   // with a sliding window (v0.1), Qwen2 with biases on q, k and v alone, Qwen3 with
   // query/key norms, Gemma with a GeGLU MLP, zero-centred norms and scaled embeddings.
-  if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "gemma") {
+  const bool gemma = type == "gemma" || type == "gemma3_text";
+  if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || gemma) {
     m.family = Family::LLaMA;
     m.dim = hf.integer({"hidden_size"});
     m.ffn_dim = hf.integer({"intermediate_size"});
@@ -312,7 +382,7 @@ ModelConfig model_config_from_hf(const json& config) {
     if (type == "mistral" && hf.get("sliding_window") != nullptr) m.sliding_window = hf.integer({"sliding_window"});
     // A window the model's longest sequence fits in leaves nothing out.
     if (m.sliding_window >= m.max_seq_len) m.sliding_window = 0;
-    if (type == "gemma") {
+    if (gemma) {
       read_gemma(hf, m);
     } else if (const std::string act = hf.get("hidden_act") != nullptr ? hf.string("hidden_act") : "silu";
                act != "silu") {
@@ -321,10 +391,11 @@ ModelConfig model_config_from_hf(const json& config) {
     if (const json* scaling = hf.get("rope_scaling")) read_rope_scaling(*scaling, m);
     // A head width of its own (Mistral NeMo's 128 at hidden_size 5120 and 32 heads); one
     // equal to hidden_size / num_attention_heads is the derived width, kept as 0.
-    if (hf.get("head_dim") != nullptr || type == "gemma") {
+    if (hf.get("head_dim") != nullptr || gemma) {
       const int64_t hd = hf.integer({"head_dim"}, 256);  // transformers' default is Gemma's
       if (!(m.n_heads > 0 && m.dim % m.n_heads == 0 && hd == m.dim / m.n_heads)) m.head_dim = hd;
     }
+    if (type == "gemma3_text") read_gemma3(hf, m);
   } else if (type == "bloom") {
     m.family = Family::BLOOM;
     m.dim = hf.integer({"hidden_size", "n_embed"});
@@ -341,8 +412,9 @@ ModelConfig model_config_from_hf(const json& config) {
     if (hf.boolean("apply_residual_connection_post_layernorm", false))
       throw ConfigError("config.json apply_residual_connection_post_layernorm", "true is not supported");
   } else {
-    throw ConfigError("config.json model_type",
-                      fmt::format("'{}' is not a supported family (llama, mistral, qwen2, qwen3, gemma, bloom)", type));
+    throw ConfigError(
+        "config.json model_type",
+        fmt::format("'{}' is not a supported family (llama, mistral, qwen2, qwen3, gemma, gemma3_text, bloom)", type));
   }
   m.init_std = hf.number("initializer_range", 0.02);
   // Through the recipe schema's ranges and rules: config.json is input from outside (a

@@ -216,8 +216,9 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
   std::optional<at::Tensor> mask;
   if (bias.defined()) mask = bias.scalar_type() == at::kBool ? bias : bias.to(q.scalar_type());  // no copy: same dtype
   const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;
-  const auto ctx = at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/!bias.defined(),
-                                                    /*scale=*/std::nullopt, /*enable_gqa=*/k_heads != h)
+  const auto scale = cfg_.softmax_scale > 0 ? std::optional<double>(cfg_.softmax_scale) : std::nullopt;
+  const auto ctx = at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/!bias.defined(), scale,
+                                                    /*enable_gqa=*/k_heads != h)
                        .transpose(1, 2)
                        .reshape({q.size(0), q.size(2), h * hd});
   return leave_tp(ctx, out->weight, out->bias, tp_, residual);  // [B, T, D]
@@ -245,23 +246,36 @@ torch::Tensor MlpImpl::forward(const LayerInput& x) {
 
 BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {
   const auto sp = tp.sequence_parallel ? tp.group : nullptr;
-  input_norm = register_module("input_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_zero_centered, sp));
+  const auto norm = [&] { return Norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_zero_centered, sp); };
+  // Registered in the order a forward uses them. With post-norms Hugging Face's Gemma 2
+  // and 3 name the norm after attention post_attention_layernorm, the one LLaMA puts
+  // before the MLP.
+  input_norm = register_module("input_layernorm", norm());
   attention = register_module(cfg.family == Family::BLOOM ? "self_attention" : "self_attn", Attention(cfg, tp));
-  post_attention_norm =
-      register_module("post_attention_layernorm", Norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_zero_centered, sp));
+  if (cfg.post_norms) {
+    attention_out_norm = register_module("post_attention_layernorm", norm());
+    mlp_norm = register_module("pre_feedforward_layernorm", norm());
+  } else {
+    mlp_norm = register_module("post_attention_layernorm", norm());
+  }
   mlp = register_module("mlp", Mlp(cfg, tp));
+  if (cfg.post_norms) mlp_out_norm = register_module("post_feedforward_layernorm", norm());
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
                                  const torch::Tensor& sin) {
-  if (!(dropout_ > 0 && is_training())) {  // each layer adds its output onto the stream itself
+  const bool dropout = dropout_ > 0 && is_training();
+  if (!dropout && !attention_out_norm) {  // each layer adds its output onto the stream itself
     const auto h = attention(LayerInput(x, *input_norm, /*onto_residual=*/true), bias, cos, sin);
-    return mlp(LayerInput(h, *post_attention_norm, /*onto_residual=*/true));
+    return mlp(LayerInput(h, *mlp_norm, /*onto_residual=*/true));
   }
-  // Dropout falls between a layer's output and the stream.
-  const auto dropout = F::DropoutFuncOptions().p(dropout_);
-  const auto h = x + F::dropout(attention(LayerInput(x, *input_norm), bias, cos, sin), dropout);
-  return h + F::dropout(mlp(LayerInput(h, *post_attention_norm)), dropout);
+  // A post-norm, then dropout, fall between a layer's output and the stream.
+  const auto branch = [&](torch::Tensor y, Norm& out_norm) {
+    if (out_norm) y = out_norm(y);
+    return dropout ? F::dropout(y, F::DropoutFuncOptions().p(dropout_)) : y;
+  };
+  const auto h = x + branch(attention(LayerInput(x, *input_norm), bias, cos, sin), attention_out_norm);
+  return h + branch(mlp(LayerInput(h, *mlp_norm)), mlp_out_norm);
 }
 
 }  // namespace tide

@@ -77,8 +77,11 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   else
     bytes += block_scores(m, r, x);
   // SwiGLU keeps the gate's and up's outputs, and the down projection recomputes their
-  // product in backward (fused_ops.cpp, swiglu_down); GELU keeps its input and output.
+  // product in backward (fused_ops.cpp, glu_down); GELU keeps its input and output.
   bytes += 2 * x.N * F * x.s;
+  // Post-norms (Gemma 2 and 3) keep their inputs, attention's and the MLP's outputs
+  // (this rank's part of the sequence), and one fp32 statistic a row.
+  if (m.post_norms) bytes += 2 * x.Nn * (D * x.s + 4);
   return bytes;
 }
 

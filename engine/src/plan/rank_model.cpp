@@ -35,7 +35,7 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   r.last = stage.last;
   r.blocks = stage_blocks(stage, m.n_layers);
 
-  // A block (layers.cpp): two norms, attention, MLP.
+  // A block (layers.cpp): two norms (four with post_norms), attention, MLP.
   const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;
   const int64_t local = r.heads * hd;
   int64_t attention = 0, attention_matmul = 0, kv_whole = 0;
@@ -56,7 +56,7 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   const int64_t mlp_matmul = mlp_matrices * d * r.ffn;
   const int64_t mlp = mlp_matmul + (m.mlp_bias ? (mlp_matrices - 1) * r.ffn + d : 0);
   r.block_matmul = attention_matmul + mlp_matmul;
-  r.block_elements = 2 * norm + attention + mlp;
+  r.block_elements = block_norms(m) * norm + attention + mlp;
   r.block_widened = r.block_elements - r.block_matmul + kv_whole;
 
   // Unit 0 (transformer.cpp, parameter_names.h): the embedding on the first stage (and

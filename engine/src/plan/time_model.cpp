@@ -85,6 +85,7 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   c.attention_flops = 12.0 * attention_fraction(mc, fused_attention) * blocks * attn_width * T;
   double saved = D * (4 * 2 + 2 * s) + static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim) * s +
                  attn_width * s + (gated_mlp(mc) ? 4 : 2) * F * s;
+  if (mc.post_norms) saved += 2 * D * 2 * s;  // each post-norm's input and output
   if (mc.positions == PositionKind::ALiBi) saved += 2.0 * static_cast<double>(r.heads) * T * s / 4.0;
   c.elementwise_bytes = 4.0 * blocks * saved;
   if (r.last) c.elementwise_bytes += 5.0 * static_cast<double>(r.vocab) * 4;

@@ -42,6 +42,9 @@ struct ModelConfig {
   // weights start at 0 (Gemma; Megatron-Core's layernorm_zero_centered_gamma). Weight
   // decay, where it reaches norms, then pulls a norm's scale towards 1, not 0.
   bool norm_zero_centered = false;
+  // A norm on attention's and the MLP's outputs too, before each joins the residual
+  // stream (Gemma 2 and 3: four norms a block).
+  bool post_norms = false;
   PositionKind positions = PositionKind::RoPE;
   double rope_theta = 10000.0;
   // RoPE's frequencies stretched for a context longer than the one pretrained (Hugging
@@ -62,6 +65,10 @@ struct ModelConfig {
   // > 0: a token attends to itself and the sliding_window - 1 tokens before it
   // (Mistral's and Qwen2's sliding window); 0: to every token before it.
   int64_t sliding_window = 0;
+  // The factor attention's scores are multiplied by before the softmax; 0: 1 /
+  // sqrt(head_dim). Gemma 2 and 3 scale by query_pre_attn_scalar^-1/2, which is not
+  // always the head's width (Megatron-Core's softmax_scale).
+  double softmax_scale = 0.0;
   MlpKind mlp = MlpKind::SwiGLU;
   bool attention_bias = false;
   bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)
@@ -231,6 +238,8 @@ struct RunConfig {
 int64_t resolved_ffn_dim(const ModelConfig& m);
 // Whether the MLP has a gate projection (three matrices, not two).
 bool gated_mlp(const ModelConfig& m);
+// Norms in a block: before attention and the MLP, and after each with post_norms.
+int64_t block_norms(const ModelConfig& m);
 int64_t resolved_kv_heads(const ModelConfig& m);
 int64_t head_dim(const ModelConfig& m);
 

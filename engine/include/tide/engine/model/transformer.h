@@ -125,14 +125,16 @@ class MlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-// Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)).
+// Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)); with post-norms (Gemma 2 and
+// 3) x + norm(attn(norm(x))), then + norm(mlp(norm(x))).
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& cfg, const TensorParallel& tp);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
                         const torch::Tensor& sin);
 
-  Norm input_norm{nullptr}, post_attention_norm{nullptr};
+  Norm input_norm{nullptr}, mlp_norm{nullptr};
+  Norm attention_out_norm{nullptr}, mlp_out_norm{nullptr};  // post-norms, where the model has them
   Attention attention{nullptr};
   Mlp mlp{nullptr};
 
