@@ -275,6 +275,12 @@ std::string export_refusal(const ModelConfig& m) {
   return "";
 }
 
+// The same for `m` as `change` leaves it.
+std::string export_refusal(ModelConfig m, const std::function<void(ModelConfig&)>& change) {
+  change(m);
+  return export_refusal(m);
+}
+
 TEST(HfConvert, ConfigValuesOfTheWrongTypeAreNamed) {
   nlohmann::json cfg = hf_config(tiny_llama());
   cfg.erase("tide");
@@ -414,27 +420,16 @@ TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedB
             "config.json hidden_activation: 'relu' is not gelu_pytorch_tanh, the tanh form of gelu Gemma's MLP is "
             "gated by");
   // What Gemma's config cannot say, refused by the field that says it.
-  ModelConfig unscaled = gemma;
-  unscaled.embedding_scale = 1;
-  EXPECT_EQ(export_refusal(unscaled), "model.embedding_scale");
-  ModelConfig plain_norms = gemma;
-  plain_norms.norm_zero_centered = false;
-  EXPECT_EQ(export_refusal(plain_norms), "model.norm_zero_centered");
-  ModelConfig windowed = gemma;
-  windowed.sliding_window = 8;
-  EXPECT_EQ(export_refusal(windowed), "model.mlp");
-  ModelConfig llama_centred = tiny_llama();
-  llama_centred.norm_zero_centered = true;
-  EXPECT_EQ(export_refusal(llama_centred), "model.norm_zero_centered");
-  ModelConfig llama_scaled = tiny_llama();
-  llama_scaled.embedding_scale = 2;
-  EXPECT_EQ(export_refusal(llama_scaled), "model.embedding_scale");
-  ModelConfig bloom_centred = tiny_bloom();
-  bloom_centred.norm_zero_centered = true;
-  EXPECT_EQ(export_refusal(bloom_centred), "model.norm_zero_centered");
-  ModelConfig gemma_qk = gemma;
-  gemma_qk.qk_norm = true;  // Gemma 3's, which has post-norms
-  EXPECT_EQ(export_refusal(gemma_qk), "model.mlp");
+  EXPECT_EQ(export_refusal(gemma, [](ModelConfig& m) { m.embedding_scale = 1; }), "model.embedding_scale");
+  EXPECT_EQ(export_refusal(gemma, [](ModelConfig& m) { m.norm_zero_centered = false; }), "model.norm_zero_centered");
+  EXPECT_EQ(export_refusal(gemma, [](ModelConfig& m) { m.sliding_window = 8; }), "model.mlp");
+  EXPECT_EQ(export_refusal(tiny_llama(), [](ModelConfig& m) { m.norm_zero_centered = true; }),
+            "model.norm_zero_centered");
+  EXPECT_EQ(export_refusal(tiny_llama(), [](ModelConfig& m) { m.embedding_scale = 2; }), "model.embedding_scale");
+  EXPECT_EQ(export_refusal(tiny_bloom(), [](ModelConfig& m) { m.norm_zero_centered = true; }),
+            "model.norm_zero_centered");
+  // Query/key norms are Gemma 3's, which has post-norms.
+  EXPECT_EQ(export_refusal(gemma, [](ModelConfig& m) { m.qk_norm = true; }), "model.mlp");
 }
 
 TEST(HfConvert, Gemma3ReadsWithPostNormsAndItsScaleWhereEveryLayerAttendsAlikeOrIsRefusedByName) {
@@ -496,15 +491,9 @@ TEST(HfConvert, Gemma3ReadsWithPostNormsAndItsScaleWhereEveryLayerAttendsAlikeOr
             "config.json use_bidirectional_attention: true: tide's decoder attends causally");
   EXPECT_EQ(hf_error(with({{"query_pre_attn_scalar", 0}})),
             "config.json query_pre_attn_scalar: 0 is not a positive number");
-  ModelConfig no_qk = full;
-  no_qk.qk_norm = false;
-  EXPECT_EQ(export_refusal(no_qk), "model.qk_norm");
-  ModelConfig llama_post = tiny_llama();
-  llama_post.post_norms = true;
-  EXPECT_EQ(export_refusal(llama_post), "model.post_norms");
-  ModelConfig llama_scaled = tiny_llama();
-  llama_scaled.softmax_scale = 0.5;
-  EXPECT_EQ(export_refusal(llama_scaled), "model.softmax_scale");
+  EXPECT_EQ(export_refusal(full, [](ModelConfig& m) { m.qk_norm = false; }), "model.qk_norm");
+  EXPECT_EQ(export_refusal(tiny_llama(), [](ModelConfig& m) { m.post_norms = true; }), "model.post_norms");
+  EXPECT_EQ(export_refusal(tiny_llama(), [](ModelConfig& m) { m.softmax_scale = 0.5; }), "model.softmax_scale");
 }
 
 TEST(HfConvert, RopeScalingIsReadOrRefusedByName) {
