@@ -463,6 +463,12 @@ TEST(HfConvert, Gemma3ReadsWithPostNormsAndItsScaleWhereEveryLayerAttendsAlikeOr
   EXPECT_EQ(local.sliding_window, 8);
   EXPECT_EQ(local.rope_theta, 1e4);
   EXPECT_EQ(local.rope_scaling, RopeScaling::None);
+  // Without sliding_window the layers still take the local base (the window is
+  // transformers' 4096, which the 32-token model fits in: no mask).
+  nlohmann::json unsized = with({{"layer_types", {"sliding_attention", "sliding_attention"}}});
+  unsized.erase("sliding_window");
+  EXPECT_EQ(model_config_from_hf(unsized).rope_theta, 1e4);
+  EXPECT_EQ(model_config_from_hf(unsized).sliding_window, 0);
   // query_pre_attn_scalar equal to the head's width is the default scale.
   EXPECT_EQ(
       model_config_from_hf(with({{"layer_types", {"full_attention", "full_attention"}}, {"query_pre_attn_scalar", 16}}))

@@ -337,8 +337,9 @@ void read_gemma3(const HfConfig& hf, ModelConfig& m) {
   const int64_t pattern = hf.integer({"sliding_window_pattern"}, 6);
   const auto between_full = [&](int64_t i) { return pattern <= 0 || (i + 1) % pattern != 0; };
   const int64_t sliding = sliding_layers(hf, m, between_full, "layer_types", "layer_types, sliding_window_pattern");
-  if (sliding == m.n_layers && hf.get("sliding_window") != nullptr) {
-    m.sliding_window = hf.integer({"sliding_window"});
+  m.rope_theta = hf.number("rope_theta", 1e6);  // Gemma3TextConfig's defaults, here and below
+  if (sliding == m.n_layers) {
+    m.sliding_window = hf.integer({"sliding_window"}, 4096);
     m.rope_theta = hf.number("rope_local_base_freq", 10000.0);
     m.rope_scaling = RopeScaling::None;  // rope_scaling is the full-attention layers'
     if (m.sliding_window >= m.max_seq_len) m.sliding_window = 0;
