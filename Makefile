@@ -67,6 +67,7 @@ gpu-test:
 bench: data
 	@$(PYTHON) bench/train_vs_pytorch.py --tide $(BUILD)/tools/tide
 	@$(PYTHON) bench/parallel_layouts.py --tide $(BUILD)/tools/tide
+	@$(PYTHON) bench/plan_vs_measured.py --tide $(BUILD)/tools/tide
 	@$(PYTHON) bench/checkpoint_io.py --tide $(BUILD)/tools/tide
 	@$(PYTHON) bench/daemon_load.py --tide $(BUILD)/tools/tide --tided $(BUILD)/tools/tided
 

@@ -1,7 +1,8 @@
 // The planner's arithmetic on the bundled recipes: what each rank holds follows the
 // engine's buffers, sharding and recomputation move memory where they should, layouts
 // that cannot run are refused with the reason, the ranking is ordered. (How close the
-// predictions come to measured peaks and step times: parallel.plan_vs_measured.)
+// predictions come to measured peaks and step times: bench/plan_vs_measured.py, whose
+// memory check is parallel.plan_memory.)
 #include <sched.h>
 
 #include <algorithm>
