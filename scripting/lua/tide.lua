@@ -32,11 +32,23 @@ local GEMMA = {
   rope_theta = 10000, mlp = "geglu", multiple_of = 256, attention_bias = false, mlp_bias = false,
   embedding_norm = false, tie_embeddings = true, init_std = 0.02,
 }
+-- Gemma 3 adds norms after attention and the MLP, query/key norms, and layers of two
+-- kinds: five over a sliding window (RoPE base 10^4, unscaled) for every one attending
+-- in full (base 10^6, and rope_scaling where a recipe gives one).
+local GEMMA3 = copy(GEMMA)
+GEMMA3.post_norms, GEMMA3.qk_norm = true, true
+GEMMA3.rope_theta, GEMMA3.rope_local_theta, GEMMA3.sliding_window = 1e6, 10000, 4096
 local BLOOM = {
   family = "bloom", norm = "layernorm", norm_eps = 1e-5, positions = "alibi", mlp = "gelu",
   attention_bias = true, mlp_bias = true, embedding_norm = true, tie_embeddings = true,
   init_std = 0.02,
 }
+
+-- Gemma's embeddings are scaled by sqrt(dim) unless the recipe says otherwise.
+local function gemma_scale(m)
+  if m.embedding_scale == nil and type(m.dim) == "number" and m.dim > 0 then m.embedding_scale = math.sqrt(m.dim) end
+  return m
+end
 
 -- Not tail calls: `where` must still see the recipe's frame three levels up.
 tide.models = {
@@ -44,7 +56,16 @@ tide.models = {
   bloom = function(t) local m = with_defaults("tide.models.bloom", BLOOM, t); return m end,
   gemma = function(t)
     local m = with_defaults("tide.models.gemma", GEMMA, t)
-    if m.embedding_scale == nil and type(m.dim) == "number" and m.dim > 0 then m.embedding_scale = math.sqrt(m.dim) end
+    return gemma_scale(m)
+  end,
+  gemma3 = function(t)
+    local m = gemma_scale(with_defaults("tide.models.gemma3", GEMMA3, t))
+    -- Layers 5, 11, 17, ... (from 0) attend in full: Gemma 3's sliding_window_pattern 6.
+    if m.full_attention_layers == nil and type(m.n_layers) == "number" then
+      local full = {}
+      for i = 5, m.n_layers - 1, 6 do full[#full + 1] = i end
+      m.full_attention_layers = full
+    end
     return m
   end,
 }

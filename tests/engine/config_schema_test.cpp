@@ -59,6 +59,42 @@ TEST(ConfigSchema, CrossFieldChecks) {
             2);
 }
 
+TEST(ConfigSchema, LayersAttendingInFullAreLayersOfTheModelUnderAWindow) {
+  const auto error = [](const json& model) {
+    try {
+      config_from_json(json{{"model", model}});
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto windowed = [](const json& extra) {
+    json m = {{"n_layers", 6}, {"sliding_window", 16}};
+    m.update(extra);
+    return m;
+  };
+  const RunConfig ok =
+      config_from_json(json{{"model", windowed({{"full_attention_layers", {5, 2}}, {"rope_local_theta", 1e4}})}});
+  EXPECT_EQ(ok.model.full_attention_layers, (std::vector<int64_t>{5, 2}));
+  EXPECT_FALSE(attends_over_window(ok.model, 2));
+  EXPECT_TRUE(attends_over_window(ok.model, 3));
+  EXPECT_EQ(windowed_rope(ok.model).rope_theta, 1e4);
+  EXPECT_EQ(error({{"full_attention_layers", {1}}}),
+            "model.full_attention_layers: [1] attend in full despite a sliding window, and model.sliding_window is 0");
+  EXPECT_EQ(error(windowed({{"full_attention_layers", {6}}})),
+            "model.full_attention_layers[1]: 6 is not a layer of model.n_layers = 6 (layers count from 0)");
+  EXPECT_EQ(error(windowed({{"full_attention_layers", {1, 3, 1}}})),
+            "model.full_attention_layers[3]: 1 is model.full_attention_layers[1] too");
+  EXPECT_EQ(error(windowed({{"full_attention_layers", {-1}}})),
+            "model.full_attention_layers[1]: -1 is out of range [0, 1000000]");
+  EXPECT_EQ(error({{"rope_local_theta", 1e4}}),
+            "model.rope_local_theta: 10000 is the RoPE base of the layers attending over model.sliding_window, and "
+            "model.sliding_window is 0");
+  EXPECT_EQ(error(windowed({{"positions", "learned"}, {"rope_local_theta", 1e4}})),
+            "model.rope_local_theta: 10000 is the RoPE base of the layers attending over model.sliding_window, and "
+            "model.positions is not rope");
+}
+
 TEST(ConfigSchema, ADataBlendNamesEachDatasetAndRefusesWhatCannotBeOne) {
   const RunConfig c = config_from_json(
       json{{"data", {{"blend", {{{"path", "data/web/"}, {"weight", 3}}, {{"path", "data/code"}, {"name", "py"}}}}}}});

@@ -79,6 +79,8 @@ TEST_P(HfRoundTrip, ImportWithoutTideFieldsUsesHfConfig) {
   const ModelConfig &ours = GetParam(), &theirs = back->config();
   EXPECT_EQ(theirs.rope_scaling, ours.rope_scaling);
   EXPECT_EQ(theirs.sliding_window, ours.sliding_window);
+  EXPECT_EQ(theirs.full_attention_layers, ours.full_attention_layers);
+  EXPECT_EQ(theirs.rope_local_theta, ours.rope_local_theta);
   EXPECT_EQ(theirs.qkv_bias, ours.qkv_bias);
   EXPECT_EQ(theirs.mlp, ours.mlp);
   EXPECT_EQ(theirs.norm_zero_centered, ours.norm_zero_centered);
@@ -122,15 +124,35 @@ ModelConfig tiny_llama_with_window(bool qkv_bias) {
   return m;
 }
 
+// Layers of both kinds: Qwen2's first layer in full; Gemma 3's second in full, its first
+// over the window with a RoPE base of its own while the full one's frequencies are scaled.
+ModelConfig tiny_qwen2_mixed() {
+  ModelConfig m = tiny_llama_with_window(true);
+  m.full_attention_layers = {0};
+  return m;
+}
+ModelConfig tiny_gemma3_mixed() {
+  ModelConfig m = testing::tiny_gemma3();
+  m.sliding_window = 8;
+  m.full_attention_layers = {1};
+  m.rope_local_theta = 1000;
+  m.rope_scaling = RopeScaling::Linear;
+  m.rope_scaling_factor = 4;
+  return m;
+}
+
 INSTANTIATE_TEST_SUITE_P(Convert, HfRoundTrip,
                          ::testing::Values(tiny_llama(), tiny_bloom(),
                                            tiny_llama_with_rope_scaling(RopeScaling::Llama3),
                                            tiny_llama_with_rope_scaling(RopeScaling::Yarn),
                                            tiny_llama_with_window(false), tiny_llama_with_window(true),
-                                           testing::tiny_gemma(), testing::tiny_gemma3()),
+                                           testing::tiny_gemma(), testing::tiny_gemma3(), tiny_qwen2_mixed(),
+                                           tiny_gemma3_mixed()),
                          [](const auto& info) {
                            const ModelConfig& m = info.param;
-                           if (m.post_norms) return std::string("gemma3");
+                           const std::string mixed = m.full_attention_layers.empty() ? "" : "_mixed";
+                           if (m.post_norms) return "gemma3" + mixed;
+                           if (!mixed.empty()) return "qwen2" + mixed;
                            if (m.mlp == MlpKind::GeGLU) return std::string("gemma");
                            if (m.rope_scaling == RopeScaling::Yarn) return std::string("llama_yarn");
                            if (m.rope_scaling != RopeScaling::None) return std::string("llama_rope_scaling");
@@ -334,7 +356,7 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
   EXPECT_EQ(hf_config(qwen2)["model_type"], "qwen2");
   EXPECT_EQ(hf_config(qwen2)["use_sliding_window"], false);
   // Qwen2's window is in the layers from max_window_layers on (28 when unsaid), or where
-  // layer_types says so: all layers or none, not some.
+  // layer_types says so; the others attend in full.
   const auto qwen2_window = [&](const nlohmann::json& extra) {
     nlohmann::json c = as("qwen2", {{"use_sliding_window", true}, {"sliding_window", 16}});
     c.update(extra);
@@ -345,11 +367,19 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
   EXPECT_EQ(
       model_config_from_hf(qwen2_window({{"layer_types", {"sliding_attention", "sliding_attention"}}})).sliding_window,
       16);
-  EXPECT_EQ(hf_error(qwen2_window({{"max_window_layers", 1}})),
-            "config.json use_sliding_window: 1 of 2 layers attend over a sliding window and the rest in full "
-            "(max_window_layers, layer_types); tide gives every layer the same attention");
+  const ModelConfig qwen2_mixed = model_config_from_hf(qwen2_window({{"max_window_layers", 1}}));
+  EXPECT_EQ(qwen2_mixed.sliding_window, 16);
+  EXPECT_EQ(qwen2_mixed.full_attention_layers, std::vector<int64_t>{0});
+  EXPECT_EQ(hf_config(qwen2_mixed)["max_window_layers"], 1);
+  EXPECT_EQ(hf_config(qwen2_mixed)["layer_types"], nlohmann::json({"full_attention", "sliding_attention"}));
+  EXPECT_EQ(model_config_from_hf(qwen2_window({{"layer_types", {"sliding_attention", "full_attention"}}}))
+                .full_attention_layers,
+            std::vector<int64_t>{1});
+  // ... which Qwen's max_window_layers cannot say: its full layers come first.
+  EXPECT_EQ(export_refusal(qwen2_mixed, [](ModelConfig& m) { m.full_attention_layers = {1}; }),
+            "model.full_attention_layers");
   EXPECT_EQ(hf_error(qwen2_window({{"layer_types", {"full_attention", "chunked_attention"}}})),
-            "config.json layer_types: \"chunked_attention\" is neither full_attention nor sliding_attention");
+            "config.json layer_types[1]: \"chunked_attention\" is neither full_attention nor sliding_attention");
   EXPECT_EQ(hf_error(qwen2_window({{"layer_types", {"full_attention"}}})),
             "config.json layer_types: [\"full_attention\"] is not a list of 2 layer types");
   const nlohmann::json qwen2_out = hf_config(model_config_from_hf(qwen2_window({{"max_window_layers", 0}})));
@@ -432,7 +462,7 @@ TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedB
   EXPECT_EQ(export_refusal(gemma, [](ModelConfig& m) { m.qk_norm = true; }), "model.mlp");
 }
 
-TEST(HfConvert, Gemma3ReadsWithPostNormsAndItsScaleWhereEveryLayerAttendsAlikeOrIsRefusedByName) {
+TEST(HfConvert, Gemma3ReadsWithPostNormsItsScaleAndEachLayersAttention) {
   nlohmann::json cfg = hf_config(tiny_llama());
   cfg.erase("tide");
   cfg.erase("tie_word_embeddings");
@@ -461,14 +491,22 @@ TEST(HfConvert, Gemma3ReadsWithPostNormsAndItsScaleWhereEveryLayerAttendsAlikeOr
   const ModelConfig local = model_config_from_hf(with({{"layer_types", {"sliding_attention", "sliding_attention"}},
                                                        {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}}}));
   EXPECT_EQ(local.sliding_window, 8);
-  EXPECT_EQ(local.rope_theta, 1e4);
-  EXPECT_EQ(local.rope_scaling, RopeScaling::None);
+  EXPECT_TRUE(local.full_attention_layers.empty());
+  EXPECT_EQ(local.rope_local_theta, 1e4);
+  EXPECT_EQ(local.rope_theta, 1e6);
+  EXPECT_EQ(windowed_rope(local).rope_theta, 1e4);
+  EXPECT_EQ(windowed_rope(local).rope_scaling, RopeScaling::None);
   // Without sliding_window the layers still take the local base (the window is
   // transformers' 4096, which the 32-token model fits in: no mask).
   nlohmann::json unsized = with({{"layer_types", {"sliding_attention", "sliding_attention"}}});
   unsized.erase("sliding_window");
-  EXPECT_EQ(model_config_from_hf(unsized).rope_theta, 1e4);
-  EXPECT_EQ(model_config_from_hf(unsized).sliding_window, 0);
+  EXPECT_EQ(model_config_from_hf(unsized).rope_local_theta, 1e4);
+  EXPECT_EQ(model_config_from_hf(unsized).sliding_window, 4096);
+  // A local base equal to the global one, unscaled: one base for every layer.
+  EXPECT_EQ(model_config_from_hf(
+                with({{"layer_types", {"sliding_attention", "full_attention"}}, {"rope_local_base_freq", 1e6}}))
+                .rope_local_theta,
+            0);
   // query_pre_attn_scalar equal to the head's width is the default scale.
   EXPECT_EQ(
       model_config_from_hf(with({{"layer_types", {"full_attention", "full_attention"}}, {"query_pre_attn_scalar", 16}}))
@@ -482,15 +520,18 @@ TEST(HfConvert, Gemma3ReadsWithPostNormsAndItsScaleWhereEveryLayerAttendsAlikeOr
   EXPECT_EQ(out["layer_types"], nlohmann::json({"full_attention", "full_attention"}));
   EXPECT_EQ(hf_config(local)["layer_types"], nlohmann::json({"sliding_attention", "sliding_attention"}));
   EXPECT_EQ(hf_config(local)["rope_local_base_freq"], 1e4);
-  // Gemma 3's own 5:1 pattern (sliding_window_pattern 6, here two layers both local but
-  // for the sixth) and any mix, soft-capping and bidirectional attention: refused, named.
-  EXPECT_EQ(model_config_from_hf(cfg).sliding_window, 8);  // no layer_types: layers 1 and 2 of 6 are local
-  EXPECT_EQ(hf_error(with({{"layer_types", {"sliding_attention", "full_attention"}}})),
-            "config.json layer_types: 1 of 2 layers attend over a sliding window and the rest in full (layer_types, "
-            "sliding_window_pattern); tide gives every layer the same attention");
-  EXPECT_EQ(hf_error(with({{"sliding_window_pattern", 2}})),
-            "config.json layer_types: 1 of 2 layers attend over a sliding window and the rest in full (layer_types, "
-            "sliding_window_pattern); tide gives every layer the same attention");
+  // Gemma 3's own 5:1 pattern (sliding_window_pattern 6: here both layers local, the sixth
+  // would be the first full one) and any mix; every layer's kind written back.
+  EXPECT_TRUE(model_config_from_hf(cfg).full_attention_layers.empty());  // no layer_types
+  EXPECT_EQ(model_config_from_hf(cfg).sliding_window, 8);
+  const ModelConfig mixed = model_config_from_hf(with({{"sliding_window_pattern", 2}}));
+  EXPECT_EQ(mixed.full_attention_layers, std::vector<int64_t>{1});
+  EXPECT_EQ(mixed.rope_local_theta, 1e4);
+  EXPECT_EQ(hf_config(mixed)["layer_types"], nlohmann::json({"sliding_attention", "full_attention"}));
+  EXPECT_EQ(
+      model_config_from_hf(with({{"layer_types", {"full_attention", "sliding_attention"}}})).full_attention_layers,
+      std::vector<int64_t>{0});
+  // Soft-capping and bidirectional attention: refused, named.
   EXPECT_EQ(hf_error(with({{"attn_logit_softcapping", 50.0}})),
             "config.json attn_logit_softcapping: 50.0: soft-capped logits are not supported");
   EXPECT_EQ(hf_error(with({{"use_bidirectional_attention", true}})),
@@ -498,6 +539,26 @@ TEST(HfConvert, Gemma3ReadsWithPostNormsAndItsScaleWhereEveryLayerAttendsAlikeOr
   EXPECT_EQ(hf_error(with({{"query_pre_attn_scalar", 0}})),
             "config.json query_pre_attn_scalar: 0 is not a positive number");
   EXPECT_EQ(export_refusal(full, [](ModelConfig& m) { m.qk_norm = false; }), "model.qk_norm");
+  // The window's layers of Gemma 3 rotate unscaled: with a scaling and no base of their own,
+  // refused; the other families have no local base.
+  EXPECT_EQ(export_refusal(mixed,
+                           [](ModelConfig& m) {
+                             m.rope_local_theta = 0;
+                             m.rope_scaling = RopeScaling::Linear;
+                           }),
+            "model.rope_local_theta");
+  EXPECT_EQ(export_refusal(tiny_llama(),
+                           [](ModelConfig& m) {
+                             m.sliding_window = 8;
+                             m.rope_local_theta = 1e4;
+                           }),
+            "model.rope_local_theta");
+  EXPECT_EQ(export_refusal(tiny_llama(),
+                           [](ModelConfig& m) {
+                             m.sliding_window = 8;
+                             m.full_attention_layers = {0};
+                           }),
+            "model.full_attention_layers");
   EXPECT_EQ(export_refusal(tiny_llama(), [](ModelConfig& m) { m.post_norms = true; }), "model.post_norms");
   EXPECT_EQ(export_refusal(tiny_llama(), [](ModelConfig& m) { m.softmax_scale = 0.5; }), "model.softmax_scale");
 }

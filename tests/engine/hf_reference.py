@@ -13,7 +13,9 @@
                                GemmaForCausalLM, GeGLU and zero-centred norms, in DIR/gemma;
                                Gemma3ForCausalLM, post-norms and a scale of its own, every
                                layer in full in DIR/gemma3, every layer over a window of 5
-                               in DIR/gemma3_window),
+                               in DIR/gemma3_window, layers of both kinds, each with its
+                               RoPE, in DIR/gemma3_mixed; Qwen2 whose first layer attends in
+                               full and second over a window, DIR/qwen2_mixed),
                                each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
                                [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
@@ -86,6 +88,9 @@ def make(out):
     models["mistral_window"] = MistralForCausalLM(MistralConfig(sliding_window=6, **shape))
     models["qwen2_window"] = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, sliding_window=5,
                                                           max_window_layers=0, **shape))
+    # Layer 0 in full, layer 1 over the window (Qwen's max_window_layers).
+    models["qwen2_mixed"] = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, sliding_window=5,
+                                                         max_window_layers=1, **shape))
     # Mistral NeMo's shape: heads wider than hidden_size / num_attention_heads (16, not 8).
     models["mistral_wide_heads"] = MistralForCausalLM(MistralConfig(sliding_window=None, head_dim=16, **shape))
     # Qwen3: query/key norms over heads of 16 (their weights drawn around 1: transformers
@@ -105,7 +110,7 @@ def make(out):
             if name.endswith("norm.weight"):
                 p.normal_(0, 0.2)
     with torch.no_grad():  # transformers starts biases at zero, where a lost one would not show
-        for family in ("qwen2", "qwen2_window"):
+        for family in ("qwen2", "qwen2_window", "qwen2_mixed"):
             for name, p in models[family].named_parameters():
                 if name.endswith(".bias"):
                     p.normal_(0, 0.2)
@@ -117,8 +122,14 @@ def make(out):
     models["gemma3_window"] = Gemma3ForCausalLM(Gemma3TextConfig(
         **dict(gemma3_shape, rope_theta=1e6), layer_types=["sliding_attention"] * 2, sliding_window=5,
         rope_local_base_freq=1000.0))
+    # Gemma 3's two kinds of layer: layer 0 over a window of 5 with the local base 1000,
+    # unscaled; layer 1 in full with the base 10^6 and linear RoPE scaling (Gemma 3 4B's
+    # kind, factor 8 there).
+    models["gemma3_mixed"] = Gemma3ForCausalLM(Gemma3TextConfig(
+        **dict(gemma3_shape, rope_theta=1e6), layer_types=["sliding_attention", "full_attention"], sliding_window=5,
+        rope_local_base_freq=1000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}))
     with torch.no_grad():
-        for family in ("gemma3", "gemma3_window"):
+        for family in ("gemma3", "gemma3_window", "gemma3_mixed"):
             for name, p in models[family].named_parameters():
                 if name.endswith("norm.weight"):
                     p.normal_(0, 0.2)

@@ -48,6 +48,10 @@ ModelConfig tiny_model(const std::string& name) {
   } else if (name == "qwen2_window") {
     m.qkv_bias = true;
     m.sliding_window = 5;
+  } else if (name == "qwen2_mixed") {
+    m.qkv_bias = true;
+    m.sliding_window = 5;
+    m.full_attention_layers = {0};
   } else if (name == "gemma") {
     m = testing::tiny_gemma();
   } else if (name == "gemma3") {
@@ -55,7 +59,16 @@ ModelConfig tiny_model(const std::string& name) {
   } else if (name == "gemma3_window") {
     m = testing::tiny_gemma3();
     m.sliding_window = 5;
-    m.rope_theta = 1000;  // the window's layers' RoPE base
+    m.rope_theta = 1e6;         // the full layers' (there are none)
+    m.rope_local_theta = 1000;  // the window's layers' RoPE base
+  } else if (name == "gemma3_mixed") {
+    m = testing::tiny_gemma3();
+    m.sliding_window = 5;
+    m.full_attention_layers = {1};
+    m.rope_theta = 1e6;
+    m.rope_scaling = RopeScaling::Linear;
+    m.rope_scaling_factor = 2;
+    m.rope_local_theta = 1000;
   }
   return m;
 }
@@ -78,6 +91,9 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
   EXPECT_EQ(model->config().post_norms, tiny_model(GetParam()).post_norms);
   EXPECT_EQ(model->config().softmax_scale, tiny_model(GetParam()).softmax_scale);
   EXPECT_EQ(model->config().rope_theta, tiny_model(GetParam()).rope_theta);
+  EXPECT_EQ(model->config().full_attention_layers, tiny_model(GetParam()).full_attention_layers);
+  EXPECT_EQ(model->config().rope_local_theta, tiny_model(GetParam()).rope_local_theta);
+  EXPECT_EQ(model->config().rope_scaling, tiny_model(GetParam()).rope_scaling);
   SafetensorsReader ref((dir / "reference.safetensors").string());
   const auto ids = read_named(ref, "input_ids"), expected = read_named(ref, "logits");
   torch::NoGradGuard no_grad;
@@ -143,7 +159,7 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
 INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
                          ::testing::Values("llama", "bloom", "llama3", "llama_linear", "llama_yarn", "mistral", "qwen2",
                                            "mistral_window", "qwen2_window", "mistral_wide_heads", "qwen3", "gemma",
-                                           "gemma3", "gemma3_window"),
+                                           "gemma3", "gemma3_window", "gemma3_mixed", "qwen2_mixed"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

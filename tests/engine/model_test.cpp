@@ -319,6 +319,61 @@ TEST_P(SlidingWindow, AChangedTokenReachesLayersTimesTheWindowLessOne) {
   EXPECT_FALSE(torch::equal(m->hidden(tokens), n->hidden(tokens)));
 }
 
+// Layers of two kinds (model.full_attention_layers): one layer attending in full carries
+// a changed token to every later position of its document, windowed layers before or
+// after it notwithstanding; every layer listed is attention without a window, and a
+// RoPE base of the windowed layers' own (model.rope_local_theta) rotates those alone.
+// Each comparison is of the same operations on the same bits: equal, not close.
+TEST_P(SlidingWindow, AFullAttentionLayerReachesEveryLaterTokenAndTheLocalBaseOnlyTheWindowsLayers) {
+  ModelConfig c = GetParam();
+  c.sliding_window = 4;
+  c.full_attention_layers = {c.n_layers - 1};
+  const bool rope = c.positions == PositionKind::RoPE;
+  if (rope) c.rope_local_theta = 500;
+  const auto made = [](const ModelConfig& config) {
+    Transformer m(config);
+    m->reset_parameters(5);
+    m->eval();
+    return m;
+  };
+  Transformer m = made(c);
+  torch::NoGradGuard no_grad;
+  const int64_t t = 24, at = 6;
+  const auto tokens = torch::randint(0, c.vocab_size, {1, t}, torch::kInt64);
+  auto changed = tokens.clone();
+  changed[0][at] = (tokens[0][at].item<int64_t>() + 1) % c.vocab_size;
+  auto documents = torch::zeros({1, t}, torch::kInt32);
+  documents.narrow(1, 18, t - 18).fill_(1);
+  const auto moved = [&](const torch::Tensor& docs) {
+    return (m->hidden(tokens, docs) - m->hidden(changed, docs)).abs().amax({0, 2});  // [T]
+  };
+  const auto plain = moved({}), apart = moved(documents);
+  for (int64_t i = 0; i < t; ++i) {
+    if (i >= at)
+      EXPECT_GT(plain[i].item<double>(), 0) << "position " << i << " is after the change";
+    else
+      EXPECT_EQ(plain[i].item<double>(), 0) << "position " << i << " is before the change";
+    if (i >= at && i < 18)
+      EXPECT_GT(apart[i].item<double>(), 0) << "position " << i << " is after the change, in its document";
+    else
+      EXPECT_EQ(apart[i].item<double>(), 0) << "position " << i << " is before the change or in another document";
+  }
+  ModelConfig every = c, none = GetParam();
+  for (int64_t i = 0; i + 1 < c.n_layers; ++i) every.full_attention_layers.push_back(i);
+  EXPECT_TRUE(torch::equal(made(every)->hidden(tokens), made(none)->hidden(tokens)));
+  ModelConfig windowed = c;
+  windowed.full_attention_layers.clear();
+  EXPECT_FALSE(torch::equal(m->hidden(tokens), made(windowed)->hidden(tokens)));
+  if (!rope) return;
+  ModelConfig rebased = windowed;  // every layer windowed: the local base is every layer's
+  rebased.rope_theta = c.rope_local_theta;
+  rebased.rope_local_theta = 0;
+  EXPECT_TRUE(torch::equal(made(windowed)->hidden(tokens), made(rebased)->hidden(tokens)));
+  ModelConfig one_base = windowed;
+  one_base.rope_local_theta = 0;
+  EXPECT_FALSE(torch::equal(made(windowed)->hidden(tokens), made(one_base)->hidden(tokens)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Model, SlidingWindow,
                          ::testing::Values(tiny_llama(), tiny_bloom(), tiny_llama_with_learned_positions()),
                          [](const auto& info) {

@@ -12,7 +12,8 @@
 #    parallelism, ZeRO-2 dp2 x pp2 (both shapes: BLOOM's tied embeddings reduced after
 #    their sum over the stages), and dp2 x tp2 x pp2 on 8 ranks;
 #  - documents attended apart (data.document_attention) through interleaved pp2: every
-#    chunk masks with the batch's documents, validation too;
+#    chunk masks with the batch's documents, validation too; layers of two kinds (full
+#    and windowed, each with its RoPE base) through it, each chunk's by their place;
 #  - pp2 in bf16 sends bf16 between stages (half the bytes) and agrees with one process,
 #    and so does pp2 in fp16 with its loss scale;
 #  - the combinations that cannot work are refused up front, naming the field.
@@ -71,6 +72,17 @@ train llama llama4-doc-1 --set model.n_layers=4 --set data.document_attention=tr
 train llama llama4-doc-pp2-v2 --nproc 2 --set model.n_layers=4 --set data.document_attention=true \
   --set model.positions=learned --set parallel.pp=2 --set parallel.virtual_stages=2
 compare "$work/llama4-doc-1" "$work/llama4-doc-pp2-v2" 0 || fail "interleaved pp2 with documents apart differs"
+# Layers of two kinds (Gemma 3's): blocks 1 and 2 attend in full, 0 and 3 over a window
+# of 16 of the 64 tokens with a RoPE base of their own. Each chunk takes its blocks'
+# kind by their place in the whole model: rank 0 runs a windowed block and a full one.
+mixed=(--set model.n_layers=4 --set model.sliding_window=16 --set "model.full_attention_layers=[1,2]"
+  --set model.rope_local_theta=1000)
+train llama llama4-mixed-1 "${mixed[@]}"
+train llama llama4-mixed-pp2-v2 --nproc 2 "${mixed[@]}" --set parallel.pp=2 --set parallel.virtual_stages=2
+compare "$work/llama4-mixed-1" "$work/llama4-mixed-pp2-v2" 0 || fail "interleaved pp2 with layers of two kinds differs"
+train llama llama4-windowed-1 --set model.n_layers=4 --set model.sliding_window=16 --set model.rope_local_theta=1000
+losses_differ "$work/llama4-windowed-1" "$work/llama4-mixed-1" || fail "model.full_attention_layers changed nothing"
+losses_differ "$work/llama4-1" "$work/llama4-mixed-1" || fail "the windowed layers changed nothing"
 
 # bf16 compute: activations and their gradients cross between stages in bf16, the dtype
 # they have on both sides, so the bytes halve, and the losses agree with one process's.

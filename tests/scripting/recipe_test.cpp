@@ -46,6 +46,7 @@ TEST(Recipes, PublishedParameterCountsAreExact) {
       {"qwen/qwen3-8b.lua", 8'190'735'360},
       {"gemma/gemma-2b.lua", 2'506'172'416},
       {"gemma/gemma-7b.lua", 8'537'680'896},
+      {"gemma/gemma3-1b.lua", 999'885'952},
       {"bloom/bloom-560m.lua", 559'214'592},
       {"bloom/bloom-7b1.lua", 7'069'016'064},
       {"bloom/bloom-176b.lua", 176'247'271'424},
@@ -89,6 +90,22 @@ TEST(Recipes, PresetsFillFamilyDefaults) {
   const Recipe g1 = Recipe::load_string(
       "return tide.recipe{ model = tide.models.gemma{ dim = 64, n_heads = 4, embedding_scale = 1 } }", "@g.lua");
   EXPECT_EQ(g1.config().model.embedding_scale, 1.0);
+  // Gemma 3: one layer in six attends in full, counted from 0 as layer 5, unless the
+  // recipe lists its own; the others over the window with a RoPE base of their own.
+  const Recipe g3 = Recipe::load_file(recipe_path("gemma/gemma3-1b.lua"));
+  EXPECT_EQ(g3.config().model.full_attention_layers, (std::vector<int64_t>{5, 11, 17, 23}));
+  EXPECT_EQ(g3.config().model.sliding_window, 512);
+  EXPECT_EQ(g3.config().model.rope_local_theta, 1e4);
+  EXPECT_EQ(g3.config().model.rope_theta, 1e6);
+  EXPECT_TRUE(g3.config().model.post_norms && g3.config().model.qk_norm);
+  const Recipe g3_given = Recipe::load_string(
+      "return tide.recipe{ model = tide.models.gemma3{ dim = 64, n_heads = 4, n_layers = 4, "
+      "full_attention_layers = { 1 } } }",
+      "@g3.lua");
+  EXPECT_EQ(g3_given.config().model.full_attention_layers, std::vector<int64_t>{1});
+  const Recipe g3_short = Recipe::load_string(
+      "return tide.recipe{ model = tide.models.gemma3{ dim = 64, n_heads = 4, n_layers = 4 } }", "@g3.lua");
+  EXPECT_TRUE(g3_short.config().model.full_attention_layers.empty());
 }
 
 TEST(Recipes, FieldErrorsNameTheLineTheFieldAndTheValue) {

@@ -336,6 +336,14 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                       "A token attends to itself and this many - 1 tokens before it (Mistral, Qwen2); 0: to all before "
                       "it. Costs nothing while data.seq_len is at most this.",
                       REF(model.sliding_window)));
+  s.push_back(int_list("model.full_attention_layers", 0, 1e6,
+                       "With model.sliding_window, the layers (counted from 0) that attend to every earlier token all "
+                       "the same (Gemma 3: one in six; Qwen2: the first max_window_layers); empty: none.",
+                       REF(model.full_attention_layers)));
+  s.push_back(number("model.rope_local_theta", 0, 1e12, kFixed,
+                     "The RoPE base of the layers attending over model.sliding_window, unscaled (Gemma 3's "
+                     "rope_local_base_freq); rope_theta and rope_scaling are then the full layers'. 0: rope_theta.",
+                     REF(model.rope_local_theta)));
   s.push_back(number("model.softmax_scale", 0, 1e3, kFixed,
                      "Attention's scores are multiplied by this before the softmax; 0: 1 / sqrt(head_dim). Gemma 2 "
                      "and 3 set query_pre_attn_scalar^-1/2 (Megatron-Core's softmax_scale).",
@@ -748,6 +756,24 @@ void validate_model(const ModelConfig& m) {
     fail("model.rope_beta_fast",
          fmt::format("{} is not above model.rope_beta_slow = {}: yarn scaling ramps between them", m.rope_beta_fast,
                      m.rope_beta_slow));
+  if (!m.full_attention_layers.empty() && m.sliding_window == 0)
+    fail("model.full_attention_layers",
+         fmt::format("{} attend in full despite a sliding window, and model.sliding_window is 0",
+                     json(m.full_attention_layers).dump()));
+  for (size_t i = 0; i < m.full_attention_layers.size(); ++i) {
+    const int64_t layer = m.full_attention_layers[i];
+    const std::string field = fmt::format("model.full_attention_layers[{}]", i + 1);
+    if (layer >= m.n_layers)
+      fail(field, fmt::format("{} is not a layer of model.n_layers = {} (layers count from 0)", layer, m.n_layers));
+    for (size_t j = 0; j < i; ++j)
+      if (m.full_attention_layers[j] == layer)
+        fail(field, fmt::format("{} is model.full_attention_layers[{}] too", layer, j + 1));
+  }
+  if (m.rope_local_theta > 0 && (m.positions != PositionKind::RoPE || m.sliding_window == 0))
+    fail(
+        "model.rope_local_theta",
+        fmt::format("{} is the RoPE base of the layers attending over model.sliding_window, and {}", m.rope_local_theta,
+                    m.positions != PositionKind::RoPE ? "model.positions is not rope" : "model.sliding_window is 0"));
   if (m.recompute_blocks > 0 && !m.activation_checkpointing)
     fail("model.recompute_blocks",
          fmt::format("{} blocks to recompute need model.activation_checkpointing = true", m.recompute_blocks));

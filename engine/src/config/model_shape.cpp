@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "tide/engine/config.h"
 
 namespace tide {
@@ -9,6 +11,20 @@ int64_t head_dim(const ModelConfig& m) { return m.head_dim > 0 ? m.head_dim : m.
 bool gated_mlp(const ModelConfig& m) { return m.mlp != MlpKind::GELU; }
 
 int64_t block_norms(const ModelConfig& m) { return m.post_norms ? 4 : 2; }
+
+bool attends_over_window(const ModelConfig& m, int64_t layer) {
+  const auto& full = m.full_attention_layers;
+  return m.sliding_window > 0 && std::find(full.begin(), full.end(), layer) == full.end();
+}
+
+ModelConfig windowed_rope(const ModelConfig& m) {
+  ModelConfig local = m;
+  if (m.rope_local_theta > 0) {
+    local.rope_theta = m.rope_local_theta;
+    local.rope_scaling = RopeScaling::None;
+  }
+  return local;
+}
 
 int64_t resolved_ffn_dim(const ModelConfig& m) {
   if (m.ffn_dim > 0) return m.ffn_dim;

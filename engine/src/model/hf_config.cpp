@@ -20,6 +20,14 @@ namespace {
 void require(bool ok, const std::string& field, const std::string& why) {
   if (!ok) throw ConfigError(field, why + " (not expressible in the Hugging Face architecture)");
 }
+
+// Hugging Face's name of each layer's attention.
+std::vector<std::string> layer_types(const ModelConfig& m) {
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < m.n_layers; ++i)
+    out.emplace_back(attends_over_window(m, i) ? "sliding_attention" : "full_attention");
+  return out;
+}
 }  // namespace
 
 json hf_config(const ModelConfig& m) {
@@ -44,8 +52,9 @@ json hf_config(const ModelConfig& m) {
               "Gemma (a GeGLU MLP) has no biases on q, k and v alone or on its MLP");
       if (gemma3) {
         require(m.qk_norm, "model.qk_norm", "Gemma 3 (a GeGLU MLP with post-norms) has query/key norms");
-        require(m.sliding_window == 0 || m.rope_scaling == RopeScaling::None, "model.rope_scaling",
-                "Gemma 3's sliding-window layers take no RoPE scaling");
+        require(m.sliding_window == 0 || m.rope_local_theta > 0 || m.rope_scaling == RopeScaling::None,
+                "model.rope_local_theta",
+                "Gemma 3's sliding-window layers take no RoPE scaling: they need a base of their own");
       } else {
         require(!m.qk_norm && m.sliding_window == 0 && m.softmax_scale == 0, "model.mlp",
                 "Gemma (a GeGLU MLP without post-norms) has no query/key norms, sliding window or scale of its own");
@@ -62,6 +71,23 @@ json hf_config(const ModelConfig& m) {
     const bool qwen2 = !gemma && !qwen3 && m.qkv_bias && !m.attention_bias;
     // LLaMA's config has no sliding window; Mistral's (without biases) and Qwen's do.
     const bool mistral = !gemma && !qwen2 && !qwen3 && m.sliding_window > 0;
+    // Only Gemma 3 rotates its window's layers by a base of their own; Qwen's full
+    // layers are its first max_window_layers; every Mistral layer attends over the window.
+    if (!gemma3) require(m.rope_local_theta == 0, "model.rope_local_theta", "only Gemma 3 has a local RoPE base");
+    if (mistral)
+      require(m.full_attention_layers.empty(), "model.full_attention_layers",
+              "every layer of Mistral attends over its sliding window");
+    const int64_t leading_full = [&] {
+      int64_t k = 0;
+      while (k < m.n_layers && !attends_over_window(m, k)) ++k;
+      return k;
+    }();
+    if (qwen2 || qwen3)
+      for (int64_t i = leading_full; i < m.n_layers; ++i)
+        require(attends_over_window(m, i), "model.full_attention_layers",
+                fmt::format("layer {} attends in full after layer {} attended over the window: Qwen's full layers "
+                            "are its first max_window_layers",
+                            i, leading_full));
     if (qwen3)
       require(!(m.qkv_bias && !m.attention_bias) && !m.mlp_bias, "model.qk_norm",
               "Qwen3 (query/key norms) has biases on all four attention projections or none, and none on its MLP");
@@ -104,12 +130,10 @@ json hf_config(const ModelConfig& m) {
     // Both keys: transformers reads hidden_act, other readers of Gemma hidden_activation.
     if (gemma) j["hidden_act"] = j["hidden_activation"] = "gelu_pytorch_tanh";
     if (gemma3) {
-      // Every layer attends alike: all over the window (with its own RoPE base, which is
-      // tide's) or all in full.
       const bool windowed = m.sliding_window > 0;
-      j["layer_types"] = std::vector<std::string>(m.n_layers, windowed ? "sliding_attention" : "full_attention");
+      j["layer_types"] = layer_types(m);
       j["sliding_window"] = windowed ? m.sliding_window : m.max_seq_len;
-      j["rope_local_base_freq"] = m.rope_theta;
+      j["rope_local_base_freq"] = m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta;
       j["query_pre_attn_scalar"] =
           m.softmax_scale > 0 ? 1.0 / (m.softmax_scale * m.softmax_scale) : static_cast<double>(head_dim(m));
       j["attn_logit_softcapping"] = j["final_logit_softcapping"] = nullptr;
@@ -119,7 +143,8 @@ json hf_config(const ModelConfig& m) {
       j["use_sliding_window"] = m.sliding_window > 0;
       if (m.sliding_window > 0) {
         j["sliding_window"] = m.sliding_window;
-        j["max_window_layers"] = 0;  // every layer
+        j["max_window_layers"] = leading_full;
+        j["layer_types"] = layer_types(m);
       }
     }
     if (m.rope_scaling == RopeScaling::Linear) {
@@ -257,32 +282,29 @@ void read_rope_scaling(const json& scaling, ModelConfig& m) {
   m.rope_scaling_factor = hf.number("factor");
 }
 
-// How many of the model's layers attend over a sliding window: those layer_types marks
-// "sliding_attention", else those `sliding_by_default` says. tide gives every layer the
-// same attention, so some and not all is refused, as `field` (and `keys`, what says which).
-int64_t sliding_layers(const HfConfig& hf, const ModelConfig& m, const std::function<bool(int64_t)>& sliding_by_default,
-                       const std::string& field, const std::string& keys) {
-  int64_t sliding = 0;
-  if (const json* types = hf.get("layer_types")) {
-    if (!types->is_array() || static_cast<int64_t>(types->size()) != m.n_layers)
-      throw ConfigError("config.json layer_types",
-                        fmt::format("{} is not a list of {} layer types", types->dump().substr(0, 200), m.n_layers));
-    for (const auto& t : *types) {
-      if (t == "sliding_attention")
-        ++sliding;
-      else if (t != "full_attention")
-        throw ConfigError("config.json layer_types",
-                          fmt::format("{} is neither full_attention nor sliding_attention", t.dump().substr(0, 200)));
-    }
-  } else {
-    for (int64_t i = 0; i < m.n_layers; ++i) sliding += sliding_by_default(i) ? 1 : 0;
+// The layers that attend in full: those layer_types marks "full_attention", else those
+// `sliding_by_default` leaves out. The rest attend over the sliding window.
+std::vector<int64_t> full_layers(const HfConfig& hf, const ModelConfig& m,
+                                 const std::function<bool(int64_t)>& sliding_by_default) {
+  std::vector<int64_t> full;
+  const json* types = hf.get("layer_types");
+  if (types == nullptr) {
+    for (int64_t i = 0; i < m.n_layers; ++i)
+      if (!sliding_by_default(i)) full.push_back(i);
+    return full;
   }
-  if (sliding > 0 && sliding < m.n_layers)
-    throw ConfigError("config.json " + field,
-                      fmt::format("{} of {} layers attend over a sliding window and the rest in full ({}); tide gives "
-                                  "every layer the same attention",
-                                  sliding, m.n_layers, keys));
-  return sliding;
+  if (!types->is_array() || static_cast<int64_t>(types->size()) != m.n_layers)
+    throw ConfigError("config.json layer_types",
+                      fmt::format("{} is not a list of {} layer types", types->dump().substr(0, 200), m.n_layers));
+  for (int64_t i = 0; i < m.n_layers; ++i) {
+    const json& t = (*types)[static_cast<size_t>(i)];
+    if (t == "full_attention")
+      full.push_back(i);
+    else if (t != "sliding_attention")
+      throw ConfigError(fmt::format("config.json layer_types[{}]", i),
+                        fmt::format("{} is neither full_attention nor sliding_attention", t.dump().substr(0, 200)));
+  }
+  return full;
 }
 
 // Qwen2 and Qwen3 attend over their window in the layers from max_window_layers on (or where
@@ -290,10 +312,11 @@ int64_t sliding_layers(const HfConfig& hf, const ModelConfig& m, const std::func
 void read_qwen2_window(const HfConfig& hf, ModelConfig& m) {
   if (hf.get("sliding_window") == nullptr) return;
   const int64_t window = hf.integer({"sliding_window"});
-  const int64_t full = std::max<int64_t>(0, hf.integer({"max_window_layers"}, 28));
-  const auto past_full = [&](int64_t i) { return i >= full; };
-  if (sliding_layers(hf, m, past_full, "use_sliding_window", "max_window_layers, layer_types") == m.n_layers)
-    m.sliding_window = window;
+  const int64_t first_windowed = std::max<int64_t>(0, hf.integer({"max_window_layers"}, 28));
+  auto full = full_layers(hf, m, [&](int64_t i) { return i >= first_windowed; });
+  if (static_cast<int64_t>(full.size()) == m.n_layers) return;  // no layer attends over the window
+  m.sliding_window = window;
+  m.full_attention_layers = std::move(full);
 }
 
 // Gemma: gelu in its tanh form gates the MLP, norms multiply by 1 + weight, embeddings
@@ -335,15 +358,16 @@ void read_gemma3(const HfConfig& hf, ModelConfig& m) {
   if (scalar != static_cast<double>(head_dim(m))) m.softmax_scale = 1.0 / std::sqrt(scalar);
   // Without layer_types, every sliding_window_pattern-th layer is a full one.
   const int64_t pattern = hf.integer({"sliding_window_pattern"}, 6);
-  const auto between_full = [&](int64_t i) { return pattern <= 0 || (i + 1) % pattern != 0; };
-  const int64_t sliding = sliding_layers(hf, m, between_full, "layer_types", "layer_types, sliding_window_pattern");
+  auto full = full_layers(hf, m, [&](int64_t i) { return pattern <= 0 || (i + 1) % pattern != 0; });
   m.rope_theta = hf.number("rope_theta", 1e6);  // Gemma3TextConfig's defaults, here and below
-  if (sliding == m.n_layers) {
-    m.sliding_window = hf.integer({"sliding_window"}, 4096);
-    m.rope_theta = hf.number("rope_local_base_freq", 10000.0);
-    m.rope_scaling = RopeScaling::None;  // rope_scaling is the full-attention layers'
-    if (m.sliding_window >= m.max_seq_len) m.sliding_window = 0;
-  }
+  m.sliding_window = 0;
+  if (static_cast<int64_t>(full.size()) == m.n_layers) return;
+  m.sliding_window = hf.integer({"sliding_window"}, 4096);
+  m.full_attention_layers = std::move(full);
+  // The window's layers rotate by their own base, unscaled (rope_scaling is the full
+  // layers'); where that is what every layer does, there is one base.
+  const double local = hf.number("rope_local_base_freq", 10000.0);
+  if (local != m.rope_theta || m.rope_scaling != RopeScaling::None) m.rope_local_theta = local;
 }
 }  // namespace
 
@@ -381,8 +405,6 @@ ModelConfig model_config_from_hf(const json& config) {
     }
     // Mistral v0.1's window; v0.3 and later have none.
     if (type == "mistral" && hf.get("sliding_window") != nullptr) m.sliding_window = hf.integer({"sliding_window"});
-    // A window the model's longest sequence fits in leaves nothing out.
-    if (m.sliding_window >= m.max_seq_len) m.sliding_window = 0;
     if (gemma) {
       read_gemma(hf, m);
     } else if (const std::string act = hf.get("hidden_act") != nullptr ? hf.string("hidden_act") : "silu";
@@ -397,6 +419,12 @@ ModelConfig model_config_from_hf(const json& config) {
       if (!(m.n_heads > 0 && m.dim % m.n_heads == 0 && hd == m.dim / m.n_heads)) m.head_dim = hd;
     }
     if (type == "gemma3_text") read_gemma3(hf, m);
+    // A window the model's longest sequence fits in leaves nothing out (where its layers
+    // rotate alike).
+    if (m.sliding_window >= m.max_seq_len && m.rope_local_theta == 0) {
+      m.sliding_window = 0;
+      m.full_attention_layers.clear();
+    }
   } else if (type == "bloom") {
     m.family = Family::BLOOM;
     m.dim = hf.integer({"hidden_size", "n_embed"});

@@ -159,10 +159,15 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
   if (stage_.last && !cfg.tie_embeddings)
     holder_of("lm_head", parameter_tensor({vocab_local_, cfg.dim}), lm_head, *this);
 
+  windowed_.window = cfg.sliding_window;
   if (cfg.positions == PositionKind::RoPE) {
-    // The cos/sin tables are made for the positions used (rope_tables), not for
+    // The cos/sin tables are made for the positions used (block_inputs), not for
     // max_seq_len: a long context limit costs nothing until sequences reach it.
-    rope_inv_freq_ = torch::tensor(rope_inverse_frequencies(cfg), torch::kFloat64);
+    full_.rope_inv_freq = torch::tensor(rope_inverse_frequencies(cfg), torch::kFloat64);
+    full_.rope_scale = rope_attention_scale(cfg);
+    const ModelConfig local = windowed_rope(cfg);
+    windowed_.rope_inv_freq = torch::tensor(rope_inverse_frequencies(local), torch::kFloat64);
+    windowed_.rope_scale = rope_attention_scale(local);
   } else if (cfg.positions == PositionKind::ALiBi) {
     const auto s = alibi_slopes(cfg.n_heads);
     const int64_t heads = cfg.n_heads / tp_.size();  // this rank's heads
@@ -284,24 +289,28 @@ std::set<std::string> TransformerImpl::weights_read_in_compute_dtype() const {
   return out;
 }
 
-int64_t TransformerImpl::window_for(int64_t t) const {
-  // A window no shorter than the sequence leaves nothing out: plain causal attention,
-  // which the kernels skip the masked half of, and on CUDA the flash kernel.
-  return cfg_.sliding_window > 0 && t > cfg_.sliding_window ? cfg_.sliding_window : 0;
+TransformerImpl::LayerAttention& TransformerImpl::attention_of(int64_t layer) {
+  return attends_over_window(cfg_, layer) ? windowed_ : full_;
 }
 
-torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOptions& options) {
-  const int64_t window = window_for(t);
+torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOptions& options, int64_t layer) {
+  return bias_of(attention_of(layer), t, options);
+}
+
+torch::Tensor TransformerImpl::bias_of(LayerAttention& kind, int64_t t, const torch::TensorOptions& options) {
+  // A window no shorter than the sequence leaves nothing out: plain causal attention,
+  // which the kernels skip the masked half of, and on CUDA the flash kernel.
+  const int64_t window = kind.window_for(t);
   // Causal attention alone needs no mask: the attention kernel is told it is causal.
   if (!alibi_slopes_.defined() && window == 0) return {};
   // ALiBi's bias in the stream's dtype, else the window's boolean mask.
   const auto opts =
       options.requires_grad(false).dtype(alibi_slopes_.defined() ? options.dtype() : caffe2::TypeMeta::Make<bool>());
   // Every forward of a run asks for the same mask: build it once.
-  if (bias_cache_.defined() && bias_cache_.size(-1) == t && bias_cache_.dtype() == opts.dtype() &&
-      bias_cache_.device() == opts.device())
-    return bias_cache_;
-  if (!alibi_slopes_.defined()) return bias_cache_ = allowed_keys(t, {}, window, opts.device());
+  auto& cache = kind.bias_cache;
+  if (cache.defined() && cache.size(-1) == t && cache.dtype() == opts.dtype() && cache.device() == opts.device())
+    return cache;
+  if (!alibi_slopes_.defined()) return cache = allowed_keys(t, {}, window, opts.device());
   // Built in fp32 and rounded once to the stream's dtype (bf16 holds integers exactly
   // only up to 256, so j - i itself would round).
   const auto fp32 = opts.dtype(torch::kFloat32);
@@ -315,7 +324,44 @@ torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOpti
   const auto slopes = alibi_slopes_.to(opts.device(), torch::kFloat32).view({1, -1, 1, 1});
   auto bias = (slopes * distance.view({1, 1, t, t})).masked_fill_(future.view({1, 1, t, t}), neg_inf);
   if (window > 0) bias.masked_fill_(allowed_keys(t, {}, window, opts.device()).logical_not(), neg_inf);
-  return bias_cache_ = bias.to(opts.dtype());
+  return cache = bias.to(opts.dtype());
+}
+
+TransformerImpl::BlockInputs TransformerImpl::block_inputs(LayerAttention& kind, const torch::Tensor& x, int64_t t,
+                                                           const torch::Tensor& documents) {
+  BlockInputs in;
+  // ALiBi and the sliding window, the same for every batch of this length.
+  in.bias = bias_of(kind, t, x.options());
+  if (documents.defined()) {
+    TORCH_CHECK(documents.dim() == 2 && documents.size(0) == x.size(0) && documents.size(1) == t, "documents of shape ",
+                documents.sizes(), " for a batch of ", x.size(0), " sequences of ", t, " tokens");
+    // RoPE and ALiBi see only position differences, the same within a document wherever
+    // it sits in the row: the mask alone makes each document attend as if it came first.
+    const auto allowed = allowed_keys(t, documents, kind.window_for(t), x.device());
+    in.bias = in.bias.defined() && in.bias.scalar_type() != torch::kBool
+                  ? in.bias.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
+                  : allowed;
+  }
+  if (!kind.rope_inv_freq.defined()) return in;
+  if (!kind.rope_cos.defined() || kind.rope_cos.size(0) < t) {
+    // Each row depends on its position alone: a table grown later holds the same values
+    // in its first rows. Doubling keeps token-by-token sampling from rebuilding it at
+    // every token.
+    const int64_t rows =
+        std::min(cfg_.max_seq_len, std::max(t, 2 * (kind.rope_cos.defined() ? kind.rope_cos.size(0) : 0)));
+    const auto freqs = torch::outer(torch::arange(rows, torch::kFloat64), kind.rope_inv_freq);
+    const auto emb = torch::cat({freqs, freqs}, -1);  // [rows, Hd]
+    // YaRN scales both, so the scores grow by its square (1 elsewhere).
+    kind.rope_cos = (emb.cos() * kind.rope_scale).to(torch::kFloat32);
+    kind.rope_sin = (emb.sin() * kind.rope_scale).to(torch::kFloat32);
+  }
+  if (kind.rope_cos.device() != x.device()) {
+    kind.rope_cos = kind.rope_cos.to(x.device());
+    kind.rope_sin = kind.rope_sin.to(x.device());
+  }
+  in.cos = kind.rope_cos.narrow(0, 0, t).to(x.scalar_type());
+  in.sin = kind.rope_sin.narrow(0, 0, t).to(x.scalar_type());
+  return in;
 }
 
 torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens, const torch::Tensor& documents) {
@@ -358,39 +404,6 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   x = in_compute_dtype(x);
   // Attention sees the whole sequence, also when the residual stream is split.
   const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
-  // ALiBi and the sliding window, the same for every batch of this length.
-  auto bias = attention_bias(t, x.options());
-  if (documents.defined()) {
-    TORCH_CHECK(documents.dim() == 2 && documents.size(0) == x.size(0) && documents.size(1) == t, "documents of shape ",
-                documents.sizes(), " for a batch of ", x.size(0), " sequences of ", t, " tokens");
-    // RoPE and ALiBi see only position differences, the same within a document wherever
-    // it sits in the row: the mask alone makes each document attend as if it came first.
-    const auto allowed = allowed_keys(t, documents, window_for(t), x.device());
-    bias = bias.defined() && bias.scalar_type() != torch::kBool
-               ? bias.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
-               : allowed;
-  }
-  torch::Tensor cos, sin;
-  if (rope_inv_freq_.defined()) {
-    if (!rope_cos_.defined() || rope_cos_.size(0) < t) {
-      // Each row depends on its position alone: a table grown later holds the same
-      // values in its first rows. Doubling keeps token-by-token sampling from
-      // rebuilding it at every token.
-      const int64_t rows = std::min(cfg_.max_seq_len, std::max(t, 2 * (rope_cos_.defined() ? rope_cos_.size(0) : 0)));
-      const auto freqs = torch::outer(torch::arange(rows, torch::kFloat64), rope_inv_freq_);
-      const auto emb = torch::cat({freqs, freqs}, -1);  // [rows, Hd]
-      // YaRN scales both, so the scores grow by its square (1 elsewhere).
-      const double scale = rope_attention_scale(cfg_);
-      rope_cos_ = (emb.cos() * scale).to(torch::kFloat32);
-      rope_sin_ = (emb.sin() * scale).to(torch::kFloat32);
-    }
-    if (rope_cos_.device() != x.device()) {
-      rope_cos_ = rope_cos_.to(x.device());
-      rope_sin_ = rope_sin_.to(x.device());
-    }
-    cos = rope_cos_.narrow(0, 0, t).to(x.scalar_type());
-    sin = rope_sin_.narrow(0, 0, t).to(x.scalar_type());
-  }
   const bool recompute = is_training() && torch::GradMode::is_enabled();
   const bool blocks_draw = cfg_.dropout > 0 && is_training();
   // The chunk's blocks sit in `blocks` after those of the chunks before it.
@@ -398,15 +411,21 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   for (size_t c = 0; c < chunk; ++c) at += static_cast<size_t>(stage_.chunks[c].end - stage_.chunks[c].first);
   const BlockRange& range = stage_.chunks.at(chunk);
   const int64_t recomputed = recompute ? recomputed_blocks(cfg_, range) : 0;
+  // Each kind's inputs made once for the chunk, and only for a kind its blocks have.
+  std::optional<BlockInputs> full, windowed;
   for (int64_t i = range.first; i < range.end; ++i) {
     auto block = std::dynamic_pointer_cast<BlockImpl>(blocks->ptr(at++));
+    const bool over_window = attends_over_window(cfg_, i);
+    auto& made = over_window ? windowed : full;
+    if (!made) made = block_inputs(over_window ? windowed_ : full_, x, t, documents);
+    const BlockInputs& in = *made;
     const int unit = static_cast<int>(i + 1);
     if (units_) units_->before_forward(unit);
     if (i - range.first < recomputed) {
-      x = recompute_in_backward(
-          [block, bias, cos, sin](const at::Tensor& in) { return block->forward(in, bias, cos, sin); }, x, blocks_draw);
+      x = recompute_in_backward([block, in](const at::Tensor& y) { return block->forward(y, in.bias, in.cos, in.sin); },
+                                x, blocks_draw);
     } else {
-      x = block->forward(x, bias, cos, sin);
+      x = block->forward(x, in.bias, in.cos, in.sin);
     }
     if (units_) x = units_->after_forward(unit, x);
   }

@@ -65,6 +65,15 @@ struct ModelConfig {
   // > 0: a token attends to itself and the sliding_window - 1 tokens before it
   // (Mistral's and Qwen2's sliding window); 0: to every token before it.
   int64_t sliding_window = 0;
+  // With a sliding window, the layers (counted from 0, as Hugging Face's layer_idx and
+  // tide's parameter names count them) that attend to every earlier token all the same:
+  // Gemma 3's one in six, Gemma 2's every other, Qwen's first max_window_layers.
+  // Empty: every layer attends over the window.
+  std::vector<int64_t> full_attention_layers;
+  // > 0: the RoPE base of the layers that attend over the window, whose frequencies are
+  // not scaled (Gemma 3's rope_local_base_freq); rope_theta and rope_scaling are then the
+  // full-attention layers'. 0: every layer rotates alike.
+  double rope_local_theta = 0.0;
   // The factor attention's scores are multiplied by before the softmax; 0: 1 /
   // sqrt(head_dim). Gemma 2 and 3 scale by query_pre_attn_scalar^-1/2, which is not
   // always the head's width (Megatron-Core's softmax_scale).
@@ -240,6 +249,12 @@ int64_t resolved_ffn_dim(const ModelConfig& m);
 bool gated_mlp(const ModelConfig& m);
 // Norms in a block: before attention and the MLP, and after each with post_norms.
 int64_t block_norms(const ModelConfig& m);
+// Whether layer `layer` (from 0) attends over model.sliding_window: every layer where
+// there is one, but those of model.full_attention_layers.
+bool attends_over_window(const ModelConfig& m, int64_t layer);
+// The RoPE settings of the layers attending over the window: the model's own, or with
+// rope_local_theta its base, unscaled.
+ModelConfig windowed_rope(const ModelConfig& m);
 int64_t resolved_kv_heads(const ModelConfig& m);
 int64_t head_dim(const ModelConfig& m);
 

@@ -220,13 +220,31 @@ class TransformerImpl : public torch::nn::Module {
   // The owner must outlive the model's forward and backward passes.
   void set_parameter_units(ParameterUnits* units) { units_ = units; }
 
-  // With ALiBi the additive bias [1, H, T, T], -inf above the diagonal and outside a
-  // sliding window; without ALiBi the window's boolean mask [1, 1, T, T]; undefined for
-  // plain causal attention. Cached per length.
-  torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options);
+  // What layer `layer` (of the whole model, from 0) attends with: with ALiBi the additive
+  // bias [1, H, T, T], -inf above the diagonal and outside its sliding window; without
+  // ALiBi the window's boolean mask [1, 1, T, T]; undefined for plain causal attention.
+  // Cached per length.
+  torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options, int64_t layer = 0);
 
  private:
-  int64_t window_for(int64_t t) const;  // model.sliding_window where it leaves keys out, else 0
+  // What the layers of one kind share: those attending in full, or over the sliding
+  // window (attends_over_window), each kind with its RoPE tables (windowed_rope).
+  struct LayerAttention {
+    int64_t window = 0;                // model.sliding_window for the windowed kind, else 0
+    torch::Tensor rope_inv_freq;       // [Hd / 2], float64
+    double rope_scale = 1.0;           // YaRN's attention factor, else 1
+    torch::Tensor rope_cos, rope_sin;  // [positions used so far, Hd], not parameters
+    torch::Tensor bias_cache;          // the last bias made, reused while it fits
+    // The window where it leaves keys out of a sequence of t tokens, else 0.
+    int64_t window_for(int64_t t) const { return window > 0 && t > window ? window : 0; }
+  };
+  // What a block of the kind is given: the mask or bias, RoPE's cos and sin.
+  struct BlockInputs {
+    torch::Tensor bias, cos, sin;
+  };
+  LayerAttention& attention_of(int64_t layer);
+  torch::Tensor bias_of(LayerAttention& kind, int64_t t, const torch::TensorOptions& options);
+  BlockInputs block_inputs(LayerAttention& kind, const torch::Tensor& x, int64_t t, const torch::Tensor& documents);
   torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& documents);
   // The blocks of one of the stage's chunks.
   torch::Tensor run_blocks(torch::Tensor x, size_t chunk, const torch::Tensor& documents);
@@ -238,10 +256,8 @@ class TransformerImpl : public torch::nn::Module {
   PipelineStage stage_;
   int64_t vocab_first_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows
   ParameterUnits* units_ = nullptr;
-  torch::Tensor rope_inv_freq_;        // [Hd / 2], float64
-  torch::Tensor rope_cos_, rope_sin_;  // [positions used so far, Hd], not parameters
-  torch::Tensor alibi_slopes_;         // [H]
-  torch::Tensor bias_cache_;           // the last attention_bias() result, reused while it fits
+  LayerAttention full_, windowed_;
+  torch::Tensor alibi_slopes_;  // [H]
 };
 TORCH_MODULE(Transformer);
 
