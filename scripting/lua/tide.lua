@@ -32,6 +32,12 @@ local GEMMA = {
   rope_theta = 10000, mlp = "geglu", multiple_of = 256, attention_bias = false, mlp_bias = false,
   embedding_norm = false, tie_embeddings = true, init_std = 0.02,
 }
+-- Gemma 2 adds norms after attention and the MLP, soft-capped attention scores (50) and
+-- logits (30), and layers that alternate: the even ones over a sliding window, the odd
+-- ones in full, all with one RoPE base.
+local GEMMA2 = copy(GEMMA)
+GEMMA2.post_norms, GEMMA2.attention_softcap, GEMMA2.final_logit_softcap = true, 50, 30
+GEMMA2.sliding_window = 4096
 -- Gemma 3 adds norms after attention and the MLP, query/key norms, and layers of two
 -- kinds: five over a sliding window (RoPE base 10^4, unscaled) for every one attending
 -- in full (base 10^6, and rope_scaling where a recipe gives one).
@@ -50,6 +56,17 @@ local function gemma_scale(m)
   return m
 end
 
+-- Every n-th layer attends in full (layers n - 1, 2n - 1, ... from 0) unless the recipe
+-- lists its own.
+local function every_nth_full(m, n)
+  if m.full_attention_layers == nil and type(m.n_layers) == "number" then
+    local full = {}
+    for i = n - 1, m.n_layers - 1, n do full[#full + 1] = i end
+    m.full_attention_layers = full
+  end
+  return m
+end
+
 -- Not tail calls: `where` must still see the recipe's frame three levels up.
 tide.models = {
   llama = function(t) local m = with_defaults("tide.models.llama", LLAMA, t); return m end,
@@ -58,15 +75,13 @@ tide.models = {
     local m = with_defaults("tide.models.gemma", GEMMA, t)
     return gemma_scale(m)
   end,
+  gemma2 = function(t)
+    -- Layers 1, 3, 5, ... (from 0) attend in full.
+    return every_nth_full(gemma_scale(with_defaults("tide.models.gemma2", GEMMA2, t)), 2)
+  end,
   gemma3 = function(t)
-    local m = gemma_scale(with_defaults("tide.models.gemma3", GEMMA3, t))
     -- Layers 5, 11, 17, ... (from 0) attend in full: Gemma 3's sliding_window_pattern 6.
-    if m.full_attention_layers == nil and type(m.n_layers) == "number" then
-      local full = {}
-      for i = 5, m.n_layers - 1, 6 do full[#full + 1] = i end
-      m.full_attention_layers = full
-    end
-    return m
+    return every_nth_full(gemma_scale(with_defaults("tide.models.gemma3", GEMMA3, t)), 6)
   end,
 }
 

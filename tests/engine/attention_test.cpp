@@ -1,6 +1,7 @@
 // The attention kernel (at::scaled_dot_product_attention) against the attention written
 // out, in fp64, from the module's own weights: causal grouped-query with RoPE (LLaMA) and
-// ALiBi (BLOOM), outputs and input gradients, in fp32 and under bf16 compute.
+// ALiBi (BLOOM), outputs and input gradients, in fp32 and under bf16 compute; and the
+// soft-capped attention of Gemma 2 (softcapped_attention.h) the same way.
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -8,7 +9,9 @@
 #include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/softcapped_attention.h"
 #include "tide/engine/model/transformer.h"
+#include "tide/engine/train/tensor_memory.h"
 #include "tiny_models.h"
 
 namespace tide {
@@ -32,7 +35,8 @@ torch::Tensor rotate(const torch::Tensor& x, const Rope& r) {
   return x * r.cos.to(x.scalar_type()) + rh * r.sin.to(x.scalar_type());
 }
 
-// softmax(q k^T / sqrt(Hd) + bias, causal) v, every step in fp64, key/value heads repeated.
+// softmax(q k^T / sqrt(Hd) + bias, causal) v, every step in fp64, key/value heads repeated;
+// with model.attention_softcap the scores capped first, cap * tanh(score / cap).
 torch::Tensor explicit_attention(AttentionImpl& a, const ModelConfig& c, const torch::Tensor& x_in,
                                  const torch::Tensor& bias, const Rope* rope) {
   const auto x = x_in.to(torch::kFloat64);
@@ -58,6 +62,7 @@ torch::Tensor explicit_attention(AttentionImpl& a, const ModelConfig& c, const t
     k = rotate(k, *rope);
   }
   auto scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(hd));
+  if (const double cap = c.attention_softcap; cap > 0) scores = (scores / cap).tanh() * cap;
   if (bias.defined()) scores = scores + bias.to(torch::kFloat64);
   const auto future = torch::ones({t, t}, torch::kBool).triu(1);
   const auto ctx = torch::matmul(scores.masked_fill(future, -INFINITY).softmax(-1), v);
@@ -72,7 +77,11 @@ double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
 class AttentionKernel : public ::testing::TestWithParam<ModelConfig> {};
 
 TEST_P(AttentionKernel, MatchesTheExplicitSoftmaxInFp32AndBf16) {
-  const ModelConfig c = GetParam();
+  ModelConfig c = GetParam();
+  // Soft-capped (Gemma 2), scores large enough for the cap to bend them: weights of std
+  // 0.3 make q and k of about 0.3 sqrt(D) = 1.7 a component, scores of a few units.
+  const bool capped = c.attention_softcap > 0;
+  if (capped) c.init_std = 0.3;
   torch::manual_seed(11);
   Transformer m(c);
   auto& attn = *std::dynamic_pointer_cast<BlockImpl>((*m->blocks)[0])->attention;
@@ -95,6 +104,11 @@ TEST_P(AttentionKernel, MatchesTheExplicitSoftmaxInFp32AndBf16) {
   const auto dx = torch::autograd::grad({y}, {x}, {g.to(torch::kFloat32)})[0];
   EXPECT_LT(relative_error(y, want), 1e-5);
   EXPECT_LT(relative_error(dx, want_dx), 1e-5);
+  if (capped) {  // the cap is in play: attention without it is far off
+    ModelConfig uncapped = c;
+    uncapped.attention_softcap = 0;
+    EXPECT_GT(relative_error(y, explicit_attention(attn, uncapped, x, bias, r)), 0.05);
+  }
 
   // bf16 compute: operands rounded at u = 2^-8 (x and weights, q/k/v, probabilities,
   // context, output), each rounding a relative error of at most u, errors that add up
@@ -107,8 +121,98 @@ TEST_P(AttentionKernel, MatchesTheExplicitSoftmaxInFp32AndBf16) {
   EXPECT_LT(relative_error(dxb, want_dx), bf16_bound);
 }
 
+// The soft-capped op itself, a block of queries at a time, against the formula written
+// out in fp64 (key/value heads repeated, autograd for the gradients): causal, a boolean
+// mask (two documents and a window of 4), an additive bias (ALiBi-like, -inf above the
+// diagonal); one block, blocks that divide nothing evenly, one query a block. The same
+// fp64 sums in another order: within 1e-12.
+struct AttentionReference {
+  torch::Tensor out, dq, dk, dv;
+};
+
+AttentionReference written_out(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& bias, double scale, double cap, const torch::Tensor& g) {
+  auto q2 = q.clone().requires_grad_(), k2 = k.clone().requires_grad_(), v2 = v.clone().requires_grad_();
+  const int64_t groups = q.size(1) / k.size(1), t = q.size(2);
+  auto s = torch::matmul(q2, k2.repeat_interleave(groups, 1).transpose(-1, -2)) * scale;
+  s = (s / cap).tanh() * cap;
+  if (!bias.defined())
+    s = s.masked_fill(torch::ones({t, t}, torch::kBool).triu(1), -INFINITY);
+  else if (bias.scalar_type() == torch::kBool)
+    s = s.masked_fill(bias.logical_not(), -INFINITY);
+  else
+    s = s + bias;
+  const auto out = torch::matmul(s.softmax(-1), v2.repeat_interleave(groups, 1));
+  const auto grads = torch::autograd::grad({out}, {q2, k2, v2}, {g});
+  return {out.detach(), grads[0], grads[1], grads[2]};
+}
+
+TEST(SoftcappedAttention, BlocksOfQueriesGiveTheWrittenOutFormulaAndItsGradients) {
+  torch::manual_seed(21);
+  const int64_t b = 2, h = 4, kv = 2, t = 13, hd = 8;
+  const auto q = torch::randn({b, h, t, hd}, torch::kFloat64), k = torch::randn({b, kv, t, hd}, torch::kFloat64);
+  const auto v = torch::randn({b, kv, t, hd}, torch::kFloat64), g = torch::randn({b, h, t, hd}, torch::kFloat64);
+  const double scale = 1 / std::sqrt(8.0), cap = 2.0;  // scores of a few units: the cap bends them
+  auto documents = torch::zeros({b, t}, torch::kInt64);
+  documents.narrow(1, 6, t - 6).fill_(1);
+  const auto band = torch::ones({t, t}, torch::kBool).tril().triu(-3);  // a window of 4
+  const auto boolean = documents.unsqueeze(2).eq(documents.unsqueeze(1)).logical_and(band).unsqueeze(1);
+  const auto distance = torch::arange(t, torch::kFloat64).unsqueeze(0) - torch::arange(t, torch::kFloat64).unsqueeze(1);
+  const auto additive = (torch::tensor({0.5, 0.25, 0.125, 0.0625}, torch::kFloat64).view({1, h, 1, 1}) * distance)
+                            .masked_fill(distance.gt(0), -INFINITY);
+  for (const auto& bias : {torch::Tensor(), boolean, additive}) {
+    const AttentionReference want = written_out(q, k, v, bias, scale, cap, g);
+    for (const int64_t block : {int64_t{0}, int64_t{5}, int64_t{1}}) {
+      SCOPED_TRACE(::testing::Message() << (bias.defined() ? bias.scalar_type() == torch::kBool ? "boolean" : "additive"
+                                                           : "causal")
+                                        << ", blocks of " << block);
+      auto q1 = q.clone().requires_grad_(), k1 = k.clone().requires_grad_(), v1 = v.clone().requires_grad_();
+      const auto out = softcapped_attention(q1, k1, v1, bias, scale, cap, 0.0, block);
+      const auto grads = torch::autograd::grad({out}, {q1, k1, v1}, {g});
+      EXPECT_LT(relative_error(out, want.out), 1e-12);
+      EXPECT_LT(relative_error(grads[0], want.dq), 1e-12);
+      EXPECT_LT(relative_error(grads[1], want.dk), 1e-12);
+      EXPECT_LT(relative_error(grads[2], want.dv), 1e-12);
+    }
+    // Under dropout the scores are written out whole: with p = 1e-12 none is dropped, and
+    // the kept ones are scaled by 1 / (1 - p).
+    auto q1 = q.clone().requires_grad_();
+    const auto dropped = softcapped_attention(q1, k, v, bias, scale, cap, 1e-12);
+    EXPECT_LT(relative_error(dropped, want.out), 1e-10);
+    EXPECT_LT(relative_error(torch::autograd::grad({dropped}, {q1}, {g})[0], want.dq), 1e-10);
+  }
+}
+
+// Forward keeps the output and a log-sum-exp a row; a block's scores are all that is
+// made at once, never the T x T scores of every head (1 MiB here, in blocks of 16 rows).
+TEST(SoftcappedAttention, NeverHoldsTheScoresOfEveryQuery) {
+  count_host_tensor_memory();
+  torch::manual_seed(22);
+  const int64_t b = 1, h = 4, kv = 2, t = 256, hd = 16;
+  auto q = torch::randn({b, h, t, hd}).requires_grad_(), k = torch::randn({b, kv, t, hd}).requires_grad_();
+  auto v = torch::randn({b, kv, t, hd}).requires_grad_();
+  const int64_t scores_bytes = b * h * t * t * 4;
+  const int64_t before = host_tensor_bytes();
+  reset_peak_host_tensor_bytes();
+  const auto out = softcapped_attention(q, k, v, {}, 0.25, 2.0, 0.0, 16);
+  out.sum().backward();
+  const int64_t peak = peak_host_tensor_bytes() - before;
+  EXPECT_LT(peak, scores_bytes / 2);
+}
+
+// Gemma 2's soft-capped scores (a cap of 2) take the blocked path of their own.
+ModelConfig capped(ModelConfig c) {
+  c.attention_softcap = 2.0;
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(BothFamilies, AttentionKernel,
-                         ::testing::Values(testing::tiny_llama(), testing::tiny_bloom()));
+                         ::testing::Values(testing::tiny_llama(), testing::tiny_bloom(), capped(testing::tiny_llama()),
+                                           capped(testing::tiny_bloom())),
+                         [](const auto& info) {
+                           return std::string(info.param.family == Family::LLaMA ? "llama" : "bloom") +
+                                  (info.param.attention_softcap > 0 ? "_softcapped" : "");
+                         });
 
 }  // namespace
 }  // namespace tide

@@ -81,6 +81,8 @@ TEST_P(HfRoundTrip, ImportWithoutTideFieldsUsesHfConfig) {
   EXPECT_EQ(theirs.sliding_window, ours.sliding_window);
   EXPECT_EQ(theirs.full_attention_layers, ours.full_attention_layers);
   EXPECT_EQ(theirs.rope_local_theta, ours.rope_local_theta);
+  EXPECT_EQ(theirs.attention_softcap, ours.attention_softcap);
+  EXPECT_EQ(theirs.final_logit_softcap, ours.final_logit_softcap);
   EXPECT_EQ(theirs.qkv_bias, ours.qkv_bias);
   EXPECT_EQ(theirs.mlp, ours.mlp);
   EXPECT_EQ(theirs.norm_zero_centered, ours.norm_zero_centered);
@@ -141,17 +143,30 @@ ModelConfig tiny_gemma3_mixed() {
   return m;
 }
 
+// Gemma 2: post-norms without query/key norms, soft-capped scores and logits, alternating
+// layers.
+ModelConfig tiny_gemma2() {
+  ModelConfig m = testing::tiny_gemma();
+  m.post_norms = true;
+  m.softmax_scale = 0.20412414523193154;  // 1 / sqrt(24), not the heads' width of 16
+  m.sliding_window = 8;
+  m.full_attention_layers = {1};
+  m.attention_softcap = 20;
+  m.final_logit_softcap = 10;
+  return m;
+}
+
 INSTANTIATE_TEST_SUITE_P(Convert, HfRoundTrip,
                          ::testing::Values(tiny_llama(), tiny_bloom(),
                                            tiny_llama_with_rope_scaling(RopeScaling::Llama3),
                                            tiny_llama_with_rope_scaling(RopeScaling::Yarn),
                                            tiny_llama_with_window(false), tiny_llama_with_window(true),
                                            testing::tiny_gemma(), testing::tiny_gemma3(), tiny_qwen2_mixed(),
-                                           tiny_gemma3_mixed()),
+                                           tiny_gemma3_mixed(), tiny_gemma2()),
                          [](const auto& info) {
                            const ModelConfig& m = info.param;
                            const std::string mixed = m.full_attention_layers.empty() ? "" : "_mixed";
-                           if (m.post_norms) return "gemma3" + mixed;
+                           if (m.post_norms) return (m.qk_norm ? "gemma3" : "gemma2") + mixed;
                            if (!mixed.empty()) return "qwen2" + mixed;
                            if (m.mlp == MlpKind::GeGLU) return std::string("gemma");
                            if (m.rope_scaling == RopeScaling::Yarn) return std::string("llama_yarn");
@@ -413,10 +428,10 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
   EXPECT_EQ(export_refusal(qwen3_qkv), "model.qk_norm");  // query/key norms, biases on q, k and v alone
   EXPECT_EQ(hf_error(as("llama", {{"hidden_act", "gelu"}})),
             "config.json hidden_act: 'gelu' is not silu, the SwiGLU MLP's");
-  EXPECT_EQ(
-      hf_error(as("falcon", nlohmann::json::object())),
-      "config.json model_type: 'falcon' is not a supported family (llama, mistral, qwen2, qwen3, gemma, gemma3_text, "
-      "bloom)");
+  EXPECT_EQ(hf_error(as("falcon", nlohmann::json::object())),
+            "config.json model_type: 'falcon' is not a supported family (llama, mistral, qwen2, qwen3, gemma, gemma2, "
+            "gemma3_text, "
+            "bloom)");
 }
 
 TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedByName) {
@@ -462,17 +477,70 @@ TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedB
   EXPECT_EQ(export_refusal(gemma, [](ModelConfig& m) { m.qk_norm = true; }), "model.mlp");
 }
 
-TEST(HfConvert, Gemma3ReadsWithPostNormsItsScaleAndEachLayersAttention) {
+// A config.json of Gemma 2's or 3's from the tiny LLaMA's shape, as the Hub's look: heads
+// of 16, scores scaled by 24^-1/2, a window of 8, tied by default.
+nlohmann::json gemma_like_config(const char* model_type) {
   nlohmann::json cfg = hf_config(tiny_llama());
   cfg.erase("tide");
   cfg.erase("tie_word_embeddings");
-  cfg["model_type"] = "gemma3_text";
+  cfg["model_type"] = model_type;
   cfg["head_dim"] = 16;
   cfg["hidden_activation"] = "gelu_pytorch_tanh";
   cfg["query_pre_attn_scalar"] = 24;
+  cfg["sliding_window"] = 8;
+  return cfg;
+}
+
+TEST(HfConvert, Gemma2ReadsWithPostNormsSoftCapsAndAlternatingLayers) {
+  const nlohmann::json cfg = gemma_like_config("gemma2");
+  const auto with = [&](const nlohmann::json& extra) {
+    nlohmann::json c = cfg;
+    c.update(extra);
+    return c;
+  };
+  // Gemma2Config's defaults: caps of 50 and 30, the even layers over the window.
+  const ModelConfig g = model_config_from_hf(cfg);
+  EXPECT_TRUE(g.post_norms);
+  EXPECT_FALSE(g.qk_norm);
+  EXPECT_TRUE(g.norm_zero_centered);
+  EXPECT_TRUE(g.tie_embeddings);
+  EXPECT_EQ(g.mlp, MlpKind::GeGLU);
+  EXPECT_EQ(g.softmax_scale, 1 / std::sqrt(24.0));
+  EXPECT_EQ(g.attention_softcap, 50);
+  EXPECT_EQ(g.final_logit_softcap, 30);
+  EXPECT_EQ(g.sliding_window, 8);
+  EXPECT_EQ(g.full_attention_layers, std::vector<int64_t>{1});
+  EXPECT_EQ(g.rope_local_theta, 0);
+  // null: no cap; layer_types as given.
+  const ModelConfig uncapped = model_config_from_hf(with({{"attn_logit_softcapping", nullptr},
+                                                          {"final_logit_softcapping", 20.0},
+                                                          {"layer_types", {"full_attention", "full_attention"}}}));
+  EXPECT_EQ(uncapped.attention_softcap, 0);
+  EXPECT_EQ(uncapped.final_logit_softcap, 20);
+  EXPECT_EQ(uncapped.sliding_window, 0);
+  EXPECT_EQ(hf_error(with({{"attn_logit_softcapping", 0}})),
+            "config.json attn_logit_softcapping: 0 is not a positive cap");
+  // Written back as read: caps, null where none (Gemma2Config would default them), each
+  // layer's type.
+  const nlohmann::json out = hf_config(g);
+  EXPECT_EQ(out["model_type"], "gemma2");
+  EXPECT_EQ(out["architectures"], nlohmann::json({"Gemma2ForCausalLM"}));
+  EXPECT_EQ(out["attn_logit_softcapping"], 50.0);
+  EXPECT_EQ(out["final_logit_softcapping"], 30.0);
+  EXPECT_EQ(out["layer_types"], nlohmann::json({"sliding_attention", "full_attention"}));
+  EXPECT_TRUE(hf_config(uncapped)["attn_logit_softcapping"].is_null());
+  EXPECT_EQ(model_config_from_hf(hf_config(uncapped)).attention_softcap, 0);
+  // No family but Gemma 2 soft-caps; no Gemma 2 has a local RoPE base.
+  EXPECT_EQ(export_refusal(tiny_llama(), [](ModelConfig& m) { m.attention_softcap = 50; }), "model.attention_softcap");
+  EXPECT_EQ(export_refusal(tiny_llama(), [](ModelConfig& m) { m.final_logit_softcap = 30; }),
+            "model.final_logit_softcap");
+  EXPECT_EQ(export_refusal(g, [](ModelConfig& m) { m.rope_local_theta = 1000; }), "model.rope_local_theta");
+}
+
+TEST(HfConvert, Gemma3ReadsWithPostNormsItsScaleAndEachLayersAttention) {
+  nlohmann::json cfg = gemma_like_config("gemma3_text");
   cfg["rope_theta"] = 1e6;
   cfg["rope_local_base_freq"] = 1e4;
-  cfg["sliding_window"] = 8;
   cfg["attn_logit_softcapping"] = cfg["final_logit_softcapping"] = nullptr;
   const auto with = [&](const nlohmann::json& extra) {
     nlohmann::json c = cfg;
@@ -538,7 +606,12 @@ TEST(HfConvert, Gemma3ReadsWithPostNormsItsScaleAndEachLayersAttention) {
             "config.json use_bidirectional_attention: true: tide's decoder attends causally");
   EXPECT_EQ(hf_error(with({{"query_pre_attn_scalar", 0}})),
             "config.json query_pre_attn_scalar: 0 is not a positive number");
-  EXPECT_EQ(export_refusal(full, [](ModelConfig& m) { m.qk_norm = false; }), "model.qk_norm");
+  // Without query/key norms it is Gemma 2's architecture; Gemma 3 has no soft-caps.
+  ModelConfig no_qk_norm = full;
+  no_qk_norm.qk_norm = false;
+  EXPECT_EQ(hf_config(no_qk_norm)["model_type"], "gemma2");
+  EXPECT_EQ(export_refusal(full, [](ModelConfig& m) { m.attention_softcap = 50; }), "model.attention_softcap");
+  EXPECT_EQ(export_refusal(full, [](ModelConfig& m) { m.final_logit_softcap = 30; }), "model.final_logit_softcap");
   // The window's layers of Gemma 3 rotate unscaled: with a scaling and no base of their own,
   // refused; the other families have no local base.
   EXPECT_EQ(export_refusal(mixed,

@@ -11,6 +11,8 @@
                                with heads of 16 at hidden_size 32, DIR/mistral_wide_heads;
                                Qwen3ForCausalLM, query/key norms, in DIR/qwen3;
                                GemmaForCausalLM, GeGLU and zero-centred norms, in DIR/gemma;
+                               Gemma2ForCausalLM, post-norms, soft-capped scores and logits,
+                               a windowed and a full layer, in DIR/gemma2;
                                Gemma3ForCausalLM, post-norms and a scale of its own, every
                                layer in full in DIR/gemma3, every layer over a window of 5
                                in DIR/gemma3_window, layers of both kinds, each with its
@@ -32,8 +34,8 @@ import sys
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, Gemma2Config, Gemma2ForCausalLM,
+                          Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 NEW_TOKENS = 12
@@ -128,8 +130,15 @@ def make(out):
     models["gemma3_mixed"] = Gemma3ForCausalLM(Gemma3TextConfig(
         **dict(gemma3_shape, rope_theta=1e6), layer_types=["sliding_attention", "full_attention"], sliding_window=5,
         rope_local_base_freq=1000.0, rope_scaling={"rope_type": "linear", "factor": 2.0}))
+    # Gemma 2: post-norms, scores scaled by 24^-1/2, layer 0 over a window of 5 and layer 1
+    # in full, attention's scores capped at 1 and the logits at 3 (Gemma 2's are 50 and 30:
+    # here caps the tiny model's scores and logits reach).
+    models["gemma2"] = Gemma2ForCausalLM(Gemma2Config(
+        **dict(gemma_shape, head_dim=16, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh"),
+        layer_types=["sliding_attention", "full_attention"], sliding_window=5, attn_logit_softcapping=1.0,
+        final_logit_softcapping=3.0))
     with torch.no_grad():
-        for family in ("gemma3", "gemma3_window", "gemma3_mixed"):
+        for family in ("gemma2", "gemma3", "gemma3_window", "gemma3_mixed"):
             for name, p in models[family].named_parameters():
                 if name.endswith("norm.weight"):
                     p.normal_(0, 0.2)

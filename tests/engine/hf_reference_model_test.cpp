@@ -54,6 +54,14 @@ ModelConfig tiny_model(const std::string& name) {
     m.full_attention_layers = {0};
   } else if (name == "gemma") {
     m = testing::tiny_gemma();
+  } else if (name == "gemma2") {
+    m = testing::tiny_gemma();
+    m.post_norms = true;
+    m.softmax_scale = 0.20412414523193154;  // 1 / sqrt(24)
+    m.sliding_window = 5;
+    m.full_attention_layers = {1};
+    m.attention_softcap = 1;
+    m.final_logit_softcap = 3;
   } else if (name == "gemma3") {
     m = testing::tiny_gemma3();
   } else if (name == "gemma3_window") {
@@ -94,6 +102,8 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
   EXPECT_EQ(model->config().full_attention_layers, tiny_model(GetParam()).full_attention_layers);
   EXPECT_EQ(model->config().rope_local_theta, tiny_model(GetParam()).rope_local_theta);
   EXPECT_EQ(model->config().rope_scaling, tiny_model(GetParam()).rope_scaling);
+  EXPECT_EQ(model->config().attention_softcap, tiny_model(GetParam()).attention_softcap);
+  EXPECT_EQ(model->config().final_logit_softcap, tiny_model(GetParam()).final_logit_softcap);
   SafetensorsReader ref((dir / "reference.safetensors").string());
   const auto ids = read_named(ref, "input_ids"), expected = read_named(ref, "logits");
   torch::NoGradGuard no_grad;
@@ -159,7 +169,7 @@ TEST_P(HfReference, ExportLoadsInTransformersWithTidesLogits) {
 INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
                          ::testing::Values("llama", "bloom", "llama3", "llama_linear", "llama_yarn", "mistral", "qwen2",
                                            "mistral_window", "qwen2_window", "mistral_wide_heads", "qwen3", "gemma",
-                                           "gemma3", "gemma3_window", "gemma3_mixed", "qwen2_mixed"),
+                                           "gemma2", "gemma3", "gemma3_window", "gemma3_mixed", "qwen2_mixed"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

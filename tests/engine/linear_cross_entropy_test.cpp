@@ -11,11 +11,14 @@ struct Reference {
   torch::Tensor loss, grad_h, grad_w;
 };
 
-// The unfused ops in fp64, under an upstream gradient of 3 (other than one).
-Reference reference(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& targets) {
+// The unfused ops in fp64, under an upstream gradient of 3 (other than one); with a cap,
+// of the logits cap * tanh(logit / cap).
+Reference reference(const torch::Tensor& h, const torch::Tensor& w, const torch::Tensor& targets, double cap = 0) {
   auto h2 = h.to(torch::kFloat64, false, true).requires_grad_();
   auto w2 = w.to(torch::kFloat64, false, true).requires_grad_();
-  auto loss = torch::cross_entropy_loss(torch::mm(h2, w2.t()), targets);
+  auto logits = torch::mm(h2, w2.t());
+  if (cap > 0) logits = (logits / cap).tanh() * cap;
+  auto loss = torch::cross_entropy_loss(logits, targets);
   (loss * 3.0).backward();
   return {loss.detach(), h2.grad(), w2.grad()};
 }
@@ -35,6 +38,29 @@ TEST(LinearCrossEntropy, EqualsProjectionThenCrossEntropyInEveryChunking) {
     EXPECT_TRUE(torch::allclose(h1.grad(), ref.grad_h, 1e-10, 1e-12)) << "chunk " << chunk;
     EXPECT_TRUE(torch::allclose(w1.grad(), ref.grad_w, 1e-10, 1e-12)) << "chunk " << chunk;
   }
+}
+
+// Gemma 2's final soft-cap: the loss of cap * tanh(logits / cap), its gradients through
+// tanh's slope, in every chunking; a cap far above the logits is no cap to fp64's
+// resolution, and a cap the logits reach changes the loss.
+TEST(LinearCrossEntropy, SoftCappedLogitsGiveTheLossAndGradientsOfTheCappedFormula) {
+  torch::manual_seed(14);
+  // Logits of about |h||w| = 2 * 4 = 8: a cap of 3 bends them.
+  const auto h0 = torch::randn({37, 16}, torch::kFloat64) * 0.5, w0 = torch::randn({53, 16}, torch::kFloat64);
+  const auto targets = torch::randint(0, 53, {37}, torch::kInt64);
+  const auto ref = reference(h0, w0, targets, 3.0);
+  for (const int64_t chunk : {int64_t{0}, int64_t{5}, int64_t{1}}) {
+    auto h1 = h0.clone().requires_grad_(), w1 = w0.clone().requires_grad_();
+    const auto loss = linear_cross_entropy(h1, w1, targets, {}, chunk, 3.0);
+    EXPECT_NEAR(loss.item<double>(), ref.loss.item<double>(), 1e-12) << "chunk " << chunk;
+    (loss * 3.0).backward();
+    EXPECT_TRUE(torch::allclose(h1.grad(), ref.grad_h, 1e-10, 1e-12)) << "chunk " << chunk;
+    EXPECT_TRUE(torch::allclose(w1.grad(), ref.grad_w, 1e-10, 1e-12)) << "chunk " << chunk;
+  }
+  EXPECT_GT(std::abs(ref.loss.item<double>() - reference(h0, w0, targets).loss.item<double>()), 0.1);
+  // cap tanh(z / cap) = z - z^3 / (3 cap^2) + ...: at cap 1e7 and |z| < 30, within 1e-11.
+  EXPECT_NEAR(linear_cross_entropy(h0, w0, targets, {}, 0, 1e7).item<double>(),
+              reference(h0, w0, targets).loss.item<double>(), 1e-10);
 }
 
 // Where the weight's .grad is there (a training run's flat buffer), the head's gradient is

@@ -17,7 +17,8 @@
 #    and LLaMA with a sliding window (model.sliding_window) as well;
 #  - heads wider than dim / n_heads (model.head_dim) with query/key norms (model.qk_norm)
 #    split across tp2, and with Gemma's architecture (GeGLU, zero-centred norms, scaled
-#    tied embeddings) under tp2 with sequence parallelism;
+#    tied embeddings, Gemma 2's soft-caps, Gemma 3's layers of two kinds) under tp2 with
+#    sequence parallelism;
 #  - layouts the model cannot be cut into are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -84,14 +85,17 @@ train llama llama-doc-1 --set data.document_attention=true
 train llama llama-wide-1 --set model.head_dim=32 --set model.qk_norm=true
 train llama llama-wide-tp2 --nproc 2 --set model.head_dim=32 --set model.qk_norm=true --set parallel.tp=2
 compare "$work/llama-wide-1" "$work/llama-wide-tp2" 0 || fail "tp2 with model.head_dim and model.qk_norm differs from one process"
-# Gemma 3's architecture on top (a GeGLU MLP, norms multiplying by 1 + weight, embeddings
-# scaled by sqrt(dim) and tied, norms after attention and the MLP, a softmax scale of its
-# own) under tp2 with sequence parallelism: every norm, the query and key norms and the
-# post-norms of each rank's part of the sequence too, adds its 1 to the weight each rank
-# holds whole.
+# Gemma 2's and 3's pieces on top (a GeGLU MLP, norms multiplying by 1 + weight,
+# embeddings scaled by sqrt(dim) and tied, norms after attention and the MLP, a softmax
+# scale of its own; soft-capped scores, each rank capping its heads', and logits, each
+# rank capping its vocabulary's before the softmax that spans them; a windowed layer with
+# a RoPE base of its own before a full one) under tp2 with sequence parallelism: every
+# norm, the query and key norms and the post-norms of each rank's part of the sequence
+# too, adds its 1 to the weight each rank holds whole.
 gemma=(--set model.head_dim=32 --set model.qk_norm=true --set model.mlp=geglu --set model.norm_zero_centered=true
   --set model.embedding_scale=8 --set model.tie_embeddings=true --set model.post_norms=true
-  --set model.softmax_scale=0.125)
+  --set model.softmax_scale=0.125 --set model.attention_softcap=0.05 --set model.final_logit_softcap=0.5
+  --set model.sliding_window=16 --set "model.full_attention_layers=[1]" --set model.rope_local_theta=1000)
 train llama llama-gemma-1 "${gemma[@]}"
 train llama llama-gemma-tp2-sp --nproc 2 "${gemma[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true
 compare "$work/llama-gemma-1" "$work/llama-gemma-tp2-sp" 0 ||

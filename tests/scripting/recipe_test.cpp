@@ -46,6 +46,9 @@ TEST(Recipes, PublishedParameterCountsAreExact) {
       {"qwen/qwen3-8b.lua", 8'190'735'360},
       {"gemma/gemma-2b.lua", 2'506'172'416},
       {"gemma/gemma-7b.lua", 8'537'680'896},
+      {"gemma/gemma2-2b.lua", 2'614'341'888},
+      {"gemma/gemma2-9b.lua", 9'241'705'984},
+      {"gemma/gemma2-27b.lua", 27'227'128'320},
       {"gemma/gemma3-1b.lua", 999'885'952},
       {"bloom/bloom-560m.lua", 559'214'592},
       {"bloom/bloom-7b1.lua", 7'069'016'064},
@@ -106,6 +109,16 @@ TEST(Recipes, PresetsFillFamilyDefaults) {
   const Recipe g3_short = Recipe::load_string(
       "return tide.recipe{ model = tide.models.gemma3{ dim = 64, n_heads = 4, n_layers = 4 } }", "@g3.lua");
   EXPECT_TRUE(g3_short.config().model.full_attention_layers.empty());
+  // Gemma 2: the odd layers in full, soft-caps of 50 and 30, one RoPE base.
+  const Recipe g2 = Recipe::load_file(recipe_path("gemma/gemma2-9b.lua"));
+  EXPECT_EQ(g2.config().model.full_attention_layers.size(), 21u);
+  EXPECT_EQ(g2.config().model.full_attention_layers.front(), 1);
+  EXPECT_EQ(g2.config().model.full_attention_layers.back(), 41);
+  EXPECT_EQ(g2.config().model.attention_softcap, 50);
+  EXPECT_EQ(g2.config().model.final_logit_softcap, 30);
+  EXPECT_EQ(g2.config().model.sliding_window, 4096);
+  EXPECT_EQ(g2.config().model.rope_local_theta, 0);
+  EXPECT_TRUE(g2.config().model.post_norms && !g2.config().model.qk_norm);
 }
 
 TEST(Recipes, FieldErrorsNameTheLineTheFieldAndTheValue) {

@@ -348,6 +348,13 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                      "Attention's scores are multiplied by this before the softmax; 0: 1 / sqrt(head_dim). Gemma 2 "
                      "and 3 set query_pre_attn_scalar^-1/2 (Megatron-Core's softmax_scale).",
                      REF(model.softmax_scale)));
+  s.push_back(number("model.attention_softcap", 0, 1e6, kFixed,
+                     "> 0: attention's scores become cap * tanh(score / cap) before the softmax (Gemma 2: 50). "
+                     "Materialises the scores (no fused attention kernel takes a cap).",
+                     REF(model.attention_softcap)));
+  s.push_back(number("model.final_logit_softcap", 0, 1e6, kFixed,
+                     "> 0: the logits become cap * tanh(logit / cap) before the loss and sampling (Gemma 2: 30).",
+                     REF(model.final_logit_softcap)));
   s.push_back(choice<MlpKind>("model.mlp",
                               {{"swiglu", MlpKind::SwiGLU}, {"geglu", MlpKind::GeGLU}, {"gelu", MlpKind::GELU}}, kFixed,
                               "MLP kind: swiglu down(silu(gate) * up) (LLaMA), geglu down(gelu(gate) * up) (Gemma), "

@@ -39,8 +39,10 @@ json hf_config(const ModelConfig& m) {
     require(!m.embedding_norm, "model.embedding_norm", "LLaMA has no embedding norm");
     // A GeGLU MLP is Gemma's architecture, with its zero-centred norms and embeddings
     // scaled by sqrt(dim); every other LLaMA-like family has neither.
-    // Gemma 3 adds post-norms, query/key norms and a scale of its own to Gemma's.
-    const bool gemma = m.mlp == MlpKind::GeGLU, gemma3 = gemma && m.post_norms;
+    // Gemma 2 adds post-norms, a scale of its own and soft-capped logits to Gemma's;
+    // Gemma 3 post-norms, query/key norms and a scale, and no caps.
+    const bool gemma = m.mlp == MlpKind::GeGLU;
+    const bool gemma2 = gemma && m.post_norms && !m.qk_norm, gemma3 = gemma && m.post_norms && m.qk_norm;
     const double gemma_scale = std::sqrt(static_cast<double>(m.dim));
     if (gemma) {
       require(m.norm_zero_centered, "model.norm_zero_centered",
@@ -51,19 +53,27 @@ json hf_config(const ModelConfig& m) {
       require(!m.qkv_bias && !m.mlp_bias, "model.mlp",
               "Gemma (a GeGLU MLP) has no biases on q, k and v alone or on its MLP");
       if (gemma3) {
-        require(m.qk_norm, "model.qk_norm", "Gemma 3 (a GeGLU MLP with post-norms) has query/key norms");
+        require(m.attention_softcap == 0, "model.attention_softcap",
+                "Gemma 3 (a GeGLU MLP with post-norms and query/key norms) does not soft-cap attention");
+        require(m.final_logit_softcap == 0, "model.final_logit_softcap",
+                "Gemma 3 (a GeGLU MLP with post-norms and query/key norms) does not soft-cap its logits");
         require(m.sliding_window == 0 || m.rope_local_theta > 0 || m.rope_scaling == RopeScaling::None,
                 "model.rope_local_theta",
                 "Gemma 3's sliding-window layers take no RoPE scaling: they need a base of their own");
-      } else {
-        require(!m.qk_norm && m.sliding_window == 0 && m.softmax_scale == 0, "model.mlp",
-                "Gemma (a GeGLU MLP without post-norms) has no query/key norms, sliding window or scale of its own");
+      } else if (!gemma2) {
+        require(!m.qk_norm && m.sliding_window == 0 && m.softmax_scale == 0 && m.attention_softcap == 0 &&
+                    m.final_logit_softcap == 0,
+                "model.mlp",
+                "Gemma (a GeGLU MLP without post-norms) has no query/key norms, sliding window, scale of its own or "
+                "soft-caps");
       }
     } else {
       require(!m.norm_zero_centered, "model.norm_zero_centered", "LLaMA's norms multiply by their weights");
       require(m.embedding_scale == 1.0, "model.embedding_scale", "LLaMA does not scale its embeddings");
       require(!m.post_norms, "model.post_norms", "LLaMA has no norms after attention and the MLP");
       require(m.softmax_scale == 0, "model.softmax_scale", "LLaMA scales attention's scores by 1 / sqrt(head_dim)");
+      require(m.attention_softcap == 0, "model.attention_softcap", "LLaMA does not soft-cap attention");
+      require(m.final_logit_softcap == 0, "model.final_logit_softcap", "LLaMA does not soft-cap its logits");
     }
     // Query/key norms are Qwen3's architecture; biases on q, k and v alone Qwen2's (LLaMA's
     // attention_bias is all four).
@@ -96,6 +106,7 @@ json hf_config(const ModelConfig& m) {
       require(!m.attention_bias && !m.mlp_bias, "model.sliding_window",
               "a sliding window is Mistral's, whose projections have no biases");
     const char* type = gemma3    ? "gemma3_text"
+                       : gemma2  ? "gemma2"
                        : gemma   ? "gemma"
                        : qwen3   ? "qwen3"
                        : qwen2   ? "qwen2"
@@ -103,6 +114,7 @@ json hf_config(const ModelConfig& m) {
                                  : "llama";
     j = {{"architectures",
           {gemma3    ? "Gemma3ForCausalLM"
+           : gemma2  ? "Gemma2ForCausalLM"
            : gemma   ? "GemmaForCausalLM"
            : qwen3   ? "Qwen3ForCausalLM"
            : qwen2   ? "Qwen2ForCausalLM"
@@ -129,14 +141,17 @@ json hf_config(const ModelConfig& m) {
     if (gemma || qwen3 || qwen2 || mistral) j.erase("mlp_bias");
     // Both keys: transformers reads hidden_act, other readers of Gemma hidden_activation.
     if (gemma) j["hidden_act"] = j["hidden_activation"] = "gelu_pytorch_tanh";
-    if (gemma3) {
+    if (gemma2 || gemma3) {
       const bool windowed = m.sliding_window > 0;
       j["layer_types"] = layer_types(m);
       j["sliding_window"] = windowed ? m.sliding_window : m.max_seq_len;
-      j["rope_local_base_freq"] = m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta;
+      if (gemma3) j["rope_local_base_freq"] = m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta;
       j["query_pre_attn_scalar"] =
           m.softmax_scale > 0 ? 1.0 / (m.softmax_scale * m.softmax_scale) : static_cast<double>(head_dim(m));
-      j["attn_logit_softcapping"] = j["final_logit_softcapping"] = nullptr;
+      // Written either way: Gemma2Config's defaults are caps of 50 and 30.
+      const auto cap = [](double c) { return c > 0 ? json(c) : json(nullptr); };
+      j["attn_logit_softcapping"] = cap(m.attention_softcap);
+      j["final_logit_softcapping"] = cap(m.final_logit_softcap);
     }
     if (mistral) j["sliding_window"] = m.sliding_window;
     if (qwen3 || qwen2) {
@@ -228,6 +243,9 @@ class HfConfig {
     return v->get<std::string>();
   }
   const json* get(const char* key) const { return j_.contains(key) && !j_[key].is_null() ? &j_[key] : nullptr; }
+  // Said to be null, which for some keys differs from absent (Gemma 2's caps: null is
+  // none, absent the class's default).
+  bool says_null(const char* key) const { return j_.contains(key) && j_[key].is_null(); }
 
  private:
   std::pair<std::string, const json*> find(std::initializer_list<const char*> keys, bool optional) const {
@@ -339,6 +357,30 @@ void read_gemma(const HfConfig& hf, ModelConfig& m) {
                       fmt::format("'{}' is not gelu_pytorch_tanh, the tanh form of gelu Gemma's MLP is gated by", act));
 }
 
+// Gemma 2: Gemma's architecture with norms after attention and the MLP too, scores scaled
+// by query_pre_attn_scalar^-1/2, attention's scores and the final logits soft-capped (by
+// 50 and 30 unless the file says otherwise; null: none), and every other layer attending
+// over a sliding window (the even ones), all rotating alike.
+void read_gemma2(const HfConfig& hf, ModelConfig& m) {
+  m.post_norms = true;
+  const auto cap = [&](const char* key, double fallback) {
+    if (hf.says_null(key)) return 0.0;
+    const double v = hf.number(key, fallback);
+    if (!(v > 0)) throw ConfigError(std::string("config.json ") + key, fmt::format("{} is not a positive cap", v));
+    return v;
+  };
+  m.attention_softcap = cap("attn_logit_softcapping", 50.0);
+  m.final_logit_softcap = cap("final_logit_softcapping", 30.0);
+  const double scalar = hf.number("query_pre_attn_scalar", 256);
+  if (!(scalar > 0))
+    throw ConfigError("config.json query_pre_attn_scalar", fmt::format("{} is not a positive number", scalar));
+  if (scalar != static_cast<double>(head_dim(m))) m.softmax_scale = 1.0 / std::sqrt(scalar);
+  auto full = full_layers(hf, m, [](int64_t i) { return i % 2 == 0; });
+  if (static_cast<int64_t>(full.size()) == m.n_layers) return;
+  m.sliding_window = hf.integer({"sliding_window"}, 4096);
+  m.full_attention_layers = std::move(full);
+}
+
 // Gemma 3 (text): Gemma's architecture with norms after attention and the MLP too,
 // query/key norms, scores scaled by query_pre_attn_scalar^-1/2, and layers that attend
 // over a sliding window (with RoPE base rope_local_base_freq, unscaled) or in full (base
@@ -379,7 +421,7 @@ ModelConfig model_config_from_hf(const json& config) {
   // Mistral, Qwen2, Qwen3 and Gemma are LLaMA's architecture under other names: Mistral
   // with a sliding window (v0.1), Qwen2 with biases on q, k and v alone, Qwen3 with
   // query/key norms, Gemma with a GeGLU MLP, zero-centred norms and scaled embeddings.
-  const bool gemma = type == "gemma" || type == "gemma3_text";
+  const bool gemma = type == "gemma" || type == "gemma2" || type == "gemma3_text";
   if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || gemma) {
     m.family = Family::LLaMA;
     m.dim = hf.integer({"hidden_size"});
@@ -418,6 +460,7 @@ ModelConfig model_config_from_hf(const json& config) {
       const int64_t hd = hf.integer({"head_dim"}, 256);  // transformers' default is Gemma's
       if (!(m.n_heads > 0 && m.dim % m.n_heads == 0 && hd == m.dim / m.n_heads)) m.head_dim = hd;
     }
+    if (type == "gemma2") read_gemma2(hf, m);
     if (type == "gemma3_text") read_gemma3(hf, m);
     // A window the model's longest sequence fits in leaves nothing out (where its layers
     // rotate alike).
@@ -443,7 +486,8 @@ ModelConfig model_config_from_hf(const json& config) {
   } else {
     throw ConfigError(
         "config.json model_type",
-        fmt::format("'{}' is not a supported family (llama, mistral, qwen2, qwen3, gemma, gemma3_text, bloom)", type));
+        fmt::format("'{}' is not a supported family (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, bloom)",
+                    type));
   }
   m.init_std = hf.number("initializer_range", 0.02);
   // Through the recipe schema's ranges and rules: config.json is input from outside (a

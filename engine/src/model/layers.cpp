@@ -12,6 +12,7 @@
 
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/fused_ops.h"
+#include "tide/engine/model/softcapped_attention.h"
 #include "tide/engine/model/transformer.h"
 
 #include "model/tensor_storage.h"
@@ -213,14 +214,21 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
   // the inputs). Grouped-query attention reads each key/value head for its H / K query
   // heads without repeating it; causal-only attention passes no mask, so a backend that
   // skips the masked blocks can. `bias` is additive (ALiBi) or a boolean mask (documents).
-  std::optional<at::Tensor> mask;
-  if (bias.defined()) mask = bias.scalar_type() == at::kBool ? bias : bias.to(q.scalar_type());  // no copy: same dtype
+  // Soft-capped scores (Gemma 2) take the written-out path: no such kernel takes a cap.
   const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;
-  const auto scale = cfg_.softmax_scale > 0 ? std::optional<double>(cfg_.softmax_scale) : std::nullopt;
-  const auto ctx = at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/!bias.defined(), scale,
-                                                    /*enable_gqa=*/k_heads != h)
-                       .transpose(1, 2)
-                       .reshape({q.size(0), q.size(2), h * hd});
+  torch::Tensor ctx;  // [B, H, T, Hd]
+  if (cfg_.attention_softcap > 0) {
+    const double scale = cfg_.softmax_scale > 0 ? cfg_.softmax_scale : 1.0 / std::sqrt(static_cast<double>(hd));
+    ctx = softcapped_attention(q, k, v, bias, scale, cfg_.attention_softcap, dropout);
+  } else {
+    std::optional<at::Tensor> mask;
+    if (bias.defined())
+      mask = bias.scalar_type() == at::kBool ? bias : bias.to(q.scalar_type());  // no copy: same dtype
+    const auto scale = cfg_.softmax_scale > 0 ? std::optional<double>(cfg_.softmax_scale) : std::nullopt;
+    ctx = at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/!bias.defined(), scale,
+                                           /*enable_gqa=*/k_heads != h);
+  }
+  ctx = ctx.transpose(1, 2).reshape({q.size(0), q.size(2), h * hd});
   return leave_tp(ctx, out->weight, out->bias, tp_, residual);  // [B, T, D]
 }
 

@@ -72,7 +72,7 @@ at::Tensor shard_rows(at::Tensor logits, const at::Tensor& targets, const VocabS
 }
 
 Gradients chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
-                                const VocabShard& shard, int64_t chunk, bool want_h, bool want_weight) {
+                                const VocabShard& shard, int64_t chunk, double cap, bool want_h, bool want_weight) {
   const int64_t n = h.size(0);
   const auto sum_type = h.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   Gradients out;
@@ -89,10 +89,18 @@ Gradients chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
     const int64_t c = std::min(chunk, n - first_row);
     const auto hc = h.narrow(0, first_row, c);
     const auto tc = targets.narrow(0, first_row, c);
-    const at::Tensor grad = shard.group
-                                ? shard_rows(at::mm(hc, weight_t), tc, shard, sum_type, out.loss_sum, backward)
-                                : whole_vocabulary_rows(at::mm(hc, weight_t), tc, sum_type, out.loss_sum, backward);
+    at::Tensor logits = at::mm(hc, weight_t);
+    // Soft-capped (Gemma 2): y = cap tanh(z / cap), whose slope 1 - tanh^2 is kept for
+    // the gradient in a buffer of the chunk's own.
+    at::Tensor squashed;
+    if (cap > 0) {
+      squashed = logits.mul_(1.0 / cap).tanh_();
+      logits = squashed.mul(cap);
+    }
+    at::Tensor grad = shard.group ? shard_rows(logits, tc, shard, sum_type, out.loss_sum, backward)
+                                  : whole_vocabulary_rows(logits, tc, sum_type, out.loss_sum, backward);
     if (!backward) continue;
+    if (cap > 0) grad.mul_(squashed.mul_(squashed).neg_().add_(1.0));
     const at::Tensor g = grad.to(h.scalar_type());
     if (want_h) {
       auto rows_of_h = out.h.narrow(0, first_row, c);
@@ -107,10 +115,10 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
   // h in the compute dtype; weight as the model holds it, multiplied by its working copy
   // in h's dtype. The weight's gradient stays fp32 (fp64) to the flat buffer.
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h, const at::Tensor& weight,
-                            const at::Tensor& targets, const VocabShard& shard, int64_t chunk, bool want_h,
+                            const at::Tensor& targets, const VocabShard& shard, int64_t chunk, double cap, bool want_h,
                             bool want_weight) {
-    auto g =
-        chunked_cross_entropy(h, working_copy(weight, h.scalar_type()), targets, shard, chunk, want_h, want_weight);
+    auto g = chunked_cross_entropy(h, working_copy(weight, h.scalar_type()), targets, shard, chunk, cap, want_h,
+                                   want_weight);
     ctx->save_for_backward({g.h, g.weight, weight});
     ctx->saved_data["rows"] = h.size(0);
     return g.loss_sum.div_(static_cast<double>(h.size(0)));
@@ -125,14 +133,15 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
     // Into the flat buffer's .grad in one pass where it is there (scaled, not scaled and
     // then added by autograd: two passes over [V, D] fp32 fewer).
     if (saved[1].defined()) grad_weight = scaled_weight_gradient(saved[2], saved[1], scale);
-    return {grad_h, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_h, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
-                                const VocabShard& shard, int64_t chunk_rows) {
+                                const VocabShard& shard, int64_t chunk_rows, double logit_softcap) {
+  TORCH_CHECK(logit_softcap >= 0, "linear_cross_entropy: a logit soft-cap of ", logit_softcap);
   TORCH_CHECK(h.dim() == 2 && weight.dim() == 2 && h.size(1) == weight.size(1),
               "linear_cross_entropy: h [N, D] and weight [V, D] expected, got ", h.sizes(), " and ", weight.sizes());
   TORCH_CHECK(targets.dim() == 1 && targets.size(0) == h.size(0), "linear_cross_entropy: ", h.size(0),
@@ -141,12 +150,14 @@ at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
   // (autocast would cast the weight inside the node afresh every micro-batch).
   const auto hx = h.to(compute_dtype_for(weight));
   // The logits in their dtype where the kernel works on them in place (whole_vocabulary_rows).
-  const int64_t bytes_per_logit = !shard.group && fused_kernels_take(hx) ? hx.element_size() : 4;
+  // A soft-cap keeps each chunk's tanh beside its logits.
+  const int64_t bytes_per_logit =
+      (!shard.group && fused_kernels_take(hx) ? hx.element_size() : 4) + (logit_softcap > 0 ? hx.element_size() : 0);
   const int64_t chunk =
       chunk_rows > 0 ? chunk_rows : cross_entropy_chunk_rows(h.size(0), weight.size(0), bytes_per_logit);
   const bool grad = at::GradMode::is_enabled();
   RECORD_FUNCTION("tide::linear_cross_entropy", std::vector<c10::IValue>({hx, weight, targets}));
-  return LinearCrossEntropy::apply(hx, weight, targets, shard, chunk, grad && hx.requires_grad(),
+  return LinearCrossEntropy::apply(hx, weight, targets, shard, chunk, logit_softcap, grad && hx.requires_grad(),
                                    grad && weight.requires_grad());
 }
 

@@ -453,8 +453,14 @@ torch::Tensor TransformerImpl::normed_output(const torch::Tensor& x) {
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
   TORCH_CHECK(tp_.size() == 1, "whole logits are not computed under tensor parallelism; use loss()");
-  auto logits = torch::linear(hidden(tokens), output_weight());  // [B, T, V]
+  auto logits = logits_of(hidden(tokens));  // [B, T, V]
   if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
+  return logits;
+}
+
+torch::Tensor TransformerImpl::logits_of(const torch::Tensor& h) const {
+  auto logits = torch::linear(h, output_weight());
+  if (const double cap = cfg_.final_logit_softcap; cap > 0) logits = (logits / cap).tanh() * cap;
   return logits;
 }
 
@@ -470,9 +476,11 @@ torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Te
     const auto whole = tp_.sequence_parallel ? tp_.group->gather_sequence(h) : tp_.group->copy_to(h);
     const VocabShard shard{tp_.group.get(), vocab_first_,
                            std::clamp<int64_t>(cfg_.vocab_size - vocab_first_, 0, vocab_local_)};
-    loss = linear_cross_entropy(whole.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}), shard);
+    loss = linear_cross_entropy(whole.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}), shard, 0,
+                                cfg_.final_logit_softcap);
   } else {
-    loss = linear_cross_entropy(h.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}));
+    loss = linear_cross_entropy(h.reshape({-1, cfg_.dim}), output_weight(), targets.reshape({-1}), {}, 0,
+                                cfg_.final_logit_softcap);
   }
   if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
   return loss;

@@ -276,7 +276,10 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   x.N = x.B * x.T;
   x.Nn = x.B * x.Tn;
   x.s = bf16 ? 2.0 : 4.0;
-  x.fused_attention = device.fused_attention;
+  // Soft-capped attention (softcapped_attention.h) keeps what a fused kernel keeps, the
+  // output and a log-sum-exp a row, on any device (a block's scores, up to 64 MiB fp32
+  // and a few temporaries of its size, are not counted).
+  x.fused_attention = device.fused_attention || mc.attention_softcap > 0;
   x.gpu_kernels = !device.host;
   const double D = static_cast<double>(r.dim);
 

@@ -53,8 +53,20 @@ constexpr double kOpsPerBlock = 120, kOpsOutsideBlocks = 30;
 // causal kernels skip the masked half; ALiBi hands the kernel a mask, which skips
 // nothing, and a materialised product computes every score.
 double attention_fraction(const ModelConfig& mc, bool fused) {
+  // Soft-capped attention reads a block's keys up to its last query (about half of them,
+  // as a causal kernel does) and makes the scores again in backward: 7 products of the
+  // 6 counted.
+  if (mc.attention_softcap > 0) return 0.5 * 7.0 / 6.0;
   return fused && mc.positions != PositionKind::ALiBi ? 0.5 : 1.0;
 }
+
+// Bytes soft-capped attention moves per score it makes (softcapped_attention.cpp, in
+// LibTorch ops on fp32 scores): forward writes the product, widens it, scales, tanh,
+// caps, masks, reads it for the log-sum-exp, shifts, exponentiates and narrows it for the
+// product with V (about 12 passes of 4 bytes); backward makes it again and then the
+// probabilities' gradient, its shift, the softmax's and tanh's slopes and the narrowed
+// copy for two products (about 25 more).
+constexpr double kSoftcapScoreBytes = 37 * 4;
 
 // Bytes a materialised attention moves per score (one row of T per head and token):
 // forward writes the scores, softmax reads them and writes the probabilities, the
@@ -90,7 +102,10 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   c.elementwise_bytes = 4.0 * blocks * saved;
   if (r.last) c.elementwise_bytes += 5.0 * static_cast<double>(r.vocab) * 4;
   if (recompute) c.elementwise_bytes *= 1.25;
-  if (!fused_attention)
+  if (mc.attention_softcap > 0)  // half the scores: the keys up to each block's last query
+    c.elementwise_bytes +=
+        blocks * static_cast<double>(r.heads) * T * 0.5 * kSoftcapScoreBytes * (recompute ? 1.33 : 1);
+  else if (!fused_attention)
     c.elementwise_bytes += blocks * static_cast<double>(r.heads) * T * score_bytes(mc, s, recompute);
   return c;
 }
@@ -114,7 +129,8 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   // What the calibration measured is the causal kernel with no mask. A materialised
   // attention is two batched matmuls, and ALiBi's masked kernel is not probed: the matmul
   // rate stands in for both (it predicted BLOOM's steps within 3-10% before).
-  const bool probed_kernel = dev.fused_attention && mc.positions != PositionKind::ALiBi;
+  const bool fused = dev.fused_attention && mc.attention_softcap == 0;  // no fused kernel takes a cap
+  const bool probed_kernel = fused && mc.positions != PositionKind::ALiBi;
   const double attention_rate = measured_attention > 0 && probed_kernel ? measured_attention : matmul_rate;
   const double memory_rate = dev.memory_bandwidth * dev.bandwidth_efficiency;
   const int per_node = cluster.devices_per_node;
@@ -142,7 +158,6 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     const double blocks = static_cast<double>(r.blocks);
     const double D = static_cast<double>(r.dim);
     TimeEstimate t;
-    const bool fused = dev.fused_attention;
     const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused);
     t.compute = M * tokens_mb * (cost.matmul_flops / matmul_rate + cost.attention_flops / attention_rate);
     // Recomputation: one more forward of the recomputed blocks (attention's: a third of

@@ -74,7 +74,7 @@ std::vector<int32_t> sample(Transformer& model, const std::vector<int32_t>& prom
     std::vector<int64_t> ctx(ids.begin() + start, ids.end());
     const auto tokens = torch::tensor(ctx, torch::kInt64).view({1, -1}).to(device);
     const auto hidden = model->hidden(tokens).select(1, tokens.size(1) - 1);  // [1, D]
-    auto logits = torch::matmul(hidden, model->output_weight().t()).squeeze(0).to(torch::kCPU, torch::kFloat32);
+    auto logits = model->logits_of(hidden).squeeze(0).to(torch::kCPU, torch::kFloat32);
     int32_t next;
     if (opt.temperature <= 0) {
       next = static_cast<int32_t>(logits.argmax().item<int64_t>());

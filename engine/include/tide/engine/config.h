@@ -78,6 +78,13 @@ struct ModelConfig {
   // sqrt(head_dim). Gemma 2 and 3 scale by query_pre_attn_scalar^-1/2, which is not
   // always the head's width (Megatron-Core's softmax_scale).
   double softmax_scale = 0.0;
+  // > 0: attention's scaled scores become cap * tanh(score / cap) before the mask and the
+  // softmax (Gemma 2's attn_logit_softcapping, 50). No fused kernel takes a cap: the
+  // scores are materialised, T x T a head.
+  double attention_softcap = 0.0;
+  // > 0: the logits become cap * tanh(logit / cap) before the loss and sampling (Gemma 2's
+  // final_logit_softcapping, 30), inside the loss's chunks.
+  double final_logit_softcap = 0.0;
   MlpKind mlp = MlpKind::SwiGLU;
   bool attention_bias = false;
   bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)

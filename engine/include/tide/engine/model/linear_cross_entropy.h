@@ -30,7 +30,10 @@ struct VocabShard {
 // where the logits are N x V). The weight's gradient is summed over chunks in fp32. This
 // is the fused linear cross-entropy of Liger-Kernel: the same three products as the
 // unfused ops, none recomputed.
+//
+// logit_softcap > 0: the loss is of cap * tanh(h_i W^T / cap) (Gemma 2's final soft-cap),
+// each chunk's tanh kept beside its logits for the gradient.
 at::Tensor linear_cross_entropy(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& targets,
-                                const VocabShard& shard = {}, int64_t chunk_rows = 0);
+                                const VocabShard& shard = {}, int64_t chunk_rows = 0, double logit_softcap = 0.0);
 
 }  // namespace tide

@@ -204,6 +204,9 @@ class TransformerImpl : public torch::nn::Module {
 
   const ModelConfig& config() const { return cfg_; }
   const torch::Tensor& output_weight() const;
+  // The logits of final hidden states [.., D]: the output projection, soft-capped where
+  // model.final_logit_softcap says. The whole vocabulary (not under tensor parallelism).
+  torch::Tensor logits_of(const torch::Tensor& h) const;
   // The parameters a forward or backward pass reads only as their working copy in the
   // compute dtype (compute_dtype.h: working_copy): the projections' weights and an
   // untied head. Their owner may hold them as that copy alone (ZeRO-3 under bf16 compute:
