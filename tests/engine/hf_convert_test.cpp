@@ -636,6 +636,55 @@ TEST(HfConvert, Gemma3ReadsWithPostNormsItsScaleAndEachLayersAttention) {
   EXPECT_EQ(export_refusal(tiny_llama(), [](ModelConfig& m) { m.softmax_scale = 0.5; }), "model.softmax_scale");
 }
 
+// Gemma 3 4B as google/gemma-3-4b-pt's config.json gives it: a Gemma3ForConditionalGeneration
+// whose text_config says only what differs from Gemma3TextConfig's defaults. Its language
+// model is tide's model: 3,880,263,168 parameters, the published 4,300,079,472 less the
+// SigLIP tower's 416,866,032 and the projector's 1152 x 2560 + 1152.
+TEST(HfConvert, AMultimodalGemma3IsItsLanguageModel) {
+  const nlohmann::json cfg = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                              {"model_type", "gemma3"},
+                              {"mm_tokens_per_image", 256},
+                              {"text_config",
+                               {{"hidden_size", 2560},
+                                {"intermediate_size", 10240},
+                                {"model_type", "gemma3_text"},
+                                {"num_hidden_layers", 34},
+                                {"rope_scaling", {{"factor", 8.0}, {"rope_type", "linear"}}},
+                                {"sliding_window", 1024}}},
+                              {"vision_config", {{"model_type", "siglip_vision_model"}, {"hidden_size", 1152}}}};
+  const ModelConfig m = model_config_from_hf(cfg);
+  EXPECT_EQ(parameter_count(m), 3'880'263'168);
+  EXPECT_EQ(m.vocab_size, 262208);
+  EXPECT_EQ(m.n_heads, 8);
+  EXPECT_EQ(m.n_kv_heads, 4);
+  EXPECT_EQ(head_dim(m), 256);
+  EXPECT_EQ(m.max_seq_len, 131072);
+  EXPECT_TRUE(m.tie_embeddings && m.post_norms && m.qk_norm);
+  EXPECT_EQ(m.full_attention_layers, (std::vector<int64_t>{5, 11, 17, 23, 29}));
+  EXPECT_EQ(m.sliding_window, 1024);
+  EXPECT_EQ(m.rope_theta, 1e6);
+  EXPECT_EQ(m.rope_scaling, RopeScaling::Linear);
+  EXPECT_EQ(m.rope_scaling_factor, 8);
+  EXPECT_EQ(m.rope_local_theta, 1e4);
+  // Its tensors, as transformers saves them and as it names them in memory; the vision
+  // tower's and the projector's are left out, the tied head too.
+  const auto name = hf_parameter_name(m, cfg);
+  EXPECT_EQ(name("language_model.model.layers.3.mlp.up_proj.weight"), "model.layers.3.mlp.up_proj.weight");
+  EXPECT_EQ(name("model.language_model.norm.weight"), "model.norm.weight");
+  EXPECT_EQ(name("language_model.lm_head.weight"), "");
+  EXPECT_EQ(name("vision_tower.vision_model.embeddings.patch_embedding.weight"), "");
+  EXPECT_EQ(name("multi_modal_projector.mm_input_projection_weight"), "");
+  EXPECT_EQ(name("model.vision_tower.vision_model.post_layernorm.bias"), "");
+  // A text-only file's names are its own.
+  EXPECT_EQ(hf_parameter_name(m, cfg["text_config"])("vision_tower.x"), "vision_tower.x");
+  // Errors name the key where the file has it.
+  nlohmann::json bad = cfg;
+  bad["text_config"]["hidden_size"] = "wide";
+  EXPECT_EQ(hf_error(bad), "config.json text_config.hidden_size: \"wide\" is not an integer");
+  bad.erase("text_config");
+  EXPECT_EQ(hf_error(bad), "config.json text_config: missing: a gemma3 file describes its language model there");
+}
+
 TEST(HfConvert, RopeScalingIsReadOrRefusedByName) {
   nlohmann::json cfg = hf_config(tiny_llama());
   cfg.erase("tide");

@@ -16,7 +16,9 @@
                                Gemma3ForCausalLM, post-norms and a scale of its own, every
                                layer in full in DIR/gemma3, every layer over a window of 5
                                in DIR/gemma3_window, layers of both kinds, each with its
-                               RoPE, in DIR/gemma3_mixed; Qwen2 whose first layer attends in
+                               RoPE, in DIR/gemma3_mixed, and that language model in a
+                               Gemma3ForConditionalGeneration with a vision tower, in
+                               DIR/gemma3_multimodal; Qwen2 whose first layer attends in
                                full and second over a window, DIR/qwen2_mixed),
                                each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
@@ -35,8 +37,9 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, Gemma2Config, Gemma2ForCausalLM,
-                          Gemma3ForCausalLM, Gemma3TextConfig, GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig, GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
+                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          SiglipVisionConfig)
 
 NEW_TOKENS = 12
 
@@ -137,8 +140,15 @@ def make(out):
         **dict(gemma_shape, head_dim=16, query_pre_attn_scalar=24, hidden_activation="gelu_pytorch_tanh"),
         layer_types=["sliding_attention", "full_attention"], sliding_window=5, attn_logit_softcapping=1.0,
         final_logit_softcapping=3.0))
+    # Gemma 3 4B and larger ship as Gemma3ForConditionalGeneration: gemma3_mixed's language
+    # model beside a vision tower and projector (tiny SigLIP), its config under text_config.
+    models["gemma3_multimodal"] = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config=models["gemma3_mixed"].config.to_dict(),
+        vision_config=SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, image_size=16, patch_size=8).to_dict(),
+        mm_tokens_per_image=4, attn_implementation="eager"))
     with torch.no_grad():
-        for family in ("gemma2", "gemma3", "gemma3_window", "gemma3_mixed"):
+        for family in ("gemma2", "gemma3", "gemma3_window", "gemma3_mixed", "gemma3_multimodal"):
             for name, p in models[family].named_parameters():
                 if name.endswith("norm.weight"):
                     p.normal_(0, 0.2)

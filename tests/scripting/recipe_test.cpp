@@ -50,6 +50,12 @@ TEST(Recipes, PublishedParameterCountsAreExact) {
       {"gemma/gemma2-9b.lua", 9'241'705'984},
       {"gemma/gemma2-27b.lua", 27'227'128'320},
       {"gemma/gemma3-1b.lua", 999'885'952},
+      // Gemma 3 4B, 12B and 27B: the language model, the published totals (4,300,079,472,
+      // 12,187,325,040 and 27,432,406,640) less the SigLIP tower (416,866,032) and the
+      // projector (1152 x dim + 1152).
+      {"gemma/gemma3-4b.lua", 3'880'263'168},
+      {"gemma/gemma3-12b.lua", 11'766'034'176},
+      {"gemma/gemma3-27b.lua", 27'009'346'304},
       {"bloom/bloom-560m.lua", 559'214'592},
       {"bloom/bloom-7b1.lua", 7'069'016'064},
       {"bloom/bloom-176b.lua", 176'247'271'424},

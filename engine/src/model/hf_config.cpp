@@ -357,6 +357,33 @@ void read_gemma(const HfConfig& hf, ModelConfig& m) {
                       fmt::format("'{}' is not gelu_pytorch_tanh, the tanh form of gelu Gemma's MLP is gated by", act));
 }
 
+// A multimodal Gemma 3 (Gemma3ForConditionalGeneration, model_type gemma3: 4B and larger)
+// keeps its language model's config under text_config, which leaves out what equals
+// Gemma3TextConfig's defaults: those are filled in (transformers 4.57's), and the result
+// is a gemma3_text config.
+json gemma3_language_model(const json& config) {
+  const auto it = config.find("text_config");
+  if (it == config.end() || !it->is_object())
+    throw ConfigError("config.json text_config", "missing: a gemma3 file describes its language model there");
+  json text = {{"vocab_size", 262208},
+               {"hidden_size", 2304},
+               {"intermediate_size", 9216},
+               {"num_hidden_layers", 26},
+               {"num_attention_heads", 8},
+               {"num_key_value_heads", 4},
+               {"head_dim", 256},
+               {"max_position_embeddings", 131072},
+               {"rms_norm_eps", 1e-6},
+               {"rope_theta", 1e6},
+               {"rope_local_base_freq", 1e4},
+               {"query_pre_attn_scalar", 256},
+               {"sliding_window", 4096}};
+  if (config.contains("tie_word_embeddings")) text["tie_word_embeddings"] = config["tie_word_embeddings"];
+  for (const auto& [key, value] : it->items()) text[key] = value;
+  text["model_type"] = "gemma3_text";
+  return text;
+}
+
 // Gemma 2: Gemma's architecture with norms after attention and the MLP too, scores scaled
 // by query_pre_attn_scalar^-1/2, attention's scores and the final logits soft-capped (by
 // 50 and 30 unless the file says otherwise; null: none), and every other layer attending
@@ -399,7 +426,7 @@ void read_gemma3(const HfConfig& hf, ModelConfig& m) {
     throw ConfigError("config.json query_pre_attn_scalar", fmt::format("{} is not a positive number", scalar));
   if (scalar != static_cast<double>(head_dim(m))) m.softmax_scale = 1.0 / std::sqrt(scalar);
   // Without layer_types, every sliding_window_pattern-th layer is a full one.
-  const int64_t pattern = hf.integer({"sliding_window_pattern"}, 6);
+  const int64_t pattern = hf.integer({"sliding_window_pattern", "_sliding_window_pattern"}, 6);
   auto full = full_layers(hf, m, [&](int64_t i) { return pattern <= 0 || (i + 1) % pattern != 0; });
   m.rope_theta = hf.number("rope_theta", 1e6);  // Gemma3TextConfig's defaults, here and below
   m.sliding_window = 0;
@@ -417,6 +444,18 @@ ModelConfig model_config_from_hf(const json& config) {
   const HfConfig hf(config);
   if (const json* own = hf.get("tide"); own != nullptr && own->is_object()) return model_config_from_json(*own);
   const std::string type = hf.string("model_type");
+  if (type == "gemma3") {
+    const json text = gemma3_language_model(config);
+    try {
+      return model_config_from_hf(text);
+    } catch (const ConfigError& e) {  // named as the file names it
+      const std::string file = "config.json ";
+      const std::string field =
+          e.field().rfind(file, 0) == 0 ? file + "text_config." + e.field().substr(file.size()) : e.field();
+      const std::string message = std::string(e.what()).substr(e.field().empty() ? 0 : e.field().size() + 2);
+      throw ConfigError(field, message);
+    }
+  }
   ModelConfig m;
   // Mistral, Qwen2, Qwen3 and Gemma are LLaMA's architecture under other names: Mistral
   // with a sliding window (v0.1), Qwen2 with biases on q, k and v alone, Qwen3 with
@@ -524,9 +563,25 @@ std::vector<std::string> hf_weight_files(const std::string& dir) {
   return {single.string()};
 }
 
-std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m) {
+std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m, const json& config) {
   const std::string prefix = m.family == Family::BLOOM ? "transformer." : "";
-  return [prefix, tied = m.tie_embeddings](const std::string& name) -> std::string {
+  const bool multimodal = config.is_object() && config.value("model_type", "") == "gemma3";
+  return [prefix, multimodal, tied = m.tie_embeddings](const std::string& file_name) -> std::string {
+    std::string name = file_name;
+    if (multimodal) {
+      // As transformers saves it (language_model.model.*, language_model.lm_head.*) and
+      // as it names it in memory since 4.52 (model.language_model.*, lm_head.*).
+      const auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+      for (const char* other :
+           {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."})
+        if (starts(other)) return "";
+      if (starts("language_model.model."))
+        name = "model." + name.substr(std::string("language_model.model.").size());
+      else if (starts("model.language_model."))
+        name = "model." + name.substr(std::string("model.language_model.").size());
+      else if (starts("language_model.lm_head."))
+        name = name.substr(std::string("language_model.").size());
+    }
     if (tied && name == "lm_head.weight") return "";
     if (!prefix.empty() && name.rfind(prefix, 0) != 0 && name != "lm_head.weight") return prefix + name;
     return name;

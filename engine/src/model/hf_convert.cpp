@@ -102,9 +102,10 @@ void export_hf(const std::string& dir, Transformer& model, int64_t max_shard_byt
 }
 
 Transformer import_hf(const std::string& dir) {
-  const ModelConfig m = model_config_from_hf(read_json(fs::path(dir) / "config.json"));
+  const json config = read_json(fs::path(dir) / "config.json");
+  const ModelConfig m = model_config_from_hf(config);
   Transformer model(m);
-  load_weights(hf_weight_files(dir), *model, hf_parameter_name(m));
+  load_weights(hf_weight_files(dir), *model, hf_parameter_name(m, config));
   return model;
 }
 

@@ -43,7 +43,7 @@ ModelWeights find_model_weights(const std::string& path) {
       if (j.is_object() && j.contains("model_type")) {
         out.config = model_config_from_hf(j);
         out.files = hf_weight_files(path);
-        out.parameter_name = hf_parameter_name(out.config);
+        out.parameter_name = hf_parameter_name(out.config, j);
         out.tokenizer_path = tokenizer_beside(p);
         return out;
       }

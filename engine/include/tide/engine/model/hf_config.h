@@ -17,14 +17,17 @@ namespace tide {
 // family's HF architecture cannot express (say LayerNorm in a LLaMA).
 nlohmann::json hf_config(const ModelConfig& m);
 // Errors name the config.json key and its value (a missing key, a string where a number
-// belongs).
+// belongs). A multimodal Gemma 3's (model_type gemma3) is its text_config's language model.
 ModelConfig model_config_from_hf(const nlohmann::json& hf);
 
 // The safetensors files of an HF directory (one file, or those the index names).
 std::vector<std::string> hf_weight_files(const std::string& dir);
 
-// The parameter an HF file's tensor holds ("" for none): BLOOM files saved from
-// BloomModel lack the "transformer." prefix, and tied output weights are sometimes stored.
-std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m);
+// The parameter an HF file's tensor holds ("" for none), for the model `config` (the
+// directory's config.json) describes: BLOOM files saved from BloomModel lack the
+// "transformer." prefix, tied output weights are sometimes stored, and a multimodal
+// Gemma 3 (Gemma3ForConditionalGeneration: 4B and larger) keeps its language model under
+// "language_model." beside a vision tower and projector, which tide leaves out.
+std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m, const nlohmann::json& config);
 
 }  // namespace tide
