@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/train/flops.h"
 
 namespace tide {
 namespace {
@@ -154,6 +155,28 @@ TEST(ModelShape, ParameterCountFormula) {
   m.n_kv_heads = 8;
   EXPECT_LT(parameter_count(m), 6'738'415'616);
   EXPECT_EQ(resolved_kv_heads(m), 8);
+}
+
+// Model FLOPs: 6 per matmul weight and 12 per attention width and counted key. A window
+// the sequence fits in counts every key; one of w keys counts T times the keys it leaves
+// causal attention, (w (w + 1) / 2 + (T - w) w) / (T (T + 1) / 2): T = 8, w = 2 gives
+// 8 * 15 / 36; a layer in full among windowed ones counts T.
+TEST(ModelShape, AttentionFlopsCountTheKeysEachLayerSees) {
+  ModelConfig m;
+  m.vocab_size = 100;
+  m.dim = 16;
+  m.n_layers = 3;
+  m.n_heads = 2;
+  const double width = 16;
+  const double full = train_flops_per_token(m, 8);
+  m.sliding_window = 8;
+  EXPECT_EQ(train_flops_per_token(m, 8), full);
+  EXPECT_EQ(counted_keys(m, 0, 8), 8.0);
+  m.sliding_window = 2;
+  EXPECT_DOUBLE_EQ(counted_keys(m, 1, 8), 8.0 * 15 / 36);
+  m.full_attention_layers = {1};
+  EXPECT_EQ(counted_keys(m, 1, 8), 8.0);
+  EXPECT_DOUBLE_EQ(full - train_flops_per_token(m, 8), 12 * width * 2 * (8 - 8.0 * 15 / 36));
 }
 
 TEST(ModelShape, HeadsOfTheirOwnWidth) {

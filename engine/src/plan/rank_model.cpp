@@ -34,6 +34,8 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   r.first = stage.first;
   r.last = stage.last;
   r.blocks = stage_blocks(stage, m.n_layers);
+  for (const auto& c : stage.chunks)
+    for (int64_t i = c.first; i < (c.end < 0 ? m.n_layers : c.end); ++i) r.layers.push_back(i);
 
   // A block (layers.cpp): two norms (four with post_norms), attention, MLP.
   const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;

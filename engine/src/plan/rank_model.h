@@ -19,6 +19,7 @@ struct RankModel {
   int64_t ffn = 0;       // MLP width of this rank
   int64_t vocab = 0;     // rows of this rank's embedding / output slice (padded vocabulary / tp)
   int64_t blocks = 0;    // blocks of this stage
+  std::vector<int64_t> layers;  // their places in the model (from 0), for what each attends to
   bool first = true, last = true;
   int64_t block_elements = 0;    // parameters of one block on this rank
   int64_t block_matmul = 0;      // of which matmul weights

@@ -28,6 +28,7 @@
 #include "rank_model.h"
 #include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/run_layout.h"
+#include "tide/engine/train/flops.h"
 
 namespace tide::plan {
 
@@ -94,7 +95,10 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   const double attn_width = static_cast<double>(r.heads * r.head_dim);
   TokenCost c;
   c.matmul_flops = 6.0 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul));
-  c.attention_flops = 12.0 * attention_fraction(mc, fused_attention) * blocks * attn_width * T;
+  // Each block's keys (a window leaves out what it does not see: flops.h).
+  double keys = 0;
+  for (const int64_t layer : r.layers) keys += counted_keys(mc, layer, static_cast<int64_t>(T));
+  c.attention_flops = 12.0 * attention_fraction(mc, fused_attention) * attn_width * keys;
   double saved = D * (4 * 2 + 2 * s) + static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim) * s +
                  attn_width * s + (gated_mlp(mc) ? 4 : 2) * F * s;
   if (mc.post_norms) saved += 2 * D * 2 * s;  // each post-norm's input and output

@@ -11,8 +11,15 @@ double train_flops_per_token(const ModelConfig& m, int64_t seq_len) {
   // Scores and the weighted sum: 12 FLOPs per layer, key and query width (n_heads *
   // head_dim, dim unless the model sets its own head width).
   const auto width = static_cast<double>(m.n_heads * head_dim(m));
-  return 6.0 * static_cast<double>(matmul_params) +
-         12.0 * static_cast<double>(m.n_layers) * width * static_cast<double>(seq_len);
+  double keys = 0;
+  for (int64_t layer = 0; layer < m.n_layers; ++layer) keys += counted_keys(m, layer, seq_len);
+  return 6.0 * static_cast<double>(matmul_params) + 12.0 * width * keys;
+}
+
+double counted_keys(const ModelConfig& m, int64_t layer, int64_t seq_len) {
+  const auto t = static_cast<double>(seq_len), w = static_cast<double>(m.sliding_window);
+  if (!attends_over_window(m, layer) || w >= t) return t;
+  return t * (w * (w + 1) / 2 + (t - w) * w) / (t * (t + 1) / 2);
 }
 
 }  // namespace tide
