@@ -144,6 +144,16 @@ TEST(PartitionStages, BalancesCostAndHonoursAGivenCut) {
   EXPECT_EQ(given[1].chunks[0].end, 7);
   EXPECT_THROW(partition_stages(m, 3, 64, {2, 2, 2}), ConfigError);
   EXPECT_THROW(partition_stages(m, 9, 64), ConfigError);
+  // Layers of two kinds: at a sequence of 4096, a layer in full costs several windowed
+  // ones (window 64), so the stage holding the three full layers gets fewer blocks.
+  ModelConfig mixed = m;
+  mixed.sliding_window = 64;
+  mixed.full_attention_layers = {0, 1, 2};
+  const auto by_keys = partition_stages(mixed, 2, 4096);
+  EXPECT_LT(stage_blocks(by_keys[0], 8), stage_blocks(by_keys[1], 8));
+  mixed.full_attention_layers = {5, 6, 7};
+  const auto reversed = partition_stages(mixed, 2, 4096);
+  EXPECT_GT(stage_blocks(reversed[0], 8), stage_blocks(reversed[1], 8));
 }
 
 TEST(PartitionStages, InterleavedRanksTakeEveryPpthChunkOfTheModel) {

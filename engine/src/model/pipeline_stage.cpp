@@ -7,6 +7,7 @@
 
 #include "tide/engine/config_schema.h"
 #include "tide/engine/model/parameter_names.h"
+#include "tide/engine/train/flops.h"
 
 namespace tide {
 
@@ -39,8 +40,14 @@ std::vector<BlockRange> cut_blocks(const ModelConfig& m, int64_t pp, int64_t vir
   ModelConfig one = m, none = m;
   one.n_layers = 1;
   none.n_layers = 0;
-  const double block = 6.0 * static_cast<double>(parameter_count(one) - parameter_count(none)) +
-                       12.0 * static_cast<double>(m.n_heads * head_dim(m)) * static_cast<double>(seq_len);
+  // A block's training FLOPs per token (flops.h): its weights', and its attention's over
+  // the keys it sees (a windowed layer's fewer). before[j]: blocks [0, j)'s.
+  const double weights = 6.0 * static_cast<double>(parameter_count(one) - parameter_count(none));
+  const double width = static_cast<double>(m.n_heads * head_dim(m));
+  std::vector<double> before(static_cast<size_t>(n) + 1, 0.0);
+  for (int64_t i = 0; i < n; ++i)
+    before[static_cast<size_t>(i) + 1] =
+        before[static_cast<size_t>(i)] + weights + 12.0 * width * counted_keys(m, i, seq_len);
   const double head = 6.0 * static_cast<double>(m.vocab_size) * static_cast<double>(m.dim);
   // cost[s][j]: the least possible most expensive stage when stages 0..s hold blocks
   // [0, j); from[s][j] where stage s starts.
@@ -52,8 +59,8 @@ std::vector<BlockRange> cut_blocks(const ModelConfig& m, int64_t pp, int64_t vir
     const double extra = s == P - 1 ? head : 0.0;
     for (size_t j = s + 1; j <= N; ++j) {
       for (size_t i = s; i < j; ++i) {
-        const double before = s == 0 ? (i == 0 ? 0.0 : inf) : cost[s - 1][i];
-        const double c = std::max(before, static_cast<double>(j - i) * block + extra);
+        const double earlier = s == 0 ? (i == 0 ? 0.0 : inf) : cost[s - 1][i];
+        const double c = std::max(earlier, before[j] - before[i] + extra);
         if (c < cost[s][j]) {
           cost[s][j] = c;
           from[s][j] = static_cast<int64_t>(i);
