@@ -325,16 +325,34 @@ std::vector<int64_t> full_layers(const HfConfig& hf, const ModelConfig& m,
   return full;
 }
 
+// The window and the layers attending in full despite it (full_layers), where any layer
+// attends over the window; the window is `sliding_window`, or `fallback` where the file
+// leaves it out. Whether any does.
+bool read_layer_windows(const HfConfig& hf, ModelConfig& m, const std::function<bool(int64_t)>& sliding_by_default,
+                        std::optional<int64_t> fallback) {
+  auto full = full_layers(hf, m, sliding_by_default);
+  if (static_cast<int64_t>(full.size()) == m.n_layers) return false;
+  m.sliding_window = hf.integer({"sliding_window"}, fallback);
+  m.full_attention_layers = std::move(full);
+  return true;
+}
+
+// Gemma 2's and 3's scores are scaled by query_pre_attn_scalar^-1/2 (one equal to the
+// head's width is the default scale).
+void read_softmax_scale(const HfConfig& hf, ModelConfig& m) {
+  const double scalar = hf.number("query_pre_attn_scalar", 256);
+  if (!(scalar > 0))
+    throw ConfigError("config.json query_pre_attn_scalar", fmt::format("{} is not a positive number", scalar));
+  if (scalar != static_cast<double>(head_dim(m))) m.softmax_scale = 1.0 / std::sqrt(scalar);
+}
+
 // Qwen2 and Qwen3 attend over their window in the layers from max_window_layers on (or where
 // layer_types says "sliding_attention").
 void read_qwen2_window(const HfConfig& hf, ModelConfig& m) {
   if (hf.get("sliding_window") == nullptr) return;
-  const int64_t window = hf.integer({"sliding_window"});
   const int64_t first_windowed = std::max<int64_t>(0, hf.integer({"max_window_layers"}, 28));
-  auto full = full_layers(hf, m, [&](int64_t i) { return i >= first_windowed; });
-  if (static_cast<int64_t>(full.size()) == m.n_layers) return;  // no layer attends over the window
-  m.sliding_window = window;
-  m.full_attention_layers = std::move(full);
+  read_layer_windows(
+      hf, m, [&](int64_t i) { return i >= first_windowed; }, std::nullopt);
 }
 
 // Gemma: gelu in its tanh form gates the MLP, norms multiply by 1 + weight, embeddings
@@ -398,14 +416,9 @@ void read_gemma2(const HfConfig& hf, ModelConfig& m) {
   };
   m.attention_softcap = cap("attn_logit_softcapping", 50.0);
   m.final_logit_softcap = cap("final_logit_softcapping", 30.0);
-  const double scalar = hf.number("query_pre_attn_scalar", 256);
-  if (!(scalar > 0))
-    throw ConfigError("config.json query_pre_attn_scalar", fmt::format("{} is not a positive number", scalar));
-  if (scalar != static_cast<double>(head_dim(m))) m.softmax_scale = 1.0 / std::sqrt(scalar);
-  auto full = full_layers(hf, m, [](int64_t i) { return i % 2 == 0; });
-  if (static_cast<int64_t>(full.size()) == m.n_layers) return;
-  m.sliding_window = hf.integer({"sliding_window"}, 4096);
-  m.full_attention_layers = std::move(full);
+  read_softmax_scale(hf, m);
+  read_layer_windows(
+      hf, m, [](int64_t i) { return i % 2 == 0; }, 4096);
 }
 
 // Gemma 3 (text): Gemma's architecture with norms after attention and the MLP too,
@@ -421,18 +434,13 @@ void read_gemma3(const HfConfig& hf, ModelConfig& m) {
                         fmt::format("{}: soft-capped logits are not supported", hf.get(cap)->dump()));
   if (hf.boolean("use_bidirectional_attention", false))
     throw ConfigError("config.json use_bidirectional_attention", "true: tide's decoder attends causally");
-  const double scalar = hf.number("query_pre_attn_scalar", 256);
-  if (!(scalar > 0))
-    throw ConfigError("config.json query_pre_attn_scalar", fmt::format("{} is not a positive number", scalar));
-  if (scalar != static_cast<double>(head_dim(m))) m.softmax_scale = 1.0 / std::sqrt(scalar);
+  read_softmax_scale(hf, m);
+  m.rope_theta = hf.number("rope_theta", 1e6);  // Gemma3TextConfig's defaults, here and below
   // Without layer_types, every sliding_window_pattern-th layer is a full one.
   const int64_t pattern = hf.integer({"sliding_window_pattern", "_sliding_window_pattern"}, 6);
-  auto full = full_layers(hf, m, [&](int64_t i) { return pattern <= 0 || (i + 1) % pattern != 0; });
-  m.rope_theta = hf.number("rope_theta", 1e6);  // Gemma3TextConfig's defaults, here and below
-  m.sliding_window = 0;
-  if (static_cast<int64_t>(full.size()) == m.n_layers) return;
-  m.sliding_window = hf.integer({"sliding_window"}, 4096);
-  m.full_attention_layers = std::move(full);
+  if (!read_layer_windows(
+          hf, m, [&](int64_t i) { return pattern <= 0 || (i + 1) % pattern != 0; }, 4096))
+    return;
   // The window's layers rotate by their own base, unscaled (rope_scaling is the full
   // layers'); where that is what every layer does, there is one base.
   const double local = hf.number("rope_local_base_freq", 10000.0);

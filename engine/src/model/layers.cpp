@@ -214,7 +214,8 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
   // the inputs). Grouped-query attention reads each key/value head for its H / K query
   // heads without repeating it; causal-only attention passes no mask, so a backend that
   // skips the masked blocks can. `bias` is additive (ALiBi) or a boolean mask (documents).
-  // Soft-capped scores (Gemma 2) take the written-out path: no such kernel takes a cap.
+  // Soft-capped scores (Gemma 2) take a path of their own (softcapped_attention.h): no
+  // such kernel takes a cap.
   const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;
   torch::Tensor ctx;  // [B, H, T, Hd]
   if (cfg_.attention_softcap > 0) {

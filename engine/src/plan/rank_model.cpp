@@ -35,7 +35,7 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   r.last = stage.last;
   r.blocks = stage_blocks(stage, m.n_layers);
   for (const auto& c : stage.chunks)
-    for (int64_t i = c.first; i < (c.end < 0 ? m.n_layers : c.end); ++i) r.layers.push_back(i);
+    for (int64_t i = c.first; i < c.first + range_blocks(c, m.n_layers); ++i) r.layers.push_back(i);
 
   // A block (layers.cpp): two norms (four with post_norms), attention, MLP.
   const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;

@@ -66,8 +66,8 @@ double attention_fraction(const ModelConfig& mc, bool fused) {
 // caps, masks, reads it for the log-sum-exp, shifts, exponentiates and narrows it for the
 // product with V (about 12 passes of 4 bytes); backward makes it again and then the
 // probabilities' gradient, its shift, the softmax's and tanh's slopes and the narrowed
-// copy for two products (about 25 more).
-constexpr double kSoftcapScoreBytes = 37 * 4;
+// copy for two products (about 25 more). Recomputation repeats the forward's.
+constexpr double kSoftcapForwardBytes = 12 * 4, kSoftcapBackwardBytes = 25 * 4;
 
 // Bytes a materialised attention moves per score (one row of T per head and token):
 // forward writes the scores, softmax reads them and writes the probabilities, the
@@ -107,8 +107,8 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   if (r.last) c.elementwise_bytes += 5.0 * static_cast<double>(r.vocab) * 4;
   if (recompute) c.elementwise_bytes *= 1.25;
   if (mc.attention_softcap > 0)  // half the scores: the keys up to each block's last query
-    c.elementwise_bytes +=
-        blocks * static_cast<double>(r.heads) * T * 0.5 * kSoftcapScoreBytes * (recompute ? 1.33 : 1);
+    c.elementwise_bytes += blocks * static_cast<double>(r.heads) * T * 0.5 *
+                           (kSoftcapBackwardBytes + kSoftcapForwardBytes * (recompute ? 2 : 1));
   else if (!fused_attention)
     c.elementwise_bytes += blocks * static_cast<double>(r.heads) * T * score_bytes(mc, s, recompute);
   return c;
