@@ -328,7 +328,14 @@ KERNEL_TEST(CrossEntropyKernelEqualsLibTorchsOpsInTheFusedLoss) {
       torch::manual_seed(14);
       const int64_t n = kLossRows, d = 64;
       const auto h = (torch::randn({n, d}) * 0.3).to(dtype), w = (torch::randn({v, d}) * 0.3).to(dtype);
-      const auto targets = torch::randint(0, v, {n}, torch::kInt64);
+      auto targets = torch::randint(0, v, {n}, torch::kInt64);
+      // Uncounted rows (data.eod_mask_loss): every fifth, and the first 20 of the second
+      // chunk; the mean is over the others.
+      const auto uncounted = torch::arange(n).remainder(5).eq(0).logical_or(
+          torch::arange(n).ge(128).logical_and(torch::arange(n).lt(148)));
+      const auto counted = uncounted.logical_not().to(torch::kFloat64).unsqueeze(1);
+      const double n_counted = counted.sum().item<double>();
+      targets.masked_fill_(uncounted, kUncountedTarget);
       // Chunks of 128 rows: whole ones and a part.
       auto f = [&](std::vector<torch::Tensor>& in) {
         return linear_cross_entropy(in[0], in[1], targets.to(in[0].device()), {}, 128);
@@ -345,16 +352,19 @@ KERNEL_TEST(CrossEntropyKernelEqualsLibTorchsOpsInTheFusedLoss) {
       const double max_terms =
           torch::mm(h.to(torch::kFloat64).abs(), w.to(torch::kFloat64).abs().t()).max().item<double>();
       const double delta = (d + 2) * kUnitFp32 * max_terms + (dtype == torch::kFloat32 ? 0.0 : max_logit / 128);
-      // The mean over n rows in fp32, summed in other orders: n u of the rows' losses.
+      // The mean over the counted rows in fp32, summed in other orders: n u of the rows' losses.
       const double mean_sum = n * kUnitFp32 * (std::log(static_cast<double>(v)) + 2 * max_logit);
       EXPECT_NEAR(gpu.out.item<double>(), cpu.out.item<double>(), 2 * delta + mean_sum) << "vocabulary " << v;
       const double rel = rel_for(dtype) + 2 * delta;
-      // Gradients: sums of (p + one-hot) |w or h| * 3 / n terms.
+      // Gradients: sums of (p + one-hot) |w or h| * 3 / counted terms of the counted rows;
+      // an uncounted row's gradient of h is 0 on both sides.
       const auto probs = torch::softmax(logits, 1);
-      const auto terms = probs + torch::one_hot(targets, v).to(torch::kFloat64);
-      expect_within(gpu.grads[0], cpu.grads[0], terms.mm(w.to(torch::kFloat64).abs()) * (3.0 / n), rel,
+      const auto terms =
+          (probs + torch::one_hot(targets.clamp_min(0), v).to(torch::kFloat64)) * counted * (3.0 / n_counted);
+      expect_within(gpu.grads[0], cpu.grads[0], terms.mm(w.to(torch::kFloat64).abs()), rel,
                     "vocabulary " + std::to_string(v) + ": dh");
-      expect_within(gpu.grads[1], cpu.grads[1], terms.t().mm(h.to(torch::kFloat64).abs()) * (3.0 / n), rel,
+      EXPECT_TRUE(gpu.grads[0].index({uncounted}).eq(0).all().item<bool>()) << "vocabulary " << v;
+      expect_within(gpu.grads[1], cpu.grads[1], terms.t().mm(h.to(torch::kFloat64).abs()), rel,
                     "vocabulary " + std::to_string(v) + ": dw");
     }
 }

@@ -217,8 +217,9 @@ TEST(Cuda, CapturedStepsTrainAsStepsLaunchedOneKernelAtATime) {
   // A graph changes when the kernels are launched, not what they compute: the same
   // kernels on the same values give the same bits, step after step. The update's inputs
   // change every step here (warmup, clipping), the forward and backward hold two
-  // micro-batches and recomputation, and evaluation runs between replays; fp32, bf16,
-  // and fp16, whose loss scale is updated on the device inside the captured update.
+  // micro-batches and recomputation, and evaluation runs between replays; fp32, bf16
+  // (with data.eod_mask_loss), and fp16, whose loss scale is updated on the device inside
+  // the captured update.
   for (const DType compute : {DType::Float32, DType::BFloat16, DType::Float16}) {
     RunConfig captured = tiny_run("cuda", 10);
     captured.precision.compute = compute;
@@ -228,6 +229,9 @@ TEST(Cuda, CapturedStepsTrainAsStepsLaunchedOneKernelAtATime) {
     captured.batch.global_batch = 2 * captured.batch.micro_batch;
     captured.model.activation_checkpointing = true;
     captured.eval.every = 5;  // evaluation runs between replays, on the weights they updated
+    // bf16 with document ends left out of the loss: each replay counts its own batches'
+    // targets on the device (counts baked into the graph would weigh later steps wrongly).
+    captured.data.eod_mask_loss = compute == DType::BFloat16;
     RunConfig launched = captured;
     launched.cuda_graphs = false;
     const std::string name = dtype_name(compute);

@@ -40,6 +40,40 @@ TEST(LinearCrossEntropy, EqualsProjectionThenCrossEntropyInEveryChunking) {
   }
 }
 
+// Uncounted targets (data.eod_mask_loss) add nothing to the loss, to its mean's count or
+// to any gradient: the loss is cross_entropy with ignore_index -100, in every chunking,
+// a chunk of none counted among them; soft-capped too. None counted at all: a loss of 0
+// and zero gradients, not 0 / 0.
+TEST(LinearCrossEntropy, UncountedTargetsAreLeftOutOfTheLossItsMeanAndItsGradients) {
+  static_assert(kUncountedTarget == -100, "PyTorch's default ignore_index");
+  torch::manual_seed(6);
+  const auto h0 = torch::randn({37, 16}, torch::kFloat64) * 0.5, w0 = torch::randn({53, 16}, torch::kFloat64);
+  auto targets = torch::randint(0, 53, {37}, torch::kInt64);
+  const auto uncounted = torch::arange(37).remainder(4).eq(1).logical_or(torch::arange(37).ge(30));
+  targets.masked_fill_(uncounted, kUncountedTarget);
+  for (const double cap : {0.0, 3.0}) {
+    const auto ref = reference(h0, w0, targets, cap);
+    ASSERT_GT(std::abs(ref.loss.item<double>() - reference(h0, w0, targets.clamp_min(0), cap).loss.item<double>()),
+              1e-3);
+    for (const int64_t chunk : {int64_t{0}, int64_t{5}, int64_t{7}, int64_t{1}}) {
+      auto h1 = h0.clone().requires_grad_(), w1 = w0.clone().requires_grad_();
+      const auto loss = linear_cross_entropy(h1, w1, targets, {}, chunk, cap);
+      EXPECT_NEAR(loss.item<double>(), ref.loss.item<double>(), 1e-12) << "chunk " << chunk << ", cap " << cap;
+      (loss * 3.0).backward();
+      EXPECT_TRUE(torch::allclose(h1.grad(), ref.grad_h, 1e-10, 1e-12)) << "chunk " << chunk << ", cap " << cap;
+      EXPECT_TRUE(h1.grad().index({uncounted}).eq(0).all().item<bool>()) << "chunk " << chunk;
+      EXPECT_TRUE(torch::allclose(w1.grad(), ref.grad_w, 1e-10, 1e-12)) << "chunk " << chunk << ", cap " << cap;
+    }
+  }
+  auto h1 = h0.clone().requires_grad_(), w1 = w0.clone().requires_grad_();
+  const auto none = torch::full({37}, kUncountedTarget, torch::kInt64);
+  const auto loss = linear_cross_entropy(h1, w1, none, {}, 5);
+  EXPECT_EQ(loss.item<double>(), 0.0);
+  loss.backward();
+  EXPECT_TRUE(h1.grad().eq(0).all().item<bool>());
+  EXPECT_TRUE(w1.grad().eq(0).all().item<bool>());
+}
+
 // Gemma 2's final soft-cap: the loss of cap * tanh(logits / cap), its gradients through
 // tanh's slope, in every chunking; a cap far above the logits is no cap to fp64's
 // resolution, and a cap the logits reach changes the loss.

@@ -8,6 +8,7 @@
 #include "test_data.h"
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/data/token_dataset.h"
+#include "tide/engine/model/linear_cross_entropy.h"
 
 namespace tide {
 namespace {
@@ -46,14 +47,43 @@ TEST(BatchLoader, EachTokensDocumentIsCountedFromItsRowsFirst) {
   const TokenDataset ds(testing::small_dataset());
   const auto eos = ds.meta().at("eos_id").get<int64_t>();
   const auto& train = ds.split("train");
-  expect_documents_follow_end_of_text(make_batch(SampleSource(train, 3), 0, 16, 200, /*with_documents=*/true), eos,
-                                      "training batch");
-  BatchLoader loader(SampleSource(train, 3), 16, 200, 0, 2, 0, 0, /*pin=*/false, /*with_documents=*/true);
+  const BatchContents documents{/*documents=*/true, /*uncounted_document_ends=*/false};
+  expect_documents_follow_end_of_text(make_batch(SampleSource(train, 3), 0, 16, 200, documents), eos, "training batch");
+  BatchLoader loader(SampleSource(train, 3), 16, 200, 0, 2, 0, 0, /*pin=*/false, documents);
   const Batch first = loader.next();
-  EXPECT_TRUE(torch::equal(first.documents, make_batch(SampleSource(train, 3), 0, 16, 200, true).documents));
-  expect_documents_follow_end_of_text(make_eval_batch(ds.split("val"), 0, 1, 8, 200, true), eos, "validation batch");
+  EXPECT_TRUE(torch::equal(first.documents, make_batch(SampleSource(train, 3), 0, 16, 200, documents).documents));
+  expect_documents_follow_end_of_text(make_eval_batch(ds.split("val"), 0, 1, 8, 200, documents), eos,
+                                      "validation batch");
   // Not asked for, not made.
   EXPECT_FALSE(make_batch(SampleSource(train, 3), 0, 2, 16).documents.defined());
+}
+
+// data.eod_mask_loss: exactly the targets whose input is a document's end-of-text token
+// (read from the ids, independent of the .idx offsets the loader reads) are uncounted;
+// the tokens, and every other target, are the plain batch's. From the loader's thread,
+// for validation, and beside documents apart.
+void expect_uncounted_after_end_of_text(const Batch& masked, const Batch& plain, int64_t eos, const std::string& what) {
+  ASSERT_TRUE(torch::equal(masked.tokens, plain.tokens)) << what;
+  const auto ends = plain.tokens.eq(eos);
+  EXPECT_GT(ends.sum().item<int64_t>(), 0) << what << ": no document ends in the batch, nothing was tested";
+  EXPECT_TRUE(torch::equal(masked.targets, plain.targets.masked_fill(ends, kUncountedTarget))) << what;
+}
+
+TEST(BatchLoader, ADocumentsEndDoesNotCountItsPredictionOfTheNextDocument) {
+  const TokenDataset ds(testing::small_dataset());
+  const auto eos = ds.meta().at("eos_id").get<int64_t>();
+  const auto& train = ds.split("train");
+  const BatchContents masked{/*documents=*/false, /*uncounted_document_ends=*/true};
+  const Batch plain = make_batch(SampleSource(train, 3), 0, 16, 200);
+  expect_uncounted_after_end_of_text(make_batch(SampleSource(train, 3), 0, 16, 200, masked), plain, eos,
+                                     "training batch");
+  BatchLoader loader(SampleSource(train, 3), 16, 200, 0, 2, 0, 0, /*pin=*/false, masked);
+  expect_uncounted_after_end_of_text(loader.next(), plain, eos, "the loader's batch");
+  expect_uncounted_after_end_of_text(make_eval_batch(ds.split("val"), 0, 1, 8, 200, masked),
+                                     make_eval_batch(ds.split("val"), 0, 1, 8, 200), eos, "validation batch");
+  const Batch both = make_batch(SampleSource(train, 3), 0, 16, 200, {true, true});
+  expect_uncounted_after_end_of_text(both, plain, eos, "with documents apart");
+  expect_documents_follow_end_of_text(both, eos, "with uncounted ends");
 }
 
 TEST(BatchLoader, DeterministicAndResumableAtAnyCursor) {

@@ -13,6 +13,8 @@
 #include "test_data.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/token_dataset.h"
+#include "tide/engine/data/training_data.h"
+#include "tide/engine/model/linear_cross_entropy.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
@@ -229,6 +231,77 @@ TEST(Training, GradientAccumulationEqualsOneLargeBatch) {
   fs::remove_all(b);
 }
 
+// data.eod_mask_loss: the step's loss is the mean over every counted target, not a mean
+// of micro-batch means. Two micro-batches holding different counts of document ends: the
+// step's reported loss is their losses (seen through the loss tap) weighted by their
+// counted targets (from the loader's own samples), to fp64's rounding, which a plain
+// mean of the two, or targets left counted, misses by far more; one micro-batch of all
+// eight windows gives the same loss and gradient norm within the fp32 bound of
+// GradientAccumulationEqualsOneLargeBatch. Validation is masked likewise: the final
+// weights' masked loss, not their loss with every target counted.
+TEST(Training, EodMaskLossIsTheMeanOverEveryCountedTargetHoweverTheBatchIsCut) {
+  RunConfig accumulated = tiny_run("eod_accumulated");
+  accumulated.data.seq_len = accumulated.model.max_seq_len = 128;  // about four document ends in a step
+  accumulated.data.eod_mask_loss = true;
+  accumulated.schedule.steps = 1;
+  accumulated.schedule.warmup_steps = 0;
+  accumulated.eval.every = 1;
+  RunConfig whole = accumulated;
+  whole.name = "eod_whole";
+  whole.batch.micro_batch = 8;
+
+  const TrainingData data(accumulated.data);
+  const auto samples = data.train_samples(static_cast<uint64_t>(accumulated.seed));
+  std::vector<double> counted;
+  for (int64_t m = 0; m < 2; ++m)
+    counted.push_back(make_batch(samples, 4 * m, 4, 128, BatchContents::of(accumulated.data))
+                          .targets.ne(kUncountedTarget)
+                          .sum()
+                          .item<double>());
+  ASSERT_NE(counted[0], counted[1]) << "the micro-batches hold as many document ends: nothing would be tested";
+  ASSERT_LT(counted[0] + counted[1], 8 * 128.0) << "no document ends in the step";
+
+  const auto run = [](const RunConfig& c, const fs::path& dir, std::vector<double>* micro_losses) {
+    TrainHooks h = quiet_hooks();
+    if (micro_losses)
+      h.loss_tap = [micro_losses](int64_t, int64_t, const at::Tensor& loss) {
+        micro_losses->push_back(loss.item<double>());
+        return loss;
+      };
+    std::vector<StepMetrics> rows;
+    h.on_step = [&](const StepMetrics& m) { rows.push_back(m); };
+    fs::remove_all(dir);
+    const TrainResult r = Trainer(c, dir.string(), h).run();
+    EXPECT_EQ(rows.size(), 1u);
+    EXPECT_TRUE(r.final_val_loss.has_value());
+    return std::make_pair(rows.at(0), r.final_val_loss.value_or(0.0));
+  };
+  const fs::path a = fs::temp_directory_path() / ("tide_run_eod_acc_" + std::to_string(::getpid()));
+  const fs::path b = fs::temp_directory_path() / ("tide_run_eod_whole_" + std::to_string(::getpid()));
+  std::vector<double> micro;
+  const auto [ma, val_a] = run(accumulated, a, &micro);
+  const StepMetrics mb = run(whole, b, nullptr).first;
+  ASSERT_EQ(micro.size(), 2u);
+
+  const double weighted = (micro[0] * counted[0] + micro[1] * counted[1]) / (counted[0] + counted[1]);
+  EXPECT_NEAR(ma.loss, weighted, 1e-12 * weighted);
+  EXPECT_GT(std::abs((micro[0] + micro[1]) / 2 - weighted), 1e-9 * weighted) << "a mean of means would pass too";
+  const double u = std::ldexp(1.0, -24);
+  const double K = 8.0 * 128.0, D = 2.0 * (4.0 * static_cast<double>(whole.model.n_layers) + 2.0);
+  EXPECT_NEAR(ma.loss, mb.loss, D * K * u * mb.loss);
+  EXPECT_NEAR(ma.grad_norm, mb.grad_norm, D * K * u * mb.grad_norm);
+
+  LoadedModel m = load_model(a.string());
+  const TokenDataset ds(accumulated.data.path);
+  const auto& val = ds.split("val");
+  const double masked =
+      evaluate_loss(m.model, val, 128, 4, accumulated.eval.batches, BatchContents::of(accumulated.data));
+  EXPECT_DOUBLE_EQ(val_a, masked);
+  EXPECT_NE(masked, evaluate_loss(m.model, val, 128, 4, accumulated.eval.batches));
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
 // A run that a shorter one with the same settings, resumed, must reproduce: a checkpoint
 // every two steps, written before training goes on, and a constant rate after warm-up
 // (the shorter run's rates are then the longer one's).
@@ -423,7 +496,8 @@ TEST(Training, DocumentsAttendedApartTrainAndValidateSo) {
   LoadedModel m = load_model(dir.string());
   const TokenDataset data(c.data.path);
   const auto& val = data.split("val");
-  const double apart = evaluate_loss(m.model, val, c.data.seq_len, c.batch.micro_batch, c.eval.batches, true);
+  const double apart =
+      evaluate_loss(m.model, val, c.data.seq_len, c.batch.micro_batch, c.eval.batches, BatchContents::of(c.data));
   EXPECT_DOUBLE_EQ(*r.final_val_loss, apart);
   EXPECT_NE(apart, evaluate_loss(m.model, val, c.data.seq_len, c.batch.micro_batch, c.eval.batches));
   fs::remove_all(dir);

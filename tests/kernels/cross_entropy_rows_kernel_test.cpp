@@ -1,7 +1,7 @@
 // The loss's rows kernel (engine/src/kernels/cross_entropy_rows.cu) on the emulated GPU
 // against the exact log-sum-exp and softmax in double: 16-byte packs and element at a
-// time, -inf logits (masked), the gradient written over the logits, and targets outside
-// the vocabulary (a NaN loss, no read outside the row).
+// time, -inf logits (masked), the gradient written over the logits, targets outside the
+// vocabulary (a NaN loss, no read outside the row) and uncounted rows (loss 0, zeros).
 #include <algorithm>
 #include <limits>
 
@@ -92,6 +92,41 @@ TEST(EmulatedKernels, CrossEntropyRowsGiveNaNForATargetOutsideTheVocabulary) {
     EXPECT_TRUE(std::isnan(loss[0])) << "target " << target << ": loss " << loss[0];
     EXPECT_TRUE(std::isfinite(loss[1])) << "the next row's loss " << loss[1];
   }
+}
+
+// A row whose target is kUncountedTarget (data.eod_mask_loss) counts for nothing: loss 0
+// and, with the gradient, zeros over its logits; the rows beside it get the bits they get
+// when every row counts (a block a row: nothing is shared between rows).
+template <typename T>
+void check_uncounted(int64_t vocab) {
+  SCOPED_TRACE(std::string(element_name<T>()) + " vocabulary " + std::to_string(vocab));
+  const auto n = static_cast<std::size_t>(3 * vocab);
+  const auto original = random_values<T>(n, 12, 3.0);
+  for (const bool gradient : {false, true}) {
+    auto all = original, some = original;
+    const std::vector<int64_t> counted{5 % vocab, 9 % vocab, 1 % vocab},
+        uncounted{5 % vocab, kUncountedTarget, 1 % vocab};
+    std::vector<float> loss_all(3), loss_some(3);
+    cross_entropy_rows(all.data(), counted.data(), loss_all.data(), 3, vocab, gradient, element_of<T>(), nullptr);
+    cross_entropy_rows(some.data(), uncounted.data(), loss_some.data(), 3, vocab, gradient, element_of<T>(), nullptr);
+    EXPECT_EQ(loss_some[1], 0.0f);
+    EXPECT_GT(loss_all[1], 0.0f);
+    EXPECT_EQ(loss_some[0], loss_all[0]);
+    EXPECT_EQ(loss_some[2], loss_all[2]);
+    for (int64_t k = 0; k < vocab; ++k) {
+      const auto i = static_cast<std::size_t>(k);
+      ASSERT_EQ(to_host_float(some[i]), to_host_float(all[i])) << "row 0, logit " << k;
+      ASSERT_EQ(to_host_float(some[2 * vocab + i]), to_host_float(all[2 * vocab + i])) << "row 2, logit " << k;
+      ASSERT_EQ(to_host_float(some[vocab + i]), gradient ? 0.0f : to_host_float(original[vocab + i]))
+          << "row 1, logit " << k;
+    }
+  }
+}
+
+TEST(EmulatedKernels, CrossEntropyRowsCountNothingOfAnUncountedRow) {
+  check_uncounted<__nv_bfloat16>(4096);  // packs
+  check_uncounted<float>(1003);          // elements
+  check_uncounted<__half>(3);            // fewer logits than threads
 }
 
 }  // namespace

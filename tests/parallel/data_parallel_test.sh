@@ -12,6 +12,8 @@
 #    resolution;
 #  - a data blend of two datasets under ZeRO-2 x2 reproduces one process's losses and
 #    each dataset's validation loss;
+#  - data.eod_mask_loss under ZeRO-2 x2: the step's loss is the mean over all its counted
+#    targets, whatever each rank's micro-batches hold, as in one process;
 #  - a worker killed with SIGKILL stops the job within 60 s, named by rank.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -85,6 +87,16 @@ for a, b in zip(evaluated, [r for r in rows["llama-blend-zero2"] if "val_loss" i
 assert [r["loss"] for r in rows["llama-blend-1"]] != [r["loss"] for r in rows["llama-1"]]
 print(f"  blend 3:1 of two datasets: ZeRO-2 x2 matches one process; validation at step 10: {evaluated[-1]['val_losses']}")
 PY
+
+# data.eod_mask_loss: each rank's micro-batches hold their own counts of document ends;
+# each micro-batch weighs as its counted targets among the step's, summed over the ranks
+# before backward, so ZeRO-2 x2 gives one process's losses, validation and weights (a
+# rank-local mean would weigh a target of a rank with more ends more).
+echo "eod mask loss:"
+train llama llama-eod-1 --set data.eod_mask_loss=true
+train llama llama-eod-zero2 --nproc 2 --set parallel.zero=2 --set data.eod_mask_loss=true
+compare "$work/llama-eod-1" "$work/llama-eod-zero2" 0 || fail "ZeRO-2 x2 with data.eod_mask_loss differs from one process"
+losses_differ "$work/llama-1" "$work/llama-eod-1" || fail "data.eod_mask_loss changed nothing"
 
 # Optimizer offload (master pieces and moments in host memory) changes no bit.
 train llama llama-offload --nproc 2 --set parallel.zero=1 --set parallel.offload_optimizer=true

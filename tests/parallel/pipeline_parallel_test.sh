@@ -14,6 +14,8 @@
 #  - documents attended apart (data.document_attention) through interleaved pp2: every
 #    chunk masks with the batch's documents, validation too; layers of two kinds (full
 #    and windowed, each with its RoPE base) through it, each chunk's by their place;
+#  - data.eod_mask_loss through dp2 x interleaved pp2: the last stage weighs each
+#    micro-batch by its counted targets among the step's on both replicas;
 #  - pp2 in bf16 sends bf16 between stages (half the bytes) and agrees with one process,
 #    and so does pp2 in fp16 with its loss scale;
 #  - the combinations that cannot work are refused up front, naming the field.
@@ -72,6 +74,12 @@ train llama llama4-doc-1 --set model.n_layers=4 --set data.document_attention=tr
 train llama llama4-doc-pp2-v2 --nproc 2 --set model.n_layers=4 --set data.document_attention=true \
   --set model.positions=learned --set parallel.pp=2 --set parallel.virtual_stages=2
 compare "$work/llama4-doc-1" "$work/llama4-doc-pp2-v2" 0 || fail "interleaved pp2 with documents apart differs"
+# data.eod_mask_loss: every stage counts the batch's targets; the last weighs each
+# micro-batch's loss by them, the counts summed over the two replicas.
+train llama llama4-eod-1 --set model.n_layers=4 --set data.eod_mask_loss=true
+train llama llama4-eod-dp2-pp2-v2 --nproc 4 --set model.n_layers=4 --set data.eod_mask_loss=true \
+  --set parallel.pp=2 --set parallel.virtual_stages=2
+compare "$work/llama4-eod-1" "$work/llama4-eod-dp2-pp2-v2" 0 || fail "interleaved dp2 x pp2 with data.eod_mask_loss differs"
 # Layers of two kinds (Gemma 3's): blocks 1 and 2 attend in full, 0 and 3 over a window
 # of 16 of the 64 tokens with a RoPE base of their own. Each chunk takes its blocks'
 # kind by their place in the whole model: rank 0 runs a windowed block and a full one.

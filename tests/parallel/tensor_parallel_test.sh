@@ -19,6 +19,8 @@
 #    split across tp2, and with Gemma's architecture (GeGLU, zero-centred norms, scaled
 #    tied embeddings, Gemma 2's soft-caps, Gemma 3's layers of two kinds) under tp2 with
 #    sequence parallelism;
+#  - data.eod_mask_loss under tp2 with sequence parallelism (BLOOM's padded vocabulary:
+#    uncounted rows take part in the shards' softmax statistics and count for nothing);
 #  - layouts the model cannot be cut into are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -78,6 +80,11 @@ train llama llama-doc-window-tp2-sp --nproc 2 --set data.document_attention=true
   --set parallel.tp=2 --set parallel.sequence_parallel=true
 compare "$work/llama-doc-window-1" "$work/llama-doc-window-tp2-sp" 0 ||
   fail "tp2 with sequence parallelism, a sliding window and documents apart differs"
+echo "eod mask loss:"
+train bloom bloom-eod-1 --set data.eod_mask_loss=true
+train bloom bloom-eod-tp2-sp --nproc 2 --set data.eod_mask_loss=true --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true
+compare "$work/bloom-eod-1" "$work/bloom-eod-tp2-sp" 0 || fail "tp2 with sequence parallelism and data.eod_mask_loss differs"
 train llama llama-doc-1 --set data.document_attention=true
 # Heads of their own width (model.head_dim = 32: 4 heads make attention 128 wide at dim
 # 64) with query/key norms (Qwen3): each rank's query and output projections hold its

@@ -79,6 +79,15 @@ print(f"  tide generate: {len(text)} characters of valid UTF-8, {text.count(chr(
 PY
 $tide eval "$work/run" --data "$work/ds" --seq-len 32 --batches 2 > "$work/eval.json"
 grep -q '"perplexity"' "$work/eval.json" || fail "eval printed no perplexity"
+# As a run with data.eod_mask_loss measures: the windows' document ends left out.
+$tide eval "$work/run" --data "$work/ds" --seq-len 32 --batches 8 > "$work/eval8.json"
+$tide eval "$work/run" --data "$work/ds" --seq-len 32 --batches 8 --eod-mask-loss > "$work/eval-eod.json"
+python3 - "$work/eval8.json" "$work/eval-eod.json" <<'PY' || fail "tide eval --eod-mask-loss measured every target"
+import json, math, sys
+every, masked = (json.load(open(f))["loss"] for f in sys.argv[1:3])
+assert math.isfinite(masked) and masked != every, (every, masked)
+print(f"  tide eval: {every:.6f}, with document ends left out {masked:.6f}")
+PY
 $tide convert export "$work/run" --out "$work/hf" 2> /dev/null
 test -s "$work/hf/config.json" && test -s "$work/hf/model.safetensors" || fail "export wrote nothing"
 grep -q '"eos_token_id": 511' "$work/hf/config.json" || fail "exported config.json names no eos_token_id"

@@ -86,7 +86,7 @@ void add_generate_commands(CLI::App& app) {
   struct EvalOptions {
     std::string model, data, tokenizer, device = "cpu";
     int64_t seq_len = 0, batches = 16, micro_batch = 4, threads = 0;
-    bool document_attention = false;
+    BatchContents contents;
   };
   auto e = std::make_shared<EvalOptions>();
   auto* ev = app.add_subcommand("eval", "Loss and perplexity of a model on a dataset's validation split");
@@ -99,8 +99,11 @@ void add_generate_commands(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   ev->add_option("--threads", e->threads, "Intra-op threads; 0: all cores")->check(CLI::Range(0, 1024));
-  ev->add_flag("--document-attention", e->document_attention,
+  ev->add_flag("--document-attention", e->contents.documents,
                "Attend only within each document, as a run with data.document_attention = true trains");
+  ev->add_flag("--eod-mask-loss", e->contents.uncounted_document_ends,
+               "Leave out each document's last token predicting the next document's first, as a run with "
+               "data.eod_mask_loss = true measures it");
   add_device_option(ev, e->device);
   ev->callback([e] {
     configure_threads(e->threads);
@@ -111,8 +114,7 @@ void add_generate_commands(CLI::App& app) {
       throw std::runtime_error("dataset '" + e->data + "' has " + std::to_string(data.vocab_size()) +
                                " ids, the model only " + std::to_string(m.model->config().vocab_size));
     const int64_t seq = e->seq_len > 0 ? e->seq_len : std::min<int64_t>(512, m.model->config().max_seq_len);
-    const double loss =
-        evaluate_loss(m.model, data.split("val"), seq, e->micro_batch, e->batches, e->document_attention);
+    const double loss = evaluate_loss(m.model, data.split("val"), seq, e->micro_batch, e->batches, e->contents);
     std::cout << "{\"loss\": " << loss << ", \"perplexity\": " << std::exp(loss)
               << ", \"unigram_baseline\": " << unigram_entropy(data.split("val")) << "}" << std::endl;
   });

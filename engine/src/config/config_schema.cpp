@@ -406,6 +406,12 @@ void add_batch_and_optimizer_fields(std::vector<FieldSpec>& s) {
                       "before it in the sequence (Megatron-LM's reset_attention_mask, Llama 3's document "
                       "mask); learned positions restart at each document. Validation is masked likewise.",
                       REF(data.document_attention)));
+  s.push_back(boolean("data.eod_mask_loss", kFixed,
+                      "Leave out of the loss each document's last token predicting the next document's first, "
+                      "which nothing before it in the sequence tells (Megatron-LM's eod_mask_loss). The loss is "
+                      "then the mean over the step's counted targets, across micro-batches and data-parallel "
+                      "ranks. Validation is masked likewise.",
+                      REF(data.eod_mask_loss)));
   s.push_back(integer("batch.micro_batch", 1, 1e6, kFixed, "Sequences per forward/backward.", REF(batch.micro_batch)));
   s.push_back(integer("batch.global_batch", 1, 1e9, LiveEffect::EachStep,
                       "Sequences per optimizer step; a multiple of micro_batch (gradient accumulation).",

@@ -4,43 +4,57 @@
 
 #include <torch/types.h>
 
+#include "tide/engine/model/linear_cross_entropy.h"
+
 namespace tide {
 namespace {
 // Row b of the batch is the window of seq_len + 1 tokens window_of(b) gives: its split
 // and its first token.
-Batch fill(int64_t batch, int64_t seq_len, bool with_documents,
+Batch fill(int64_t batch, int64_t seq_len, const BatchContents& contents,
            const std::function<std::pair<const TokenSplit*, int64_t>(int64_t)>& window_of) {
   auto buf = torch::empty({batch, seq_len + 1}, torch::kInt64);
   torch::Tensor documents;
-  if (with_documents) documents = torch::empty({batch, seq_len}, torch::kInt32);
+  if (contents.documents) documents = torch::empty({batch, seq_len}, torch::kInt32);
+  // Each window's documents, its last token's too: target i starts a document where its
+  // number moves on from input i's.
+  torch::Tensor window_documents;
+  if (contents.uncounted_document_ends) window_documents = torch::empty({batch, seq_len + 1}, torch::kInt32);
   auto* p = buf.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch; ++b) {
     const auto [split, start] = window_of(b);
     split->copy(start, seq_len + 1, p + b * (seq_len + 1));
-    if (with_documents) split->copy_documents(start, seq_len, documents.data_ptr<int32_t>() + b * seq_len);
+    if (contents.documents) split->copy_documents(start, seq_len, documents.data_ptr<int32_t>() + b * seq_len);
+    if (contents.uncounted_document_ends)
+      split->copy_documents(start, seq_len + 1, window_documents.data_ptr<int32_t>() + b * (seq_len + 1));
   }
-  return {buf.narrow(1, 0, seq_len).contiguous(), buf.narrow(1, 1, seq_len).contiguous(), documents};
+  auto targets = buf.narrow(1, 1, seq_len).contiguous();
+  if (contents.uncounted_document_ends) {
+    const auto starts = window_documents.narrow(1, 1, seq_len).ne(window_documents.narrow(1, 0, seq_len));
+    targets.masked_fill_(starts, kUncountedTarget);
+  }
+  return {buf.narrow(1, 0, seq_len).contiguous(), std::move(targets), documents};
 }
 }  // namespace
 
-Batch make_batch(const SampleSource& samples, int64_t first, int64_t batch, int64_t seq_len, bool with_documents) {
+Batch make_batch(const SampleSource& samples, int64_t first, int64_t batch, int64_t seq_len,
+                 const BatchContents& contents) {
   samples.check(seq_len);
-  return fill(batch, seq_len, with_documents, [&](int64_t b) { return samples.window(first + b, seq_len); });
+  return fill(batch, seq_len, contents, [&](int64_t b) { return samples.window(first + b, seq_len); });
 }
 
 Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_batches, int64_t batch, int64_t seq_len,
-                      bool with_documents) {
+                      const BatchContents& contents) {
   require_window(split, seq_len);
   const int64_t windows = n_batches * batch;
   const int64_t span = split.size() - seq_len - 1;
-  return fill(batch, seq_len, with_documents, [&](int64_t b) {
+  return fill(batch, seq_len, contents, [&](int64_t b) {
     const int64_t w = batch_index * batch + b;
     return std::make_pair(&split, windows > 1 ? span * w / (windows - 1) : 0);
   });
 }
 
 BatchLoader::BatchLoader(SampleSource samples, int64_t batch, int64_t seq_len, int64_t cursor, int64_t prefetch,
-                         int64_t offset, int64_t stride, bool pin, bool with_documents)
+                         int64_t offset, int64_t stride, bool pin, const BatchContents& contents)
     : samples_(std::move(samples)),
       batch_(batch),
       seq_len_(seq_len),
@@ -50,7 +64,7 @@ BatchLoader::BatchLoader(SampleSource samples, int64_t batch, int64_t seq_len, i
       offset_(offset),
       stride_(stride > 0 ? stride : batch),
       pin_(pin),
-      with_documents_(with_documents) {
+      contents_(contents) {
   samples_.check(seq_len);
   if (prefetch_ > 0) worker_ = std::thread([this] { run(); });
 }
@@ -84,7 +98,7 @@ void BatchLoader::run() {
 }
 
 Batch BatchLoader::produce(int64_t first) const {
-  Batch b = make_batch(samples_, first, batch_, seq_len_, with_documents_);
+  Batch b = make_batch(samples_, first, batch_, seq_len_, contents_);
   if (pin_) {
     b.tokens = b.tokens.pin_memory();
     b.targets = b.targets.pin_memory();

@@ -1,5 +1,6 @@
 // Cross-entropy rows, one block a row: an online max and sum of exponentials over the
 // vocabulary, then (for the gradient) softmax minus the one-hot target written in place.
+// An uncounted row (kUncountedTarget) has loss 0 and a zero gradient, and reads nothing.
 // Each thread keeps its own running max and sum with one exponential an element (a new
 // maximum rescales the sum), merged across the block at the end; rows of whole 16-byte
 // packs are read and written a pack at a time.
@@ -36,6 +37,22 @@ __global__ void cross_entropy_rows_kernel(T* __restrict__ logits, const int64_t*
   __shared__ float scratch_sum[kWarp];
   const int64_t row = blockIdx.x;
   T* l = logits + row * vocab;
+  const int64_t target = targets[row];
+  if (target == kUncountedTarget) {  // the whole block takes this branch: no barrier is split
+    if (threadIdx.x == 0) loss[row] = 0.0f;
+    if (!gradient) return;
+    const T zero = from_float<T>(0.0f);
+    if (kPacked) {
+      Pack<T> p;
+#pragma unroll
+      for (int k = 0; k < V; ++k) p.v[k] = zero;
+      for (int64_t c = threadIdx.x * static_cast<int64_t>(V); c < vocab; c += static_cast<int64_t>(blockDim.x) * V)
+        store_pack(l + c, p);
+    } else {
+      for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) l[c] = zero;
+    }
+    return;
+  }
   MaxSum mine{-INFINITY, 0.0f};
   if (kPacked) {
     for (int64_t c = threadIdx.x * static_cast<int64_t>(V); c < vocab; c += static_cast<int64_t>(blockDim.x) * V) {
@@ -49,7 +66,6 @@ __global__ void cross_entropy_rows_kernel(T* __restrict__ logits, const int64_t*
   const MaxSum all = block_max_sum(mine, scratch_max, scratch_sum);
   // A target outside the vocabulary gives a NaN loss (the anomaly checks see it), never
   // a read outside the row.
-  const int64_t target = targets[row];
   const bool valid = target >= 0 && target < vocab;
   const float target_logit = valid ? to_float(l[target]) : NAN;
   __syncthreads();  // every thread has read the target's logit before it is overwritten

@@ -56,7 +56,9 @@ void rope(const void* x, const void* cos, const void* sin, void* y, const RopeSh
 // loss[row] = logsumexp(logits[row]) - logits[row, target] in fp32. With `gradient`,
 // the logits are overwritten in place with softmax(logits[row]) - one_hot(target), the
 // gradient of the rows' summed loss. Two passes over the logits: an online max and sum
-// of exponentials, then the gradient.
+// of exponentials, then the gradient. A row whose target is kUncountedTarget counts for
+// nothing: loss 0 and, with `gradient`, zeros written over its logits.
+inline constexpr int64_t kUncountedTarget = -100;
 void cross_entropy_rows(void* logits, const int64_t* targets, float* loss, int64_t rows, int64_t vocab, bool gradient,
                         Element e, cudaStream_t stream);
 

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/linear_cross_entropy.h"
 
 #include "cuda_kernel_args.h"
 #include "norms.h"
@@ -340,6 +341,7 @@ at::Tensor cross_entropy_rows_(at::Tensor& logits, const at::Tensor& targets, bo
   TORCH_CHECK(fused_kernels_take(logits) && logits.dim() == 2 && logits.is_contiguous(),
               "cross_entropy_rows_: contiguous CUDA logits [rows, V] in fp32, bf16 or fp16 expected");
 #ifdef TIDE_LAUNCHES_KERNELS
+  static_assert(kernels::kUncountedTarget == kUncountedTarget, "the kernel and the loss agree on uncounted targets");
   const auto t = targets.to(at::kLong).contiguous();
   auto loss = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
   kernels::cross_entropy_rows(logits.data_ptr(), t.const_data_ptr<int64_t>(), loss.data_ptr<float>(), logits.size(0),

@@ -26,11 +26,13 @@ struct Gradients {
 
 // One chunk's logits [c, V] over the whole vocabulary: adds the rows' losses to
 // `loss_sum` and, with `gradient`, returns d(rows' loss sum)/d logits = softmax -
-// one_hot(target), made in the logits' buffer. On CUDA one kernel does it all in two
-// passes over the logits, in their dtype. Elsewhere the log-softmax is one fused op.
+// one_hot(target), made in the logits' buffer. `by_kernel` (CUDA): one kernel does it all
+// in two passes over the logits, in their dtype, uncounted rows' gradients zeroed.
+// Elsewhere the log-softmax is one fused op and uncounted rows keep their softmax (the
+// caller zeroes what they would send on: a pass over [c, D], not [c, V]).
 at::Tensor whole_vocabulary_rows(at::Tensor logits, const at::Tensor& targets, at::ScalarType sum_type,
-                                 at::Tensor& loss_sum, bool gradient) {
-  if (fused_kernels_take(logits) && logits.is_contiguous()) {
+                                 at::Tensor& loss_sum, bool gradient, bool by_kernel) {
+  if (by_kernel) {
     loss_sum.add_(cross_entropy_rows_(logits, targets, gradient).sum());
     return gradient ? logits : at::Tensor();
   }
@@ -41,16 +43,18 @@ at::Tensor whole_vocabulary_rows(at::Tensor logits, const at::Tensor& targets, a
     log_probs = logits.to(sum_type);
     at::_log_softmax_out(log_probs, log_probs, 1, false);
   }
-  const auto index = targets.unsqueeze(1);
-  loss_sum.sub_(log_probs.gather(1, index).sum());
+  const auto uncounted = targets.eq(kUncountedTarget).unsqueeze(1);
+  const auto index = targets.unsqueeze(1).masked_fill(uncounted, 0);
+  loss_sum.sub_(log_probs.gather(1, index).masked_fill_(uncounted, 0.0).sum());
   if (!gradient) return {};
   auto& grad = log_probs.exp_();
-  return grad.scatter_add_(1, index, at::full({grad.size(0), 1}, -1.0, grad.options()));
+  return grad.scatter_add_(1, index, uncounted.to(sum_type).sub_(1.0));
 }
 
 // The same over this rank's columns of a vocabulary split across the shard's group: the
 // rows' maxima and sums (and the target's logit, held by one rank) are reduced over it.
 // Padding columns take no part; the one-hot term is where this rank holds the target.
+// Uncounted rows add no loss and keep their softmax, as whole_vocabulary_rows's.
 at::Tensor shard_rows(at::Tensor logits, const at::Tensor& targets, const VocabShard& shard, at::ScalarType sum_type,
                       at::Tensor& loss_sum, bool gradient) {
   if (logits.scalar_type() != sum_type) logits = logits.to(sum_type);
@@ -66,7 +70,7 @@ at::Tensor shard_rows(at::Tensor logits, const at::Tensor& targets, const VocabS
   auto sum_and_target = at::stack({logits.sum(1), target_logit});
   shard.group->all_reduce_sum(sum_and_target, "cross-entropy sum and target logit");
   const auto sum = sum_and_target[0];
-  loss_sum.add_((sum.log() + row_max - sum_and_target[1]).sum());
+  loss_sum.add_((sum.log() + row_max - sum_and_target[1]).masked_fill_(targets.eq(kUncountedTarget), 0.0).sum());
   if (!gradient) return {};
   auto& grad = logits.div_(sum.unsqueeze(1));
   return grad.scatter_add_(1, index, mine.to(sum_type).neg_().unsqueeze(1));
@@ -86,6 +90,9 @@ Gradients chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
                        : at::zeros(weight.sizes(), weight.options().dtype(sum_type));
   const auto weight_t = weight.t();
   const bool backward = want_h || want_weight;
+  // The logits' dtype and device are h's (an mm of h and its dtype's weight), and they
+  // are contiguous: the kernel takes them whenever it takes h.
+  const bool by_kernel = !shard.group && fused_kernels_take(h);
   for (int64_t first_row = 0; first_row < n; first_row += chunk) {
     const int64_t c = std::min(chunk, n - first_row);
     const auto hc = h.narrow(0, first_row, c);
@@ -100,16 +107,22 @@ Gradients chunked_cross_entropy(const at::Tensor& h, const at::Tensor& weight, c
     }
     // Handed over, not kept: a bf16 chunk's logits are freed once widened (16 MiB of a
     // 2048-row chunk at a vocabulary of 4096, which parallel.plan_memory saw kept).
-    at::Tensor grad = shard.group ? shard_rows(std::move(logits), tc, shard, sum_type, out.loss_sum, backward)
-                                  : whole_vocabulary_rows(std::move(logits), tc, sum_type, out.loss_sum, backward);
+    at::Tensor grad = shard.group
+                          ? shard_rows(std::move(logits), tc, shard, sum_type, out.loss_sum, backward)
+                          : whole_vocabulary_rows(std::move(logits), tc, sum_type, out.loss_sum, backward, by_kernel);
     if (!backward) continue;
     if (cap > 0) grad.mul_(squashed.mul_(squashed).neg_().add_(1.0));
     const at::Tensor g = grad.to(h.scalar_type());
+    // Rows whose gradient the kernel did not zero, weighed 1 counted and 0 uncounted on
+    // their way into h's and the weight's gradients (exact: a product by 1 or 0).
+    at::Tensor kept;
+    if (!by_kernel) kept = tc.ne(kUncountedTarget).unsqueeze(1).to(h.scalar_type());
     if (want_h) {
       auto rows_of_h = out.h.narrow(0, first_row, c);
       at::mm_out(rows_of_h, g, weight);
+      if (kept.defined()) rows_of_h.mul_(kept);
     }
-    if (want_weight) add_product(out.weight, g.t(), hc, /*overwrite=*/first_row == 0);
+    if (want_weight) add_product(out.weight, g.t(), kept.defined() ? hc * kept : hc, /*overwrite=*/first_row == 0);
   }
   return out;
 }
@@ -122,15 +135,16 @@ struct LinearCrossEntropy : torch::autograd::Function<LinearCrossEntropy> {
                             bool want_weight) {
     auto g = chunked_cross_entropy(h, working_copy(weight, h.scalar_type()), targets, shard, chunk, cap, want_h,
                                    want_weight);
-    ctx->save_for_backward({g.h, g.weight, weight});
-    ctx->saved_data["rows"] = h.size(0);
-    return g.loss_sum.div_(static_cast<double>(h.size(0)));
+    // The mean over the counted rows; none counted: a loss of 0 and no gradient.
+    const auto counted = targets.ne(kUncountedTarget).sum().to(g.loss_sum.scalar_type()).clamp_min_(1.0);
+    ctx->save_for_backward({g.h, g.weight, weight, counted});
+    return g.loss_sum.div_(counted);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const auto scale = grads[0] / static_cast<double>(ctx->saved_data["rows"].toInt());
+    const auto scale = grads[0] / saved[3];
     at::Tensor grad_h, grad_weight;
     if (saved[0].defined()) grad_h = saved[0].mul_(scale);
     // Into the flat buffer's .grad in one pass where it is there (scaled, not scaled and

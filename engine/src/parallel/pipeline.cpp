@@ -4,7 +4,7 @@
 #include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
-#include "tide/engine/model/loss_sum.h"
+#include "tide/engine/model/micro_batch_losses.h"
 #include "tide/engine/parallel/comm.h"
 
 namespace tide {
@@ -32,8 +32,8 @@ int backward_tag(int64_t boundary, int64_t m, int64_t micro_batches) {
 }
 }  // namespace
 
-at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale, const at::Tensor& gradient_scale,
-                           const std::function<void(int64_t, int)>& before_backward,
+at::Tensor Pipeline::train(const std::vector<Batch>& batches, MicroBatchLosses& losses,
+                           const at::Tensor& gradient_scale, const std::function<void(int64_t, int)>& before_backward,
                            const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
   const int stage = pp_.rank(), stages = pp_.size();
   const int chunks = static_cast<int>(model_->pipeline_stage().chunks.size());
@@ -45,7 +45,6 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
   // Each micro-batch's input and output of each chunk, until its backward.
   std::vector<torch::Tensor> inputs(static_cast<size_t>(n * chunks)), outputs(static_cast<size_t>(n * chunks));
   std::vector<std::unique_ptr<PendingCollective>> sends;
-  LossSum loss_sum;
   for (const PipelineOp& op : pipeline_schedule(schedule_, stage, stages, n, chunks)) {
     const int64_t m = op.micro_batch;
     const int64_t virtual_stage = static_cast<int64_t>(op.chunk) * stages + stage;
@@ -62,8 +61,7 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
       auto out =
           with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets, op.chunk, b.documents); });
       if (last) {
-        out = on_loss(m, out);
-        loss_sum.add(out);
+        out = losses.part(on_loss(m, out), m);
       } else {
         sends.push_back(pp_.send(out.detach().to(wire_.dtype()).contiguous(), next, forward_tag(virtual_stage, m, n),
                                  fmt::format("activations of micro-batch {}", m)));
@@ -73,8 +71,7 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
     } else {
       before_backward(m, op.chunk);
       if (last) {
-        const auto scaled = outputs[i] * loss_scale;
-        (gradient_scale.defined() ? scaled * gradient_scale : scaled).backward();
+        (gradient_scale.defined() ? outputs[i] * gradient_scale : outputs[i]).backward();
       } else {
         auto grad = torch::empty(activation_, wire_);
         pp_.recv(grad, next, backward_tag(virtual_stage, m, n), fmt::format("gradients of micro-batch {}", m));
@@ -92,7 +89,7 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, double loss_scale,
     auto g = model_->tok_embeddings.grad();
     tied_embeddings_->all_reduce_sum(g, "tied embedding gradients");
   }
-  return loss_sum.total(wire_.device());
+  return losses.total(wire_.device());
 }
 
 double Pipeline::forward_loss(const Batch& b) {

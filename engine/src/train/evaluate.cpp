@@ -7,44 +7,51 @@
 
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/linear_cross_entropy.h"
 
 namespace tide {
 
 double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
-                     int64_t n_batches, bool with_documents) {
-  return evaluate_loss_sum(model, split, seq_len, micro_batch, n_batches, 0, 1, DType::Float32, with_documents) /
-         static_cast<double>(n_batches);
+                     int64_t n_batches, const BatchContents& contents) {
+  return evaluate_losses(model, split, seq_len, micro_batch, n_batches, 0, 1, DType::Float32, contents).mean();
 }
 
-double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
-                         int64_t n_batches, int64_t first, int64_t step, DType compute, bool with_documents) {
+EvalLosses evaluate_losses(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
+                           int64_t n_batches, int64_t first, int64_t step, DType compute,
+                           const BatchContents& contents) {
   const auto device = model->parameters()[0].device();
   const bool was_training = model->is_training();
   model->eval();
-  const double total = sum_eval_losses(
+  const EvalLosses losses = sum_eval_losses(
       [&](const Batch& b) {
         const auto documents = b.documents.defined() ? b.documents.to(device) : at::Tensor();
         return with_compute_dtype(compute,
                                   [&] { return model->loss(b.tokens.to(device), b.targets.to(device), documents); })
             .item<double>();
       },
-      split, seq_len, micro_batch, n_batches, first, step, with_documents);
+      split, seq_len, micro_batch, n_batches, first, step, contents);
   model->train(was_training);
-  return total;
+  return losses;
 }
 
-double sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split, int64_t seq_len,
-                       int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step, bool with_documents) {
+EvalLosses sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split, int64_t seq_len,
+                           int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step,
+                           const BatchContents& contents) {
   torch::NoGradGuard no_grad;
-  double total = 0;
+  EvalLosses out;
   // Every rank runs the same number of forward passes (ZeRO-3 gathers parameters in
   // lockstep): a rank short of a batch repeats one and does not count it.
   const int64_t rounds = (n_batches + step - 1) / step;
   for (int64_t k = 0, i = first; k < rounds; ++k, i += step) {
-    const double loss = loss_of(make_eval_batch(split, i % n_batches, n_batches, micro_batch, seq_len, with_documents));
-    if (i < n_batches) total += loss;
+    const Batch b = make_eval_batch(split, i % n_batches, n_batches, micro_batch, seq_len, contents);
+    const double loss = loss_of(b);
+    if (i >= n_batches) continue;
+    // The batch is on the host: counting its targets waits for nothing.
+    const auto counted = static_cast<double>(b.targets.ne(kUncountedTarget).sum().item<int64_t>());
+    out.weighted += loss * counted;
+    out.counted += counted;
   }
-  return total;
+  return out;
 }
 
 double unigram_entropy(const TokenSplit& split) {

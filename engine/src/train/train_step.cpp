@@ -6,7 +6,8 @@
 
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/model/compute_dtype.h"
-#include "tide/engine/model/loss_sum.h"
+#include "tide/engine/model/linear_cross_entropy.h"
+#include "tide/engine/model/micro_batch_losses.h"
 #include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
@@ -48,7 +49,7 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
     if (dp) dp->begin_backward(micro + 1 == accum, backward_units_.at(static_cast<size_t>(chunk)));
   };
   const auto on_loss = [&](int64_t micro, at::Tensor loss) { return tap_(step, micro, loss); };
-  const double scale = 1.0 / static_cast<double>(accum);
+  MicroBatchLosses losses = shares_of(batches);
   // The weights stand still until the optimizer step: their bf16 copies, kept for the
   // step, serve every micro-batch's forward and backward (one cast per weight a step, for
   // 2 bytes a parameter held through it). ZeRO-3 gathers and frees the weights unit by
@@ -56,18 +57,18 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   const WeightCastScope working_copy(cfg_.parallel.zero != 3);
   StepValues out;
   if (scaler_.active()) out.loss_scale = scaler_.scale().clone();  // the update moves it in place
-  at::Tensor loss_sum = pm_.pipeline ? pm_.pipeline->train(batches, scale, out.loss_scale, before_backward, on_loss)
-                                     : whole_model(batches, out.loss_scale, before_backward, on_loss);
-  loss_sum = across_stages(loss_sum);
+  at::Tensor loss = pm_.pipeline ? pm_.pipeline->train(batches, losses, out.loss_scale, before_backward, on_loss)
+                                 : whole_model(batches, losses, out.loss_scale, before_backward, on_loss);
+  loss = across_stages(loss);
   // Every rank gets the same global norm, so clipping and the skip decision agree.
   if (dp) {
-    loss_sum = dp->sum(loss_sum) / static_cast<double>(batch_.dp);
+    loss = dp->sum(loss) / static_cast<double>(batch_.dp);
     out.grad_norm = dp->reduce_gradients();
   } else {
     torch::NoGradGuard no_grad;
     out.grad_norm = pm_.flat->grad().norm().to(torch::kFloat64);
   }
-  out.loss = loss_sum / static_cast<double>(accum);
+  out.loss = loss;
   if (scaler_.active()) out.grad_norm = out.grad_norm / out.loss_scale.to(torch::kFloat64);
   return out;
 }
@@ -94,21 +95,34 @@ void TrainStep::update(const UpdateGate& gate, const at::Tensor& grad_norm) {
   if (pm_.data_parallel) pm_.data_parallel->gather_parameters();
 }
 
-at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches, const at::Tensor& loss_scale,
+MicroBatchLosses TrainStep::shares_of(const std::vector<Batch>& batches) const {
+  const auto n = static_cast<int64_t>(batches.size());
+  if (!cfg_.data.eod_mask_loss) return MicroBatchLosses(n);
+  // Counted on the targets' device, summed over the data-parallel ranks there: no host
+  // read, and a captured step (CUDA graphs) counts each replay's batches afresh.
+  std::vector<at::Tensor> counts;
+  counts.reserve(batches.size());
+  for (const Batch& b : batches) counts.push_back(b.targets.ne(kUncountedTarget).sum());
+  const auto counted = at::stack(counts);
+  auto step_counted = counted.sum();
+  if (pm_.data_parallel) step_counted = pm_.data_parallel->sum(step_counted);
+  return MicroBatchLosses(counted, step_counted, batch_.dp);
+}
+
+at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches, MicroBatchLosses& losses,
+                                  const at::Tensor& loss_scale,
                                   const std::function<void(int64_t, int)>& before_backward,
                                   const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss) {
-  LossSum loss_sum;
   for (size_t micro = 0; micro < batches.size(); ++micro) {
     const Batch& b = batches[micro];
+    const auto m = static_cast<int64_t>(micro);
     auto loss =
         with_compute_dtype(cfg_.precision.compute, [&] { return pm_.model->loss(b.tokens, b.targets, b.documents); });
-    loss = on_loss(static_cast<int64_t>(micro), loss);
-    before_backward(static_cast<int64_t>(micro), 0);
-    const auto mean_part = loss / static_cast<double>(batches.size());
-    (loss_scale.defined() ? mean_part * loss_scale : mean_part).backward();
-    loss_sum.add(loss);
+    const auto part = losses.part(on_loss(m, loss), m);
+    before_backward(m, 0);
+    (loss_scale.defined() ? part * loss_scale : part).backward();
   }
-  return loss_sum.total(batches.front().tokens.device());
+  return losses.total(batches.front().tokens.device());
 }
 
 at::Tensor TrainStep::across_stages(const at::Tensor& x) {
@@ -120,20 +134,23 @@ at::Tensor TrainStep::across_stages(const at::Tensor& x) {
 
 double TrainStep::validation_loss(const TokenSplit& split, int64_t batches) {
   const int64_t seq_len = cfg_.data.seq_len, micro = batch_.micro_batch;
-  const bool documents = cfg_.data.document_attention;
-  double total = 0;
+  const auto contents = BatchContents::of(cfg_.data);
+  EvalLosses losses;
   if (pm_.pipeline) {
     pm_.model->eval();
-    const double stage_total = sum_eval_losses([&](const Batch& b) { return pm_.pipeline->forward_loss(b); }, split,
-                                               seq_len, micro, batches, dp_rank_, batch_.dp, documents);
-    total = across_stages(torch::tensor(stage_total, torch::kFloat64)).item<double>();
+    losses = sum_eval_losses([&](const Batch& b) { return pm_.pipeline->forward_loss(b); }, split, seq_len, micro,
+                             batches, dp_rank_, batch_.dp, contents);
+    losses.weighted = across_stages(torch::tensor(losses.weighted, torch::kFloat64)).item<double>();
     pm_.model->train();
   } else {
-    total = evaluate_loss_sum(pm_.model, split, seq_len, micro, batches, dp_rank_, batch_.dp, cfg_.precision.compute,
-                              documents);
+    losses = evaluate_losses(pm_.model, split, seq_len, micro, batches, dp_rank_, batch_.dp, cfg_.precision.compute,
+                             contents);
   }
-  if (pm_.data_parallel) total = pm_.data_parallel->sum(total);
-  return total / static_cast<double>(batches);
+  if (pm_.data_parallel) {
+    losses.weighted = pm_.data_parallel->sum(losses.weighted);
+    losses.counted = pm_.data_parallel->sum(losses.counted);
+  }
+  return losses.mean();
 }
 
 }  // namespace tide

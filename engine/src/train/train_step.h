@@ -16,6 +16,7 @@
 
 namespace tide {
 
+class MicroBatchLosses;
 class TokenSplit;
 
 // A step's loss and gradient norm where the device left them: fp64 scalars, the same on
@@ -49,9 +50,12 @@ class TrainStep {
   double validation_loss(const TokenSplit& split, int64_t batches);
 
  private:
-  // The sum of the micro-batch losses; each backward of loss / micro-batches.
-  // loss_scale: fp16's, multiplying each loss before backward; undefined: none.
-  at::Tensor whole_model(const std::vector<Batch>& batches, const at::Tensor& loss_scale,
+  // What each micro-batch's loss weighs in the step's (data.eod_mask_loss: by its counted
+  // targets).
+  MicroBatchLosses shares_of(const std::vector<Batch>& batches) const;
+  // The total of `losses`; each backward of the micro-batch's part of it. loss_scale: fp16's,
+  // multiplying each part before backward; undefined: none.
+  at::Tensor whole_model(const std::vector<Batch>& batches, MicroBatchLosses& losses, const at::Tensor& loss_scale,
                          const std::function<void(int64_t, int)>& before_backward,
                          const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss);
   at::Tensor across_stages(const at::Tensor& x);  // the loss lives on the last pipeline stage

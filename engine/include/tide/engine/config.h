@@ -117,6 +117,7 @@ struct DataConfig {
   int64_t seq_len = 256;
   int64_t prefetch = 4;  // batches prepared ahead by the background loader
   bool document_attention = false;  // attention within each packed document only (Batch::documents)
+  bool eod_mask_loss = false;       // a document's last token's prediction left out of the loss (BatchContents)
 };
 
 struct BatchConfig {

@@ -11,6 +11,7 @@
 
 #include <torch/types.h>
 
+#include "tide/engine/config.h"
 #include "tide/engine/data/sample_source.h"
 #include "tide/engine/data/token_dataset.h"
 
@@ -18,20 +19,33 @@ namespace tide {
 
 struct Batch {
   torch::Tensor tokens;   // [B, T] int64
-  torch::Tensor targets;  // [B, T] int64, tokens shifted by one
+  // [B, T] int64, tokens shifted by one; kUncountedTarget (linear_cross_entropy.h) where
+  // the prediction is left out of the loss (BatchContents::uncounted_document_ends).
+  torch::Tensor targets;
   // [B, T] int32, made only when asked (data.document_attention): each input token's
   // document, counted within its row from 0 (TokenSplit::copy_documents). Undefined:
   // attention spans the whole row.
   torch::Tensor documents;
 };
 
+// What a batch holds besides its tokens and their next tokens, as the data config says.
+struct BatchContents {
+  bool documents = false;  // Batch::documents (data.document_attention)
+  // data.eod_mask_loss: a document's last token (its end-of-text) does not count its
+  // prediction of the next document's first token, which nothing before it in the row
+  // tells: that target is kUncountedTarget. Boundaries from the split's index.
+  bool uncounted_document_ends = false;
+
+  static BatchContents of(const DataConfig& data) { return {data.document_attention, data.eod_mask_loss}; }
+};
+
 // Builds the batch of samples [first, first + batch) directly (no thread).
 Batch make_batch(const SampleSource& samples, int64_t first, int64_t batch, int64_t seq_len,
-                 bool with_documents = false);
+                 const BatchContents& contents = {});
 
 // Evenly spaced windows covering a split; the same every call (validation).
 Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_batches, int64_t batch, int64_t seq_len,
-                      bool with_documents = false);
+                      const BatchContents& contents = {});
 
 class BatchLoader {
  public:
@@ -41,9 +55,9 @@ class BatchLoader {
   // offset = rank * batch and stride = ranks * batch, the ranks together read exactly
   // what one process would. With `pin`, the batches are in page-locked memory (for a GPU:
   // their copy to the device is then queued, not waited for by the host; needs CUDA).
-  // With `with_documents`, each batch has Batch::documents.
+  // `contents`: what each batch holds besides tokens and targets.
   BatchLoader(SampleSource samples, int64_t batch, int64_t seq_len, int64_t cursor, int64_t prefetch,
-              int64_t offset = 0, int64_t stride = 0, bool pin = false, bool with_documents = false);
+              int64_t offset = 0, int64_t stride = 0, bool pin = false, const BatchContents& contents = {});
   ~BatchLoader();
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
@@ -57,7 +71,8 @@ class BatchLoader {
 
   const SampleSource samples_;
   int64_t batch_, seq_len_, cursor_, produced_, prefetch_, offset_, stride_;
-  bool pin_, with_documents_;
+  bool pin_;
+  BatchContents contents_;
   std::deque<Batch> ready_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -92,7 +92,8 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 // The CUDA kernel behind the fused loss (linear_cross_entropy.cpp), where
 // fused_kernels_take(logits): the loss of each row of logits [rows, V] against its target
-// (fp32 [rows]) and, with `gradient`, softmax - one_hot(target) written over the logits.
+// (fp32 [rows]) and, with `gradient`, softmax - one_hot(target) written over the logits;
+// a row whose target is kUncountedTarget: loss 0, zeros written.
 at::Tensor cross_entropy_rows_(at::Tensor& logits, const at::Tensor& targets, bool gradient);
 
 }  // namespace tide

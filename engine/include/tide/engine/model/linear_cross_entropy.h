@@ -21,8 +21,13 @@ struct VocabShard {
   int64_t valid = 0;
 };
 
-// loss = mean_i -log softmax(h_i W^T)[t_i], for h [N, D], W [V, D], targets [N] int64,
-// in fp32 (fp64 for fp64 inputs) whatever the compute dtype.
+// A target that counts for nothing: no loss, no gradient, not in the mean (PyTorch's
+// default ignore_index; data.eod_mask_loss writes it).
+inline constexpr int64_t kUncountedTarget = -100;
+
+// loss = mean_i -log softmax(h_i W^T)[t_i] over the rows whose target is counted (0 where
+// none is), for h [N, D], W [V, D], targets [N] int64, in fp32 (fp64 for fp64 inputs)
+// whatever the compute dtype.
 //
 // The rows go through in chunks of `chunk_rows` (0: cross_entropy_chunk_rows): a chunk's
 // logits are made, reduced to the loss and, when a gradient is wanted, turned at once into

@@ -15,6 +15,8 @@
 
 namespace tide {
 
+class MicroBatchLosses;
+
 class Comm;
 
 class Pipeline {
@@ -30,12 +32,12 @@ class Pipeline {
   // One step: forward and backward of every micro-batch (each stage is given them all;
   // the first uses the tokens, the last the targets). On the last stage on_loss(m, loss)
   // gives the loss to use for micro-batch m (a test's fault injection; else the loss
-  // itself), scaled by loss_scale (and by gradient_scale, fp16's loss scale on the device,
-  // where defined) before backward. before_backward(m, chunk) runs before
-  // each backward pass, micro-batch m's through one of the stage's chunks. Returns the
-  // sum of the micro-batch losses on the last stage, 0 elsewhere: an fp64 scalar on the
+  // itself), whose part of the step's (`losses`) is scaled by gradient_scale (fp16's
+  // loss scale on the device, where defined) before backward. before_backward(m, chunk)
+  // runs before each backward pass, micro-batch m's through one of the stage's chunks.
+  // Returns the total of `losses` on the last stage, 0 elsewhere: an fp64 scalar on the
   // stage's device, not read here.
-  at::Tensor train(const std::vector<Batch>& batches, double loss_scale, const at::Tensor& gradient_scale,
+  at::Tensor train(const std::vector<Batch>& batches, MicroBatchLosses& losses, const at::Tensor& gradient_scale,
                    const std::function<void(int64_t, int)>& before_backward,
                    const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss);
   // Forward only (no grad): the batch's loss on the last stage, 0 elsewhere.

@@ -12,18 +12,30 @@
 
 namespace tide {
 
-// Mean next-token loss over n_batches evenly spaced batches of the split (no grad).
-// `with_documents`: attention within each document (data.document_attention).
+// Mean next-token loss over the counted targets of n_batches evenly spaced batches of the
+// split (no grad). `contents`: what the batches hold, as the run's data config makes them
+// (documents apart, uncounted document ends).
 double evaluate_loss(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
-                     int64_t n_batches, bool with_documents = false);
-// The sum of the losses of batches first, first + step, ... < n_batches: data-parallel
-// ranks each take a share and add up. `compute`: the dtype the forward runs in, as in
-// training (validation measures the model that trains).
-double evaluate_loss_sum(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
-                         int64_t n_batches, int64_t first, int64_t step, DType compute, bool with_documents);
-// The same with the loss of a batch computed by `loss_of` (a pipeline's forward).
-double sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split, int64_t seq_len,
-                       int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step, bool with_documents);
+                     int64_t n_batches, const BatchContents& contents = {});
+
+// Validation batches' losses, each batch's mean weighing as its counted targets: summed
+// over ranks part by part, then divided.
+struct EvalLosses {
+  double weighted = 0;  // sum of each batch's mean loss times its counted targets
+  double counted = 0;   // sum of the batches' counted targets
+  double mean() const { return counted > 0 ? weighted / counted : 0.0; }
+};
+// The losses of batches first, first + step, ... < n_batches: data-parallel ranks each
+// take a share and add up. `compute`: the dtype the forward runs in, as in training
+// (validation measures the model that trains).
+EvalLosses evaluate_losses(Transformer& model, const TokenSplit& split, int64_t seq_len, int64_t micro_batch,
+                           int64_t n_batches, int64_t first, int64_t step, DType compute,
+                           const BatchContents& contents);
+// The same with the loss of a batch computed by `loss_of` (a pipeline's forward: 0 on
+// the stages before the last, whose counts are the last's all the same).
+EvalLosses sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split, int64_t seq_len,
+                           int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step,
+                           const BatchContents& contents);
 
 // Entropy (nats) of the split's unigram token distribution: the loss of a model that
 // knows only token frequencies, the baseline a trained model must beat.
