@@ -10,6 +10,7 @@
 
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/train/tensor_memory.h"
 #include "tiny_models.h"
 
 namespace tide {
@@ -265,6 +266,40 @@ INSTANTIATE_TEST_SUITE_P(Model, PackedDocuments,
                            if (info.param.positions == PositionKind::Learned) return std::string("learned_positions");
                            return std::string(info.param.family == Family::LLaMA ? "llama" : "bloom");
                          });
+
+// Attention's mask is one tensor that every block of a chunk keeps for backward: what a
+// forward leaves alive (the graph's saved tensors, counted by the allocator) grows by the
+// same bytes a block with documents apart as without them, and the documents' mask
+// itself is counted once. PyTorch's attention turns a boolean mask into an additive one
+// at every call, and autograd kept each block's copy: [B, 1, T, T] of fp32, 128 KiB here.
+// Also for a sliding window's mask (made once for the run) and BLOOM's ALiBi bias.
+TEST(Model, EveryBlockKeepsTheOneMaskItsChunkMade) {
+  count_host_tensor_memory();
+  const int64_t b = 2, t = 128;
+  const auto kept = [&](ModelConfig c, int64_t layers, bool with_documents) {
+    c.n_layers = layers;
+    c.max_seq_len = t;
+    torch::manual_seed(0);
+    Transformer m(c);
+    const auto tokens = torch::randint(0, c.vocab_size, {b, t}, torch::kInt64);
+    const auto targets = torch::randint(0, c.vocab_size, {b, t}, torch::kInt64);
+    torch::Tensor documents;
+    if (with_documents) documents = torch::arange(t, torch::kInt32).div(50, "floor").expand({b, t}).contiguous();
+    const int64_t before = host_tensor_bytes();
+    const auto loss = m->loss(tokens, targets, documents);
+    return host_tensor_bytes() - before;
+  };
+  const int64_t mask = b * t * t * 4;
+  ModelConfig windowed = tiny_llama();
+  windowed.sliding_window = 16;
+  for (const ModelConfig& c : {tiny_llama(), windowed, tiny_bloom()}) {
+    SCOPED_TRACE(c.family == Family::BLOOM ? "bloom" : c.sliding_window > 0 ? "windowed llama" : "llama");
+    const int64_t block = kept(c, 4, false) - kept(c, 2, false);
+    EXPECT_EQ(kept(c, 4, true) - kept(c, 2, true), block) << "each block keeps a mask of its own";
+    const int64_t heads = c.family == Family::BLOOM ? c.n_heads : 1;  // ALiBi's bias masked: [B, H, T, T]
+    EXPECT_EQ(kept(c, 2, true) - kept(c, 2, false), heads * mask);
+  }
+}
 
 // Attention over a sliding window (model.sliding_window = w): each layer lets a token see
 // the w - 1 tokens before it, so through L layers a changed token moves its own output

@@ -412,6 +412,37 @@ TEST(Plan, MaterialisedAttentionKeepsItsProbabilitiesAndComputesEveryScore) {
   EXPECT_GT(b.time.elementwise, a.time.elementwise);
 }
 
+// Attention's masks (transformer.cpp) are one tensor that every block of a kind shares:
+// a window shorter than the sequence costs one [T, T] mask for the run (Gemma 3's
+// windowed layers; its full layers need none), ALiBi one [H, T, T] bias, and documents
+// apart each micro-batch's own [B, ..., T, T] per kind of layer; all in bf16 here.
+TEST(Plan, AttentionMasksAreOneTensorForEveryBlockOfAKind) {
+  const auto activations = [](const std::string& name, const std::vector<std::string>& overrides, int64_t mb) {
+    std::vector<std::string> all = overrides;
+    all.emplace_back("precision.compute=bf16");
+    PlanLayout l;
+    l.micro_batch = mb;
+    l.micro_batches = 8;
+    return evaluate_layout(recipe(name, all), h100(1, 1), l).memory.activations;
+  };
+  // LLaMA 3 8B at 8192: causal, no mask; documents apart, a [B, 1, T, T] one.
+  const double T8 = 8192;
+  EXPECT_DOUBLE_EQ(
+      activations("llama/llama-3-8b", {"data.document_attention=true"}, 2) - activations("llama/llama-3-8b", {}, 2),
+      2 * T8 * T8 * 2);
+  // Gemma 3 1B at 32768: its windowed layers' mask, once (a window the sequence fits in
+  // needs none); documents apart, one a kind.
+  const double T32 = 32768;
+  const double windowed = activations("gemma/gemma3-1b", {}, 1);
+  EXPECT_DOUBLE_EQ(windowed - activations("gemma/gemma3-1b", {"model.sliding_window=32768"}, 1), T32 * T32 * 2);
+  EXPECT_DOUBLE_EQ(activations("gemma/gemma3-1b", {"data.document_attention=true"}, 1) - windowed, 2 * T32 * T32 * 2);
+  // BLOOM 560M's ALiBi: [1, 16, T, T] for the run, [B, 16, T, T] a micro-batch with documents.
+  const double T2 = 2048, H = 16;
+  const double alibi = activations("bloom/bloom-560m", {}, 2);
+  EXPECT_DOUBLE_EQ(alibi - activations("bloom/bloom-560m", {"model.positions=learned"}, 2), H * T2 * T2 * 2);
+  EXPECT_DOUBLE_EQ(activations("bloom/bloom-560m", {"data.document_attention=true"}, 2) - alibi, 2 * H * T2 * T2 * 2);
+}
+
 TEST(Plan, Bf16ProductsRunAtTheirOwnMeasuredShareOfThePeak) {
   const RunConfig bf16 = recipe("llama/llama-tiny", {"precision.compute=bf16"});
   const RunConfig fp32 = recipe("llama/llama-tiny", {"precision.compute=fp32"});

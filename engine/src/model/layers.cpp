@@ -213,7 +213,8 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
   // on CUDA, the blocked flash kernel on the host (the math fallback where neither takes
   // the inputs). Grouped-query attention reads each key/value head for its H / K query
   // heads without repeating it; causal-only attention passes no mask, so a backend that
-  // skips the masked blocks can. `bias` is additive (ALiBi) or a boolean mask (documents).
+  // skips the masked blocks can. `bias` is additive (ALiBi, a window, documents apart;
+  // one tensor for all of a chunk's blocks of a kind) or a boolean mask.
   // Soft-capped scores (Gemma 2) take a path of their own (softcapped_attention.h): no
   // such kernel takes a cap.
   const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;

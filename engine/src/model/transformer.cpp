@@ -92,6 +92,16 @@ torch::Tensor allowed_keys(int64_t t, const torch::Tensor& documents, int64_t wi
   return same.logical_and_(band).unsqueeze(1);
 }
 
+// `allowed` as the additive mask attention adds to its scores: 0 where a key is allowed,
+// -inf where not, in `options`' dtype (the stream's). PyTorch's attention turns a boolean
+// mask into this at every call, and autograd keeps each call's copy for backward: every
+// block would hold its own [B or 1, 1, T, T] (at T = 8192, 128 MiB of bf16 a block and
+// sequence). Made once, the blocks share it; the kernels get the same values.
+torch::Tensor additive_mask(const torch::Tensor& allowed, const torch::TensorOptions& options) {
+  return torch::zeros(allowed.sizes(), options.requires_grad(false))
+      .masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+}
+
 // [B, T] int64: each token's distance from its document's first token in the row.
 torch::Tensor positions_in_documents(const torch::Tensor& documents) {
   const auto index = torch::arange(documents.size(1), documents.options().dtype(torch::kInt64)).expand_as(documents);
@@ -303,14 +313,13 @@ torch::Tensor TransformerImpl::bias_of(LayerAttention& kind, int64_t t, const to
   const int64_t window = kind.window_for(t);
   // Causal attention alone needs no mask: the attention kernel is told it is causal.
   if (!alibi_slopes_.defined() && window == 0) return {};
-  // ALiBi's bias in the stream's dtype, else the window's boolean mask.
-  const auto opts =
-      options.requires_grad(false).dtype(alibi_slopes_.defined() ? options.dtype() : caffe2::TypeMeta::Make<bool>());
+  // ALiBi's bias, else the window's mask, additive in the stream's dtype.
+  const auto opts = options.requires_grad(false);
   // Every forward of a run asks for the same mask: build it once.
   auto& cache = kind.bias_cache;
   if (cache.defined() && cache.size(-1) == t && cache.dtype() == opts.dtype() && cache.device() == opts.device())
     return cache;
-  if (!alibi_slopes_.defined()) return cache = allowed_keys(t, {}, window, opts.device());
+  if (!alibi_slopes_.defined()) return cache = additive_mask(allowed_keys(t, {}, window, opts.device()), opts);
   // Built in fp32 and rounded once to the stream's dtype (bf16 holds integers exactly
   // only up to 256, so j - i itself would round).
   const auto fp32 = opts.dtype(torch::kFloat32);
@@ -338,9 +347,8 @@ TransformerImpl::BlockInputs TransformerImpl::block_inputs(LayerAttention& kind,
     // RoPE and ALiBi see only position differences, the same within a document wherever
     // it sits in the row: the mask alone makes each document attend as if it came first.
     const auto allowed = allowed_keys(t, documents, kind.window_for(t), x.device());
-    in.bias = in.bias.defined() && in.bias.scalar_type() != torch::kBool
-                  ? in.bias.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
-                  : allowed;
+    in.bias = in.bias.defined() ? in.bias.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
+                                : additive_mask(allowed, x.options());
   }
   if (!kind.rope_inv_freq.defined()) return in;
   if (!kind.rope_cos.defined() || kind.rope_cos.size(0) < t) {

@@ -15,9 +15,10 @@
 //     backward; ZeRO-2/3 (sharded_gradients.h): each unit's gradients in a buffer until
 //     reduce-scattered (tied, unit 0's for the whole backward), two reduce-scatters in
 //     flight (walked moment by moment: sharded_gradients_peak);
-//   autograd's saved tensors per block (layers.cpp), the gradients the loss makes in
-//     its forward and a chunk of its logits (linear_cross_entropy.cpp), the micro-batches a
-//     pipeline schedule keeps in flight (pipeline.cpp);
+//   autograd's saved tensors per block (layers.cpp), the attention masks the blocks share
+//     (transformer.cpp), the gradients the loss makes in its forward and a chunk of its
+//     logits (linear_cross_entropy.cpp), the micro-batches a pipeline schedule keeps in
+//     flight (pipeline.cpp);
 //   the temporaries of the backward step that makes the most at once.
 // Shape legend: B micro-batch, T sequence, Tn the residual stream's sequence on this rank
 // (T / tp with sequence parallelism), N = B*T, D dim, Hd head dim, F this rank's MLP
@@ -109,6 +110,32 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
   extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,
                     incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4});
   return extra;
+}
+
+// The masks attention adds to its scores (transformer.cpp: bias_of, block_inputs), in the
+// compute dtype, each one tensor that every block of its kind in a chunk keeps for
+// backward: ALiBi's bias [1, H, T, T] and a window's mask [1, 1, T, T] (a window shorter
+// than the sequence) are made once for the run, per kind of layer on the stage (windowed,
+// full); with documents apart, each micro-batch in flight through a chunk has its own
+// [B, H or 1, T, T] per kind the chunk holds. H: ALiBi's heads on this rank.
+double attention_masks(const ModelConfig& m, const RankModel& r, const Shape& x, const PipelineStage& stage,
+                       const std::vector<int64_t>& in_flight, bool documents) {
+  const bool alibi = m.positions == PositionKind::ALiBi;
+  const double one = (alibi ? static_cast<double>(r.heads) : 1.0) * x.T * x.T * x.s;
+  const auto seq = static_cast<int64_t>(x.T);
+  const bool window_masks = m.sliding_window > 0 && m.sliding_window < seq;
+  bool cached_windowed = false, cached_full = false;
+  double bytes = 0;
+  for (size_t c = 0; c < stage.chunks.size(); ++c) {
+    const BlockRange& range = stage.chunks[c];
+    const int64_t end = range.end < 0 ? m.n_layers : range.end;
+    bool windowed = false, full = false;
+    for (int64_t layer = range.first; layer < end; ++layer) (attends_over_window(m, layer) ? windowed : full) = true;
+    cached_windowed = cached_windowed || (windowed && (alibi || window_masks));
+    cached_full = cached_full || (full && alibi);
+    if (documents) bytes += static_cast<double>(in_flight[c]) * x.B * one * ((windowed ? 1 : 0) + (full ? 1 : 0));
+  }
+  return bytes + one * ((cached_windowed ? 1 : 0) + (cached_full ? 1 : 0));
 }
 
 struct Head {
@@ -328,6 +355,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     m.activations += static_cast<double>(at_peak[c]) * (per_micro_batch[c] - loss_of[c]);
     m.loss += static_cast<double>(at_peak[c]) * loss_of[c];
   }
+  m.activations += attention_masks(mc, r, x, stage, at_peak, cfg.data.document_attention);
 
   // The widest moment of one micro-batch beyond its saved tensors: the loss being made,
   // the head's backward, or a block's backward, by when the head's saved tensors are

@@ -225,8 +225,8 @@ class TransformerImpl : public torch::nn::Module {
 
   // What layer `layer` (of the whole model, from 0) attends with: with ALiBi the additive
   // bias [1, H, T, T], -inf above the diagonal and outside its sliding window; without
-  // ALiBi the window's boolean mask [1, 1, T, T]; undefined for plain causal attention.
-  // Cached per length.
+  // ALiBi the window's mask [1, 1, T, T] (0 or -inf); undefined for plain causal
+  // attention. In `options`' dtype, cached per length and dtype.
   torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options, int64_t layer = 0);
 
  private:
