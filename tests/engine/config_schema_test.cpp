@@ -179,6 +179,27 @@ TEST(ModelShape, AttentionFlopsCountTheKeysEachLayerSees) {
   EXPECT_DOUBLE_EQ(full - train_flops_per_token(m, 8), 12 * width * 2 * (8 - 8.0 * 15 / 36));
 }
 
+// What the kernels compute (the planner's time, pipeline cuts): a causal layer without a
+// mask half the keys, one with a mask (a window shorter than the sequence, documents
+// apart, ALiBi) all of them, whatever the window leaves out; without a fused kernel all;
+// soft-capped attention half, mask or not.
+TEST(ModelShape, AttentionComputesHalfTheKeysCausallyAndAllOfThemUnderAMask) {
+  ModelConfig m;
+  m.n_layers = 3;
+  m.sliding_window = 2;
+  m.full_attention_layers = {1};
+  EXPECT_EQ(computed_keys(m, 1, 8, false), 4.0);
+  EXPECT_EQ(computed_keys(m, 0, 8, false), 8.0);
+  EXPECT_EQ(computed_keys(m, 1, 8, true), 8.0);
+  EXPECT_EQ(computed_keys(m, 1, 8, false, /*fused=*/false), 8.0);
+  m.sliding_window = 8;  // the sequence fits: no mask
+  EXPECT_EQ(computed_keys(m, 0, 8, false), 4.0);
+  m.positions = PositionKind::ALiBi;
+  EXPECT_EQ(computed_keys(m, 1, 8, false), 8.0);
+  m.attention_softcap = 50;
+  EXPECT_EQ(computed_keys(m, 1, 8, true, false), 4.0);
+}
+
 TEST(ModelShape, HeadsOfTheirOwnWidth) {
   // Mistral NeMo 12B: 32 heads of 128 at dim 5120, so the query and output projections
   // are 4096 wide (12,247,782,400 parameters, its published count).

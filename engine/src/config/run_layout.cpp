@@ -56,7 +56,8 @@ void check_supported_layout(const RunConfig& cfg, int world) {
                                   "whole model as one",
                                   virtual_stages));
   if (grid.pp() > 1 || !cfg.parallel.pipeline_stages.empty())  // the stages can be cut
-    partition_stages(cfg.model, grid.pp(), cfg.data.seq_len, cfg.parallel.pipeline_stages, virtual_stages);
+    partition_stages(cfg.model, grid.pp(), cfg.data.seq_len, cfg.parallel.pipeline_stages, virtual_stages,
+                     cfg.data.document_attention);
   if (grid.pp() > 1) {
     if (cfg.parallel.zero == 3)
       throw ConfigError("parallel.zero", fmt::format("ZeRO-3 does not combine with pipeline parallelism (pp = {}): "

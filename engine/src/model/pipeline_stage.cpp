@@ -14,7 +14,7 @@ namespace tide {
 namespace {
 // Contiguous blocks for each of `parts` virtual stages, in model order (see partition_stages).
 std::vector<BlockRange> cut_blocks(const ModelConfig& m, int64_t pp, int64_t virtual_stages, int64_t seq_len,
-                                   const std::vector<int64_t>& given) {
+                                   bool documents, const std::vector<int64_t>& given) {
   const int64_t n = m.n_layers, parts = pp * virtual_stages;
   const std::string what = virtual_stages == 1 ? fmt::format("pp = {} stages", pp)
                                                : fmt::format("pp x parallel.virtual_stages = {} x {} = {} stages", pp,
@@ -40,14 +40,14 @@ std::vector<BlockRange> cut_blocks(const ModelConfig& m, int64_t pp, int64_t vir
   ModelConfig one = m, none = m;
   one.n_layers = 1;
   none.n_layers = 0;
-  // A block's training FLOPs per token (flops.h): its weights', and its attention's over
-  // the keys it sees (a windowed layer's fewer). before[j]: blocks [0, j)'s.
+  // A block's training FLOPs per token: its weights', and its attention's over the keys
+  // the kernel computes (flops.h). before[j]: blocks [0, j)'s.
   const double weights = 6.0 * static_cast<double>(parameter_count(one) - parameter_count(none));
   const double width = static_cast<double>(m.n_heads * head_dim(m));
   std::vector<double> before(static_cast<size_t>(n) + 1, 0.0);
   for (int64_t i = 0; i < n; ++i)
     before[static_cast<size_t>(i) + 1] =
-        before[static_cast<size_t>(i)] + weights + 12.0 * width * counted_keys(m, i, seq_len);
+        before[static_cast<size_t>(i)] + weights + 12.0 * width * computed_keys(m, i, seq_len, documents);
   const double head = 6.0 * static_cast<double>(m.vocab_size) * static_cast<double>(m.dim);
   // cost[s][j]: the least possible most expensive stage when stages 0..s hold blocks
   // [0, j); from[s][j] where stage s starts.
@@ -79,8 +79,8 @@ std::vector<BlockRange> cut_blocks(const ModelConfig& m, int64_t pp, int64_t vir
 }  // namespace
 
 std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len,
-                                            const std::vector<int64_t>& given, int64_t virtual_stages) {
-  const auto ranges = cut_blocks(m, pp, virtual_stages, seq_len, given);
+                                            const std::vector<int64_t>& given, int64_t virtual_stages, bool documents) {
+  const auto ranges = cut_blocks(m, pp, virtual_stages, seq_len, documents, given);
   std::vector<PipelineStage> stages(static_cast<size_t>(pp));
   for (int64_t r = 0; r < pp; ++r) {
     auto& st = stages[static_cast<size_t>(r)];

@@ -61,8 +61,9 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   ParallelModel out;
   const int pp = dist ? dist->pp->size() : 1;
   if (pp > 1)
-    out.stage = partition_stages(cfg.model, pp, cfg.data.seq_len, cfg.parallel.pipeline_stages,
-                                 cfg.parallel.virtual_stages)[static_cast<size_t>(dist->pp->rank())];
+    out.stage =
+        partition_stages(cfg.model, pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, cfg.parallel.virtual_stages,
+                         cfg.data.document_attention)[static_cast<size_t>(dist->pp->rank())];
   out.model = build_model(cfg, dist, out.stage);
   out.flat = flatten(cfg, dist, batch, out.model, out.stage, device);
   const DType compute = resolve_compute_dtype(cfg.precision.compute, device);

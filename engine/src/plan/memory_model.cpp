@@ -434,8 +434,8 @@ MemoryEstimate estimate_memory(const RunConfig& cfg, const DeviceSpec& device, c
                                DType compute) {
   std::vector<PipelineStage> stages{PipelineStage{}};
   if (layout.pp > 1)
-    stages =
-        partition_stages(cfg.model, layout.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, layout.virtual_stages);
+    stages = partition_stages(cfg.model, layout.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages,
+                              layout.virtual_stages, cfg.data.document_attention);
   MemoryEstimate worst;
   worst.device = -1;
   std::vector<double> by_stage;

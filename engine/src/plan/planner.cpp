@@ -71,8 +71,8 @@ std::vector<std::pair<std::string, int64_t>> pipeline_schedules(const RunConfig&
 int64_t largest_chunk(const RunConfig& cfg, const PlanLayout& l) {
   if (l.pp == 1) return cfg.model.n_layers;
   int64_t most = 0;
-  for (const auto& stage :
-       partition_stages(cfg.model, l.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, l.virtual_stages))
+  for (const auto& stage : partition_stages(cfg.model, l.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages,
+                                            l.virtual_stages, cfg.data.document_attention))
     for (const auto& range : stage.chunks) most = std::max(most, range_blocks(range, cfg.model.n_layers));
   return most;
 }

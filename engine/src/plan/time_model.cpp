@@ -2,8 +2,9 @@
 // engine runs:
 //   matmuls at the device's matmul rate (its peak times the efficiency the table assumes
 //     or --calibrate measured); causal attention at half its counted FLOPs (the flash
-//     kernels skip the masked blocks), at the rate --calibrate measured for the fused
-//     kernel on a CPU, else the matmul rate; recomputation one more forward of the blocks;
+//     kernels skip the masked blocks; a mask, a window's too, makes them compute all:
+//     computed_keys), at the rate --calibrate measured for the fused kernel on a CPU,
+//     else the matmul rate; recomputation one more forward of the blocks;
 //   elementwise work (norms, activations, softmax, residuals, the loss) as memory
 //     traffic: every saved activation written in forward, read in backward and its
 //     gradient written and read once more;
@@ -50,16 +51,10 @@ constexpr double kHostAdamBandwidth = 20e9;
 // embedding, head and loss.
 constexpr double kOpsPerBlock = 120, kOpsOutsideBlocks = 30;
 
-// Attention's share of the 12 T FLOPs per width and token it is counted for: fused
-// causal kernels skip the masked half; ALiBi hands the kernel a mask, which skips
-// nothing, and a materialised product computes every score.
-double attention_fraction(const ModelConfig& mc, bool fused) {
-  // Soft-capped attention reads a block's keys up to its last query (about half of them,
-  // as a causal kernel does) and makes the scores again in backward: 7 products of the
-  // 6 counted.
-  if (mc.attention_softcap > 0) return 0.5 * 7.0 / 6.0;
-  return fused && mc.positions != PositionKind::ALiBi ? 0.5 : 1.0;
-}
+// Soft-capped attention reads a block's keys up to its last query (computed_keys: about
+// half of them, as a causal kernel does) and makes the scores again in backward: 7
+// products of the 6 counted.
+constexpr double kSoftcapProducts = 7.0 / 6.0;
 
 // Bytes soft-capped attention moves per score it makes (softcapped_attention.cpp, in
 // LibTorch ops on fp32 scores): forward writes the product, widens it, scales, tanh,
@@ -89,16 +84,18 @@ double score_bytes(const ModelConfig& mc, double s, bool recompute) {
 // forward and backward, five passes over the logits; recomputation adds one forward's
 // writes.
 TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, double s, bool recompute,
-                           bool fused_attention) {
+                           bool fused_attention, bool documents) {
   const double blocks = static_cast<double>(r.blocks);
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double attn_width = static_cast<double>(r.heads * r.head_dim);
   TokenCost c;
   c.matmul_flops = 6.0 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul));
-  // Each block's keys (a window leaves out what it does not see: flops.h).
+  // Each block's keys as its kernel computes them (flops.h: a causal kernel without a mask
+  // skips half; a mask, a window's too, makes it compute every score).
   double keys = 0;
-  for (const int64_t layer : r.layers) keys += counted_keys(mc, layer, static_cast<int64_t>(T));
-  c.attention_flops = 12.0 * attention_fraction(mc, fused_attention) * attn_width * keys;
+  for (const int64_t layer : r.layers)
+    keys += computed_keys(mc, layer, static_cast<int64_t>(T), documents, fused_attention);
+  c.attention_flops = 12.0 * attn_width * keys * (mc.attention_softcap > 0 ? kSoftcapProducts : 1.0);
   double saved = D * (4 * 2 + 2 * s) + static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim) * s +
                  attn_width * s + (gated_mlp(mc) ? 4 : 2) * F * s;
   if (mc.post_norms) saved += 2 * D * 2 * s;  // each post-norm's input and output
@@ -131,10 +128,13 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       peak * (bf16 && dev.bf16_matmul_efficiency > 0 ? dev.bf16_matmul_efficiency : dev.matmul_efficiency);
   const double measured_attention = bf16 ? dev.attention_bf16_flops : dev.attention_fp32_flops;
   // What the calibration measured is the causal kernel with no mask. A materialised
-  // attention is two batched matmuls, and ALiBi's masked kernel is not probed: the matmul
-  // rate stands in for both (it predicted BLOOM's steps within 3-10% before).
+  // attention is two batched matmuls, and the masked kernel (ALiBi, windows, documents) is
+  // not probed: the matmul rate stands in for both (it predicted BLOOM's steps within
+  // 3-10% before).
   const bool fused = dev.fused_attention && mc.attention_softcap == 0;  // no fused kernel takes a cap
-  const bool probed_kernel = fused && mc.positions != PositionKind::ALiBi;
+  const bool documents = cfg.data.document_attention;
+  const bool window_masks = mc.sliding_window > 0 && mc.sliding_window < cfg.data.seq_len;
+  const bool probed_kernel = fused && mc.positions != PositionKind::ALiBi && !documents && !window_masks;
   const double attention_rate = measured_attention > 0 && probed_kernel ? measured_attention : matmul_rate;
   const double memory_rate = dev.memory_bandwidth * dev.bandwidth_efficiency;
   const int per_node = cluster.devices_per_node;
@@ -151,7 +151,9 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   const double tokens_mb = B * T;  // per micro-batch and rank
 
   std::vector<PipelineStage> stages{PipelineStage{}};
-  if (L.pp > 1) stages = partition_stages(mc, L.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, L.virtual_stages);
+  if (L.pp > 1)
+    stages = partition_stages(mc, L.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, L.virtual_stages,
+                              cfg.data.document_attention);
   const int64_t world = static_cast<int64_t>(L.dp) * L.tp * L.pp;
   const int64_t pad = world > 1 ? L.dp : 1;
 
@@ -162,7 +164,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     const double blocks = static_cast<double>(r.blocks);
     const double D = static_cast<double>(r.dim);
     TimeEstimate t;
-    const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused);
+    const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused, documents);
     t.compute = M * tokens_mb * (cost.matmul_flops / matmul_rate + cost.attention_flops / attention_rate);
     // Recomputation: one more forward of the recomputed blocks (attention's: a third of
     // its forward and backward).
@@ -175,8 +177,8 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     t.recompute = M * tokens_mb *
                   (2.0 * recomputed * static_cast<double>(r.block_matmul) / matmul_rate +
                    share * cost.attention_flops / 3.0 / attention_rate);
-    const double elementwise_bytes =
-        (1 - share) * cost.elementwise_bytes + share * stage_token_cost(mc, r, T, s, true, fused).elementwise_bytes;
+    const double elementwise_bytes = (1 - share) * cost.elementwise_bytes +
+                                     share * stage_token_cost(mc, r, T, s, true, fused, documents).elementwise_bytes;
     t.elementwise = M * tokens_mb * elementwise_bytes / memory_rate +
                     M * (blocks * kOpsPerBlock * (1.0 + share / 3.0) + kOpsOutsideBlocks) * dev.op_overhead;
 
@@ -291,7 +293,7 @@ namespace tide {
 
 TokenCost token_cost(const ModelConfig& m, int64_t seq_len, DType compute) {
   return plan::stage_token_cost(m, plan::rank_model(m, 1, PipelineStage{}), static_cast<double>(seq_len),
-                                compute == DType::Float32 ? 4.0 : 2.0, false, true);
+                                compute == DType::Float32 ? 4.0 : 2.0, false, true, false);
 }
 
 }  // namespace tide

@@ -30,7 +30,7 @@ int64_t save_final_weights(const std::string& path, const RunConfig& cfg, Parall
   const bool first_replica = !dist || dist->dp->rank() == 0;
   const bool sender = pp > 1 && stage > 0 && first_replica && dist->tp->rank() == 0;
   const auto stages = pp > 1 ? partition_stages(cfg.model, pp, cfg.data.seq_len, cfg.parallel.pipeline_stages,
-                                                cfg.parallel.virtual_stages)
+                                                cfg.parallel.virtual_stages, cfg.data.document_attention)
                              : std::vector<PipelineStage>{pm.stage};
   const auto units = parameter_unit_layout(cfg.model);
   const auto params = parameter_shapes(cfg.model);  // the whole model's, in its order

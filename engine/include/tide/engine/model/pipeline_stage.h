@@ -29,12 +29,14 @@ struct PipelineStage {
 // The blocks of each of pp ranks, each of `virtual_stages` chunks of at least one block:
 // `given` blocks per virtual stage when not empty (pp × virtual_stages counts, in model
 // order, adding up to the model's blocks), otherwise the cut that minimises the most
-// expensive virtual stage, where a block costs its training FLOPs per token (its
-// attention's over the keys it sees: a windowed layer costs less than one in full) and
-// the last one also pays for the output projection. Throws ConfigError naming the field when the
+// expensive virtual stage, where a block costs its weights' training FLOPs per token and
+// its attention's over the keys the kernel computes (flops.h, computed_keys: a layer with
+// a mask, a window's or `documents`', costs more than a causal one without) and the last
+// one also pays for the output projection. Throws ConfigError naming the field when the
 // stages cannot be cut.
 std::vector<PipelineStage> partition_stages(const ModelConfig& m, int64_t pp, int64_t seq_len,
-                                            const std::vector<int64_t>& given = {}, int64_t virtual_stages = 1);
+                                            const std::vector<int64_t>& given = {}, int64_t virtual_stages = 1,
+                                            bool documents = false);
 
 // The number of blocks in one chunk, and in all of the stage's.
 int64_t range_blocks(const BlockRange& range, int64_t n_layers);

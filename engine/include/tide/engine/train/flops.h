@@ -20,6 +20,16 @@ double train_flops_per_token(const ModelConfig& m, int64_t seq_len);
 // layer's MFU is not counted for the work its window skips.
 double counted_keys(const ModelConfig& m, int64_t layer, int64_t seq_len);
 
+// The keys attention as tide runs it (model/layers.cpp) computes a query of layer `layer`
+// against, on average: what the planner times and pipeline stages are balanced by, where
+// counted_keys is what MFU counts. A fused kernel with no mask skips the blocks above the
+// diagonal (seq_len / 2); a mask (ALiBi's bias, a window shorter than the sequence,
+// `documents` apart) makes it compute every score, the masked ones too (seq_len:
+// LibTorch's attention takes no window, so a window saves nothing); soft-capped attention
+// reads each block of queries' keys up to its last query, mask or not (seq_len / 2);
+// without a fused kernel (`fused` false) every score is computed (seq_len).
+double computed_keys(const ModelConfig& m, int64_t layer, int64_t seq_len, bool documents, bool fused = true);
+
 // Best matmul throughput (FLOP/s) of this process' threads on `device` ("cpu" here)
 // in the run's compute dtype, from a short probe of square GEMMs.
 double measure_matmul_peak(const char* device = "cpu", DType dtype = DType::Float32);
