@@ -22,7 +22,7 @@ class TokenSplit;
 // A step's loss and gradient norm where the device left them: fp64 scalars, the same on
 // every rank, read by the host a step later (StepReadout).
 struct StepValues {
-  at::Tensor loss;        // mean over the step's micro-batches and ranks
+  at::Tensor loss;        // mean over the step's counted targets, all micro-batches and ranks
   at::Tensor grad_norm;   // global, before clipping (fp16: of the unscaled gradients)
   at::Tensor loss_scale;  // fp16: the scale the step's backward used (fp32); undefined otherwise
 };
