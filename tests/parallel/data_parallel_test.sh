@@ -244,7 +244,11 @@ elapsed=$(( $(date +%s) - start ))
 kill -9 "$victim" 2>/dev/null || true
 (( status != 0 )) || fail "the launcher exited 0 after a worker hung"
 (( elapsed <= 60 )) || fail "the job took ${elapsed}s to stop after a hang"
-grep -q "did not complete within 5 s\|timed out" "$work/hang.log" || { cat "$work/hang.log"; fail "no timeout reported"; }
+# tide's own wait and Gloo's pair timeout both run out at parallel.timeout_s: whichever
+# fires first words it ("did not complete within 5 s"; Gloo's "Timed out waiting ..." or
+# "Application timeout caused pair closure", seen in a fresh clone's suite on 2026-12-01).
+grep -Eqi "did not complete within 5 s|timed out|application timeout" "$work/hang.log" ||
+  { cat "$work/hang.log"; fail "no timeout reported"; }
 grep -q "rank 1 silent for" "$work/hang.log" || { cat "$work/hang.log"; fail "the hung rank is not named"; }
 # Whichever collective the stop catches (a gradient reduction, or the step boundary's
 # broadcast of control commands), the error gives its kind and its name.
