@@ -17,6 +17,10 @@ bool attends_over_window(const ModelConfig& m, int64_t layer) {
   return m.sliding_window > 0 && std::find(full.begin(), full.end(), layer) == full.end();
 }
 
+bool window_leaves_out_keys(const ModelConfig& m, int64_t layer, int64_t seq_len) {
+  return attends_over_window(m, layer) && m.sliding_window < seq_len;
+}
+
 ModelConfig windowed_rope(const ModelConfig& m) {
   ModelConfig local = m;
   if (m.rope_local_theta > 0) {

@@ -13,18 +13,16 @@ namespace {
 Batch fill(int64_t batch, int64_t seq_len, const BatchContents& contents,
            const std::function<std::pair<const TokenSplit*, int64_t>(int64_t)>& window_of) {
   auto buf = torch::empty({batch, seq_len + 1}, torch::kInt64);
-  torch::Tensor documents;
-  if (contents.documents) documents = torch::empty({batch, seq_len}, torch::kInt32);
-  // Each window's documents, its last token's too: target i starts a document where its
-  // number moves on from input i's.
+  // Each window's documents, its last token's too: the inputs' are the first seq_len, and
+  // target i starts a document where its number moves on from input i's.
+  const bool any_documents = contents.documents || contents.uncounted_document_ends;
   torch::Tensor window_documents;
-  if (contents.uncounted_document_ends) window_documents = torch::empty({batch, seq_len + 1}, torch::kInt32);
+  if (any_documents) window_documents = torch::empty({batch, seq_len + 1}, torch::kInt32);
   auto* p = buf.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch; ++b) {
     const auto [split, start] = window_of(b);
     split->copy(start, seq_len + 1, p + b * (seq_len + 1));
-    if (contents.documents) split->copy_documents(start, seq_len, documents.data_ptr<int32_t>() + b * seq_len);
-    if (contents.uncounted_document_ends)
+    if (any_documents)
       split->copy_documents(start, seq_len + 1, window_documents.data_ptr<int32_t>() + b * (seq_len + 1));
   }
   auto targets = buf.narrow(1, 1, seq_len).contiguous();
@@ -32,6 +30,8 @@ Batch fill(int64_t batch, int64_t seq_len, const BatchContents& contents,
     const auto starts = window_documents.narrow(1, 1, seq_len).ne(window_documents.narrow(1, 0, seq_len));
     targets.masked_fill_(starts, kUncountedTarget);
   }
+  torch::Tensor documents;
+  if (contents.documents) documents = window_documents.narrow(1, 0, seq_len).contiguous();
   return {buf.narrow(1, 0, seq_len).contiguous(), std::move(targets), documents};
 }
 }  // namespace

@@ -123,15 +123,17 @@ double attention_masks(const ModelConfig& m, const RankModel& r, const Shape& x,
   const bool alibi = m.positions == PositionKind::ALiBi;
   const double one = (alibi ? static_cast<double>(r.heads) : 1.0) * x.T * x.T * x.s;
   const auto seq = static_cast<int64_t>(x.T);
-  const bool window_masks = m.sliding_window > 0 && m.sliding_window < seq;
   bool cached_windowed = false, cached_full = false;
   double bytes = 0;
   for (size_t c = 0; c < stage.chunks.size(); ++c) {
     const BlockRange& range = stage.chunks[c];
     const int64_t end = range.end < 0 ? m.n_layers : range.end;
-    bool windowed = false, full = false;
-    for (int64_t layer = range.first; layer < end; ++layer) (attends_over_window(m, layer) ? windowed : full) = true;
-    cached_windowed = cached_windowed || (windowed && (alibi || window_masks));
+    bool windowed = false, full = false, window_mask = false;
+    for (int64_t layer = range.first; layer < end; ++layer) {
+      (attends_over_window(m, layer) ? windowed : full) = true;
+      window_mask = window_mask || window_leaves_out_keys(m, layer, seq);
+    }
+    cached_windowed = cached_windowed || (windowed && alibi) || window_mask;
     cached_full = cached_full || (full && alibi);
     if (documents) bytes += static_cast<double>(in_flight[c]) * x.B * one * ((windowed ? 1 : 0) + (full ? 1 : 0));
   }

@@ -133,7 +133,9 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   // 3-10% before).
   const bool fused = dev.fused_attention && mc.attention_softcap == 0;  // no fused kernel takes a cap
   const bool documents = cfg.data.document_attention;
-  const bool window_masks = mc.sliding_window > 0 && mc.sliding_window < cfg.data.seq_len;
+  bool window_masks = false;
+  for (int64_t layer = 0; layer < mc.n_layers; ++layer)
+    window_masks = window_masks || window_leaves_out_keys(mc, layer, cfg.data.seq_len);
   const bool probed_kernel = fused && mc.positions != PositionKind::ALiBi && !documents && !window_masks;
   const double attention_rate = measured_attention > 0 && probed_kernel ? measured_attention : matmul_rate;
   const double memory_rate = dev.memory_bandwidth * dev.bandwidth_efficiency;

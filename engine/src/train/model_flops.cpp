@@ -18,15 +18,14 @@ double train_flops_per_token(const ModelConfig& m, int64_t seq_len) {
 
 double counted_keys(const ModelConfig& m, int64_t layer, int64_t seq_len) {
   const auto t = static_cast<double>(seq_len), w = static_cast<double>(m.sliding_window);
-  if (!attends_over_window(m, layer) || w >= t) return t;
+  if (!window_leaves_out_keys(m, layer, seq_len)) return t;
   return t * (w * (w + 1) / 2 + (t - w) * w) / (t * (t + 1) / 2);
 }
 
 double computed_keys(const ModelConfig& m, int64_t layer, int64_t seq_len, bool documents, bool fused) {
   const auto t = static_cast<double>(seq_len);
   if (m.attention_softcap > 0) return t / 2;
-  const bool window_mask = attends_over_window(m, layer) && m.sliding_window < seq_len;
-  const bool masked = documents || m.positions == PositionKind::ALiBi || window_mask;
+  const bool masked = documents || m.positions == PositionKind::ALiBi || window_leaves_out_keys(m, layer, seq_len);
   return fused && !masked ? t / 2 : t;
 }
 

@@ -260,6 +260,9 @@ int64_t block_norms(const ModelConfig& m);
 // Whether layer `layer` (from 0) attends over model.sliding_window: every layer where
 // there is one, but those of model.full_attention_layers.
 bool attends_over_window(const ModelConfig& m, int64_t layer);
+// Whether that window leaves keys out of a sequence of seq_len tokens (it is shorter):
+// only then does the layer's attention take a mask for it.
+bool window_leaves_out_keys(const ModelConfig& m, int64_t layer, int64_t seq_len);
 // The RoPE settings of the layers attending over the window: the model's own, or with
 // rope_local_theta its base, unscaled.
 ModelConfig windowed_rope(const ModelConfig& m);
