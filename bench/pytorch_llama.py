@@ -5,7 +5,8 @@ rotate-half form, SwiGLU, causal softmax attention, grouped-query with --kv-head
 output), trained with torch.optim.AdamW on windows of the same token file tide reads: in
 fp32, or with --bf16 under bf16 autocast (fp32 weights and optimizer state); --sdpa
 attends through F.scaled_dot_product_attention and --fused-adamw uses AdamW(fused=True),
-the best eager setup for a GPU.
+the best eager setup for a GPU. --window W lets a query see only the W nearest keys, through
+the window's [T, T] mask (PyTorch's attention takes no window).
 Run with .venv/bin/python (the PyTorch whose LibTorch tide links).
 """
 import argparse
@@ -57,7 +58,9 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if self.sdpa:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv != self.h)
+            # mask: a window's (True: may attend), else None for the causal kernel.
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                               enable_gqa=self.kv != self.h)
         else:
             if self.kv != self.h:
                 k = k.repeat_interleave(self.h // self.kv, 1)
@@ -85,7 +88,7 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, vocab, dim, layers, heads, kv_heads, ffn, seq, sdpa):
+    def __init__(self, vocab, dim, layers, heads, kv_heads, ffn, seq, sdpa, window=0):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList([Block(dim, heads, kv_heads, ffn, sdpa) for _ in range(layers)])
@@ -97,7 +100,14 @@ class Llama(nn.Module):
         emb = torch.cat((ang, ang), -1)
         self.register_buffer("cos", emb.cos().float(), persistent=False)
         self.register_buffer("sin", emb.sin().float(), persistent=False)
-        self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1), persistent=False)
+        # True where a query may not look: the future, and with a window all but its w nearest.
+        masked = torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1)
+        if window:
+            masked |= torch.tril(torch.ones(seq, seq, dtype=torch.bool), -window)
+        self.register_buffer("mask", masked, persistent=False)
+        # SDPA's: True where a query may attend; none for plain causal attention.
+        self.sdpa, self.window = sdpa, window
+        self.register_buffer("allowed", masked.logical_not(), persistent=False)
         for p in self.parameters():
             if p.dim() > 1:
                 nn.init.normal_(p, 0.0, 0.02)
@@ -105,7 +115,11 @@ class Llama(nn.Module):
     def forward(self, tokens, targets):
         t = tokens.shape[1]
         x = self.embed_tokens(tokens)
-        cos, sin, mask = self.cos[:t], self.sin[:t], self.mask[:t, :t]
+        cos, sin = self.cos[:t], self.sin[:t]
+        if self.sdpa:
+            mask = self.allowed[:t, :t] if self.window else None
+        else:
+            mask = self.mask[:t, :t]
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         logits = self.lm_head(self.norm(x))
@@ -123,6 +137,7 @@ def main():
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--multiple-of", type=int, default=256)
+    ap.add_argument("--window", type=int, default=0, help="sliding window of keys a query sees (0: none)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -140,7 +155,7 @@ def main():
     tokens = np.memmap(a.data, dtype=np.uint16, mode="r")
     rng = np.random.default_rng(0)
     model = Llama(a.vocab, a.dim, a.layers, a.heads, a.kv_heads or a.heads, ffn_dim(a.dim, a.multiple_of), a.seq,
-                  a.sdpa).to(a.device)
+                  a.sdpa, a.window).to(a.device)
     decay = [p for p in model.parameters() if p.dim() > 1 and p is not model.embed_tokens.weight]
     rest = [p for p in model.parameters() if not (p.dim() > 1 and p is not model.embed_tokens.weight)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],

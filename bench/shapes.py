@@ -12,6 +12,10 @@ SHAPES = {
     # The two shapes of issue 17's GPU comparison (H100, bf16): 134M and 886M parameters.
     "s1": dict(dim=768, layers=12, heads=12, vocab=32000, seq=1024, batch=16),
     "s2": dict(dim=2048, layers=16, heads=16, kv=8, vocab=32000, seq=2048, batch=4),
+    # A sliding window an eighth of the sequence (Mistral's and Gemma's layers): tide
+    # attends in blocks that leave out what the window does; PyTorch's attention takes no
+    # window, so its peers pass the window's [T, T] mask.
+    "window": dict(dim=256, layers=4, heads=4, kv=2, vocab=8192, seq=2048, batch=2, window=256),
 }
 
 

@@ -6,8 +6,9 @@ with its best allocator settings (jemalloc preloaded with the options tide uses;
 and torch.compile (inductor; the warm-up steps take the compilation). With --precision bf16
 (tide's precision.compute = "bf16") the peers are eager fp32, eager bf16 autocast, the
 same with F.scaled_dot_product_attention and AdamW(fused=True), and that under
-torch.compile.
-Usage: .venv/bin/python bench/train_vs_pytorch.py --tide build/tools/tide [--shape tiny|small|all]
+torch.compile. --shape window trains with a sliding window of an eighth of the sequence and
+adds the peer that passes the window's mask to F.scaled_dot_product_attention.
+Usage: .venv/bin/python bench/train_vs_pytorch.py --tide build/tools/tide [--shape tiny|small|window|all]
        .venv/bin/python bench/train_vs_pytorch.py --device cuda --precision bf16 --shape s1   (also s2, gpu)
        add --profile-dir DIR for tide's profile of two steps after the timed ones (docs/profiling.md)
 """
@@ -47,10 +48,19 @@ def matmul_peak(threads, device, dtype):
     return best
 
 
+def counted_keys(s):
+    """The keys a query is counted against (tide's train/flops.h): the sequence, or for a
+    window w shorter than it that scaled as the keys the window leaves causal attention."""
+    t, w = s["seq"], s.get("window", 0)
+    if not w or w >= t:
+        return t
+    return t * (w * (w + 1) / 2 + (t - w) * w) / (t * (t + 1) / 2)
+
+
 def flops_per_token(s, ffn):
     d, kv_rows = s["dim"], s.get("kv", s["heads"]) * (s["dim"] // s["heads"])
     matmul_params = s["layers"] * (2 * d * d + 2 * d * kv_rows + 3 * d * ffn) + s["vocab"] * d
-    return 6 * matmul_params + 12 * s["layers"] * s["dim"] * s["seq"]
+    return 6 * matmul_params + 12 * s["layers"] * s["dim"] * counted_keys(s)
 
 
 def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_graphs=True, profile_to=None):
@@ -64,8 +74,8 @@ def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_grap
     sets = {
         "model.vocab_size": s["vocab"], "model.dim": s["dim"], "model.n_layers": s["layers"],
         "model.n_heads": s["heads"], "model.n_kv_heads": s.get("kv", 0), "model.multiple_of": 256,
-        "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
-        "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"],
+        "model.max_seq_len": s["seq"], "model.sliding_window": s.get("window", 0), "data.seq_len": s["seq"],
+        "data.path": data, "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"],
         "schedule.steps": warmup + steps + extra, "schedule.warmup_steps": 0, "eval.every": 0,
         "optimizer.lr": 3e-4, "optimizer.beta2": 0.95, "threads": threads, "log_every": 1000,
         "device": device, "precision.compute": precision, "cuda_graphs": str(cuda_graphs).lower(),
@@ -99,7 +109,7 @@ def run_torch(s, steps, warmup, threads, data, jemalloc, device, compile=False, 
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--device", device]
     for k in ("dim", "layers", "heads", "vocab", "seq", "batch"):
         cmd += [f"--{k}", str(s[k])]
-    cmd += ["--kv-heads", str(s.get("kv", 0)), *flags]
+    cmd += ["--kv-heads", str(s.get("kv", 0)), "--window", str(s.get("window", 0)), *flags]
     if compile:
         cmd.append("--compile")
     res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
@@ -110,7 +120,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tide", default=os.path.join(ROOT, "build", "tools", "tide"))
     ap.add_argument("--data", default=os.path.join(ROOT, "data", "kjv"))
-    ap.add_argument("--shape", default="all", choices=["tiny", "small", "gpu", "s1", "s2", "all"])
+    ap.add_argument("--shape", default="all", choices=["tiny", "small", "gpu", "s1", "s2", "window", "all"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: both on GPU 0 (tide with device=cuda)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
@@ -139,8 +149,9 @@ def main():
         steps = a.steps or (30 if name == "tiny" else 8)
         ffn = 256 * ((int(2 * 4 * s["dim"] / 3) + 255) // 256)
         fpt = flops_per_token(s, ffn)
+        window = f", window {s['window']}" if s.get("window") else ""
         print(f"\n{name}: dim {s['dim']}, {s['layers']} layers, {s['heads']} heads ({s.get('kv', s['heads'])} kv), "
-              f"vocab {s['vocab']}, seq {s['seq']}, batch {s['batch']}; {steps} timed steps after {warmup}, "
+              f"vocab {s['vocab']}, seq {s['seq']}{window}, batch {s['batch']}; {steps} timed steps after {warmup}, "
               f"{a.precision}")
         peer = functools.partial(run_torch, s, steps, warmup, a.threads, a.data, device=a.device)
         tide = functools.partial(run_tide, a.tide, s, steps, warmup, a.threads, a.data, a.device, a.precision)
@@ -181,6 +192,8 @@ def main():
             measure("pytorch eager fp32", peer, False)
         else:
             measure("pytorch eager", peer, False)
+            if s.get("window"):
+                measure("eager + SDPA, the window's mask", peer, False, flags=("--sdpa",))
             if a.device == "cpu":
                 measure("pytorch eager + jemalloc", peer, True)
             measure("pytorch torch.compile", peer, False, compile=True)

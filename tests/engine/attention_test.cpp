@@ -1,13 +1,16 @@
 // The attention kernel (at::scaled_dot_product_attention) against the attention written
 // out, in fp64, from the module's own weights: causal grouped-query with RoPE (LLaMA) and
 // ALiBi (BLOOM), outputs and input gradients, in fp32 and under bf16 compute; and the
-// soft-capped attention of Gemma 2 (softcapped_attention.h) the same way.
+// soft-capped attention of Gemma 2 (softcapped_attention.h) the same way; attention over a
+// window in parts (attention_masks.h) against the whole mask.
 #include <cmath>
 
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/types.h>
 
+#include "tide/engine/config.h"
+#include "tide/engine/model/attention_masks.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/softcapped_attention.h"
 #include "tide/engine/model/transformer.h"
@@ -135,7 +138,7 @@ AttentionReference written_out(const torch::Tensor& q, const torch::Tensor& k, c
   auto q2 = q.clone().requires_grad_(), k2 = k.clone().requires_grad_(), v2 = v.clone().requires_grad_();
   const int64_t groups = q.size(1) / k.size(1), t = q.size(2);
   auto s = torch::matmul(q2, k2.repeat_interleave(groups, 1).transpose(-1, -2)) * scale;
-  s = (s / cap).tanh() * cap;
+  if (cap > 0) s = (s / cap).tanh() * cap;  // 0: no cap
   if (!bias.defined())
     s = s.masked_fill(torch::ones({t, t}, torch::kBool).triu(1), -INFINITY);
   else if (bias.scalar_type() == torch::kBool)
@@ -198,6 +201,97 @@ TEST(SoftcappedAttention, NeverHoldsTheScoresOfEveryQuery) {
   out.sum().backward();
   const int64_t peak = peak_host_tensor_bytes() - before;
   EXPECT_LT(peak, scores_bytes / 2);
+}
+
+// The whole [B or 1, H or 1, T, T] additive mask of a window, documents apart and ALiBi,
+// in fp64, written out from the positions.
+torch::Tensor dense_bias(int64_t t, int64_t window, const torch::Tensor& documents, const torch::Tensor& slopes) {
+  const auto i = torch::arange(t, torch::kInt64).unsqueeze(1), j = torch::arange(t, torch::kInt64).unsqueeze(0);
+  auto allowed = j.le(i).logical_and(i.sub(j).lt(window)).view({1, 1, t, t});
+  if (documents.defined())
+    allowed = allowed.logical_and(documents.unsqueeze(2).eq(documents.unsqueeze(1)).unsqueeze(1));
+  auto bias = torch::zeros({1, 1, t, t}, torch::kFloat64);
+  if (slopes.defined()) bias = slopes.to(torch::kFloat64).view({1, -1, 1, 1}) * (j - i).to(torch::kFloat64);
+  return bias.masked_fill(allowed.logical_not(), -INFINITY);
+}
+
+// A window shorter than the sequence attended in parts (attention_masks.h) against the
+// same attention written out with the whole [T, T] mask: outputs and the gradients of q, k
+// and v, through LibTorch's attention and the soft-capped op, with and without documents
+// apart and ALiBi's bias. The same fp64 sums in another order (and the zeros of -inf
+// added where the whole mask adds them): within 1e-12.
+TEST(WindowedAttention, PartsGiveTheWholeMasksOutputAndGradients) {
+  torch::manual_seed(31);
+  const int64_t b = 2, h = 4, kv = 2, hd = 8;
+  const double scale = 1 / std::sqrt(8.0);
+  struct Case {
+    int64_t t, window, rows;
+  };
+  // Whole blocks only; a tail of 1 and of 2; blocks of 1; a block as wide as the window;
+  // no whole block (the first w queries, then the tail).
+  const Case cases[] = {{13, 5, 4}, {13, 4, 4}, {13, 4, 3}, {12, 3, 1}, {20, 6, 6}, {9, 6, 4}};
+  for (const Case& c : cases) {
+    const auto q = torch::randn({b, h, c.t, hd}, torch::kFloat64), k = torch::randn({b, kv, c.t, hd}, torch::kFloat64);
+    const auto v = torch::randn({b, kv, c.t, hd}, torch::kFloat64), g = torch::randn({b, h, c.t, hd}, torch::kFloat64);
+    auto documents = torch::zeros({b, c.t}, torch::kInt64);
+    documents[0].narrow(0, 7, c.t - 7).fill_(1);  // two documents in the first row, one in the second
+    const auto slopes = torch::tensor({0.5, 0.25, 0.125, 0.0625}, torch::kFloat32);
+    for (const bool docs : {false, true})
+      for (const bool alibi : {false, true})
+        for (const double cap : {0.0, 2.0}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "t " << c.t << ", window " << c.window << ", blocks of " << c.rows
+                       << (docs ? ", documents" : "") << (alibi ? ", ALiBi" : "") << (cap > 0 ? ", soft-capped" : ""));
+          const auto d = docs ? documents : torch::Tensor();
+          const auto s = alibi ? slopes : torch::Tensor();
+          const auto parts = windowed_attention_parts(c.t, c.window, c.rows, d, s, q.options());
+          const PartAttention attend = [&](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
+                                           const at::Tensor& mask) {
+            if (cap > 0) return softcapped_attention(qp, kp, vp, mask, scale, cap, 0.0);
+            return at::scaled_dot_product_attention(qp, kp, vp,
+                                                    mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                                    0.0, !mask.defined(), scale, /*enable_gqa=*/true);
+          };
+          auto q1 = q.clone().requires_grad_(), k1 = k.clone().requires_grad_(), v1 = v.clone().requires_grad_();
+          const auto out = windowed_attention(q1, k1, v1, parts, attend);
+          const auto grads = torch::autograd::grad({out}, {q1, k1, v1}, {g});
+          const AttentionReference want = written_out(q, k, v, dense_bias(c.t, c.window, d, s), scale, cap, g);
+          EXPECT_LT(relative_error(out, want.out), 1e-12);
+          EXPECT_LT(relative_error(grads[0], want.dq), 1e-12);
+          EXPECT_LT(relative_error(grads[1], want.dk), 1e-12);
+          EXPECT_LT(relative_error(grads[2], want.dv), 1e-12);
+        }
+  }
+}
+
+// The parts' masks hold R + w keys a query, never the sequence's: at 2048 tokens and a
+// window of 64 forward and backward together stay under half of one [T, T] fp32 mask
+// (16 MiB), where a dense mask alone is that whole.
+TEST(WindowedAttention, NoPartHoldsAMaskOrScoresOfTheWholeSequence) {
+  count_host_tensor_memory();
+  torch::manual_seed(32);
+  const int64_t b = 1, h = 2, kv = 1, t = 2048, hd = 16, window = 64;
+  auto q = torch::randn({b, h, t, hd}).requires_grad_(), k = torch::randn({b, kv, t, hd}).requires_grad_();
+  auto v = torch::randn({b, kv, t, hd}).requires_grad_();
+  const int64_t dense_mask_bytes = t * t * 4;
+  const int64_t before = host_tensor_bytes();
+  reset_peak_host_tensor_bytes();
+  const auto parts = windowed_attention_parts(t, window, window_block_rows(window), {}, {}, q.options());
+  const PartAttention attend = [](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
+                                  const at::Tensor& mask) {
+    return at::scaled_dot_product_attention(qp, kp, vp, mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt,
+                                            0.0, !mask.defined(), std::nullopt, /*enable_gqa=*/true);
+  };
+  windowed_attention(q, k, v, parts, attend).sum().backward();
+  const int64_t peak = peak_host_tensor_bytes() - before;
+  EXPECT_LT(peak, dense_mask_bytes / 2);
+  EXPECT_TRUE(q.grad().isfinite().all().item<bool>());
+}
+
+TEST(WindowedAttention, RefusesAWindowThatLeavesOutNothing) {
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+  EXPECT_THROW(windowed_attention_parts(8, 8, 4, {}, {}, opts), c10::Error);
+  EXPECT_THROW(windowed_attention_parts(8, 4, 0, {}, {}, opts), c10::Error);
 }
 
 // Gemma 2's soft-capped scores (a cap of 2) take the blocked path of their own.

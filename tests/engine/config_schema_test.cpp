@@ -183,14 +183,27 @@ TEST(ModelShape, AttentionFlopsCountTheKeysEachLayerSees) {
 // mask half the keys, one with a mask (a window shorter than the sequence, documents
 // apart, ALiBi) all of them, whatever the window leaves out; without a fused kernel all;
 // soft-capped attention half, mask or not.
-TEST(ModelShape, AttentionComputesHalfTheKeysCausallyAndAllOfThemUnderAMask) {
+TEST(ModelShape, AttentionComputesHalfTheKeysCausallyAllOfThemUnderAMaskAndAWindowsBlocks) {
   ModelConfig m;
   m.n_layers = 3;
   m.sliding_window = 2;
   m.full_attention_layers = {1};
   EXPECT_EQ(computed_keys(m, 1, 8, false), 4.0);
-  EXPECT_EQ(computed_keys(m, 0, 8, false), 8.0);
+  // The window of 2 in parts (attention_masks.h): the first 2 queries a causal square (1
+  // key each, half of 2), then 6 blocks of R = 1 query reading R + w = 3 keys: 20 / 8.
+  EXPECT_EQ(window_block_rows(2), 1);
+  EXPECT_EQ(computed_keys(m, 0, 8, false), 2.5);
   EXPECT_EQ(computed_keys(m, 1, 8, true), 8.0);
+  // Gemma 3's 512 at 4096: 512 queries of 256 keys, 14 blocks of 256 of 768; with
+  // documents apart the first square's 512 each; soft-capped, a block's queries read
+  // about w + R / 2 = 640.
+  ModelConfig gemma = m;
+  gemma.sliding_window = 512;
+  EXPECT_EQ(window_block_rows(512), 256);
+  EXPECT_EQ(computed_keys(gemma, 0, 4096, false), (512.0 * 256 + 14 * 256 * 768) / 4096);
+  EXPECT_EQ(computed_keys(gemma, 0, 4096, true), (512.0 * 512 + 14 * 256 * 768) / 4096);
+  gemma.attention_softcap = 50;
+  EXPECT_EQ(computed_keys(gemma, 0, 4096, true), (512.0 * 256 + 14 * 256 * 640) / 4096);
   EXPECT_EQ(computed_keys(m, 1, 8, false, /*fused=*/false), 8.0);
   m.sliding_window = 8;  // the sequence fits: no mask
   EXPECT_EQ(computed_keys(m, 0, 8, false), 4.0);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,7 @@
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/batch_loader.h"
 #include "tide/engine/data/token_dataset.h"
+#include "tide/engine/model/attention_masks.h"
 #include "tide/engine/model/hf_convert.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/train/evaluate.h"
@@ -352,6 +354,52 @@ TEST(Cuda, ExportOfACudaTrainedModelLoadsInTransformersWithItsLogits) {
             testing::logit_tolerance(c.model, ids.size(1), expected));
   fs::remove_all(dir);
   fs::remove_all(hf);
+}
+
+// A window attended in parts on CUDA in bf16 (the blocks' SDPA call takes their band
+// mask, so the memory-efficient kernel runs it) against the whole mask's attention in fp64
+// on the CPU from the same bf16 inputs, with and without documents apart: within
+// AttentionKernel's bf16 bound (about 8 roundings of 2^-8 each).
+TEST(Cuda, AWindowAttendedInPartsIsTheWholeMasksAttentionInBf16) {
+  SKIP_WITHOUT_CUDA();
+  torch::manual_seed(41);
+  const int64_t b = 2, h = 8, kv = 2, t = 1024, hd = 64, window = 128;
+  const torch::Device gpu(torch::kCUDA, 0);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  const auto q = torch::randn({b, h, t, hd}, bf16), k = torch::randn({b, kv, t, hd}, bf16);
+  const auto v = torch::randn({b, kv, t, hd}, bf16), g = torch::randn({b, h, t, hd}, bf16);
+  auto documents = torch::zeros({b, t}, torch::kInt64);
+  documents[0].narrow(0, 300, t - 300).fill_(1);
+  const auto relative = [](const torch::Tensor& got, const torch::Tensor& want) {
+    return ((got.cpu().to(torch::kFloat64) - want).norm() / want.norm()).item<double>();
+  };
+  const double bound = 8.0 * std::ldexp(1.0, -8);
+  for (const bool docs : {false, true}) {
+    SCOPED_TRACE(docs ? "documents apart" : "one sequence");
+    auto qg = q.to(gpu).requires_grad_(), kg = k.to(gpu).requires_grad_(), vg = v.to(gpu).requires_grad_();
+    const auto parts = windowed_attention_parts(t, window, window_block_rows(window),
+                                                docs ? documents.to(gpu) : torch::Tensor(), {}, qg.options());
+    const PartAttention attend = [](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
+                                    const at::Tensor& mask) {
+      return at::scaled_dot_product_attention(qp, kp, vp,
+                                              mask.defined() ? std::optional<at::Tensor>(mask) : std::nullopt, 0.0,
+                                              !mask.defined(), std::nullopt, /*enable_gqa=*/true);
+    };
+    const auto out = windowed_attention(qg, kg, vg, parts, attend);
+    const auto grads = torch::autograd::grad({out}, {qg, kg, vg}, {g.to(gpu)});
+
+    auto q64 = q.to(torch::kFloat64).requires_grad_(), k64 = k.to(torch::kFloat64).requires_grad_();
+    auto v64 = v.to(torch::kFloat64).requires_grad_();
+    const auto i = torch::arange(t).unsqueeze(1), j = torch::arange(t).unsqueeze(0);
+    auto allowed = j.le(i).logical_and(i.sub(j).lt(window)).view({1, 1, t, t});
+    if (docs) allowed = allowed.logical_and(documents.unsqueeze(2).eq(documents.unsqueeze(1)).unsqueeze(1));
+    const auto scores = torch::matmul(q64, k64.repeat_interleave(h / kv, 1).transpose(-1, -2)) / std::sqrt(64.0);
+    const auto want = torch::matmul(scores.masked_fill(allowed.logical_not(), -INFINITY).softmax(-1),
+                                    v64.repeat_interleave(h / kv, 1));
+    const auto want_grads = torch::autograd::grad({want}, {q64, k64, v64}, {g.to(torch::kFloat64)});
+    EXPECT_LT(relative(out, want.detach()), bound);
+    for (size_t n = 0; n < 3; ++n) EXPECT_LT(relative(grads[n], want_grads[n]), bound) << "gradient " << n;
+  }
 }
 
 TEST(Cuda, GreedyGenerationChoosesWhatTheCpuWouldUpToRounding) {

@@ -272,7 +272,7 @@ INSTANTIATE_TEST_SUITE_P(Model, PackedDocuments,
 // same bytes a block with documents apart as without them, and the documents' mask
 // itself is counted once. PyTorch's attention turns a boolean mask into an additive one
 // at every call, and autograd kept each block's copy: [B, 1, T, T] of fp32, 128 KiB here.
-// Also for a sliding window's mask (made once for the run) and BLOOM's ALiBi bias.
+// Also for a sliding window's masks (made once for the run) and BLOOM's ALiBi bias.
 TEST(Model, EveryBlockKeepsTheOneMaskItsChunkMade) {
   count_host_tensor_memory();
   const int64_t b = 2, t = 128;
@@ -297,7 +297,16 @@ TEST(Model, EveryBlockKeepsTheOneMaskItsChunkMade) {
     const int64_t block = kept(c, 4, false) - kept(c, 2, false);
     EXPECT_EQ(kept(c, 4, true) - kept(c, 2, true), block) << "each block keeps a mask of its own";
     const int64_t heads = c.family == Family::BLOOM ? c.n_heads : 1;  // ALiBi's bias masked: [B, H, T, T]
-    EXPECT_EQ(kept(c, 2, true) - kept(c, 2, false), heads * mask);
+    if (c.sliding_window == 0) {
+      EXPECT_EQ(kept(c, 2, true) - kept(c, 2, false), heads * mask);
+      continue;
+    }
+    // A window attends in parts (attention_masks.h): the first w queries' mask [B, 1, w, w],
+    // then the blocks' [B n, 1, R, R + w] (n R = T - w here), in place of the band [1, 1, R,
+    // R + w] every block shares without documents.
+    const int64_t w = c.sliding_window, r = window_block_rows(w);
+    ASSERT_EQ((t - w) % r, 0);
+    EXPECT_EQ(kept(c, 2, true) - kept(c, 2, false), (b * (w * w + (t - w) * (r + w)) - r * (r + w)) * 4);
   }
 }
 

@@ -145,24 +145,24 @@ TEST(PartitionStages, BalancesCostAndHonoursAGivenCut) {
   EXPECT_THROW(partition_stages(m, 3, 64, {2, 2, 2}), ConfigError);
   EXPECT_THROW(partition_stages(m, 9, 64), ConfigError);
   // Layers of two kinds, cut by what their kernels compute: at a sequence of 4096 a
-  // windowed layer (window 64) hands attention a mask, which makes it compute every score,
-  // where a layer in full is causal and skips half. So the stage holding the three full
-  // layers gets more blocks; with documents apart every layer has a mask and the cut is
-  // even.
+  // windowed layer (window 64) attends in parts of about R + w = 96 keys a query, where a
+  // layer in full is causal and computes 2048 (4096 with documents apart, a mask). So the
+  // stage holding the three full layers gets fewer blocks, wherever they are, with
+  // documents and soft-capped (the capped op reads w + R / 2 = 80) too.
   ModelConfig mixed = m;
   mixed.sliding_window = 64;
   mixed.full_attention_layers = {0, 1, 2};
   const auto by_keys = partition_stages(mixed, 2, 4096);
-  EXPECT_GT(stage_blocks(by_keys[0], 8), stage_blocks(by_keys[1], 8));
+  EXPECT_LT(stage_blocks(by_keys[0], 8), stage_blocks(by_keys[1], 8));
+  const auto documents = partition_stages(mixed, 2, 4096, {}, 1, /*documents=*/true);
+  EXPECT_LT(stage_blocks(documents[0], 8), stage_blocks(documents[1], 8));
   mixed.full_attention_layers = {5, 6, 7};
   const auto reversed = partition_stages(mixed, 2, 4096);
-  EXPECT_LT(stage_blocks(reversed[0], 8), stage_blocks(reversed[1], 8));
-  const auto documents = partition_stages(mixed, 2, 4096, {}, 1, /*documents=*/true);
-  EXPECT_EQ(stage_blocks(documents[0], 8), 4);
-  // Soft-capped attention (Gemma 2) reads each block of queries' keys up to its last,
-  // mask or not: every layer costs alike.
+  EXPECT_GT(stage_blocks(reversed[0], 8), stage_blocks(reversed[1], 8));
   mixed.attention_softcap = 50;
-  EXPECT_EQ(stage_blocks(partition_stages(mixed, 2, 4096)[0], 8), 4);
+  EXPECT_GT(stage_blocks(partition_stages(mixed, 2, 4096)[0], 8), 4);
+  // A window the sequence fits in leaves nothing out: every layer alike.
+  EXPECT_EQ(stage_blocks(partition_stages(mixed, 2, 64)[0], 8), 4);
 }
 
 TEST(PartitionStages, InterleavedRanksTakeEveryPpthChunkOfTheModel) {

@@ -413,9 +413,9 @@ TEST(Plan, MaterialisedAttentionKeepsItsProbabilitiesAndComputesEveryScore) {
 }
 
 // Attention's masks (transformer.cpp) are one tensor that every block of a kind shares:
-// a window shorter than the sequence costs one [T, T] mask for the run (Gemma 3's
+// a window shorter than the sequence costs its parts' band for the run (Gemma 3's
 // windowed layers; its full layers need none), ALiBi one [H, T, T] bias, and documents
-// apart each micro-batch's own [B, ..., T, T] per kind of layer; all in bf16 here.
+// apart each micro-batch's own masks per kind of layer; all in bf16 here.
 TEST(Plan, AttentionMasksAreOneTensorForEveryBlockOfAKind) {
   const auto activations = [](const std::string& name, const std::vector<std::string>& overrides, int64_t mb) {
     std::vector<std::string> all = overrides;
@@ -430,12 +430,29 @@ TEST(Plan, AttentionMasksAreOneTensorForEveryBlockOfAKind) {
   EXPECT_DOUBLE_EQ(
       activations("llama/llama-3-8b", {"data.document_attention=true"}, 2) - activations("llama/llama-3-8b", {}, 2),
       2 * T8 * T8 * 2);
-  // Gemma 3 1B at 32768: its windowed layers' mask, once (a window the sequence fits in
-  // needs none); documents apart, one a kind.
+  // Gemma 3 1B at 32768: its windowed layers attend in parts (attention_masks.h), their
+  // band [R, R + w] once for the run, and each windowed block keeps the copies of the keys
+  // and values its parts read (w / R times them beyond one) and the parts' outputs beside
+  // the joined one; a window the sequence fits in needs no mask. Documents apart: the full
+  // layers' [1, 1, T, T] and the windowed layers' parts of the sequence, [w, w] and the
+  // blocks' [T - w, R + w], in place of the band.
   const double T32 = 32768;
+  const ModelConfig gemma = recipe("gemma/gemma3-1b", {}).model;
+  const double w = static_cast<double>(gemma.sliding_window),
+               r = static_cast<double>(window_block_rows(gemma.sliding_window));
+  const double hd = static_cast<double>(head_dim(gemma));
+  double windowed_layers = 0;
+  for (int64_t layer = 0; layer < gemma.n_layers; ++layer)
+    windowed_layers += window_leaves_out_keys(gemma, layer, 32768);
+  const double band = r * (r + w) * 2;
+  const double kept =
+      T32 * (2 * static_cast<double>(resolved_kv_heads(gemma)) * hd * w / r + static_cast<double>(gemma.n_heads) * hd) *
+      2;
   const double windowed = activations("gemma/gemma3-1b", {}, 1);
-  EXPECT_DOUBLE_EQ(windowed - activations("gemma/gemma3-1b", {"model.sliding_window=32768"}, 1), T32 * T32 * 2);
-  EXPECT_DOUBLE_EQ(activations("gemma/gemma3-1b", {"data.document_attention=true"}, 1) - windowed, 2 * T32 * T32 * 2);
+  EXPECT_DOUBLE_EQ(windowed - activations("gemma/gemma3-1b", {"model.sliding_window=32768"}, 1),
+                   band + windowed_layers * kept);
+  EXPECT_DOUBLE_EQ(activations("gemma/gemma3-1b", {"data.document_attention=true"}, 1) - windowed,
+                   T32 * T32 * 2 + (w * w + (T32 - w) * (r + w)) * 2 - band);
   // BLOOM 560M's ALiBi: [1, 16, T, T] for the run, [B, 16, T, T] a micro-batch with documents.
   const double T2 = 2048, H = 16;
   const double alibi = activations("bloom/bloom-560m", {}, 2);

@@ -21,6 +21,13 @@ bool window_leaves_out_keys(const ModelConfig& m, int64_t layer, int64_t seq_len
   return attends_over_window(m, layer) && m.sliding_window < seq_len;
 }
 
+int64_t window_block_rows(int64_t window) {
+  // Half the window: each query computes 1.5 w scores (w of them needed). A quarter was
+  // 9% faster again on the CPU (4096 tokens, w 512), but keeps every key and value five
+  // times over for backward where half keeps them three times.
+  return std::max<int64_t>(1, window / 2);
+}
+
 ModelConfig windowed_rope(const ModelConfig& m) {
   ModelConfig local = m;
   if (m.rope_local_theta > 0) {

@@ -167,7 +167,7 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp) :
   }
 }
 
-torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& bias, const torch::Tensor& cos,
+torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& mask, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
   const int64_t h = heads_, hd = head_dim(cfg_);
   const int64_t k_heads = kv_heads_;
@@ -213,23 +213,24 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const torch::Tensor& b
   // on CUDA, the blocked flash kernel on the host (the math fallback where neither takes
   // the inputs). Grouped-query attention reads each key/value head for its H / K query
   // heads without repeating it; causal-only attention passes no mask, so a backend that
-  // skips the masked blocks can. `bias` is additive (ALiBi, a window, documents apart;
-  // one tensor for all of a chunk's blocks of a kind) or a boolean mask.
+  // skips the masked blocks can. A dense mask is additive (ALiBi, documents apart; one
+  // tensor for all of a chunk's blocks of a kind) or boolean; a window shorter than the
+  // sequence is attended in parts (attention_masks.h), one such call each.
   // Soft-capped scores (Gemma 2) take a path of their own (softcapped_attention.h): no
   // such kernel takes a cap.
   const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;
-  torch::Tensor ctx;  // [B, H, T, Hd]
-  if (cfg_.attention_softcap > 0) {
-    const double scale = cfg_.softmax_scale > 0 ? cfg_.softmax_scale : 1.0 / std::sqrt(static_cast<double>(hd));
-    ctx = softcapped_attention(q, k, v, bias, scale, cfg_.attention_softcap, dropout);
-  } else {
-    std::optional<at::Tensor> mask;
-    if (bias.defined())
-      mask = bias.scalar_type() == at::kBool ? bias : bias.to(q.scalar_type());  // no copy: same dtype
-    const auto scale = cfg_.softmax_scale > 0 ? std::optional<double>(cfg_.softmax_scale) : std::nullopt;
-    ctx = at::scaled_dot_product_attention(q, k, v, mask, dropout, /*is_causal=*/!bias.defined(), scale,
-                                           /*enable_gqa=*/k_heads != h);
-  }
+  const auto scale = cfg_.softmax_scale > 0 ? cfg_.softmax_scale : 1.0 / std::sqrt(static_cast<double>(hd));
+  const double cap = cfg_.attention_softcap;
+  const bool gqa = k_heads != h;
+  const PartAttention attend = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& bias) {
+    if (cap > 0) return softcapped_attention(q, k, v, bias, scale, cap, dropout);
+    std::optional<at::Tensor> m;
+    if (bias.defined()) m = bias.scalar_type() == at::kBool ? bias : bias.to(q.scalar_type());  // same dtype: no copy
+    return at::scaled_dot_product_attention(q, k, v, m, dropout, /*is_causal=*/!bias.defined(), scale, gqa);
+  };
+  // [B, H, T, Hd]
+  torch::Tensor ctx = mask.windowed ? windowed_attention(q, k, v, *mask.windowed, attend) : attend(q, k, v, mask.bias);
   ctx = ctx.transpose(1, 2).reshape({q.size(0), q.size(2), h * hd});
   return leave_tp(ctx, out->weight, out->bias, tp_, residual);  // [B, T, D]
 }
@@ -272,11 +273,11 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout
   if (cfg.post_norms) mlp_out_norm = register_module("post_feedforward_layernorm", norm());
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, const AttentionMask& mask, const torch::Tensor& cos,
                                  const torch::Tensor& sin) {
   const bool dropout = dropout_ > 0 && is_training();
   if (!dropout && !attention_out_norm) {  // each layer adds its output onto the stream itself
-    const auto h = attention(LayerInput(x, *input_norm, /*onto_residual=*/true), bias, cos, sin);
+    const auto h = attention(LayerInput(x, *input_norm, /*onto_residual=*/true), mask, cos, sin);
     return mlp(LayerInput(h, *mlp_norm, /*onto_residual=*/true));
   }
   // A post-norm, then dropout, fall between a layer's output and the stream.
@@ -284,7 +285,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& bi
     if (out_norm) y = out_norm(y);
     return dropout ? F::dropout(y, F::DropoutFuncOptions().p(dropout_)) : y;
   };
-  const auto h = x + branch(attention(LayerInput(x, *input_norm), bias, cos, sin), attention_out_norm);
+  const auto h = x + branch(attention(LayerInput(x, *input_norm), mask, cos, sin), attention_out_norm);
   return h + branch(mlp(LayerInput(h, *mlp_norm)), mlp_out_norm);
 }
 

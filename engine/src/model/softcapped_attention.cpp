@@ -4,8 +4,9 @@
 // whole and autograd differentiates them (the dropped probabilities must be kept).
 //
 // Shape legend: B batch, K key/value heads, G = H / K query heads a key/value head
-// serves, T time, Tq a block's queries, Tk the keys they may see (causal: up to the
-// block's last query), Hd head width.
+// serves, T the queries, S the keys (T <= S: the queries are the last T of the keys'
+// positions), Tq a block's queries, Tk the keys they may see (causal: up to the block's
+// last query), Hd head width.
 #include "tide/engine/model/softcapped_attention.h"
 
 #include <algorithm>
@@ -17,16 +18,17 @@
 namespace tide {
 namespace {
 
-// Queries a block: its fp32 scores [B, H, Tq, T] within about 64 MiB (a handful of such
+// Queries a block: its fp32 scores [B, H, Tq, S] within about 64 MiB (a handful of such
 // temporaries live at once in backward), at least 16 rows.
-int64_t query_block(int64_t b, int64_t h, int64_t t) {
+int64_t query_block(int64_t b, int64_t h, int64_t t, int64_t s) {
   constexpr int64_t kBlockBytes = int64_t{64} << 20;
-  const int64_t row_bytes = std::max<int64_t>(1, b * h * t * 4);
+  const int64_t row_bytes = std::max<int64_t>(1, b * h * s * 4);
   return std::clamp<int64_t>(kBlockBytes / row_bytes, 16, std::max<int64_t>(t, 1));
 }
 
 struct Geometry {
-  int64_t b, h, kv, g, t, hd;
+  int64_t b, h, kv, g, t, s, hd;
+  int64_t offset() const { return s - t; }  // query i sits at key i + offset
 };
 
 // fp32, or fp64 for fp64 inputs: what the cap, the softmax and the sums run in.
@@ -34,15 +36,15 @@ at::ScalarType wide(const at::Tensor& q) { return at::promote_types(q.scalar_typ
 
 Geometry geometry_of(const at::Tensor& q, const at::Tensor& k) {
   const int64_t h = q.size(1), kv = k.size(1);
-  return {q.size(0), h, kv, h / kv, q.size(2), q.size(3)};
+  return {q.size(0), h, kv, h / kv, q.size(2), k.size(2), q.size(3)};
 }
 
-// The capped scores of queries [first, first + rows) against keys [0, first + rows), fp32,
+// The capped scores of queries [first, first + rows) against keys [0, first + rows + offset), fp32,
 // [B, K, G, Tq, Tk], -inf where a query may not look; with `squashed`, also tanh(s / cap)
 // there (for the cap's slope).
 at::Tensor block_scores(const at::Tensor& q5, const at::Tensor& k5, const at::Tensor& bias, const Geometry& d,
                         int64_t first, int64_t rows, double scale, double cap, at::Tensor* squashed) {
-  const int64_t keys = first + rows;
+  const int64_t keys = first + rows + d.offset();
   const auto qb = q5.narrow(3, first, rows);                   // [B, K, G, Tq, Hd]
   const auto kb = k5.narrow(3, 0, keys);                       // [B, K, 1, Tk, Hd]
   auto t = at::matmul(qb, kb.transpose(-2, -1)).to(wide(q5));  // [B, K, G, Tq, Tk]
@@ -51,8 +53,8 @@ at::Tensor block_scores(const at::Tensor& q5, const at::Tensor& k5, const at::Te
   auto s = t.mul(cap);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   if (!bias.defined()) {
-    // Query first + i sees keys up to first + i.
-    const auto future = at::ones({rows, keys}, q5.options().dtype(at::kBool)).triu(first + 1);
+    // Query first + i sees keys up to first + i + offset.
+    const auto future = at::ones({rows, keys}, q5.options().dtype(at::kBool)).triu(first + d.offset() + 1);
     s.masked_fill_(future, neg_inf);
   } else {
     const auto part = bias.narrow(2, first, rows).narrow(3, 0, keys);  // [1 or B, 1 or H, Tq, Tk]
@@ -83,7 +85,7 @@ struct BlockedSoftcappedAttention : torch::autograd::Function<BlockedSoftcappedA
     auto out5 = out.view({d.b, d.kv, d.g, d.t, d.hd});
     auto lse = at::empty({d.b, d.kv, d.g, d.t}, q.options().dtype(wide(q)));
     for (int64_t first = 0; first < d.t; first += block) {
-      const int64_t rows = std::min(block, d.t - first), keys = first + rows;
+      const int64_t rows = std::min(block, d.t - first), keys = first + rows + d.offset();
       const auto s = block_scores(q5, k5, bias, d, first, rows, scale, cap, nullptr);
       const auto row_lse = at::logsumexp(s, -1);  // every row sees its own key: finite
       lse.narrow(3, first, rows).copy_(row_lse);
@@ -113,11 +115,11 @@ struct BlockedSoftcappedAttention : torch::autograd::Function<BlockedSoftcappedA
     const auto out5 = out.view({d.b, d.kv, d.g, d.t, d.hd});
     const auto row_dot = (dout.to(wide(q)) * out5.to(wide(q))).sum(-1);  // [B, K, G, T]
     auto dq = at::empty({d.b, d.kv, d.g, d.t, d.hd}, q.options());
-    auto dk = at::zeros({d.b, d.kv, d.t, d.hd}, q.options().dtype(wide(q)));
-    auto dv = at::zeros({d.b, d.kv, d.t, d.hd}, q.options().dtype(wide(q)));
+    auto dk = at::zeros({d.b, d.kv, d.s, d.hd}, q.options().dtype(wide(q)));
+    auto dv = at::zeros({d.b, d.kv, d.s, d.hd}, q.options().dtype(wide(q)));
     const int64_t block = ctx->saved_data["block"].toInt();
     for (int64_t first = 0; first < d.t; first += block) {
-      const int64_t rows = std::min(block, d.t - first), keys = first + rows;
+      const int64_t rows = std::min(block, d.t - first), keys = first + rows + d.offset();
       at::Tensor squashed;
       const auto s = block_scores(q5, k5, bias, d, first, rows, scale, cap, &squashed);
       const auto p = s.sub_(lse.narrow(3, first, rows).unsqueeze(-1)).exp_();  // 0 where masked
@@ -157,15 +159,15 @@ at::Tensor materialised(const at::Tensor& q, const at::Tensor& k, const at::Tens
 at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias,
                                 double scale, double cap, double dropout, int64_t block_rows) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(0) == k.size(0) &&
-                  q.size(2) == k.size(2) && q.size(3) == k.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
-              "softcapped_attention: q [B, H, T, Hd] and k, v [B, K, T, Hd] with K dividing H, got ", q.sizes(), ", ",
-              k.sizes(), " and ", v.sizes());
+                  q.size(2) <= k.size(2) && q.size(3) == k.size(3) && k.size(1) > 0 && q.size(1) % k.size(1) == 0,
+              "softcapped_attention: q [B, H, T, Hd] and k, v [B, K, S, Hd] with K dividing H and T <= S, got ",
+              q.sizes(), ", ", k.sizes(), " and ", v.sizes());
   TORCH_CHECK(cap > 0, "softcapped_attention: a cap of ", cap);
   TORCH_CHECK(block_rows >= 0, "softcapped_attention: blocks of ", block_rows, " queries");
   // The products in q's dtype (a value projection may hand its output on in another).
   const auto kq = k.to(q.scalar_type()), vq = v.to(q.scalar_type());
   if (dropout > 0) return materialised(q, kq, vq, bias, scale, cap, dropout);
-  const int64_t block = block_rows > 0 ? block_rows : query_block(q.size(0), q.size(1), q.size(2));
+  const int64_t block = block_rows > 0 ? block_rows : query_block(q.size(0), q.size(1), q.size(2), k.size(2));
   return BlockedSoftcappedAttention::apply(q, kq, vq, Mask{bias}, scale, cap, block);
 }
 

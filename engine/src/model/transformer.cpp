@@ -80,28 +80,6 @@ double rope_attention_scale(const ModelConfig& m) {
 }
 
 namespace {
-// [B, 1, T, T] with documents, else [1, 1, T, T]: true where query i may attend key j:
-// j <= i, i - j < window when there is one (0: none), and j in i's document (documents
-// [B, T], numbers that never decrease along a row). Every row keeps its diagonal, so no
-// softmax row is empty.
-torch::Tensor allowed_keys(int64_t t, const torch::Tensor& documents, int64_t window, const torch::Device& device) {
-  auto band = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(device)).tril();
-  if (window > 0) band = band.triu(1 - window);
-  if (!documents.defined()) return band.view({1, 1, t, t});
-  const auto same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, T, T]: doc_i == doc_j
-  return same.logical_and_(band).unsqueeze(1);
-}
-
-// `allowed` as the additive mask attention adds to its scores: 0 where a key is allowed,
-// -inf where not, in `options`' dtype (the stream's). PyTorch's attention turns a boolean
-// mask into this at every call, and autograd keeps each call's copy for backward: every
-// block would hold its own [B or 1, 1, T, T] (at T = 8192, 128 MiB of bf16 a block and
-// sequence). Made once, the blocks share it; the kernels get the same values.
-torch::Tensor additive_mask(const torch::Tensor& allowed, const torch::TensorOptions& options) {
-  return torch::zeros(allowed.sizes(), options.requires_grad(false))
-      .masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
-}
-
 // [B, T] int64: each token's distance from its document's first token in the row.
 torch::Tensor positions_in_documents(const torch::Tensor& documents) {
   const auto index = torch::arange(documents.size(1), documents.options().dtype(torch::kInt64)).expand_as(documents);
@@ -299,56 +277,62 @@ std::set<std::string> TransformerImpl::weights_read_in_compute_dtype() const {
   return out;
 }
 
-TransformerImpl::LayerAttention& TransformerImpl::attention_of(int64_t layer) {
-  return attends_over_window(cfg_, layer) ? windowed_ : full_;
-}
-
-torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOptions& options, int64_t layer) {
-  return bias_of(attention_of(layer), t, options);
+torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOptions& options) {
+  return bias_of(full_, t, options);
 }
 
 torch::Tensor TransformerImpl::bias_of(LayerAttention& kind, int64_t t, const torch::TensorOptions& options) {
-  // A window no shorter than the sequence leaves nothing out: plain causal attention,
-  // which the kernels skip the masked half of, and on CUDA the flash kernel.
-  const int64_t window = kind.window_for(t);
-  // Causal attention alone needs no mask: the attention kernel is told it is causal.
-  if (!alibi_slopes_.defined() && window == 0) return {};
-  // ALiBi's bias, else the window's mask, additive in the stream's dtype.
+  // Causal attention alone needs no mask: the attention kernel is told it is causal, and
+  // skips the masked half (on CUDA the flash kernel).
+  if (!alibi_slopes_.defined()) return {};
   const auto opts = options.requires_grad(false);
-  // Every forward of a run asks for the same mask: build it once.
+  // Every forward of a run asks for the same bias: build it once.
   auto& cache = kind.bias_cache;
   if (cache.defined() && cache.size(-1) == t && cache.dtype() == opts.dtype() && cache.device() == opts.device())
     return cache;
-  if (!alibi_slopes_.defined()) return cache = additive_mask(allowed_keys(t, {}, window, opts.device()), opts);
-  // Built in fp32 and rounded once to the stream's dtype (bf16 holds integers exactly
-  // only up to 256, so j - i itself would round).
-  const auto fp32 = opts.dtype(torch::kFloat32);
-  const auto pos = torch::arange(t, fp32);
-  const auto distance = pos.unsqueeze(0) - pos.unsqueeze(1);  // [T, T]: j - i
-  const auto future = distance.gt(0);
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  // ALiBi: slope_h * (j - i) for j <= i. Softmax is shift-invariant per row, so this
-  // equals BLOOM's slope_h * j. Four dimensions: the host's flash kernel takes a mask
-  // only in that form.
-  const auto slopes = alibi_slopes_.to(opts.device(), torch::kFloat32).view({1, -1, 1, 1});
-  auto bias = (slopes * distance.view({1, 1, t, t})).masked_fill_(future.view({1, 1, t, t}), neg_inf);
-  if (window > 0) bias.masked_fill_(allowed_keys(t, {}, window, opts.device()).logical_not(), neg_inf);
+  // ALiBi's bias, -inf above the diagonal, rounded once to the stream's dtype. Four
+  // dimensions: the host's flash kernel takes a mask only in that form.
+  const auto future = allowed_keys(t, t, 0, opts.device()).logical_not();
+  const auto bias = alibi_distances(alibi_slopes_, t, t, opts.device()).masked_fill_(future, kMaskedScore);
   return cache = bias.to(opts.dtype());
+}
+
+std::shared_ptr<const WindowedAttention> TransformerImpl::window_of(LayerAttention& kind, int64_t t,
+                                                                    const torch::TensorOptions& options,
+                                                                    const torch::Tensor& documents) {
+  const int64_t window = kind.window_for(t), rows = window_block_rows(window);
+  if (documents.defined())
+    return std::make_shared<WindowedAttention>(
+        windowed_attention_parts(t, window, rows, documents, alibi_slopes_, options));
+  // Without documents every forward of a run asks for the same parts. Since t > w there is
+  // a part after the first, and it has a mask: its dtype and device are the parts'.
+  auto& cache = kind.window_cache;
+  if (cache && cache->t == t && cache->parts.back().mask.dtype() == options.dtype() &&
+      cache->parts.back().mask.device() == options.device())
+    return cache;
+  return cache =
+             std::make_shared<WindowedAttention>(windowed_attention_parts(t, window, rows, {}, alibi_slopes_, options));
 }
 
 TransformerImpl::BlockInputs TransformerImpl::block_inputs(LayerAttention& kind, const torch::Tensor& x, int64_t t,
                                                            const torch::Tensor& documents) {
   BlockInputs in;
-  // ALiBi and the sliding window, the same for every batch of this length.
-  in.bias = bias_of(kind, t, x.options());
-  if (documents.defined()) {
+  if (documents.defined())
     TORCH_CHECK(documents.dim() == 2 && documents.size(0) == x.size(0) && documents.size(1) == t, "documents of shape ",
                 documents.sizes(), " for a batch of ", x.size(0), " sequences of ", t, " tokens");
-    // RoPE and ALiBi see only position differences, the same within a document wherever
-    // it sits in the row: the mask alone makes each document attend as if it came first.
-    const auto allowed = allowed_keys(t, documents, kind.window_for(t), x.device());
-    in.bias = in.bias.defined() ? in.bias.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity())
-                                : additive_mask(allowed, x.options());
+  // RoPE and ALiBi see only position differences, the same within a document wherever
+  // it sits in the row: the mask alone makes each document attend as if it came first.
+  if (kind.window_for(t) > 0) {
+    // A window shorter than the sequence: attended in parts that leave out what it does.
+    in.mask.windowed = window_of(kind, t, x.options(), documents);
+  } else {
+    in.mask.bias = bias_of(kind, t, x.options());
+    if (documents.defined()) {
+      const auto same = documents.unsqueeze(2).eq(documents.unsqueeze(1));  // [B, T, T]: doc_i == doc_j
+      const auto allowed = same.logical_and_(allowed_keys(t, t, 0, x.device())).unsqueeze(1);
+      in.mask.bias = in.mask.bias.defined() ? in.mask.bias.masked_fill(allowed.logical_not(), kMaskedScore)
+                                            : additive_mask(allowed, x.options());
+    }
   }
   if (!kind.rope_inv_freq.defined()) return in;
   if (!kind.rope_cos.defined() || kind.rope_cos.size(0) < t) {
@@ -430,10 +414,10 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
     const int unit = static_cast<int>(i + 1);
     if (units_) units_->before_forward(unit);
     if (i - range.first < recomputed) {
-      x = recompute_in_backward([block, in](const at::Tensor& y) { return block->forward(y, in.bias, in.cos, in.sin); },
+      x = recompute_in_backward([block, in](const at::Tensor& y) { return block->forward(y, in.mask, in.cos, in.sin); },
                                 x, blocks_draw);
     } else {
-      x = block->forward(x, in.bias, in.cos, in.sin);
+      x = block->forward(x, in.mask, in.cos, in.sin);
     }
     if (units_) x = units_->after_forward(unit, x);
   }

@@ -44,17 +44,18 @@ struct Shape {
   bool gpu_kernels = false;  // tide's CUDA kernels run (a GPU, not the host)
 };
 
-// A materialised attention's T x T tensors of one block and micro-batch: the softmax's
-// probabilities (kept for its backward and the product with V) and, under dropout, the
-// dropped copy and its one-byte mask.
-double block_scores(const ModelConfig& m, const RankModel& r, const Shape& x) {
+// A materialised attention's T x `keys` tensors of one block and micro-batch: the
+// softmax's probabilities (kept for its backward and the product with V) and, under
+// dropout, the dropped copy and its one-byte mask.
+double block_scores(const ModelConfig& m, const RankModel& r, const Shape& x, double keys) {
   if (x.fused_attention) return 0;
-  const double scores = x.B * static_cast<double>(r.heads) * x.T * x.T;
+  const double scores = x.B * static_cast<double>(r.heads) * x.T * keys;
   return scores * (x.s + (m.dropout > 0 ? x.s + 1 : 0));
 }
 
-// Autograd's saved tensors of one block and micro-batch, run without recomputation.
-double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
+// Autograd's saved tensors of one block and micro-batch, run without recomputation; the
+// block `windowed` where its window is shorter than the sequence.
+double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, bool windowed) {
   const double D = static_cast<double>(r.dim), hd = static_cast<double>(r.head_dim);
   const double H = static_cast<double>(r.heads), K = static_cast<double>(r.kv_heads);
   const double F = static_cast<double>(r.ffn);
@@ -73,10 +74,20 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
     if (m.qk_norm) bytes += x.N * (H + K) * (hd * x.s + 4);
   }
   bytes += x.N * H * hd * x.s;  // attention's output, kept by it and the output projection
+  // A window shorter than the sequence is attended in parts (attention_masks.h): each block
+  // of R queries keeps its own copy of the R + w keys and values it reads (w / R times
+  // them beyond one), and the parts' outputs are kept by their calls beside the joined one.
+  double keys = x.T;  // a query's scores computed
+  if (windowed) {
+    const double w = static_cast<double>(m.sliding_window);
+    const double rows = static_cast<double>(window_block_rows(m.sliding_window));
+    bytes += x.N * (2 * K * hd * w / rows + H * hd) * x.s;
+    keys = rows + w;
+  }
   if (x.fused_attention)
     bytes += x.B * H * x.T * 4;  // its log-sum-exp per row
   else
-    bytes += block_scores(m, r, x);
+    bytes += block_scores(m, r, x, keys);
   // SwiGLU keeps the gate's and up's outputs, and the down projection recomputes their
   // product in backward (fused_ops.cpp, glu_down); GELU keeps its input and output.
   bytes += 2 * x.N * F * x.s;
@@ -112,32 +123,45 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
   return extra;
 }
 
-// The masks attention adds to its scores (transformer.cpp: bias_of, block_inputs), in the
-// compute dtype, each one tensor that every block of its kind in a chunk keeps for
-// backward: ALiBi's bias [1, H, T, T] and a window's mask [1, 1, T, T] (a window shorter
-// than the sequence) are made once for the run, per kind of layer on the stage (windowed,
-// full); with documents apart, each micro-batch in flight through a chunk has its own
-// [B, H or 1, T, T] per kind the chunk holds. H: ALiBi's heads on this rank.
+// The masks attention adds to its scores (transformer.cpp: bias_of, window_of,
+// block_inputs), in the compute dtype, each one tensor that every block of its kind in a
+// chunk keeps for backward. Layers attending in full: ALiBi's bias [1, H, T, T] is made
+// once for the run, per kind of layer on the stage (windowed, full); with documents apart
+// each micro-batch in flight through a chunk has its own [B, H or 1, T, T] per kind the
+// chunk holds. A window shorter than the sequence attends in parts (attention_masks.h):
+// without documents their band [1, H or 1, R, R + w] once for the run (with ALiBi also
+// the first w queries' [1, H, w, w]); with documents each micro-batch's [B, H or 1, w, w]
+// and [B n, H or 1, R, R + w] for the rest of the sequence. H: ALiBi's heads on this rank.
 double attention_masks(const ModelConfig& m, const RankModel& r, const Shape& x, const PipelineStage& stage,
                        const std::vector<int64_t>& in_flight, bool documents) {
   const bool alibi = m.positions == PositionKind::ALiBi;
-  const double one = (alibi ? static_cast<double>(r.heads) : 1.0) * x.T * x.T * x.s;
+  const double heads = alibi ? static_cast<double>(r.heads) : 1.0;
+  const double whole = heads * x.T * x.T * x.s;
   const auto seq = static_cast<int64_t>(x.T);
-  bool cached_windowed = false, cached_full = false;
+  const double w = static_cast<double>(m.sliding_window);
+  const double rows = m.sliding_window > 0 ? static_cast<double>(window_block_rows(m.sliding_window)) : 0;
+  const double band = heads * rows * (rows + w) * x.s + (alibi ? heads * w * w * x.s : 0);
+  const double parts = heads * (w * w + (x.T - w) * (rows + w)) * x.s;  // a sequence's, documents apart
+  bool cached_parts = false, cached_windowed = false, cached_full = false;
   double bytes = 0;
   for (size_t c = 0; c < stage.chunks.size(); ++c) {
     const BlockRange& range = stage.chunks[c];
     const int64_t end = range.end < 0 ? m.n_layers : range.end;
-    bool windowed = false, full = false, window_mask = false;
+    bool in_parts = false, windowed = false, full = false;  // windowed: the window's kind, attending in full
     for (int64_t layer = range.first; layer < end; ++layer) {
-      (attends_over_window(m, layer) ? windowed : full) = true;
-      window_mask = window_mask || window_leaves_out_keys(m, layer, seq);
+      if (window_leaves_out_keys(m, layer, seq))
+        in_parts = true;
+      else
+        (attends_over_window(m, layer) ? windowed : full) = true;
     }
-    cached_windowed = cached_windowed || (windowed && alibi) || window_mask;
+    cached_parts = cached_parts || in_parts;
+    cached_windowed = cached_windowed || (windowed && alibi);
     cached_full = cached_full || (full && alibi);
-    if (documents) bytes += static_cast<double>(in_flight[c]) * x.B * one * ((windowed ? 1 : 0) + (full ? 1 : 0));
+    if (documents)
+      bytes += static_cast<double>(in_flight[c]) * x.B *
+               ((in_parts ? parts : 0) + whole * ((windowed ? 1 : 0) + (full ? 1 : 0)));
   }
-  return bytes + one * ((cached_windowed ? 1 : 0) + (cached_full ? 1 : 0));
+  return bytes + (cached_parts && !documents ? band : 0) + whole * ((cached_windowed ? 1 : 0) + (cached_full ? 1 : 0));
 }
 
 struct Head {
@@ -312,8 +336,17 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   x.gpu_kernels = !device.host;
   const double D = static_cast<double>(r.dim);
 
-  const double one_block = block_saved(mc, r, x);
-  out.per_block.assign(static_cast<size_t>(r.blocks), one_block);
+  // Each of the stage's blocks' saved tensors, chunk after chunk (a windowed layer keeps
+  // more than one attending in full); the most one keeps.
+  std::vector<std::vector<double>> block_of(stage.chunks.size());
+  for (size_t c = 0; c < stage.chunks.size(); ++c) {
+    const int64_t end = stage.chunks[c].end < 0 ? mc.n_layers : stage.chunks[c].end;
+    for (int64_t layer = stage.chunks[c].first; layer < end; ++layer)
+      block_of[c].push_back(block_saved(mc, r, x, window_leaves_out_keys(mc, layer, cfg.data.seq_len)));
+  }
+  out.per_block.clear();
+  for (const auto& chunk : block_of) out.per_block.insert(out.per_block.end(), chunk.begin(), chunk.end());
+  const double one_block = *std::max_element(out.per_block.begin(), out.per_block.end());
   Head h;
   if (r.last) h = head(r, L.tp, x);
   // One micro-batch's saved tensors in each of the stage's chunks: every block's (or,
@@ -323,10 +356,11 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   const size_t chunks = stage.chunks.size();
   std::vector<double> per_micro_batch(chunks), loss_of(chunks, 0.0);
   for (size_t c = 0; c < chunks; ++c) {
-    const double blocks = static_cast<double>(range_blocks(stage.chunks[c], mc.n_layers));
     const bool model_first = r.first && c == 0, model_last = r.last && c + 1 == chunks;
     double& saved = per_micro_batch[c];
-    saved = recomputed[c] * x.Nn * D * x.s + (blocks - recomputed[c]) * one_block;
+    // The first `recomputed` blocks keep their input alone.
+    const auto kept_whole = block_of[c].begin() + static_cast<std::ptrdiff_t>(recomputed[c]);
+    saved = recomputed[c] * x.Nn * D * x.s + std::accumulate(kept_whole, block_of[c].end(), 0.0);
     if (!model_last) saved += x.Nn * D * x.s;
     if (model_first) saved += x.N * 8 * (L.tp > 1 ? 2 : 1);  // token ids kept by the lookup
     if (model_last) {
@@ -374,7 +408,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     for (size_t c = chunks; c-- > 0;) {
       const auto blocks = static_cast<int64_t>(range_blocks(stage.chunks[c], mc.n_layers));
       for (int64_t b = blocks; b-- > 0;)
-        freed.push_back(static_cast<double>(b) < recomputed[c] ? x.Nn * D * x.s : one_block);
+        freed.push_back(static_cast<double>(b) < recomputed[c] ? x.Nn * D * x.s : block_of[c][static_cast<size_t>(b)]);
     }
     GradientUnits g;
     g.block = block_unit * 4;

@@ -2,8 +2,9 @@
 // engine runs:
 //   matmuls at the device's matmul rate (its peak times the efficiency the table assumes
 //     or --calibrate measured); causal attention at half its counted FLOPs (the flash
-//     kernels skip the masked blocks; a mask, a window's too, makes them compute all:
-//     computed_keys), at the rate --calibrate measured for the fused kernel on a CPU,
+//     kernels skip the masked blocks; a mask makes them compute all, and a window shorter
+//     than the sequence about R + w keys a query: computed_keys), at the rate
+//     --calibrate measured for the fused kernel on a CPU,
 //     else the matmul rate; recomputation one more forward of the blocks;
 //   elementwise work (norms, activations, softmax, residuals, the loss) as memory
 //     traffic: every saved activation written in forward, read in backward and its
@@ -91,7 +92,7 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   TokenCost c;
   c.matmul_flops = 6.0 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul));
   // Each block's keys as its kernel computes them (flops.h: a causal kernel without a mask
-  // skips half; a mask, a window's too, makes it compute every score).
+  // skips half; a mask makes it compute every score; a window's parts about R + w).
   double keys = 0;
   for (const int64_t layer : r.layers)
     keys += computed_keys(mc, layer, static_cast<int64_t>(T), documents, fused_attention);
@@ -103,11 +104,13 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   c.elementwise_bytes = 4.0 * blocks * saved;
   if (r.last) c.elementwise_bytes += 5.0 * static_cast<double>(r.vocab) * 4;
   if (recompute) c.elementwise_bytes *= 1.25;
-  if (mc.attention_softcap > 0)  // half the scores: the keys up to each block's last query
-    c.elementwise_bytes += blocks * static_cast<double>(r.heads) * T * 0.5 *
-                           (kSoftcapBackwardBytes + kSoftcapForwardBytes * (recompute ? 2 : 1));
+  // Scores through memory, each query's computed keys' (soft-capped: those up to each
+  // block's last query).
+  if (mc.attention_softcap > 0)
+    c.elementwise_bytes +=
+        static_cast<double>(r.heads) * keys * (kSoftcapBackwardBytes + kSoftcapForwardBytes * (recompute ? 2 : 1));
   else if (!fused_attention)
-    c.elementwise_bytes += blocks * static_cast<double>(r.heads) * T * score_bytes(mc, s, recompute);
+    c.elementwise_bytes += static_cast<double>(r.heads) * keys * score_bytes(mc, s, recompute);
   return c;
 }
 
@@ -128,8 +131,8 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       peak * (bf16 && dev.bf16_matmul_efficiency > 0 ? dev.bf16_matmul_efficiency : dev.matmul_efficiency);
   const double measured_attention = bf16 ? dev.attention_bf16_flops : dev.attention_fp32_flops;
   // What the calibration measured is the causal kernel with no mask. A materialised
-  // attention is two batched matmuls, and the masked kernel (ALiBi, windows, documents) is
-  // not probed: the matmul rate stands in for both (it predicted BLOOM's steps within
+  // attention is two batched matmuls, and the masked kernel (ALiBi, a window's parts,
+  // documents) is not probed: the matmul rate stands in for both (it predicted BLOOM's steps within
   // 3-10% before).
   const bool fused = dev.fused_attention && mc.attention_softcap == 0;  // no fused kernel takes a cap
   const bool documents = cfg.data.document_attention;

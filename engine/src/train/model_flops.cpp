@@ -2,6 +2,8 @@
 // uses it too).
 #include "tide/engine/train/flops.h"
 
+#include <cmath>
+
 namespace tide {
 
 double train_flops_per_token(const ModelConfig& m, int64_t seq_len) {
@@ -24,9 +26,20 @@ double counted_keys(const ModelConfig& m, int64_t layer, int64_t seq_len) {
 
 double computed_keys(const ModelConfig& m, int64_t layer, int64_t seq_len, bool documents, bool fused) {
   const auto t = static_cast<double>(seq_len);
-  if (m.attention_softcap > 0) return t / 2;
-  const bool masked = documents || m.positions == PositionKind::ALiBi || window_leaves_out_keys(m, layer, seq_len);
-  return fused && !masked ? t / 2 : t;
+  const bool softcap = m.attention_softcap > 0;
+  const bool masked = documents || m.positions == PositionKind::ALiBi;
+  // A query of a causal square of n: soft-capped, the keys up to its block's last query;
+  // a fused kernel with no mask skips the blocks above the diagonal; else every key.
+  const auto causal = [&](double n) { return softcap || (fused && !masked) ? n / 2 : n; };
+  if (!window_leaves_out_keys(m, layer, seq_len)) return causal(t);
+  // In parts (attention_masks.h): the first w queries a causal square; each later block
+  // of R queries R + w keys, the soft-capped op only those up to each of its own blocks'
+  // last query (about w + R / 2); the queries left after the last whole block likewise.
+  const auto w = static_cast<double>(m.sliding_window);
+  const auto rows = static_cast<double>(window_block_rows(m.sliding_window));
+  const double blocks = std::floor((t - w) / rows), left = t - w - blocks * rows;
+  const auto block = [&](double r) { return r * (softcap ? w + r / 2 : r + w); };
+  return (w * causal(w) + blocks * block(rows) + block(left)) / t;
 }
 
 }  // namespace tide

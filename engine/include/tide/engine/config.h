@@ -261,8 +261,11 @@ int64_t block_norms(const ModelConfig& m);
 // there is one, but those of model.full_attention_layers.
 bool attends_over_window(const ModelConfig& m, int64_t layer);
 // Whether that window leaves keys out of a sequence of seq_len tokens (it is shorter):
-// only then does the layer's attention take a mask for it.
+// only then does the layer attend in blocks that leave out what the window does.
 bool window_leaves_out_keys(const ModelConfig& m, int64_t layer, int64_t seq_len);
+// The queries of a block of such a layer's attention (model/attention_masks.h): each block
+// of R reads the w keys before it and its own, R + w.
+int64_t window_block_rows(int64_t window);
 // The RoPE settings of the layers attending over the window: the model's own, or with
 // rope_local_theta its base, unscaled.
 ModelConfig windowed_rope(const ModelConfig& m);

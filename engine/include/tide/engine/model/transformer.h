@@ -15,6 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "tide/engine/config.h"
+#include "tide/engine/model/attention_masks.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/model/tensor_parallel.h"
@@ -85,11 +86,12 @@ struct LayerInput {
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp);
-  // x [B, T, D] (with sequence parallelism [B, T / tp, D]); bias undefined (causal),
-  // [1 or B, H / tp, T, T] ALiBi of this rank's heads with -inf where a query may not
-  // look, or a boolean [B, 1, T, T] (true: may attend; a document mask without ALiBi);
-  // cos/sin [T, Hd] when RoPE is used, else undefined. Returns the same shape as x.
-  torch::Tensor forward(const LayerInput& x, const torch::Tensor& bias, const torch::Tensor& cos,
+  // x [B, T, D] (with sequence parallelism [B, T / tp, D]); `mask` (attention_masks.h)
+  // dense: undefined (causal), [1 or B, H / tp, T, T] ALiBi of this rank's heads with
+  // -inf where a query may not look, or a boolean [B, 1, T, T] (true: may attend); or a
+  // window's parts. cos/sin [T, Hd] when RoPE is used, else undefined. Returns the same
+  // shape as x.
+  torch::Tensor forward(const LayerInput& x, const AttentionMask& mask, const torch::Tensor& cos,
                         const torch::Tensor& sin);
 
   // Separate projections (LLaMA) or one fused per-head QKV projection (BLOOM).
@@ -130,7 +132,7 @@ TORCH_MODULE(Mlp);
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& cfg, const TensorParallel& tp);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, const torch::Tensor& cos,
+  torch::Tensor forward(const torch::Tensor& x, const AttentionMask& mask, const torch::Tensor& cos,
                         const torch::Tensor& sin);
 
   Norm input_norm{nullptr}, mlp_norm{nullptr};
@@ -223,11 +225,10 @@ class TransformerImpl : public torch::nn::Module {
   // The owner must outlive the model's forward and backward passes.
   void set_parameter_units(ParameterUnits* units) { units_ = units; }
 
-  // What layer `layer` (of the whole model, from 0) attends with: with ALiBi the additive
-  // bias [1, H, T, T], -inf above the diagonal and outside its sliding window; without
-  // ALiBi the window's mask [1, 1, T, T] (0 or -inf); undefined for plain causal
+  // What a layer attending in full is given without documents apart: with ALiBi the
+  // additive bias [1, H, T, T], -inf above the diagonal; undefined for plain causal
   // attention. In `options`' dtype, cached per length and dtype.
-  torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options, int64_t layer = 0);
+  torch::Tensor attention_bias(int64_t t, const torch::TensorOptions& options);
 
  private:
   // What the layers of one kind share: those attending in full, or over the sliding
@@ -238,15 +239,20 @@ class TransformerImpl : public torch::nn::Module {
     double rope_scale = 1.0;           // YaRN's attention factor, else 1
     torch::Tensor rope_cos, rope_sin;  // [positions used so far, Hd], not parameters
     torch::Tensor bias_cache;          // the last bias made, reused while it fits
+    // The last window's parts made without documents, reused while they fit.
+    std::shared_ptr<const WindowedAttention> window_cache;
     // The window where it leaves keys out of a sequence of t tokens, else 0.
     int64_t window_for(int64_t t) const { return window > 0 && t > window ? window : 0; }
   };
-  // What a block of the kind is given: the mask or bias, RoPE's cos and sin.
+  // What a block of the kind is given: the mask, RoPE's cos and sin.
   struct BlockInputs {
-    torch::Tensor bias, cos, sin;
+    AttentionMask mask;
+    torch::Tensor cos, sin;
   };
-  LayerAttention& attention_of(int64_t layer);
   torch::Tensor bias_of(LayerAttention& kind, int64_t t, const torch::TensorOptions& options);
+  std::shared_ptr<const WindowedAttention> window_of(LayerAttention& kind, int64_t t,
+                                                     const torch::TensorOptions& options,
+                                                     const torch::Tensor& documents);
   BlockInputs block_inputs(LayerAttention& kind, const torch::Tensor& x, int64_t t, const torch::Tensor& documents);
   torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& documents);
   // The blocks of one of the stage's chunks.

@@ -23,11 +23,12 @@ double counted_keys(const ModelConfig& m, int64_t layer, int64_t seq_len);
 // The keys attention as tide runs it (model/layers.cpp) computes a query of layer `layer`
 // against, on average: what the planner times and pipeline stages are balanced by, where
 // counted_keys is what MFU counts. A fused kernel with no mask skips the blocks above the
-// diagonal (seq_len / 2); a mask (ALiBi's bias, a window shorter than the sequence,
-// `documents` apart) makes it compute every score, the masked ones too (seq_len:
-// LibTorch's attention takes no window, so a window saves nothing); soft-capped attention
-// reads each block of queries' keys up to its last query, mask or not (seq_len / 2);
-// without a fused kernel (`fused` false) every score is computed (seq_len).
+// diagonal (seq_len / 2); a mask (ALiBi's bias, `documents` apart) makes it compute every
+// score, the masked ones too (seq_len); soft-capped attention reads each block of
+// queries' keys up to its last query, mask or not (seq_len / 2); without a fused kernel
+// (`fused` false) every score is computed (seq_len). A window w shorter than the sequence
+// is attended in parts (model/attention_masks.h): about R + w keys a query past the
+// first w, R = window_block_rows(w).
 double computed_keys(const ModelConfig& m, int64_t layer, int64_t seq_len, bool documents, bool fused = true);
 
 // Best matmul throughput (FLOP/s) of this process' threads on `device` ("cpu" here)
