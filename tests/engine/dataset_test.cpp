@@ -33,6 +33,18 @@ class DatasetTest : public ::testing::Test {
     prepare_dataset(opt);
     return opt.out_dir;
   }
+  // The prompt-completion examples of `jsonl` as a dataset of byte ids, every example in
+  // the train split; returns its directory.
+  fs::path prepare_examples(const fs::path& jsonl) const {
+    PrepareOptions opt;
+    opt.inputs = {jsonl.string()};
+    opt.out_dir = (dir_ / "out").string();
+    opt.tokenizer = "bytes";
+    opt.val_fraction = 0;
+    opt.format = "prompt-completion";
+    prepare_dataset(opt);
+    return opt.out_dir;
+  }
   fs::path dir_;
 };
 
@@ -145,6 +157,105 @@ TEST_F(DatasetTest, AChangedSplitFailsItsRecordedHash) {
   const std::string e = open_error(out);
   EXPECT_NE(e.find("val.bin: contents hash to xxh3"), std::string::npos) << e;
   EXPECT_NE(e.find("prepare the dataset again"), std::string::npos) << e;
+}
+
+// Prompt-completion examples (`--format prompt-completion`): each a document of the
+// prompt's ids, the completion's and the end-of-text; the loss mask is 0 for the prompt's
+// tokens and 1 for the rest, one byte a token, hashed into dataset.json.
+TEST_F(DatasetTest, PromptCompletionExamplesCountTheirCompletionsOnly) {
+  write(dir_ / "examples.jsonl",
+        "{\"prompt\": \"Q: two and two?\\n\", \"completion\": \"A: four\", \"id\": 7}\n"
+        "\n"
+        "{\"completion\": \"no prompt at all\", \"prompt\": \"\"}\n"
+        "  \t\n"
+        "{\"prompt\": \"caf\\u00e9?\", \"completion\": \"oui\"}\n");
+  const fs::path out = prepare_examples(dir_ / "examples.jsonl");
+  const TokenDataset ds(out.string());
+  ASSERT_TRUE(ds.has_loss_mask());
+  EXPECT_EQ(ds.meta()["loss_mask"], true);
+  EXPECT_EQ(ds.meta()["document_separator"], "json lines");
+  const auto tok = load_tokenizer(ds.tokenizer_path());
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  for (const auto& [prompt, completion] : std::vector<std::pair<std::string, std::string>>{
+           {"Q: two and two?\n", "A: four"}, {"", "no prompt at all"}, {"caf\xc3\xa9?", "oui"}}) {
+    const auto p = tok->encode(prompt), c = tok->encode(completion);
+    ids.insert(ids.end(), p.begin(), p.end());
+    ids.insert(ids.end(), c.begin(), c.end());
+    ids.push_back(tok->eos_id());
+    mask.insert(mask.end(), p.size(), 0);
+    mask.insert(mask.end(), c.size() + 1, 1);
+  }
+  const TokenSplit& train = ds.split("train");
+  ASSERT_EQ(train.size(), static_cast<int64_t>(ids.size()));
+  for (int64_t i = 0; i < train.size(); ++i) EXPECT_EQ(static_cast<int32_t>(train.at(i)), ids[i]) << "token " << i;
+  std::vector<uint8_t> read(static_cast<size_t>(train.size()));
+  train.copy_loss_mask(0, train.size(), read.data());
+  EXPECT_EQ(read, mask);
+  // On disk: one byte a token.
+  EXPECT_EQ(fs::file_size(out / "train.mask"), ids.size());
+  EXPECT_EQ(train.documents(), 3);
+  EXPECT_EQ(ds.meta()["splits"]["train"]["mask_xxh3"].get<std::string>().size(), 16u);
+  // Where each document starts, and how many start by a position.
+  EXPECT_EQ(train.document_start(1), 16 + 7 + 1);
+  EXPECT_EQ(train.documents_starting_by(0), 1);
+  EXPECT_EQ(train.documents_starting_by(train.document_start(1)), 2);
+  EXPECT_EQ(train.documents_starting_by(train.size()), 3);
+}
+
+// A line that is not an example names the file and the line, and nothing is written.
+TEST_F(DatasetTest, APromptCompletionLineThatIsNotAnExampleIsNamed) {
+  const auto error = [&](const std::string& second_line) {
+    write(dir_ / "bad.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n" + second_line + "\n");
+    try {
+      prepare_examples(dir_ / "bad.jsonl");
+    } catch (const std::exception& e) {
+      EXPECT_FALSE(fs::exists(dir_ / "out")) << second_line;
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string where = (dir_ / "bad.jsonl").string() + ":2";
+  EXPECT_NE(error("{\"prompt\": \"a\"").find(where), std::string::npos);  // not JSON
+  EXPECT_NE(error("{\"prompt\": \"a\"}").find(where + ": no \"completion\""), std::string::npos);
+  EXPECT_NE(error("{\"prompt\": 3, \"completion\": \"b\"}").find(where + ": \"prompt\" is number, not a string"),
+            std::string::npos);
+  EXPECT_NE(error("[1, 2]").find(where + ": [1,2] is not an object"), std::string::npos);
+  EXPECT_NE(error("{\"prompt\": \"a\", \"completion\": \"\"}").find(where + ": an empty \"completion\""),
+            std::string::npos);
+  EXPECT_NE(error(std::string(100, '[') + std::string(100, ']')).find(where), std::string::npos);  // too deep
+  PrepareOptions opt;
+  opt.format = "chat";
+  EXPECT_THROW(prepare_dataset(opt), std::invalid_argument);
+}
+
+// A loss mask that does not fit its split, holds a byte other than 0 or 1, or changed
+// after prepare is refused at open, naming the file.
+TEST_F(DatasetTest, ALossMaskIsCheckedAtOpen) {
+  write(dir_ / "examples.jsonl",
+        "{\"prompt\": \"to \", \"completion\": \"be\"}\n{\"prompt\": \"or \", \"completion\": \"not\"}\n");
+  const fs::path out = prepare_examples(dir_ / "examples.jsonl");
+  EXPECT_EQ(open_error(out), "");
+  {
+    std::fstream mask(out / "train.mask", std::ios::in | std::ios::out | std::ios::binary);
+    mask.seekp(4);
+    mask.put('\0');  // the completion's first byte, still 0 or 1
+  }
+  std::string e = open_error(out);
+  EXPECT_NE(e.find("train.mask: contents hash to xxh3"), std::string::npos) << e;
+  {
+    std::fstream mask(out / "train.mask", std::ios::in | std::ios::out | std::ios::binary);
+    mask.seekp(2);
+    mask.put('\2');
+  }
+  e = open_error(out);
+  EXPECT_NE(e.find("train.mask: byte 2 at token offset 2 is neither 0"), std::string::npos) << e;
+  fs::resize_file(out / "train.mask", 3);
+  e = open_error(out);
+  EXPECT_NE(e.find("train.mask: size 3 is not one byte for each of the"), std::string::npos) << e;
+  edit_meta(out, [](nlohmann::json& m) { m["loss_mask"] = "yes"; });
+  e = open_error(out);
+  EXPECT_NE(e.find("loss_mask \"yes\" is not true or false"), std::string::npos) << e;
 }
 
 TEST_F(DatasetTest, MetadataOfTheWrongTypeIsNamed) {

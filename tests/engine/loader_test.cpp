@@ -1,4 +1,5 @@
 #include <cmath>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,60 @@ TEST(BatchLoader, ADocumentsEndDoesNotCountItsPredictionOfTheNextDocument) {
   const Batch both = make_batch(SampleSource(train, 3), 0, 16, 200, {true, true});
   expect_uncounted_after_end_of_text(both, plain, eos, "with documents apart");
   expect_documents_follow_end_of_text(both, eos, "with uncounted ends");
+}
+
+// data.loss_mask on a prompt-completion dataset (test_data.h: prompts of capitals and
+// spaces, completions with none): a target is uncounted exactly where its token is a
+// prompt's, read from the token ids, not from the mask the loader reads; in training
+// batches and validation ones alike.
+void expect_prompts_uncounted(const Batch& b, const std::string& what) {
+  int64_t uncounted = 0, counted = 0;
+  for (int64_t r = 0; r < b.targets.size(0); ++r)
+    for (int64_t p = 0; p < b.targets.size(1); ++p) {
+      const int64_t target = b.targets[r][p].item<int64_t>();
+      const bool left_out = target == kUncountedTarget;
+      // An uncounted target's token is the next input (none for the row's last).
+      if (left_out && p + 1 == b.tokens.size(1)) continue;
+      const int64_t token = left_out ? b.tokens[r][p + 1].item<int64_t>() : target;
+      EXPECT_EQ(left_out, token >= 'A' && token <= 'Z') << what << ", row " << r << ", position " << p;
+      (left_out ? uncounted : counted) += 1;
+    }
+  EXPECT_GT(uncounted, 0) << what << ": no prompt was tested";
+  EXPECT_GT(counted, 0) << what << ": no completion was tested";
+}
+
+TEST(BatchLoader, ALossMaskLeavesOutThePromptsTargetsAndDocumentWindowsStartAtExamples) {
+  const TokenDataset ds(testing::prompt_completion_dataset());
+  const auto eos = ds.meta().at("eos_id").get<int64_t>();
+  const auto& train = ds.split("train");
+  BatchContents masked;
+  masked.loss_mask = true;
+  expect_prompts_uncounted(make_batch(SampleSource(train, 3, true), 0, 16, 64, masked), "training batch");
+  expect_prompts_uncounted(make_eval_batch(ds.split("val"), 0, 1, 4, 64, masked), "validation batch");
+  // Validation's windows at examples too, with document_windows: each row's first token a
+  // prompt's first.
+  masked.document_windows = true;
+  const Batch val = make_eval_batch(ds.split("val"), 0, 1, 4, 64, masked);
+  for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(val.tokens[r][0].item<int64_t>(), 'A') << "validation row " << r;
+  EXPECT_FALSE(torch::equal(val.tokens[0], val.tokens[3])) << "the rows are one window";
+  // Without the mask every target counts.
+  EXPECT_FALSE(make_batch(SampleSource(train, 3), 0, 16, 64).targets.eq(kUncountedTarget).any().item<bool>());
+  // Document windows: every one starts at an example's first token (the split's first,
+  // or one after an end-of-text), a prompt's first byte; many examples are drawn, and
+  // each window fits.
+  const SampleSource windows(train, 3, /*document_windows=*/true);
+  std::set<int64_t> starts;
+  for (int64_t i = 0; i < 400; ++i) {
+    const auto [split, start] = windows.window(i, 64);
+    ASSERT_LE(start + 65, split->size());
+    EXPECT_TRUE(start == 0 || split->at(start - 1) == eos) << "sample " << i << " starts at " << start;
+    EXPECT_EQ(split->at(start), 'A') << "sample " << i;
+    starts.insert(start);
+  }
+  EXPECT_GT(starts.size(), 30u);
+  // The same samples for the same seed; other windows without the option.
+  EXPECT_EQ(windows.window(7, 64), SampleSource(train, 3, true).window(7, 64));
+  EXPECT_NE(windows.window(7, 64), SampleSource(train, 3).window(7, 64));
 }
 
 TEST(BatchLoader, DeterministicAndResumableAtAnyCursor) {

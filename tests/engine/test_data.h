@@ -68,6 +68,37 @@ inline std::string small_dataset() {
   return dir;
 }
 
+// A byte-tokenised prompt-completion dataset (`--format prompt-completion`), prepared once
+// per process: 60 examples whose prompts are capital letters only and whose completions
+// hold none, so a target's byte says whether it is a prompt's (uncounted) or a
+// completion's; lengths vary with the example (prompts 6-27 bytes, completions 8-49).
+inline std::string prompt_completion_dataset() {
+  namespace fs = std::filesystem;
+  static const std::string dir = [] {
+    const fs::path root = fs::temp_directory_path() / ("tide_test_data_sft_" + std::to_string(::getpid()));
+    static RemovedAtExit cleanup(root);
+    fs::remove_all(root);
+    fs::create_directories(root);
+    std::ofstream jsonl(root / "examples.jsonl");
+    for (int i = 0; i < 60; ++i) {
+      std::string prompt = "ASK", completion;
+      for (int j = 0; j < 3 + (i * 7) % 22; ++j) prompt += static_cast<char>('A' + (i + j) % 26);
+      for (int j = 0; j < 5 + (i * 11) % 40; ++j) completion += static_cast<char>('a' + (i * 3 + j) % 26);
+      jsonl << "{\"prompt\": \"" << prompt << "\", \"completion\": \" " << completion << " " << i << "\"}\n";
+    }
+    jsonl.close();
+    PrepareOptions opt;
+    opt.inputs = {(root / "examples.jsonl").string()};
+    opt.out_dir = (root / "ds").string();
+    opt.tokenizer = "bytes";
+    opt.val_fraction = 0.1;
+    opt.format = "prompt-completion";
+    prepare_dataset(opt);
+    return opt.out_dir;
+  }();
+  return dir;
+}
+
 // The names of the files in `dir`, sorted (what a run wrote there).
 inline std::vector<std::string> file_names(const std::filesystem::path& dir) {
   std::vector<std::string> names;

@@ -302,6 +302,65 @@ TEST(Training, EodMaskLossIsTheMeanOverEveryCountedTargetHoweverTheBatchIsCut) {
   fs::remove_all(b);
 }
 
+// data.loss_mask with data.document_windows on a prompt-completion dataset: each
+// micro-batch's loss is over its completions' targets alone (the loader's own samples,
+// windows starting at examples, masked as BatchLoader.ALossMask… checks), and the step's
+// loss weighs the two micro-batches by those counts, to fp64's rounding. Validation is
+// masked likewise. A dataset without a mask is refused, naming data.path.
+TEST(Training, ALossMaskTrainsOnTheCompletionsOfWholeExamples) {
+  RunConfig c = tiny_run("loss_mask");
+  c.data.path = testing::prompt_completion_dataset();
+  c.data.seq_len = c.model.max_seq_len = 64;
+  c.data.loss_mask = true;
+  c.data.document_windows = true;
+  c.schedule.steps = 1;
+  c.schedule.warmup_steps = 0;
+  c.eval.every = 1;
+
+  const TrainingData data(c.data);
+  const auto samples = data.train_samples(static_cast<uint64_t>(c.seed), /*document_windows=*/true);
+  std::vector<double> counted;
+  for (int64_t m = 0; m < 2; ++m)
+    counted.push_back(
+        make_batch(samples, 4 * m, 4, 64, BatchContents::of(c.data)).targets.ne(kUncountedTarget).sum().item<double>());
+  ASSERT_NE(counted[0], counted[1]) << "the micro-batches count as many targets: nothing would be tested";
+  ASSERT_LT(counted[0] + counted[1], 8 * 64.0) << "no prompt in the step";
+
+  TrainHooks h = quiet_hooks();
+  std::vector<double> micro;
+  h.loss_tap = [&micro](int64_t, int64_t, const at::Tensor& loss) {
+    micro.push_back(loss.item<double>());
+    return loss;
+  };
+  std::vector<StepMetrics> rows;
+  h.on_step = [&](const StepMetrics& m) { rows.push_back(m); };
+  const fs::path dir = fs::temp_directory_path() / ("tide_run_loss_mask_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const TrainResult r = Trainer(c, dir.string(), h).run();
+  ASSERT_EQ(rows.size(), 1u);
+  ASSERT_EQ(micro.size(), 2u);
+  const double weighted = (micro[0] * counted[0] + micro[1] * counted[1]) / (counted[0] + counted[1]);
+  EXPECT_NEAR(rows[0].loss, weighted, 1e-12 * weighted);
+
+  LoadedModel m = load_model(dir.string());
+  const TokenDataset ds(c.data.path);
+  const double masked = evaluate_loss(m.model, ds.split("val"), 64, 4, c.eval.batches, BatchContents::of(c.data));
+  ASSERT_TRUE(r.final_val_loss.has_value());
+  EXPECT_DOUBLE_EQ(*r.final_val_loss, masked);
+  EXPECT_NE(masked, evaluate_loss(m.model, ds.split("val"), 64, 4, c.eval.batches));
+  fs::remove_all(dir);
+
+  RunConfig unmasked = tiny_run("no_mask");  // the license texts: no loss mask
+  unmasked.data.loss_mask = true;
+  try {
+    TrainingData refused(unmasked.data);
+    ADD_FAILURE() << "a dataset without a loss mask was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "data.path");
+    EXPECT_NE(std::string(e.what()).find("has no loss mask"), std::string::npos) << e.what();
+  }
+}
+
 // A run that a shorter one with the same settings, resumed, must reproduce: a checkpoint
 // every two steps, written before training goes on, and a constant rate after warm-up
 // (the shorter run's rates are then the longer one's).

@@ -88,6 +88,42 @@ every, masked = (json.load(open(f))["loss"] for f in sys.argv[1:3])
 assert math.isfinite(masked) and masked != every, (every, masked)
 print(f"  tide eval: {every:.6f}, with document ends left out {masked:.6f}")
 PY
+# Fine-tuning data: prompt-completion JSON lines, each example's prompt left out of the
+# loss; trained from whole examples, measured as such a run measures.
+python3 - "$work/sft.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(200):
+        f.write(json.dumps({"prompt": f"Question {i}: what may I do with it?\n",
+                            "completion": f"Answer {i}: share and change it, under the same terms."}) + "\n")
+PY
+$tide data prepare "$work/sft.jsonl" --format prompt-completion --tokenizer "$work/ds/tokenizer.json" --out "$work/sft" \
+  2> "$work/prep-sft.txt" || { cat "$work/prep-sft.txt"; fail "data prepare --format prompt-completion failed"; }
+test -s "$work/sft/train.mask" || fail "no train.mask"
+grep -q '"loss_mask": true' "$work/sft/dataset.json" || fail "dataset.json does not say it has a loss mask"
+$tide train "$work/tiny.lua" --run-dir "$work/sft-run" --set "data.path=$work/sft" --set data.loss_mask=true \
+  --set data.document_windows=true 2> "$work/sft-train.txt" || { cat "$work/sft-train.txt"; fail "a loss-masked run failed"; }
+$tide eval "$work/sft-run" --data "$work/sft" --seq-len 32 --batches 4 > "$work/sft-eval.json"
+$tide eval "$work/sft-run" --data "$work/sft" --seq-len 32 --batches 4 --loss-mask --document-windows \
+  > "$work/sft-eval-masked.json"
+python3 - "$work/sft-eval.json" "$work/sft-eval-masked.json" <<'PY' || fail "tide eval --loss-mask measured every target"
+import json, math, sys
+every, masked = (json.load(open(f))["loss"] for f in sys.argv[1:3])
+assert math.isfinite(masked) and masked != every, (every, masked)
+print(f"  tide eval: {every:.6f}, the completions alone {masked:.6f}")
+PY
+if $tide train "$work/tiny.lua" --run-dir "$work/no-mask" --set data.loss_mask=true 2> "$work/err.txt"; then
+  fail "data.loss_mask trained on a dataset without a loss mask"
+fi
+grep -q "data.path: .*has no loss mask" "$work/err.txt" || { cat "$work/err.txt"; fail "the missing loss mask not named"; }
+if $tide eval "$work/run" --data "$work/ds" --loss-mask 2> "$work/err.txt"; then fail "eval --loss-mask took a dataset without one"; fi
+grep -q "has no loss mask" "$work/err.txt" || { cat "$work/err.txt"; fail "eval did not name the missing loss mask"; }
+printf '{"prompt": "a", "completion": "b"}\n{"prompt": "a"}\n' > "$work/bad.jsonl"
+if $tide data prepare "$work/bad.jsonl" --format prompt-completion --tokenizer bytes --out "$work/bad-ds" 2> "$work/err.txt"; then
+  fail "an example without a completion was prepared"
+fi
+grep -q 'bad.jsonl:2: no "completion"' "$work/err.txt" || { cat "$work/err.txt"; fail "the bad line was not named"; }
+test ! -e "$work/bad-ds" || fail "a failed prepare left a dataset"
 $tide convert export "$work/run" --out "$work/hf" 2> /dev/null
 test -s "$work/hf/config.json" && test -s "$work/hf/model.safetensors" || fail "export wrote nothing"
 grep -q '"eos_token_id": 511' "$work/hf/config.json" || fail "exported config.json names no eos_token_id"

@@ -14,7 +14,8 @@ void add_data_command(CLI::App& app) {
   auto* data = app.add_subcommand("data", "Prepare datasets");
   data->require_subcommand(1);
   auto opt = std::make_shared<PrepareOptions>();
-  auto* prep = data->add_subcommand("prepare", "Tokenise text files or folders into a token dataset");
+  auto* prep = data->add_subcommand(
+      "prepare", "Tokenise text files or folders (or prompt-completion JSON lines) into a token dataset");
   prep->add_option("inputs", opt->inputs, "Text files or folders")->required();
   prep->add_option("-o,--out", opt->out_dir, "Dataset directory to write")->required();
   prep->add_option("--tokenizer", opt->tokenizer,
@@ -24,6 +25,12 @@ void add_data_command(CLI::App& app) {
   prep->add_option("--val-fraction", opt->val_fraction, "Share of documents held out for validation")
       ->capture_default_str();
   prep->add_option("--bpe-sample-mb", opt->bpe_sample_mb, "Text (MiB) used to train BPE")->capture_default_str();
+  prep->add_option("--format", opt->format,
+                   "text: documents separated by blank lines; prompt-completion: JSON lines "
+                   "{\"prompt\": ..., \"completion\": ...}, each an example whose loss mask counts the "
+                   "completion only (train with data.loss_mask = true)")
+      ->check(CLI::IsMember({"text", "prompt-completion"}))
+      ->capture_default_str();
   prep->callback([opt] {
     const bool tty = ::isatty(STDERR_FILENO) != 0;
     std::string last_stage;

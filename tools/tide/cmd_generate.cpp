@@ -104,12 +104,21 @@ void add_generate_commands(CLI::App& app) {
   ev->add_flag("--eod-mask-loss", e->contents.uncounted_document_ends,
                "Leave out each document's last token predicting the next document's first, as a run with "
                "data.eod_mask_loss = true measures it");
+  ev->add_flag("--loss-mask", e->contents.loss_mask,
+               "Count only the targets the dataset's loss mask marks (a prompt-completion dataset's completions), "
+               "as a run with data.loss_mask = true measures it");
+  ev->add_flag("--document-windows", e->contents.document_windows,
+               "Start each window at a document's first token, as a run with data.document_windows = true "
+               "validates");
   add_device_option(ev, e->device);
   ev->callback([e] {
     configure_threads(e->threads);
     LoadedModel m = load_model(e->model);
     place(m, e->device);
     const TokenDataset data(e->data);
+    if (e->contents.loss_mask && !data.has_loss_mask())
+      throw std::runtime_error("--loss-mask: dataset '" + e->data +
+                               "' has no loss mask (prepare it with `tide data prepare --format prompt-completion`)");
     if (data.vocab_size() > m.model->config().vocab_size)
       throw std::runtime_error("dataset '" + e->data + "' has " + std::to_string(data.vocab_size()) +
                                " ids, the model only " + std::to_string(m.model->config().vocab_size));

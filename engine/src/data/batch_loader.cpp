@@ -18,14 +18,19 @@ Batch fill(int64_t batch, int64_t seq_len, const BatchContents& contents,
   const bool any_documents = contents.documents || contents.uncounted_document_ends;
   torch::Tensor window_documents;
   if (any_documents) window_documents = torch::empty({batch, seq_len + 1}, torch::kInt32);
+  // The targets' loss mask: whether each of the window's last seq_len tokens counts.
+  torch::Tensor counted;
+  if (contents.loss_mask) counted = torch::empty({batch, seq_len}, torch::kUInt8);
   auto* p = buf.data_ptr<int64_t>();
   for (int64_t b = 0; b < batch; ++b) {
     const auto [split, start] = window_of(b);
     split->copy(start, seq_len + 1, p + b * (seq_len + 1));
     if (any_documents)
       split->copy_documents(start, seq_len + 1, window_documents.data_ptr<int32_t>() + b * (seq_len + 1));
+    if (contents.loss_mask) split->copy_loss_mask(start + 1, seq_len, counted.data_ptr<uint8_t>() + b * seq_len);
   }
   auto targets = buf.narrow(1, 1, seq_len).contiguous();
+  if (contents.loss_mask) targets.masked_fill_(counted.eq(0), kUncountedTarget);
   if (contents.uncounted_document_ends) {
     const auto starts = window_documents.narrow(1, 1, seq_len).ne(window_documents.narrow(1, 0, seq_len));
     targets.masked_fill_(starts, kUncountedTarget);
@@ -47,8 +52,12 @@ Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_ba
   require_window(split, seq_len);
   const int64_t windows = n_batches * batch;
   const int64_t span = split.size() - seq_len - 1;
+  // The documents that start a whole window (document 0 at least).
+  const int64_t documents = contents.document_windows ? split.documents_starting_by(span) : 0;
   return fill(batch, seq_len, contents, [&](int64_t b) {
     const int64_t w = batch_index * batch + b;
+    if (contents.document_windows)
+      return std::make_pair(&split, split.document_start(windows > 1 ? (documents - 1) * w / (windows - 1) : 0));
     return std::make_pair(&split, windows > 1 ? span * w / (windows - 1) : 0);
   });
 }

@@ -14,6 +14,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
+#include "tide/engine/data/prompt_completion.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/data/tokenizer.h"
 
@@ -75,28 +76,52 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// Streams one split's tokens to <name>.bin and its document offsets to <name>.idx.
+// Streams one split's tokens to <name>.bin, its document offsets to <name>.idx and, with
+// `loss_mask`, whether each token counts as a target to <name>.mask.
 class SplitWriter {
  public:
-  SplitWriter(const fs::path& dir, const std::string& name, int dtype_bytes)
-      : bin_path_(dir / (name + ".bin")), idx_path_(dir / (name + ".idx")), bytes_(dtype_bytes) {
+  SplitWriter(const fs::path& dir, const std::string& name, int dtype_bytes, bool loss_mask)
+      : bin_path_(dir / (name + ".bin")),
+        idx_path_(dir / (name + ".idx")),
+        mask_path_(dir / (name + ".mask")),
+        bytes_(dtype_bytes),
+        loss_mask_(loss_mask) {
     out_.open(bin_path_, std::ios::binary | std::ios::trunc);
     if (!out_) throw std::runtime_error("cannot write '" + bin_path_.string() + "'");
+    if (loss_mask_) {
+      mask_out_.open(mask_path_, std::ios::binary | std::ios::trunc);
+      if (!mask_out_) throw std::runtime_error("cannot write '" + mask_path_.string() + "'");
+    }
     XXH3_64bits_reset(&hash_);
+    XXH3_64bits_reset(&mask_hash_);
     offsets_.push_back(0);
   }
-  void add_document(const std::vector<int32_t>& ids, int32_t eos) {
+  // `ids` and the end-of-text after them; the first `uncounted` ids (a prompt's) do not
+  // count as targets, the rest and the end-of-text do.
+  void add_document(const std::vector<int32_t>& ids, int32_t eos, size_t uncounted = 0) {
     buf_.clear();
     for (const int32_t id : ids) put(id);
     put(eos);
     out_.write(buf_.data(), static_cast<std::streamsize>(buf_.size()));
     XXH3_64bits_update(&hash_, buf_.data(), buf_.size());
+    if (loss_mask_) {
+      std::string mask(ids.size() + 1, '\1');
+      std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(std::min(uncounted, ids.size())), '\0');
+      mask_out_.write(mask.data(), static_cast<std::streamsize>(mask.size()));
+      XXH3_64bits_update(&mask_hash_, mask.data(), mask.size());
+    }
     tokens_ += static_cast<int64_t>(ids.size()) + 1;
     offsets_.push_back(static_cast<uint64_t>(tokens_));
   }
   nlohmann::json finish() {
     out_.close();
     if (!out_) throw std::runtime_error("cannot write '" + bin_path_.string() + "'");
+    nlohmann::json split;
+    if (loss_mask_) {
+      mask_out_.close();
+      if (!mask_out_) throw std::runtime_error("cannot write '" + mask_path_.string() + "'");
+      split["mask_xxh3"] = xxh3_text(XXH3_64bits_digest(&mask_hash_));
+    }
     std::ofstream idx(idx_path_, std::ios::binary | std::ios::trunc);
     const uint64_t n_docs = offsets_.size() - 1;
     idx.write(kIndexMagic, 8);
@@ -104,7 +129,10 @@ class SplitWriter {
     idx.write(reinterpret_cast<const char*>(&n_docs), 8);
     idx.write(reinterpret_cast<const char*>(offsets_.data()), static_cast<std::streamsize>(8 * offsets_.size()));
     if (!idx.flush()) throw std::runtime_error("cannot write '" + idx_path_.string() + "'");
-    return {{"tokens", tokens_}, {"documents", n_docs}, {"xxh3", xxh3_text(XXH3_64bits_digest(&hash_))}};
+    split["tokens"] = tokens_;
+    split["documents"] = n_docs;
+    split["xxh3"] = xxh3_text(XXH3_64bits_digest(&hash_));
+    return split;
   }
   int64_t tokens() const { return tokens_; }
 
@@ -118,17 +146,33 @@ class SplitWriter {
       buf_.append(reinterpret_cast<const char*>(&v), 4);
     }
   }
-  fs::path bin_path_, idx_path_;
+  fs::path bin_path_, idx_path_, mask_path_;
   int bytes_;
-  std::ofstream out_;
+  bool loss_mask_;
+  std::ofstream out_, mask_out_;
   std::string buf_;
-  XXH3_state_t hash_;
+  XXH3_state_t hash_, mask_hash_;
   int64_t tokens_ = 0;
   std::vector<uint64_t> offsets_;
 };
 
+constexpr char kPromptCompletion[] = "prompt-completion";
+
+// Calls fn(prompt, text) for each document of `contents`, the file `path`: with the text
+// format each document between blank lines (no prompt), with prompt-completion each
+// example (prompt_completion.h).
+template <class F>
+void for_each_document(const PrepareOptions& opt, std::string_view contents, const std::string& path, F&& fn) {
+  if (opt.format == kPromptCompletion) {
+    for (const auto& example : read_prompt_completions(contents, path))
+      fn(std::string_view(example.prompt), std::string_view(example.completion));
+    return;
+  }
+  for (const auto doc : split_documents(contents)) fn(std::string_view(), doc);
+}
+
 // The tokenizer opt.tokenizer names: "bpe" (trained here on the first bpe_sample_mb of
-// the inputs), "bytes", or a tokenizer file.
+// the inputs' documents: prompts and completions alike), "bytes", or a tokenizer file.
 std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, const std::vector<std::string>& files,
                                           const Progress& report) {
   if (opt.tokenizer == "bytes") return std::make_unique<ByteLevelBpe>(ByteLevelBpe::bytes());
@@ -137,12 +181,14 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, const std::
   int64_t taken = 0;
   for (const auto& f : files) {
     if (taken >= opt.bpe_sample_mb << 20) break;
-    sample.push_back(read_file(f));
-    taken += static_cast<int64_t>(sample.back().size());
+    const std::string contents = read_file(f);
+    taken += static_cast<int64_t>(contents.size());
+    for_each_document(opt, contents, f, [&](std::string_view prompt, std::string_view text) {
+      if (!prompt.empty()) sample.emplace_back(prompt);
+      sample.emplace_back(text);
+    });
   }
-  std::vector<std::string_view> views;
-  for (const auto& s : sample)
-    for (auto d : split_documents(s)) views.push_back(d);
+  const std::vector<std::string_view> views(sample.begin(), sample.end());
   return std::make_unique<ByteLevelBpe>(
       train_bpe(views, opt.vocab_size, [&](int64_t d, int64_t t) { report("train bpe", d, t); }));
 }
@@ -152,6 +198,9 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, const std::
 PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progress) {
   if (opt.val_fraction < 0 || opt.val_fraction >= 1)
     throw std::invalid_argument("val fraction " + std::to_string(opt.val_fraction) + " is outside [0, 1)");
+  if (opt.format != "text" && opt.format != kPromptCompletion)
+    throw std::invalid_argument("format '" + opt.format + "' is neither 'text' nor 'prompt-completion'");
+  const bool loss_mask = opt.format == kPromptCompletion;
   const auto files = list_inputs(opt.inputs);
   auto report = [&](const std::string& stage, int64_t done, int64_t total) {
     if (progress) progress(stage, done, total);
@@ -162,7 +211,7 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progres
   for (const auto& f : files) {
     const std::string text = read_file(f);
     total_bytes += static_cast<int64_t>(text.size());
-    total_docs += static_cast<int64_t>(split_documents(text).size());
+    for_each_document(opt, text, f, [&](std::string_view, std::string_view) { ++total_docs; });
   }
   if (total_docs == 0) throw std::runtime_error("the inputs hold no text");
 
@@ -177,31 +226,38 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progres
   fs::create_directories(tmp_dir);
   tok->save((tmp_dir / tok->file_name()).string());
 
-  SplitWriter train(tmp_dir, "train", dtype_bytes), val(tmp_dir, "val", dtype_bytes);
+  SplitWriter train(tmp_dir, "train", dtype_bytes, loss_mask), val(tmp_dir, "val", dtype_bytes, loss_mask);
   const int64_t every = opt.val_fraction > 0 ? std::max<int64_t>(2, std::llround(1.0 / opt.val_fraction)) : 0;
   int64_t doc_index = 0, bytes_done = 0;
   for (const auto& f : files) {
     const std::string text = read_file(f);
-    for (const auto doc : split_documents(text)) {
+    for_each_document(opt, text, f, [&](std::string_view prompt, std::string_view body) {
       const bool to_val = every > 0 && (doc_index % every == every / 2 || (total_docs < every && doc_index == total_docs - 1 && total_docs > 1));
-      (to_val ? val : train).add_document(tok->encode(doc), tok->eos_id());
+      // A prompt's tokens, then the text's: the prompt's are inputs only.
+      std::vector<int32_t> ids;
+      if (!prompt.empty()) ids = tok->encode(prompt);
+      const size_t uncounted = ids.size();
+      const auto rest = tok->encode(body);
+      ids.insert(ids.end(), rest.begin(), rest.end());
+      (to_val ? val : train).add_document(ids, tok->eos_id(), uncounted);
       ++doc_index;
-    }
+    });
     bytes_done += static_cast<int64_t>(text.size());
     report("tokenize", bytes_done, total_bytes);
   }
   nlohmann::json sources = nlohmann::json::array();
   for (const auto& f : files) sources.push_back(f);
-  const nlohmann::json meta = {{"format", "tide-tokens"},
-                               {"version", kDatasetFormatVersion},
-                               {"dtype", dtype_bytes == 2 ? "uint16" : "uint32"},
-                               {"vocab_size", vocab},
-                               {"eos_id", tok->eos_id()},
-                               {"tokenizer", tok->file_name()},
-                               {"document_separator", "blank line"},
-                               {"splits", {{"train", train.finish()}, {"val", val.finish()}}},
-                               {"sources", sources},
-                               {"bytes", total_bytes}};
+  nlohmann::json meta = {{"format", "tide-tokens"},
+                         {"version", kDatasetFormatVersion},
+                         {"dtype", dtype_bytes == 2 ? "uint16" : "uint32"},
+                         {"vocab_size", vocab},
+                         {"eos_id", tok->eos_id()},
+                         {"tokenizer", tok->file_name()},
+                         {"document_separator", loss_mask ? "json lines" : "blank line"},
+                         {"splits", {{"train", train.finish()}, {"val", val.finish()}}},
+                         {"sources", sources},
+                         {"bytes", total_bytes}};
+  if (loss_mask) meta["loss_mask"] = true;
   {
     std::ofstream out(tmp_dir / "dataset.json", std::ios::trunc);
     out << meta.dump(2) << "\n";

@@ -33,10 +33,12 @@ constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 constexpr uint64_t kSplitSalt = 0xD1B54A32D192ED03ull;
 }  // namespace
 
-SampleSource::SampleSource(const TokenSplit& split, uint64_t seed) : SampleSource({&split}, {1.0}, seed) {}
+SampleSource::SampleSource(const TokenSplit& split, uint64_t seed, bool document_windows)
+    : SampleSource({&split}, {1.0}, seed, document_windows) {}
 
-SampleSource::SampleSource(std::vector<const TokenSplit*> splits, const std::vector<double>& weights, uint64_t seed)
-    : splits_(std::move(splits)), seed_(seed), phase_(splitmix64(seed ^ kGolden)) {
+SampleSource::SampleSource(std::vector<const TokenSplit*> splits, const std::vector<double>& weights, uint64_t seed,
+                           bool document_windows)
+    : splits_(std::move(splits)), seed_(seed), phase_(splitmix64(seed ^ kGolden)), document_windows_(document_windows) {
   if (splits_.empty() || weights.size() != splits_.size())
     throw std::invalid_argument("a sample source needs one weight for each of one or more splits");
   double total = 0;
@@ -62,7 +64,13 @@ size_t SampleSource::split_of(int64_t index) const {
 std::pair<const TokenSplit*, int64_t> SampleSource::window(int64_t index, int64_t seq_len) const {
   const size_t d = split_of(index);
   const TokenSplit* split = splits_[d];
-  return {split, window_start(seed_ ^ (d * kSplitSalt), index, split->size(), seq_len)};
+  const uint64_t seed = seed_ ^ (d * kSplitSalt);
+  if (!document_windows_) return {split, window_start(seed, index, split->size(), seq_len)};
+  // Document 0 starts at 0, so a split that holds a window has one such document.
+  const int64_t starts = split->documents_starting_by(split->size() - seq_len - 1);
+  const auto document =
+      static_cast<int64_t>(splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(index)) % static_cast<uint64_t>(starts));
+  return {split, split->document_start(document)};
 }
 
 void SampleSource::check(int64_t seq_len) const {

@@ -16,12 +16,21 @@
 
 namespace tide {
 
-TokenSplit::TokenSplit(const std::string& bin_path, const std::string& idx_path, int dtype_bytes)
+TokenSplit::TokenSplit(const std::string& bin_path, const std::string& idx_path, int dtype_bytes,
+                       const std::string& mask_path)
     : bin_(bin_path), dtype_bytes_(dtype_bytes) {
   if (bin_.size() % static_cast<size_t>(dtype_bytes) != 0)
     throw std::runtime_error(bin_path + ": size " + std::to_string(bin_.size()) + " is not a multiple of " +
                              std::to_string(dtype_bytes) + "-byte tokens");
   n_tokens_ = static_cast<int64_t>(bin_.size() / static_cast<size_t>(dtype_bytes));
+  if (!mask_path.empty()) {
+    mask_ = MappedFile(mask_path);
+    has_mask_ = true;
+    if (mask_.size() != static_cast<size_t>(n_tokens_))
+      throw std::runtime_error(mask_path + ": size " + std::to_string(mask_.size()) +
+                               " is not one byte for each of the " + std::to_string(n_tokens_) + " tokens of " +
+                               bin_path);
+  }
   const MappedFile idx(idx_path);
   if (idx.size() < 24 || std::memcmp(idx.data(), kIndexMagic, 8) != 0)
     throw std::runtime_error(idx_path + ": not a tide index (bad magic)");
@@ -66,7 +75,8 @@ std::string xxh3_text(uint64_t digest) {
   return hex;
 }
 
-void TokenSplit::verify(int64_t vocab_size, const std::string& xxh3_hex) const {
+void TokenSplit::verify(int64_t vocab_size, const std::string& xxh3_hex, const std::string& mask_xxh3_hex) const {
+  if (has_mask_) verify_loss_mask(mask_xxh3_hex);
   // One sequential pass: the hash and the largest id of each chunk. Only a chunk whose
   // largest id is out of range is searched again, for the offset of its first bad id.
   constexpr size_t kChunk = size_t{64} << 20;
@@ -93,6 +103,34 @@ void TokenSplit::verify(int64_t vocab_size, const std::string& xxh3_hex) const {
     throw std::runtime_error(fmt::format("{}: contents hash to xxh3 {}, dataset.json records {}: the file changed "
                                          "after `tide data prepare` (prepare the dataset again)",
                                          bin_.path(), hex, xxh3_hex));
+}
+
+void TokenSplit::verify_loss_mask(const std::string& xxh3_hex) const {
+  const uint8_t* p = mask_.data();
+  for (size_t i = 0; i < mask_.size(); ++i)
+    if (p[i] > 1)
+      throw std::runtime_error(fmt::format("{}: byte {} at token offset {} is neither 0 (not counted) nor 1 (counted)",
+                                           mask_.path(), p[i], i));
+  if (xxh3_hex.empty()) return;
+  const std::string hex = xxh3_text(XXH3_64bits(p, mask_.size()));
+  if (xxh3_hex != hex)
+    throw std::runtime_error(
+        fmt::format("{}: contents hash to xxh3 {}, dataset.json records {}: the file changed "
+                    "after `tide data prepare` (prepare the dataset again)",
+                    mask_.path(), hex, xxh3_hex));
+}
+
+void TokenSplit::copy_loss_mask(int64_t start, int64_t n, uint8_t* out) const {
+  if (!has_mask_) throw std::logic_error("a split without a loss mask asked for one");
+  if (start < 0 || n < 0 || start + n > n_tokens_) throw std::out_of_range("token window outside the split");
+  std::memcpy(out, mask_.data() + start, static_cast<size_t>(n));
+}
+
+int64_t TokenSplit::documents_starting_by(int64_t position) const {
+  // The last offset is the token count, not a document's start.
+  const auto last = doc_offsets_.end() - 1;
+  return std::upper_bound(doc_offsets_.begin(), last, static_cast<uint64_t>(std::max<int64_t>(position, 0))) -
+         doc_offsets_.begin();
 }
 
 uint32_t TokenSplit::at(int64_t i) const {
@@ -141,6 +179,7 @@ struct MetaFields {
   int dtype_bytes = 2;
   int64_t vocab_size = 0;
   const nlohmann::json* splits = nullptr;  // into the metadata; null when not recorded
+  bool loss_mask = false;                  // each split has its <split>.mask
 };
 
 MetaFields check_meta(const nlohmann::json& meta, const std::string& meta_path) {
@@ -177,7 +216,14 @@ MetaFields check_meta(const nlohmann::json& meta, const std::string& meta_path) 
         throw std::runtime_error(field + ".xxh3 " + r["xxh3"].dump() + " is not 16 hex digits");
       if (r.contains("tokens") && !r["tokens"].is_number_unsigned())
         throw std::runtime_error(field + ".tokens " + r["tokens"].dump() + " is not a count");
+      if (r.contains("mask_xxh3") && (!r["mask_xxh3"].is_string() || r["mask_xxh3"].get<std::string>().size() != 16))
+        throw std::runtime_error(field + ".mask_xxh3 " + r["mask_xxh3"].dump() + " is not 16 hex digits");
     }
+  if (meta.contains("loss_mask")) {
+    if (!meta["loss_mask"].is_boolean())
+      throw std::runtime_error(meta_path + ": loss_mask " + meta["loss_mask"].dump() + " is not true or false");
+    f.loss_mask = meta["loss_mask"].get<bool>();
+  }
   return f;
 }
 
@@ -219,17 +265,20 @@ TokenDataset::TokenDataset(const std::string& dir) : dir_(dir) {
 void TokenDataset::check(const std::string& meta_path) {
   const MetaFields f = check_meta(meta_, meta_path);
   vocab_size_ = f.vocab_size;
+  loss_mask_ = f.loss_mask;
   for (const char* name : {"train", "val"}) {
-    TokenSplit split(dir_ + "/" + name + ".bin", dir_ + "/" + name + ".idx", f.dtype_bytes);
-    std::string xxh3;
+    TokenSplit split(dir_ + "/" + name + ".bin", dir_ + "/" + name + ".idx", f.dtype_bytes,
+                     f.loss_mask ? dir_ + "/" + name + ".mask" : "");
+    std::string xxh3, mask_xxh3;
     if (f.splits && f.splits->contains(name)) {
       const auto& r = (*f.splits)[name];
       if (r.contains("xxh3")) xxh3 = r["xxh3"].get<std::string>();
+      if (r.contains("mask_xxh3")) mask_xxh3 = r["mask_xxh3"].get<std::string>();
       if (r.contains("tokens") && r["tokens"] != split.size())
         throw std::runtime_error(meta_path + ": splits." + name + ".tokens " + r["tokens"].dump() +
                                  " differs from the " + std::to_string(split.size()) + " tokens in " + name + ".bin");
     }
-    split.verify(vocab_size_, xxh3);
+    split.verify(vocab_size_, xxh3, mask_xxh3);
     splits_.emplace_back(name, std::move(split));
   }
 }

@@ -39,9 +39,17 @@ std::string field_of(const DataConfig& cfg, size_t i) {
 
 // What both the full open and the metadata check refuse of source `field` (directory
 // `dir`): a train split (as counted, or as recorded) that holds no window, a tokenizer
-// other than the first source's. `first` is set by the first source.
+// other than the first source's, no loss mask where data.loss_mask asks for one. `first`
+// is set by the first source.
 void check_source(const std::string& field, const std::string& dir, std::optional<uint64_t> train_tokens,
-                  int64_t seq_len, const DatasetTokenizer& tokenizer, std::optional<DatasetTokenizer>& first) {
+                  const DataConfig& cfg, bool has_loss_mask, const DatasetTokenizer& tokenizer,
+                  std::optional<DatasetTokenizer>& first) {
+  const int64_t seq_len = cfg.seq_len;
+  if (cfg.loss_mask && !has_loss_mask)
+    throw ConfigError(field, fmt::format("{}: data.loss_mask is set but the dataset has no loss mask (dataset.json "
+                                         "\"loss_mask\"); prepare it with `tide data prepare --format "
+                                         "prompt-completion`, or leave data.loss_mask false",
+                                         dir));
   if (train_tokens && *train_tokens < static_cast<uint64_t>(seq_len) + 1)
     throw ConfigError(field, fmt::format("{}: its train split of {} tokens is shorter than one window of {} tokens "
                                          "(data.seq_len + 1)",
@@ -73,7 +81,8 @@ TrainingData::TrainingData(const DataConfig& cfg) {
     } catch (const std::exception& e) {
       throw ConfigError(field, e.what());
     }
-    check_source(field, s.path, static_cast<uint64_t>(source.data->split("train").size()), cfg.seq_len,
+    check_source(field, s.path, static_cast<uint64_t>(source.data->split("train").size()), cfg,
+                 source.data->has_loss_mask(),
                  DatasetTokenizer(source.data->tokenizer_path(), source.data->vocab_size()), first);
     sources_.push_back(std::move(source));
   }
@@ -101,8 +110,10 @@ void check_training_data(const DataConfig& cfg, const std::string& workdir, bool
     if (splits != meta.end() && splits->is_object() && splits->contains("train") &&
         (*splits)["train"].contains("tokens"))
       train_tokens = (*splits)["train"]["tokens"].get<uint64_t>();
+    const auto loss_mask = meta.find("loss_mask");
     check_source(
-        field, sources[i].path, train_tokens, cfg.seq_len,
+        field, sources[i].path, train_tokens, cfg,
+        loss_mask != meta.end() && loss_mask->is_boolean() && loss_mask->get<bool>(),
         DatasetTokenizer(TokenDataset::tokenizer_path_of(dir.string(), meta), meta["vocab_size"].get<int64_t>()),
         first);
   }
@@ -114,14 +125,14 @@ int64_t TrainingData::vocab_size() const { return sources_.front().data->vocab_s
 
 std::string TrainingData::tokenizer_path() const { return sources_.front().data->tokenizer_path(); }
 
-SampleSource TrainingData::train_samples(uint64_t seed) const {
+SampleSource TrainingData::train_samples(uint64_t seed, bool document_windows) const {
   std::vector<const TokenSplit*> splits;
   std::vector<double> shares;
   for (const auto& s : sources_) {
     splits.push_back(&s.data->split("train"));
     shares.push_back(s.share);
   }
-  return SampleSource(std::move(splits), shares, seed);
+  return SampleSource(std::move(splits), shares, seed, document_windows);
 }
 
 }  // namespace tide

@@ -97,7 +97,7 @@ void TrainStep::update(const UpdateGate& gate, const at::Tensor& grad_norm) {
 
 MicroBatchLosses TrainStep::shares_of(const std::vector<Batch>& batches) const {
   const auto n = static_cast<int64_t>(batches.size());
-  if (!cfg_.data.eod_mask_loss) return MicroBatchLosses(n);
+  if (!BatchContents::of(cfg_.data).uncounts_targets()) return MicroBatchLosses(n);
   // Counted on the targets' device, summed over the data-parallel ranks there: no host
   // read, and a captured step (CUDA graphs) counts each replay's batches afresh.
   std::vector<at::Tensor> counts;

@@ -76,10 +76,10 @@ TrainingLoop::TrainingLoop(Trainer::State& s)
   // Data-parallel ranks read different samples; tensor-parallel ranks and pipeline
   // stages of one replica read the same.
   const int64_t micro = s.batch.micro_batch;
-  loader_ =
-      std::make_unique<BatchLoader>(s.data->train_samples(static_cast<uint64_t>(cfg_.seed)), micro, cfg_.data.seq_len,
-                                    resumed_.loader_cursor, cfg_.data.prefetch, s.dp_rank * micro, s.batch.dp * micro,
-                                    /*pin=*/s.device.is_cuda(), BatchContents::of(cfg_.data));
+  loader_ = std::make_unique<BatchLoader>(
+      s.data->train_samples(static_cast<uint64_t>(cfg_.seed), cfg_.data.document_windows), micro, cfg_.data.seq_len,
+      resumed_.loader_cursor, cfg_.data.prefetch, s.dp_rank * micro, s.batch.dp * micro,
+      /*pin=*/s.device.is_cuda(), BatchContents::of(cfg_.data));
   open_metrics();
   tokens_seen_ = resumed_.step * tokens_per_step();
   shown_tokens_seen_ = tokens_seen_;

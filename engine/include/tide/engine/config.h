@@ -118,6 +118,8 @@ struct DataConfig {
   int64_t prefetch = 4;  // batches prepared ahead by the background loader
   bool document_attention = false;  // attention within each packed document only (Batch::documents)
   bool eod_mask_loss = false;       // a document's last token's prediction left out of the loss (BatchContents)
+  bool loss_mask = false;           // only the targets the datasets' loss masks mark count (<split>.mask: completions)
+  bool document_windows = false;    // each training window starts at a document's first token
 };
 
 struct BatchConfig {

@@ -20,7 +20,8 @@ namespace tide {
 struct Batch {
   torch::Tensor tokens;   // [B, T] int64
   // [B, T] int64, tokens shifted by one; kUncountedTarget (linear_cross_entropy.h) where
-  // the prediction is left out of the loss (BatchContents::uncounted_document_ends).
+  // the prediction is left out of the loss (BatchContents::uncounted_document_ends,
+  // loss_mask).
   torch::Tensor targets;
   // [B, T] int32, made only when asked (data.document_attention): each input token's
   // document, counted within its row from 0 (TokenSplit::copy_documents). Undefined:
@@ -35,15 +36,26 @@ struct BatchContents {
   // prediction of the next document's first token, which nothing before it in the row
   // tells: that target is kUncountedTarget. Boundaries from the split's index.
   bool uncounted_document_ends = false;
+  // data.loss_mask: a target the split's loss mask marks 0 (a prompt's token) is
+  // kUncountedTarget. The split must have one.
+  bool loss_mask = false;
+  // data.document_windows, for validation's windows (make_eval_batch): each starts at a
+  // document's first token. (Training's are the SampleSource's.)
+  bool document_windows = false;
 
-  static BatchContents of(const DataConfig& data) { return {data.document_attention, data.eod_mask_loss}; }
+  static BatchContents of(const DataConfig& data) {
+    return {data.document_attention, data.eod_mask_loss, data.loss_mask, data.document_windows};
+  }
+  // Whether some targets may go uncounted: the loss is then the mean over the counted ones.
+  bool uncounts_targets() const { return uncounted_document_ends || loss_mask; }
 };
 
 // Builds the batch of samples [first, first + batch) directly (no thread).
 Batch make_batch(const SampleSource& samples, int64_t first, int64_t batch, int64_t seq_len,
                  const BatchContents& contents = {});
 
-// Evenly spaced windows covering a split; the same every call (validation).
+// Evenly spaced windows covering a split, or with contents.document_windows evenly
+// spaced documents' windows; the same every call (validation).
 Batch make_eval_batch(const TokenSplit& split, int64_t batch_index, int64_t n_batches, int64_t batch, int64_t seq_len,
                       const BatchContents& contents = {});
 

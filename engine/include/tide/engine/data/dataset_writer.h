@@ -19,14 +19,17 @@ struct PrepareOptions {
   int64_t vocab_size = 8192;
   double val_fraction = 0.01;     // of documents, spread evenly through the corpus
   int64_t bpe_sample_mb = 64;     // text used to train BPE
+  // "text": documents separated by blank lines; "prompt-completion": JSON lines of
+  // examples (prompt_completion.h), each a document whose loss mask (<split>.mask) counts
+  // the completion's tokens and its end-of-text, not the prompt's.
+  std::string format = "text";
 };
 
 struct PrepareReport {
   int64_t documents = 0, train_tokens = 0, val_tokens = 0, bytes = 0, vocab_size = 0;
 };
 
-// Documents are separated by blank lines; each ends with the end-of-text id.
-// Its stages report through `progress`.
+// Each document ends with the end-of-text id. Its stages report through `progress`.
 PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progress = {});
 
 // Splits text into documents at runs of blank lines (trimmed, empty ones dropped).

@@ -25,11 +25,15 @@ int64_t window_start(uint64_t seed, int64_t index, int64_t n_tokens, int64_t seq
 // share of n to within O(log n) samples, and a pure function of (seed, i) as resuming
 // needs. Its window is then random within that split (window_start, seeded apart per
 // split; a single split's windows are those of a blend of one).
+// With `document_windows` (data.document_windows) a window starts at a document's first
+// token instead: a document drawn at random (seeded as above) among those that start a
+// whole window.
 class SampleSource {
  public:
-  SampleSource(const TokenSplit& split, uint64_t seed);
+  SampleSource(const TokenSplit& split, uint64_t seed, bool document_windows = false);
   // `weights`: positive, one a split; they need not sum to 1.
-  SampleSource(std::vector<const TokenSplit*> splits, const std::vector<double>& weights, uint64_t seed);
+  SampleSource(std::vector<const TokenSplit*> splits, const std::vector<double>& weights, uint64_t seed,
+               bool document_windows = false);
 
   size_t splits() const { return splits_.size(); }
   // Which split sample `index` is drawn from.
@@ -45,6 +49,7 @@ class SampleSource {
   // split takes the draws above every bound. 2^64 fixed point: the same on every machine.
   std::vector<uint64_t> bounds_;
   uint64_t seed_, phase_;
+  bool document_windows_;
 };
 
 }  // namespace tide

@@ -3,6 +3,7 @@
 //   tokenizer.json          the tokenizer that produced the ids
 //   {train,val}.bin         raw little-endian token ids (uint16 or uint32)
 //   {train,val}.idx         document offsets into the .bin
+//   {train,val}.mask        with "loss_mask": one byte a token, 1 where it counts as a target
 #pragma once
 
 #include <cstdint>
@@ -25,11 +26,14 @@ std::string xxh3_text(uint64_t digest);
 // One split, memory-mapped.
 class TokenSplit {
  public:
-  TokenSplit(const std::string& bin_path, const std::string& idx_path, int dtype_bytes);
+  // `mask_path`: the split's loss mask, or "" for none.
+  TokenSplit(const std::string& bin_path, const std::string& idx_path, int dtype_bytes,
+             const std::string& mask_path = "");
   // Reads the whole .bin once: every id must be below `vocab_size` (the error names the
   // file, the id and its token offset) and, when `xxh3_hex` is not empty, the bytes must
-  // hash to it (the value `tide data prepare` recorded in dataset.json).
-  void verify(int64_t vocab_size, const std::string& xxh3_hex) const;
+  // hash to it (the value `tide data prepare` recorded in dataset.json). The loss mask
+  // likewise: every byte 0 or 1, hashing to `mask_xxh3_hex` when that is not empty.
+  void verify(int64_t vocab_size, const std::string& xxh3_hex, const std::string& mask_xxh3_hex = "") const;
   int64_t size() const { return n_tokens_; }
   int64_t documents() const { return static_cast<int64_t>(doc_offsets_.size()) - 1; }
   uint32_t at(int64_t i) const;
@@ -38,9 +42,20 @@ class TokenSplit {
   // For each of the n tokens from `start`, its document counted from the one that holds
   // `start`: 0 0 0 1 1 2 ... (a document ends with its end-of-text token).
   void copy_documents(int64_t start, int64_t n, int32_t* out) const;
+  // The loss mask (<split>.mask): whether token i counts as a target, that is whether the
+  // prediction of it from the tokens before it is in the loss.
+  bool has_loss_mask() const { return has_mask_; }
+  // The mask's bytes of the n tokens from `start` (1: counts, 0: does not).
+  void copy_loss_mask(int64_t start, int64_t n, uint8_t* out) const;
+  // The first token of document d, and how many documents start at or before `position`.
+  int64_t document_start(int64_t d) const { return static_cast<int64_t>(doc_offsets_.at(static_cast<size_t>(d))); }
+  int64_t documents_starting_by(int64_t position) const;
 
  private:
-  MappedFile bin_;
+  void verify_loss_mask(const std::string& xxh3_hex) const;
+
+  MappedFile bin_, mask_;
+  bool has_mask_ = false;
   int dtype_bytes_;
   int64_t n_tokens_;
   std::vector<uint64_t> doc_offsets_;
@@ -61,6 +76,7 @@ class TokenDataset {
   const std::string& dir() const { return dir_; }
   const nlohmann::json& meta() const { return meta_; }
   int64_t vocab_size() const { return vocab_size_; }
+  bool has_loss_mask() const { return loss_mask_; }  // every split has its <split>.mask
   std::string tokenizer_path() const;
   const TokenSplit& split(const std::string& name) const;  // "train" or "val"
 
@@ -70,6 +86,7 @@ class TokenDataset {
   std::string dir_;
   nlohmann::json meta_;
   int64_t vocab_size_ = 0;
+  bool loss_mask_ = false;
   std::vector<std::pair<std::string, TokenSplit>> splits_;
 };
 

@@ -34,8 +34,9 @@ class TrainingData {
   int64_t vocab_size() const;
   // The tokenizer file they share (it may be absent from a dataset other tools wrote).
   std::string tokenizer_path() const;
-  // Every source's train split, drawn by share.
-  SampleSource train_samples(uint64_t seed) const;
+  // Every source's train split, drawn by share; windows at document starts where asked
+  // (data.document_windows).
+  SampleSource train_samples(uint64_t seed, bool document_windows = false) const;
 
  private:
   struct Source {
