@@ -29,6 +29,7 @@ def overrides(shape, data, steps, **more):
         "model.max_seq_len": s["seq"], "data.seq_len": s["seq"], "data.path": data,
         "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"], "schedule.steps": steps,
         "schedule.warmup_steps": 0, "eval.every": 0, "log_every": 1000,
+        "model.sliding_window": s.get("window", 0),
     }
     sets.update({k.replace("__", "."): v for k, v in more.items()})
     return [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 
+#include "test_data.h"
 #include "tide/engine/data/dataset_writer.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/data/tokenizer.h"
@@ -36,14 +37,7 @@ class DatasetTest : public ::testing::Test {
   // The prompt-completion examples of `jsonl` as a dataset of byte ids, every example in
   // the train split; returns its directory.
   fs::path prepare_examples(const fs::path& jsonl) const {
-    PrepareOptions opt;
-    opt.inputs = {jsonl.string()};
-    opt.out_dir = (dir_ / "out").string();
-    opt.tokenizer = "bytes";
-    opt.val_fraction = 0;
-    opt.format = "prompt-completion";
-    prepare_dataset(opt);
-    return opt.out_dir;
+    return testing::prepare_prompt_completions(jsonl.string(), (dir_ / "out").string(), 0);
   }
   fs::path dir_;
 };

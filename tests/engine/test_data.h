@@ -68,6 +68,19 @@ inline std::string small_dataset() {
   return dir;
 }
 
+// The prompt-completion examples of the file `jsonl` as a dataset of byte ids in `out`,
+// `val_fraction` of them held out; returns `out`.
+inline std::string prepare_prompt_completions(const std::string& jsonl, const std::string& out, double val_fraction) {
+  PrepareOptions opt;
+  opt.inputs = {jsonl};
+  opt.out_dir = out;
+  opt.tokenizer = "bytes";
+  opt.val_fraction = val_fraction;
+  opt.format = "prompt-completion";
+  prepare_dataset(opt);
+  return out;
+}
+
 // A byte-tokenised prompt-completion dataset (`--format prompt-completion`), prepared once
 // per process: 60 examples whose prompts are capital letters only and whose completions
 // hold none, so a target's byte says whether it is a prompt's (uncounted) or a
@@ -87,14 +100,7 @@ inline std::string prompt_completion_dataset() {
       jsonl << "{\"prompt\": \"" << prompt << "\", \"completion\": \" " << completion << " " << i << "\"}\n";
     }
     jsonl.close();
-    PrepareOptions opt;
-    opt.inputs = {(root / "examples.jsonl").string()};
-    opt.out_dir = (root / "ds").string();
-    opt.tokenizer = "bytes";
-    opt.val_fraction = 0.1;
-    opt.format = "prompt-completion";
-    prepare_dataset(opt);
-    return opt.out_dir;
+    return prepare_prompt_completions((root / "examples.jsonl").string(), (root / "ds").string(), 0.1);
   }();
   return dir;
 }

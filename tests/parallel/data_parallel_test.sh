@@ -13,7 +13,8 @@
 #  - a data blend of two datasets under ZeRO-2 x2 reproduces one process's losses and
 #    each dataset's validation loss;
 #  - data.eod_mask_loss under ZeRO-2 x2: the step's loss is the mean over all its counted
-#    targets, whatever each rank's micro-batches hold, as in one process;
+#    targets, whatever each rank's micro-batches hold, as in one process; likewise
+#    data.loss_mask with data.document_windows on prompt-completion examples;
 #  - a worker killed with SIGKILL stops the job within 60 s, named by rank.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -97,6 +98,23 @@ train llama llama-eod-1 --set data.eod_mask_loss=true
 train llama llama-eod-zero2 --nproc 2 --set parallel.zero=2 --set data.eod_mask_loss=true
 compare "$work/llama-eod-1" "$work/llama-eod-zero2" 0 || fail "ZeRO-2 x2 with data.eod_mask_loss differs from one process"
 losses_differ "$work/llama-1" "$work/llama-eod-1" || fail "data.eod_mask_loss changed nothing"
+
+# data.loss_mask with data.document_windows on prompt-completion examples: the prompts
+# left out of the loss, every window starting at an example. Each rank's windows and
+# counted targets are its share of one process's, so ZeRO-2 x2 gives its losses and weights.
+echo "loss mask:"
+/usr/bin/python3 - "$work/sft.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(400):
+        f.write(json.dumps({"prompt": f"Example {i}. Q: {'why ' * (i % 7)}?\n",
+                            "completion": f"A: {'because ' * (1 + i % 9)}{i}."}) + "\n")
+PY
+$tide data prepare "$work/sft.jsonl" --format prompt-completion --out "$work/sft" --tokenizer bytes --val-fraction 0.1 2> /dev/null
+sft=(--set "data.path=$work/sft" --set data.loss_mask=true --set data.document_windows=true)
+train llama llama-sft-1 "${sft[@]}"
+train llama llama-sft-zero2 --nproc 2 --set parallel.zero=2 "${sft[@]}"
+compare "$work/llama-sft-1" "$work/llama-sft-zero2" 0 || fail "ZeRO-2 x2 with data.loss_mask differs from one process"
 
 # Optimizer offload (master pieces and moments in host memory) changes no bit.
 train llama llama-offload --nproc 2 --set parallel.zero=1 --set parallel.offload_optimizer=true
