@@ -14,6 +14,8 @@
 #            shape, and profile-S.tar.gz: tide's profile of two more steps, captured and
 #            uncaptured (each run's summary, and its Chrome trace gzipped where the archive
 #            stays under 15 MiB)
+#   window   bench-window.log and profile-window.tar.gz likewise, on the sliding-window shape
+#            (not a default part: with all the defaults it would leave 10 files)
 # Parts run in the order given (default: host binding tests demo s1 s2); a failed part is logged
 # and the next runs. Exit status: the number of failed parts.
 # Usage: scripts/gpu_host_checks.sh [--build DIR] [--kit DIR] OUT_DIR [PART...]
@@ -29,7 +31,7 @@ kit=""
 usage="usage: scripts/gpu_host_checks.sh [--build DIR] [--kit DIR] OUT_DIR [PART...]"
 while [[ $# -gt 0 ]]; do
   case $1 in
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --build) build=${2:?--build needs a folder}; shift 2 ;;
     --kit) kit=${2:?--kit needs a folder}; shift 2 ;;
     -*) echo "gpu_host_checks: unknown option '$1' ($usage)" >&2; exit 2 ;;
@@ -44,8 +46,8 @@ parts=("$@")
 for part in "${parts[@]}"; do
   case $part in
     build) [[ -n $kit ]] || { echo "gpu_host_checks: the build part needs --kit" >&2; exit 2; } ;;
-    host|binding|tests|demo|s1|s2|tiny|gpu) ;;
-    *) echo "gpu_host_checks: unknown part '$part' (build, host, binding, tests, demo, s1, s2, tiny, gpu)" >&2; exit 2 ;;
+    host|binding|tests|demo|s1|s2|tiny|gpu|window) ;;
+    *) echo "gpu_host_checks: unknown part '$part' (build, host, binding, tests, demo, s1, s2, tiny, gpu, window)" >&2; exit 2 ;;
   esac
 done
 if [[ -n $kit && ! -x $kit/kit/build-on-gpu-host.sh ]]; then
