@@ -12,6 +12,11 @@ uint64_t splitmix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
+
+// Sample `index`'s draw among n choices, a pure function of (seed, index).
+uint64_t draw(uint64_t seed, int64_t index, uint64_t n) {
+  return splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(index)) % n;
+}
 }  // namespace
 
 void require_window(const TokenSplit& split, int64_t seq_len) {
@@ -22,7 +27,7 @@ void require_window(const TokenSplit& split, int64_t seq_len) {
 
 int64_t window_start(uint64_t seed, int64_t index, int64_t n_tokens, int64_t seq_len) {
   const uint64_t span = static_cast<uint64_t>(n_tokens - seq_len);  // starts in [0, n - T - 1]
-  return static_cast<int64_t>(splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(index)) % span);
+  return static_cast<int64_t>(draw(seed, index, span));
 }
 
 namespace {
@@ -68,9 +73,7 @@ std::pair<const TokenSplit*, int64_t> SampleSource::window(int64_t index, int64_
   if (!document_windows_) return {split, window_start(seed, index, split->size(), seq_len)};
   // Document 0 starts at 0, so a split that holds a window has one such document.
   const int64_t starts = split->documents_starting_by(split->size() - seq_len - 1);
-  const auto document =
-      static_cast<int64_t>(splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(index)) % static_cast<uint64_t>(starts));
-  return {split, split->document_start(document)};
+  return {split, split->document_start(static_cast<int64_t>(draw(seed, index, static_cast<uint64_t>(starts))))};
 }
 
 void SampleSource::check(int64_t seq_len) const {

@@ -28,7 +28,7 @@ at::Tensor part_mask(const WindowPart& p, int64_t window, const at::Tensor& docu
     const int64_t b = documents.size(0);
     const auto queries = documents.narrow(1, p.first, n * r).view({b, n, r, 1});
     const auto keys = documents.narrow(1, p.keys_first, (n - 1) * r + s).unfold(1, s, r).view({b, n, 1, s});
-    allowed = queries.eq(keys).logical_and_(allowed.view({1, 1, r, s})).view({b * n, 1, r, s});
+    allowed = queries.eq(keys).logical_and_(allowed).view({b * n, 1, r, s});
   }
   if (!slopes.defined()) return rows_aligned(additive_mask(allowed, options));
   const auto bias = alibi_distances(slopes, r, s, options.device());  // [1, H, R, S]
@@ -75,7 +75,6 @@ WindowedAttention windowed_attention_parts(int64_t t, int64_t window, int64_t ro
               " in blocks of ", rows, " queries");
   const auto opts = options.requires_grad(false);
   WindowedAttention out;
-  out.window = window;
   out.t = t;
   // The first w queries: every key before them is in the window.
   WindowPart head;

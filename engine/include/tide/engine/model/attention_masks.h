@@ -55,7 +55,7 @@ struct WindowPart {
 // A windowed layer's parts for a sequence of t tokens: the first `window` queries, then
 // blocks of `rows`, then the queries left (fewer than `rows`), in order.
 struct WindowedAttention {
-  int64_t window = 0, t = 0;
+  int64_t t = 0;
   std::vector<WindowPart> parts;
 };
 
