@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,6 +14,15 @@
 namespace tide {
 namespace {
 namespace fs = std::filesystem;
+
+// `split` holds exactly `ids`, and its loss mask is `mask`.
+void expect_ids_and_mask(const TokenSplit& split, const std::vector<int32_t>& ids, const std::vector<uint8_t>& mask) {
+  ASSERT_EQ(split.size(), static_cast<int64_t>(ids.size()));
+  for (int64_t i = 0; i < split.size(); ++i) EXPECT_EQ(static_cast<int32_t>(split.at(i)), ids[i]) << "token " << i;
+  std::vector<uint8_t> read(static_cast<size_t>(split.size()));
+  split.copy_loss_mask(0, split.size(), read.data());
+  EXPECT_EQ(read, mask);
+}
 
 class DatasetTest : public ::testing::Test {
  protected:
@@ -181,11 +191,7 @@ TEST_F(DatasetTest, PromptCompletionExamplesCountTheirCompletionsOnly) {
     mask.insert(mask.end(), c.size() + 1, 1);
   }
   const TokenSplit& train = ds.split("train");
-  ASSERT_EQ(train.size(), static_cast<int64_t>(ids.size()));
-  for (int64_t i = 0; i < train.size(); ++i) EXPECT_EQ(static_cast<int32_t>(train.at(i)), ids[i]) << "token " << i;
-  std::vector<uint8_t> read(static_cast<size_t>(train.size()));
-  train.copy_loss_mask(0, train.size(), read.data());
-  EXPECT_EQ(read, mask);
+  expect_ids_and_mask(train, ids, mask);
   // On disk: one byte a token.
   EXPECT_EQ(fs::file_size(out / "train.mask"), ids.size());
   EXPECT_EQ(train.documents(), 3);
@@ -221,6 +227,114 @@ TEST_F(DatasetTest, APromptCompletionLineThatIsNotAnExampleIsNamed) {
   PrepareOptions opt;
   opt.format = "chat";
   EXPECT_THROW(prepare_dataset(opt), std::invalid_argument);
+}
+
+// Conversations (`--format messages`): each a document as its chat template writes it,
+// the assistant's turns (and the end-of-text) counted; a byte tokenizer gets the
+// template's special tokens, and a tokenizer file that has them chooses the template.
+TEST_F(DatasetTest, ConversationsCountTheAssistantsTurnsOnly) {
+  write(
+      dir_ / "chat.jsonl",
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, )"
+      R"({"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"}, {"role": "assistant", "content": "6"}]})"
+      "\n\n"
+      R"({"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]})"
+      "\n");
+  PrepareOptions opt;
+  opt.inputs = {(dir_ / "chat.jsonl").string()};
+  opt.out_dir = (dir_ / "out").string();
+  opt.tokenizer = "bytes";
+  opt.val_fraction = 0;
+  opt.format = "messages";
+  opt.chat_template = "chatml";
+  prepare_dataset(opt);
+  const TokenDataset ds(opt.out_dir);
+  ASSERT_TRUE(ds.has_loss_mask());
+  EXPECT_EQ(ds.meta()["chat_template"], "chatml");
+  EXPECT_EQ(ds.meta()["vocab_size"], 256 + 3);
+  const auto tok = load_tokenizer(ds.tokenizer_path());
+  // Byte ids split nothing across spans: each span's ids, its flag on each.
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  auto add = [&](const std::string& text, bool counted) {
+    const auto span = tok->encode(text);
+    ids.insert(ids.end(), span.begin(), span.end());
+    mask.insert(mask.end(), span.size(), counted ? 1 : 0);
+  };
+  add("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n", false);
+  add("4<|im_end|>", true);
+  add("\n<|im_start|>user\n3+3?<|im_end|>\n<|im_start|>assistant\n", false);
+  add("6<|im_end|>", true);
+  add("\n", false);
+  add("<|endoftext|>", true);
+  add("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", false);
+  add("hello<|im_end|>", true);
+  add("\n", false);
+  add("<|endoftext|>", true);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 257), 7);  // <|im_start|>: one id a message
+  const TokenSplit& train = ds.split("train");
+  expect_ids_and_mask(train, ids, mask);
+  EXPECT_EQ(train.documents(), 2);
+
+  // The prepared tokenizer.json has ChatML's tokens: named no template, it is chosen.
+  const std::string tokenizer_file = (dir_ / "chatml-tokenizer.json").string();
+  fs::copy_file(ds.tokenizer_path(), tokenizer_file);
+  opt.tokenizer = tokenizer_file;
+  opt.chat_template.clear();
+  opt.out_dir = (dir_ / "again").string();
+  prepare_dataset(opt);
+  const TokenDataset again(opt.out_dir);
+  EXPECT_EQ(again.meta()["chat_template"], "chatml");
+  EXPECT_EQ(again.meta()["splits"]["train"]["mask_xxh3"], ds.meta()["splits"]["train"]["mask_xxh3"]);
+  EXPECT_EQ(again.meta()["splits"]["train"]["xxh3"], ds.meta()["splits"]["train"]["xxh3"]);
+}
+
+// A conversation its template cannot write, a template the tokenizer has no tokens for,
+// or one named where none can be chosen, is refused before anything is written.
+TEST_F(DatasetTest, AConversationOrTemplateThatCannotBeWrittenIsRefused) {
+  write(
+      dir_ / "chat.jsonl",
+      R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})"
+      "\n"
+      R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]})"
+      "\n");
+  auto error = [&](const std::string& tokenizer, const std::string& chat_template, const std::string& format) {
+    PrepareOptions opt;
+    opt.inputs = {(dir_ / "chat.jsonl").string()};
+    opt.out_dir = (dir_ / "out").string();
+    opt.tokenizer = tokenizer;
+    opt.format = format;
+    opt.chat_template = chat_template;
+    try {
+      prepare_dataset(opt);
+    } catch (const std::exception& e) {
+      EXPECT_FALSE(fs::exists(dir_ / "out")) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(
+      error("bytes", "gemma", "messages"),
+      (dir_ / "chat.jsonl").string() +
+          ":2: message 1 is user's turn: the gemma template's turns alternate user, assistant, starting with user");
+  EXPECT_EQ(error("bpe", "", "messages"),
+            "--format messages with tokenizer 'bpe' needs a chat template named (llama3, chatml, gemma): its "
+            "vocabulary is made here");
+  EXPECT_EQ(error("bytes", "chatml", "text"), "chat template 'chatml' is for --format messages, not text");
+  // A tokenizer file without the template's tokens, named one or not.
+  const std::string plain = (dir_ / "plain.json").string();
+  ByteLevelBpe::bytes().save(plain);
+  EXPECT_EQ(error(plain, "llama3", "messages"),
+            "tokenizer '" + plain +
+                "' has no special token <|begin_of_text|> for the llama3 chat template (it would be split into "
+                "pieces of text)");
+  EXPECT_EQ(error(plain, "", "messages"),
+            "tokenizer '" + plain +
+                "' has the special tokens of no chat template tide knows (llama3, chatml, gemma): name one with "
+                "--chat-template");
+  // Nothing of a failed prepare is left beside the dataset it would have written.
+  for (const auto& e : fs::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find("out.tmp-"), std::string::npos) << e.path();
 }
 
 // A loss mask that does not fit its split, holds a byte other than 0 or 1, or changed

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 
+#include "command_output.h"
 #include "tide/engine/data/tokenizer.h"
 
 namespace tide {
@@ -93,13 +94,7 @@ class HfTokenizerReference : public ::testing::Test {
     std::ofstream(lines) << json(kReferenceLines).dump();
     const std::string cmd = std::string(TIDE_PYTHON) + " " + TIDE_SOURCE_DIR + "/tests/engine/hf_encode.py " +
                             (dir_ / (name + ".json")).string() + " < " + lines.string() + " 2>&1";
-    std::string out;
-    if (FILE* p = ::popen(cmd.c_str(), "r")) {
-      char buf[4096];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-      ::pclose(p);
-    }
+    const std::string out = testing::command_output(cmd);
     const json j = json::parse(out, nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
       ADD_FAILURE() << "the tokenizers reference did not run (scripts/setup.sh installs it into .venv): " << out;

@@ -36,7 +36,7 @@ def main():
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        special = ["<|begin_of_text|>", "<|end_of_text|>"]
+        special = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.train([corpus], trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
                                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))

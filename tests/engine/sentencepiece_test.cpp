@@ -7,22 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include "command_output.h"
 #include "tide/engine/data/tokenizer.h"
 
 namespace tide {
 namespace {
 namespace fs = std::filesystem;
 
-std::string run(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ::pclose(p);
-  return out;
-}
+using testing::command_output;
 
 class SentencePieceTest : public ::testing::Test {
  protected:
@@ -45,8 +37,8 @@ class SentencePieceTest : public ::testing::Test {
   static std::vector<int32_t> reference(const std::string& model, const std::string& line) {
     const fs::path in = dir_ / "line.txt";
     std::ofstream(in) << line << "\n";
-    std::istringstream ids(run("spm_encode --model=" + (dir_ / (model + ".model")).string() +
-                               " --output_format=id < " + in.string()));
+    std::istringstream ids(command_output("spm_encode --model=" + (dir_ / (model + ".model")).string() +
+                                          " --output_format=id < " + in.string()));
     std::vector<int32_t> out;
     int32_t id;
     while (ids >> id) out.push_back(id);

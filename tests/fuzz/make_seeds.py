@@ -198,6 +198,17 @@ def recipe_seeds(out, src):
             put(out, "recipe", os.path.basename(rel), read(path) + SEPARATOR + b"schedule.steps=3\noptimizer.lr=1e-3")
 
 
+def fine_tuning_seeds(out):
+    # TRL's prompt-completion pairs, OpenAI-style and ShareGPT conversations, as users write them.
+    pairs = [{"prompt": "Q: What is 2 + 2?\nA:", "completion": " 4"}, {"prompt": "", "completion": "caf\u00e9"}]
+    put(out, "fine_tuning_examples", "prompt-completion.jsonl", "".join(json.dumps(p) + "\n" for p in pairs).encode())
+    chats = [{"messages": [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "2 + 2?"},
+                           {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3 + 3?"},
+                           {"role": "assistant", "content": "\n\n6 "}]},
+             {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "<|im_end|>hello"}]}]
+    put(out, "fine_tuning_examples", "messages.jsonl", "".join(json.dumps(c) + "\n" for c in chats).encode())
+
+
 def main():
     out, tide, src = sys.argv[1:4]
     work = os.path.join(out, ".work")
@@ -211,6 +222,7 @@ def main():
     controller_seeds(out)
     http_seeds(out)
     recipe_seeds(out, src)
+    fine_tuning_seeds(out)
     shutil.rmtree(work)
 
 

@@ -11,7 +11,7 @@ SRC=$1 BUILD=$2 TIDE=$3 PYTHON=$4 RUNS=${5:-20000}
 # fuzz_http (below) mostly waits; the others keep a core busy each and run two at a time,
 # the longest first (seconds on a 2-core EPYC: 50, 37, 8, 8, 7, 3, 2 and http's 61): all in
 # about a minute, where fixed pairs took 155 s.
-TARGETS="checkpoint controller recipe token_dataset tokenizer request safetensors"
+TARGETS="checkpoint controller recipe token_dataset tokenizer fine_tuning_examples request safetensors"
 
 sh "$SRC/tests/sanitized_tree.sh" "$SRC" "$BUILD" "$TIDE" $(for t in http $TARGETS; do printf 'fuzz_%s ' "$t"; done)
 

@@ -124,6 +124,69 @@ if $tide data prepare "$work/bad.jsonl" --format prompt-completion --tokenizer b
 fi
 grep -q 'bad.jsonl:2: no "completion"' "$work/err.txt" || { cat "$work/err.txt"; fail "the bad line was not named"; }
 test ! -e "$work/bad-ds" || fail "a failed prepare left a dataset"
+# Conversations: the chat template's markup and the user's turns left out of the loss; the
+# exported model carries its template, and transformers prompts it in that format.
+python3 - "$work/chat.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    for i in range(150):
+        f.write(json.dumps({"messages": [{"role": "user", "content": f"Question {i}: may I share it?"},
+                                         {"role": "assistant", "content": f"Answer {i}: yes, under the same terms."},
+                                         {"role": "user", "content": "And change it?"},
+                                         {"role": "assistant", "content": "Yes."}]}) + "\n")
+PY
+if $tide data prepare "$work/chat.jsonl" --format messages --tokenizer "$work/ds/tokenizer.json" --out "$work/chat" \
+  2> "$work/err.txt"; then fail "a tokenizer without any chat template's tokens prepared conversations"; fi
+grep -q "has the special tokens of no chat template" "$work/err.txt" || { cat "$work/err.txt"; fail "no chat template named"; }
+$tide data prepare "$work/chat.jsonl" --format messages --chat-template chatml --vocab-size 512 --out "$work/chat" \
+  2> "$work/prep-chat.txt" || { cat "$work/prep-chat.txt"; fail "data prepare --format messages failed"; }
+grep -q '"chat_template": "chatml"' "$work/chat/dataset.json" || fail "dataset.json does not name its chat template"
+test -s "$work/chat/chat_template.jinja" || fail "no chat_template.jinja beside the tokenizer"
+chat_vocab=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$work/chat/dataset.json")
+$tide train "$work/tiny.lua" --run-dir "$work/chat-run" --set "data.path=$work/chat" --set data.loss_mask=true \
+  --set data.document_windows=true --set "model.vocab_size=$chat_vocab" 2> "$work/chat-train.txt" \
+  || { cat "$work/chat-train.txt"; fail "a run on conversations failed"; }
+$tide convert export "$work/chat-run" --out "$work/chat-hf" 2> /dev/null
+cmp -s "$work/chat/chat_template.jinja" "$work/chat-hf/chat_template.jinja" || fail "the export lacks the chat template"
+"${TIDE_PYTHON:-python3}" - "$work/chat-hf" "$work/chat" <<'PY' || fail "transformers did not prompt the export in its template"
+import json, sys
+from transformers import AutoTokenizer
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+assert json.load(open(sys.argv[1] + "/tokenizer_config.json"))["chat_template"] == tok.chat_template
+ids = tok.apply_chat_template([{"role": "user", "content": "Question 0: may I share it?"}],
+                              add_generation_prompt=True, tokenize=True)
+text = tok.decode(ids)
+assert text == "<|im_start|>user\nQuestion 0: may I share it?<|im_end|>\n<|im_start|>assistant\n", text
+# The run's data starts with those ids: the model was tuned on what the template writes.
+meta = json.load(open(sys.argv[2] + "/dataset.json"))
+import numpy
+train = numpy.memmap(sys.argv[2] + "/train.bin", dtype="<u2" if meta["dtype"] == "uint16" else "<u4", mode="r")
+assert list(train[:len(ids)]) == ids, (list(train[:len(ids)]), ids)
+print(f"  export prompts in chatml: {len(ids)} ids, as the training data begins")
+PY
+# tide generate --chat: the user's message in the run's template, the reply up to the end
+# of the assistant's turn: greedy, it is what the same prompt written out continues with.
+$tide generate "$work/chat-run" --chat "Question 7: may I share it?" --temperature 0 --max-tokens 24 \
+  > "$work/chat-reply.txt" || fail "generate --chat failed"
+written=$(printf '<|im_start|>user\nQuestion 7: may I share it?<|im_end|>\n<|im_start|>assistant\n.')
+$tide generate "$work/chat-run" --temperature 0 --max-tokens 24 --prompt "${written%.}" \
+  > "$work/chat-prompt.txt" || fail "generate --prompt with the template written out failed"
+python3 - "$work/chat-reply.txt" "$work/chat-prompt.txt" <<'PY' || fail "generate --chat is not the template's prompt continued"
+import sys
+reply = open(sys.argv[1]).read().rstrip("\n")
+written = open(sys.argv[2]).read()
+prompt = "<|im_start|>user\nQuestion 7: may I share it?<|im_end|>\n<|im_start|>assistant\n"
+assert written.startswith(prompt + reply), (reply, written)
+assert "<|im_end|>" not in reply and "<|im_start|>" not in reply, reply
+print(f"  generate --chat: {len(reply)} characters, the written-out prompt's continuation")
+PY
+if $tide generate "$work/run" --chat "hi" 2> "$work/err.txt"; then fail "--chat ran without a chat template"; fi
+grep -q "no chat_template.jinja beside the tokenizer" "$work/err.txt" || { cat "$work/err.txt"; fail "the missing template not named"; }
+if $tide generate "$work/run" --chat "hi" --chat-template llama3 2> "$work/err.txt"; then
+  fail "--chat ran with a template the tokenizer has no tokens for"
+fi
+grep -q "has no special token <|begin_of_text|> for the llama3 chat template" "$work/err.txt" \
+  || { cat "$work/err.txt"; fail "the missing special token not named"; }
 $tide convert export "$work/run" --out "$work/hf" 2> /dev/null
 test -s "$work/hf/config.json" && test -s "$work/hf/model.safetensors" || fail "export wrote nothing"
 grep -q '"eos_token_id": 511' "$work/hf/config.json" || fail "exported config.json names no eos_token_id"

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli_common.h"
+#include "tide/engine/data/chat_template.h"
 #include "tide/engine/data/dataset_writer.h"
 
 namespace tide::cli {
@@ -14,8 +15,9 @@ void add_data_command(CLI::App& app) {
   auto* data = app.add_subcommand("data", "Prepare datasets");
   data->require_subcommand(1);
   auto opt = std::make_shared<PrepareOptions>();
-  auto* prep = data->add_subcommand(
-      "prepare", "Tokenise text files or folders (or prompt-completion JSON lines) into a token dataset");
+  auto* prep = data->add_subcommand("prepare",
+                                    "Tokenise text files or folders (or fine-tuning examples: prompt-completion or "
+                                    "chat JSON lines) into a token dataset");
   prep->add_option("inputs", opt->inputs, "Text files or folders")->required();
   prep->add_option("-o,--out", opt->out_dir, "Dataset directory to write")->required();
   prep->add_option("--tokenizer", opt->tokenizer,
@@ -28,9 +30,15 @@ void add_data_command(CLI::App& app) {
   prep->add_option("--format", opt->format,
                    "text: documents separated by blank lines; prompt-completion: JSON lines "
                    "{\"prompt\": ..., \"completion\": ...}, each an example whose loss mask counts the "
-                   "completion only (train with data.loss_mask = true)")
-      ->check(CLI::IsMember({"text", "prompt-completion"}))
+                   "completion only; messages: JSON lines {\"messages\": [{\"role\": ..., \"content\": ...}]} "
+                   "(or ShareGPT's {\"conversations\": [{\"from\": ..., \"value\": ...}]}), each a conversation "
+                   "whose loss mask counts the assistant's turns only (train both with data.loss_mask = true)")
+      ->check(CLI::IsMember({"text", "prompt-completion", "messages"}))
       ->capture_default_str();
+  prep->add_option("--chat-template", opt->chat_template,
+                   "With --format messages: llama3, chatml (Qwen) or gemma; by default the one whose special "
+                   "tokens the tokenizer file has (needed with bpe and bytes, which get its tokens added)")
+      ->check(CLI::IsMember(chat_template_names()));
   prep->callback([opt] {
     const bool tty = ::isatty(STDERR_FILENO) != 0;
     std::string last_stage;

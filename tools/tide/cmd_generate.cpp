@@ -1,4 +1,6 @@
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -6,6 +8,7 @@
 #include <torch/cuda.h>
 
 #include "cli_common.h"
+#include "tide/engine/data/chat_template.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/data/tokenizer.h"
 #include "tide/engine/data/utf8_stream.h"
@@ -15,6 +18,7 @@
 
 namespace tide::cli {
 namespace {
+namespace fs = std::filesystem;
 
 std::unique_ptr<Tokenizer> tokenizer_for(const LoadedModel& m, const std::string& explicit_path,
                                          const std::string& model_path) {
@@ -33,6 +37,25 @@ void place(LoadedModel& m, const std::string& device) {
   m.model->to(torch::Device(torch::kCUDA, 0));
 }
 
+// The chat template of a model: the one named, else the one written beside its tokenizer
+// (chat_template.jinja, which tide writes for a chat dataset and runs and exports carry).
+ChatTemplate chat_template_for(const std::string& named, const std::string& tokenizer_path) {
+  if (!named.empty()) return chat_template_named(named);
+  const fs::path file = fs::path(tokenizer_path).parent_path() / kChatTemplateFile;
+  if (tokenizer_path.empty() || !fs::exists(file))
+    throw std::runtime_error("--chat: no " + std::string(kChatTemplateFile) + " beside the tokenizer '" +
+                             tokenizer_path + "'; name one with --chat-template (llama3, chatml, gemma)");
+  if (fs::file_size(file) > (1u << 20))
+    throw std::runtime_error(file.string() + " is larger than 1 MiB: not a chat template");
+  std::ifstream in(file, std::ios::binary);
+  const auto found = chat_template_of_jinja(std::string(std::istreambuf_iterator<char>(in), {}));
+  if (!found)
+    throw std::runtime_error("--chat: " + file.string() +
+                             " is none of tide's chat templates (a model's own Jinja); name the format it follows "
+                             "with --chat-template (llama3, chatml, gemma)");
+  return *found;
+}
+
 CLI::Option* add_device_option(CLI::App* cmd, std::string& device) {
   return cmd->add_option("--device", device, "Where the model computes: cpu or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}))
@@ -44,13 +67,24 @@ CLI::Option* add_device_option(CLI::App* cmd, std::string& device) {
 void add_generate_commands(CLI::App& app) {
   struct GenOptions {
     std::string model, prompt, tokenizer, device = "cpu";
+    std::string chat, system, chat_template;
     SampleOptions sample;
     int64_t threads = 0;
   };
   auto g = std::make_shared<GenOptions>();
   auto* gen = app.add_subcommand("generate", "Sample text from a trained model");
   gen->add_option("model", g->model, "Run directory, weights file or Hugging Face directory")->required();
-  gen->add_option("-p,--prompt", g->prompt, "Text to continue");
+  auto* prompt = gen->add_option("-p,--prompt", g->prompt, "Text to continue");
+  auto* chat = gen->add_option("--chat", g->chat,
+                               "A user's message: the model answers it as the assistant, in its chat template, "
+                               "and stops at the end of its turn (prints the answer only)");
+  chat->excludes(prompt);
+  gen->add_option("--system", g->system, "With --chat: a system message before the user's")->needs(chat);
+  gen->add_option("--chat-template", g->chat_template,
+                  "With --chat: llama3, chatml or gemma (default: the chat_template.jinja tide wrote beside the "
+                  "model's tokenizer)")
+      ->check(CLI::IsMember(chat_template_names()))
+      ->needs(chat);
   gen->add_option("-n,--max-tokens", g->sample.max_new_tokens, "Tokens to generate")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
@@ -74,11 +108,27 @@ void add_generate_commands(CLI::App& app) {
     const auto tok = tokenizer_for(m, g->tokenizer, g->model);
     SampleOptions opt = g->sample;
     opt.stop_id = tok->eos_id();
-    std::cout << g->prompt << std::flush;
+    std::string prompt_text = g->prompt;
+    if (!g->chat.empty()) {
+      // The conversation so far as the template writes it, then the assistant's header;
+      // the reply ends at the template's end-of-turn token.
+      const std::string tokenizer_path = g->tokenizer.empty() ? m.tokenizer_path : g->tokenizer;
+      const ChatTemplate t = chat_template_for(g->chat_template, tokenizer_path);
+      check_chat_tokens(t, *tok, tokenizer_path);
+      Conversation c{"--chat", {}};
+      if (!g->system.empty()) c.messages.push_back({ChatRole::kSystem, g->system});
+      c.messages.push_back({ChatRole::kUser, g->chat});
+      prompt_text.clear();
+      for (const auto& span : render_conversation(t, c)) prompt_text += span.text;
+      prompt_text += chat_generation_prompt(t);
+      opt.end_of_turn_id = tok->encode(chat_end_of_turn(t)).at(0);
+    } else {
+      std::cout << g->prompt << std::flush;
+    }
     // Valid UTF-8 out, whatever bytes the model picks (text=True readers need it).
     Utf8Stream text;
-    sample(m.model, tok->encode(g->prompt), opt, [&](int32_t id) {
-      if (id != tok->eos_id()) std::cout << text.push(tok->decode_one(id)) << std::flush;
+    sample(m.model, tok->encode(prompt_text), opt, [&](int32_t id) {
+      if (id != opt.stop_id && id != opt.end_of_turn_id) std::cout << text.push(tok->decode_one(id)) << std::flush;
     });
     std::cout << text.finish() << std::endl;
   });
@@ -105,7 +155,8 @@ void add_generate_commands(CLI::App& app) {
                "Leave out each document's last token predicting the next document's first, as a run with "
                "data.eod_mask_loss = true measures it");
   ev->add_flag("--loss-mask", e->contents.loss_mask,
-               "Count only the targets the dataset's loss mask marks (a prompt-completion dataset's completions), "
+               "Count only the targets the dataset's loss mask marks (a prompt-completion dataset's completions, a "
+               "chat dataset's assistant turns), "
                "as a run with data.loss_mask = true measures it");
   ev->add_flag("--document-windows", e->contents.document_windows,
                "Start each window at a document's first token, as a run with data.document_windows = true "
@@ -117,8 +168,9 @@ void add_generate_commands(CLI::App& app) {
     place(m, e->device);
     const TokenDataset data(e->data);
     if (e->contents.loss_mask && !data.has_loss_mask())
-      throw std::runtime_error("--loss-mask: dataset '" + e->data +
-                               "' has no loss mask (prepare it with `tide data prepare --format prompt-completion`)");
+      throw std::runtime_error(
+          "--loss-mask: dataset '" + e->data +
+          "' has no loss mask (prepare it with `tide data prepare --format prompt-completion` or `--format messages`)");
     if (data.vocab_size() > m.model->config().vocab_size)
       throw std::runtime_error("dataset '" + e->data + "' has " + std::to_string(data.vocab_size()) +
                                " ids, the model only " + std::to_string(m.model->config().vocab_size));

@@ -415,15 +415,17 @@ void add_batch_and_optimizer_fields(std::vector<FieldSpec>& s) {
   s.push_back(boolean("data.loss_mask", kFixed,
                       "Count in the loss only the targets each dataset's loss mask marks (`tide data prepare "
                       "--format prompt-completion` marks the completions and their end-of-text, not the prompts; "
-                      "torchtune's train_on_input = false). Every dataset must have one. The loss is the mean "
+                      "`--format messages` what the assistant says; torchtune's train_on_input = false). Every dataset "
+                      "must have one. The loss is the mean "
                       "over the step's counted targets, as with data.eod_mask_loss. Validation is masked likewise.",
                       REF(data.loss_mask)));
-  s.push_back(boolean("data.document_windows", kFixed,
-                      "Start each training sequence at a document's first token (the documents after it packed "
-                      "behind it) instead of anywhere in the token stream, so no example is cut from its start: "
-                      "a prompt-completion example keeps its prompt. Drawn at random among the documents that "
-                      "start a full sequence, deterministic given the seed.",
-                      REF(data.document_windows)));
+  s.push_back(boolean(
+      "data.document_windows", kFixed,
+      "Start each training sequence at a document's first token (the documents after it packed "
+      "behind it) instead of anywhere in the token stream, so no example is cut from its start: "
+      "a fine-tuning example keeps its prompt, a conversation its start. Drawn at random among the documents that "
+      "start a full sequence, deterministic given the seed.",
+      REF(data.document_windows)));
   s.push_back(integer("batch.micro_batch", 1, 1e6, kFixed, "Sequences per forward/backward.", REF(batch.micro_batch)));
   s.push_back(integer("batch.global_batch", 1, 1e9, LiveEffect::EachStep,
                       "Sequences per optimizer step; a multiple of micro_batch (gradient accumulation).",

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -14,7 +15,9 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
-#include "tide/engine/data/prompt_completion.h"
+#include "tide/engine/data/chat_template.h"
+#include "tide/engine/data/fine_tuning_examples.h"
+#include "tide/engine/data/text_spans.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/data/tokenizer.h"
 
@@ -96,21 +99,21 @@ class SplitWriter {
     XXH3_64bits_reset(&mask_hash_);
     offsets_.push_back(0);
   }
-  // `ids` and the end-of-text after them; the first `uncounted` ids (a prompt's) do not
-  // count as targets, the rest and the end-of-text do.
-  void add_document(const std::vector<int32_t>& ids, int32_t eos, size_t uncounted = 0) {
+  // The document's ids and the end-of-text after them; its ids count as targets where
+  // doc.counted says, the end-of-text always.
+  void add_document(const CountedIds& doc, int32_t eos) {
     buf_.clear();
-    for (const int32_t id : ids) put(id);
+    for (const int32_t id : doc.ids) put(id);
     put(eos);
     out_.write(buf_.data(), static_cast<std::streamsize>(buf_.size()));
     XXH3_64bits_update(&hash_, buf_.data(), buf_.size());
     if (loss_mask_) {
-      std::string mask(ids.size() + 1, '\1');
-      std::fill(mask.begin(), mask.begin() + static_cast<std::ptrdiff_t>(std::min(uncounted, ids.size())), '\0');
+      std::string mask(doc.counted.begin(), doc.counted.end());
+      mask.push_back('\1');
       mask_out_.write(mask.data(), static_cast<std::streamsize>(mask.size()));
       XXH3_64bits_update(&mask_hash_, mask.data(), mask.size());
     }
-    tokens_ += static_cast<int64_t>(ids.size()) + 1;
+    tokens_ += static_cast<int64_t>(doc.ids.size()) + 1;
     offsets_.push_back(static_cast<uint64_t>(tokens_));
   }
   nlohmann::json finish() {
@@ -157,40 +160,86 @@ class SplitWriter {
 };
 
 constexpr char kPromptCompletion[] = "prompt-completion";
+constexpr char kMessages[] = "messages";
 
-// Calls fn(prompt, text) for each document of `contents`, the file `path`: with the text
-// format each document between blank lines (no prompt), with prompt-completion each
-// example (prompt_completion.h).
+// Calls fn(spans) for each document of `contents`, the file `path`: with the text format
+// each document between blank lines, all of it counted; with prompt-completion each
+// example, its prompt not counted; with messages each conversation as `chat` writes it.
 template <class F>
-void for_each_document(const PrepareOptions& opt, std::string_view contents, const std::string& path, F&& fn) {
+void for_each_document(const PrepareOptions& opt, std::optional<ChatTemplate> chat, std::string_view contents,
+                       const std::string& path, F&& fn) {
   if (opt.format == kPromptCompletion) {
-    for (const auto& example : read_prompt_completions(contents, path))
-      fn(std::string_view(example.prompt), std::string_view(example.completion));
-    return;
+    for (auto& example : read_prompt_completions(contents, path))
+      fn(std::vector<TextSpan>{{std::move(example.prompt), false}, {std::move(example.completion), true}});
+  } else if (opt.format == kMessages) {
+    for (const auto& conversation : read_conversations(contents, path))
+      fn(render_conversation(chat.value(), conversation));
+  } else {
+    for (const auto doc : split_documents(contents)) fn(std::vector<TextSpan>{{std::string(doc), true}});
   }
-  for (const auto doc : split_documents(contents)) fn(std::string_view(), doc);
+}
+
+// The texts of `contents` a vocabulary is trained on: documents, prompts and completions,
+// messages' contents (never a template's markup, which is special tokens).
+std::vector<std::string> vocabulary_sample(const PrepareOptions& opt, std::string_view contents,
+                                           const std::string& path) {
+  std::vector<std::string> out;
+  if (opt.format == kPromptCompletion) {
+    for (auto& example : read_prompt_completions(contents, path)) {
+      if (!example.prompt.empty()) out.push_back(std::move(example.prompt));
+      out.push_back(std::move(example.completion));
+    }
+  } else if (opt.format == kMessages) {
+    for (auto& conversation : read_conversations(contents, path))
+      for (auto& m : conversation.messages) out.push_back(std::move(m.content));
+  } else {
+    for (const auto doc : split_documents(contents)) out.emplace_back(doc);
+  }
+  return out;
 }
 
 // The tokenizer opt.tokenizer names: "bpe" (trained here on the first bpe_sample_mb of
-// the inputs' documents: prompts and completions alike), "bytes", or a tokenizer file.
-std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, const std::vector<std::string>& files,
-                                          const Progress& report) {
-  if (opt.tokenizer == "bytes") return std::make_unique<ByteLevelBpe>(ByteLevelBpe::bytes());
-  if (opt.tokenizer != "bpe") return load_tokenizer(opt.tokenizer);
-  std::vector<std::string> sample;
-  int64_t taken = 0;
-  for (const auto& f : files) {
-    if (taken >= opt.bpe_sample_mb << 20) break;
-    const std::string contents = read_file(f);
-    taken += static_cast<int64_t>(contents.size());
-    for_each_document(opt, contents, f, [&](std::string_view prompt, std::string_view text) {
-      if (!prompt.empty()) sample.emplace_back(prompt);
-      sample.emplace_back(text);
-    });
+// the inputs' texts), "bytes", or a tokenizer file. The ones tide makes get `chat`'s
+// special tokens.
+std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, std::optional<ChatTemplate> chat,
+                                          const std::vector<std::string>& files, const Progress& report) {
+  if (opt.tokenizer != "bpe" && opt.tokenizer != "bytes") return load_tokenizer(opt.tokenizer);
+  auto made = std::make_unique<ByteLevelBpe>(ByteLevelBpe::bytes());
+  if (opt.tokenizer == "bpe") {
+    std::vector<std::string> sample;
+    int64_t taken = 0;
+    for (const auto& f : files) {
+      if (taken >= opt.bpe_sample_mb << 20) break;
+      const std::string contents = read_file(f);
+      taken += static_cast<int64_t>(contents.size());
+      for (auto& text : vocabulary_sample(opt, contents, f)) sample.push_back(std::move(text));
+    }
+    const std::vector<std::string_view> views(sample.begin(), sample.end());
+    *made = train_bpe(views, opt.vocab_size, [&](int64_t d, int64_t t) { report("train bpe", d, t); });
   }
-  const std::vector<std::string_view> views(sample.begin(), sample.end());
-  return std::make_unique<ByteLevelBpe>(
-      train_bpe(views, opt.vocab_size, [&](int64_t d, int64_t t) { report("train bpe", d, t); }));
+  if (chat) made->add_special_tokens(chat_special_tokens(*chat));
+  return made;
+}
+
+// The chat template of a messages dataset: the one named, else the one whose special
+// tokens the tokenizer file has.
+std::optional<ChatTemplate> chosen_template(const PrepareOptions& opt) {
+  if (opt.format != kMessages) {
+    if (!opt.chat_template.empty())
+      throw std::invalid_argument("chat template '" + opt.chat_template + "' is for --format messages, not " +
+                                  opt.format);
+    return std::nullopt;
+  }
+  if (!opt.chat_template.empty()) return chat_template_named(opt.chat_template);
+  if (opt.tokenizer == "bpe" || opt.tokenizer == "bytes")
+    throw std::invalid_argument("--format messages with tokenizer '" + opt.tokenizer +
+                                "' needs a chat template named (llama3, chatml, gemma): its vocabulary is made here");
+  const auto found = chat_template_of(*load_tokenizer(opt.tokenizer));
+  if (!found)
+    throw std::invalid_argument("tokenizer '" + opt.tokenizer +
+                                "' has the special tokens of no chat template tide knows (llama3, chatml, gemma): "
+                                "name one with --chat-template");
+  return found;
 }
 
 }  // namespace
@@ -198,48 +247,59 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, const std::
 PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progress) {
   if (opt.val_fraction < 0 || opt.val_fraction >= 1)
     throw std::invalid_argument("val fraction " + std::to_string(opt.val_fraction) + " is outside [0, 1)");
-  if (opt.format != "text" && opt.format != kPromptCompletion)
-    throw std::invalid_argument("format '" + opt.format + "' is neither 'text' nor 'prompt-completion'");
-  const bool loss_mask = opt.format == kPromptCompletion;
+  if (opt.format != "text" && opt.format != kPromptCompletion && opt.format != kMessages)
+    throw std::invalid_argument("format '" + opt.format + "' is none of 'text', 'prompt-completion', 'messages'");
+  const bool loss_mask = opt.format != "text";
+  const std::optional<ChatTemplate> chat = chosen_template(opt);
   const auto files = list_inputs(opt.inputs);
   auto report = [&](const std::string& stage, int64_t done, int64_t total) {
     if (progress) progress(stage, done, total);
   };
 
-  // Pass 1: sizes and document count (the validation documents are spread evenly).
+  // Pass 1: sizes and document count (the validation documents are spread evenly); every
+  // example is read and rendered, so a bad one stops the prepare before anything is written.
   int64_t total_bytes = 0, total_docs = 0;
   for (const auto& f : files) {
     const std::string text = read_file(f);
     total_bytes += static_cast<int64_t>(text.size());
-    for_each_document(opt, text, f, [&](std::string_view, std::string_view) { ++total_docs; });
+    for_each_document(opt, chat, text, f, [&](const std::vector<TextSpan>&) { ++total_docs; });
   }
   if (total_docs == 0) throw std::runtime_error("the inputs hold no text");
 
-  const std::unique_ptr<Tokenizer> tok = make_tokenizer(opt, files, report);
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(opt, chat, files, report);
   const int64_t vocab = tok->vocab_size();
   if (tok->eos_id() < 0) throw std::runtime_error("tokenizer '" + opt.tokenizer + "' has no end-of-text token");
+  if (chat) check_chat_tokens(*chat, *tok, opt.tokenizer);
   const int dtype_bytes = vocab <= 65536 ? 2 : 4;
 
   const fs::path final_dir(opt.out_dir);
   const fs::path tmp_dir = final_dir.string() + ".tmp-" + std::to_string(::getpid());
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
+  // A prepare that fails part-way (a disk full, a tokenizer that cannot encode) leaves
+  // neither the new dataset nor its pieces.
+  struct RemoveUnlessRenamed {
+    const fs::path& dir;
+    ~RemoveUnlessRenamed() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } cleanup{tmp_dir};
   tok->save((tmp_dir / tok->file_name()).string());
+  if (chat) {
+    std::ofstream jinja(tmp_dir / kChatTemplateFile, std::ios::trunc);
+    jinja << chat_template_jinja(*chat);
+    if (!jinja.flush()) throw std::runtime_error("cannot write " + (tmp_dir / kChatTemplateFile).string());
+  }
 
   SplitWriter train(tmp_dir, "train", dtype_bytes, loss_mask), val(tmp_dir, "val", dtype_bytes, loss_mask);
   const int64_t every = opt.val_fraction > 0 ? std::max<int64_t>(2, std::llround(1.0 / opt.val_fraction)) : 0;
   int64_t doc_index = 0, bytes_done = 0;
   for (const auto& f : files) {
     const std::string text = read_file(f);
-    for_each_document(opt, text, f, [&](std::string_view prompt, std::string_view body) {
+    for_each_document(opt, chat, text, f, [&](const std::vector<TextSpan>& spans) {
       const bool to_val = every > 0 && (doc_index % every == every / 2 || (total_docs < every && doc_index == total_docs - 1 && total_docs > 1));
-      // A prompt's tokens, then the text's: the prompt's are inputs only.
-      std::vector<int32_t> ids;
-      if (!prompt.empty()) ids = tok->encode(prompt);
-      const size_t uncounted = ids.size();
-      const auto rest = tok->encode(body);
-      ids.insert(ids.end(), rest.begin(), rest.end());
-      (to_val ? val : train).add_document(ids, tok->eos_id(), uncounted);
+      (to_val ? val : train).add_document(encode_spans(*tok, spans), tok->eos_id());
       ++doc_index;
     });
     bytes_done += static_cast<int64_t>(text.size());
@@ -258,6 +318,7 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progres
                          {"sources", sources},
                          {"bytes", total_bytes}};
   if (loss_mask) meta["loss_mask"] = true;
+  if (chat) meta["chat_template"] = chat_template_name(*chat);
   {
     std::ofstream out(tmp_dir / "dataset.json", std::ios::trunc);
     out << meta.dump(2) << "\n";

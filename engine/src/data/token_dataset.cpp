@@ -11,6 +11,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
+#include "tide/engine/data/chat_template.h"
 #include "tide/engine/io/file_name.h"
 #include "tide/engine/io/json_input.h"
 
@@ -219,6 +220,15 @@ MetaFields check_meta(const nlohmann::json& meta, const std::string& meta_path) 
       if (r.contains("mask_xxh3") && (!r["mask_xxh3"].is_string() || r["mask_xxh3"].get<std::string>().size() != 16))
         throw std::runtime_error(field + ".mask_xxh3 " + r["mask_xxh3"].dump() + " is not 16 hex digits");
     }
+  if (meta.contains("chat_template")) {
+    const auto& t = meta["chat_template"];
+    if (!t.is_string()) throw std::runtime_error(meta_path + ": chat_template " + t.dump() + " is not a name");
+    try {
+      chat_template_named(t.get<std::string>());
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(meta_path + ": " + e.what());
+    }
+  }
   if (meta.contains("loss_mask")) {
     if (!meta["loss_mask"].is_boolean())
       throw std::runtime_error(meta_path + ": loss_mask " + meta["loss_mask"].dump() + " is not true or false");

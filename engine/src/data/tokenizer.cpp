@@ -87,6 +87,17 @@ void ByteLevelBpe::index() {
   }
 }
 
+void ByteLevelBpe::add_special_tokens(const std::vector<std::string>& texts) {
+  for (const auto& t : texts) {
+    bool present = false;
+    for (size_t i = 0; i < tokens_.size() && !present; ++i) present = special_[i] && tokens_[i] == t;
+    if (present) continue;
+    tokens_.push_back(t);
+    special_.push_back(true);
+  }
+  index();
+}
+
 ByteLevelBpe ByteLevelBpe::bytes() {
   std::vector<std::string> tokens;
   for (int b = 0; b < 256; ++b) tokens.emplace_back(1, static_cast<char>(b));

@@ -48,7 +48,7 @@ void check_source(const std::string& field, const std::string& dir, std::optiona
   if (cfg.loss_mask && !has_loss_mask)
     throw ConfigError(field, fmt::format("{}: data.loss_mask is set but the dataset has no loss mask (dataset.json "
                                          "\"loss_mask\"); prepare it with `tide data prepare --format "
-                                         "prompt-completion`, or leave data.loss_mask false",
+                                         "prompt-completion` or `--format messages`, or leave data.loss_mask false",
                                          dir));
   if (train_tokens && *train_tokens < static_cast<uint64_t>(seq_len) + 1)
     throw ConfigError(field, fmt::format("{}: its train split of {} tokens is shorter than one window of {} tokens "

@@ -106,7 +106,7 @@ std::vector<int32_t> sample(Transformer& model, const std::vector<int32_t>& prom
     ids.push_back(next);
     out.push_back(next);
     if (on_token) on_token(next);
-    if (next == opt.stop_id) break;
+    if (next == opt.stop_id || (opt.end_of_turn_id >= 0 && next == opt.end_of_turn_id)) break;
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/data/chat_template.h"
 #include "tide/engine/model/hf_convert.h"
 #include "tide/engine/model/weights_io.h"
 
@@ -18,6 +19,9 @@ namespace fs = std::filesystem;
 void copy_tokenizer(const std::string& tokenizer_path, const fs::path& dir) {
   if (tokenizer_path.empty()) return;
   fs::copy_file(tokenizer_path, dir / fs::path(tokenizer_path).filename(), fs::copy_options::overwrite_existing);
+  const fs::path chat_template = fs::path(tokenizer_path).parent_path() / kChatTemplateFile;
+  if (fs::exists(chat_template))
+    fs::copy_file(chat_template, dir / kChatTemplateFile, fs::copy_options::overwrite_existing);
 }
 
 std::map<std::string, std::string> weights_metadata(const ModelConfig& model) {

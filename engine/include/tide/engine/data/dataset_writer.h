@@ -20,9 +20,15 @@ struct PrepareOptions {
   double val_fraction = 0.01;     // of documents, spread evenly through the corpus
   int64_t bpe_sample_mb = 64;     // text used to train BPE
   // "text": documents separated by blank lines; "prompt-completion": JSON lines of
-  // examples (prompt_completion.h), each a document whose loss mask (<split>.mask) counts
-  // the completion's tokens and its end-of-text, not the prompt's.
+  // examples (fine_tuning_examples.h), each a document whose loss mask (<split>.mask)
+  // counts the completion's tokens and its end-of-text, not the prompt's; "messages":
+  // JSON lines of conversations, each a document written by `chat_template` whose mask
+  // counts the assistant's turns and the end-of-text.
   std::string format = "text";
+  // With "messages": "llama3", "chatml" or "gemma" (chat_template.h); empty: the one
+  // whose special tokens the tokenizer file has. The vocabularies tide makes ("bpe",
+  // "bytes") get the named template's special tokens added.
+  std::string chat_template;
 };
 
 struct PrepareReport {

@@ -68,6 +68,9 @@ class ByteLevelBpe : public Tokenizer {
   std::string file_name() const override { return "tokenizer.json"; }
   void save(const std::string& path) const override;
   size_t merge_count() const { return merges_.size(); }
+  // Appends each of `texts` that is not yet a special token as one, after every id (as
+  // the tokenizers library's add_special_tokens does).
+  void add_special_tokens(const std::vector<std::string>& texts);
 
  private:
   ByteLevelBpe() = default;

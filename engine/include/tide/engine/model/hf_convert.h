@@ -22,7 +22,8 @@ namespace tide {
 // (tokenizer.json or tokenizer.model) the directory loads whole in transformers: the
 // tokenizer is copied, tokenizer_config.json and generation_config.json name its special
 // tokens, and config.json gets bos_token_id / eos_token_id (so `generate` stops at tide's
-// end-of-text).
+// end-of-text); a chat template beside the tokenizer (chat_template.jinja) is copied and
+// put in tokenizer_config.json.
 void export_hf(const std::string& dir, const ModelConfig& m, const std::vector<TensorShape>& tensors,
                const TensorSource& source, int64_t max_shard_bytes = 0, const std::string& dtype = "F32",
                const std::string& tokenizer_path = "");

@@ -48,6 +48,7 @@ struct SampleOptions {
   double top_p = 1.0;        // 1: off
   uint64_t seed = 0;
   int32_t stop_id = -1;      // stop after emitting this id (end-of-text)
+  int32_t end_of_turn_id = -1;  // or this one (a chat template's end of an assistant's turn)
 };
 
 // Continues `prompt`; calls on_token with each new id as it is chosen.

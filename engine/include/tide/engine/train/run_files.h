@@ -40,8 +40,9 @@ std::vector<TensorShape> parameter_shapes(const ModelConfig& m);
 void convert_weights(const std::string& from, const std::string& out, bool hf_dir, int64_t max_shard_bytes = 0,
                      const std::string& dtype = "F32");
 
-// A copy of the tokenizer file into `dir` under its own name, so that an exported model
-// directory is whole; nothing when `tokenizer_path` is empty.
+// A copy of the tokenizer file into `dir` under its own name, and of the chat template
+// beside it where there is one (chat_template.h), so that an exported model directory is
+// whole; nothing when `tokenizer_path` is empty.
 void copy_tokenizer(const std::string& tokenizer_path, const std::filesystem::path& dir);
 
 // Writes model.safetensors with the model config in its metadata.

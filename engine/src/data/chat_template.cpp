@@ -1,0 +1,216 @@
+#include "tide/engine/data/chat_template.h"
+
+#include <stdexcept>
+
+#include "tide/engine/data/tokenizer.h"
+
+namespace tide {
+namespace {
+
+// Python's str.isspace(), which Jinja's `trim` (str.strip) removes.
+bool python_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+// The code point whose UTF-8 starts at s[i] and its length; an invalid byte is itself
+// (never a space, so trimming stops at it).
+std::pair<char32_t, size_t> code_point_at(const std::string& s, size_t i) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return {0xFFFD, 1};
+  char32_t c = n == 1 ? b : b & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) {
+    const auto cont = static_cast<unsigned char>(s[i + k]);
+    if ((cont >> 6) != 0x2) return {0xFFFD, 1};
+    c = (c << 6) | (cont & 0x3F);
+  }
+  return {c, n};
+}
+
+std::string trimmed(const std::string& s) {
+  size_t begin = 0;
+  while (begin < s.size()) {
+    const auto [c, n] = code_point_at(s, begin);
+    if (!python_space(c)) break;
+    begin += n;
+  }
+  size_t end = begin;  // after the last code point that is not a space
+  for (size_t i = begin; i < s.size();) {
+    const auto [c, n] = code_point_at(s, i);
+    i += n;
+    if (!python_space(c)) end = i;
+  }
+  return s.substr(begin, end - begin);
+}
+
+const char* role_name(ChatRole r) {
+  return r == ChatRole::kSystem ? "system" : r == ChatRole::kUser ? "user" : "assistant";
+}
+
+// An assistant's turn: its content and end-of-turn count, the header before does not.
+void add_turn(std::vector<TextSpan>& out, ChatRole role, std::string header, std::string content,
+              const std::string& end_of_turn, std::string after = {}) {
+  const bool counted = role == ChatRole::kAssistant;
+  out.push_back({std::move(header), false});
+  out.push_back({std::move(content) + end_of_turn, counted});
+  if (!after.empty()) out.push_back({std::move(after), false});
+}
+
+std::vector<TextSpan> llama3(const Conversation& c) {
+  std::vector<TextSpan> out{{"<|begin_of_text|>", false}};
+  for (const auto& m : c.messages)
+    add_turn(out, m.role, std::string("<|start_header_id|>") + role_name(m.role) + "<|end_header_id|>\n\n",
+             trimmed(m.content), "<|eot_id|>");
+  return out;
+}
+
+std::vector<TextSpan> chatml(const Conversation& c) {
+  std::vector<TextSpan> out;
+  for (const auto& m : c.messages)
+    add_turn(out, m.role, std::string("<|im_start|>") + role_name(m.role) + "\n", m.content, "<|im_end|>", "\n");
+  return out;
+}
+
+std::vector<TextSpan> gemma(const Conversation& c) {
+  std::vector<TextSpan> out{{"<bos>", false}};
+  size_t first = 0;
+  std::string system_prefix;
+  if (!c.messages.empty() && c.messages[0].role == ChatRole::kSystem) {
+    system_prefix = c.messages[0].content + "\n\n";
+    first = 1;
+  }
+  for (size_t i = first; i < c.messages.size(); ++i) {
+    const ChatMessage& m = c.messages[i];
+    const bool user_turn = (i - first) % 2 == 0;
+    if (m.role == ChatRole::kSystem)
+      throw std::runtime_error(c.where + ": message " + std::to_string(i) +
+                               " is a system message after the first: the gemma template takes one, first");
+    if ((m.role == ChatRole::kUser) != user_turn)
+      throw std::runtime_error(c.where + ": message " + std::to_string(i) + " is " + role_name(m.role) +
+                               "'s turn: the gemma template's turns alternate user, assistant, starting with user");
+    const std::string content = (i == first ? system_prefix : std::string()) + trimmed(m.content);
+    add_turn(out, m.role, std::string("<start_of_turn>") + (user_turn ? "user" : "model") + "\n", content,
+             "<end_of_turn>", "\n");
+  }
+  return out;
+}
+
+struct Known {
+  ChatTemplate kind;
+  const char* name;
+  std::vector<std::string> tokens;  // the end-of-turn token last
+  std::string generation_prompt;
+  std::string jinja;  // what the functions above write, for engines that read Jinja
+};
+
+const std::vector<Known>& known() {
+  static const std::vector<Known> k = {
+      {ChatTemplate::kLlama3,
+       "llama3",
+       {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"},
+       "<|start_header_id|>assistant<|end_header_id|>\n\n",
+       "{{- '<|begin_of_text|>' }}"
+       "{%- for message in messages %}"
+       "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + "
+       "'<|eot_id|>' }}"
+       "{%- endfor %}"
+       "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"},
+      {ChatTemplate::kChatMl,
+       "chatml",
+       {"<|im_start|>", "<|im_end|>"},
+       "<|im_start|>assistant\n",
+       "{%- for message in messages %}"
+       "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+       "{%- endfor %}"
+       "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"},
+      {ChatTemplate::kGemma,
+       "gemma",
+       {"<bos>", "<start_of_turn>", "<end_of_turn>"},
+       "<start_of_turn>model\n",
+       "{{- '<bos>' }}"
+       "{%- if messages[0]['role'] == 'system' %}"
+       "{%- set first_user_prefix = messages[0]['content'] + '\n\n' %}{%- set loop_messages = messages[1:] %}"
+       "{%- else %}{%- set first_user_prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
+       "{%- for message in loop_messages %}"
+       "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+       "{{- raise_exception('turns must alternate user, assistant, starting with user') }}{%- endif %}"
+       "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+       "{{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim + "
+       "'<end_of_turn>\n' }}"
+       "{%- endfor %}"
+       "{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}"},
+  };
+  return k;
+}
+
+const Known& known(ChatTemplate t) {
+  for (const auto& k : known())
+    if (k.kind == t) return k;
+  throw std::logic_error("unknown chat template");
+}
+
+// The first of `tokens` that `tokenizer` does not encode as one id standing for it.
+const std::string* missing_token(const std::vector<std::string>& tokens, const Tokenizer& tokenizer) {
+  for (const auto& t : tokens) {
+    const auto ids = tokenizer.encode(t);
+    if (ids.size() != 1 || tokenizer.token_text(ids[0]) != t) return &t;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+ChatTemplate chat_template_named(const std::string& name) {
+  for (const auto& k : known())
+    if (name == k.name) return k.kind;
+  throw std::invalid_argument("chat template '" + name + "' is none of llama3, chatml, gemma");
+}
+
+std::string chat_template_name(ChatTemplate t) { return known(t).name; }
+
+const std::vector<std::string>& chat_template_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& k : known()) n.emplace_back(k.name);
+    return n;
+  }();
+  return names;
+}
+
+const std::vector<std::string>& chat_special_tokens(ChatTemplate t) { return known(t).tokens; }
+
+const std::string& chat_template_jinja(ChatTemplate t) { return known(t).jinja; }
+
+const std::string& chat_generation_prompt(ChatTemplate t) { return known(t).generation_prompt; }
+
+const std::string& chat_end_of_turn(ChatTemplate t) { return known(t).tokens.back(); }
+
+std::optional<ChatTemplate> chat_template_of_jinja(const std::string& jinja) {
+  for (const auto& k : known())
+    if (k.jinja == jinja) return k.kind;
+  return std::nullopt;
+}
+
+std::optional<ChatTemplate> chat_template_of(const Tokenizer& tokenizer) {
+  for (const auto& k : known())
+    if (!missing_token(k.tokens, tokenizer)) return k.kind;
+  return std::nullopt;
+}
+
+void check_chat_tokens(ChatTemplate t, const Tokenizer& tokenizer, const std::string& tokenizer_name) {
+  if (const std::string* token = missing_token(known(t).tokens, tokenizer))
+    throw std::runtime_error("tokenizer '" + tokenizer_name + "' has no special token " + *token + " for the " +
+                             known(t).name + " chat template (it would be split into pieces of text)");
+}
+
+std::vector<TextSpan> render_conversation(ChatTemplate t, const Conversation& conversation) {
+  switch (t) {
+    case ChatTemplate::kLlama3: return llama3(conversation);
+    case ChatTemplate::kChatMl: return chatml(conversation);
+    case ChatTemplate::kGemma: return gemma(conversation);
+  }
+  throw std::logic_error("unknown chat template");
+}
+
+}  // namespace tide
