@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 
 #include "command_output.h"
+#include "tide/engine/data/chat_template.h"
+#include "tide/engine/data/dataset_writer.h"
+#include "tide/engine/data/token_dataset.h"
 #include "tide/engine/data/tokenizer.h"
 
 namespace tide {
@@ -22,9 +25,16 @@ class SentencePieceTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("tide_spm_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
     const std::string corpus = "/usr/share/common-licenses/GPL-3";
-    for (const auto& [name, extra] : {std::pair<std::string, std::string>{"llama", "--add_dummy_prefix=true "
-                                                                                     "--remove_extra_whitespaces=false"},
-                                      {"collapse", "--byte_fallback=false"}}) {
+    for (const auto& [name, extra] : {std::pair<std::string, std::string>{"llama",
+                                                                          "--add_dummy_prefix=true "
+                                                                          "--remove_extra_whitespaces=false"},
+                                      {"collapse", "--byte_fallback=false"},
+                                      // Gemma's layout: no dummy prefix, spaces kept, its turn
+                                      // markers user-defined, <bos> and <eos> control pieces.
+                                      {"gemma",
+                                       "--add_dummy_prefix=false --remove_extra_whitespaces=false "
+                                       "'--user_defined_symbols=<start_of_turn>,<end_of_turn>,<turn>' "
+                                       "'--bos_piece=<bos>' '--eos_piece=<eos>'"}}) {
       const std::string cmd = "spm_train --input=" + corpus + " --model_prefix=" + (dir_ / name).string() +
                               " --model_type=bpe --vocab_size=600 --normalization_rule_name=identity "
                               "--character_coverage=1.0 --byte_fallback=true --minloglevel=2 " +
@@ -69,6 +79,75 @@ TEST_F(SentencePieceTest, IdsEqualSpmEncodeWithByteFallback) {
 TEST_F(SentencePieceTest, IdsEqualSpmEncodeWithWhitespaceCollapsing) {
   const auto t = SentencePieceBpe::load((dir_ / "collapse.model").string());
   for (const char* line : kLines) EXPECT_EQ(t.encode(line), reference("collapse", line)) << line;
+}
+
+// User-defined pieces are matched whole, the longest first, and never merged with their
+// neighbours; spm_encode says so.
+TEST_F(SentencePieceTest, UserDefinedPiecesAreWholeAsSpmEncodeHasThem) {
+  const auto t = SentencePieceBpe::load((dir_ / "gemma.model").string());
+  const std::vector<std::string> lines = {
+      // One line each: spm_encode reads lines.
+      "<start_of_turn>user What is free software?<end_of_turn> <start_of_turn>model Software you may share.",
+      "the<turn>of<start_of_turn><end_of_turn>the<start_of_turn",  // adjacent, and one cut short
+      "  two leading spaces kept, no dummy prefix",
+  };
+  for (const auto& line : lines) EXPECT_EQ(t.encode(line), reference("gemma", line)) << line;
+  const auto marker = t.encode("<start_of_turn>");
+  ASSERT_EQ(marker.size(), 1u);
+  EXPECT_EQ(t.token_text(marker[0]), "<start_of_turn>");
+  EXPECT_EQ(chat_template_of(t), ChatTemplate::kGemma);
+
+  // Such a tokenizer.model prepares conversations in Gemma's template, chosen by its tokens;
+  // the counted ids are what the assistant says and its end of turn.
+  std::ofstream(dir_ / "chat.jsonl") << R"({"messages": [{"role": "user", "content": "What is free software?"}, )"
+                                     << R"({"role": "assistant", "content": "Software you may share."}]})"
+                                     << "\n";
+  PrepareOptions opt;
+  opt.inputs = {(dir_ / "chat.jsonl").string()};
+  opt.out_dir = (dir_ / "chat").string();
+  opt.tokenizer = (dir_ / "gemma.model").string();
+  opt.format = "messages";
+  opt.val_fraction = 0;
+  prepare_dataset(opt);
+  const TokenDataset ds(opt.out_dir);
+  EXPECT_EQ(ds.meta()["chat_template"], "gemma");
+  const TokenSplit& train = ds.split("train");
+  std::vector<uint8_t> mask(static_cast<size_t>(train.size()));
+  train.copy_loss_mask(0, train.size(), mask.data());
+  std::vector<int32_t> ids, counted;
+  for (int64_t i = 0; i < train.size(); ++i) {
+    ids.push_back(static_cast<int32_t>(train.at(i)));
+    if (mask[static_cast<size_t>(i)] && ids.back() != t.eos_id()) counted.push_back(ids.back());
+  }
+  auto want = t.encode(
+      "<bos><start_of_turn>user\nWhat is free software?<end_of_turn>\n<start_of_turn>model\nSoftware you may "
+      "share.<end_of_turn>\n");
+  want.push_back(t.eos_id());
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(t.decode(counted), "Software you may share.<end_of_turn>");
+}
+
+// Control pieces written in the text encode to their ids (as transformers' tokenizers take
+// special tokens out first); the text around them encodes as it does alone, the dummy
+// prefix only before the first.
+TEST_F(SentencePieceTest, ControlPiecesInTheTextAreTheirIds) {
+  const auto gemma = SentencePieceBpe::load((dir_ / "gemma.model").string());
+  ASSERT_EQ(gemma.token_text(gemma.bos_id()), "<bos>");
+  std::vector<int32_t> want = {gemma.bos_id()};
+  for (const int32_t id : gemma.encode("Hello")) want.push_back(id);
+  want.push_back(gemma.eos_id());
+  EXPECT_EQ(gemma.encode("<bos>Hello<eos>"), want);
+  const auto llama = SentencePieceBpe::load((dir_ / "llama.model").string());
+  want = llama.encode("free software");  // with its dummy prefix
+  want.push_back(llama.eos_id());
+  want.push_back(llama.bos_id());
+  EXPECT_EQ(llama.encode("free software</s><s>"), want);
+  const auto ids = llama.encode("</s>free");
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(ids[0], llama.eos_id());
+  std::string pieces;
+  for (size_t i = 1; i < ids.size(); ++i) pieces += llama.token_text(ids[i]);
+  EXPECT_EQ(pieces, "free") << "no dummy prefix after a control piece";
 }
 
 TEST_F(SentencePieceTest, DecodeInvertsEncode) {

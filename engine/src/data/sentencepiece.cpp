@@ -1,9 +1,13 @@
 // SentencePiece BPE models (tokenizer.model), read from the protobuf wire format.
-// Encoding follows sentencepiece's bpe_model.cc: normalise, split into characters,
-// then repeatedly merge the adjacent pair whose joined piece has the highest score
-// (leftmost on ties); what is left unknown falls back to byte pieces or <unk>.
+// Encoding follows sentencepiece's bpe_model.cc: normalise, split into characters (a
+// user-defined piece whole and frozen, as its prefix matcher does), then repeatedly merge
+// the adjacent pair whose joined piece has the highest score (leftmost on ties); what is
+// left unknown falls back to byte pieces or <unk>. Control pieces in the text are taken
+// out first, as transformers does with special tokens.
+#include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <queue>
 #include <sstream>
 #include <stdexcept>
@@ -163,8 +167,16 @@ SentencePieceBpe SentencePieceBpe::load(const std::string& path) {
       t.byte_ids_[hi * 16 + lo] = static_cast<int32_t>(i);
     } else if (p.type == 1 || p.type == 4) {
       t.by_text_.emplace(p.text, static_cast<int32_t>(i));
+      if (p.type == 4 && !p.text.empty()) t.user_defined_lengths_.push_back(p.text.size());
+    } else if (p.type == 3 && !p.text.empty()) {
+      t.controls_.emplace_back(p.text, static_cast<int32_t>(i));
     }
   }
+  auto& lengths = t.user_defined_lengths_;
+  std::sort(lengths.begin(), lengths.end(), std::greater<>());
+  lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+  std::stable_sort(t.controls_.begin(), t.controls_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
   return t;
 }
 
@@ -174,7 +186,7 @@ void SentencePieceBpe::save(const std::string& path) const {
   if (!out.flush()) throw std::runtime_error("cannot write tokenizer '" + path + "'");
 }
 
-std::string SentencePieceBpe::normalize(std::string_view text) const {
+std::string SentencePieceBpe::normalize(std::string_view text, bool dummy_prefix) const {
   std::string s(text);
   if (remove_extra_whitespaces_) {
     std::string collapsed;
@@ -193,7 +205,7 @@ std::string SentencePieceBpe::normalize(std::string_view text) const {
   }
   if (s.empty()) return s;
   std::string out;
-  if (add_dummy_prefix_) out += kSpace;
+  if (dummy_prefix) out += kSpace;
   for (const char c : s) {
     if (c == ' ') out += kSpace;
     else out += c;
@@ -202,18 +214,47 @@ std::string SentencePieceBpe::normalize(std::string_view text) const {
 }
 
 std::vector<int32_t> SentencePieceBpe::encode(std::string_view text) const {
-  const std::string norm = normalize(text);
+  std::vector<int32_t> ids;
+  bool first = true;
+  for (size_t start = 0;;) {
+    size_t at = std::string_view::npos;
+    const std::pair<std::string, int32_t>* hit = nullptr;
+    for (const auto& control : controls_) {
+      const size_t pos = text.find(control.first, start);
+      if (pos < at) at = pos, hit = &control;
+    }
+    encode_stretch(text.substr(start, hit ? at - start : std::string_view::npos), first && add_dummy_prefix_, ids);
+    if (!hit) return ids;
+    ids.push_back(hit->second);
+    start = at + hit->first.size();
+    first = false;
+  }
+}
+
+void SentencePieceBpe::encode_stretch(std::string_view text, bool dummy_prefix, std::vector<int32_t>& ids) const {
+  const std::string norm = normalize(text, dummy_prefix);
   struct Sym {
     int prev, next;
     size_t begin, len;
+    bool whole;  // a user-defined piece: never merged
   };
   std::vector<Sym> syms;
   for (size_t i = 0; i < norm.size();) {
-    const size_t n = std::min(utf8_len(static_cast<unsigned char>(norm[i])), norm.size() - i);
-    syms.push_back({static_cast<int>(syms.size()) - 1, static_cast<int>(syms.size()) + 1, i, n});
+    size_t n = 0;
+    for (const size_t len : user_defined_lengths_) {
+      if (len > norm.size() - i) continue;
+      const auto it = by_text_.find(norm.substr(i, len));
+      if (it != by_text_.end() && pieces_[static_cast<size_t>(it->second)].type == 4) {
+        n = len;
+        break;
+      }
+    }
+    const bool whole = n > 0;
+    if (!whole) n = std::min(utf8_len(static_cast<unsigned char>(norm[i])), norm.size() - i);
+    syms.push_back({static_cast<int>(syms.size()) - 1, static_cast<int>(syms.size()) + 1, i, n, whole});
     i += n;
   }
-  if (syms.empty()) return {};
+  if (syms.empty()) return;
   syms.back().next = -1;
   struct Candidate {
     float score;
@@ -223,7 +264,7 @@ std::vector<int32_t> SentencePieceBpe::encode(std::string_view text) const {
   };
   std::priority_queue<Candidate> agenda;
   auto consider = [&](int l, int r) {
-    if (l < 0 || r < 0) return;
+    if (l < 0 || r < 0 || syms[l].whole || syms[r].whole) return;
     const size_t len = syms[l].len + syms[r].len;
     const auto it = by_text_.find(norm.substr(syms[l].begin, len));
     if (it != by_text_.end()) agenda.push({pieces_[it->second].score, l, r, len});
@@ -241,7 +282,6 @@ std::vector<int32_t> SentencePieceBpe::encode(std::string_view text) const {
     consider(l.prev, c.left);
     consider(c.left, l.next);
   }
-  std::vector<int32_t> ids;
   bool last_unknown = false;
   for (int i = 0; i >= 0; i = syms[i].next) {
     const std::string piece = norm.substr(syms[i].begin, syms[i].len);
@@ -256,7 +296,6 @@ std::vector<int32_t> SentencePieceBpe::encode(std::string_view text) const {
     }
     last_unknown = unknown && !byte_fallback_;
   }
-  return ids;
 }
 
 std::string SentencePieceBpe::decode_one(int32_t id) const {

@@ -97,8 +97,12 @@ class ByteLevelBpe : public Tokenizer {
 
 class SentencePieceBpe : public Tokenizer {
  public:
-  // Supports model_type BPE with the "identity" normaliser (as LLaMA-1/2 ship), with or
-  // without byte fallback, dummy prefix and whitespace collapsing.
+  // Supports model_type BPE with the "identity" normaliser (as LLaMA-1/2 and Gemma ship),
+  // with or without byte fallback, dummy prefix and whitespace collapsing. User-defined
+  // pieces (Gemma's <start_of_turn>) are matched whole and never merged, as sentencepiece
+  // does; control pieces written in the text (<s>, </s>, Gemma's <bos>) encode to their ids,
+  // as the transformers tokenizers take special tokens out first (spm_encode spells them
+  // out instead), and only the text before the first of them gets the dummy prefix.
   static SentencePieceBpe load(const std::string& path);
 
   std::vector<int32_t> encode(std::string_view text) const override;
@@ -119,11 +123,14 @@ class SentencePieceBpe : public Tokenizer {
 
  private:
   SentencePieceBpe() = default;
-  std::string normalize(std::string_view text) const;
+  std::string normalize(std::string_view text, bool dummy_prefix) const;
+  void encode_stretch(std::string_view text, bool dummy_prefix, std::vector<int32_t>& ids) const;
 
   std::string raw_;  // the .model bytes, saved unchanged
   std::vector<Piece> pieces_;
   std::unordered_map<std::string, int32_t> by_text_;
+  std::vector<size_t> user_defined_lengths_;               // distinct, longest first
+  std::vector<std::pair<std::string, int32_t>> controls_;  // matched in text, longest first
   int32_t byte_ids_[256] = {};
   bool byte_fallback_ = false, add_dummy_prefix_ = true, remove_extra_whitespaces_ = true;
   int32_t unk_id_ = 0, eos_id_ = -1, bos_id_ = -1;
