@@ -3,6 +3,7 @@
 // format as Jinja (tests/engine/hf_chat.py, in the project's .venv), and the errors.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -176,6 +177,50 @@ TEST(EncodeSpans, ATokenAcrossAnEdgeGoesWithTheSpanAfterIt) {
   r = encode_spans(tok, {{"", true}, {"x", false}, {"", false}, {"a", false}, {"b", true}, {"", true}});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{'x', ab}));
   EXPECT_EQ(r.counted, (std::vector<uint8_t>{0, 1}));
+}
+
+// A tokenizer that counts the bytes it is given to encode (the real byte tokenizer does the
+// encoding).
+class CountingTokenizer : public Tokenizer {
+ public:
+  explicit CountingTokenizer(const ByteLevelBpe& t) : t_(t) {}
+  std::vector<int32_t> encode(std::string_view text) const override {
+    bytes += text.size();
+    return t_.encode(text);
+  }
+  std::string decode_one(int32_t id) const override { return t_.decode_one(id); }
+  int64_t vocab_size() const override { return t_.vocab_size(); }
+  int32_t eos_id() const override { return t_.eos_id(); }
+  int32_t bos_id() const override { return t_.bos_id(); }
+  std::string token_text(int32_t id) const override { return t_.token_text(id); }
+  std::string file_name() const override { return t_.file_name(); }
+  void save(const std::string& path) const override { t_.save(path); }
+  mutable size_t bytes = 0;
+
+ private:
+  const ByteLevelBpe& t_;
+};
+
+// The edges of a long conversation are found turn by turn: the work is a few encodings of
+// the conversation, not one of it for each of its turns; the ids are the whole's.
+TEST(EncodeSpans, ALongConversationCostsAFewEncodingsOfIt) {
+  ByteLevelBpe bytes = ByteLevelBpe::bytes();
+  bytes.add_special_tokens(chat_special_tokens(ChatTemplate::kChatMl));
+  json messages = json::array();
+  for (int i = 0; i < 2000; ++i) {
+    messages.push_back(message("user", "question " + std::to_string(i)));
+    messages.push_back(message("assistant", "answer " + std::to_string(i)));
+  }
+  const auto spans = render_conversation(ChatTemplate::kChatMl, conversation(messages));
+  std::string text;
+  for (const auto& s : spans) text += s.text;
+  const CountingTokenizer counting(bytes);
+  const CountedIds r = encode_spans(counting, spans);
+  EXPECT_EQ(r.ids, bytes.encode(text));
+  EXPECT_LE(counting.bytes, 3 * text.size());
+  std::ptrdiff_t said = 0;  // byte ids: each answer's bytes and its <|im_end|>
+  for (int i = 0; i < 2000; ++i) said += static_cast<std::ptrdiff_t>(("answer " + std::to_string(i)).size()) + 1;
+  EXPECT_EQ(std::count(r.counted.begin(), r.counted.end(), 1), said);
 }
 
 class ChatTemplateReference : public ::testing::Test {

@@ -49,10 +49,11 @@ const char* role_name(ChatRole r) {
 }
 
 // An assistant's turn: its content and end-of-turn count, the header before does not.
+// Every template's header starts with its turn marker, a special token.
 void add_turn(std::vector<TextSpan>& out, ChatRole role, std::string header, std::string content,
               const std::string& end_of_turn, std::string after = {}) {
   const bool counted = role == ChatRole::kAssistant;
-  out.push_back({std::move(header), false});
+  out.push_back({std::move(header), false, true});
   out.push_back({std::move(content) + end_of_turn, counted});
   if (!after.empty()) out.push_back({std::move(after), false});
 }

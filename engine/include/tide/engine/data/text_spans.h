@@ -13,6 +13,9 @@ class Tokenizer;
 struct TextSpan {
   std::string text;
   bool counted;  // its tokens are targets the loss counts
+  // It starts with a special token the tokenizer takes out of the text first (a chat
+  // turn's marker), so the text from here on encodes the same whatever came before.
+  bool starts_at_special = false;
 };
 
 struct CountedIds {
@@ -25,7 +28,9 @@ struct CountedIds {
 // An edge falls after the ids that encoding the text up to it shares with the whole's:
 // a token that crosses the edge (or that the pre-tokenizer's look-ahead past it changed)
 // goes with the span after it, so a counted span's first token counts even when it began
-// in the markup before it. Each edge costs one encoding of the text before it.
+// in the markup before it. Each edge costs one encoding of the text before it, from the
+// last span that starts at a special token (which bounds the work by the longest turn,
+// not the conversation: a conversation of many turns costs a few encodings of itself).
 CountedIds encode_spans(const Tokenizer& tokenizer, const std::vector<TextSpan>& spans);
 
 }  // namespace tide
