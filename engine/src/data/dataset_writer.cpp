@@ -198,12 +198,12 @@ std::vector<std::string> vocabulary_sample(const PrepareOptions& opt, std::strin
   return out;
 }
 
-// The tokenizer opt.tokenizer names: "bpe" (trained here on the first bpe_sample_mb of
-// the inputs' texts), "bytes", or a tokenizer file. The ones tide makes get `chat`'s
-// special tokens.
+bool made_here(const PrepareOptions& opt) { return opt.tokenizer == "bpe" || opt.tokenizer == "bytes"; }
+
+// The tokenizer tide makes when opt.tokenizer is "bpe" (trained here on the first
+// bpe_sample_mb of the inputs' texts) or "bytes", with `chat`'s special tokens.
 std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, std::optional<ChatTemplate> chat,
                                           const std::vector<std::string>& files, const Progress& report) {
-  if (opt.tokenizer != "bpe" && opt.tokenizer != "bytes") return load_tokenizer(opt.tokenizer);
   auto made = std::make_unique<ByteLevelBpe>(ByteLevelBpe::bytes());
   if (opt.tokenizer == "bpe") {
     std::vector<std::string> sample;
@@ -221,20 +221,25 @@ std::unique_ptr<Tokenizer> make_tokenizer(const PrepareOptions& opt, std::option
   return made;
 }
 
-// The chat template of a messages dataset: the one named, else the one whose special
-// tokens the tokenizer file has.
-std::optional<ChatTemplate> chosen_template(const PrepareOptions& opt) {
+// The chat template of a messages dataset: the one named (whose special tokens `file`,
+// the tokenizer file named, must have; tide adds them to the ones it makes, null here),
+// else the one whose special tokens `file` has.
+std::optional<ChatTemplate> chosen_template(const PrepareOptions& opt, const Tokenizer* file) {
   if (opt.format != kMessages) {
     if (!opt.chat_template.empty())
       throw std::invalid_argument("chat template '" + opt.chat_template + "' is for --format messages, not " +
                                   opt.format);
     return std::nullopt;
   }
-  if (!opt.chat_template.empty()) return chat_template_named(opt.chat_template);
-  if (opt.tokenizer == "bpe" || opt.tokenizer == "bytes")
+  if (!opt.chat_template.empty()) {
+    const ChatTemplate named = chat_template_named(opt.chat_template);
+    if (file) check_chat_tokens(named, *file, opt.tokenizer);
+    return named;
+  }
+  if (!file)
     throw std::invalid_argument("--format messages with tokenizer '" + opt.tokenizer +
                                 "' needs a chat template named (llama3, chatml, gemma): its vocabulary is made here");
-  const auto found = chat_template_of(*load_tokenizer(opt.tokenizer));
+  const auto found = chat_template_of(*file);
   if (!found)
     throw std::invalid_argument("tokenizer '" + opt.tokenizer +
                                 "' has the special tokens of no chat template tide knows (llama3, chatml, gemma): "
@@ -250,7 +255,10 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progres
   if (opt.format != "text" && opt.format != kPromptCompletion && opt.format != kMessages)
     throw std::invalid_argument("format '" + opt.format + "' is none of 'text', 'prompt-completion', 'messages'");
   const bool loss_mask = opt.format != "text";
-  const std::optional<ChatTemplate> chat = chosen_template(opt);
+  // A tokenizer file is read first: it may choose the chat template the examples are
+  // checked in before anything is tokenised.
+  std::unique_ptr<Tokenizer> tok = made_here(opt) ? nullptr : load_tokenizer(opt.tokenizer);
+  const std::optional<ChatTemplate> chat = chosen_template(opt, tok.get());
   const auto files = list_inputs(opt.inputs);
   auto report = [&](const std::string& stage, int64_t done, int64_t total) {
     if (progress) progress(stage, done, total);
@@ -266,10 +274,9 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Progress& progres
   }
   if (total_docs == 0) throw std::runtime_error("the inputs hold no text");
 
-  const std::unique_ptr<Tokenizer> tok = make_tokenizer(opt, chat, files, report);
+  if (!tok) tok = make_tokenizer(opt, chat, files, report);
   const int64_t vocab = tok->vocab_size();
   if (tok->eos_id() < 0) throw std::runtime_error("tokenizer '" + opt.tokenizer + "' has no end-of-text token");
-  if (chat) check_chat_tokens(*chat, *tok, opt.tokenizer);
   const int dtype_bytes = vocab <= 65536 ? 2 : 4;
 
   const fs::path final_dir(opt.out_dir);
