@@ -1,6 +1,4 @@
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 
@@ -18,7 +16,6 @@
 
 namespace tide::cli {
 namespace {
-namespace fs = std::filesystem;
 
 std::unique_ptr<Tokenizer> tokenizer_for(const LoadedModel& m, const std::string& explicit_path,
                                          const std::string& model_path) {
@@ -41,17 +38,14 @@ void place(LoadedModel& m, const std::string& device) {
 // (chat_template.jinja, which tide writes for a chat dataset and runs and exports carry).
 ChatTemplate chat_template_for(const std::string& named, const std::string& tokenizer_path) {
   if (!named.empty()) return chat_template_named(named);
-  const fs::path file = fs::path(tokenizer_path).parent_path() / kChatTemplateFile;
-  if (tokenizer_path.empty() || !fs::exists(file))
+  const auto jinja = chat_template_beside(tokenizer_path);
+  if (!jinja)
     throw std::runtime_error("--chat: no " + std::string(kChatTemplateFile) + " beside the tokenizer '" +
                              tokenizer_path + "'; name one with --chat-template (llama3, chatml, gemma)");
-  if (fs::file_size(file) > (1u << 20))
-    throw std::runtime_error(file.string() + " is larger than 1 MiB: not a chat template");
-  std::ifstream in(file, std::ios::binary);
-  const auto found = chat_template_of_jinja(std::string(std::istreambuf_iterator<char>(in), {}));
+  const auto found = chat_template_of_jinja(*jinja);
   if (!found)
-    throw std::runtime_error("--chat: " + file.string() +
-                             " is none of tide's chat templates (a model's own Jinja); name the format it follows "
+    throw std::runtime_error("--chat: the " + std::string(kChatTemplateFile) + " beside '" + tokenizer_path +
+                             "' is none of tide's chat templates (a model's own Jinja); name the format it follows "
                              "with --chat-template (llama3, chatml, gemma)");
   return *found;
 }

@@ -1,5 +1,7 @@
 #include "tide/engine/data/chat_template.h"
 
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 #include "tide/engine/data/tokenizer.h"
@@ -186,6 +188,19 @@ const std::string& chat_template_jinja(ChatTemplate t) { return known(t).jinja; 
 const std::string& chat_generation_prompt(ChatTemplate t) { return known(t).generation_prompt; }
 
 const std::string& chat_end_of_turn(ChatTemplate t) { return known(t).tokens.back(); }
+
+std::optional<std::string> chat_template_beside(const std::string& tokenizer_path) {
+  if (tokenizer_path.empty()) return std::nullopt;
+  const std::filesystem::path file = std::filesystem::path(tokenizer_path).parent_path() / kChatTemplateFile;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) return std::nullopt;
+  if (std::filesystem::file_size(file) > (1u << 20))
+    throw std::runtime_error(file.string() + " is larger than 1 MiB: not a chat template");
+  std::ifstream in(file, std::ios::binary);
+  std::string text(std::istreambuf_iterator<char>(in), {});
+  if (!in.good() && !in.eof()) throw std::runtime_error("cannot read " + file.string());
+  return text;
+}
 
 std::optional<ChatTemplate> chat_template_of_jinja(const std::string& jinja) {
   for (const auto& k : known())

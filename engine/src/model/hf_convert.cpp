@@ -51,13 +51,11 @@ void export_tokenizer(const fs::path& dir, const std::string& tokenizer_path, in
   if (tok->file_name() == "tokenizer.model") tokenizer_config["add_bos_token"] = tok->bos_id() >= 0;
   // The chat template the model was tuned in (chat_template.h), in both places engines
   // look: transformers >= 4.50 reads the file, older ones and vLLM's fallbacks the field.
-  const fs::path chat_template = fs::path(tokenizer_path).parent_path() / kChatTemplateFile;
-  if (fs::exists(chat_template)) {
-    if (fs::file_size(chat_template) > (1u << 20))
-      throw std::runtime_error(chat_template.string() + " is larger than 1 MiB: not a chat template");
-    fs::copy_file(chat_template, dir / kChatTemplateFile, fs::copy_options::overwrite_existing);
-    std::ifstream in(chat_template, std::ios::binary);
-    tokenizer_config["chat_template"] = std::string(std::istreambuf_iterator<char>(in), {});
+  if (const auto chat_template = chat_template_beside(tokenizer_path)) {
+    std::ofstream out(dir / kChatTemplateFile, std::ios::binary | std::ios::trunc);
+    out << *chat_template;
+    if (!out.flush()) throw std::runtime_error("cannot write " + (dir / kChatTemplateFile).string());
+    tokenizer_config["chat_template"] = *chat_template;
   }
   write_json(dir / "tokenizer_config.json", tokenizer_config);
   write_json(dir / "generation_config.json", generation);

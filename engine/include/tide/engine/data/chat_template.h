@@ -65,6 +65,10 @@ std::optional<ChatTemplate> chat_template_of_jinja(const std::string& jinja);
 // The file name it is kept under beside a tokenizer.
 inline constexpr char kChatTemplateFile[] = "chat_template.jinja";
 
+// The chat_template.jinja beside `tokenizer_path` (its text), if there is one; a file
+// over 1 MiB throws, naming it.
+std::optional<std::string> chat_template_beside(const std::string& tokenizer_path);
+
 // The conversation as the template writes it, in spans that count or not. A conversation
 // the template cannot write (gemma: a system message after the first, turns that do not
 // alternate) throws std::runtime_error naming its line.
