@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "tide/engine/data/utf8_stream.h"
+#include "tide/engine/io/utf8.h"
 
 namespace tide {
 namespace {
@@ -55,6 +56,30 @@ TEST(Utf8Stream, AStreamGoesOnAfterAReplacement) {
   EXPECT_EQ(s.finish(), "");
   EXPECT_EQ(s.push("\xF0"), "");
   EXPECT_EQ(s.finish(), kFffd);
+}
+
+}  // namespace
+}  // namespace tide
+
+namespace tide {
+namespace {
+
+// One code point at a time, as the chat templates' trim reads text; what starts no
+// well-formed sequence (a stray continuation, a cut-off or overlong form, a surrogate) is
+// U+FFFD of one byte.
+TEST(Utf8CharAt, DecodesWellFormedSequencesAndReplacesTheRest) {
+  const std::string text = "a\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80";  // a, e-acute, euro, emoji
+  EXPECT_EQ(utf8_char_at(text, 0).code_point, U'a');
+  EXPECT_EQ(utf8_char_at(text, 1).code_point, U'\u00E9');
+  EXPECT_EQ(utf8_char_at(text, 1).length, 2u);
+  EXPECT_EQ(utf8_char_at(text, 3).code_point, U'\u20AC');
+  EXPECT_EQ(utf8_char_at(text, 3).length, 3u);
+  EXPECT_EQ(utf8_char_at(text, 6).code_point, U'\U0001F600');
+  EXPECT_EQ(utf8_char_at(text, 6).length, 4u);
+  for (const std::string bad : {"\x80", "\xC3", "\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80"}) {
+    EXPECT_EQ(utf8_char_at(bad, 0).code_point, U'\uFFFD') << bad.size();
+    EXPECT_EQ(utf8_char_at(bad, 0).length, 1u);
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "tide/engine/data/tokenizer.h"
+#include "tide/engine/io/utf8.h"
 
 namespace tide {
 namespace {
@@ -15,33 +16,19 @@ bool python_space(char32_t c) {
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-// The code point whose UTF-8 starts at s[i] and its length; an invalid byte is itself
-// (never a space, so trimming stops at it).
-std::pair<char32_t, size_t> code_point_at(const std::string& s, size_t i) {
-  const auto b = static_cast<unsigned char>(s[i]);
-  const size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
-  if (n == 0 || i + n > s.size()) return {0xFFFD, 1};
-  char32_t c = n == 1 ? b : b & (0x7F >> n);
-  for (size_t k = 1; k < n; ++k) {
-    const auto cont = static_cast<unsigned char>(s[i + k]);
-    if ((cont >> 6) != 0x2) return {0xFFFD, 1};
-    c = (c << 6) | (cont & 0x3F);
-  }
-  return {c, n};
-}
-
+// Jinja's `trim`; a byte that is not UTF-8 is no space, so trimming stops at it.
 std::string trimmed(const std::string& s) {
   size_t begin = 0;
   while (begin < s.size()) {
-    const auto [c, n] = code_point_at(s, begin);
-    if (!python_space(c)) break;
-    begin += n;
+    const Utf8Char c = utf8_char_at(s, begin);
+    if (!python_space(c.code_point)) break;
+    begin += c.length;
   }
   size_t end = begin;  // after the last code point that is not a space
   for (size_t i = begin; i < s.size();) {
-    const auto [c, n] = code_point_at(s, i);
-    i += n;
-    if (!python_space(c)) end = i;
+    const Utf8Char c = utf8_char_at(s, i);
+    i += c.length;
+    if (!python_space(c.code_point)) end = i;
   }
   return s.substr(begin, end - begin);
 }
@@ -50,28 +37,36 @@ const char* role_name(ChatRole r) {
   return r == ChatRole::kSystem ? "system" : r == ChatRole::kUser ? "user" : "assistant";
 }
 
+// What each template writes before a message of `role`: its turn marker, a special
+// token, first (an assistant's header is also the generation prompt).
+std::string header(ChatTemplate t, ChatRole role) {
+  switch (t) {
+    case ChatTemplate::kLlama3: return std::string("<|start_header_id|>") + role_name(role) + "<|end_header_id|>\n\n";
+    case ChatTemplate::kChatMl: return std::string("<|im_start|>") + role_name(role) + "\n";
+    case ChatTemplate::kGemma:
+      return std::string("<start_of_turn>") + (role == ChatRole::kUser ? "user" : "model") + "\n";
+  }
+  throw std::logic_error("unknown chat template");
+}
+
 // An assistant's turn: its content and end-of-turn count, the header before does not.
-// Every template's header starts with its turn marker, a special token.
-void add_turn(std::vector<TextSpan>& out, ChatRole role, std::string header, std::string content,
+void add_turn(std::vector<TextSpan>& out, ChatTemplate t, ChatRole role, std::string content,
               const std::string& end_of_turn, std::string after = {}) {
   const bool counted = role == ChatRole::kAssistant;
-  out.push_back({std::move(header), false, true});
+  out.push_back({header(t, role), false, true});
   out.push_back({std::move(content) + end_of_turn, counted});
   if (!after.empty()) out.push_back({std::move(after), false});
 }
 
 std::vector<TextSpan> llama3(const Conversation& c) {
   std::vector<TextSpan> out{{"<|begin_of_text|>", false}};
-  for (const auto& m : c.messages)
-    add_turn(out, m.role, std::string("<|start_header_id|>") + role_name(m.role) + "<|end_header_id|>\n\n",
-             trimmed(m.content), "<|eot_id|>");
+  for (const auto& m : c.messages) add_turn(out, ChatTemplate::kLlama3, m.role, trimmed(m.content), "<|eot_id|>");
   return out;
 }
 
 std::vector<TextSpan> chatml(const Conversation& c) {
   std::vector<TextSpan> out;
-  for (const auto& m : c.messages)
-    add_turn(out, m.role, std::string("<|im_start|>") + role_name(m.role) + "\n", m.content, "<|im_end|>", "\n");
+  for (const auto& m : c.messages) add_turn(out, ChatTemplate::kChatMl, m.role, m.content, "<|im_end|>", "\n");
   return out;
 }
 
@@ -93,8 +88,7 @@ std::vector<TextSpan> gemma(const Conversation& c) {
       throw std::runtime_error(c.where + ": message " + std::to_string(i) + " is " + role_name(m.role) +
                                "'s turn: the gemma template's turns alternate user, assistant, starting with user");
     const std::string content = (i == first ? system_prefix : std::string()) + trimmed(m.content);
-    add_turn(out, m.role, std::string("<start_of_turn>") + (user_turn ? "user" : "model") + "\n", content,
-             "<end_of_turn>", "\n");
+    add_turn(out, ChatTemplate::kGemma, m.role, content, "<end_of_turn>", "\n");
   }
   return out;
 }
@@ -103,7 +97,6 @@ struct Known {
   ChatTemplate kind;
   const char* name;
   std::vector<std::string> tokens;  // the end-of-turn token last
-  std::string generation_prompt;
   std::string jinja;  // what the functions above write, for engines that read Jinja
 };
 
@@ -112,7 +105,6 @@ const std::vector<Known>& known() {
       {ChatTemplate::kLlama3,
        "llama3",
        {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"},
-       "<|start_header_id|>assistant<|end_header_id|>\n\n",
        "{{- '<|begin_of_text|>' }}"
        "{%- for message in messages %}"
        "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + "
@@ -122,7 +114,6 @@ const std::vector<Known>& known() {
       {ChatTemplate::kChatMl,
        "chatml",
        {"<|im_start|>", "<|im_end|>"},
-       "<|im_start|>assistant\n",
        "{%- for message in messages %}"
        "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
        "{%- endfor %}"
@@ -130,7 +121,6 @@ const std::vector<Known>& known() {
       {ChatTemplate::kGemma,
        "gemma",
        {"<bos>", "<start_of_turn>", "<end_of_turn>"},
-       "<start_of_turn>model\n",
        "{{- '<bos>' }}"
        "{%- if messages[0]['role'] == 'system' %}"
        "{%- set first_user_prefix = messages[0]['content'] + '\n\n' %}{%- set loop_messages = messages[1:] %}"
@@ -185,7 +175,7 @@ const std::vector<std::string>& chat_special_tokens(ChatTemplate t) { return kno
 
 const std::string& chat_template_jinja(ChatTemplate t) { return known(t).jinja; }
 
-const std::string& chat_generation_prompt(ChatTemplate t) { return known(t).generation_prompt; }
+std::string chat_generation_prompt(ChatTemplate t) { return header(t, ChatRole::kAssistant); }
 
 const std::string& chat_end_of_turn(ChatTemplate t) { return known(t).tokens.back(); }
 

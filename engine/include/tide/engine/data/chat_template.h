@@ -53,7 +53,7 @@ const std::string& chat_template_jinja(ChatTemplate t);
 
 // What a prompt for the assistant's next turn ends with (its header; Jinja's
 // add_generation_prompt).
-const std::string& chat_generation_prompt(ChatTemplate t);
+std::string chat_generation_prompt(ChatTemplate t);
 
 // The token an assistant's turn ends with (<|eot_id|>, <|im_end|>, <end_of_turn>):
 // where a chat reply stops.

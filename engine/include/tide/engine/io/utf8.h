@@ -17,6 +17,14 @@ struct Utf8Lead {
 };
 Utf8Lead utf8_lead(unsigned char b);
 
+// The code point of the well-formed sequence that starts at text[i], and its length in
+// bytes; a byte that starts none is U+FFFD of length 1.
+struct Utf8Char {
+  char32_t code_point;
+  std::size_t length;
+};
+Utf8Char utf8_char_at(std::string_view text, std::size_t i);
+
 // The offset of the first byte of `text` that is not part of a well-formed sequence, or
 // npos.
 std::size_t first_non_utf8(std::string_view text);
