@@ -216,3 +216,28 @@ TEST(Tokenizer, ABacktrackingPatternIsStoppedAndNamed) {
 
 }  // namespace
 }  // namespace tide
+
+namespace tide {
+namespace {
+
+// Special tokens in a text: each occurrence its id, the longest where two start together,
+// whatever the number of kinds (Llama 3 lists 256) or of occurrences.
+TEST(SpecialTokens, EveryOccurrenceIsItsIdTheLongestFirst) {
+  ByteLevelBpe t = ByteLevelBpe::bytes();
+  std::vector<std::string> reserved;
+  for (int i = 0; i < 256; ++i) reserved.push_back("<|reserved_" + std::to_string(i) + "|>");
+  reserved.emplace_back("<ab>");
+  reserved.emplace_back("<ab><c>");
+  t.add_special_tokens(reserved);
+  const int32_t first = 257;  // after the bytes and <|endoftext|>
+  std::string text;
+  std::vector<int32_t> want;
+  for (int i = 0; i < 5000; ++i) {
+    text += "x<|reserved_7|><|reserved_70|><ab><c><ab>";
+    want.insert(want.end(), {'x', first + 7, first + 70, first + 257, first + 256});
+  }
+  EXPECT_EQ(t.encode(text), want);
+}
+
+}  // namespace
+}  // namespace tide

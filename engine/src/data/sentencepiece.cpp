@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "special_token_finder.h"
 #include "tide/engine/data/tokenizer.h"
 
 namespace tide {
@@ -216,13 +217,9 @@ std::string SentencePieceBpe::normalize(std::string_view text, bool dummy_prefix
 std::vector<int32_t> SentencePieceBpe::encode(std::string_view text) const {
   std::vector<int32_t> ids;
   bool first = true;
+  SpecialTokenFinder controls(controls_, text);
   for (size_t start = 0;;) {
-    size_t at = std::string_view::npos;
-    const std::pair<std::string, int32_t>* hit = nullptr;
-    for (const auto& control : controls_) {
-      const size_t pos = text.find(control.first, start);
-      if (pos < at) at = pos, hit = &control;
-    }
+    const auto [hit, at] = controls.next(start);
     encode_stretch(text.substr(start, hit ? at - start : std::string_view::npos), first && add_dummy_prefix_, ids);
     if (!hit) return ids;
     ids.push_back(hit->second);

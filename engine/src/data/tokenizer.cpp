@@ -7,8 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tide/engine/io/json_input.h"
 #include "bpe_merge.h"
+#include "special_token_finder.h"
+#include "tide/engine/io/json_input.h"
 
 namespace tide {
 namespace {
@@ -286,14 +287,10 @@ std::vector<int32_t> ByteLevelBpe::encode(std::string_view text) const {
   ids.reserve(text.size() / 3 + 1);
   // Special tokens in the text stand for themselves; the stretches between them are
   // pre-tokenised and merged.
+  SpecialTokenFinder specials(specials_, text);
   size_t start = 0;
   while (start <= text.size()) {
-    size_t at = std::string_view::npos;
-    const std::pair<std::string, int32_t>* hit = nullptr;
-    for (const auto& sp : specials_) {
-      const size_t pos = text.find(sp.first, start);
-      if (pos < at) at = pos, hit = &sp;
-    }
+    const auto [hit, at] = specials.next(start);
     const std::string_view stretch = text.substr(start, at == std::string_view::npos ? std::string_view::npos : at - start);
     // The tokenizers library takes special tokens out first, then normalises what lies
     // between them (its added tokens are "normalized": false, as tide writes them).
