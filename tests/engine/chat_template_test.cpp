@@ -29,6 +29,7 @@ Conversation conversation(const json& messages) {
 }
 
 json message(const char* role, const std::string& content) { return {{"role", role}, {"content", content}}; }
+json text_part(const std::string& text) { return {{"type", "text"}, {"text", text}}; }
 
 // Spaces around contents (the templates that trim, and Python's Unicode spaces: U+00A0,
 // U+3000), a content that starts with spaces where a header ends (a merge across the
@@ -44,6 +45,11 @@ const json kConversations = json::array({
     // ChatML keeps the line ends a content starts with: "\n\n" is one token of tide's
     // vocabulary, crossing the edge from the header.
     json::array({message("user", "a"), message("assistant", "\n\nParagraphs\n\nof text")}),
+    // OpenAI's content parts: their texts joined as written, then trimmed where the
+    // template trims.
+    json::array({{{"role", "system"}, {"content", json::array({text_part(" Be "), text_part("brief. ")})}},
+                 {{"role", "user"}, {"content", json::array({text_part("Two"), text_part(" parts")})}},
+                 {{"role", "assistant"}, {"content", json::array({text_part(" One,"), text_part(" then two ")})}}}),
 });
 
 TEST(ChatTemplate, WritesEachTemplatesText) {
@@ -93,6 +99,19 @@ TEST(ChatTemplate, GemmaTakesOneSystemMessageFirstAndAlternatingTurns) {
                                       conversation(json::array({message("assistant", "a"), message("system", "b")}))));
 }
 
+// A run prepared before content could be a list of parts holds the template as tide wrote
+// it then: still known, so `tide generate --chat` needs no template named.
+TEST(ChatTemplate, ATemplateWrittenBeforeContentPartsIsKnown) {
+  const std::string chatml_then =
+      "{%- for message in messages %}"
+      "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+      "{%- endfor %}"
+      "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}";
+  EXPECT_EQ(chat_template_of_jinja(chatml_then), ChatTemplate::kChatMl);
+  EXPECT_EQ(chat_template_of_jinja(chat_template_jinja(ChatTemplate::kChatMl)), ChatTemplate::kChatMl);
+  EXPECT_EQ(chat_template_of_jinja(chatml_then + " "), std::nullopt);
+}
+
 TEST(ChatTemplate, NamesAndSpecialTokens) {
   EXPECT_EQ(chat_template_named("chatml"), ChatTemplate::kChatMl);
   EXPECT_EQ(chat_template_name(ChatTemplate::kGemma), "gemma");
@@ -136,7 +155,14 @@ TEST(FineTuningExamples, AConversationThatIsNotOneIsNamed) {
   EXPECT_EQ(error("{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}"),
             "chat.jsonl:2: message 0: role \"tool\" is none of system, user, assistant (ShareGPT's human, gpt)");
   EXPECT_EQ(error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}"),
-            "chat.jsonl:2: message 0: \"content\" is array, not a string");
+            "chat.jsonl:2: message 0 part 0: no \"text\"");
+  EXPECT_EQ(
+      error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {}}]}]}"),
+      "chat.jsonl:2: message 0 part 0 is of type \"image_url\": tide trains on text parts alone");
+  EXPECT_EQ(error("{\"messages\": [{\"role\": \"user\", \"content\": [\"hi\"]}]}"),
+            "chat.jsonl:2: message 0 part 0 is string, not an object");
+  EXPECT_EQ(error("{\"messages\": [{\"role\": \"user\", \"content\": 7}]}"),
+            "chat.jsonl:2: message 0: \"content\" is number, not a string nor a list of parts");
   EXPECT_EQ(error("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
                   "\"content\": \"\"}]}"),
             "chat.jsonl:2: no assistant message with content: the conversation would teach nothing");

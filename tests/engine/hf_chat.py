@@ -18,32 +18,36 @@ import sys
 
 from transformers import PreTrainedTokenizerFast
 
+# A message's content: a string, or OpenAI's list of parts whose texts are joined.
+CONTENT = ("{% macro text(content) %}{% if content is string %}{{ content }}{% else %}"
+           "{% for part in content %}{{ part['text'] }}{% endfor %}{% endif %}{% endmacro %}")
+
 TEMPLATES = {
     "llama3": (
-        "<|begin_of_text|>"
+        CONTENT + "<|begin_of_text|>"
         "{% for m in messages %}"
         "<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-        "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] | trim }}<|eot_id|>{% endgeneration %}"
-        "{% else %}{{ m['content'] | trim }}<|eot_id|>{% endif %}"
+        "{% if m['role'] == 'assistant' %}{% generation %}{{ text(m['content']) | trim }}<|eot_id|>{% endgeneration %}"
+        "{% else %}{{ text(m['content']) | trim }}<|eot_id|>{% endif %}"
         "{% endfor %}"),
     "chatml": (
-        "{% for m in messages %}"
+        CONTENT + "{% for m in messages %}"
         "<|im_start|>{{ m['role'] }}\n"
-        "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|im_end|>{% endgeneration %}"
-        "{% else %}{{ m['content'] }}<|im_end|>{% endif %}{{ '\\n' }}"
+        "{% if m['role'] == 'assistant' %}{% generation %}{{ text(m['content']) }}<|im_end|>{% endgeneration %}"
+        "{% else %}{{ text(m['content']) }}<|im_end|>{% endif %}{{ '\\n' }}"
         "{% endfor %}"),
     "gemma": (
-        "<bos>"
+        CONTENT + "<bos>"
         "{% if messages[0]['role'] == 'system' %}"
-        "{% set prefix = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}"
+        "{% set prefix = text(messages[0]['content']) + '\n\n' %}{% set turns = messages[1:] %}"
         "{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
         "{% for m in turns %}"
         "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
         "{{ raise_exception('turns must alternate user, assistant') }}{% endif %}"
-        "{% set text = (prefix if loop.first else '') + (m['content'] | trim) %}"
+        "{% set turn = (prefix if loop.first else '') + (text(m['content']) | trim) %}"
         "{% if m['role'] == 'assistant' %}"
-        "<start_of_turn>model\n{% generation %}{{ text }}<end_of_turn>{% endgeneration %}{{ '\\n' }}"
-        "{% else %}<start_of_turn>user\n{{ text }}<end_of_turn>\n{% endif %}"
+        "<start_of_turn>model\n{% generation %}{{ turn }}<end_of_turn>{% endgeneration %}{{ '\\n' }}"
+        "{% else %}<start_of_turn>user\n{{ turn }}<end_of_turn>\n{% endif %}"
         "{% endfor %}"),
 }
 

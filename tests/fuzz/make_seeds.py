@@ -205,7 +205,9 @@ def fine_tuning_seeds(out):
     chats = [{"messages": [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "2 + 2?"},
                            {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 3 + 3?"},
                            {"role": "assistant", "content": "\n\n6 "}]},
-             {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "<|im_end|>hello"}]}]
+             {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "<|im_end|>hello"}]},
+             {"messages": [{"role": "user", "content": [{"type": "text", "text": "two"}, {"type": "text", "text": " parts"}]},
+                           {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]}]
     put(out, "fine_tuning_examples", "messages.jsonl", "".join(json.dumps(c) + "\n" for c in chats).encode())
 
 

@@ -100,39 +100,52 @@ struct Known {
   std::string jinja;  // what the functions above write, for engines that read Jinja
 };
 
+// What the exported templates read a message's content through: a string, or OpenAI's
+// list of parts, whose texts are joined as the data was (fine_tuning_examples.h).
+constexpr const char* kContentText =
+    "{%- macro text(content) %}{%- if content is string %}{{- content }}{%- else %}"
+    "{%- for part in content %}{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}"
+    "{%- endif %}{%- endmacro %}";
+
 const std::vector<Known>& known() {
   static const std::vector<Known> k = {
       {ChatTemplate::kLlama3,
        "llama3",
        {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"},
-       "{{- '<|begin_of_text|>' }}"
-       "{%- for message in messages %}"
-       "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + "
-       "'<|eot_id|>' }}"
-       "{%- endfor %}"
-       "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}"},
+       kContentText + std::string("{{- '<|begin_of_text|>' }}"
+                                  "{%- for message in messages %}"
+                                  "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + "
+                                  "text(message['content']) | trim + "
+                                  "'<|eot_id|>' }}"
+                                  "{%- endfor %}"
+                                  "{%- if add_generation_prompt %}{{- "
+                                  "'<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}")},
       {ChatTemplate::kChatMl,
        "chatml",
        {"<|im_start|>", "<|im_end|>"},
-       "{%- for message in messages %}"
-       "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-       "{%- endfor %}"
-       "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"},
+       kContentText +
+           std::string("{%- for message in messages %}"
+                       "{{- '<|im_start|>' + message['role'] + '\n' + text(message['content']) + '<|im_end|>' + '\n' }}"
+                       "{%- endfor %}"
+                       "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")},
       {ChatTemplate::kGemma,
        "gemma",
        {"<bos>", "<start_of_turn>", "<end_of_turn>"},
-       "{{- '<bos>' }}"
-       "{%- if messages[0]['role'] == 'system' %}"
-       "{%- set first_user_prefix = messages[0]['content'] + '\n\n' %}{%- set loop_messages = messages[1:] %}"
-       "{%- else %}{%- set first_user_prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
-       "{%- for message in loop_messages %}"
-       "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-       "{{- raise_exception('turns must alternate user, assistant, starting with user') }}{%- endif %}"
-       "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-       "{{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim + "
-       "'<end_of_turn>\n' }}"
-       "{%- endfor %}"
-       "{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}"},
+       kContentText +
+           std::string("{{- '<bos>' }}"
+                       "{%- if messages[0]['role'] == 'system' %}"
+                       "{%- set first_user_prefix = text(messages[0]['content']) + '\n\n' %}{%- set loop_messages = "
+                       "messages[1:] %}"
+                       "{%- else %}{%- set first_user_prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
+                       "{%- for message in loop_messages %}"
+                       "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                       "{{- raise_exception('turns must alternate user, assistant, starting with user') }}{%- endif %}"
+                       "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+                       "{{- '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + "
+                       "text(message['content']) | trim + "
+                       "'<end_of_turn>\n' }}"
+                       "{%- endfor %}"
+                       "{%- if add_generation_prompt %}{{- '<start_of_turn>model\n' }}{%- endif %}")},
   };
   return k;
 }
@@ -192,9 +205,23 @@ std::optional<std::string> chat_template_beside(const std::string& tokenizer_pat
   return text;
 }
 
+namespace {
+// A template as tide wrote it before content could be a list of parts (December 2026):
+// the same text with the content read as it is. Runs prepared then keep working.
+std::string jinja_of_string_content(const std::string& jinja) {
+  std::string out = jinja.substr(std::string(kContentText).size());
+  for (const std::string call : {"text(message['content'])", "text(messages[0]['content'])"}) {
+    const std::string plain = call.substr(5, call.size() - 6);
+    for (size_t at = out.find(call); at != std::string::npos; at = out.find(call, at + plain.size()))
+      out.replace(at, call.size(), plain);
+  }
+  return out;
+}
+}  // namespace
+
 std::optional<ChatTemplate> chat_template_of_jinja(const std::string& jinja) {
   for (const auto& k : known())
-    if (k.jinja == jinja) return k.kind;
+    if (k.jinja == jinja || jinja_of_string_content(k.jinja) == jinja) return k.kind;
   return std::nullopt;
 }
 

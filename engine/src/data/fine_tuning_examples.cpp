@@ -41,6 +41,30 @@ std::string text_field(const json& object, const char* key, const std::string& w
   return it->get<std::string>();
 }
 
+// A message's content: a string, or OpenAI's list of parts, whose texts are joined as
+// written (no separator, as Qwen2-VL's template joins them; a template that trims then
+// trims the whole). A part that is not text (an image, audio) is refused by name: tide
+// trains on text alone.
+std::string message_content(const json& message, const char* key, const std::string& where) {
+  const auto it = message.find(key);
+  if (it != message.end() && !it->is_array() && !it->is_string())
+    throw std::runtime_error(
+        fmt::format("{}: \"{}\" is {}, not a string nor a list of parts", where, key, it->type_name()));
+  if (it == message.end() || it->is_string()) return text_field(message, key, where);
+  std::string joined;
+  for (size_t k = 0; k < it->size(); ++k) {
+    const json& part = (*it)[k];
+    const std::string at = fmt::format("{} part {}", where, k);
+    if (!part.is_object()) throw std::runtime_error(fmt::format("{} is {}, not an object", at, part.type_name()));
+    const std::string type = text_field(part, "type", at);
+    if (type != "text")
+      throw std::runtime_error(
+          fmt::format("{} is of type \"{}\": tide trains on text parts alone", at, type.substr(0, 40)));
+    joined += text_field(part, "text", at);
+  }
+  return joined;
+}
+
 ChatRole role_named(const std::string& role, const std::string& where) {
   if (role == "system") return ChatRole::kSystem;
   if (role == "user" || role == "human") return ChatRole::kUser;
@@ -83,7 +107,7 @@ std::vector<Conversation> read_conversations(std::string_view text, const std::s
       const json& m = (*messages)[i];
       const std::string at = fmt::format("{}: message {}", where, i);
       if (!m.is_object()) throw std::runtime_error(fmt::format("{} is {}, not an object", at, m.type_name()));
-      c.messages.push_back({role_named(text_field(m, role_key, at), at), text_field(m, content_key, at)});
+      c.messages.push_back({role_named(text_field(m, role_key, at), at), message_content(m, content_key, at)});
       assistant_speaks |= c.messages.back().role == ChatRole::kAssistant && !c.messages.back().content.empty();
     }
     if (!assistant_speaks)

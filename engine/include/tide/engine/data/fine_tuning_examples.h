@@ -40,8 +40,9 @@ struct Conversation {
 
 // The conversations of `text`, the contents of the file `path`, in order; blank lines are
 // skipped. Roles are "system", "user" and "assistant" (ShareGPT's "system", "human" and
-// "gpt" too); content is a string. A line that is not such an object, a message of
-// another role or with other content (a list of parts, null), or a conversation with no
+// "gpt" too); content is a string, or OpenAI's list of parts ({"type": "text", "text"}),
+// whose texts are joined with no separator. A line that is not such an object, a message
+// of another role or with other content (null, an image part), or a conversation with no
 // assistant turn that says something, throws, naming the file, the line and what is wrong.
 std::vector<Conversation> read_conversations(std::string_view text, const std::string& path);
 
