@@ -121,6 +121,34 @@ TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
   EXPECT_GT(no_sp.time.tp_comm, 0.0);
 }
 
+// LoRA holds every weight whole and the adapters' gradients and moments alone (sharded
+// under ZeRO-1/2 as the flat buffers are), and the planner offers only the layouts it
+// trains under.
+TEST(Plan, LoraHoldsTheWeightsAndTheGradientsAndMomentsOfItsAdaptersAlone) {
+  const RunConfig cfg = recipe("llama/llama-3-8b", {"model.lora_rank=16"});
+  const double P = static_cast<double>(parameter_count(cfg.model));
+  const double A = static_cast<double>(lora_parameter_count(cfg.model));
+  // rank 16 on the 7 projections of 32 blocks: 16 (in + out) each.
+  const int64_t d = 4096, kv = 1024, f = 14336;
+  EXPECT_EQ(A, 32.0 * 16 * ((d + d) + 2 * (d + kv) + (d + d) + 2 * (d + f) + (f + d)));
+  PlanLayout l;
+  l.dp = 2;
+  l.micro_batch = 1;
+  l.micro_batches = 32;
+  l.zero = 2;
+  const LayoutPlan p = evaluate_layout(cfg, h100(1, 2), l);
+  EXPECT_DOUBLE_EQ(p.memory.parameters, 4 * P);
+  EXPECT_DOUBLE_EQ(p.memory.gradients, 4 * A / 2);
+  EXPECT_DOUBLE_EQ(p.memory.optimizer, 2 * 4 * A / 2);
+  const Plan plan = plan_layouts(cfg, h100(1, 2));
+  ASSERT_FALSE(plan.ranked.empty());
+  for (const auto& r : plan.ranked) {
+    EXPECT_EQ(r.layout.tp, 1);
+    EXPECT_EQ(r.layout.pp, 1);
+    EXPECT_LT(r.layout.zero, 3);
+  }
+}
+
 // ZeRO-3 under bf16 compute gathers in bf16 and holds what it gathered in bf16: a third
 // less traffic than in fp32 (the reduce-scatters stay fp32); the running block takes 2
 // bytes a weight, its norms widened to 4 beside it, the block arriving 2, beside this

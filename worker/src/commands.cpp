@@ -35,6 +35,7 @@ void add_progress_file(CLI::App& cmd, std::string& file) {
 void add_export_command(CLI::App& app, const std::string& name) {
   struct Options {
     std::string dir, out, dtype = "F32", progress_file;
+    bool adapter = false;
   };
   auto opt = std::make_shared<Options>();
   auto* exp = app.add_subcommand(name,
@@ -43,10 +44,16 @@ void add_export_command(CLI::App& app, const std::string& name) {
   exp->add_option("dir", opt->dir, "A step directory")->required();
   exp->add_option("-o,--out", opt->out, "Directory to write")->required();
   exp->add_option("--dtype", opt->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
+  exp->add_flag("--adapter", opt->adapter,
+                "A LoRA run's checkpoint: write its adapters alone as a PEFT adapter directory "
+                "(adapter_config.json + adapter_model.safetensors), not the merged model");
   add_progress_file(*exp, opt->progress_file);
   exp->callback([opt] {
     ProgressReport report(opt->progress_file);
-    export_checkpoint_hf(opt->dir, opt->out, opt->dtype, report.progress());
+    if (opt->adapter)
+      export_checkpoint_adapter(opt->dir, opt->out, opt->dtype, report.progress());
+    else
+      export_checkpoint_hf(opt->dir, opt->out, opt->dtype, report.progress());
     spdlog::info("wrote {}", opt->out);
   });
 }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint_files.h"
+#include "frozen_weights.h"
 #include "model/random_state.h"
 #include "saved_pieces.h"
 #include "tide/engine/checkpoint/checkpoint.h"
@@ -133,6 +134,20 @@ struct Checkpointer::Impl {
   void restore_values(const std::function<torch::Tensor(const std::string&, int)>& whole, int kinds,
                       const std::string& source);
   void restore_rng(const json& manifest, const std::string& dir);
+  // The frozen parameters from whole tensors, which `source` must hold.
+  void restore_frozen(const std::function<torch::Tensor(const std::string&)>& whole, const std::string& source);
+  // frozen_fingerprint, made once: the frozen parameters never change.
+  const std::string& fingerprint() {
+    if (!fingerprint_made) {
+      const auto params = parts.model->named_parameters();
+      frozen_xxh3 = weights_fingerprint(frozen_parameter_names(*parts.model),
+                                        [&](const std::string& name) { return params[name]; });
+      fingerprint_made = true;
+    }
+    return frozen_xxh3;
+  }
+  std::string frozen_xxh3;
+  bool fingerprint_made = false;
 };
 
 Checkpointer::Checkpointer(std::string root, CheckpointParts parts) : impl_(std::make_unique<Impl>()) {
@@ -227,6 +242,8 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
           {"virtual_stages", cfg.parallel.virtual_stages},
           {"zero", m.zero}}},
         {"recipe", config_to_json(cfg)},
+        // The base weights the adapters were trained on (LoRA), left out of the files.
+        {"frozen_xxh3", m.fingerprint().empty() ? json(nullptr) : json(m.fingerprint())},
         {"recipe_schema_version", kConfigSchemaVersion},
         {"created",
          std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -410,6 +427,13 @@ ResumeState Checkpointer::load(const std::string& dir) {
     throw std::runtime_error(fmt::format("checkpoint {} is unusable: {}", dir, fmt::join(problems, "; ")));
   const json manifest = read_manifest(dir);
   torch::NoGradGuard no_grad;
+  const json frozen = manifest.value("frozen_xxh3", json(nullptr));
+  const std::string here = impl_->fingerprint();
+  if (frozen.is_string() ? frozen.get<std::string>() != here : !here.empty())
+    throw std::runtime_error(fmt::format(
+        "checkpoint {} was trained on frozen base weights of XXH3 {}, and this run's are {}: {}", dir,
+        frozen.is_string() ? frozen.get<std::string>() : "(none: every weight trained)", here.empty() ? "(none)" : here,
+        "resume it with the checkpoint.init_from and model fields it was trained with"));
   const SavedPieces saved(dir, manifest);
   impl_->restore_values([&](const std::string& name, int k) { return saved.whole(name, kKinds[k]); }, 3, dir);
   ResumeState state;
@@ -428,7 +452,22 @@ void Checkpointer::initialise(const std::function<at::Tensor(const std::string&)
                               const std::string& source) {
   torch::NoGradGuard no_grad;
   impl_->restore_values([&](const std::string& name, int) { return whole_parameter(name); }, 1, source);
+  impl_->restore_frozen(whole_parameter, source);
+  impl_->fingerprint_made = false;
   impl_->parts.optim->restore(0);
+}
+
+void Checkpointer::Impl::restore_frozen(const std::function<torch::Tensor(const std::string&)>& whole,
+                                        const std::string& source) {
+  auto params = parts.model->named_parameters();
+  for (const auto& name : frozen_parameter_names(*parts.model)) {
+    auto& p = params[name];
+    const auto values = whole(name);
+    TORCH_CHECK(values.defined(), source, " holds no tensor for parameter '", name, "'");
+    TORCH_CHECK(values.sizes() == p.sizes(), source, ": ", name, " has shape ", values.sizes(), " there, ", p.sizes(),
+                " in this model");
+    p.copy_(values);
+  }
 }
 
 void Checkpointer::Impl::restore_values(const std::function<torch::Tensor(const std::string&, int)>& whole, int kinds,
@@ -445,6 +484,7 @@ void Checkpointer::Impl::restore_values(const std::function<torch::Tensor(const 
     for (const auto& [slot_index, list] : by_slot) {
       const auto& slot = flat.slots()[slot_index];
       const auto global = whole(slot.name, k);
+      if (!global.defined()) continue;  // initialise: not in the source (a LoRA adapter), kept as drawn
       // This rank's tensor-parallel slice of it (rows past the vocabulary stay zero).
       const TpSlice tp = parts.model->tp_slice(slot.name);
       auto expected = slot.shape;  // of the whole parameter

@@ -8,11 +8,16 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "frozen_weights.h"
 #include "saved_pieces.h"
 #include "tide/engine/checkpoint/checkpoint.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/io/safetensors.h"
 #include "tide/engine/model/hf_convert.h"
+#include "tide/engine/model/lora.h"
+#include "tide/engine/model/parameter_names.h"
+#include "tide/engine/model/transformer.h"
+#include "tide/engine/train/initial_weights.h"
 #include "tide/engine/train/run_files.h"
 
 namespace tide {
@@ -37,7 +42,29 @@ void export_checkpoint_hf(const std::string& step_dir, const std::string& out, c
   // written comes: one whole parameter in memory at a time, not the model (and AdamW's
   // moments beside it).
   const SavedPieces pieces(step_dir, manifest);
-  const auto shapes = parameter_shapes(cfg.model);
+  const TensorSource saved = [&](const std::string& name) { return pieces.whole(name, "param"); };
+  // A LoRA checkpoint holds the adapters alone: the frozen base comes from the run's
+  // initial weights again, checked against what the adapters were trained on, and the
+  // adapters are merged into it.
+  TensorSource whole = saved;
+  if (cfg.model.lora_rank > 0) {
+    const auto initial = initial_parameter_values(cfg);
+    const Transformer shapes(cfg.model, TensorParallel{}, PipelineStage{}, ParameterStorage::Deferred);
+    const auto frozen = frozen_parameter_names(*shapes);
+    const std::string expected =
+        manifest.value("frozen_xxh3", json(nullptr)).is_string() ? manifest["frozen_xxh3"].get<std::string>() : "";
+    if (const std::string found = weights_fingerprint(frozen, initial); found != expected)
+      throw std::runtime_error(fmt::format(
+          "checkpoint {} holds LoRA adapters trained on base weights of XXH3 {}, and its run's initial weights ({}) "
+          "are now {}",
+          step_dir, expected.empty() ? "(none recorded)" : expected,
+          cfg.checkpoint.init_from.empty() ? "the seed's draw" : cfg.checkpoint.init_from, found));
+    whole = merged_weights(cfg.model, [initial, saved](const std::string& name) {
+      return is_lora_parameter(name) ? saved(name) : initial(name);
+    });
+  }
+  const ModelConfig model = without_lora(cfg.model);
+  const auto shapes = parameter_shapes(model);
   // Parameters are fetched in the order they are written: a fetch means every one before
   // it is on disk.
   std::map<std::string, int64_t> bytes_before;
@@ -52,13 +79,29 @@ void export_checkpoint_hf(const std::string& step_dir, const std::string& out, c
   };
   // The run's tokenizer, two levels up (<run>/checkpoints/step-N), completes the directory.
   export_hf(
-      out, cfg.model, shapes,
+      out, model, shapes,
       [&](const std::string& name) {
         report(bytes_before.at(name));
-        return pieces.whole(name, "param");
+        return whole(name);
       },
       0, dtype, tokenizer_beside(fs::absolute(step_dir).lexically_normal().parent_path().parent_path()));
   report(total);
+}
+
+void export_checkpoint_adapter(const std::string& step_dir, const std::string& out, const std::string& dtype,
+                               const Progress& progress) {
+  require_sound_checkpoint(step_dir, progress);
+  const json manifest = read_manifest(step_dir);
+  const RunConfig cfg = config_from_json(manifest["recipe"]);
+  if (cfg.model.lora_rank == 0)
+    throw std::runtime_error(
+        fmt::format("checkpoint {} is of a run without LoRA adapters (model.lora_rank = 0): "
+                    "export it whole, without --adapter",
+                    step_dir));
+  const SavedPieces pieces(step_dir, manifest);
+  write_peft_adapter(
+      out, cfg.model, [&](const std::string& name) { return pieces.whole(name, "param"); }, cfg.checkpoint.init_from,
+      dtype);
 }
 
 }  // namespace tide

@@ -150,6 +150,33 @@ FieldSpec url_list(const std::string& path, size_t most, std::string doc, F ref)
   return f;
 }
 
+// A list of distinct names, each one of `names` (a Lua table of strings; an empty table
+// reads as {} or []).
+template <class F>
+FieldSpec choice_list(const std::string& path, std::vector<std::string> names, std::string doc, F ref) {
+  FieldSpec f{path, FieldType::ChoiceList, names, 0, 0, LiveEffect::None, std::move(doc), {}, {}};
+  f.set = [=](RunConfig& c, const json& v) {
+    if (v.is_object() && v.empty()) {
+      ref(c).clear();
+      return;
+    }
+    if (!v.is_array()) throw ConfigError(path, fmt::format("expected a list of names, got {}", show(v)));
+    std::vector<std::string> out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string where = fmt::format("{}[{}]", path, i + 1);
+      if (!v[i].is_string() || std::find(names.begin(), names.end(), v[i].get<std::string>()) == names.end())
+        throw ConfigError(where, fmt::format("{} is not one of {}", show(v[i]), fmt::join(names, ", ")));
+      const auto& name = v[i].get_ref<const std::string&>();
+      if (const auto seen = std::find(out.begin(), out.end(), name); seen != out.end())
+        throw ConfigError(where, fmt::format("{} is {}[{}] too", show(v[i]), path, seen - out.begin() + 1));
+      out.push_back(name);
+    }
+    ref(c) = std::move(out);
+  };
+  f.get = [=](const RunConfig& c) { return json(ref(const_cast<RunConfig&>(c))); };
+  return f;
+}
+
 // Names that become directories, metric keys and event topics: letters, digits, '.',
 // '_' and '-', 64 at most, not starting with '.'.
 bool is_plain_name(const std::string& s) {
@@ -388,6 +415,22 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                       "With activation checkpointing, recompute only the first N blocks of each pipeline chunk "
                       "(Megatron-Core's recompute_num_layers); 0: every block.",
                       REF(model.recompute_blocks)));
+  s.push_back(integer("model.lora_rank", 0, 4096, kFixed,
+                      "> 0: LoRA fine-tuning. Each projection of model.lora_targets gains (lora_alpha / lora_rank) B "
+                      "A of this rank, only A and B train, every other weight keeps its initial values "
+                      "(checkpoint.init_from). Checkpoints hold the adapters; the final weights are merged. One "
+                      "process or data parallel with ZeRO 0-2.",
+                      REF(model.lora_rank)));
+  s.push_back(number("model.lora_alpha", 1e-6, 1e6, kFixed,
+                     "LoRA's scale numerator: the update is (lora_alpha / lora_rank) B A (PEFT's lora_alpha).",
+                     REF(model.lora_alpha)));
+  s.push_back(choice_list("model.lora_targets",
+                          {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                           "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"},
+                          "The projections that take LoRA adapters, by Hugging Face module name (LLaMA: q_proj ... "
+                          "down_proj; BLOOM: query_key_value, dense, dense_h_to_4h, dense_4h_to_h); empty: every "
+                          "projection of the blocks (PEFT's all-linear).",
+                          REF(model.lora_targets)));
 }
 
 void add_batch_and_optimizer_fields(std::vector<FieldSpec>& s) {
@@ -804,6 +847,15 @@ void validate_model(const ModelConfig& m) {
   if (m.recompute_blocks > 0 && !m.activation_checkpointing)
     fail("model.recompute_blocks",
          fmt::format("{} blocks to recompute need model.activation_checkpointing = true", m.recompute_blocks));
+  if (!m.lora_targets.empty() && m.lora_rank == 0)
+    fail("model.lora_targets",
+         fmt::format("{} take LoRA adapters, and model.lora_rank is 0", json(m.lora_targets).dump()));
+  const auto projections = block_projection_names(m);
+  for (size_t i = 0; i < m.lora_targets.size(); ++i)
+    if (std::find(projections.begin(), projections.end(), m.lora_targets[i]) == projections.end())
+      fail(fmt::format("model.lora_targets[{}]", i + 1),
+           fmt::format("{} is no projection of this model's blocks ({})", json(m.lora_targets[i]).dump(),
+                       fmt::join(projections, ", ")));
   if (m.family == Family::BLOOM && kv != m.n_heads)
     fail("model.n_kv_heads", fmt::format("the bloom family has a fused per-head QKV layout and needs n_kv_heads = "
                                          "n_heads = {}, got {}",
@@ -846,6 +898,16 @@ void validate(const RunConfig& c) {
     fail("parallel.tp", fmt::format("{} does not divide model.n_heads = {}", c.parallel.tp, m.n_heads));
   if (c.parallel.pp > m.n_layers)
     fail("parallel.pp", fmt::format("{} exceeds model.n_layers = {}", c.parallel.pp, m.n_layers));
+  // LoRA under the layouts that cut its adapters (tensor parallelism, ZeRO-3's pieces)
+  // or stages is not built yet.
+  if (m.lora_rank > 0) {
+    if (c.parallel.tp > 1)
+      fail("parallel.tp", fmt::format("{}: LoRA (model.lora_rank) trains with tp = 1", c.parallel.tp));
+    if (c.parallel.pp > 1)
+      fail("parallel.pp", fmt::format("{}: LoRA (model.lora_rank) trains with pp = 1", c.parallel.pp));
+    if (c.parallel.zero == 3)
+      fail("parallel.zero", "3: LoRA (model.lora_rank) trains with ZeRO 0, 1 or 2 (the frozen weights are held whole)");
+  }
 }
 
 std::vector<DataSource> data_sources(const DataConfig& d) {
@@ -873,6 +935,7 @@ std::string schema_markdown() {
       case FieldType::Choice: type = fmt::format("{}", fmt::join(f.choices, " \\| ")); break;
       case FieldType::IntList: type = fmt::format("list of integers [{}, {}]", f.min, f.max); break;
       case FieldType::UrlList: type = fmt::format("list of http(s) URLs (at most {})", f.max); break;
+      case FieldType::ChoiceList: type = fmt::format("list of {}", fmt::join(f.choices, " \\| ")); break;
       case FieldType::SourceList:
         type = fmt::format("list of {{path, weight, name}} tables (at most {})", f.max);
         break;

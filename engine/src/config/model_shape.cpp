@@ -1,4 +1,7 @@
 #include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tide/engine/config.h"
 
@@ -49,6 +52,51 @@ int64_t resolved_ffn_dim(const ModelConfig& m) {
   return k * ((hidden + k - 1) / k);
 }
 
+std::vector<std::string> block_projection_names(const ModelConfig& m) {
+  const bool bloom = m.family == Family::BLOOM;
+  std::vector<std::string> out;
+  if (bloom)
+    out = {"query_key_value", "dense"};
+  else
+    out = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  if (bloom && m.mlp == MlpKind::GELU) {  // layers.cpp: BLOOM's names for BLOOM's MLP
+    out.insert(out.end(), {"dense_h_to_4h", "dense_4h_to_h"});
+    return out;
+  }
+  if (gated_mlp(m)) out.emplace_back("gate_proj");
+  out.insert(out.end(), {"up_proj", "down_proj"});
+  return out;
+}
+
+std::vector<std::string> lora_target_names(const ModelConfig& m) {
+  if (m.lora_rank == 0) return {};
+  return m.lora_targets.empty() ? block_projection_names(m) : m.lora_targets;
+}
+
+namespace {
+// A block projection's input and output widths, by its name (block_projection_names).
+std::pair<int64_t, int64_t> projection_widths(const ModelConfig& m, const std::string& name) {
+  const int64_t d = m.dim, f = resolved_ffn_dim(m);
+  const int64_t q = m.n_heads * head_dim(m), kv = resolved_kv_heads(m) * head_dim(m);
+  if (name == "q_proj") return {d, q};
+  if (name == "k_proj" || name == "v_proj") return {d, kv};
+  if (name == "o_proj") return {q, d};
+  if (name == "query_key_value") return {d, 3 * d};
+  if (name == "dense") return {d, d};
+  if (name == "down_proj" || name == "dense_4h_to_h") return {f, d};
+  return {d, f};  // gate_proj, up_proj, dense_h_to_4h
+}
+}  // namespace
+
+int64_t lora_parameter_count(const ModelConfig& m) {
+  int64_t block = 0;
+  for (const auto& name : lora_target_names(m)) {
+    const auto [in, out] = projection_widths(m, name);
+    block += m.lora_rank * (in + out);
+  }
+  return m.n_layers * block;
+}
+
 int64_t parameter_count(const ModelConfig& m) {
   const int64_t d = m.dim, v = m.vocab_size, f = resolved_ffn_dim(m);
   const int64_t q = m.n_heads * head_dim(m), kv = resolved_kv_heads(m) * head_dim(m);
@@ -66,7 +114,7 @@ int64_t parameter_count(const ModelConfig& m) {
   if (m.positions == PositionKind::Learned) total += m.max_seq_len * d;
   if (m.embedding_norm) total += 2 * d;
   if (!m.tie_embeddings) total += v * d;
-  return total;
+  return total + lora_parameter_count(m);
 }
 
 }  // namespace tide

@@ -149,12 +149,13 @@ struct GluDownFn : torch::autograd::Function<GluDownFn> {
     const auto &gate = saved[0], &up = saved[1], &weight = saved[2];
     const auto act = saved_activation(ctx);
     const auto dy = grads[0].reshape({-1, grads[0].size(-1)});
+    const bool weight_gradient_wanted = ctx->needs_input_grad(2);  // not for a frozen weight (LoRA)
 #ifdef TIDE_LAUNCHES_KERNELS
-    if (fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type())
+    if (weight_gradient_wanted && fused_kernels_take(gate) && up.scalar_type() == gate.scalar_type())
       return remake_in_one_pass(gate, up, weight, dy, act);
 #endif
     at::Tensor d_weight;
-    {
+    if (weight_gradient_wanted) {
       const auto p = glu_values(gate, up, act);
       d_weight = weight_gradient(weight, dy.t(), p.reshape({-1, p.size(-1)}));
     }  // the product is gone before the gradients of the gate and up are made

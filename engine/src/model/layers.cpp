@@ -1,7 +1,9 @@
 // Norm, attention, MLP and block of the decoder. See transformer.h for the shape legend.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/ops/scaled_dot_product_attention.h>
@@ -50,12 +52,33 @@ torch::Tensor NormImpl::forward(const torch::Tensor& x) {
   return n.layer_norm ? layer_norm(x, n.weight, n.bias, n.eps) : rms_norm(x, n.weight, n.eps);
 }
 
-ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, bool with_bias) {
+ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, bool with_bias, LoraShape lora) {
   weight = register_parameter("weight", parameter_tensor({out, in}));
   if (with_bias) bias = register_parameter("bias", parameter_tensor({out}));
+  if (lora.rank > 0) {
+    // Submodules holding one weight each, so that the names are PEFT's
+    // (`q_proj.lora_A.weight`).
+    lora_a = register_module("lora_A", std::make_shared<torch::nn::Module>())
+                 ->register_parameter("weight", parameter_tensor({lora.rank, in}));
+    lora_b = register_module("lora_B", std::make_shared<torch::nn::Module>())
+                 ->register_parameter("weight", parameter_tensor({out, lora.rank}));
+    lora_scale = lora.alpha / static_cast<double>(lora.rank);
+  }
 }
 
-torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) { return projection(x, weight, bias); }
+torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) const {
+  const auto y = projection(x, weight, bias);
+  return adapted() ? y + lora_update_of_input(x) : y;
+}
+
+// The scale is applied to the rank-wide product, the narrowest tensor of the update.
+torch::Tensor ProjectionImpl::lora_update(const torch::Tensor& a) const {
+  return projection(a * lora_scale, lora_b, {});
+}
+
+torch::Tensor ProjectionImpl::lora_update_of_input(const torch::Tensor& x) const {
+  return lora_update(projection(x, lora_a, {}));
+}
 
 namespace {
 
@@ -77,7 +100,7 @@ struct ProjectedInput {
 // rather than the norm's output, and with sequence parallelism gathers the sequence
 // again in backward rather than keeping it gathered; the residual stream the layer adds
 // onto is that node's output too, so that its gradient joins the norm's in one pass.
-ProjectedInput project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps, const TensorParallel& tp) {
+ProjectedInput project_all(const LayerInput& in, const std::vector<ProjectionWeights>& ps, const TensorParallel& tp) {
   if (!in.norm) {
     const auto x = enter_tp(in.x, tp);
     ProjectedInput p;
@@ -109,6 +132,26 @@ ProjectedInput project_input(const LayerInput& in, const std::vector<ProjectionW
   return p;
 }
 
+// project_all, where `layers` (one for each of `ps`) are the projections whose weights
+// they are: those with a LoRA adapter have their A projections computed in the same pass
+// (normed: in the same node, which sums their input gradients with the others') and
+// their updates added to their outputs.
+ProjectedInput project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps, const TensorParallel& tp,
+                             const std::vector<const ProjectionImpl*>& layers) {
+  std::vector<ProjectionWeights> all = ps;
+  std::vector<size_t> lora_at(ps.size(), 0);  // where its A projection is in `all` (0: none)
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!layers[i]->adapted()) continue;
+    lora_at[i] = all.size();
+    all.push_back({layers[i]->lora_a, {}});
+  }
+  ProjectedInput p = project_all(in, all, tp);
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (lora_at[i]) p.out[i] = p.out[i] + layers[i]->lora_update(p.out[lora_at[i]]);
+  p.out.resize(ps.size());
+  return p;
+}
+
 // y added onto the residual stream, where there is one.
 torch::Tensor onto(const torch::Tensor& residual, const torch::Tensor& y) {
   return residual.defined() ? residual + y : y;
@@ -131,11 +174,21 @@ torch::Tensor reduce_row_parallel(const torch::Tensor& y, const torch::Tensor& b
   return out + b.to(out.scalar_type());
 }
 
-// A row-parallel layer, added onto the residual stream where one is given.
-torch::Tensor leave_tp(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                       const TensorParallel& tp, const torch::Tensor& residual = {}) {
-  if (!tp.group) return onto(residual, projection(x, weight, bias));
-  return onto(residual, reduce_row_parallel(projection(x, weight, {}), bias, tp));
+// A row-parallel layer, added onto the residual stream where one is given. (LoRA trains
+// without tensor parallelism: validate() refuses tp > 1 with model.lora_rank.)
+torch::Tensor leave_tp(const torch::Tensor& x, const ProjectionImpl& layer, const TensorParallel& tp,
+                       const torch::Tensor& residual = {}) {
+  if (!tp.group) return onto(residual, layer.forward(x));
+  return onto(residual, reduce_row_parallel(projection(x, layer.weight, {}), layer.bias, tp));
+}
+}  // namespace
+
+namespace {
+// The adapter of the block projection named so (model.lora_targets), or none.
+LoraShape lora_of(const ModelConfig& cfg, const std::string& name) {
+  const auto targets = lora_target_names(cfg);
+  if (std::find(targets.begin(), targets.end(), name) == targets.end()) return {};
+  return {cfg.lora_rank, cfg.lora_alpha};
 }
 }  // namespace
 
@@ -150,15 +203,16 @@ AttentionImpl::AttentionImpl(const ModelConfig& cfg, const TensorParallel& tp) :
   }
   const int64_t local = heads_ * hd;
   if (cfg.family == Family::BLOOM) {
-    qkv = register_module("query_key_value", Projection(d, 3 * local, cfg.attention_bias));
-    out = register_module("dense", Projection(local, d, cfg.attention_bias));
+    qkv = register_module("query_key_value",
+                          Projection(d, 3 * local, cfg.attention_bias, lora_of(cfg, "query_key_value")));
+    out = register_module("dense", Projection(local, d, cfg.attention_bias, lora_of(cfg, "dense")));
   } else {
     const int64_t kv_rows = (kv_first_ >= 0 ? kv : kv_heads_) * hd;
     const bool qkv_bias = cfg.attention_bias || cfg.qkv_bias;
-    q_proj = register_module("q_proj", Projection(d, local, qkv_bias));
-    k_proj = register_module("k_proj", Projection(d, kv_rows, qkv_bias));
-    v_proj = register_module("v_proj", Projection(d, kv_rows, qkv_bias));
-    out = register_module("o_proj", Projection(local, d, cfg.attention_bias));
+    q_proj = register_module("q_proj", Projection(d, local, qkv_bias, lora_of(cfg, "q_proj")));
+    k_proj = register_module("k_proj", Projection(d, kv_rows, qkv_bias, lora_of(cfg, "k_proj")));
+    v_proj = register_module("v_proj", Projection(d, kv_rows, qkv_bias, lora_of(cfg, "v_proj")));
+    out = register_module("o_proj", Projection(local, d, cfg.attention_bias, lora_of(cfg, "o_proj")));
     if (cfg.qk_norm) {
       const auto group = tp.size() > 1 ? tp.group : nullptr;  // each rank's heads add to the gradient
       q_norm = register_module("q_norm", Norm(NormKind::RMSNorm, hd, cfg.norm_eps, cfg.norm_zero_centered, group));
@@ -174,7 +228,7 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
   torch::Tensor q, k, v, residual;
   if (qkv) {
     // BLOOM's fused layout: output features are ordered [H, 3, Hd].
-    auto in = project_input(x, {weights_of(qkv)}, tp_);
+    auto in = project_input(x, {weights_of(qkv)}, tp_, {qkv.get()});
     residual = in.residual;
     const auto projected = in.out[0];
     const auto fused = projected.view({projected.size(0), projected.size(1), h, 3, hd});
@@ -191,7 +245,7 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
         if (ps[i].bias.defined()) ps[i].bias = tp_.group->copy_to(ps[i].bias).narrow(0, kv_first_ * hd, hd);
       }
     }
-    auto in = project_input(x, ps, tp_);
+    auto in = project_input(x, ps, tp_, {q_proj.get(), k_proj.get(), v_proj.get()});
     residual = in.residual;
     const auto& projected = in.out;
     const int64_t b = projected[0].size(0), t = projected[0].size(1);
@@ -232,15 +286,17 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
   // [B, H, T, Hd]
   torch::Tensor ctx = mask.windowed ? windowed_attention(q, k, v, *mask.windowed, attend) : attend(q, k, v, mask.bias);
   ctx = ctx.transpose(1, 2).reshape({q.size(0), q.size(2), h * hd});
-  return leave_tp(ctx, out->weight, out->bias, tp_, residual);  // [B, T, D]
+  return leave_tp(ctx, *out, tp_, residual);  // [B, T, D]
 }
 
 MlpImpl::MlpImpl(const ModelConfig& cfg, const TensorParallel& tp) : kind_(cfg.mlp), tp_(tp) {
   const int64_t d = cfg.dim, f = resolved_ffn_dim(cfg) / tp.size();
   const bool bloom_names = cfg.family == Family::BLOOM && cfg.mlp == MlpKind::GELU;
-  if (gated_mlp(cfg)) gate = register_module("gate_proj", Projection(d, f, cfg.mlp_bias));
-  up = register_module(bloom_names ? "dense_h_to_4h" : "up_proj", Projection(d, f, cfg.mlp_bias));
-  down = register_module(bloom_names ? "dense_4h_to_h" : "down_proj", Projection(f, d, cfg.mlp_bias));
+  const std::string up_name = bloom_names ? "dense_h_to_4h" : "up_proj";
+  const std::string down_name = bloom_names ? "dense_4h_to_h" : "down_proj";
+  if (gated_mlp(cfg)) gate = register_module("gate_proj", Projection(d, f, cfg.mlp_bias, lora_of(cfg, "gate_proj")));
+  up = register_module(up_name, Projection(d, f, cfg.mlp_bias, lora_of(cfg, up_name)));
+  down = register_module(down_name, Projection(f, d, cfg.mlp_bias, lora_of(cfg, down_name)));
 }
 
 torch::Tensor MlpImpl::forward(const LayerInput& x) {
@@ -248,11 +304,14 @@ torch::Tensor MlpImpl::forward(const LayerInput& x) {
     // The down projection recomputes act(gate) * up in backward: the widest tensor of a
     // block is not kept.
     const auto act = kind_ == MlpKind::GeGLU ? GateActivation::GeluTanh : GateActivation::Silu;
-    const auto in = project_input(x, {weights_of(gate), weights_of(up)}, tp_);
-    return onto(in.residual, reduce_row_parallel(glu_down(in.out[0], in.out[1], down->weight, act), down->bias, tp_));
+    const auto in = project_input(x, {weights_of(gate), weights_of(up)}, tp_, {gate.get(), up.get()});
+    // An adapted down projection's A reads the product, which is then kept for backward.
+    const auto y = down->adapted() ? down->forward(glu(in.out[0], in.out[1], act))
+                                   : glu_down(in.out[0], in.out[1], down->weight, act);
+    return onto(in.residual, reduce_row_parallel(y, down->adapted() ? at::Tensor() : down->bias, tp_));
   }
-  const auto in = project_input(x, {weights_of(up)}, tp_);
-  return leave_tp(torch::gelu(in.out[0], "tanh"), down->weight, down->bias, tp_, in.residual);
+  const auto in = project_input(x, {weights_of(up)}, tp_, {up.get()});
+  return leave_tp(torch::gelu(in.out[0], "tanh"), *down, tp_, in.residual);
 }
 
 BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {

@@ -83,8 +83,10 @@ struct NormedProjectionsFn : torch::autograd::Function<NormedProjectionsFn> {
           dy.addmm_(g, w);
         else
           dy.add_(g.mm(w).to(y_dtype));
-        d[w_at] = weight_gradient(weight, g.t(), y_rows);
-        if (b_at) d[b_at] = g.sum(0).to(in[b_at].scalar_type());
+        // A frozen weight (LoRA's base) gets none: the product is the larger part of its
+        // projection's backward.
+        if (ctx->needs_input_grad(w_at)) d[w_at] = weight_gradient(weight, g.t(), y_rows);
+        if (b_at && ctx->needs_input_grad(b_at)) d[b_at] = g.sum(0).to(in[b_at].scalar_type());
       }
     }  // the remade output is gone before the norm's backward
     if (!dy.defined()) {

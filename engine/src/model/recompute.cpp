@@ -61,7 +61,12 @@ struct Recompute : torch::autograd::Function<Recompute> {
 }  // namespace
 
 at::Tensor recompute_in_backward(BlockFn fn, const at::Tensor& x, bool draws_random) {
-  return Recompute::apply(x, c10::make_intrusive<FnHolder>(std::move(fn), draws_random));
+  // An input that requires no gradient (the output of frozen embeddings under LoRA) would
+  // leave the node unrecorded, and the block's trained parameters (its adapters) without
+  // gradients: it is made a leaf that requires one, whose gradient nothing reads (Hugging
+  // Face's enable_input_require_grads, for the same case).
+  const auto in = x.requires_grad() ? x : x.detach().requires_grad_(true);
+  return Recompute::apply(in, c10::make_intrusive<FnHolder>(std::move(fn), draws_random));
 }
 
 }  // namespace tide

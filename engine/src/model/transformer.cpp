@@ -13,6 +13,7 @@
 #include "recompute.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/linear_cross_entropy.h"
+#include "tide/engine/model/parameter_names.h"
 #include "tide/engine/model/parameter_units.h"
 #include "tide/engine/run_layout.h"
 
@@ -162,6 +163,10 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
     alibi_slopes_ = torch::tensor(s, torch::kFloat64).narrow(0, tp_.rank() * heads, heads).to(torch::kFloat32);
   }
   shapes_only.reset();
+  // LoRA: the adapters alone train; autograd computes no gradient of anything else.
+  if (cfg.lora_rank > 0)
+    for (auto& item : named_parameters())
+      if (!is_lora_parameter(item.key())) item.value().requires_grad_(false);
   if (!deferred) reset_parameters(0);
 }
 
@@ -220,7 +225,7 @@ void TransformerImpl::initialise_parameter(const std::string& name, const torch:
   const int64_t n = into.numel();
   TORCH_CHECK(first >= 0 && first + n <= p->numel(), "elements [", first, ", ", first + n, ") of ", name, " with ",
               p->numel());
-  if (ends_with(name, "bias")) {
+  if (ends_with(name, "bias") || ends_with(name, ".lora_B.weight")) {  // LoRA starts as no change at all
     into.zero_();
     return;
   }
@@ -232,7 +237,12 @@ void TransformerImpl::initialise_parameter(const std::string& name, const torch:
   const bool residual_out = name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos ||
                             name.find("dense_4h_to_h") != std::string::npos ||
                             name.find("self_attention.dense") != std::string::npos;
-  const double std = cfg_.scale_residual_init && residual_out
+  // LoRA's A: the spread of PEFT's and torchtune's kaiming_uniform(a = sqrt(5)), whose
+  // uniform draws within 1 / sqrt(in) have a deviation of 1 / sqrt(3 in), here as a
+  // normal draw (a pure function of the seed, the name and the index, as every weight).
+  const bool lora_a = ends_with(name, ".lora_A.weight");
+  const double std = lora_a ? 1.0 / std::sqrt(3.0 * static_cast<double>(p->size(1)))
+                     : cfg_.scale_residual_init && residual_out
                          ? cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.n_layers))
                          : cfg_.init_std;
   const uint64_t key = XXH3_64bits_withSeed(name.data(), name.size(), seed);
@@ -268,7 +278,10 @@ std::set<std::string> TransformerImpl::weights_read_in_compute_dtype() const {
   if (lm_head.defined()) out.insert("lm_head.weight");
   const auto modules = named_modules();
   for (const auto& item : modules)
-    if (dynamic_cast<const ProjectionImpl*>(item.value().get())) out.insert(item.key() + ".weight");
+    if (const auto* p = dynamic_cast<const ProjectionImpl*>(item.value().get())) {
+      out.insert(item.key() + ".weight");
+      if (p->adapted()) out.insert({item.key() + ".lora_A.weight", item.key() + ".lora_B.weight"});
+    }
   for (const auto& item : modules)
     if (const auto* a = dynamic_cast<const AttentionImpl*>(item.value().get()); a && a->reads_key_value_whole()) {
       out.erase(item.key() + ".k_proj.weight");

@@ -13,6 +13,13 @@ FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& opti
   std::vector<Slot> all;
   int n_units = 1;
   for (auto& item : model.named_parameters()) {
+    // Frozen (LoRA's base weights): no gradient, no optimizer state, no share of the
+    // collectives; the model's own tensor. Its unit is laid out all the same (empty where
+    // it holds nothing else): units keep their indices.
+    if (!item.value().requires_grad()) {
+      if (options.unit_of) n_units = std::max(n_units, options.unit_of(item.key()) + 1);
+      continue;
+    }
     Slot s;
     s.name = item.key();
     s.param = item.value();

@@ -34,6 +34,19 @@ Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineS
   return model;
 }
 
+// The parameters the flat buffers leave out (frozen: LoRA's base weights), given memory
+// on `device` and their initial values there: held whole on every rank, as one process
+// holds them (validate() keeps LoRA to layouts that do not cut them).
+void place_frozen(TransformerImpl& model, c10::Device device, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    auto& p = item.value();
+    if (p.requires_grad()) continue;
+    p.set_data(torch::empty(p.sizes(), torch::TensorOptions().dtype(torch::kFloat32).device(device)));
+    model.initialise_parameter(item.key(), p, seed);
+  }
+}
+
 // The flat buffers laid out for the ZeRO stage. A parameter every tensor-parallel rank
 // holds whole counts once in the gradient norm, and the last stage's copy of tied
 // embeddings not at all.
@@ -53,7 +66,9 @@ std::unique_ptr<FlatParameters> flatten(const RunConfig& cfg, Distributed* dist,
   layout.counted = [m = model.get(), rank = model->tensor_parallel().rank(), stage](const std::string& name) {
     return stage_owns(stage, name) && (rank == 0 || m->tp_slice(name).dim >= 0);
   };
-  return std::make_unique<FlatParameters>(*model, cfg.optimizer, layout);
+  auto flat = std::make_unique<FlatParameters>(*model, cfg.optimizer, layout);
+  place_frozen(*model, device, static_cast<uint64_t>(cfg.seed));
+  return flat;
 }
 }  // namespace
 

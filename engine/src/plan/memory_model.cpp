@@ -287,6 +287,18 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   } else {
     m.optimizer = 2 * owned * 4;
   }
+  // LoRA (validate(): tp = pp = 1, ZeRO 0-2): every weight held whole, beside the
+  // adapters, which alone have gradients and moments in the flat buffers.
+  const double adapters = static_cast<double>(lora_parameter_count(mc));
+  if (mc.lora_rank > 0) {
+    const double owned_adapters = L.zero >= 1 ? adapters / L.dp : adapters;
+    m.parameters = (P + adapters) * 4;
+    m.gradients = (L.zero >= 2 ? adapters / L.dp : adapters) * 4;
+    if (L.offload)
+      m.host = 4 * owned_adapters * 4;
+    else
+      m.optimizer = 2 * owned_adapters * 4;
+  }
   const bool bf16 = compute != DType::Float32;  // or fp16: the same widths
   // The blocks of each chunk that activation checkpointing recomputes (its first ones).
   ModelConfig checkpointed = mc;
@@ -307,6 +319,8 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
                           : mc.tie_embeddings ? static_cast<double>(r.head_matmul)
                                               : 0.0;
     m.working_copy = L.zero == 0 && !L.offload ? 2 * P : 2 * matmul;
+    // LoRA: the frozen weights are cast by the step, the adapters by the optimizer.
+    if (mc.lora_rank > 0) m.working_copy = 2 * (matmul + adapters);
   }
   // ZeRO-3's gathered blocks: the running one (fp32; bf16: held in bf16, its norms and
   // biases widened to fp32 beside it) and the next one arriving (in fp32, or in the
@@ -317,9 +331,11 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   if (L.zero >= 2 && L.micro_batches > 1) {
     // The last two units a micro-batch's backward reduce-scatters (block 0 and unit 0)
     // stay in flight through the next micro-batch's forward: their gradient buffers, the
-    // pieces they return and, through Gloo, its staging copy of the input.
+    // pieces they return and, through Gloo, its staging copy of the input. Under LoRA
+    // unit 0 holds nothing trained, and a block's unit its adapters.
     const double staging = device.host ? 1.0 : 0.0;
-    m.gathered += (unit0 + block_unit) * 4 * (1.0 + 1.0 / L.dp + staging);
+    const double in_flight = mc.lora_rank > 0 ? adapters / static_cast<double>(mc.n_layers) : unit0 + block_unit;
+    m.gathered += in_flight * 4 * (1.0 + 1.0 / L.dp + staging);
   }
 
   Shape x;

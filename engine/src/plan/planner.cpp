@@ -210,10 +210,20 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
       refuse(family, e.what());
       continue;
     }
+    // validate(): LoRA trains under data parallelism alone, ZeRO 0-2.
+    if (m.lora_rank > 0 && tp > 1) {
+      family.dp = 0;
+      refuse(family, fmt::format("parallel.tp: {}: LoRA (model.lora_rank) trains with tp = 1", tp));
+      continue;
+    }
     for (const int pp : divisors(world / tp)) {
       if (options.pp && pp != *options.pp) continue;
       family.pp = pp;
       family.dp = world / (tp * pp);
+      if (m.lora_rank > 0 && pp > 1) {
+        refuse(family, fmt::format("parallel.pp: {}: LoRA (model.lora_rank) trains with pp = 1", pp));
+        continue;
+      }
       if (pp > m.n_layers) {
         refuse(family, fmt::format("parallel.pp: {} stages for model.n_layers = {} blocks", pp, m.n_layers));
         continue;
@@ -228,6 +238,7 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
         if (options.zero && zero != *options.zero) continue;
         if (zero > 0 && family.dp == 1 && !options.zero) continue;  // nothing to shard
         if (pp > 1 && zero == 3) continue;
+        if (m.lora_rank > 0 && zero == 3) continue;  // validate(): the frozen weights are held whole
         family.zero = zero;
         LayoutPlan best_of_family;  // the fastest that fits, or the smallest that does not
         bool any_fits = false;

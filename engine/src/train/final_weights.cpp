@@ -6,6 +6,7 @@
 #include <torch/types.h>
 
 #include "tide/engine/io/safetensors.h"
+#include "tide/engine/model/lora.h"
 #include "tide/engine/model/parameter_names.h"
 #include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/model/transformer.h"
@@ -33,13 +34,17 @@ int64_t save_final_weights(const std::string& path, const RunConfig& cfg, Parall
                                                 cfg.parallel.virtual_stages, cfg.data.document_attention)
                              : std::vector<PipelineStage>{pm.stage};
   const auto units = parameter_unit_layout(cfg.model);
-  const auto params = parameter_shapes(cfg.model);  // the whole model's, in its order
+  // The whole model's, in its order; LoRA's adapters merged into their projections.
+  const ModelConfig written = without_lora(cfg.model);
+  const auto params = parameter_shapes(written);
+  const TensorSource whole =
+      merged_weights(cfg.model, [&](const std::string& name) { return pm.model->whole_parameter(name); });
 
   std::unique_ptr<SafetensorsStream> out;
   if (leader) {
     std::vector<SafetensorsEntry> entries;
     for (const auto& p : params) entries.push_back({p.name, "F32", p.shape, 0, 0});
-    out = std::make_unique<SafetensorsStream>(path, std::move(entries), weights_metadata(cfg.model));
+    out = std::make_unique<SafetensorsStream>(path, std::move(entries), weights_metadata(written));
   }
   auto write = [&](const std::string& name, const torch::Tensor& t) {
     const auto host = t.to(torch::kCPU, torch::kFloat32).contiguous();
@@ -66,7 +71,7 @@ int64_t save_final_weights(const std::string& path, const RunConfig& cfg, Parall
       dp->hold_whole(held);
     }
     if (!first_replica) continue;
-    const auto t = pm.model->whole_parameter(name);
+    const auto t = whole(name);
     if (leader)
       write(name, t);
     else if (sender)

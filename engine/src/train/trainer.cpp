@@ -65,9 +65,14 @@ std::shared_ptr<spdlog::logger> open_run_log(const Trainer::State& s) {
 void describe(const Trainer::State& s, int threads) {
   const auto& cfg = s.cfg;
   const std::string intro = fmt::format(
-      "run '{}': {} parameters, {} threads, {} sequences of {} tokens per step ({} micro-batches of {}{})", cfg.name,
-      parameter_count(cfg.model), threads, cfg.batch.global_batch, cfg.data.seq_len,
-      accumulation_steps(cfg.batch.global_batch, s.batch), s.batch.micro_batch,
+      "run '{}': {} parameters{}, {} threads, {} sequences of {} tokens per step ({} micro-batches of {}{})", cfg.name,
+      parameter_count(cfg.model),
+      cfg.model.lora_rank > 0
+          ? fmt::format(" ({} trained: LoRA adapters of rank {} on {})", lora_parameter_count(cfg.model),
+                        cfg.model.lora_rank, fmt::join(lora_target_names(cfg.model), ", "))
+          : "",
+      threads, cfg.batch.global_batch, cfg.data.seq_len, accumulation_steps(cfg.batch.global_batch, s.batch),
+      s.batch.micro_batch,
       s.dist ? fmt::format(" on each of {} ranks, {}, ZeRO-{}{}", s.batch.dp, s.dist->grid.describe(),
                            cfg.parallel.zero, cfg.parallel.offload_optimizer ? " with optimizer offload" : "")
              : "");

@@ -15,6 +15,7 @@
 #include "final_weights.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/training_data.h"
+#include "tide/engine/model/lora.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/lr_schedule.h"
 #include "tide/engine/parallel/comm.h"
@@ -100,6 +101,10 @@ void TrainingLoop::resume() {
       load_initial_weights(s_.cfg.checkpoint.init_from, s_.cfg.model, *s_.checkpointer);
     return;
   }
+  // A LoRA checkpoint holds the adapters alone: the frozen base comes from the initial
+  // weights (or, without any, the seed's draw already in place).
+  if (s_.cfg.model.lora_rank > 0 && !s_.cfg.checkpoint.init_from.empty())
+    load_initial_weights(s_.cfg.checkpoint.init_from, s_.cfg.model, *s_.checkpointer);
   resumed_ = s_.checkpointer->load(*from);
   restore_loss_scale(resumed_);
   s_.log->info("resumed from {} at step {}", *from, resumed_.step);
@@ -428,6 +433,15 @@ TrainResult TrainingLoop::finish() {
                   {"unigram_baseline", result_.unigram_baseline},
                   {"replayed_steps", result_.replayed_steps},
                   {"weights", "model.safetensors"}};
+  if (cfg_.model.lora_rank > 0) {
+    // Beside the merged weights, the adapters alone, as PEFT loads them onto the base
+    // (the leader holds them whole: LoRA trains without tensor or pipeline parallelism).
+    const auto params = s_.pm.model->named_parameters();
+    write_peft_adapter((s_.dir / "adapter").string(), cfg_.model, [&](const std::string& name) { return params[name]; },
+                       cfg_.checkpoint.init_from, "F32");
+    summary["adapter"] = "adapter";
+    s_.log->info("LoRA adapter (PEFT's format): {}", (s_.dir / "adapter").string());
+  }
   if (result_.final_val_loss) summary["final_val_loss"] = *result_.final_val_loss;
   std::ofstream(s_.dir / "summary.json", std::ios::trunc) << summary.dump(2) << "\n";
   s_.log->info("done: {}", summary.dump());

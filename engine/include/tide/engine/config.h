@@ -102,6 +102,17 @@ struct ModelConfig {
   // With activation_checkpointing: only the first N blocks of each pipeline chunk (the
   // whole model without a pipeline) are recomputed; 0: every block.
   int64_t recompute_blocks = 0;
+  // LoRA (Hu et al., 2021): > 0, each projection named in lora_targets gains the update
+  // (lora_alpha / lora_rank) B A, A [rank, in] and B [out, rank], and only the A and B
+  // matrices train; every other parameter keeps the values it started from (the weights
+  // of checkpoint.init_from). 0: every parameter trains.
+  int64_t lora_rank = 0;
+  double lora_alpha = 16.0;
+  // The projections that take an adapter, by their Hugging Face module names (q_proj,
+  // k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; BLOOM's query_key_value,
+  // dense, dense_h_to_4h, dense_4h_to_h). Empty: every projection of the blocks (PEFT's
+  // "all-linear"; the QLoRA paper found all of them needed to match full fine-tuning).
+  std::vector<std::string> lora_targets;
 };
 
 // One dataset of a blend and its share of the training samples.
@@ -278,7 +289,15 @@ int64_t head_dim(const ModelConfig& m);
 // name given or, when none is, its directory's ("data/kjv/" -> "kjv").
 std::vector<DataSource> data_sources(const DataConfig& d);
 
-// Exact parameter count without allocating weights.
+// Exact parameter count without allocating weights, LoRA adapters included.
 int64_t parameter_count(const ModelConfig& m);
+// The parameters of the LoRA adapters alone (model.lora_rank): what trains under LoRA.
+int64_t lora_parameter_count(const ModelConfig& m);
+// The Hugging Face module names of a block's projections in the family, in a block's
+// order ("q_proj", ..., "down_proj"; BLOOM's "query_key_value", ...).
+std::vector<std::string> block_projection_names(const ModelConfig& m);
+// The projections of a block that take LoRA adapters under `m`: its lora_targets, or
+// every block projection of its family where that is empty. Empty when lora_rank is 0.
+std::vector<std::string> lora_target_names(const ModelConfig& m);
 
 }  // namespace tide

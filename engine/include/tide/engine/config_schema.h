@@ -24,7 +24,7 @@ class ConfigError : public std::runtime_error {
   std::string field_;
 };
 
-enum class FieldType { Int, Number, Bool, String, Choice, IntList, UrlList, SourceList };
+enum class FieldType { Int, Number, Bool, String, Choice, IntList, UrlList, SourceList, ChoiceList };
 
 // What changing a field does to a training run, declared with the field: the trainer
 // acts on the effect, never on the field's name (live_change.h checks a change).
@@ -40,7 +40,7 @@ enum class LiveEffect {
 struct FieldSpec {
   std::string path;  // "optimizer.lr"
   FieldType type;
-  std::vector<std::string> choices;  // for Choice
+  std::vector<std::string> choices;  // for Choice and ChoiceList elements
   double min = 0, max = 0;           // for Int / Number / IntList elements (inclusive)
   LiveEffect live = LiveEffect::None;  // may change while a run trains, and to what effect
   std::string doc;

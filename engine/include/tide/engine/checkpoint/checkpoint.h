@@ -81,12 +81,16 @@ class Checkpointer {
   void on_finished(Listener listener);
 
   // Reads `dir` (written under any layout) into this rank's parameters and moments.
-  // Throws with the problems named when verification fails.
+  // Throws with the problems named when verification fails, and when the model's frozen
+  // parameters (LoRA's base, which a checkpoint leaves out: the run sets them first from
+  // its initial weights) are not those the checkpoint was trained on.
   ResumeState load(const std::string& dir);
   // Sets this rank's parameters (its slices, its pieces) from whole tensors: what
-  // whole_parameter(name) returns, in fp32, for every parameter this rank holds a part of.
-  // Moments stay zero and the optimizer at step 0: a run that starts from given weights.
-  // `source` names them in errors.
+  // whole_parameter(name) returns, in fp32, for every parameter this rank holds a part of,
+  // frozen ones (LoRA's base) included. For a trained parameter it may return an
+  // undefined tensor: the source does not hold it (a LoRA adapter in base weights), and
+  // it keeps its initial values. Moments stay zero and the optimizer at step 0: a run
+  // that starts from given weights. `source` names them in errors.
   void initialise(const std::function<at::Tensor(const std::string&)>& whole_parameter, const std::string& source);
   // The newest committed checkpoint under root that verifies; logs every one skipped.
   std::optional<std::string> latest_valid() const;

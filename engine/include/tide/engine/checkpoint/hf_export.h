@@ -17,6 +17,12 @@ namespace tide {
 void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& dtype,
                           const Progress& progress = {});
 
+// The LoRA adapters of a checkpoint of a run with model.lora_rank > 0 (verified as
+// above) as a PEFT adapter directory (lora.h: write_peft_adapter) in `dtype`; throws
+// naming the checkpoint when its run has none.
+void export_checkpoint_adapter(const std::string& step_dir, const std::string& out, const std::string& dtype,
+                               const Progress& progress = {});
+
 // Throws naming the checkpoint, how many problems verify_checkpoint found (each one
 // logged at error) and the first of them. `progress`: verify_checkpoint's.
 void require_sound_checkpoint(const std::string& step_dir, const Progress& progress = {});

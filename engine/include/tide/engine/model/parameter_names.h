@@ -16,6 +16,9 @@ int block_unit(const std::string& parameter_name);
 // The final norm and the output head ("model.norm.", "transformer.ln_f.", "lm_head.weight").
 bool is_head_parameter(const std::string& parameter_name);
 
+// A LoRA adapter's matrix ("....q_proj.lora_A.weight", "....lora_B.weight").
+bool is_lora_parameter(const std::string& parameter_name);
+
 // The model's parameters in units that are used together, each padded in the flat
 // buffers, reduce-scattered as one under ZeRO-2/3 and gathered as one under ZeRO-3:
 //   unit 0            the embeddings (tokens, learned positions, BLOOM's embedding norm);

@@ -50,16 +50,34 @@ class NormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Norm);
 
+// What a projection's LoRA adapter is: its rank (0: none) and lora_alpha.
+struct LoraShape {
+  int64_t rank = 0;
+  double alpha = 0;
+};
+
 // A linear layer's weight [out, in] and optional bias [out], allocated and not
 // initialised (the model's reset_parameters / initialise_parameter give every value), so
 // that building a model costs no random draws and a deferred one (ParameterStorage) no
-// work at all. forward is x W^T + b through `projection` (fused_ops.h).
+// work at all. forward is x W^T + b through `projection` (fused_ops.h), plus the LoRA
+// adapter's update where it has one.
 class ProjectionImpl : public torch::nn::Module {
  public:
-  ProjectionImpl(int64_t in, int64_t out, bool bias);
-  torch::Tensor forward(const torch::Tensor& x);
+  ProjectionImpl(int64_t in, int64_t out, bool bias, LoraShape lora = {});
+  torch::Tensor forward(const torch::Tensor& x) const;
+
+  bool adapted() const { return lora_a.defined(); }
+  // The adapter's update of the output, scale (x A^T) B^T, from a = x A^T: the layers
+  // compute a beside the projection's own product (normed_projections) and add this.
+  torch::Tensor lora_update(const torch::Tensor& a) const;
+  // The adapter's update of the output from the projection's input x.
+  torch::Tensor lora_update_of_input(const torch::Tensor& x) const;
 
   torch::Tensor weight, bias;
+  // LoRA's A [rank, in] and B [out, rank], parameters `lora_A.weight` and `lora_B.weight`
+  // (PEFT's names); undefined without an adapter.
+  torch::Tensor lora_a, lora_b;
+  double lora_scale = 0;  // lora_alpha / rank
 };
 TORCH_MODULE(Projection);
 

@@ -1,7 +1,8 @@
 // All parameters of a model in one contiguous fp32 buffer, with the gradients in a
 // second one; every parameter and its .grad become views into them (as llm.c does).
 // One buffer makes the optimizer a handful of vectorised ops, gradient clipping one
-// norm, and sharding (ZeRO) a matter of offsets.
+// norm, and sharding (ZeRO) a matter of offsets. Parameters that require no gradient
+// (frozen: the base weights under LoRA) are left out and stay the model's own tensors.
 //
 // The buffer is cut into units (the model's blocks, and one unit for everything
 // outside them), each padded to a multiple of the data-parallel size: ZeRO gives rank r

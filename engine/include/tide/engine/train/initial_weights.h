@@ -2,10 +2,15 @@
 // pretraining) instead of its random initialisation.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "tide/engine/config.h"
 #include "tide/engine/model/model_weights.h"
+
+namespace at {
+class Tensor;
+}
 
 namespace tide {
 
@@ -25,5 +30,10 @@ ModelWeights check_initial_weights(const std::string& path, const ModelConfig& r
 // into the model and optimizer that `checkpointer` saves. Throws as check_initial_weights
 // does, and naming the parameter a file lacks.
 void load_initial_weights(const std::string& path, const ModelConfig& recipe, Checkpointer& checkpointer);
+
+// The whole initial values of each parameter of `cfg`'s model, one process's: the tensor
+// of checkpoint.init_from where that is set and holds it, else the seed's draw (as a run
+// of any layout starts). What a LoRA checkpoint's frozen base is made from again.
+std::function<at::Tensor(const std::string&)> initial_parameter_values(const RunConfig& cfg);
 
 }  // namespace tide

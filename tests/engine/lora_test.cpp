@@ -1,0 +1,108 @@
+// LoRA adapters (model.lora_rank) against PEFT's: the same base and adapter weights give
+// transformers + peft's logits, loss and adapter gradients (tests/engine/hf_lora.py), and
+// nothing but the adapters gets a gradient.
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include "hf_reference.h"
+#include "tide/engine/model/model_weights.h"
+#include "tide/engine/model/parameter_names.h"
+#include "tide/engine/model/transformer.h"
+#include "tide/engine/model/weights_io.h"
+
+namespace tide {
+namespace {
+namespace fs = std::filesystem;
+
+using testing::logit_tolerance;
+using testing::read_named;
+
+class LoraReference : public ::testing::TestWithParam<std::string> {};
+
+// How far two fp32 evaluations of one gradient may lie apart when they differ in the
+// order of their sums: logit_tolerance's argument over the chain from the loss back to
+// the adapter, which passes the forward's sums and as many in backward (2 D), the longest
+// adding K = max(dim, ffn, positions, rows) terms, relative to the gradient's largest
+// element.
+double gradient_tolerance(const ModelConfig& m, int64_t positions, int64_t rows, const torch::Tensor& g) {
+  const double u = std::ldexp(1.0, -24);
+  const double K = static_cast<double>(std::max({m.dim, resolved_ffn_dim(m), positions, rows}));
+  const double D = 2 * (4.0 * static_cast<double>(m.n_layers) + 2.0);
+  return D * K * u * std::sqrt(K) * g.abs().max().item<double>();
+}
+
+TEST_P(LoraReference, LogitsLossAndAdapterGradientsArePefts) {
+  const fs::path root = fs::temp_directory_path() / ("tide_lora_reference_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const std::string cmd = std::string(TIDE_PYTHON) + " " + TIDE_SOURCE_DIR + "/tests/engine/hf_lora.py make " +
+                          root.string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const fs::path dir = root / GetParam();
+
+  const ModelWeights base = find_model_weights((dir / "base").string());
+  ModelConfig m = base.config;
+  m.lora_rank = 4;
+  m.lora_alpha = 8;
+  Transformer model(m);
+  {
+    // PEFT's keys are the model's names under "base_model.model.".
+    const std::string prefix = "base_model.model.";
+    const WeightFiles base_files(base.files, base.parameter_name, "the base");
+    const WeightFiles adapter_files(
+        {(dir / "adapter" / "adapter_model.safetensors").string()},
+        [&](const std::string& n) { return n.rfind(prefix, 0) == 0 ? n.substr(prefix.size()) : ""; }, "the adapter");
+    torch::NoGradGuard no_grad;
+    int64_t adapter_numel = 0;
+    for (auto& item : model->named_parameters()) {
+      const bool lora = is_lora_parameter(item.key());
+      item.value().copy_((lora ? adapter_files : base_files).read(item.key(), item.value().sizes().vec()));
+      EXPECT_EQ(item.value().requires_grad(), lora) << item.key();
+      if (lora) adapter_numel += item.value().numel();
+    }
+    EXPECT_EQ(adapter_files.size(), adapter_files.reads()) << "the adapter holds tensors the model has not";
+    EXPECT_EQ(adapter_numel, lora_parameter_count(m));
+  }
+
+  SafetensorsReader ref((dir / "reference.safetensors").string());
+  const auto ids = read_named(ref, "input_ids");
+  const int64_t t = ids.size(1) - 1;
+  const auto tokens = ids.narrow(1, 0, t), targets = ids.narrow(1, 1, t);
+  const auto expected = read_named(ref, "logits");
+  {
+    torch::NoGradGuard no_grad;
+    const auto logits = model->forward(tokens);
+    ASSERT_EQ(logits.sizes(), expected.sizes());
+    EXPECT_LE((logits - expected).abs().max().item<double>(), logit_tolerance(m, t, expected)) << GetParam();
+  }
+  const auto loss = model->loss(tokens, targets);
+  // A token's cross-entropy moves by at most twice its logits' largest change.
+  const double loss_tolerance = 2 * logit_tolerance(m, t, expected) + std::ldexp(1.0, -20);
+  EXPECT_NEAR(loss.item<double>(), read_named(ref, "loss").item<double>(), loss_tolerance) << GetParam();
+  loss.backward();
+  int compared = 0;
+  for (const auto& item : model->named_parameters()) {
+    if (!is_lora_parameter(item.key())) {
+      EXPECT_FALSE(item.value().grad().defined()) << item.key() << " is frozen and got a gradient";
+      continue;
+    }
+    const auto theirs = read_named(ref, "grad|" + item.key());
+    const auto& ours = item.value().grad();
+    ASSERT_TRUE(ours.defined()) << item.key();
+    ASSERT_EQ(ours.sizes(), theirs.sizes()) << item.key();
+    ASSERT_GT(theirs.abs().max().item<double>(), 0) << item.key() << ": a zero gradient would compare nothing";
+    EXPECT_LE((ours - theirs).abs().max().item<double>(), gradient_tolerance(m, t, ids.size(0) * t, theirs))
+        << item.key();
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2 * m.n_layers * static_cast<int>(lora_target_names(m).size()));
+  fs::remove_all(root);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraReference, ::testing::Values("llama", "bloom"));
+
+}  // namespace
+}  // namespace tide

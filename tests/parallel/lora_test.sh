@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# LoRA (model.lora_rank): the adapters train, nothing else does, and what leaves the run
+# is the base with the adapters merged.
+#  - from a trained base: every weight without an adapter ends the base's bit for bit,
+#    every adapted one moves, and each equals W + (alpha / rank) B A of the checkpoint's
+#    adapters (recomputed here); the checkpoint holds the adapters alone;
+#  - dp2 under ZeRO 0, 1 and 2 trains as one process does; activation checkpointing too;
+#  - a resumed run equals the uninterrupted one bit for bit;
+#  - `tide ckpt export` of the last checkpoint is the final weights; a resume or an export
+#    onto base weights other than those the adapters were trained on is refused, naming
+#    the fingerprints; BLOOM's projections take adapters as well;
+#  - layouts LoRA does not train under yet, and targets of the other family, are refused.
+source "$(dirname "$0")/common.sh" "$1"
+
+train llama base
+train llama base-other --set seed=8
+lora=(--set model.lora_rank=4 --set model.lora_alpha=8 --set checkpoint.init_from="$work/base" --set eval.every=0)
+train llama lora "${lora[@]}" --set checkpoint.every=5
+"${TIDE_PYTHON:-python3}" - "$work" <<'PY' || fail "the LoRA run's weights are not the base's with its adapters merged"
+import json, struct, sys
+import numpy as np
+
+def read(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    tensors = {k: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], dtype=np.float32).reshape(e["shape"])
+               for k, e in header.items() if k != "__metadata__" and e["dtype"] == "F32"}
+    return tensors, header.get("__metadata__", {})
+
+work = sys.argv[1]
+base, _ = read(f"{work}/base/model.safetensors")
+final, meta = read(f"{work}/lora/model.safetensors")
+assert final.keys() == base.keys(), sorted(set(final) ^ set(base))
+assert json.loads(meta["tide_model"])["lora_rank"] == 0, "the merged weights' model still has adapters"
+ckpt, ckpt_meta = read(f"{work}/lora/checkpoints/step-00000010/rank-00000.safetensors")
+pieces = json.loads(ckpt_meta["tide.pieces"])
+names = {p["param"] for p in pieces}
+assert all(n.endswith((".lora_A.weight", ".lora_B.weight")) for n in names), sorted(names)
+assert len(names) == 2 * 7 * 2, len(names)  # A and B of 7 projections in 2 blocks
+adapter = {}
+for p in pieces:
+    if p["kind"] != "param":
+        continue
+    whole = adapter.setdefault(p["param"], np.zeros(int(np.prod(p["global_shape"])), np.float32))
+    whole[p["range"][0]:p["range"][1]] = ckpt[p["tensor"]]
+adapter = {k: v.reshape(next(p["global_shape"] for p in pieces if p["param"] == k)) for k, v in adapter.items()}
+scale, rank, u = 8 / 4, 4, 2.0 ** -24
+merged = 0
+for name, w in base.items():
+    module = name[: -len(".weight")]
+    if module + ".lora_A.weight" not in adapter:
+        assert np.array_equal(final[name], w), f"{name} moved without an adapter"
+        continue
+    a, b = adapter[module + ".lora_A.weight"], adapter[module + ".lora_B.weight"]
+    assert np.abs(b).max() > 0, f"{module}'s B never trained"
+    expected = w + scale * (b @ a)
+    # fp32 sums of rank products and one add, in other orders than tide's: each rounding
+    # at most u of the magnitudes summed.
+    bound = 2 * (rank + 1) * u * (np.abs(w) + scale * (np.abs(b) @ np.abs(a)))
+    assert np.all(np.abs(final[name] - expected) <= bound), f"{name}: not W + scale B A"
+    assert not np.array_equal(final[name], w), f"{name} did not move"
+    merged += 1
+print(f"  lora: {merged} projections merged with their adapters, {len(base) - merged} weights the base's bit for bit; "
+      f"the checkpoint holds {len(names)} adapter matrices alone")
+PY
+
+for zero in 0 1 2; do
+  train llama lora-dp2-zero$zero "${lora[@]}" --nproc 2 --set parallel.zero=$zero
+  compare "$work/lora" "$work/lora-dp2-zero$zero" 0
+done
+train llama lora-recompute "${lora[@]}" --set model.activation_checkpointing=true
+compare "$work/lora" "$work/lora-recompute" 1
+
+# Resumed from its step-5 checkpoint (the adapters and their moments; the base read again
+# from checkpoint.init_from): steps 6-10 and the weights the uninterrupted run's bits.
+mkdir -p "$work/lora-resumed/checkpoints"
+cp -r "$work/lora/checkpoints/step-00000005" "$work/lora-resumed/checkpoints/"
+head -5 "$work/lora/metrics.jsonl" > "$work/lora-resumed/metrics.jsonl"
+train llama lora-resumed "${lora[@]}" --resume "$work/lora-resumed/checkpoints/step-00000005"
+grep -q "resumed from" "$work/lora-resumed/train.log" || fail "lora-resumed did not resume"
+compare "$work/lora" "$work/lora-resumed" 1
+
+$tide ckpt export "$work/lora/checkpoints/step-00000010" -o "$work/lora-exported" 2> /dev/null
+"${TIDE_PYTHON:-python3}" - "$work" <<'PY' || fail "the exported checkpoint is not the final weights"
+import sys
+from safetensors.numpy import load_file
+final = load_file(f"{sys.argv[1]}/lora/model.safetensors")
+exported = load_file(f"{sys.argv[1]}/lora-exported/model.safetensors")
+assert final.keys() == exported.keys()
+assert all((final[k] == exported[k]).all() for k in final)
+print(f"  the exported last checkpoint is the final weights, {len(final)} tensors bit for bit")
+PY
+
+# The adapters as PEFT reads them: the run's adapter/ and the checkpoint's --adapter
+# export are the same tensors, and PeftModel.from_pretrained(base, adapter) gives the
+# merged model's logits.
+$tide ckpt export "$work/lora/checkpoints/step-00000010" -o "$work/lora-adapter" --adapter 2> /dev/null
+$tide convert export "$work/base" --out "$work/base-hf" 2> /dev/null
+"${TIDE_PYTHON:-python3}" - "$work" <<'PY' || fail "the checkpoint's adapter export is not the run's adapter"
+import json, sys
+from safetensors.numpy import load_file
+run = load_file(f"{sys.argv[1]}/lora/adapter/adapter_model.safetensors")
+exported = load_file(f"{sys.argv[1]}/lora-adapter/adapter_model.safetensors")
+assert run.keys() == exported.keys() and all((run[k] == exported[k]).all() for k in run)
+assert all(k.startswith("base_model.model.model.layers.") for k in run), sorted(run)[:3]
+config = json.load(open(f"{sys.argv[1]}/lora-adapter/adapter_config.json"))
+assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0), config
+print(f"  adapter: {len(run)} matrices under PEFT's names, the run's and the checkpoint's export alike")
+PY
+"${TIDE_PYTHON:-python3}" "$(dirname "$0")/../engine/hf_lora.py" merged "$work/base-hf" "$work/lora/adapter" \
+  "$work/lora-exported" || fail "PEFT's base + adapter is not the merged model"
+
+# The base moved under the adapters: a copy of the base trained on, then replaced.
+cp -r "$work/base" "$work/base-moved"
+train llama lora-moved "${lora[@]}" --set checkpoint.init_from="$work/base-moved" --set checkpoint.every=5 \
+  --set schedule.steps=5
+cp "$work/base-other/model.safetensors" "$work/base-moved/model.safetensors"
+if $tide ckpt export "$work/lora-moved/checkpoints/step-00000005" -o "$work/moved-exported" 2> "$work/log"; then
+  fail "exported adapters onto another base"
+fi
+grep -q "trained on base weights of XXH3" "$work/log" || { cat "$work/log"; fail "the export's refusal does not say why"; }
+refused llama "was trained on frozen base weights of XXH3" "${lora[@]}" --set checkpoint.init_from="$work/base-moved" \
+  --resume "$work/lora-moved/checkpoints/step-00000005"
+echo "  adapters onto a base other than their own: export and resume refused, naming the fingerprints"
+
+train bloom bloom-lora --set model.lora_rank=4 --set eval.every=0
+"${TIDE_PYTHON:-python3}" - "$work" <<'PY' || fail "BLOOM's adapters did not train"
+import json, struct, sys
+with open(f"{sys.argv[1]}/bloom-lora/checkpoints/step-00000010/rank-00000.safetensors", "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    pieces = json.loads(json.loads(f.read(n))["__metadata__"]["tide.pieces"])
+modules = sorted({p["param"].split(".")[-3] for p in pieces})
+assert modules == ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"], modules
+print(f"  bloom: adapters on {', '.join(modules)}")
+PY
+
+refused llama "LoRA (model.lora_rank) trains with tp = 1" --set model.lora_rank=4 --nproc 2 --set parallel.tp=2
+refused llama "LoRA (model.lora_rank) trains with pp = 1" --set model.lora_rank=4 --nproc 2 --set parallel.pp=2
+refused llama "LoRA (model.lora_rank) trains with ZeRO 0, 1 or 2" --set model.lora_rank=4 --nproc 2 --set parallel.zero=3
+refused llama 'model.lora_targets\[1\]: "dense" is no projection of this model' --set model.lora_rank=4 \
+  --set 'model.lora_targets=["dense"]'
+refused llama "take LoRA adapters, and model.lora_rank is 0" --set 'model.lora_targets=["q_proj"]'
+echo "  tp, pp, ZeRO-3, another family's target and targets without a rank are refused, named"
+echo "PASS"
