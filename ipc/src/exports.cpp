@@ -55,6 +55,7 @@ json ExportJob::to_json() const {
   if (kind == "export") {
     j["out"] = out;
     j["dtype"] = dtype;
+    j["adapter"] = adapter;
   }
   if (finished > 0) j["finished"] = finished;
   if (!error.empty()) j["error"] = error;
@@ -142,6 +143,7 @@ json Exports::start(const json& body) {
   const std::string dtype = body.contains("dtype") ? require_string(body, "dtype") : "F32";
   if (dtype != "F32" && dtype != "BF16" && dtype != "F16")
     throw ProtocolError(ErrorCode::bad_request, fmt::format("dtype '{}' is none of F32, BF16, F16", dtype));
+  const bool adapter = body.contains("adapter") && require(body, "adapter", json::value_t::boolean).get<bool>();
   const std::string out_text = require_string(body, "out");
   if (out_text.empty()) throw ProtocolError(ErrorCode::bad_request, "out is empty");
   // Relative to the run directory, so that a remote client need not know the daemon's paths.
@@ -165,8 +167,11 @@ json Exports::start(const json& body) {
   job.checkpoint = c.path;
   job.out = out.string();
   job.dtype = dtype;
-  spdlog::info("run {}: export of step {} to {} ({})", r.id, c.step, job.out, dtype);
-  return {{"run", r.id}, {"export", launch(std::move(job), {"export", c.path, "-o", out.string(), "--dtype", dtype})}};
+  job.adapter = adapter;
+  spdlog::info("run {}: export of step {} to {} ({}{})", r.id, c.step, job.out, dtype, adapter ? ", adapters" : "");
+  std::vector<std::string> args{"export", c.path, "-o", out.string(), "--dtype", dtype};
+  if (adapter) args.emplace_back("--adapter");  // the child refuses a run without LoRA, naming it
+  return {{"run", r.id}, {"export", launch(std::move(job), std::move(args))}};
 }
 
 json Exports::list(const json& body) {

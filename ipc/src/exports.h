@@ -25,6 +25,7 @@ struct ExportJob {
   std::string kind;                                  // "export" or "verify": its request, its event and its id's prefix
   std::string id, run, checkpoint, out, dtype, log;  // out and dtype: an export's
   int64_t step = 0;
+  bool adapter = false;           // an export of a LoRA run's adapters alone (PEFT's directory)
   std::string state = "running";  // running, done, failed
   std::string error;
   double started = 0, finished = 0;

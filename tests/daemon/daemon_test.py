@@ -171,6 +171,9 @@ def part_control():
         exports = conn.request("exports", {"run": run})["exports"]
     bad = subprocess.run([TIDE, "export", run, "-o", "hf2", "--step", "1", *ep], capture_output=True, text=True)
     assert bad.returncode != 0 and "no committed checkpoint at step 1" in bad.stderr, bad.stderr
+    # The adapters alone of a run that has none: the child is asked for them and says why not.
+    bad = subprocess.run([TIDE, "export", run, "-o", "adapter", "--adapter", *ep], capture_output=True, text=True)
+    assert bad.returncode != 0 and "without LoRA adapters" in bad.stderr, bad.stderr
     print(f"tide export of the dp2 checkpoint at step {stopped_at} equals tide ckpt export's, byte for byte")
     # tide verify: the daemon checks the checkpoint's files; a step it lacks is refused.
     out = subprocess.run([TIDE, "verify", run, *ep], capture_output=True, text=True)
@@ -318,6 +321,7 @@ def part_bad_input():
                              ({"run": run}, "bad_request", "'out'"),
                              ({"run": run, "out": ""}, "bad_request", "empty"),
                              ({"run": run, "out": "hf", "dtype": "F64"}, "bad_request", "F64"),
+                             ({"run": run, "out": "hf", "adapter": "yes"}, "bad_request", "adapter"),
                              ({"run": run, "out": "checkpoints/x"}, "bad_request", "inside the run's checkpoints"),
                              ({"run": run, "out": ".."}, "bad_request", "holds the run directory"),
                              ({"run": run, "out": "hf", "step": -3}, "bad_request", "step"),

@@ -389,7 +389,7 @@ void add_export_command(CLI::App& app) {
   struct Export {
     std::string run, out, dtype = "F32";
     int64_t step = -1;
-    bool no_wait = false;
+    bool adapter = false, no_wait = false;
   };
   auto x = std::make_shared<Export>();
   auto* cmd = app.add_subcommand(
@@ -399,6 +399,8 @@ void add_export_command(CLI::App& app) {
       ->required();
   cmd->add_option("--step", x->step, "The checkpoint's step (default: the newest)");
   cmd->add_option("--dtype", x->dtype, "F32, BF16 or F16")->check(CLI::IsMember({"F32", "BF16", "F16"}));
+  cmd->add_flag("--adapter", x->adapter,
+                "A LoRA run: its adapters alone, as a PEFT adapter directory, not the merged model");
   cmd->add_flag("--no-wait", x->no_wait, "Print the export's id and return");
   add_connection(*cmd, *c);
   cmd->callback([c, x] {
@@ -406,6 +408,7 @@ void add_export_command(CLI::App& app) {
       auto client = c->client();
       json body = {{"run", x->run}, {"out", x->out}, {"dtype", x->dtype}};
       if (x->step >= 0) body["step"] = x->step;
+      if (x->adapter) body["adapter"] = true;
       json job = client.request("export", body).at("export");
       const std::string id = job.value("id", "");
       std::fprintf(stderr, "%s: step %lld to %s\n", id.c_str(), static_cast<long long>(job.value("step", int64_t{0})),

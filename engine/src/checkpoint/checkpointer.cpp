@@ -136,7 +136,8 @@ struct Checkpointer::Impl {
   void restore_rng(const json& manifest, const std::string& dir);
   // The frozen parameters from whole tensors, which `source` must hold.
   void restore_frozen(const std::function<torch::Tensor(const std::string&)>& whole, const std::string& source);
-  // frozen_fingerprint, made once: the frozen parameters never change.
+  // weights_fingerprint of the frozen parameters, made at its first use after they were
+  // written (initialise): training never changes them.
   const std::string& fingerprint() {
     if (!fingerprint_made) {
       const auto params = parts.model->named_parameters();

@@ -153,7 +153,7 @@ FieldSpec url_list(const std::string& path, size_t most, std::string doc, F ref)
 // A list of distinct names, each one of `names` (a Lua table of strings; an empty table
 // reads as {} or []).
 template <class F>
-FieldSpec choice_list(const std::string& path, std::vector<std::string> names, std::string doc, F ref) {
+FieldSpec choice_list(const std::string& path, const std::vector<std::string>& names, std::string doc, F ref) {
   FieldSpec f{path, FieldType::ChoiceList, names, 0, 0, LiveEffect::None, std::move(doc), {}, {}};
   f.set = [=](RunConfig& c, const json& v) {
     if (v.is_object() && v.empty()) {

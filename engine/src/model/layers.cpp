@@ -181,9 +181,7 @@ torch::Tensor leave_tp(const torch::Tensor& x, const ProjectionImpl& layer, cons
   if (!tp.group) return onto(residual, layer.forward(x));
   return onto(residual, reduce_row_parallel(projection(x, layer.weight, {}), layer.bias, tp));
 }
-}  // namespace
 
-namespace {
 // The adapter of the block projection named so (model.lora_targets), or none.
 LoraShape lora_of(const ModelConfig& cfg, const std::string& name) {
   const auto targets = lora_target_names(cfg);
