@@ -462,8 +462,9 @@ type Export struct {
 // ExportOptions chooses what Export writes; the zero value exports the newest checkpoint
 // in F32.
 type ExportOptions struct {
-	Step  int64  // the checkpoint's step; 0: the newest (no checkpoint is saved at step 0)
-	Dtype string // "F32" (""), "BF16" or "F16"
+	Step    int64  // the checkpoint's step; 0: the newest (no checkpoint is saved at step 0)
+	Dtype   string // "F32" (""), "BF16" or "F16"
+	Adapter bool   // a LoRA run's adapters alone, as PEFT's adapter directory
 }
 
 // Export writes a checkpoint, whatever layout saved it, as Hugging Face safetensors +
@@ -475,6 +476,9 @@ func (r *Run) Export(ctx context.Context, outDir string, opts ExportOptions) (Ex
 	C.tide_export_options_init(&o)
 	if opts.Step > 0 {
 		o.step = C.int64_t(opts.Step)
+	}
+	if opts.Adapter {
+		o.adapter = 1
 	}
 	o.timeout_ms = 0 // started here, waited for below so that ctx can end the wait
 	dtype, out := cstr(opts.Dtype), C.CString(outDir)

@@ -121,6 +121,10 @@ func wholeRun(t *testing.T, engine *Engine) {
 	if _, err := run.Export(ctx, "hf2", ExportOptions{Step: 999999}); !IsCode(err, ErrBadRequest) {
 		t.Fatalf("export of a step with no checkpoint: %v", err)
 	}
+	if _, err := run.Export(ctx, "adapter", ExportOptions{Adapter: true}); !IsCode(err, ErrIO) ||
+		!strings.Contains(err.Error(), "without LoRA adapters") {
+		t.Fatalf("the adapters of a run without LoRA: %v", err)
+	}
 	if _, err := engine.Run("no-such-run-3").Status(); !IsCode(err, ErrNotFound) {
 		t.Fatalf("unknown run: %v", err)
 	}

@@ -39,13 +39,19 @@ int tide_checkpoint_export(tide_engine* engine, const char* run_id, const char* 
     tide_export_options opt = TIDE_EXPORT_OPTIONS_INIT;
     if (options) {
       tide::capi::require_version(options->version, TIDE_EXPORT_OPTIONS_VERSION, "tide_export_options");
-      opt = *options;
+      // A caller built against an older header passes its shorter struct: only the fields
+      // of its version are read.
+      opt.step = options->step;
+      opt.dtype = options->dtype;
+      opt.timeout_ms = options->timeout_ms;
+      if (options->version >= 2) opt.adapter = options->adapter;
     }
     if (opt.step < -1) throw Failure(TIDE_ERR_INVALID_ARGUMENT, fmt::format("step {} < -1", opt.step));
     if (opt.timeout_ms < -1)
       throw Failure(TIDE_ERR_INVALID_ARGUMENT, fmt::format("timeout_ms {} < -1", opt.timeout_ms));
     json body = {{"run", run_id}, {"out", out_dir}, {"dtype", opt.dtype ? opt.dtype : "F32"}};
     if (opt.step >= 0) body["step"] = opt.step;
+    if (opt.adapter) body["adapter"] = true;
     json job = e->request("export", body).at("export");
     const std::string id = job.value("id", "");
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(opt.timeout_ms);

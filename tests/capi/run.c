@@ -243,6 +243,19 @@ int main(int argc, char **argv) {
     REQUIRE(rc == TIDE_ERR_IO && strstr(tide_error_last(), "/proc/tide-cannot-write-here") && text &&
             strstr(text, "\"state\":\"failed\""));
     tide_string_free(text);
+    /* The adapters alone of a run without LoRA: the export says why not. A version-1
+     * caller's struct has no adapter field: whatever lies after it is not read. */
+    x.adapter = 1;
+    rc = tide_checkpoint_export(engine, id, "adapter", &x, &text);
+    REQUIRE(rc == TIDE_ERR_IO && strstr(tide_error_last(), "without LoRA adapters") && text &&
+            strstr(text, "\"adapter\":true"));
+    tide_string_free(text);
+    x.version = 1;
+    CHECK(tide_checkpoint_export(engine, id, "hf-v1", &x, &text));
+    REQUIRE(text && strstr(text, "\"adapter\":false"));
+    tide_string_free(text);
+    x.version = TIDE_EXPORT_OPTIONS_VERSION;
+    x.adapter = 0;
   }
 
   /* Errors with the run: unknown, wrong state. */

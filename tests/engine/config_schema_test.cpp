@@ -179,6 +179,25 @@ TEST(ModelShape, AttentionFlopsCountTheKeysEachLayerSees) {
   EXPECT_DOUBLE_EQ(full - train_flops_per_token(m, 8), 12 * width * 2 * (8 - 8.0 * 15 / 36));
 }
 
+// LoRA: a frozen matmul weight is multiplied forward and by its output's gradient (4
+// FLOPs), its own gradient not made; the adapters count 6 a weight as any trained one.
+TEST(ModelShape, LoraFlopsLeaveOutTheFrozenWeightsGradients) {
+  ModelConfig m;
+  m.vocab_size = 100;
+  m.dim = 16;
+  m.n_layers = 3;
+  m.n_heads = 2;
+  m.multiple_of = 16;
+  const double full = train_flops_per_token(m, 8);
+  // What the count takes for matmul weights: all but the lookup table (the norms' few too).
+  const double matmul = static_cast<double>(parameter_count(m) - m.vocab_size * m.dim);
+  m.lora_rank = 2;
+  m.lora_targets = {"q_proj", "v_proj"};
+  const double adapters = 3 * 2 * (2 * (16 + 16));  // rank 2 on two 16 x 16 projections a layer
+  ASSERT_EQ(lora_parameter_count(m), adapters);
+  EXPECT_DOUBLE_EQ(train_flops_per_token(m, 8), full - 2 * matmul + 6 * adapters);
+}
+
 // What the kernels compute (the planner's time, pipeline cuts): a causal layer without a
 // mask half the keys, one with a mask (a window shorter than the sequence, documents
 // apart, ALiBi) all of them, whatever the window leaves out; without a fused kernel all;

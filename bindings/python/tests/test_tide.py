@@ -72,6 +72,9 @@ class WholeRun:
         with self.assertRaises(tide.TideError) as e:
             run.export("/proc/tide-cannot-write-here", timeout=120)
         self.assertEqual(e.exception.name, "io")
+        with self.assertRaises(tide.TideError) as e:  # the adapters alone of a run without LoRA
+            run.export("adapter", timeout=120, adapter=True)
+        self.assertIn("without LoRA adapters", str(e.exception))
         print(f"\n{type(self).__name__}: {run.id} lr 5e-4 from step {changed.step}, checkpoint at step "
               f"{event.body['step']}, stopped at {st.last_step} (loss {st.loss:.4f}), checkpoints {saved_steps}, "
               f"exported to {exported['out']}")

@@ -94,7 +94,7 @@ class _RunStatus(ctypes.Structure):
 
 class _ExportOptions(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("step", ctypes.c_int64), ("dtype", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int32)]
+                ("timeout_ms", ctypes.c_int32), ("adapter", ctypes.c_int32)]
 
 
 class _Event(ctypes.Structure):
@@ -302,13 +302,14 @@ class Run:
         return json.loads(_take_string(lambda out: _lib.tide_run_checkpoints(self.engine._h(), self.id.encode(), out)))
 
     def export(self, out_dir: str, step: Optional[int] = None, dtype: str = "F32",
-               timeout: Optional[float] = None) -> Dict[str, Any]:
+               timeout: Optional[float] = None, adapter: bool = False) -> Dict[str, Any]:
         """Writes a checkpoint (default: the newest) as Hugging Face safetensors + config.json
         into out_dir on the engine's machine (relative: inside the run directory) and returns
-        the export's description. timeout=0 returns once it started ("state": "running");
+        the export's description; adapter=True writes a LoRA run's adapters alone, as PEFT's
+        adapter directory. timeout=0 returns once it started ("state": "running");
         a failed export raises TideError 'io', one still going after `timeout` s 'timeout'."""
-        o = _ExportOptions(version=1, step=-1 if step is None else step, dtype=dtype.encode(),
-                           timeout_ms=-1 if timeout is None else max(0, int(timeout * 1000)))
+        o = _ExportOptions(version=2, step=-1 if step is None else step, dtype=dtype.encode(),
+                           timeout_ms=-1 if timeout is None else max(0, int(timeout * 1000)), adapter=int(adapter))
         out = ctypes.c_void_p()
         rc = _lib.tide_checkpoint_export(self.engine._h(), self.id.encode(), _b(out_dir), ctypes.byref(o),
                                          ctypes.byref(out))

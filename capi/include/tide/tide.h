@@ -256,14 +256,18 @@ TIDE_API int tide_run_metrics(tide_engine *engine, const char *run_id, int64_t s
  * checkpoints). Paths are on the engine's machine. */
 TIDE_API int tide_run_checkpoints(tide_engine *engine, const char *run_id, char **json_out);
 
-#define TIDE_EXPORT_OPTIONS_VERSION 1
+#define TIDE_EXPORT_OPTIONS_VERSION 2
 typedef struct tide_export_options {
   uint32_t version;
   int64_t step;       /* the checkpoint's step; -1: the newest committed */
   const char *dtype;  /* "F32" (NULL), "BF16" or "F16" */
   int32_t timeout_ms; /* how long to wait for the export to finish; -1: no limit; 0: do not wait */
+  /* Version 2. Nonzero: a LoRA run's adapters alone, as PEFT's adapter directory
+   * (adapter_config.json + adapter_model.safetensors), not the merged model. */
+  int32_t adapter;
 } tide_export_options;
-#define TIDE_EXPORT_OPTIONS_INIT {TIDE_EXPORT_OPTIONS_VERSION, -1, NULL, -1}
+#define TIDE_EXPORT_OPTIONS_INIT \
+  { TIDE_EXPORT_OPTIONS_VERSION, -1, NULL, -1, 0 }
 TIDE_API void tide_export_options_init(tide_export_options *options);
 
 /* Writes one of the run's checkpoints, whatever layout saved it, as Hugging Face

@@ -15,7 +15,10 @@ double train_flops_per_token(const ModelConfig& m, int64_t seq_len) {
   const auto width = static_cast<double>(m.n_heads * head_dim(m));
   double keys = 0;
   for (int64_t layer = 0; layer < m.n_layers; ++layer) keys += counted_keys(m, layer, seq_len);
-  return 6.0 * static_cast<double>(matmul_params) + 12.0 * width * keys;
+  // LoRA: a frozen weight is multiplied forward and by its output's gradient, 4 FLOPs a
+  // weight; its own gradient, the other 2, is not computed. The adapters train whole.
+  const auto frozen = static_cast<double>(m.lora_rank > 0 ? matmul_params - lora_parameter_count(m) : 0);
+  return 6.0 * static_cast<double>(matmul_params) - 2.0 * frozen + 12.0 * width * keys;
 }
 
 double counted_keys(const ModelConfig& m, int64_t layer, int64_t seq_len) {

@@ -78,6 +78,10 @@ void describe(const Trainer::State& s, int threads) {
              : "");
   s.log->info("{}", intro);
   if (s.leader) spdlog::info("{}", intro);
+  if (cfg.model.lora_rank > 0 && cfg.checkpoint.init_from.empty() && s.leader)
+    spdlog::warn(
+        "model.lora_rank without checkpoint.init_from: the adapters train on base weights drawn from the "
+        "seed, not on a trained model");
   if (s.data->size() > 1) {
     std::vector<std::string> shares;
     for (size_t i = 0; i < s.data->size(); ++i)

@@ -40,7 +40,7 @@ pub const TIDE_EMBEDDED_OPTIONS_VERSION: u32 = 1;
 pub const TIDE_SUBMIT_OPTIONS_VERSION: u32 = 1;
 pub const TIDE_PLAN_OPTIONS_VERSION: u32 = 1;
 pub const TIDE_RUN_STATUS_VERSION: u32 = 1;
-pub const TIDE_EXPORT_OPTIONS_VERSION: u32 = 1;
+pub const TIDE_EXPORT_OPTIONS_VERSION: u32 = 2;
 
 #[repr(C)]
 pub struct tide_engine {
@@ -125,6 +125,8 @@ pub struct tide_export_options {
     pub step: i64,
     pub dtype: *const c_char,
     pub timeout_ms: i32,
+    /// Version 2: nonzero, a LoRA run's adapters alone (PEFT's adapter directory).
+    pub adapter: i32,
 }
 
 #[repr(C)]

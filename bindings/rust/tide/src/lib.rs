@@ -218,6 +218,8 @@ pub struct ExportOptions {
     pub dtype: Option<String>,
     /// How long to wait for the export (None: until it ends; zero: return once started).
     pub timeout: Option<Duration>,
+    /// A LoRA run's adapters alone, as PEFT's adapter directory, not the merged model.
+    pub adapter: bool,
 }
 
 /// `field=value` overrides as the C API takes them: C strings and an array of pointers
@@ -522,6 +524,7 @@ impl<'a> Run<'a> {
         o.step = options.step.unwrap_or(-1);
         o.dtype = ptr_of(&dtype);
         o.timeout_ms = millis(options.timeout);
+        o.adapter = i32::from(options.adapter);
         take_string(|out| unsafe {
             sys::tide_checkpoint_export(self.engine.handle, id.as_ptr(), out_dir.as_ptr(), &o, out)
         })

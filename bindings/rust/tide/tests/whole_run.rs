@@ -103,6 +103,12 @@ fn whole_run(engine: &Engine, work: &Path) {
     assert!(Path::new(&st.run_dir).join("hf").join("model.safetensors").is_file());
     let failed = run.export("/proc/tide-cannot-write-here", &options).unwrap_err();
     assert_eq!(failed.code, Error::IO, "{failed}");
+    let adapter = ExportOptions {
+        adapter: true,
+        ..options.clone()
+    };
+    let refused = run.export("adapter", &adapter).unwrap_err();
+    assert!(refused.message.contains("without LoRA adapters"), "{refused}");
     let missing = ExportOptions {
         step: Some(999_999),
         ..options

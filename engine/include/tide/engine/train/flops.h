@@ -10,7 +10,7 @@ namespace tide {
 // Training FLOPs per token (forward + backward): 6 * matmul parameters (the output
 // projection included, the embedding lookup not) + 12 * width * counted_keys summed over
 // the layers for the attention scores and values (PaLM's accounting; recomputation not
-// counted).
+// counted). Under LoRA a frozen matmul weight counts 4: its gradient is not computed.
 double train_flops_per_token(const ModelConfig& m, int64_t seq_len);
 
 // The keys a query of layer `layer` (from 0) is counted against: seq_len where it attends
