@@ -161,12 +161,19 @@ TEST(ModelShape, ParameterCountFormula) {
 // the sequence fits in counts every key; one of w keys counts T times the keys it leaves
 // causal attention, (w (w + 1) / 2 + (T - w) w) / (T (T + 1) / 2): T = 8, w = 2 gives
 // 8 * 15 / 36; a layer in full among windowed ones counts T.
-TEST(ModelShape, AttentionFlopsCountTheKeysEachLayerSees) {
+// The model the FLOPs tests count: 3 layers of width 16, 2 heads, vocabulary 100.
+ModelConfig flops_model() {
   ModelConfig m;
   m.vocab_size = 100;
   m.dim = 16;
   m.n_layers = 3;
   m.n_heads = 2;
+  m.multiple_of = 16;
+  return m;
+}
+
+TEST(ModelShape, AttentionFlopsCountTheKeysEachLayerSees) {
+  ModelConfig m = flops_model();
   const double width = 16;
   const double full = train_flops_per_token(m, 8);
   m.sliding_window = 8;
@@ -182,12 +189,7 @@ TEST(ModelShape, AttentionFlopsCountTheKeysEachLayerSees) {
 // LoRA: a frozen matmul weight is multiplied forward and by its output's gradient (4
 // FLOPs), its own gradient not made; the adapters count 6 a weight as any trained one.
 TEST(ModelShape, LoraFlopsLeaveOutTheFrozenWeightsGradients) {
-  ModelConfig m;
-  m.vocab_size = 100;
-  m.dim = 16;
-  m.n_layers = 3;
-  m.n_heads = 2;
-  m.multiple_of = 16;
+  ModelConfig m = flops_model();
   const double full = train_flops_per_token(m, 8);
   // What the count takes for matmul weights: all but the lookup table (the norms' few too).
   const double matmul = static_cast<double>(parameter_count(m) - m.vocab_size * m.dim);
