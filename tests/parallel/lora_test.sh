@@ -15,7 +15,9 @@ source "$(dirname "$0")/common.sh" "$1"
 train llama base
 train llama base-other --set seed=8
 lora=(--set model.lora_rank=4 --set model.lora_alpha=8 --set checkpoint.init_from="$work/base" --set eval.every=0)
-train llama lora "${lora[@]}" --set checkpoint.every=5
+# Its base named relative to the directory it was started in (the export below runs in
+# another).
+(cd "$work" && train llama lora "${lora[@]}" --set checkpoint.every=5 --set checkpoint.init_from=base) || exit 1
 "${TIDE_PYTHON:-python3}" - "$work" <<'PY' || fail "the LoRA run's weights are not the base's with its adapters merged"
 import json, struct, sys
 import numpy as np
@@ -82,7 +84,9 @@ train llama lora-resumed "${lora[@]}" --resume "$work/lora-resumed/checkpoints/s
 grep -q "resumed from" "$work/lora-resumed/train.log" || fail "lora-resumed did not resume"
 compare "$work/lora" "$work/lora-resumed" 1
 
-$tide ckpt export "$work/lora/checkpoints/step-00000010" -o "$work/lora-exported" 2> /dev/null
+# From another directory than the run's: the base is found where the run found it.
+(cd / && $tide ckpt export "$work/lora/checkpoints/step-00000010" -o "$work/lora-exported" 2> "$work/log") ||
+  { cat "$work/log"; fail "the export from / did not find the base"; }
 "${TIDE_PYTHON:-python3}" - "$work" <<'PY' || fail "the exported checkpoint is not the final weights"
 import sys
 from safetensors.numpy import load_file

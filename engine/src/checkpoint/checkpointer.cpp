@@ -245,6 +245,10 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
         {"recipe", config_to_json(cfg)},
         // The base weights the adapters were trained on (LoRA), left out of the files.
         {"frozen_xxh3", m.fingerprint().empty() ? json(nullptr) : json(m.fingerprint())},
+        // Where they are read from, resolved (an export from another directory finds them).
+        {"frozen_source", m.fingerprint().empty() || cfg.checkpoint.init_from.empty()
+                              ? json(nullptr)
+                              : json(fs::absolute(cfg.checkpoint.init_from).lexically_normal().string())},
         {"recipe_schema_version", kConfigSchemaVersion},
         {"created",
          std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())

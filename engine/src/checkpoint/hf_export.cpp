@@ -24,6 +24,17 @@ namespace tide {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+namespace {
+// The recipe a checkpoint was saved under, a LoRA run's base where the run found it
+// (checkpoint.init_from as resolved then: an export from another directory reads it).
+RunConfig recipe_of(const json& manifest) {
+  RunConfig cfg = config_from_json(manifest["recipe"]);
+  if (manifest.value("frozen_source", json(nullptr)).is_string())
+    cfg.checkpoint.init_from = manifest["frozen_source"].get<std::string>();
+  return cfg;
+}
+}  // namespace
+
 void require_sound_checkpoint(const std::string& step_dir, const Progress& progress) {
   const auto problems = verify_checkpoint(step_dir, progress);
   if (problems.empty()) return;
@@ -37,7 +48,7 @@ void export_checkpoint_hf(const std::string& step_dir, const std::string& out, c
                           const Progress& progress) {
   require_sound_checkpoint(step_dir, progress);
   const json manifest = read_manifest(step_dir);
-  const RunConfig cfg = config_from_json(manifest["recipe"]);
+  const RunConfig cfg = recipe_of(manifest);
   // Each parameter joined from the pieces of whatever layout saved it, as its turn to be
   // written comes: one whole parameter in memory at a time, not the model (and AdamW's
   // moments beside it).
@@ -92,7 +103,7 @@ void export_checkpoint_adapter(const std::string& step_dir, const std::string& o
                                const Progress& progress) {
   require_sound_checkpoint(step_dir, progress);
   const json manifest = read_manifest(step_dir);
-  const RunConfig cfg = config_from_json(manifest["recipe"]);
+  const RunConfig cfg = recipe_of(manifest);
   if (cfg.model.lora_rank == 0)
     throw std::runtime_error(
         fmt::format("checkpoint {} is of a run without LoRA adapters (model.lora_rank = 0): "
