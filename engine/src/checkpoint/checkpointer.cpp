@@ -432,13 +432,12 @@ ResumeState Checkpointer::load(const std::string& dir) {
     throw std::runtime_error(fmt::format("checkpoint {} is unusable: {}", dir, fmt::join(problems, "; ")));
   const json manifest = read_manifest(dir);
   torch::NoGradGuard no_grad;
-  const json frozen = manifest.value("frozen_xxh3", json(nullptr));
-  const std::string here = impl_->fingerprint();
-  if (frozen.is_string() ? frozen.get<std::string>() != here : !here.empty())
-    throw std::runtime_error(fmt::format(
-        "checkpoint {} was trained on frozen base weights of XXH3 {}, and this run's are {}: {}", dir,
-        frozen.is_string() ? frozen.get<std::string>() : "(none: every weight trained)", here.empty() ? "(none)" : here,
-        "resume it with the checkpoint.init_from and model fields it was trained with"));
+  const std::string recorded = recorded_fingerprint(manifest), here = impl_->fingerprint();
+  if (recorded != here)
+    throw std::runtime_error(
+        fmt::format("checkpoint {} was trained on frozen base weights of XXH3 {}, and this run's are {}: {}", dir,
+                    recorded.empty() ? "(none: every weight trained)" : recorded, here.empty() ? "(none)" : here,
+                    "resume it with the checkpoint.init_from and model fields it was trained with"));
   const SavedPieces saved(dir, manifest);
   impl_->restore_values([&](const std::string& name, int k) { return saved.whole(name, kKinds[k]); }, 3, dir);
   ResumeState state;

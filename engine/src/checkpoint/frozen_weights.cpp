@@ -24,6 +24,11 @@ std::string weights_fingerprint(std::vector<std::string> names, const TensorSour
   return hex64(h);
 }
 
+std::string recorded_fingerprint(const nlohmann::json& manifest) {
+  const auto it = manifest.find("frozen_xxh3");
+  return it != manifest.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 std::vector<std::string> frozen_parameter_names(const TransformerImpl& model) {
   std::vector<std::string> out;
   for (const auto& item : model.named_parameters())

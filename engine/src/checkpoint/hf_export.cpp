@@ -62,8 +62,7 @@ void export_checkpoint_hf(const std::string& step_dir, const std::string& out, c
     const auto initial = initial_parameter_values(cfg);
     const Transformer shapes(cfg.model, TensorParallel{}, PipelineStage{}, ParameterStorage::Deferred);
     const auto frozen = frozen_parameter_names(*shapes);
-    const std::string expected =
-        manifest.value("frozen_xxh3", json(nullptr)).is_string() ? manifest["frozen_xxh3"].get<std::string>() : "";
+    const std::string expected = recorded_fingerprint(manifest);
     if (const std::string found = weights_fingerprint(frozen, initial); found != expected)
       throw std::runtime_error(fmt::format(
           "checkpoint {} holds LoRA adapters trained on base weights of XXH3 {}, and its run's initial weights ({}) "

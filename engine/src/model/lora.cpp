@@ -32,7 +32,7 @@ TensorSource merged_weights(const ModelConfig& m, TensorSource source) {
   return [targets, scale, source = std::move(source)](const std::string& name) {
     // "....<module>.weight" of a targeted module: its adapter is "....<module>.lora_A.weight".
     const std::string suffix = ".weight";
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    if (ends_with(name, suffix)) {
       const std::string module = name.substr(0, name.size() - suffix.size());
       const std::string last = module.substr(module.rfind('.') + 1);
       if (std::find(targets.begin(), targets.end(), last) != targets.end())

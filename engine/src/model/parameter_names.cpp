@@ -20,11 +20,12 @@ bool is_head_parameter(const std::string& name) {
   return name == "lm_head.weight" || name.rfind("model.norm.", 0) == 0 || name.rfind("transformer.ln_f.", 0) == 0;
 }
 
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 bool is_lora_parameter(const std::string& name) {
-  for (const std::string suffix : {".lora_A.weight", ".lora_B.weight"})
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      return true;
-  return false;
+  return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
 }
 
 int ParameterUnitLayout::unit_of(const std::string& name) const {

@@ -170,12 +170,6 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
   if (!deferred) reset_parameters(0);
 }
 
-namespace {
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-}  // namespace
-
 TpSlice TransformerImpl::tp_slice(const std::string& name) const {
   TpSlice out;
   if (tp_.size() == 1) return out;

@@ -19,6 +19,9 @@ bool is_head_parameter(const std::string& parameter_name);
 // A LoRA adapter's matrix ("....q_proj.lora_A.weight", "....lora_B.weight").
 bool is_lora_parameter(const std::string& parameter_name);
 
+// Whether a name ends with `suffix` (".bias", ".lora_B.weight").
+bool ends_with(const std::string& name, const std::string& suffix);
+
 // The model's parameters in units that are used together, each padded in the flat
 // buffers, reduce-scattered as one under ZeRO-2/3 and gathered as one under ZeRO-3:
 //   unit 0            the embeddings (tokens, learned positions, BLOOM's embedding norm);
