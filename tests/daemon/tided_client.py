@@ -26,8 +26,19 @@ class Conn:
         self.next_id = 0
 
     def raw(self, frames, timeout=10.0):
-        """Sends frames as they are; returns the parsed reply, or None if none came."""
-        self.sock.send_multipart(frames)
+        """Sends frames as they are; returns the parsed reply, or None if none came.
+
+        The send is bounded too: a DEALER whose connection failed its handshake (a key the
+        daemon refuses, no CURVE at all) may have no pipe left, and a blocking send to no
+        pipe waits forever. Whether the pipe is gone when the send comes is a race with
+        libzmq's I/O thread, lost on a loaded machine (CI's daemon.security timed out so).
+        """
+        try:
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            if not self.sock.poll(int(timeout * 1000), zmq.POLLOUT):
+                return None
+            self.sock.send_multipart(frames, flags=zmq.NOBLOCK)
         if not self.sock.poll(int(timeout * 1000)):
             return None
         parts = self.sock.recv_multipart()

@@ -121,9 +121,10 @@ TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
   EXPECT_GT(no_sp.time.tp_comm, 0.0);
 }
 
-// LoRA holds every weight whole and the adapters' gradients and moments alone (sharded
-// under ZeRO-1/2 as the flat buffers are), and the planner offers only the layouts it
-// trains under.
+// LoRA holds the frozen weights and the adapters' gradients and moments alone (sharded
+// under ZeRO-1/2 as the flat buffers are); under tensor parallelism a rank holds its
+// part of each adapter (a column layer's B, a row layer's A split); the planner offers
+// every layout it trains under (ZeRO-3 not).
 TEST(Plan, LoraHoldsTheWeightsAndTheGradientsAndMomentsOfItsAdaptersAlone) {
   const RunConfig cfg = recipe("llama/llama-3-8b", {"model.lora_rank=16"});
   const double P = static_cast<double>(parameter_count(cfg.model));
@@ -140,13 +141,26 @@ TEST(Plan, LoraHoldsTheWeightsAndTheGradientsAndMomentsOfItsAdaptersAlone) {
   EXPECT_DOUBLE_EQ(p.memory.parameters, 4 * P);
   EXPECT_DOUBLE_EQ(p.memory.gradients, 4 * A / 2);
   EXPECT_DOUBLE_EQ(p.memory.optimizer, 2 * 4 * A / 2);
+  // tp2: q, k, v, gate, up split their B (out / 2), o and down their A (in / 2).
+  const int64_t split_elements =
+      int64_t{32} * 16 * ((d + d / 2) + 2 * (d + kv / 2) + (d / 2 + d) + 2 * (d + f / 2) + (f / 2 + d));
+  EXPECT_EQ(lora_rank_parameter_count(cfg.model, 2, 32), split_elements);
+  const auto split = static_cast<double>(split_elements);
+  PlanLayout t;
+  t.tp = 2;
+  t.micro_batch = 1;
+  t.micro_batches = 64;
+  const LayoutPlan tp2 = evaluate_layout(cfg, h100(1, 2), t);
+  EXPECT_DOUBLE_EQ(tp2.memory.gradients, 4 * split);
+  EXPECT_DOUBLE_EQ(tp2.memory.optimizer, 2 * 4 * split);
   const Plan plan = plan_layouts(cfg, h100(1, 2));
   ASSERT_FALSE(plan.ranked.empty());
+  bool cut = false;
   for (const auto& r : plan.ranked) {
-    EXPECT_EQ(r.layout.tp, 1);
-    EXPECT_EQ(r.layout.pp, 1);
     EXPECT_LT(r.layout.zero, 3);
+    cut = cut || r.layout.tp > 1 || r.layout.pp > 1;
   }
+  EXPECT_TRUE(cut) << "no tensor- or pipeline-parallel layout offered";
 }
 
 // ZeRO-3 under bf16 compute gathers in bf16 and holds what it gathered in bf16: a third

@@ -10,7 +10,9 @@ trap 'if [[ -n $launcher ]]; then kill -9 $launcher 2>/dev/null || true; fi; rm 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 cp /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 "$work/" 2>/dev/null || true
-$tide data prepare "$work/GPL-3" "$work/Apache-2.0" --out "$work/ds" --tokenizer bytes --val-fraction 0.1 2> /dev/null
+# Its progress lines are noise here; its error, if it fails, is what the test's log must show.
+$tide data prepare "$work/GPL-3" "$work/Apache-2.0" --out "$work/ds" --tokenizer bytes --val-fraction 0.1 \
+  2> "$work/prepare.log" || { cat "$work/prepare.log" >&2; fail "tide data prepare of the test corpus failed"; }
 
 # lr 1e-3: Adam divides each element's step by its gradient's RMS, so an element whose
 # gradient is nearly all cancellation turns the rounding of another summation order

@@ -9,7 +9,11 @@
 #  - `tide ckpt export` of the last checkpoint is the final weights; a resume or an export
 #    onto base weights other than those the adapters were trained on is refused, naming
 #    the fingerprints; BLOOM's projections take adapters as well;
-#  - layouts LoRA does not train under yet, and targets of the other family, are refused.
+#  - tp2 (with sequence parallelism, with a key/value head held whole), pp2 and dp2 x tp2
+#    train as one process does, LLaMA and BLOOM; a tp2 checkpoint resumes and exports in
+#    one process, and its adapters leave the run whole;
+#  - ZeRO-3, which LoRA does not train under yet, and targets of the other family, are
+#    refused.
 source "$(dirname "$0")/common.sh" "$1"
 
 train llama base
@@ -124,9 +128,10 @@ cp "$work/base-other/model.safetensors" "$work/base-moved/model.safetensors"
 if $tide ckpt export "$work/lora-moved/checkpoints/step-00000005" -o "$work/moved-exported" 2> "$work/log"; then
   fail "exported adapters onto another base"
 fi
-grep -q "trained on base weights of XXH3" "$work/log" || { cat "$work/log"; fail "the export's refusal does not say why"; }
-refused llama "was trained on frozen base weights of XXH3" "${lora[@]}" --set checkpoint.init_from="$work/base-moved" \
-  --resume "$work/lora-moved/checkpoints/step-00000005"
+grep -q "trained on other base weights than its run's initial weights .*: XXH3 [0-9a-f]* recorded, [0-9a-f]* here" \
+  "$work/log" || { cat "$work/log"; fail "the export's refusal does not say why"; }
+refused llama "was trained on other frozen base weights than this run's ([a-z_.0-9]*: XXH3 [0-9a-f]* recorded" \
+  "${lora[@]}" --set checkpoint.init_from="$work/base-moved" --resume "$work/lora-moved/checkpoints/step-00000005"
 echo "  adapters onto a base other than their own: export and resume refused, naming the fingerprints"
 
 train bloom bloom-lora --set model.lora_rank=4 --set eval.every=0
@@ -140,11 +145,54 @@ assert modules == ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]
 print(f"  bloom: adapters on {', '.join(modules)}")
 PY
 
-refused llama "LoRA (model.lora_rank) trains with tp = 1" --set model.lora_rank=4 --nproc 2 --set parallel.tp=2
-refused llama "LoRA (model.lora_rank) trains with pp = 1" --set model.lora_rank=4 --nproc 2 --set parallel.pp=2
+# Tensor parallelism cuts the frozen weights and the adapters (a column-parallel layer's
+# B, a row-parallel layer's A), holding the other matrix of each whole with its gradient
+# summed over the ranks; pipeline stages hold their blocks' adapters. Each layout trains
+# as one process does: LLaMA's GQA (two key/value heads split over two ranks, and one
+# held whole by both), BLOOM's fused projection, biases and tied embeddings.
+train llama lora-tp2 "${lora[@]}" --nproc 2 --set parallel.tp=2 --set checkpoint.every=5
+compare "$work/lora" "$work/lora-tp2" 0
+train llama lora-tp2-sp "${lora[@]}" --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+compare "$work/lora" "$work/lora-tp2-sp" 0
+train llama lora-pp2 "${lora[@]}" --nproc 2 --set parallel.pp=2
+compare "$work/lora" "$work/lora-pp2" 0
+train llama lora-dp2-tp2 "${lora[@]}" --nproc 4 --set parallel.tp=2 --set parallel.zero=1
+compare "$work/lora" "$work/lora-dp2-tp2" 0
+kv1=(--set model.n_kv_heads=1 --set model.lora_rank=4 --set eval.every=0)
+train llama lora-kv1 "${kv1[@]}"
+train llama lora-kv1-tp2 "${kv1[@]}" --nproc 2 --set parallel.tp=2
+compare "$work/lora-kv1" "$work/lora-kv1-tp2" 0
+for layout in "tp=2" "pp=2"; do
+  train bloom "bloom-lora-${layout/=/}" --set model.lora_rank=4 --set eval.every=0 --nproc 2 --set "parallel.$layout"
+  compare "$work/bloom-lora" "$work/bloom-lora-${layout/=/}" 0
+done
+# What records the base is of whole tensors: a tp2 checkpoint resumes in one process
+# (and exports there) onto the same base, and its run's adapter/ is PEFT's whole
+# matrices, the checkpoint's --adapter export's bit for bit.
+mkdir -p "$work/lora-tp2-resumed/checkpoints"
+cp -r "$work/lora-tp2/checkpoints/step-00000005" "$work/lora-tp2-resumed/checkpoints/"
+head -5 "$work/lora-tp2/metrics.jsonl" > "$work/lora-tp2-resumed/metrics.jsonl"
+train llama lora-tp2-resumed "${lora[@]}" --resume "$work/lora-tp2-resumed/checkpoints/step-00000005"
+grep -q "resumed from" "$work/lora-tp2-resumed/train.log" || fail "lora-tp2-resumed did not resume"
+compare "$work/lora-tp2" "$work/lora-tp2-resumed" 0
+$tide ckpt export "$work/lora-tp2/checkpoints/step-00000010" -o "$work/lora-tp2-adapter" --adapter 2> /dev/null
+$tide ckpt export "$work/lora-tp2/checkpoints/step-00000010" -o "$work/lora-tp2-exported" 2> /dev/null
+"${TIDE_PYTHON:-python3}" - "$work" <<'PY' || fail "the tp2 run's adapter or export is not its checkpoint's"
+import sys
+from safetensors.numpy import load_file
+w = sys.argv[1]
+run, exported = load_file(f"{w}/lora-tp2/adapter/adapter_model.safetensors"), load_file(f"{w}/lora-tp2-adapter/adapter_model.safetensors")
+one = load_file(f"{w}/lora/adapter/adapter_model.safetensors")
+assert run.keys() == exported.keys() == one.keys(), sorted(set(run) ^ set(one))
+assert all(run[k].shape == one[k].shape and (run[k] == exported[k]).all() for k in run)
+final, merged = load_file(f"{w}/lora-tp2/model.safetensors"), load_file(f"{w}/lora-tp2-exported/model.safetensors")
+assert final.keys() == merged.keys() and all((final[k] == merged[k]).all() for k in final)
+print(f"  tp2: {len(run)} whole adapter matrices in adapter/, its checkpoint's bits; the export is the final weights")
+PY
+
 refused llama "LoRA (model.lora_rank) trains with ZeRO 0, 1 or 2" --set model.lora_rank=4 --nproc 2 --set parallel.zero=3
 refused llama 'model.lora_targets\[1\]: "dense" is no projection of this model' --set model.lora_rank=4 \
   --set 'model.lora_targets=["dense"]'
 refused llama "take LoRA adapters, and model.lora_rank is 0" --set 'model.lora_targets=["q_proj"]'
-echo "  tp, pp, ZeRO-3, another family's target and targets without a rank are refused, named"
+echo "  ZeRO-3, another family's target and targets without a rank are refused, named"
 echo "PASS"

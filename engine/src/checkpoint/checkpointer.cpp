@@ -117,6 +117,7 @@ struct Checkpointer::Impl {
     std::chrono::steady_clock::time_point taken;
     std::vector<Entry> entries;
     json manifest;  // rank 0
+    json frozen;    // this rank's fingerprints(), which rank 0 records for all
   };
 
   void fail(const Snapshot& snap, const std::string& what) {
@@ -126,7 +127,7 @@ struct Checkpointer::Impl {
 
   void write(const Snapshot& snap);
   json write_files(const Snapshot& snap, const fs::path& tmp) const;
-  void commit(const Snapshot& snap, const json& files);
+  void commit(const Snapshot& snap, const json& files, const json& frozen);
   void prune(int64_t newest);
   // This rank's parameters (kinds 1: k = 0), or parameters and both moments (3), from
   // whole tensors of any layout's checkpoint or weights: whole(name, k) for each
@@ -134,22 +135,36 @@ struct Checkpointer::Impl {
   void restore_values(const std::function<torch::Tensor(const std::string&, int)>& whole, int kinds,
                       const std::string& source);
   void restore_rng(const json& manifest, const std::string& dir);
-  // The frozen parameters from whole tensors, which `source` must hold.
+  // The frozen parameters (this rank's parts) from whole tensors, which `source` must
+  // hold; their fingerprints taken of those.
   void restore_frozen(const std::function<torch::Tensor(const std::string&)>& whole, const std::string& source);
-  // weights_fingerprint of the frozen parameters, made at its first use after they were
-  // written (initialise): training never changes them.
-  const std::string& fingerprint() {
-    if (!fingerprint_made) {
-      const auto params = parts.model->named_parameters();
-      frozen_xxh3 = weights_fingerprint(frozen_parameter_names(*parts.model),
-                                        [&](const std::string& name) { return params[name]; });
-      fingerprint_made = true;
-    }
-    return frozen_xxh3;
-  }
-  std::string frozen_xxh3;
-  bool fingerprint_made = false;
+  // This rank's part of whole tensor `global` of parameter `name`, whose part here has
+  // `local_shape` (rows past the vocabulary zero); `source` names it in errors.
+  torch::Tensor tensor_parallel_part(const torch::Tensor& global, const std::string& name,
+                                     const std::vector<int64_t>& local_shape, const std::string& source) const;
+  // The fingerprints of this rank's frozen parameters (of the whole tensors): taken as
+  // restore_frozen reads them, or where nothing wrote them (no checkpoint.init_from: the
+  // seed's draw) by drawing each whole once, at the first use. Training never changes them.
+  const WeightFingerprints& fingerprints();
+  WeightFingerprints frozen;
+  bool fingerprints_made = false;
 };
+
+const WeightFingerprints& Checkpointer::Impl::fingerprints() {
+  if (fingerprints_made) return frozen;
+  const auto names = frozen_parameter_names(*parts.model);
+  if (!names.empty()) {
+    const Transformer whole(parts.cfg->model, TensorParallel{}, PipelineStage{}, ParameterStorage::Deferred);
+    const auto params = whole->named_parameters();
+    frozen = weights_fingerprints(names, [&](const std::string& name) {
+      auto values = torch::empty(params[name].sizes(), torch::kFloat32);
+      whole->initialise_parameter(name, values, static_cast<uint64_t>(parts.cfg->seed));
+      return values;
+    });
+  }
+  fingerprints_made = true;
+  return frozen;
+}
 
 Checkpointer::Checkpointer(std::string root, CheckpointParts parts) : impl_(std::make_unique<Impl>()) {
   auto& m = *impl_;
@@ -221,6 +236,7 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
     for (auto& g : save_generators(model_device(m.parts)))
       snap->entries.push_back({"rng|" + g.device, std::move(g.state), nullptr});
   }
+  snap->frozen = json(m.fingerprints());
   if (m.rank == 0) {
     const auto& cfg = *m.parts.cfg;
     const Distributed* d = m.parts.dist;
@@ -243,10 +259,9 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
           {"virtual_stages", cfg.parallel.virtual_stages},
           {"zero", m.zero}}},
         {"recipe", config_to_json(cfg)},
-        // The base weights the adapters were trained on (LoRA), left out of the files.
-        {"frozen_xxh3", m.fingerprint().empty() ? json(nullptr) : json(m.fingerprint())},
-        // Where they are read from, resolved (an export from another directory finds them).
-        {"frozen_source", m.fingerprint().empty() || cfg.checkpoint.init_from.empty()
+        // Where a LoRA run's frozen base, left out of the files, is read from, resolved (an
+        // export from another directory finds it); commit() records its fingerprints.
+        {"frozen_source", m.fingerprints().empty() || cfg.checkpoint.init_from.empty()
                               ? json(nullptr)
                               : json(fs::absolute(cfg.checkpoint.init_from).lexically_normal().string())},
         {"recipe_schema_version", kConfigSchemaVersion},
@@ -270,10 +285,10 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
 void Checkpointer::Impl::write(const Snapshot& snap) {
   const fs::path tmp = fs::path(root) / (step_dir_name(snap.step) + ".tmp");
   const std::string key = fmt::format("tide/ckpt/{}/{}", step_dir_name(snap.step), rank);
-  json report;  // {"files": {name: {"bytes", "xxh3"}}} or {"error": why}
+  json report;  // {"files": {name: {"bytes", "xxh3"}}, "frozen": fingerprints} or {"error": why}
   try {
     fs::create_directories(tmp);
-    report = {{"files", write_files(snap, tmp)}};
+    report = {{"files", write_files(snap, tmp)}, {"frozen", snap.frozen}};
   } catch (const std::exception& e) {
     report = {{"error", e.what()}};
   }
@@ -284,6 +299,7 @@ void Checkpointer::Impl::write(const Snapshot& snap) {
   }
   if (report.contains("error")) throw std::runtime_error(report["error"].get<std::string>());
   json files = report["files"];
+  json frozen = snap.frozen;
   const auto patience = std::chrono::milliseconds(
       static_cast<int64_t>(std::max(600.0, parts.cfg->parallel.timeout_s) * 1000));
   const auto deadline = std::chrono::steady_clock::now() + patience;
@@ -302,8 +318,9 @@ void Checkpointer::Impl::write(const Snapshot& snap) {
     if (!theirs.is_object() || !theirs.contains("files") || !theirs["files"].is_object())
       throw std::runtime_error(fmt::format("rank {} reported '{}'", r, *other));
     files.update(theirs["files"]);
+    if (theirs.contains("frozen") && theirs["frozen"].is_object()) frozen.update(theirs["frozen"]);
   }
-  commit(snap, files);
+  commit(snap, files, frozen);
 }
 
 // This rank's share as one file or several, each written (and hashed, and fsynced) by a
@@ -369,11 +386,12 @@ json Checkpointer::Impl::write_files(const Snapshot& snap, const fs::path& tmp) 
   return files;
 }
 
-void Checkpointer::Impl::commit(const Snapshot& snap, const json& files) {
+void Checkpointer::Impl::commit(const Snapshot& snap, const json& files, const json& frozen) {
   const fs::path dir = fs::path(root) / step_dir_name(snap.step);
   const fs::path tmp = fs::path(root) / (step_dir_name(snap.step) + ".tmp");
   json manifest = snap.manifest;
   manifest["files"] = files;
+  manifest["frozen_xxh3"] = frozen.empty() ? json(nullptr) : frozen;
   write_durably((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
   fsync_path(tmp.string());
   if (fs::exists(dir)) {  // the same step saved again (a resumed run): replace it whole
@@ -432,11 +450,10 @@ ResumeState Checkpointer::load(const std::string& dir) {
     throw std::runtime_error(fmt::format("checkpoint {} is unusable: {}", dir, fmt::join(problems, "; ")));
   const json manifest = read_manifest(dir);
   torch::NoGradGuard no_grad;
-  const std::string recorded = recorded_fingerprint(manifest), here = impl_->fingerprint();
-  if (recorded != here)
+  if (const std::string differs = fingerprint_difference(recorded_fingerprints(manifest), impl_->fingerprints(), false);
+      !differs.empty())
     throw std::runtime_error(
-        fmt::format("checkpoint {} was trained on frozen base weights of XXH3 {}, and this run's are {}: {}", dir,
-                    recorded.empty() ? "(none: every weight trained)" : recorded, here.empty() ? "(none)" : here,
+        fmt::format("checkpoint {} was trained on other frozen base weights than this run's ({}): {}", dir, differs,
                     "resume it with the checkpoint.init_from and model fields it was trained with"));
   const SavedPieces saved(dir, manifest);
   impl_->restore_values([&](const std::string& name, int k) { return saved.whole(name, kKinds[k]); }, 3, dir);
@@ -457,21 +474,36 @@ void Checkpointer::initialise(const std::function<at::Tensor(const std::string&)
   torch::NoGradGuard no_grad;
   impl_->restore_values([&](const std::string& name, int) { return whole_parameter(name); }, 1, source);
   impl_->restore_frozen(whole_parameter, source);
-  impl_->fingerprint_made = false;
   impl_->parts.optim->restore(0);
 }
 
 void Checkpointer::Impl::restore_frozen(const std::function<torch::Tensor(const std::string&)>& whole,
                                         const std::string& source) {
   auto params = parts.model->named_parameters();
+  frozen.clear();
   for (const auto& name : frozen_parameter_names(*parts.model)) {
     auto& p = params[name];
     const auto values = whole(name);
     TORCH_CHECK(values.defined(), source, " holds no tensor for parameter '", name, "'");
-    TORCH_CHECK(values.sizes() == p.sizes(), source, ": ", name, " has shape ", values.sizes(), " there, ", p.sizes(),
-                " in this model");
-    p.copy_(values);
+    p.copy_(tensor_parallel_part(values, name, p.sizes().vec(), source));
+    frozen[name] = tensor_fingerprint(values);
   }
+  fingerprints_made = true;
+}
+
+torch::Tensor Checkpointer::Impl::tensor_parallel_part(const torch::Tensor& global, const std::string& name,
+                                                       const std::vector<int64_t>& local_shape,
+                                                       const std::string& source) const {
+  const TpSlice tp = parts.model->tp_slice(name);
+  auto expected = local_shape;  // the whole parameter's
+  if (tp.dim >= 0) expected[static_cast<size_t>(tp.dim)] = tp.valid;
+  TORCH_CHECK(global.sizes().vec() == expected, source, ": ", name, " has shape ", global.sizes(), " there, ",
+              c10::IntArrayRef(expected), " in this model");
+  if (tp.dim < 0) return global;
+  auto local = torch::zeros(local_shape, torch::kFloat32);
+  const int64_t n = std::clamp<int64_t>(tp.valid - tp.first, 0, tp.length);
+  if (n > 0) local.narrow(tp.dim, 0, n).copy_(global.narrow(tp.dim, tp.first, n));
+  return local;
 }
 
 void Checkpointer::Impl::restore_values(const std::function<torch::Tensor(const std::string&, int)>& whole, int kinds,
@@ -489,19 +521,7 @@ void Checkpointer::Impl::restore_values(const std::function<torch::Tensor(const 
       const auto& slot = flat.slots()[slot_index];
       const auto global = whole(slot.name, k);
       if (!global.defined()) continue;  // initialise: not in the source (a LoRA adapter), kept as drawn
-      // This rank's tensor-parallel slice of it (rows past the vocabulary stay zero).
-      const TpSlice tp = parts.model->tp_slice(slot.name);
-      auto expected = slot.shape;  // of the whole parameter
-      if (tp.dim >= 0) expected[static_cast<size_t>(tp.dim)] = tp.valid;
-      TORCH_CHECK(global.sizes().vec() == expected, source, ": ", slot.name, " has shape ", global.sizes(), " there, ",
-                  c10::IntArrayRef(expected), " in this model");
-      torch::Tensor local = global;
-      if (tp.dim >= 0) {
-        local = torch::zeros(slot.shape, torch::kFloat32);
-        const int64_t n = std::clamp<int64_t>(tp.valid - tp.first, 0, tp.length);
-        if (n > 0) local.narrow(tp.dim, 0, n).copy_(global.narrow(tp.dim, tp.first, n));
-      }
-      const auto values = local.contiguous().view({-1});
+      const auto values = tensor_parallel_part(global, slot.name, slot.shape, source).contiguous().view({-1});
       torch::Tensor dst = k == 0 ? optim.params() : moments(optim, k);
       for (const Piece* p : list) {
         const int64_t at = k == 0 ? p->param_at : p->moment_at;

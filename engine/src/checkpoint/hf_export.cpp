@@ -62,13 +62,12 @@ void export_checkpoint_hf(const std::string& step_dir, const std::string& out, c
     const auto initial = initial_parameter_values(cfg);
     const Transformer shapes(cfg.model, TensorParallel{}, PipelineStage{}, ParameterStorage::Deferred);
     const auto frozen = frozen_parameter_names(*shapes);
-    const std::string expected = recorded_fingerprint(manifest);
-    if (const std::string found = weights_fingerprint(frozen, initial); found != expected)
+    if (const std::string differs =
+            fingerprint_difference(recorded_fingerprints(manifest), weights_fingerprints(frozen, initial), true);
+        !differs.empty())
       throw std::runtime_error(fmt::format(
-          "checkpoint {} holds LoRA adapters trained on base weights of XXH3 {}, and its run's initial weights ({}) "
-          "are now {}",
-          step_dir, expected.empty() ? "(none recorded)" : expected,
-          cfg.checkpoint.init_from.empty() ? "the seed's draw" : cfg.checkpoint.init_from, found));
+          "checkpoint {} holds LoRA adapters trained on other base weights than its run's initial weights ({}): {}",
+          step_dir, cfg.checkpoint.init_from.empty() ? "the seed's draw" : cfg.checkpoint.init_from, differs));
     whole = merged_weights(cfg.model, [initial, saved](const std::string& name) {
       return is_lora_parameter(name) ? saved(name) : initial(name);
     });

@@ -88,13 +88,21 @@ std::pair<int64_t, int64_t> projection_widths(const ModelConfig& m, const std::s
 }
 }  // namespace
 
-int64_t lora_parameter_count(const ModelConfig& m) {
+int64_t lora_parameter_count(const ModelConfig& m) { return lora_rank_parameter_count(m, 1, m.n_layers); }
+
+int64_t lora_rank_parameter_count(const ModelConfig& m, int64_t tp, int64_t blocks) {
+  // The split side of each adapter (transformer.cpp: tp_slice): a column-parallel layer's
+  // B (its output rows), a row-parallel layer's A (its input columns); key and value
+  // projections are held whole where their heads do not split over the ranks.
+  const bool kv_split = resolved_kv_heads(m) % tp == 0;
   int64_t block = 0;
   for (const auto& name : lora_target_names(m)) {
     const auto [in, out] = projection_widths(m, name);
-    block += m.lora_rank * (in + out);
+    const bool row = name == "o_proj" || name == "down_proj" || name == "dense" || name == "dense_4h_to_h";
+    const bool whole = !kv_split && (name == "k_proj" || name == "v_proj");
+    block += m.lora_rank * (whole ? in + out : row ? in / tp + out : in + out / tp);
   }
-  return m.n_layers * block;
+  return blocks * block;
 }
 
 int64_t parameter_count(const ModelConfig& m) {

@@ -72,8 +72,8 @@ torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) const {
 }
 
 // The scale is applied to the rank-wide product, the narrowest tensor of the update.
-torch::Tensor ProjectionImpl::lora_update(const torch::Tensor& a) const {
-  return projection(a * lora_scale, lora_b, {});
+torch::Tensor ProjectionImpl::lora_update(const torch::Tensor& a, const torch::Tensor& b) const {
+  return projection(a * lora_scale, b.defined() ? b : lora_b, {});
 }
 
 torch::Tensor ProjectionImpl::lora_update_of_input(const torch::Tensor& x) const {
@@ -132,24 +132,45 @@ ProjectedInput project_all(const LayerInput& in, const std::vector<ProjectionWei
   return p;
 }
 
+// The LoRA matrices a column-parallel layer's step reads: its B is split with its rows,
+// its A held whole on every rank, where each rank's product uses it for that rank's rows
+// alone, so copy_to sums A's gradient over the ranks (and the input gradient through A,
+// like the weights', is summed by the layer's exchange).
+struct LoraWeights {
+  torch::Tensor a, b;
+};
+LoraWeights column_lora(const ProjectionImpl& layer, const TensorParallel& tp) {
+  if (!layer.adapted()) return {};
+  return {tp.group ? tp.group->copy_to(layer.lora_a) : layer.lora_a, layer.lora_b};
+}
+
 // project_all, where `layers` (one for each of `ps`) are the projections whose weights
-// they are: those with a LoRA adapter have their A projections computed in the same pass
-// (normed: in the same node, which sums their input gradients with the others') and
-// their updates added to their outputs.
+// they are and `adapters` (one for each; column_lora) what their adapters read: those
+// with an adapter have their A projections computed in the same pass (normed: in the
+// same node, which sums their input gradients with the others') and their updates added
+// to their outputs.
 ProjectedInput project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps, const TensorParallel& tp,
-                             const std::vector<const ProjectionImpl*>& layers) {
+                             const std::vector<const ProjectionImpl*>& layers,
+                             const std::vector<LoraWeights>& adapters) {
   std::vector<ProjectionWeights> all = ps;
   std::vector<size_t> lora_at(ps.size(), 0);  // where its A projection is in `all` (0: none)
   for (size_t i = 0; i < layers.size(); ++i) {
     if (!layers[i]->adapted()) continue;
     lora_at[i] = all.size();
-    all.push_back({layers[i]->lora_a, {}});
+    all.push_back({adapters[i].a, {}});
   }
   ProjectedInput p = project_all(in, all, tp);
   for (size_t i = 0; i < layers.size(); ++i)
-    if (lora_at[i]) p.out[i] = p.out[i] + layers[i]->lora_update(p.out[lora_at[i]]);
+    if (lora_at[i]) p.out[i] = p.out[i] + layers[i]->lora_update(p.out[lora_at[i]], adapters[i].b);
   p.out.resize(ps.size());
   return p;
+}
+
+ProjectedInput project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps, const TensorParallel& tp,
+                             const std::vector<const ProjectionImpl*>& layers) {
+  std::vector<LoraWeights> adapters;
+  for (const auto* l : layers) adapters.push_back(column_lora(*l, tp));
+  return project_input(in, ps, tp, layers, adapters);
 }
 
 // y added onto the residual stream, where there is one.
@@ -174,12 +195,22 @@ torch::Tensor reduce_row_parallel(const torch::Tensor& y, const torch::Tensor& b
   return out + b.to(out.scalar_type());
 }
 
-// A row-parallel layer, added onto the residual stream where one is given. (LoRA trains
-// without tensor parallelism: validate() refuses tp > 1 with model.lora_rank.)
+// This rank's part of a row-parallel layer's product, its bias not added. An adapter's
+// update is linear in A's product, which is a sum over the ranks' input columns as the
+// weight's is: each rank adds scale (x_r A_r^T) B^T to its part before the parts are
+// summed, B held whole on every rank and its gradient summed over them by copy_to.
+torch::Tensor row_parallel_part(const torch::Tensor& x, const ProjectionImpl& layer, const TensorParallel& tp) {
+  const auto y = projection(x, layer.weight, {});
+  if (!layer.adapted()) return y;
+  return y +
+         layer.lora_update(projection(x, layer.lora_a, {}), tp.group ? tp.group->copy_to(layer.lora_b) : layer.lora_b);
+}
+
+// A row-parallel layer, added onto the residual stream where one is given.
 torch::Tensor leave_tp(const torch::Tensor& x, const ProjectionImpl& layer, const TensorParallel& tp,
                        const torch::Tensor& residual = {}) {
   if (!tp.group) return onto(residual, layer.forward(x));
-  return onto(residual, reduce_row_parallel(projection(x, layer.weight, {}), layer.bias, tp));
+  return onto(residual, reduce_row_parallel(row_parallel_part(x, layer, tp), layer.bias, tp));
 }
 
 // The adapter of the block projection named so (model.lora_targets), or none.
@@ -235,15 +266,21 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
     v = fused.select(3, 2).transpose(1, 2);
   } else {
     std::vector<ProjectionWeights> ps{weights_of(q_proj), weights_of(k_proj), weights_of(v_proj)};
+    const std::vector<const ProjectionImpl*> layers{q_proj.get(), k_proj.get(), v_proj.get()};
+    std::vector<LoraWeights> adapters;
+    for (const auto* l : layers) adapters.push_back(column_lora(*l, tp_));
     if (kv_first_ >= 0) {
       // Every rank holds the key/value projections whole and uses one head's rows; the
-      // gradients of the rows are summed over the ranks that used them.
+      // gradients of the rows are summed over the ranks that used them (LoRA's B's rows
+      // as the weight's).
+      const auto rows = [&](const torch::Tensor& t) { return tp_.group->copy_to(t).narrow(0, kv_first_ * hd, hd); };
       for (size_t i = 1; i < 3; ++i) {
-        ps[i].weight = tp_.group->copy_to(ps[i].weight).narrow(0, kv_first_ * hd, hd);
-        if (ps[i].bias.defined()) ps[i].bias = tp_.group->copy_to(ps[i].bias).narrow(0, kv_first_ * hd, hd);
+        ps[i].weight = rows(ps[i].weight);
+        if (ps[i].bias.defined()) ps[i].bias = rows(ps[i].bias);
+        if (adapters[i].b.defined()) adapters[i].b = rows(adapters[i].b);
       }
     }
-    auto in = project_input(x, ps, tp_, {q_proj.get(), k_proj.get(), v_proj.get()});
+    auto in = project_input(x, ps, tp_, layers, adapters);
     residual = in.residual;
     const auto& projected = in.out;
     const int64_t b = projected[0].size(0), t = projected[0].size(1);
@@ -304,9 +341,9 @@ torch::Tensor MlpImpl::forward(const LayerInput& x) {
     const auto act = kind_ == MlpKind::GeGLU ? GateActivation::GeluTanh : GateActivation::Silu;
     const auto in = project_input(x, {weights_of(gate), weights_of(up)}, tp_, {gate.get(), up.get()});
     // An adapted down projection's A reads the product, which is then kept for backward.
-    const auto y = down->adapted() ? down->forward(glu(in.out[0], in.out[1], act))
+    const auto y = down->adapted() ? row_parallel_part(glu(in.out[0], in.out[1], act), *down, tp_)
                                    : glu_down(in.out[0], in.out[1], down->weight, act);
-    return onto(in.residual, reduce_row_parallel(y, down->adapted() ? at::Tensor() : down->bias, tp_));
+    return onto(in.residual, reduce_row_parallel(y, down->bias, tp_));
   }
   const auto in = project_input(x, {weights_of(up)}, tp_, {up.get()});
   return leave_tp(torch::gelu(in.out[0], "tanh"), *down, tp_, in.residual);

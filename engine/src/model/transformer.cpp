@@ -182,13 +182,21 @@ TpSlice TransformerImpl::tp_slice(const std::string& name) const {
     const int64_t n = p->size(dim);
     return TpSlice{dim, tp_.rank() * n, n, n * tp_.size(), n * tp_.size()};
   };
+  // A projection's parameters by the module they belong to: a column-parallel layer
+  // splits its output rows (weight, bias, LoRA's B) and holds LoRA's A whole; a
+  // row-parallel one splits its input columns (weight, LoRA's A) and holds its bias and
+  // LoRA's B whole (layers.cpp says how each whole one's gradient is summed).
+  const bool lora_a = ends_with(name, ".lora_A.weight"), lora_b = ends_with(name, ".lora_B.weight");
+  const bool weight = !lora_a && !lora_b && ends_with(name, ".weight");
+  const std::string module =
+      name.substr(0, lora_a || lora_b ? name.size() - std::string(".lora_A.weight").size() : name.rfind('.'));
   const bool kv_split = resolved_kv_heads(cfg_) % tp_.size() == 0;
-  for (const char* column : {".q_proj.", ".gate_proj.", ".up_proj.", ".dense_h_to_4h.", ".query_key_value."})
-    if (name.find(column) != std::string::npos) return split(0);
-  if (kv_split && (name.find(".k_proj.") != std::string::npos || name.find(".v_proj.") != std::string::npos))
-    return split(0);
-  for (const char* row : {".o_proj.weight", ".down_proj.weight", ".dense_4h_to_h.weight", ".self_attention.dense.weight"})
-    if (ends_with(name, row)) return split(1);
+  std::vector<const char*> columns{".q_proj", ".gate_proj", ".up_proj", ".dense_h_to_4h", ".query_key_value"};
+  if (kv_split) columns.insert(columns.end(), {".k_proj", ".v_proj"});
+  for (const char* column : columns)
+    if (ends_with(module, column)) return lora_a ? out : split(0);
+  for (const char* row : {".o_proj", ".down_proj", ".dense_4h_to_h", ".self_attention.dense"})
+    if (ends_with(module, row)) return weight || lora_a ? split(1) : out;
   return out;
 }
 
@@ -235,7 +243,9 @@ void TransformerImpl::initialise_parameter(const std::string& name, const torch:
   // uniform draws within 1 / sqrt(in) have a deviation of 1 / sqrt(3 in), here as a
   // normal draw (a pure function of the seed, the name and the index, as every weight).
   const bool lora_a = ends_with(name, ".lora_A.weight");
-  const double std = lora_a ? 1.0 / std::sqrt(3.0 * static_cast<double>(p->size(1)))
+  const TpSlice slice = tp_slice(name);
+  const int64_t whole_in = slice.dim == 1 ? slice.whole : p->size(1);  // a row-parallel A holds a part of `in`
+  const double std = lora_a ? 1.0 / std::sqrt(3.0 * static_cast<double>(whole_in))
                      : cfg_.scale_residual_init && residual_out
                          ? cfg_.init_std / std::sqrt(2.0 * static_cast<double>(cfg_.n_layers))
                          : cfg_.init_std;
@@ -246,7 +256,6 @@ void TransformerImpl::initialise_parameter(const std::string& name, const torch:
   float* data = out.data_ptr<float>();
   // Element (r, c) of this rank's [rows, cols] tensor is element (r + r0, c + c0) of the
   // whole [.., whole_cols] one; rows from `valid` on are the vocabulary's padding.
-  const TpSlice slice = tp_slice(name);
   const int64_t cols = p->size(1);
   const int64_t r0 = slice.dim == 0 ? slice.first : 0, c0 = slice.dim == 1 ? slice.first : 0;
   const int64_t whole_cols = slice.dim == 1 ? slice.whole : cols;

@@ -100,8 +100,9 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   if (pp > 1) {
     const auto& tp = out.model->tensor_parallel();
     const int64_t t = cfg.data.seq_len / (tp.sequence_parallel ? tp.size() : 1);
-    // Tied embeddings: the first and last stages' gradients are summed after backward.
-    Comm* tied = cfg.model.tie_embeddings ? dist->embedding.get() : nullptr;
+    // Tied embeddings: the first and last stages' gradients are summed after backward
+    // (LoRA freezes them: none to sum).
+    Comm* tied = cfg.model.tie_embeddings && cfg.model.lora_rank == 0 ? dist->embedding.get() : nullptr;
     out.pipeline = std::make_unique<Pipeline>(*dist->pp, out.model, cfg.parallel.pipeline_schedule,
                                               std::vector<int64_t>{batch.micro_batch, t, cfg.model.dim},
                                               cfg.precision.compute, tied);

@@ -210,20 +210,10 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
       refuse(family, e.what());
       continue;
     }
-    // validate(): LoRA trains under data parallelism alone, ZeRO 0-2.
-    if (m.lora_rank > 0 && tp > 1) {
-      family.dp = 0;
-      refuse(family, fmt::format("parallel.tp: {}: LoRA (model.lora_rank) trains with tp = 1", tp));
-      continue;
-    }
     for (const int pp : divisors(world / tp)) {
       if (options.pp && pp != *options.pp) continue;
       family.pp = pp;
       family.dp = world / (tp * pp);
-      if (m.lora_rank > 0 && pp > 1) {
-        refuse(family, fmt::format("parallel.pp: {}: LoRA (model.lora_rank) trains with pp = 1", pp));
-        continue;
-      }
       if (pp > m.n_layers) {
         refuse(family, fmt::format("parallel.pp: {} stages for model.n_layers = {} blocks", pp, m.n_layers));
         continue;

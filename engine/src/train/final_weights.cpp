@@ -1,5 +1,7 @@
 #include "final_weights.h"
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -19,11 +21,13 @@
 
 namespace tide {
 
-int64_t save_final_weights(const std::string& path, const RunConfig& cfg, ParallelModel& pm, Distributed* dist,
-                           c10::Device device) {
-  torch::NoGradGuard no_grad;
-  const int64_t before = host_tensor_bytes();
-  reset_peak_host_tensor_bytes();
+namespace {
+using Take = std::function<void(const std::string&, const torch::Tensor&)>;
+
+// Each of `params` made whole where it lives (from `whole` there) and given to `take` on
+// the leader, in their order; every rank calls it.
+void gather_to_leader(const std::vector<TensorShape>& params, const TensorSource& whole, const RunConfig& cfg,
+                      ParallelModel& pm, Distributed* dist, c10::Device device, const Take& take) {
   const int pp = dist ? dist->pp->size() : 1;
   const int stage = dist ? dist->pp->rank() : 0;
   const bool leader = !dist || dist->world->rank() == 0;
@@ -34,22 +38,6 @@ int64_t save_final_weights(const std::string& path, const RunConfig& cfg, Parall
                                                 cfg.parallel.virtual_stages, cfg.data.document_attention)
                              : std::vector<PipelineStage>{pm.stage};
   const auto units = parameter_unit_layout(cfg.model);
-  // The whole model's, in its order; LoRA's adapters merged into their projections.
-  const ModelConfig written = without_lora(cfg.model);
-  const auto params = parameter_shapes(written);
-  const TensorSource whole =
-      merged_weights(cfg.model, [&](const std::string& name) { return pm.model->whole_parameter(name); });
-
-  std::unique_ptr<SafetensorsStream> out;
-  if (leader) {
-    std::vector<SafetensorsEntry> entries;
-    for (const auto& p : params) entries.push_back({p.name, "F32", p.shape, 0, 0});
-    out = std::make_unique<SafetensorsStream>(path, std::move(entries), weights_metadata(written));
-  }
-  auto write = [&](const std::string& name, const torch::Tensor& t) {
-    const auto host = t.to(torch::kCPU, torch::kFloat32).contiguous();
-    out->write(name, host.data_ptr(), static_cast<size_t>(host.nbytes()));
-  };
   DataParallel* dp = pm.data_parallel.get();
   int held = -1;  // the unit held whole
   int sent = 0;
@@ -62,7 +50,7 @@ int64_t save_final_weights(const std::string& path, const RunConfig& cfg, Parall
       if (!leader) continue;
       auto buffer = torch::empty(p.shape, torch::TensorOptions().dtype(torch::kFloat32).device(device));
       dist->pp->recv(buffer, owner, received[static_cast<size_t>(owner)]++, "weights " + name);
-      write(name, buffer);
+      take(name, buffer);
       continue;
     }
     if (dp && units.unit_of(name) != held) {
@@ -73,13 +61,53 @@ int64_t save_final_weights(const std::string& path, const RunConfig& cfg, Parall
     if (!first_replica) continue;
     const auto t = whole(name);
     if (leader)
-      write(name, t);
+      take(name, t);
     else if (sender)
       dist->pp->send(t.contiguous(), 0, sent++, "weights " + name)->wait();
   }
   if (dp && held >= 0) dp->release_whole(held);
+}
+}  // namespace
+
+int64_t save_final_weights(const std::string& path, const RunConfig& cfg, ParallelModel& pm, Distributed* dist,
+                           c10::Device device) {
+  torch::NoGradGuard no_grad;
+  const int64_t before = host_tensor_bytes();
+  reset_peak_host_tensor_bytes();
+  const bool leader = !dist || dist->world->rank() == 0;
+  // The whole model's, in its order; LoRA's adapters merged into their projections.
+  const ModelConfig written = without_lora(cfg.model);
+  const auto params = parameter_shapes(written);
+  const TensorSource whole =
+      merged_weights(cfg.model, [&](const std::string& name) { return pm.model->whole_parameter(name); });
+
+  std::unique_ptr<SafetensorsStream> out;
+  if (leader) {
+    std::vector<SafetensorsEntry> entries;
+    for (const auto& p : params) entries.push_back({p.name, "F32", p.shape, 0, 0});
+    out = std::make_unique<SafetensorsStream>(path, std::move(entries), weights_metadata(written));
+  }
+  gather_to_leader(params, whole, cfg, pm, dist, device, [&](const std::string& name, const torch::Tensor& t) {
+    const auto host = t.to(torch::kCPU, torch::kFloat32).contiguous();
+    out->write(name, host.data_ptr(), static_cast<size_t>(host.nbytes()));
+  });
   if (out) out->commit();
   return peak_host_tensor_bytes() - before;
+}
+
+void save_final_adapter(const std::string& dir, const RunConfig& cfg, ParallelModel& pm, Distributed* dist,
+                        c10::Device device) {
+  torch::NoGradGuard no_grad;
+  std::vector<TensorShape> adapters;
+  for (auto& p : parameter_shapes(cfg.model))
+    if (is_lora_parameter(p.name)) adapters.push_back(std::move(p));
+  std::map<std::string, torch::Tensor> held;  // the leader's: small beside the model
+  gather_to_leader(
+      adapters, [&](const std::string& name) { return pm.model->whole_parameter(name); }, cfg, pm, dist, device,
+      [&](const std::string& name, const torch::Tensor& t) { held[name] = t.to(torch::kCPU, torch::kFloat32); });
+  if (dist && dist->world->rank() != 0) return;
+  write_peft_adapter(
+      dir, cfg.model, [&](const std::string& name) { return held.at(name); }, cfg.checkpoint.init_from, "F32");
 }
 
 }  // namespace tide

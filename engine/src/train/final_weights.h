@@ -24,4 +24,10 @@ struct ParallelModel;
 int64_t save_final_weights(const std::string& path, const RunConfig& cfg, ParallelModel& pm, Distributed* dist,
                            c10::Device device);
 
+// Every rank calls it. LoRA: the adapters (model.lora_rank), gathered whole onto the
+// leader from whatever layout trained them, written there as PEFT's adapter directory
+// `dir` (lora.h: write_peft_adapter).
+void save_final_adapter(const std::string& dir, const RunConfig& cfg, ParallelModel& pm, Distributed* dist,
+                        c10::Device device);
+
 }  // namespace tide

@@ -15,7 +15,6 @@
 #include "final_weights.h"
 #include "tide/engine/config_schema.h"
 #include "tide/engine/data/training_data.h"
-#include "tide/engine/model/lora.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/lr_schedule.h"
 #include "tide/engine/parallel/comm.h"
@@ -427,6 +426,8 @@ TrainResult TrainingLoop::finish() {
   s_.log->info(
       "final weights saved: at most {} host tensor bytes ({:.1f} MiB) held beyond the model state while saving", extra,
       static_cast<double>(extra) / (1 << 20));
+  // Beside the merged weights, LoRA's adapters alone, as PEFT loads them onto the base.
+  if (cfg_.model.lora_rank > 0) save_final_adapter((s_.dir / "adapter").string(), cfg_, s_.pm, s_.dist, s_.device);
   if (!s_.leader) return result_;
   json summary = {{"steps", result_.steps},
                   {"final_loss", result_.final_loss},
@@ -434,11 +435,6 @@ TrainResult TrainingLoop::finish() {
                   {"replayed_steps", result_.replayed_steps},
                   {"weights", "model.safetensors"}};
   if (cfg_.model.lora_rank > 0) {
-    // Beside the merged weights, the adapters alone, as PEFT loads them onto the base
-    // (the leader holds them whole: LoRA trains without tensor or pipeline parallelism).
-    const auto params = s_.pm.model->named_parameters();
-    write_peft_adapter((s_.dir / "adapter").string(), cfg_.model, [&](const std::string& name) { return params[name]; },
-                       cfg_.checkpoint.init_from, "F32");
     summary["adapter"] = "adapter";
     s_.log->info("LoRA adapter (PEFT's format): {}", (s_.dir / "adapter").string());
   }

@@ -293,6 +293,8 @@ std::vector<DataSource> data_sources(const DataConfig& d);
 int64_t parameter_count(const ModelConfig& m);
 // The parameters of the LoRA adapters alone (model.lora_rank): what trains under LoRA.
 int64_t lora_parameter_count(const ModelConfig& m);
+// The adapters' elements one rank of tensor-parallel size `tp` holds of `blocks` blocks.
+int64_t lora_rank_parameter_count(const ModelConfig& m, int64_t tp, int64_t blocks);
 // The Hugging Face module names of a block's projections in the family, in a block's
 // order ("q_proj", ..., "down_proj"; BLOOM's "query_key_value", ...).
 std::vector<std::string> block_projection_names(const ModelConfig& m);

@@ -69,7 +69,9 @@ class ProjectionImpl : public torch::nn::Module {
   bool adapted() const { return lora_a.defined(); }
   // The adapter's update of the output, scale (x A^T) B^T, from a = x A^T: the layers
   // compute a beside the projection's own product (normed_projections) and add this.
-  torch::Tensor lora_update(const torch::Tensor& a) const;
+  // b: the B this rank's step reads (under tensor parallelism a view of lora_b whose
+  // gradient is summed over the ranks); lora_b where undefined.
+  torch::Tensor lora_update(const torch::Tensor& a, const torch::Tensor& b = {}) const;
   // The adapter's update of the output from the projection's input x.
   torch::Tensor lora_update_of_input(const torch::Tensor& x) const;
 
