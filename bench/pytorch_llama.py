@@ -6,7 +6,9 @@ output), trained with torch.optim.AdamW on windows of the same token file tide r
 fp32, or with --bf16 under bf16 autocast (fp32 weights and optimizer state); --sdpa
 attends through F.scaled_dot_product_attention and --fused-adamw uses AdamW(fused=True),
 the best eager setup for a GPU. --window W lets a query see only the W nearest keys, through
-the window's [T, T] mask (PyTorch's attention takes no window).
+the window's [T, T] mask (PyTorch's attention takes no window). --lora R trains LoRA
+adapters of rank R (lora_alpha 16, no dropout) on the seven projections of every block
+through PEFT (inject_adapter_in_model), every other weight frozen, as a PEFT user does.
 Run with .venv/bin/python (the PyTorch whose LibTorch tide links).
 """
 import argparse
@@ -145,6 +147,7 @@ def main():
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 weights and optimizer state)")
     ap.add_argument("--sdpa", action="store_true", help="attention through F.scaled_dot_product_attention")
     ap.add_argument("--fused-adamw", action="store_true", help="torch.optim.AdamW(fused=True)")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA adapters of this rank through PEFT (0: full training)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the model (inductor); the warm-up steps take the compilation")
     a = ap.parse_args()
@@ -156,8 +159,16 @@ def main():
     rng = np.random.default_rng(0)
     model = Llama(a.vocab, a.dim, a.layers, a.heads, a.kv_heads or a.heads, ffn_dim(a.dim, a.multiple_of), a.seq,
                   a.sdpa, a.window).to(a.device)
-    decay = [p for p in model.parameters() if p.dim() > 1 and p is not model.embed_tokens.weight]
-    rest = [p for p in model.parameters() if not (p.dim() > 1 and p is not model.embed_tokens.weight)]
+    if a.lora:
+        from peft import LoraConfig, inject_adapter_in_model
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = inject_adapter_in_model(LoraConfig(r=a.lora, lora_alpha=16, lora_dropout=0.0,
+                                                   target_modules=targets), model)
+        for name, p in model.named_parameters():
+            p.requires_grad_("lora_" in name)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.dim() > 1 and p is not model.embed_tokens.weight]
+    rest = [p for p in trained if not (p.dim() > 1 and p is not model.embed_tokens.weight)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
                             lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=a.fused_adamw or None)
     forward = torch.compile(model) if a.compile else model
@@ -173,7 +184,7 @@ def main():
             loss = forward(window[:, :-1], window[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         if cuda:
             torch.cuda.synchronize()
@@ -187,6 +198,7 @@ def main():
         "peak_device_mb": torch.cuda.max_memory_allocated() / 1e6 if cuda else None,
         "final_loss": float(loss),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "trained": sum(p.numel() for p in trained),
     }))
 
 

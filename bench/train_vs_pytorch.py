@@ -7,7 +7,10 @@ and torch.compile (inductor; the warm-up steps take the compilation). With --pre
 (tide's precision.compute = "bf16") the peers are eager fp32, eager bf16 autocast, the
 same with F.scaled_dot_product_attention and AdamW(fused=True), and that under
 torch.compile. --shape window trains with a sliding window of an eighth of the sequence and
-adds the peer that passes the window's mask to F.scaled_dot_product_attention.
+adds the peer that passes the window's mask to F.scaled_dot_product_attention. --lora R
+trains LoRA adapters of rank R (lora_alpha 16) on every block projection, the rest frozen:
+tide with model.lora_rank = R, each peer through PEFT (inject_adapter_in_model); MFU then
+counts 4 FLOPs a frozen matmul weight a token (no weight gradient) and 6 an adapter's.
 Usage: .venv/bin/python bench/train_vs_pytorch.py --tide build/tools/tide [--shape tiny|small|window|all]
        .venv/bin/python bench/train_vs_pytorch.py --device cuda --precision bf16 --shape s1   (also s2, gpu)
        add --profile-dir DIR for tide's profile of two steps after the timed ones (docs/profiling.md)
@@ -57,13 +60,18 @@ def counted_keys(s):
     return t * (w * (w + 1) / 2 + (t - w) * w) / (t * (t + 1) / 2)
 
 
-def flops_per_token(s, ffn):
+def flops_per_token(s, ffn, lora=0):
     d, kv_rows = s["dim"], s.get("kv", s["heads"]) * (s["dim"] // s["heads"])
     matmul_params = s["layers"] * (2 * d * d + 2 * d * kv_rows + 3 * d * ffn) + s["vocab"] * d
-    return 6 * matmul_params + 12 * s["layers"] * s["dim"] * counted_keys(s)
+    attention = 12 * s["layers"] * s["dim"] * counted_keys(s)
+    if not lora:
+        return 6 * matmul_params + attention
+    # rank (in + out) a projection: q and o (d, d), k and v (d, kv_rows), gate, up and down (d, ffn)
+    adapters = s["layers"] * lora * (4 * d + 2 * (d + kv_rows) + 3 * (d + ffn))
+    return 4 * matmul_params + 6 * adapters + attention
 
 
-def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_graphs=True, profile_to=None):
+def run_tide(tide, s, steps, warmup, threads, data, device, precision, lora=0, cuda_graphs=True, profile_to=None):
     """profile_to: a directory that gets the profile (docs/profiling.md) of two more steps
     after the timed ones, which the figures leave out."""
     run_dir = tempfile.mkdtemp(prefix="tide-bench-")
@@ -79,6 +87,7 @@ def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_grap
         "schedule.steps": warmup + steps + extra, "schedule.warmup_steps": 0, "eval.every": 0,
         "optimizer.lr": 3e-4, "optimizer.beta2": 0.95, "threads": threads, "log_every": 1000,
         "device": device, "precision.compute": precision, "cuda_graphs": str(cuda_graphs).lower(),
+        "model.lora_rank": lora,
     }
     if profile_to:
         # With the inputs' shapes: the trace then says which operator, on what, launched
@@ -100,7 +109,7 @@ def run_tide(tide, s, steps, warmup, threads, data, device, precision, cuda_grap
     return out
 
 
-def run_torch(s, steps, warmup, threads, data, jemalloc, device, compile=False, flags=()):
+def run_torch(s, steps, warmup, threads, data, jemalloc, device, lora=0, compile=False, flags=()):
     env = dict(os.environ)
     if jemalloc:
         env["LD_PRELOAD"] = JEMALLOC
@@ -109,7 +118,7 @@ def run_torch(s, steps, warmup, threads, data, jemalloc, device, compile=False, 
            "--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), "--device", device]
     for k in ("dim", "layers", "heads", "vocab", "seq", "batch"):
         cmd += [f"--{k}", str(s[k])]
-    cmd += ["--kv-heads", str(s.get("kv", 0)), "--window", str(s.get("window", 0)), *flags]
+    cmd += ["--kv-heads", str(s.get("kv", 0)), "--window", str(s.get("window", 0)), "--lora", str(lora), *flags]
     if compile:
         cmd.append("--compile")
     res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
@@ -125,6 +134,8 @@ def main():
                     help="cuda: both on GPU 0 (tide with device=cuda)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                     help="tide's precision.compute; bf16 changes the peers to bf16 autocast ones")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK",
+                    help="LoRA adapters of this rank (tide's model.lora_rank, PEFT in the peers); 0: full training")
     ap.add_argument("--steps", type=int, default=0, help="timed steps (default: 30 tiny, 8 small)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -148,13 +159,14 @@ def main():
         s = SHAPES[name]
         steps = a.steps or (30 if name == "tiny" else 8)
         ffn = 256 * ((int(2 * 4 * s["dim"] / 3) + 255) // 256)
-        fpt = flops_per_token(s, ffn)
+        fpt = flops_per_token(s, ffn, a.lora)
         window = f", window {s['window']}" if s.get("window") else ""
         print(f"\n{name}: dim {s['dim']}, {s['layers']} layers, {s['heads']} heads ({s.get('kv', s['heads'])} kv), "
               f"vocab {s['vocab']}, seq {s['seq']}{window}, batch {s['batch']}; {steps} timed steps after {warmup}, "
-              f"{a.precision}")
-        peer = functools.partial(run_torch, s, steps, warmup, a.threads, a.data, device=a.device)
-        tide = functools.partial(run_tide, a.tide, s, steps, warmup, a.threads, a.data, a.device, a.precision)
+              f"{a.precision}" + (f", LoRA rank {a.lora}" if a.lora else ""))
+        peer = functools.partial(run_torch, s, steps, warmup, a.threads, a.data, device=a.device, lora=a.lora)
+        tide = functools.partial(run_tide, a.tide, s, steps, warmup, a.threads, a.data, a.device, a.precision,
+                                 lora=a.lora)
         profile_to = os.path.join(a.profile_dir, name) if a.profile_dir else None
         memory = "GPU MB" if a.device == "cuda" else "peak MB"
 
