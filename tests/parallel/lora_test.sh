@@ -9,9 +9,9 @@
 #  - `tide ckpt export` of the last checkpoint is the final weights; a resume or an export
 #    onto base weights other than those the adapters were trained on is refused, naming
 #    the fingerprints; BLOOM's projections take adapters as well;
-#  - tp2 (with sequence parallelism, with a key/value head held whole), pp2 and dp2 x tp2
-#    train as one process does, LLaMA and BLOOM; a tp2 checkpoint resumes and exports in
-#    one process, and its adapters leave the run whole;
+#  - tp2 (with sequence parallelism, with a key/value head held whole), pp2, dp2 x tp2 and
+#    tp2 x pp2 train as one process does, LLaMA and BLOOM; a tp2 checkpoint resumes and
+#    exports in one process, and its adapters leave the run whole;
 #  - ZeRO-3, which LoRA does not train under yet, and targets of the other family, are
 #    refused.
 source "$(dirname "$0")/common.sh" "$1"
@@ -158,6 +158,9 @@ train llama lora-pp2 "${lora[@]}" --nproc 2 --set parallel.pp=2
 compare "$work/lora" "$work/lora-pp2" 0
 train llama lora-dp2-tp2 "${lora[@]}" --nproc 4 --set parallel.tp=2 --set parallel.zero=1
 compare "$work/lora" "$work/lora-dp2-tp2" 0
+train llama lora-tp2-pp2 "${lora[@]}" --nproc 4 --set parallel.tp=2 --set parallel.pp=2 \
+  --set parallel.sequence_parallel=true
+compare "$work/lora" "$work/lora-tp2-pp2" 0
 kv1=(--set model.n_kv_heads=1 --set model.lora_rank=4 --set eval.every=0)
 train llama lora-kv1 "${kv1[@]}"
 train llama lora-kv1-tp2 "${kv1[@]}" --nproc 2 --set parallel.tp=2
