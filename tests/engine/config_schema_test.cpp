@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include "tide/engine/config_schema.h"
+#include "tide/engine/model/parameter_names.h"
 #include "tide/engine/train/flops.h"
+#include "tiny_models.h"
 
 namespace tide {
 namespace {
@@ -198,6 +200,33 @@ TEST(ModelShape, LoraFlopsLeaveOutTheFrozenWeightsGradients) {
   const double adapters = 3 * 2 * (2 * (16 + 16));  // rank 2 on two 16 x 16 projections a layer
   ASSERT_EQ(lora_parameter_count(m), adapters);
   EXPECT_DOUBLE_EQ(train_flops_per_token(m, 8), full - 2 * matmul + 6 * adapters);
+}
+
+// Each parameter's module, and how the module splits over tensor-parallel ranks: the
+// projections that write the residual by their inputs, the others by their outputs, the
+// key / value ones whole where their heads do not split, everything else whole.
+TEST(ModelShape, EachBlockModuleSplitsAsMegatronsLayoutsDo) {
+  EXPECT_EQ(block_module_of("model.layers.3.self_attn.q_proj.lora_A.weight"), "q_proj");
+  EXPECT_EQ(block_module_of("model.layers.0.mlp.down_proj.weight"), "down_proj");
+  EXPECT_EQ(block_module_of("transformer.h.1.self_attention.dense.bias"), "dense");
+  EXPECT_EQ(block_module_of("model.layers.12.input_layernorm.weight"), "input_layernorm");
+  EXPECT_EQ(block_module_of("model.norm.weight"), "");
+  EXPECT_EQ(block_module_of("lm_head.weight"), "");
+
+  const ModelConfig llama = testing::tiny_llama();  // 2 kv heads
+  EXPECT_EQ(projection_split(llama, "q_proj", 2), ProjectionSplit::Column);
+  EXPECT_EQ(projection_split(llama, "k_proj", 2), ProjectionSplit::Column);
+  EXPECT_EQ(projection_split(llama, "v_proj", 4), ProjectionSplit::Whole);
+  EXPECT_EQ(projection_split(llama, "o_proj", 4), ProjectionSplit::Row);
+  EXPECT_EQ(projection_split(llama, "gate_proj", 2), ProjectionSplit::Column);
+  EXPECT_EQ(projection_split(llama, "down_proj", 1), ProjectionSplit::Row);
+  EXPECT_EQ(projection_split(llama, "input_layernorm", 2), ProjectionSplit::Whole);
+  EXPECT_EQ(projection_split(llama, "dense", 2), ProjectionSplit::Whole);  // not LLaMA's
+  const ModelConfig bloom = testing::tiny_bloom();
+  EXPECT_EQ(projection_split(bloom, "query_key_value", 2), ProjectionSplit::Column);
+  EXPECT_EQ(projection_split(bloom, "dense", 2), ProjectionSplit::Row);
+  EXPECT_EQ(projection_split(bloom, "dense_h_to_4h", 2), ProjectionSplit::Column);
+  EXPECT_EQ(projection_split(bloom, "dense_4h_to_h", 2), ProjectionSplit::Row);
 }
 
 // What the kernels compute (the planner's time, pipeline cuts): a causal layer without a

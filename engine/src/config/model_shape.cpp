@@ -68,6 +68,16 @@ std::vector<std::string> block_projection_names(const ModelConfig& m) {
   return out;
 }
 
+ProjectionSplit projection_split(const ModelConfig& m, const std::string& module, int64_t tp) {
+  const auto names = block_projection_names(m);
+  if (std::find(names.begin(), names.end(), module) == names.end()) return ProjectionSplit::Whole;
+  if (module == "o_proj" || module == "down_proj" || module == "dense" || module == "dense_4h_to_h")
+    return ProjectionSplit::Row;
+  const bool kv_split = resolved_kv_heads(m) % tp == 0;
+  if (!kv_split && (module == "k_proj" || module == "v_proj")) return ProjectionSplit::Whole;
+  return ProjectionSplit::Column;
+}
+
 std::vector<std::string> lora_target_names(const ModelConfig& m) {
   if (m.lora_rank == 0) return {};
   return m.lora_targets.empty() ? block_projection_names(m) : m.lora_targets;
@@ -91,16 +101,15 @@ std::pair<int64_t, int64_t> projection_widths(const ModelConfig& m, const std::s
 int64_t lora_parameter_count(const ModelConfig& m) { return lora_rank_parameter_count(m, 1, m.n_layers); }
 
 int64_t lora_rank_parameter_count(const ModelConfig& m, int64_t tp, int64_t blocks) {
-  // The split side of each adapter (transformer.cpp: tp_slice): a column-parallel layer's
-  // B (its output rows), a row-parallel layer's A (its input columns); key and value
-  // projections are held whole where their heads do not split over the ranks.
-  const bool kv_split = resolved_kv_heads(m) % tp == 0;
+  // The split side of each adapter (projection_split): a column-parallel layer's B (its
+  // output rows), a row-parallel layer's A (its input columns).
   int64_t block = 0;
   for (const auto& name : lora_target_names(m)) {
     const auto [in, out] = projection_widths(m, name);
-    const bool row = name == "o_proj" || name == "down_proj" || name == "dense" || name == "dense_4h_to_h";
-    const bool whole = !kv_split && (name == "k_proj" || name == "v_proj");
-    block += m.lora_rank * (whole ? in + out : row ? in / tp + out : in + out / tp);
+    const ProjectionSplit split = projection_split(m, name, tp);
+    block += m.lora_rank * (split == ProjectionSplit::Row      ? in / tp + out
+                            : split == ProjectionSplit::Column ? in + out / tp
+                                                               : in + out);
   }
   return blocks * block;
 }

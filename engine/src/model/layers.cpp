@@ -139,9 +139,19 @@ ProjectedInput project_all(const LayerInput& in, const std::vector<ProjectionWei
 struct LoraWeights {
   torch::Tensor a, b;
 };
-LoraWeights column_lora(const ProjectionImpl& layer, const TensorParallel& tp) {
-  if (!layer.adapted()) return {};
-  return {tp.group ? tp.group->copy_to(layer.lora_a) : layer.lora_a, layer.lora_b};
+
+// A parameter every rank holds whole and uses for its own part of a product: read
+// through copy_to, whose backward sums its gradient over the ranks.
+torch::Tensor whole_on_every_rank(const torch::Tensor& t, const TensorParallel& tp) {
+  return tp.group ? tp.group->copy_to(t) : t;
+}
+
+// What each of `layers` (column-parallel) reads for its adapter; none where it has none.
+std::vector<LoraWeights> column_lora(const std::vector<const ProjectionImpl*>& layers, const TensorParallel& tp) {
+  std::vector<LoraWeights> out;
+  for (const auto* l : layers)
+    out.push_back(l->adapted() ? LoraWeights{whole_on_every_rank(l->lora_a, tp), l->lora_b} : LoraWeights{});
+  return out;
 }
 
 // project_all, where `layers` (one for each of `ps`) are the projections whose weights
@@ -168,9 +178,7 @@ ProjectedInput project_input(const LayerInput& in, const std::vector<ProjectionW
 
 ProjectedInput project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps, const TensorParallel& tp,
                              const std::vector<const ProjectionImpl*>& layers) {
-  std::vector<LoraWeights> adapters;
-  for (const auto* l : layers) adapters.push_back(column_lora(*l, tp));
-  return project_input(in, ps, tp, layers, adapters);
+  return project_input(in, ps, tp, layers, column_lora(layers, tp));
 }
 
 // y added onto the residual stream, where there is one.
@@ -202,8 +210,7 @@ torch::Tensor reduce_row_parallel(const torch::Tensor& y, const torch::Tensor& b
 torch::Tensor row_parallel_part(const torch::Tensor& x, const ProjectionImpl& layer, const TensorParallel& tp) {
   const auto y = projection(x, layer.weight, {});
   if (!layer.adapted()) return y;
-  return y +
-         layer.lora_update(projection(x, layer.lora_a, {}), tp.group ? tp.group->copy_to(layer.lora_b) : layer.lora_b);
+  return y + layer.lora_update(projection(x, layer.lora_a, {}), whole_on_every_rank(layer.lora_b, tp));
 }
 
 // A row-parallel layer, added onto the residual stream where one is given.
@@ -267,8 +274,7 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
   } else {
     std::vector<ProjectionWeights> ps{weights_of(q_proj), weights_of(k_proj), weights_of(v_proj)};
     const std::vector<const ProjectionImpl*> layers{q_proj.get(), k_proj.get(), v_proj.get()};
-    std::vector<LoraWeights> adapters;
-    for (const auto* l : layers) adapters.push_back(column_lora(*l, tp_));
+    auto adapters = column_lora(layers, tp_);
     if (kv_first_ >= 0) {
       // Every rank holds the key/value projections whole and uses one head's rows; the
       // gradients of the rows are summed over the ranks that used them (LoRA's B's rows

@@ -28,6 +28,15 @@ bool is_lora_parameter(const std::string& name) {
   return ends_with(name, ".lora_A.weight") || ends_with(name, ".lora_B.weight");
 }
 
+std::string block_module_of(const std::string& name) {
+  if (block_unit(name) == 0) return {};
+  size_t end = name.rfind('.');  // before the role: ".weight", ".bias"
+  if (is_lora_parameter(name)) end = name.rfind('.', end - 1);
+  if (end == std::string::npos || end == 0) return {};
+  const size_t first = name.rfind('.', end - 1) + 1;  // npos + 1: from the start
+  return name.substr(first, end - first);
+}
+
 int ParameterUnitLayout::unit_of(const std::string& name) const {
   if (const int block = block_unit(name); block > 0) return block;
   return is_head_parameter(name) ? head() : 0;

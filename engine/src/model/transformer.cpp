@@ -186,17 +186,13 @@ TpSlice TransformerImpl::tp_slice(const std::string& name) const {
   // splits its output rows (weight, bias, LoRA's B) and holds LoRA's A whole; a
   // row-parallel one splits its input columns (weight, LoRA's A) and holds its bias and
   // LoRA's B whole (layers.cpp says how each whole one's gradient is summed).
-  const bool lora_a = ends_with(name, ".lora_A.weight"), lora_b = ends_with(name, ".lora_B.weight");
-  const bool weight = !lora_a && !lora_b && ends_with(name, ".weight");
-  const std::string module =
-      name.substr(0, lora_a || lora_b ? name.size() - std::string(".lora_A.weight").size() : name.rfind('.'));
-  const bool kv_split = resolved_kv_heads(cfg_) % tp_.size() == 0;
-  std::vector<const char*> columns{".q_proj", ".gate_proj", ".up_proj", ".dense_h_to_4h", ".query_key_value"};
-  if (kv_split) columns.insert(columns.end(), {".k_proj", ".v_proj"});
-  for (const char* column : columns)
-    if (ends_with(module, column)) return lora_a ? out : split(0);
-  for (const char* row : {".o_proj", ".down_proj", ".dense_4h_to_h", ".self_attention.dense"})
-    if (ends_with(module, row)) return weight || lora_a ? split(1) : out;
+  const bool lora_a = ends_with(name, ".lora_A.weight");
+  const bool weight = !is_lora_parameter(name) && ends_with(name, ".weight");
+  switch (projection_split(cfg_, block_module_of(name), tp_.size())) {
+    case ProjectionSplit::Column: return lora_a ? out : split(0);
+    case ProjectionSplit::Row: return weight || lora_a ? split(1) : out;
+    case ProjectionSplit::Whole: break;
+  }
   return out;
 }
 
@@ -236,9 +232,7 @@ void TransformerImpl::initialise_parameter(const std::string& name, const torch:
     return;
   }
   TORCH_CHECK(p->dim() == 2, "no initialisation for ", name, " of ", p->dim(), " dimensions");
-  const bool residual_out = name.find("o_proj") != std::string::npos || name.find("down_proj") != std::string::npos ||
-                            name.find("dense_4h_to_h") != std::string::npos ||
-                            name.find("self_attention.dense") != std::string::npos;
+  const bool residual_out = projection_split(cfg_, block_module_of(name), 1) == ProjectionSplit::Row;
   // LoRA's A: the spread of PEFT's and torchtune's kaiming_uniform(a = sqrt(5)), whose
   // uniform draws within 1 / sqrt(in) have a deviation of 1 / sqrt(3 in), here as a
   // normal draw (a pure function of the seed, the name and the index, as every weight).

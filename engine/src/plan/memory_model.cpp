@@ -290,9 +290,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   // LoRA (validate(): ZeRO 0-2): the stage's frozen weights (this rank's slices) held
   // whole over data parallelism, beside its adapters, which alone have gradients and
   // moments in the flat buffers.
-  int64_t stage_blocks = 0;
-  for (const auto& range : stage.chunks) stage_blocks += (range.end < 0 ? mc.n_layers : range.end) - range.first;
-  const double adapters = static_cast<double>(lora_rank_parameter_count(mc, L.tp, stage_blocks));
+  const double adapters = static_cast<double>(lora_rank_parameter_count(mc, L.tp, r.blocks));
   if (mc.lora_rank > 0) {
     const double owned_adapters = L.zero >= 1 ? adapters / L.dp : adapters;
     m.parameters = (P + adapters) * 4;
@@ -338,7 +336,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     // unit 0 holds nothing trained, and a block's unit its adapters.
     const double staging = device.host ? 1.0 : 0.0;
     const double in_flight =
-        mc.lora_rank > 0 ? adapters / static_cast<double>(std::max<int64_t>(stage_blocks, 1)) : unit0 + block_unit;
+        mc.lora_rank > 0 ? adapters / static_cast<double>(std::max<int64_t>(r.blocks, 1)) : unit0 + block_unit;
     m.gathered += in_flight * 4 * (1.0 + 1.0 / L.dp + staging);
   }
 

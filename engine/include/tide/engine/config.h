@@ -298,6 +298,13 @@ int64_t lora_rank_parameter_count(const ModelConfig& m, int64_t tp, int64_t bloc
 // The Hugging Face module names of a block's projections in the family, in a block's
 // order ("q_proj", ..., "down_proj"; BLOOM's "query_key_value", ...).
 std::vector<std::string> block_projection_names(const ModelConfig& m);
+// How a block module is split over `tp` tensor-parallel ranks (Megatron's layouts): a
+// column-parallel projection by its output rows, a row-parallel one (o_proj, down_proj,
+// BLOOM's dense and dense_4h_to_h) by its input columns. Whole: not a block projection
+// of the family (a norm), or a key / value projection whose heads do not split over the
+// ranks. With tp 1, which projections are row-parallel: those that write the residual.
+enum class ProjectionSplit { Column, Row, Whole };
+ProjectionSplit projection_split(const ModelConfig& m, const std::string& module, int64_t tp);
 // The projections of a block that take LoRA adapters under `m`: its lora_targets, or
 // every block projection of its family where that is empty. Empty when lora_rank is 0.
 std::vector<std::string> lora_target_names(const ModelConfig& m);

@@ -22,6 +22,11 @@ bool is_lora_parameter(const std::string& parameter_name);
 // Whether a name ends with `suffix` (".bias", ".lora_B.weight").
 bool ends_with(const std::string& name, const std::string& suffix);
 
+// The name of the block module a parameter belongs to, its adapter's included ("q_proj"
+// for "model.layers.3.self_attn.q_proj.lora_A.weight", "dense" for BLOOM's
+// "transformer.h.0.self_attention.dense.bias"); empty outside the blocks.
+std::string block_module_of(const std::string& parameter_name);
+
 // The model's parameters in units that are used together, each padded in the flat
 // buffers, reduce-scattered as one under ZeRO-2/3 and gathered as one under ZeRO-3:
 //   unit 0            the embeddings (tokens, learned positions, BLOOM's embedding norm);
