@@ -123,8 +123,8 @@ TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
 
 // LoRA holds the frozen weights and the adapters' gradients and moments alone (sharded
 // under ZeRO-1/2 as the flat buffers are); under tensor parallelism a rank holds its
-// part of each adapter (a column layer's B, a row layer's A split); the planner offers
-// every layout it trains under (ZeRO-3 not).
+// part of each adapter (a column layer's B, a row layer's A split); ZeRO-3 holds a piece
+// of the frozen weights too; the planner offers every layout it trains under.
 TEST(Plan, LoraHoldsTheWeightsAndTheGradientsAndMomentsOfItsAdaptersAlone) {
   const RunConfig cfg = recipe("llama/llama-3-8b", {"model.lora_rank=16"});
   const double P = static_cast<double>(parameter_count(cfg.model));
@@ -141,6 +141,12 @@ TEST(Plan, LoraHoldsTheWeightsAndTheGradientsAndMomentsOfItsAdaptersAlone) {
   EXPECT_DOUBLE_EQ(p.memory.parameters, 4 * P);
   EXPECT_DOUBLE_EQ(p.memory.gradients, 4 * A / 2);
   EXPECT_DOUBLE_EQ(p.memory.optimizer, 2 * 4 * A / 2);
+  l.zero = 3;
+  const LayoutPlan z3 = evaluate_layout(cfg, h100(1, 2), l);
+  EXPECT_NEAR(z3.memory.parameters, 4 * P / 2, 4 * 40);  // each of 34 units padded by at most 1
+  EXPECT_DOUBLE_EQ(z3.memory.gradients, 4 * A / 2);
+  EXPECT_DOUBLE_EQ(z3.memory.optimizer, 2 * 4 * A / 2);
+  EXPECT_GT(z3.memory.gathered, 0.0);
   // tp2: q, k, v, gate, up split their B (out / 2), o and down their A (in / 2).
   const int64_t split_elements =
       int64_t{32} * 16 * ((d + d / 2) + 2 * (d + kv / 2) + (d / 2 + d) + 2 * (d + f / 2) + (f / 2 + d));
@@ -155,12 +161,13 @@ TEST(Plan, LoraHoldsTheWeightsAndTheGradientsAndMomentsOfItsAdaptersAlone) {
   EXPECT_DOUBLE_EQ(tp2.memory.optimizer, 2 * 4 * split);
   const Plan plan = plan_layouts(cfg, h100(1, 2));
   ASSERT_FALSE(plan.ranked.empty());
-  bool cut = false;
+  bool cut = false, zero3 = false;
   for (const auto& r : plan.ranked) {
-    EXPECT_LT(r.layout.zero, 3);
+    zero3 = zero3 || r.layout.zero == 3;
     cut = cut || r.layout.tp > 1 || r.layout.pp > 1;
   }
   EXPECT_TRUE(cut) << "no tensor- or pipeline-parallel layout offered";
+  EXPECT_TRUE(zero3) << "no ZeRO-3 layout offered";
 }
 
 // ZeRO-3 under bf16 compute gathers in bf16 and holds what it gathered in bf16: a third

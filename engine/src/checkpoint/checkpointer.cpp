@@ -23,6 +23,7 @@
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/optim/adamw.h"
 #include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/store_client.h"
 #include "tide/engine/plan/cluster.h"
@@ -480,13 +481,32 @@ void Checkpointer::initialise(const std::function<at::Tensor(const std::string&)
 void Checkpointer::Impl::restore_frozen(const std::function<torch::Tensor(const std::string&)>& whole,
                                         const std::string& source) {
   auto params = parts.model->named_parameters();
+  // Sharded (ZeRO-3): this rank's pieces of each, by the parameter's slot.
+  std::map<std::string, std::vector<Piece>> pieces;
+  std::map<std::string, const FlatParameters::Slot*> slots;
+  const torch::Tensor shard = parts.frozen ? parts.data_parallel->frozen_shard() : torch::Tensor();
+  if (parts.frozen)
+    for (const auto& piece : pieces_of(*parts.frozen, dp_rank, dp, 3)) {
+      const auto& slot = parts.frozen->slots()[piece.slot];
+      pieces[slot.name].push_back(piece);
+      slots[slot.name] = &slot;
+    }
   frozen.clear();
   for (const auto& name : frozen_parameter_names(*parts.model)) {
-    auto& p = params[name];
     const auto values = whole(name);
     TORCH_CHECK(values.defined(), source, " holds no tensor for parameter '", name, "'");
-    p.copy_(tensor_parallel_part(values, name, p.sizes().vec(), source));
     frozen[name] = tensor_fingerprint(values);
+    if (!parts.frozen) {
+      auto& p = params[name];
+      p.copy_(tensor_parallel_part(values, name, p.sizes().vec(), source));
+      continue;
+    }
+    const auto it = pieces.find(name);
+    if (it == pieces.end()) continue;  // no piece of it on this rank
+    const auto local = tensor_parallel_part(values, name, slots.at(name)->shape, source).contiguous().view({-1});
+    for (const auto& piece : it->second)
+      shard.narrow(0, piece.param_at, piece.end - piece.begin)
+          .copy_(local.narrow(0, piece.begin, piece.end - piece.begin));
   }
   fingerprints_made = true;
 }

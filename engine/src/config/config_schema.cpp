@@ -419,7 +419,7 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                       "> 0: LoRA fine-tuning. Each projection of model.lora_targets gains (lora_alpha / lora_rank) B "
                       "A of this rank, only A and B train, every other weight keeps its initial values "
                       "(checkpoint.init_from). Checkpoints hold the adapters; the final weights are merged. Any "
-                      "layout but ZeRO-3.",
+                      "layout; ZeRO-3 shards the frozen weights too.",
                       REF(model.lora_rank)));
   s.push_back(number("model.lora_alpha", 1e-6, 1e6, kFixed,
                      "LoRA's scale numerator: the update is (lora_alpha / lora_rank) B A (PEFT's lora_alpha).",
@@ -898,9 +898,6 @@ void validate(const RunConfig& c) {
     fail("parallel.tp", fmt::format("{} does not divide model.n_heads = {}", c.parallel.tp, m.n_heads));
   if (c.parallel.pp > m.n_layers)
     fail("parallel.pp", fmt::format("{} exceeds model.n_layers = {}", c.parallel.pp, m.n_layers));
-  // LoRA under ZeRO-3, whose pieces would cut the frozen weights, is not built yet.
-  if (m.lora_rank > 0 && c.parallel.zero == 3)
-    fail("parallel.zero", "3: LoRA (model.lora_rank) trains with ZeRO 0, 1 or 2 (the frozen weights are held whole)");
 }
 
 std::vector<DataSource> data_sources(const DataConfig& d) {

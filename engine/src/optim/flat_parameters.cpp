@@ -10,13 +10,15 @@ namespace tide {
 
 FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& optim, Options options)
     : pad_to_(std::max<int64_t>(1, options.pad_to)), initial_values_(std::move(options.initial_values)) {
+  TORCH_CHECK(!options.frozen || !options.grad, "frozen parameters have no gradient buffer");
   std::vector<Slot> all;
   int n_units = 1;
   for (auto& item : model.named_parameters()) {
     // Frozen (LoRA's base weights): no gradient, no optimizer state, no share of the
     // collectives; the model's own tensor. Its unit is laid out all the same (empty where
-    // it holds nothing else): units keep their indices.
-    if (!item.value().requires_grad()) {
+    // it holds nothing else): units keep their indices. The other way round in a layout
+    // of the frozen ones.
+    if (item.value().requires_grad() == options.frozen) {
       if (options.unit_of) n_units = std::max(n_units, options.unit_of(item.key()) + 1);
       continue;
     }

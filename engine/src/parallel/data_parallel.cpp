@@ -66,11 +66,35 @@ FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, in
   return o;
 }
 
+// Stage 3 under LoRA: the adapters and the frozen base, each sharded, told of the same
+// units. Their backward wrappers nest: both hear a unit's backward begin.
+struct DataParallel::BothUnits : ParameterUnits {
+  ShardedParameters& trained;
+  ShardedParameters& frozen;
+  BothUnits(ShardedParameters& t, ShardedParameters& f) : trained(t), frozen(f) {}
+  void before_forward(int unit) override {
+    trained.before_forward(unit);
+    frozen.before_forward(unit);
+  }
+  at::Tensor after_forward(int unit, const at::Tensor& y) override {
+    return frozen.after_forward(unit, trained.after_forward(unit, y));
+  }
+  void before_backward(int unit) override {
+    trained.before_backward(unit);
+    frozen.before_backward(unit);
+  }
+  void end_forward() override {
+    trained.end_forward();
+    frozen.end_forward();
+  }
+};
+
 DataParallel::~DataParallel() = default;
 
 DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, DType compute,
                            const ParameterUnitLayout& units, std::vector<Comm*> model_parallel,
-                           const std::function<bool(const std::string&)>& read_in_compute_dtype)
+                           const std::function<bool(const std::string&)>& read_in_compute_dtype,
+                           const FlatParameters* frozen)
     : dp_(dp), model_parallel_(std::move(model_parallel)), flat_(flat), cfg_(cfg) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " do not divide among ",
               dp.size(), " ranks");
@@ -79,6 +103,11 @@ DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig&
     params_ = std::make_unique<ShardedParameters>(dp, flat, units, scalar_type_of(compute), read_in_compute_dtype);
     grads_ = std::make_unique<ShardedGradients>(dp, flat, ShardedGradients::Mode::Transient,
                                                 [this](int unit) { params_->release(unit); });
+    if (frozen) {
+      frozen_params_ = std::make_unique<ShardedParameters>(dp, *frozen, units, scalar_type_of(compute),
+                                                           read_in_compute_dtype, /*frozen=*/true);
+      both_units_ = std::make_unique<BothUnits>(*params_, *frozen_params_);
+    }
   } else if (cfg.zero >= 1) {
     grads_ = std::make_unique<ShardedGradients>(
         dp, flat, cfg.zero == 1 ? ShardedGradients::Mode::InPlace : ShardedGradients::Mode::Transient);
@@ -113,7 +142,12 @@ DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig&
   }
 }
 
-ParameterUnits* DataParallel::parameter_units() { return params_.get(); }
+ParameterUnits* DataParallel::parameter_units() {
+  if (both_units_) return both_units_.get();
+  return params_.get();
+}
+
+torch::Tensor DataParallel::frozen_shard() { return frozen_params_ ? frozen_params_->shard() : torch::Tensor(); }
 
 void DataParallel::begin_backward(bool last, const std::vector<int>& units) {
   if (grads_) {
@@ -210,6 +244,7 @@ torch::Tensor DataParallel::reduce_gradients() {
     return model_parallel_sum(torch::stack(parts).sum()).sqrt();
   }
   const int during_backward = grads_->finish();
+  if (frozen_params_) frozen_params_->release_all();  // the last pass's lowest units
   if (!reported_overlap_) {
     reported_overlap_ = true;
     spdlog::info("data parallel: {} of {} gradient units reduce during backward", during_backward,
@@ -286,10 +321,12 @@ void DataParallel::gather_parameters() {
 
 void DataParallel::hold_whole(int unit) {
   if (params_) params_->gather_exact(unit);
+  if (frozen_params_) frozen_params_->gather_exact(unit);
 }
 
 void DataParallel::release_whole(int unit) {
   if (params_) params_->release(unit);
+  if (frozen_params_) frozen_params_->release(unit);
 }
 
 torch::Tensor DataParallel::sum(const torch::Tensor& x) {
@@ -302,7 +339,8 @@ double DataParallel::sum(double x) { return sum(torch::tensor(x, torch::kFloat64
 
 int64_t DataParallel::param_bytes() const {
   const auto numel = params_ ? params_->shard().numel() : flat_.numel();
-  return numel * static_cast<int64_t>(sizeof(float));
+  const auto frozen = frozen_params_ ? frozen_params_->shard().numel() : 0;
+  return (numel + frozen) * static_cast<int64_t>(sizeof(float));
 }
 
 int64_t DataParallel::grad_bytes() const {
@@ -311,7 +349,8 @@ int64_t DataParallel::grad_bytes() const {
 }
 
 int64_t DataParallel::peak_transient_bytes() const {
-  return (params_ ? params_->peak_gathered_bytes() : 0) + (grads_ ? grads_->peak_transient_bytes() : 0);
+  return (params_ ? params_->peak_gathered_bytes() : 0) + (frozen_params_ ? frozen_params_->peak_gathered_bytes() : 0) +
+         (grads_ ? grads_->peak_transient_bytes() : 0);
 }
 
 int64_t DataParallel::bytes_sent() const { return dp_.bytes_sent(); }

@@ -36,7 +36,7 @@ Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineS
 
 // The parameters the flat buffers leave out (frozen: LoRA's base weights), given memory
 // on `device` and their initial values there: held whole on every rank, as one process
-// holds them (validate() keeps LoRA to layouts that do not cut them).
+// holds them, but for ZeRO-3, which shards them (frozen_layout).
 void place_frozen(TransformerImpl& model, c10::Device device, uint64_t seed) {
   torch::NoGradGuard no_grad;
   for (auto& item : model.named_parameters()) {
@@ -53,8 +53,8 @@ void place_frozen(TransformerImpl& model, c10::Device device, uint64_t seed) {
 // Each parameter is drawn on the host (the same values as a CPU run, under any layout)
 // and written into its place on `device`: the flat buffer, or under ZeRO-3 this rank's
 // pieces, the only part of it this rank draws.
-std::unique_ptr<FlatParameters> flatten(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch,
-                                        Transformer model, const PipelineStage& stage, c10::Device device) {
+FlatParameters::Options flat_layout(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch,
+                                    const Transformer& model, const PipelineStage& stage, c10::Device device) {
   FlatParameters::Options layout;
   if (dist) layout = DataParallel::flat_options(cfg.parallel, static_cast<int>(batch.dp));
   layout.device = device;
@@ -66,9 +66,14 @@ std::unique_ptr<FlatParameters> flatten(const RunConfig& cfg, Distributed* dist,
   layout.counted = [m = model.get(), rank = model->tensor_parallel().rank(), stage](const std::string& name) {
     return stage_owns(stage, name) && (rank == 0 || m->tp_slice(name).dim >= 0);
   };
-  auto flat = std::make_unique<FlatParameters>(*model, cfg.optimizer, layout);
-  place_frozen(*model, device, static_cast<uint64_t>(cfg.seed));
-  return flat;
+  return layout;
+}
+
+// ZeRO-3 shards LoRA's frozen base as it shards the trained parameters, in units of the
+// same blocks: a 70B base is not held whole on every rank (torchtune's distributed LoRA
+// shards it with FSDP likewise).
+bool shards_frozen(const RunConfig& cfg, Distributed* dist) {
+  return dist && cfg.model.lora_rank > 0 && cfg.parallel.zero == 3;
 }
 }  // namespace
 
@@ -80,15 +85,23 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
         partition_stages(cfg.model, pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, cfg.parallel.virtual_stages,
                          cfg.data.document_attention)[static_cast<size_t>(dist->pp->rank())];
   out.model = build_model(cfg, dist, out.stage);
-  out.flat = flatten(cfg, dist, batch, out.model, out.stage, device);
+  const auto layout = flat_layout(cfg, dist, batch, out.model, out.stage, device);
+  out.flat = std::make_unique<FlatParameters>(*out.model, cfg.optimizer, layout);
+  if (shards_frozen(cfg, dist)) {
+    auto frozen = layout;
+    frozen.frozen = true;
+    frozen.grad = false;
+    out.frozen = std::make_unique<FlatParameters>(*out.model, cfg.optimizer, frozen);
+  } else {
+    place_frozen(*out.model, device, static_cast<uint64_t>(cfg.seed));
+  }
   const DType compute = resolve_compute_dtype(cfg.precision.compute, device);
   if (dist) {
-    out.data_parallel =
-        std::make_unique<DataParallel>(*dist->dp, *out.flat, cfg.parallel, compute, parameter_unit_layout(cfg.model),
-                                       std::vector<Comm*>{dist->tp.get(), dist->pp.get()},
-                                       [names = out.model->weights_read_in_compute_dtype()](const std::string& name) {
-                                         return names.count(name) > 0;
-                                       });
+    out.data_parallel = std::make_unique<DataParallel>(
+        *dist->dp, *out.flat, cfg.parallel, compute, parameter_unit_layout(cfg.model),
+        std::vector<Comm*>{dist->tp.get(), dist->pp.get()},
+        [names = out.model->weights_read_in_compute_dtype()](const std::string& name) { return names.count(name) > 0; },
+        out.frozen.get());
     out.model->set_parameter_units(out.data_parallel->parameter_units());
     out.optim = out.data_parallel->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
   } else {

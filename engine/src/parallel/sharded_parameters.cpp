@@ -28,11 +28,12 @@ struct ShardedParameters::Unit {
 
 ShardedParameters::ShardedParameters(Comm& dp, const FlatParameters& flat, const ParameterUnitLayout& units,
                                      at::ScalarType wire,
-                                     const std::function<bool(const std::string&)>& read_in_compute_dtype)
+                                     const std::function<bool(const std::string&)>& read_in_compute_dtype, bool frozen)
     : dp_(dp),
       flat_(flat),
       last_block_(units.last_block()),
       keep_embeddings_(units.embeddings_read_after_lookup()),
+      frozen_(frozen),
       wire_(wire) {
   TORCH_CHECK(flat.pad_to() % dp.size() == 0, "flat units padded to ", flat.pad_to(), " cannot be cut into ",
               dp.size(), " pieces");
@@ -188,6 +189,10 @@ at::Tensor ShardedParameters::after_forward(int unit, const at::Tensor& y) {
 }
 
 void ShardedParameters::before_backward(int unit) {
+  // Frozen: what backward has passed is done (the last block's unit then the head's, above
+  // it in index).
+  if (frozen_)
+    for (size_t above = static_cast<size_t>(unit) + 1; above < units_.size(); ++above) release(static_cast<int>(above));
   gather(unit);
   if (unit > 1) prefetch(unit - 1);
 }

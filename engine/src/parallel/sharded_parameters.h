@@ -45,8 +45,13 @@ class ShardedParameters : public ParameterUnits {
   // (float, or the compute dtype). `units`: how the flat units map to the model.
   // `read_in_compute_dtype(name)`: whether every read of a parameter in forward and
   // backward is of its working copy in the compute dtype (transformer.h); empty: none is.
+  //
+  // `frozen`: the parameters have no gradients (LoRA's base), so none says when a unit's
+  // backward is over; a unit goes when backward reaches the unit below it (its input's
+  // gradient is complete then), the embeddings and the lowest block of the pass at
+  // release_all(), after the step's last backward.
   ShardedParameters(Comm& dp, const FlatParameters& flat, const ParameterUnitLayout& units, at::ScalarType wire,
-                    const std::function<bool(const std::string&)>& read_in_compute_dtype = {});
+                    const std::function<bool(const std::string&)>& read_in_compute_dtype = {}, bool frozen = false);
   ~ShardedParameters() override;
 
   // This rank's pieces of all units, end to end: what the optimizer updates.
@@ -76,6 +81,7 @@ class ShardedParameters : public ParameterUnits {
   const FlatParameters& flat_;
   int last_block_ = 0;
   bool keep_embeddings_ = false;  // through a micro-batch: read after the lookup
+  bool frozen_ = false;
   at::ScalarType wire_;
   torch::Tensor shard_;
   std::vector<Unit> units_;

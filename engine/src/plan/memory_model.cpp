@@ -287,13 +287,13 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   } else {
     m.optimizer = 2 * owned * 4;
   }
-  // LoRA (validate(): ZeRO 0-2): the stage's frozen weights (this rank's slices) held
-  // whole over data parallelism, beside its adapters, which alone have gradients and
-  // moments in the flat buffers.
+  // LoRA: the stage's frozen weights (this rank's slices) held whole over data
+  // parallelism, or under ZeRO-3 in pieces as the adapters are (sharded_parameters.h:
+  // frozen), beside its adapters, which alone have gradients and moments.
   const double adapters = static_cast<double>(lora_rank_parameter_count(mc, L.tp, r.blocks));
   if (mc.lora_rank > 0) {
     const double owned_adapters = L.zero >= 1 ? adapters / L.dp : adapters;
-    m.parameters = (P + adapters) * 4;
+    m.parameters = (L.zero == 3 ? (P + adapters) / L.dp : P + adapters) * 4;
     m.gradients = (L.zero >= 2 ? adapters / L.dp : adapters) * 4;
     if (L.offload)
       m.host = 4 * owned_adapters * 4;

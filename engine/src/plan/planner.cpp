@@ -228,7 +228,6 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
         if (options.zero && zero != *options.zero) continue;
         if (zero > 0 && family.dp == 1 && !options.zero) continue;  // nothing to shard
         if (pp > 1 && zero == 3) continue;
-        if (m.lora_rank > 0 && zero == 3) continue;  // validate(): the frozen weights are held whole
         family.zero = zero;
         LayoutPlan best_of_family;  // the fastest that fits, or the smallest that does not
         bool any_fits = false;

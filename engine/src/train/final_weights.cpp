@@ -104,7 +104,10 @@ void save_final_adapter(const std::string& dir, const RunConfig& cfg, ParallelMo
   std::map<std::string, torch::Tensor> held;  // the leader's: small beside the model
   gather_to_leader(
       adapters, [&](const std::string& name) { return pm.model->whole_parameter(name); }, cfg, pm, dist, device,
-      [&](const std::string& name, const torch::Tensor& t) { held[name] = t.to(torch::kCPU, torch::kFloat32); });
+      // A copy: under ZeRO-3 `t` may be a view of a unit gathered only until the next.
+      [&](const std::string& name, const torch::Tensor& t) {
+        held[name] = t.to(torch::kCPU, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+      });
   if (dist && dist->world->rank() != 0) return;
   write_peft_adapter(
       dir, cfg.model, [&](const std::string& name) { return held.at(name); }, cfg.checkpoint.init_from, "F32");

@@ -89,6 +89,9 @@ void describe(const Trainer::State& s, int threads) {
                                    s.data->dataset(i).dir(), s.data->dataset(i).split("train").size()));
     s.log->info("data blend: {}", fmt::join(shares, "; "));
   }
+  if (s.pm.frozen)
+    s.log->info("LoRA: ZeRO-3 shards the frozen base: {} of its {} elements on each of {} data-parallel ranks",
+                s.pm.frozen->shard_numel(static_cast<int>(s.batch.dp)), s.pm.frozen->numel(), s.batch.dp);
   const PipelineStage& st = s.pm.stage;
   if (s.pm.pipeline) {
     std::vector<std::string> chunks;
@@ -152,7 +155,8 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
       static_cast<double>(held) / (1 << 20), peak, static_cast<double>(peak) / (1 << 20),
       s.device.is_cuda() ? fmt::format("; {} peak {:.1f} MiB", s.device.str(), peak_device_mb(s.device)) : "");
   s.checkpointer = std::make_unique<Checkpointer>(
-      (s.dir / "checkpoints").string(), CheckpointParts{&s.cfg, s.pm.model.get(), s.pm.flat.get(), s.pm.optim.get(), dist});
+      (s.dir / "checkpoints").string(), CheckpointParts{&s.cfg, s.pm.model.get(), s.pm.flat.get(), s.pm.optim.get(),
+                                                        dist, s.pm.frozen.get(), s.pm.data_parallel.get()});
   if (s.leader && fs::exists(s.data->tokenizer_path())) copy_tokenizer(s.data->tokenizer_path(), s.dir);
   describe(s, threads);
 }

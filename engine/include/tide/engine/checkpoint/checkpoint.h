@@ -28,6 +28,7 @@ class Tensor;
 namespace tide {
 
 class AdamW;
+class DataParallel;
 class FlatParameters;
 class TransformerImpl;
 struct Distributed;
@@ -54,6 +55,11 @@ struct CheckpointParts {
   FlatParameters* flat = nullptr;    // layout of the local parameters
   AdamW* optim = nullptr;            // params() buffer, moments
   Distributed* dist = nullptr;       // null: one process
+  // ZeRO-3 under LoRA: the frozen base's layout, whose pieces on this rank
+  // (data_parallel's frozen_shard) a restore writes (parallelize.h); null: the model holds
+  // its frozen weights whole.
+  const FlatParameters* frozen = nullptr;
+  DataParallel* data_parallel = nullptr;
 };
 
 class Checkpointer {

@@ -2,7 +2,8 @@
 // second one; every parameter and its .grad become views into them (as llm.c does).
 // One buffer makes the optimizer a handful of vectorised ops, gradient clipping one
 // norm, and sharding (ZeRO) a matter of offsets. Parameters that require no gradient
-// (frozen: the base weights under LoRA) are left out and stay the model's own tensors.
+// (frozen: the base weights under LoRA) are left out and stay the model's own tensors,
+// unless a layout of their own is asked for (Options::frozen).
 //
 // The buffer is cut into units (the model's blocks, and one unit for everything
 // outside them), each padded to a multiple of the data-parallel size: ZeRO gives rank r
@@ -58,6 +59,9 @@ class FlatParameters {
     // Whether to allocate the whole parameter / gradient buffers and make parameters
     // and their .grad views of them (ZeRO-2 holds no whole gradient, ZeRO-3 neither).
     bool data = true, grad = true;
+    // Lay out the parameters that require no gradient instead (LoRA's frozen base, which
+    // ZeRO-3 shards as it shards the trained ones); `grad` must then be false.
+    bool frozen = false;
     // Writes elements [first, first + into.numel()) of a parameter's first values (in
     // row-major order) into `into`, their place in a flat buffer or a ZeRO-3 piece (1-D,
     // on `device`). Empty: the parameter's own values are copied. A model built as

@@ -42,15 +42,21 @@ class DataParallel {
   // model replica (tensor parallel, pipeline stages); the gradient norm adds their parts.
   // `read_in_compute_dtype`: the parameters the model reads only as their working copy
   // (transformer.h: weights_read_in_compute_dtype), which stage 3 holds gathered in the
-  // compute dtype alone; empty: none.
+  // compute dtype alone; empty: none. `frozen`: under LoRA, the frozen base's layout
+  // (FlatParameters::Options::frozen, no buffers), which stage 3 shards and gathers unit
+  // by unit beside the adapters; null: the model holds its frozen weights whole.
   DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig& cfg, DType compute,
                const ParameterUnitLayout& units, std::vector<Comm*> model_parallel = {},
-               const std::function<bool(const std::string&)>& read_in_compute_dtype = {});
+               const std::function<bool(const std::string&)>& read_in_compute_dtype = {},
+               const FlatParameters* frozen = nullptr);
   ~DataParallel();
 
   // ZeRO-3: what the model must call around each unit (Transformer::set_parameter_units);
   // otherwise null.
   ParameterUnits* parameter_units();
+  // ZeRO-3 with a frozen layout: this rank's pieces of the frozen base, end to end (where
+  // a checkpoint's restore writes them); otherwise undefined.
+  torch::Tensor frozen_shard();
 
   // Before each backward pass (a micro-batch's, or its pass through one pipeline chunk),
   // with the flat units it produces gradients for, in the order it completes them
@@ -100,7 +106,10 @@ class DataParallel {
   FlatParameters& flat_;
   ParallelConfig cfg_;
   std::unique_ptr<Buckets> buckets_;          // stage 0
-  std::unique_ptr<ShardedParameters> params_;  // stage 3
+  struct BothUnits;
+  std::unique_ptr<ShardedParameters> params_;         // stage 3
+  std::unique_ptr<ShardedParameters> frozen_params_;  // stage 3 under LoRA
+  std::unique_ptr<BothUnits> both_units_;             // drives params_ and frozen_params_
   std::unique_ptr<ShardedGradients> grads_;    // stages 1-3
   bool reported_overlap_ = false;
 };

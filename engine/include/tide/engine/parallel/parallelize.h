@@ -27,6 +27,9 @@ struct ParallelModel {
   Transformer model{nullptr};  // this rank's slice of its stage
   PipelineStage stage;         // the whole model when pp = 1
   std::unique_ptr<FlatParameters> flat;
+  // ZeRO-3 under LoRA: the frozen base's layout, which data_parallel shards; null: the
+  // model holds its frozen weights whole.
+  std::unique_ptr<FlatParameters> frozen;
   std::unique_ptr<DataParallel> data_parallel;  // null in one process
   std::unique_ptr<AdamW> optim;
   std::unique_ptr<Pipeline> pipeline;  // null when pp = 1
