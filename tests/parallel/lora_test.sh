@@ -73,6 +73,16 @@ print(f"  lora: {merged} projections merged with their adapters, {len(base) - me
       f"the checkpoint holds {len(names)} adapter matrices alone")
 PY
 
+# RUN resumed in one process from OTHER's step-5 checkpoint (its metrics up to there
+# copied), checked to have resumed.
+resume_in_one_process() {  # resume_in_one_process OTHER RUN
+  mkdir -p "$work/$2/checkpoints"
+  cp -r "$work/$1/checkpoints/step-00000005" "$work/$2/checkpoints/"
+  head -5 "$work/$1/metrics.jsonl" > "$work/$2/metrics.jsonl"
+  train llama "$2" "${lora[@]}" --resume "$work/$2/checkpoints/step-00000005"
+  grep -q "resumed from" "$work/$2/train.log" || fail "$2 did not resume"
+}
+
 for zero in 0 1 2 3; do
   train llama lora-dp2-zero$zero "${lora[@]}" --nproc 2 --set parallel.zero=$zero
   compare "$work/lora" "$work/lora-dp2-zero$zero" 0
@@ -113,20 +123,12 @@ train llama lora-dp2-zero3-recompute "${lora[@]}" --nproc 2 --set parallel.zero=
 compare "$work/lora" "$work/lora-dp2-zero3-recompute" 0
 grep -q "ZeRO-3 shards the frozen base: [0-9]* of its [0-9]* elements on each of 2" "$work/lora-dp2-zero3-recompute/train.log" ||
   fail "the ZeRO-3 run does not say it shards the frozen base"
-mkdir -p "$work/lora-zero3-resumed/checkpoints"
-cp -r "$work/lora-dp2-zero3-recompute/checkpoints/step-00000005" "$work/lora-zero3-resumed/checkpoints/"
-head -5 "$work/lora-dp2-zero3-recompute/metrics.jsonl" > "$work/lora-zero3-resumed/metrics.jsonl"
-train llama lora-zero3-resumed "${lora[@]}" --resume "$work/lora-zero3-resumed/checkpoints/step-00000005"
-grep -q "resumed from" "$work/lora-zero3-resumed/train.log" || fail "lora-zero3-resumed did not resume"
+resume_in_one_process lora-dp2-zero3-recompute lora-zero3-resumed
 compare "$work/lora-dp2-zero3-recompute" "$work/lora-zero3-resumed" 0
 
 # Resumed from its step-5 checkpoint (the adapters and their moments; the base read again
 # from checkpoint.init_from): steps 6-10 and the weights the uninterrupted run's bits.
-mkdir -p "$work/lora-resumed/checkpoints"
-cp -r "$work/lora/checkpoints/step-00000005" "$work/lora-resumed/checkpoints/"
-head -5 "$work/lora/metrics.jsonl" > "$work/lora-resumed/metrics.jsonl"
-train llama lora-resumed "${lora[@]}" --resume "$work/lora-resumed/checkpoints/step-00000005"
-grep -q "resumed from" "$work/lora-resumed/train.log" || fail "lora-resumed did not resume"
+resume_in_one_process lora lora-resumed
 compare "$work/lora" "$work/lora-resumed" 1
 
 # From another directory than the run's: the base is found where the run found it.
@@ -217,11 +219,7 @@ compare "$work/lora" "$work/lora-dp2-tp2-zero3" 0
 # What records the base is of whole tensors: a tp2 checkpoint resumes in one process
 # (and exports there) onto the same base, and its run's adapter/ is PEFT's whole
 # matrices, the checkpoint's --adapter export's bit for bit.
-mkdir -p "$work/lora-tp2-resumed/checkpoints"
-cp -r "$work/lora-tp2/checkpoints/step-00000005" "$work/lora-tp2-resumed/checkpoints/"
-head -5 "$work/lora-tp2/metrics.jsonl" > "$work/lora-tp2-resumed/metrics.jsonl"
-train llama lora-tp2-resumed "${lora[@]}" --resume "$work/lora-tp2-resumed/checkpoints/step-00000005"
-grep -q "resumed from" "$work/lora-tp2-resumed/train.log" || fail "lora-tp2-resumed did not resume"
+resume_in_one_process lora-tp2 lora-tp2-resumed
 compare "$work/lora-tp2" "$work/lora-tp2-resumed" 0
 $tide ckpt export "$work/lora-tp2/checkpoints/step-00000010" -o "$work/lora-tp2-adapter" --adapter 2> /dev/null
 $tide ckpt export "$work/lora-tp2/checkpoints/step-00000010" -o "$work/lora-tp2-exported" 2> /dev/null
