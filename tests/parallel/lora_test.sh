@@ -5,8 +5,8 @@
 #    every adapted one moves, and each equals W + (alpha / rank) B A of the checkpoint's
 #    adapters (recomputed here); the checkpoint holds the adapters alone;
 #  - dp2 under ZeRO 0, 1, 2 and 3 (which shards the frozen base too) trains as one process
-#    does; activation checkpointing too, and under ZeRO-3 with it; a ZeRO-3 checkpoint
-#    resumes in one process;
+#    does; activation checkpointing too, and under ZeRO-3 with it, with bf16 and with the
+#    optimizer offloaded; a ZeRO-3 checkpoint resumes in one process;
 #  - a resumed run equals the uninterrupted one bit for bit;
 #  - `tide ckpt export` of the last checkpoint is the final weights; a resume or an export
 #    onto base weights other than those the adapters were trained on is refused, naming
@@ -87,6 +87,11 @@ for zero in 0 1 2 3; do
   train llama lora-dp2-zero$zero "${lora[@]}" --nproc 2 --set parallel.zero=$zero
   compare "$work/lora" "$work/lora-dp2-zero$zero" 0
 done
+# The optimizer offloaded: the adapters' pieces updated on the host, the same bytes.
+train llama lora-dp2-zero3-offload "${lora[@]}" --nproc 2 --set parallel.zero=3 --set parallel.offload_optimizer=true
+compare "$work/lora-dp2-zero3" "$work/lora-dp2-zero3-offload" 1
+cmp -s "$work/lora-dp2-zero3/model.safetensors" "$work/lora-dp2-zero3-offload/model.safetensors" ||
+  fail "LoRA's ZeRO-3 offload weights are not ZeRO-3's bytes"
 # What ZeRO-3 gathers at its most beyond ZeRO-2 (its gradient buffers go the same way):
 # the frozen base's units as data_parallel_test.sh counts a model's (a unit arrives
 # beside the one running, and in backward a unit goes as the one below it starts), and
