@@ -1,6 +1,7 @@
 // LoRA adapters (model.lora_rank) against PEFT's: the same base and adapter weights give
 // transformers + peft's logits, loss and adapter gradients (tests/engine/hf_lora.py), and
-// nothing but the adapters gets a gradient.
+// nothing but the adapters gets a gradient. Under bf16 compute a run holds the frozen
+// matmul weights in bf16 and trains as on their fp32 values.
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -9,10 +10,15 @@
 #include <torch/types.h>
 
 #include "hf_reference.h"
+#include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/model_weights.h"
 #include "tide/engine/model/parameter_names.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/model/weights_io.h"
+#include "tide/engine/optim/flat_parameters.h"
+#include "tide/engine/parallel/parallelize.h"
+#include "tide/engine/run_layout.h"
+#include "tiny_models.h"
 
 namespace tide {
 namespace {
@@ -103,6 +109,54 @@ TEST_P(LoraReference, LogitsLossAndAdapterGradientsArePefts) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, LoraReference, ::testing::Values("llama", "bloom"));
+
+class LoraFrozenBase : public ::testing::TestWithParam<ModelConfig> {};
+
+// Under bf16 compute a run holds each frozen weight that is only ever multiplied in bf16
+// (parallelize.h), the rest (embeddings, norms, biases) in fp32: the loss and the
+// adapters' gradients are those of the same base held in fp32, bit for bit, since every
+// product multiplies by the same rounding of its fp32 values.
+TEST_P(LoraFrozenBase, HeldInBf16ItTrainsTheAdaptersAsItsFp32ValuesDo) {
+  RunConfig cfg;
+  cfg.model = GetParam();
+  cfg.model.lora_rank = 4;
+  cfg.model.lora_alpha = 8;
+  cfg.precision.compute = DType::BFloat16;
+  cfg.seed = 5;
+  ParallelModel held = parallelize(cfg, nullptr, BatchLayout{}, torch::kCPU);
+  ParallelModel wide = parallelize(cfg, nullptr, BatchLayout{}, torch::kCPU);
+  const auto multiplied = held.model->weights_read_in_compute_dtype();
+  const auto held_params = held.model->named_parameters();
+  int64_t in_bf16 = 0, in_fp32 = 0;
+  for (auto& item : wide.model->named_parameters()) {
+    if (item.value().requires_grad()) continue;
+    const bool narrow = multiplied.count(item.key()) > 0;
+    EXPECT_EQ(held_params[item.key()].scalar_type(), narrow ? torch::kBFloat16 : torch::kFloat32) << item.key();
+    (narrow ? in_bf16 : in_fp32) += item.value().numel();
+    auto values = torch::empty(item.value().sizes(), torch::kFloat32);
+    wide.model->initialise_parameter(item.key(), values, 5);
+    torch::NoGradGuard no_grad;
+    item.value().set_data(values);
+  }
+  EXPECT_GT(in_bf16, 0);
+  EXPECT_GT(in_fp32, 0) << "the embeddings and norms are read in fp32";
+  torch::manual_seed(3);
+  const auto ids = torch::randint(cfg.model.vocab_size, {2, 17});
+  const auto tokens = ids.narrow(1, 0, 16), targets = ids.narrow(1, 1, 16);
+  const auto step = [&](ParallelModel& pm) {
+    pm.flat->zero_grad();
+    auto loss = with_compute_dtype(DType::BFloat16, [&] { return pm.model->loss(tokens, targets); });
+    loss.backward();
+    return std::make_pair(loss.detach(), pm.flat->grad().clone());
+  };
+  const auto [held_loss, held_grads] = step(held);
+  const auto [wide_loss, wide_grads] = step(wide);
+  EXPECT_TRUE(torch::equal(held_loss, wide_loss)) << held_loss.item<double>() << " " << wide_loss.item<double>();
+  ASSERT_GT(wide_grads.abs().max().item<double>(), 0) << "zero gradients would compare nothing";
+  EXPECT_TRUE(torch::equal(held_grads, wide_grads));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraFrozenBase, ::testing::Values(testing::tiny_llama(), testing::tiny_bloom()));
 
 }  // namespace
 }  // namespace tide

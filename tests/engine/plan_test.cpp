@@ -126,7 +126,7 @@ TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
 // part of each adapter (a column layer's B, a row layer's A split); ZeRO-3 holds a piece
 // of the frozen weights too; the planner offers every layout it trains under.
 TEST(Plan, LoraHoldsTheWeightsAndTheGradientsAndMomentsOfItsAdaptersAlone) {
-  const RunConfig cfg = recipe("llama/llama-3-8b", {"model.lora_rank=16"});
+  const RunConfig cfg = recipe("llama/llama-3-8b", {"model.lora_rank=16", "precision.compute=fp32"});
   const double P = static_cast<double>(parameter_count(cfg.model));
   const double A = static_cast<double>(lora_parameter_count(cfg.model));
   // rank 16 on the 7 projections of 32 blocks: 16 (in + out) each.
@@ -168,6 +168,28 @@ TEST(Plan, LoraHoldsTheWeightsAndTheGradientsAndMomentsOfItsAdaptersAlone) {
   }
   EXPECT_TRUE(cut) << "no tensor- or pipeline-parallel layout offered";
   EXPECT_TRUE(zero3) << "no ZeRO-3 layout offered";
+}
+
+// Under bf16 LoRA holds its frozen matrices in bf16 (parallelize.h), the embeddings and
+// norms in fp32, and casts only its adapters; ZeRO-3 holds its pieces of the base in bf16.
+TEST(Plan, LoraUnderBf16HoldsItsFrozenMatricesInBf16) {
+  const RunConfig cfg = recipe("llama/llama-3-8b", {"model.lora_rank=16", "precision.compute=bf16"});
+  const double P = static_cast<double>(parameter_count(cfg.model));  // the adapters' too
+  const double A = static_cast<double>(lora_parameter_count(cfg.model));
+  const int64_t d = 4096, kv = 1024, f = 14336, vocab = 128256;
+  const double matrices = 32.0 * (d * d + 2 * d * kv + d * d + 3 * d * f) + static_cast<double>(vocab * d);
+  PlanLayout l;
+  l.dp = 2;
+  l.micro_batch = 1;
+  l.micro_batches = 32;
+  l.zero = 2;
+  const LayoutPlan z2 = evaluate_layout(cfg, h100(1, 2), l);
+  EXPECT_DOUBLE_EQ(z2.memory.parameters, 4 * P - 2 * matrices);
+  EXPECT_DOUBLE_EQ(z2.memory.working_copy, 2 * A);
+  l.zero = 3;
+  const LayoutPlan z3 = evaluate_layout(cfg, h100(1, 2), l);
+  EXPECT_NEAR(z3.memory.parameters, (2 * (P - A) + 4 * A) / 2, 2 * 40);  // each of 34 units padded by at most 1
+  EXPECT_DOUBLE_EQ(z3.memory.working_copy, 2 * A);
 }
 
 // ZeRO-3 under bf16 compute gathers in bf16 and holds what it gathered in bf16: a third

@@ -5,8 +5,9 @@
 #    every adapted one moves, and each equals W + (alpha / rank) B A of the checkpoint's
 #    adapters (recomputed here); the checkpoint holds the adapters alone;
 #  - dp2 under ZeRO 0, 1, 2 and 3 (which shards the frozen base too) trains as one process
-#    does; activation checkpointing too, and under ZeRO-3 with it, with bf16 and with the
-#    optimizer offloaded; a ZeRO-3 checkpoint resumes in one process;
+#    does; activation checkpointing too, and under ZeRO-3 with it, with bf16 (which holds
+#    the frozen matrices in bf16) and with the optimizer offloaded; a ZeRO-3 checkpoint
+#    resumes in one process;
 #  - a resumed run equals the uninterrupted one bit for bit;
 #  - `tide ckpt export` of the last checkpoint is the final weights; a resume or an export
 #    onto base weights other than those the adapters were trained on is refused, naming
@@ -118,6 +119,30 @@ for zero in 2 3; do
   train llama lora-bf16-zero$zero "${lora[@]}" --nproc 2 --set parallel.zero=$zero --set precision.compute=bf16
 done
 compare_half "$work/lora-bf16-zero2" "$work/lora-bf16-zero3" 8
+# Under bf16 a frozen weight only ever multiplied is held in bf16 (ZeRO-2: the matrices,
+# not the norms nor the embeddings; ZeRO-3: its pieces of the whole base, which every
+# gather rounds alike): the bytes the fp32 runs hold, less 2 for each. The final weights
+# are the base's fp32 values with the adapters merged, as the export of the last
+# checkpoint makes them.
+$tide ckpt export "$work/lora-bf16-zero3/checkpoints/step-00000010" -o "$work/lora-bf16-exported" 2> /dev/null ||
+  fail "the bf16 ZeRO-3 run's last checkpoint did not export"
+"${TIDE_PYTHON:-python3}" - "$work" "$(dirname "$0")" <<'PY' || fail "LoRA under bf16 holds its frozen base in other bytes"
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from safetensors.numpy import load_file
+from units import unit_sizes, widened
+w = sys.argv[1]
+params = lambda run: json.loads(open(f"{w}/{run}/metrics.jsonl").readline())["model_state_bytes"]["params"]
+base = f"{w}/base/model.safetensors"
+matrices = sum(unit_sizes(base, lambda name, shape: not widened(name, shape)).values())
+pieces = sum(-(-k // 2) for k in unit_sizes(base).values())  # each unit padded to 2 pieces
+assert params("lora-dp2-zero2") - params("lora-bf16-zero2") == 2 * matrices, (params("lora-dp2-zero2"), params("lora-bf16-zero2"), matrices)
+assert params("lora-dp2-zero3") - params("lora-bf16-zero3") == 2 * pieces, (params("lora-dp2-zero3"), params("lora-bf16-zero3"), pieces)
+final, exported = load_file(f"{w}/lora-bf16-zero3/model.safetensors"), load_file(f"{w}/lora-bf16-exported/model.safetensors")
+assert final.keys() == exported.keys() and all((final[k] == exported[k]).all() for k in final)
+print(f"  bf16: {matrices} frozen matrix elements held in bf16 (ZeRO-2), {pieces} frozen piece elements (ZeRO-3); "
+      "the final weights are the export's")
+PY
 train llama lora-recompute "${lora[@]}" --set model.activation_checkpointing=true
 compare "$work/lora" "$work/lora-recompute" 1
 # ZeRO-3 holds the frozen base in pieces, gathered unit by unit as the adapters are: with

@@ -415,12 +415,14 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                       "With activation checkpointing, recompute only the first N blocks of each pipeline chunk "
                       "(Megatron-Core's recompute_num_layers); 0: every block.",
                       REF(model.recompute_blocks)));
-  s.push_back(integer("model.lora_rank", 0, 4096, kFixed,
-                      "> 0: LoRA fine-tuning. Each projection of model.lora_targets gains (lora_alpha / lora_rank) B "
-                      "A of this rank, only A and B train, every other weight keeps its initial values "
-                      "(checkpoint.init_from). Checkpoints hold the adapters; the final weights are merged. Any "
-                      "layout; ZeRO-3 shards the frozen weights too.",
-                      REF(model.lora_rank)));
+  s.push_back(
+      integer("model.lora_rank", 0, 4096, kFixed,
+              "> 0: LoRA fine-tuning. Each projection of model.lora_targets gains (lora_alpha / lora_rank) B "
+              "A of this rank, only A and B train, every other weight keeps its initial values "
+              "(checkpoint.init_from). Checkpoints hold the adapters; the final weights are merged. Any "
+              "layout; ZeRO-3 shards the frozen weights too. Under bf16 (fp16) compute the frozen matrices are held "
+              "in that dtype.",
+              REF(model.lora_rank)));
   s.push_back(number("model.lora_alpha", 1e-6, 1e6, kFixed,
                      "LoRA's scale numerator: the update is (lora_alpha / lora_rank) B A (PEFT's lora_alpha).",
                      REF(model.lora_alpha)));

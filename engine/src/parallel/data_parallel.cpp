@@ -321,12 +321,10 @@ void DataParallel::gather_parameters() {
 
 void DataParallel::hold_whole(int unit) {
   if (params_) params_->gather_exact(unit);
-  if (frozen_params_) frozen_params_->gather_exact(unit);
 }
 
 void DataParallel::release_whole(int unit) {
   if (params_) params_->release(unit);
-  if (frozen_params_) frozen_params_->release(unit);
 }
 
 torch::Tensor DataParallel::sum(const torch::Tensor& x) {
@@ -339,8 +337,8 @@ double DataParallel::sum(double x) { return sum(torch::tensor(x, torch::kFloat64
 
 int64_t DataParallel::param_bytes() const {
   const auto numel = params_ ? params_->shard().numel() : flat_.numel();
-  const auto frozen = frozen_params_ ? frozen_params_->shard().numel() : 0;
-  return (numel + frozen) * static_cast<int64_t>(sizeof(float));
+  const auto frozen = frozen_params_ ? frozen_params_->shard().nbytes() : 0;
+  return numel * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(frozen);
 }
 
 int64_t DataParallel::grad_bytes() const {

@@ -39,7 +39,10 @@ ShardedParameters::ShardedParameters(Comm& dp, const FlatParameters& flat, const
               dp.size(), " pieces");
   torch::NoGradGuard no_grad;
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(flat.device());
-  shard_ = torch::zeros({flat.shard_numel(dp.size())}, opts);  // the padding stays zero
+  // A frozen shard under bf16 (fp16) compute is held in that dtype: every gather would
+  // round it to the same bits, and nothing updates it or saves it (a checkpoint takes a
+  // LoRA base from its initial weights again).
+  shard_ = torch::zeros({flat.shard_numel(dp.size())}, opts.dtype(frozen ? wire : at::kFloat));  // padding stays zero
   // Gathered in fp32, the parameters are views of their unit's buffer; in the compute
   // dtype, each has memory of its own that only some of them ever get.
   const bool own_memory = wire_ != at::kFloat;
@@ -200,6 +203,8 @@ void ShardedParameters::before_backward(int unit) {
 void ShardedParameters::end_forward() { release_all(); }
 
 void ShardedParameters::gather_exact(int u) {
+  TORCH_CHECK(shard_.scalar_type() == at::kFloat, "ShardedParameters: a shard held in ", shard_.scalar_type(),
+              " has no fp32 values to gather");
   // Gathered (or on its way) in the wire dtype, it would hold rounded values.
   const auto& unit = units_[static_cast<size_t>(u)];
   if ((unit.gathering || unit.gathered) && !unit.exact) release(u);

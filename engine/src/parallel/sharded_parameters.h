@@ -49,7 +49,9 @@ class ShardedParameters : public ParameterUnits {
   // `frozen`: the parameters have no gradients (LoRA's base), so none says when a unit's
   // backward is over; a unit goes when backward reaches the unit below it (its input's
   // gradient is complete then), the embeddings and the lowest block of the pass at
-  // release_all(), after the step's last backward.
+  // release_all(), after the step's last backward. Its shard is held in `wire` (every
+  // gather would round it alike; nothing updates it), so gather_exact has nothing exact
+  // to gather under bf16.
   ShardedParameters(Comm& dp, const FlatParameters& flat, const ParameterUnitLayout& units, at::ScalarType wire,
                     const std::function<bool(const std::string&)>& read_in_compute_dtype = {}, bool frozen = false);
   ~ShardedParameters() override;

@@ -287,20 +287,26 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   } else {
     m.optimizer = 2 * owned * 4;
   }
+  const bool bf16 = compute != DType::Float32;  // or fp16: the same widths
   // LoRA: the stage's frozen weights (this rank's slices) held whole over data
   // parallelism, or under ZeRO-3 in pieces as the adapters are (sharded_parameters.h:
-  // frozen), beside its adapters, which alone have gradients and moments.
+  // frozen), beside its adapters, which alone have gradients and moments. Under bf16 the
+  // frozen weights only ever multiplied are held in bf16 (parallelize.cpp: place_frozen),
+  // under ZeRO-3 all its pieces (each gather rounds them alike).
   const double adapters = static_cast<double>(lora_rank_parameter_count(mc, L.tp, r.blocks));
+  const double frozen_in_compute = bf16 ? static_cast<double>(r.blocks * (r.block_elements - r.block_widened) +
+                                                              (mc.tie_embeddings ? 0 : r.head_matmul))
+                                        : 0.0;
   if (mc.lora_rank > 0) {
     const double owned_adapters = L.zero >= 1 ? adapters / L.dp : adapters;
-    m.parameters = (L.zero == 3 ? (P + adapters) / L.dp : P + adapters) * 4;
+    m.parameters =
+        L.zero == 3 ? (P * (bf16 ? 2 : 4) + adapters * 4) / L.dp : 4 * (P + adapters) - 2 * frozen_in_compute;
     m.gradients = (L.zero >= 2 ? adapters / L.dp : adapters) * 4;
     if (L.offload)
       m.host = 4 * owned_adapters * 4;
     else
       m.optimizer = 2 * owned_adapters * 4;
   }
-  const bool bf16 = compute != DType::Float32;  // or fp16: the same widths
   // The blocks of each chunk that activation checkpointing recomputes (its first ones).
   ModelConfig checkpointed = mc;
   checkpointed.activation_checkpointing = L.activation_checkpointing;
@@ -320,8 +326,9 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
                           : mc.tie_embeddings ? static_cast<double>(r.head_matmul)
                                               : 0.0;
     m.working_copy = L.zero == 0 && !L.offload ? 2 * P : 2 * matmul;
-    // LoRA: the frozen weights are cast by the step, the adapters by the optimizer.
-    if (mc.lora_rank > 0) m.working_copy = 2 * (matmul + adapters);
+    // LoRA: the adapters are cast by the optimizer, the frozen matmul weights held in
+    // fp32 by the step (a tied head, key/value weights read whole).
+    if (mc.lora_rank > 0) m.working_copy = 2 * (matmul - (L.zero == 3 ? 0.0 : frozen_in_compute) + adapters);
   }
   // ZeRO-3's gathered blocks: the running one (fp32; bf16: held in bf16, its norms and
   // biases widened to fp32 beside it) and the next one arriving (in fp32, or in the

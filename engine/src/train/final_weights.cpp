@@ -16,6 +16,7 @@
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/parallelize.h"
+#include "tide/engine/train/initial_weights.h"
 #include "tide/engine/train/run_files.h"
 #include "tide/engine/train/tensor_memory.h"
 
@@ -63,7 +64,7 @@ void gather_to_leader(const std::vector<TensorShape>& params, const TensorSource
     if (leader)
       take(name, t);
     else if (sender)
-      dist->pp->send(t.contiguous(), 0, sent++, "weights " + name)->wait();
+      dist->pp->send(t.to(device).contiguous(), 0, sent++, "weights " + name)->wait();  // a LoRA base's from the host
   }
   if (dp && held >= 0) dp->release_whole(held);
 }
@@ -78,8 +79,17 @@ int64_t save_final_weights(const std::string& path, const RunConfig& cfg, Parall
   // The whole model's, in its order; LoRA's adapters merged into their projections.
   const ModelConfig written = without_lora(cfg.model);
   const auto params = parameter_shapes(written);
+  const TensorSource held = [&](const std::string& name) { return pm.model->whole_parameter(name); };
+  // LoRA: the base is its initial weights (checkpoint.init_from, or the seed's draw) read
+  // again, as `tide ckpt export` merges a checkpoint's adapters onto them: under bf16
+  // compute the run holds its matmul weights rounded (parallelize.h), under ZeRO-3 in
+  // pieces that are not gathered for this.
   const TensorSource whole =
-      merged_weights(cfg.model, [&](const std::string& name) { return pm.model->whole_parameter(name); });
+      cfg.model.lora_rank == 0
+          ? held
+          : merged_weights(cfg.model, [held, initial = initial_parameter_values(cfg)](const std::string& name) {
+              return is_lora_parameter(name) ? held(name) : initial(name);
+            });
 
   std::unique_ptr<SafetensorsStream> out;
   if (leader) {

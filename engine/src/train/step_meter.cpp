@@ -18,6 +18,16 @@ namespace tide {
 
 namespace {
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// LoRA's frozen base where the model holds it whole (not sharded by ZeRO-3, which counts
+// its pieces), in the dtypes it is held in (parallelize.h).
+int64_t held_frozen_bytes(const ParallelModel& pm) {
+  if (pm.frozen) return 0;
+  int64_t bytes = 0;
+  for (const auto& p : pm.model->parameters())
+    if (!p.requires_grad()) bytes += static_cast<int64_t>(p.nbytes());
+  return bytes;
+}
 }  // namespace
 
 StepMeter::StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed* dist, c10::Device device,
@@ -32,7 +42,8 @@ StepMeter::StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed*
       reprobes_left_(peak_flops > 0 ? 0 : 3),
       flops_per_token_(train_flops_per_token(cfg.model, cfg.data.seq_len)),
       world_(dist ? dist->world->size() : 1),
-      flat_bytes_(pm.flat->numel() * static_cast<int64_t>(sizeof(float))) {
+      flat_bytes_(pm.flat->numel() * static_cast<int64_t>(sizeof(float))),
+      frozen_bytes_(held_frozen_bytes(pm)) {
   if (peak_ <= 0) peak_ = probe_matmul_peak();
   log_.info("matmul peak {:.1f} GFLOP/s; {:.3g} FLOPs per token", peak_ / 1e9, flops_per_token_);
 }
@@ -113,7 +124,7 @@ void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left, 
   m.peak_host_tensor_mb = std::max(host_peak_before_probe_mb_, mib(peak_host_tensor_bytes()));
   m.host_tensor_mb = mib(host_tensor_bytes());
   const DataParallel* dp = pm_.data_parallel.get();
-  m.param_bytes = dp ? dp->param_bytes() : flat_bytes_;
+  m.param_bytes = (dp ? dp->param_bytes() : flat_bytes_) + frozen_bytes_;
   m.grad_bytes = dp ? dp->grad_bytes() : flat_bytes_;
   m.optimizer_bytes = pm_.optim->state_bytes();
   if (dp) {

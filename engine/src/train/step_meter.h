@@ -64,7 +64,7 @@ class StepMeter {
   double host_peak_before_probe_mb_ = 0, device_peak_before_probe_mb_ = 0;
   double flops_per_token_;
   int world_;
-  int64_t flat_bytes_;
+  int64_t flat_bytes_, frozen_bytes_;
   int64_t comm_before_ = 0;
   double comm_wait_at_start_ = 0, data_seconds_ = 0, checkpoint_seconds_ = 0;
   double ema_step_ = -1;  // seconds, for the ETA

@@ -89,9 +89,21 @@ void describe(const Trainer::State& s, int threads) {
                                    s.data->dataset(i).dir(), s.data->dataset(i).split("train").size()));
     s.log->info("data blend: {}", fmt::join(shares, "; "));
   }
-  if (s.pm.frozen)
-    s.log->info("LoRA: ZeRO-3 shards the frozen base: {} of its {} elements on each of {} data-parallel ranks",
-                s.pm.frozen->shard_numel(static_cast<int>(s.batch.dp)), s.pm.frozen->numel(), s.batch.dp);
+  if (s.pm.frozen) {
+    s.log->info("LoRA: ZeRO-3 shards the frozen base: {} of its {} elements on each of {} data-parallel ranks, in {}",
+                s.pm.frozen->shard_numel(static_cast<int>(s.batch.dp)), s.pm.frozen->numel(), s.batch.dp,
+                c10::toString(s.pm.data_parallel->frozen_shard().scalar_type()));
+  } else if (cfg.model.lora_rank > 0) {
+    int64_t elements = 0, narrow = 0, bytes = 0;
+    for (const auto& p : s.pm.model->parameters()) {
+      if (p.requires_grad()) continue;
+      elements += p.numel();
+      narrow += p.scalar_type() == at::kFloat ? 0 : p.numel();
+      bytes += static_cast<int64_t>(p.nbytes());
+    }
+    s.log->info("LoRA: the frozen base held whole, {} MiB: {} of its {} elements (the matrices) in the compute dtype",
+                bytes >> 20, narrow, elements);
+  }
   const PipelineStage& st = s.pm.stage;
   if (s.pm.pipeline) {
     std::vector<std::string> chunks;

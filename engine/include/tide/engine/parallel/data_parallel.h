@@ -78,9 +78,10 @@ class DataParallel {
   // After the optimizer step: stages 1 and 2 gather the updated pieces on all ranks.
   void gather_parameters();
   // Every rank of the group calls them, for the same units in the same order: unit
-  // `unit`'s parameters whole in fp32 from hold_whole until release_whole (stage 3
+  // `unit`'s trained parameters whole in fp32 from hold_whole until release_whole (stage 3
   // gathers its exact pieces, whatever dtype forward gathers in; other stages hold every
-  // parameter whole already). One unit at a time is how a sharded model is saved.
+  // parameter whole already). One unit at a time is how a sharded model is saved; a
+  // LoRA base is not gathered, its values are its initial ones (final_weights.h).
   void hold_whole(int unit);
   void release_whole(int unit);
 
@@ -88,7 +89,8 @@ class DataParallel {
   // read on the host.
   torch::Tensor sum(const torch::Tensor& x);
   double sum(double x);
-  // What this rank holds between steps.
+  // What this rank holds between steps (param_bytes: of the flat buffer, and under
+  // stage 3 of a LoRA base too, its pieces in the dtype they are held in).
   int64_t param_bytes() const;
   int64_t grad_bytes() const;
   // The most this rank held at once of parameters gathered and gradients waiting to

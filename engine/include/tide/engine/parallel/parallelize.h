@@ -43,7 +43,10 @@ struct ParallelModel {
 // Builds the model initialised from cfg.seed (every layout holds the same values as one
 // process), on `device`, and parallelizes it over `dist` (null: one process). The model
 // is built as shapes and each parameter written where it stays: no rank holds more of it
-// at once than its flat buffer, or under ZeRO-3 its pieces and one whole unit.
+// at once than its flat buffer, or under ZeRO-3 its pieces and one whole unit. Under bf16
+// (fp16) compute LoRA's frozen weights that are only ever multiplied are held in that
+// dtype alone (ZeRO-3: its pieces of the whole base), the bits their working copies
+// would have.
 ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch, c10::Device device);
 
 }  // namespace tide
