@@ -1,7 +1,9 @@
 // LoRA adapters (model.lora_rank) against PEFT's: the same base and adapter weights give
 // transformers + peft's logits, loss and adapter gradients (tests/engine/hf_lora.py), and
 // nothing but the adapters gets a gradient. Under bf16 compute a run holds the frozen
-// matmul weights in bf16 and trains as on their fp32 values.
+// matmul weights in bf16 and trains as on their fp32 values. lora_dropout drops the
+// adapters' inputs alone, as PEFT's does, with the mask one process would draw in any
+// tensor-parallel part.
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -157,6 +159,72 @@ TEST_P(LoraFrozenBase, HeldInBf16ItTrainsTheAdaptersAsItsFp32ValuesDo) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, LoraFrozenBase, ::testing::Values(testing::tiny_llama(), testing::tiny_bloom()));
+
+// An adapter's input under lora_dropout p: each element dropped or scaled by 1 / (1 - p)
+// as at::dropout scales it, about p of them dropped, none in evaluation; a part of the
+// input's columns (a row-parallel layer's on one rank) gets those columns of the mask the
+// whole input gets from the same generator state.
+TEST(LoraDropout, DropsTheAdaptersInputAsOneProcessWouldInAnyPart) {
+  const double p = 0.25;
+  Projection layer(512, 8, false, LoraShape{4, 8, p});
+  layer->train();
+  torch::manual_seed(7);
+  const auto x = torch::randn({4, 64, 512});
+  torch::manual_seed(11);
+  const auto dropped = layer->adapter_input(x);
+  const auto scale = torch::ones({}).div(1 - p);
+  const auto kept = dropped != 0;
+  EXPECT_TRUE(torch::equal(dropped, torch::where(kept, x * scale, torch::zeros_like(x))));
+  // 131,072 Bernoulli draws: the dropped share's deviation is sqrt(p (1 - p) / n) = 0.0012.
+  const double share = 1.0 - kept.to(torch::kFloat64).mean().item<double>();
+  EXPECT_NEAR(share, p, 6 * std::sqrt(p * (1 - p) / static_cast<double>(x.numel())));
+  for (const int64_t parts : {2, 4}) {
+    const int64_t w = 512 / parts;
+    for (int64_t part = 0; part < parts; ++part) {
+      torch::manual_seed(11);
+      EXPECT_TRUE(torch::equal(layer->adapter_input(x.narrow(-1, part * w, w).contiguous(), part, parts),
+                               dropped.narrow(-1, part * w, w)))
+          << "part " << part << " of " << parts;
+    }
+  }
+  layer->eval();
+  EXPECT_TRUE(layer->adapter_input(x).is_same(x)) << "evaluation drops nothing";
+  Projection plain(512, 8, false, LoraShape{4, 8, 0.0});
+  plain->train();
+  EXPECT_TRUE(plain->adapter_input(x).is_same(x));
+}
+
+// The frozen projections read their inputs whole: with B at its start (zero) a training
+// forward under lora_dropout is the evaluation forward bit for bit, the adapters' inputs
+// taken apart from the normed pass or not; with a trained B it is not, and the adapters
+// alone get gradients.
+TEST_P(LoraFrozenBase, UnderLoraDropoutTheFrozenProjectionsReadTheirInputsWhole) {
+  ModelConfig m = GetParam();
+  m.lora_rank = 4;
+  m.lora_alpha = 8;
+  m.lora_dropout = 0.5;
+  Transformer model(m);
+  model->reset_parameters(5);
+  torch::manual_seed(3);
+  const auto tokens = torch::randint(m.vocab_size, {2, 16});
+  model->eval();
+  const auto evaluated = model->forward(tokens);
+  model->train();
+  EXPECT_TRUE(torch::equal(model->forward(tokens), evaluated));
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters())
+      if (ends_with(item.key(), ".lora_B.weight")) item.value().normal_(0, 0.02);
+  }
+  const auto trained_b = model->forward(tokens);
+  model->eval();
+  EXPECT_FALSE(torch::equal(trained_b, model->forward(tokens))) << "the adapters' inputs were not dropped";
+  model->train();
+  const auto targets = torch::randint(m.vocab_size, {2, 16});
+  model->loss(tokens, targets).backward();
+  for (const auto& item : model->named_parameters())
+    EXPECT_EQ(item.value().grad().defined(), is_lora_parameter(item.key())) << item.key();
+}
 
 }  // namespace
 }  // namespace tide

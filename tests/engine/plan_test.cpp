@@ -192,6 +192,24 @@ TEST(Plan, LoraUnderBf16HoldsItsFrozenMatricesInBf16) {
   EXPECT_DOUBLE_EQ(z3.memory.working_copy, 2 * A);
 }
 
+// Each adapter keeps its rank-wide product, and under lora_dropout its dropped input and
+// the scaled mask, 2 bytes each an element under bf16 (layers.cpp): on LLaMA-3 8B's seven
+// projections the inputs are 5 of width D (q, k, v, gate, up), the attention's output (D
+// wide) and the MLP's product (F), which an undropped down projection's A keeps already.
+TEST(Plan, LoraDropoutKeepsEachAdaptersDroppedInputAndItsMask) {
+  PlanLayout l;
+  l.micro_batch = 1;
+  l.micro_batches = 512;
+  const auto activations = [&](const std::vector<std::string>& set) {
+    return evaluate_layout(recipe("llama/llama-3-8b", set), h100(1, 1), l).memory.activations;
+  };
+  const double full = activations({}), lora = activations({"model.lora_rank=16"}),
+               dropped = activations({"model.lora_rank=16", "model.lora_dropout=0.1"});
+  const double N = 8192, s = 2, d = 4096, f = 14336, blocks = 32;
+  EXPECT_DOUBLE_EQ(lora - full, blocks * N * s * (7 * 16 + f));
+  EXPECT_DOUBLE_EQ(dropped - lora, blocks * N * s * (2 * (6 * d + f) - f));
+}
+
 // ZeRO-3 under bf16 compute gathers in bf16 and holds what it gathered in bf16: a third
 // less traffic than in fp32 (the reduce-scatters stay fp32); the running block takes 2
 // bytes a weight, its norms widened to 4 beside it, the block arriving 2, beside this

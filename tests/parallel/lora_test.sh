@@ -15,6 +15,8 @@
 #  - tp2 (with sequence parallelism, with a key/value head held whole), pp2, dp2 x tp2 and
 #    tp2 x pp2 train as one process does, LLaMA and BLOOM; a tp2 checkpoint resumes and
 #    exports in one process, and its adapters leave the run whole;
+#  - lora_dropout: tp2 with sequence parallelism draws one process's masks, a resume
+#    the same bits;
 #  - targets of the other family, and targets without a rank, are refused.
 source "$(dirname "$0")/common.sh" "$1"
 
@@ -76,11 +78,11 @@ PY
 
 # RUN resumed in one process from OTHER's step-5 checkpoint (its metrics up to there
 # copied), checked to have resumed.
-resume_in_one_process() {  # resume_in_one_process OTHER RUN
+resume_in_one_process() {  # resume_in_one_process OTHER RUN [tide train options...]
   mkdir -p "$work/$2/checkpoints"
   cp -r "$work/$1/checkpoints/step-00000005" "$work/$2/checkpoints/"
   head -5 "$work/$1/metrics.jsonl" > "$work/$2/metrics.jsonl"
-  train llama "$2" "${lora[@]}" --resume "$work/$2/checkpoints/step-00000005"
+  train llama "$2" "${lora[@]}" "${@:3}" --resume "$work/$2/checkpoints/step-00000005"
   grep -q "resumed from" "$work/$2/train.log" || fail "$2 did not resume"
 }
 
@@ -234,6 +236,28 @@ compare "$work/lora" "$work/lora-dp2-tp2" 0
 train llama lora-tp2-pp2 "${lora[@]}" --nproc 4 --set parallel.tp=2 --set parallel.pp=2 \
   --set parallel.sequence_parallel=true
 compare "$work/lora" "$work/lora-tp2-pp2" 0
+# lora_dropout: each A reads its input with elements dropped, the frozen projections
+# read it whole. Tensor-parallel ranks draw in step, and a row-parallel rank keeps its
+# columns of the mask of the whole input, so tp2 (with sequence parallelism: the masks
+# are drawn on the gathered sequence) draws one process's masks and trains as it does; a
+# resume restores the generators (the same bits); the adapter's config carries the rate.
+dropout=(--set model.lora_dropout=0.25)
+train llama lora-dropout "${lora[@]}" "${dropout[@]}" --set checkpoint.every=5
+train llama lora-dropout-tp2 "${lora[@]}" "${dropout[@]}" --nproc 2 --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true
+compare "$work/lora-dropout" "$work/lora-dropout-tp2" 0
+resume_in_one_process lora-dropout lora-dropout-resumed "${dropout[@]}"
+compare "$work/lora-dropout" "$work/lora-dropout-resumed" 1
+"${TIDE_PYTHON:-python3}" - "$work" <<'PY' || fail "lora_dropout did not drop, or its adapter does not say so"
+import json, sys
+w = sys.argv[1]
+losses = lambda run: [json.loads(l)["loss"] for l in open(f"{w}/{run}/metrics.jsonl")]
+plain, dropped = losses("lora"), losses("lora-dropout")
+assert plain[0] == dropped[0], "B starts at zero: the first step's loss is the base's either way"
+assert all(a != b for a, b in zip(plain[1:], dropped[1:])), (plain, dropped)
+assert json.load(open(f"{w}/lora-dropout/adapter/adapter_config.json"))["lora_dropout"] == 0.25
+print(f"  lora_dropout 0.25: step 10's loss {dropped[-1]:.5f} against {plain[-1]:.5f} undropped")
+PY
 kv1=(--set model.n_kv_heads=1 --set model.lora_rank=4 --set eval.every=0)
 train llama lora-kv1 "${kv1[@]}"
 train llama lora-kv1-tp2 "${kv1[@]}" --nproc 2 --set parallel.tp=2

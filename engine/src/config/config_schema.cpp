@@ -426,6 +426,10 @@ void add_model_fields(std::vector<FieldSpec>& s) {
   s.push_back(number("model.lora_alpha", 1e-6, 1e6, kFixed,
                      "LoRA's scale numerator: the update is (lora_alpha / lora_rank) B A (PEFT's lora_alpha).",
                      REF(model.lora_alpha)));
+  s.push_back(number("model.lora_dropout", 0, 1, kFixed,
+                     "LoRA: dropout on each adapter's input while training (PEFT's lora_dropout), below 1; the frozen "
+                     "projection reads its input whole.",
+                     REF(model.lora_dropout)));
   s.push_back(choice_list("model.lora_targets",
                           {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                            "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"},
@@ -852,6 +856,11 @@ void validate_model(const ModelConfig& m) {
   if (!m.lora_targets.empty() && m.lora_rank == 0)
     fail("model.lora_targets",
          fmt::format("{} take LoRA adapters, and model.lora_rank is 0", json(m.lora_targets).dump()));
+  if (m.lora_dropout > 0 && m.lora_rank == 0)
+    fail("model.lora_dropout", fmt::format("{} drops LoRA adapters' inputs, and model.lora_rank is 0", m.lora_dropout));
+  if (m.lora_dropout >= 1)
+    fail("model.lora_dropout",
+         fmt::format("{} would drop every input of the adapters: it must be below 1", m.lora_dropout));
   const auto projections = block_projection_names(m);
   for (size_t i = 0; i < m.lora_targets.size(); ++i)
     if (std::find(projections.begin(), projections.end(), m.lora_targets[i]) == projections.end())

@@ -63,6 +63,7 @@ ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, bool with_bias, LoraShap
     lora_b = register_module("lora_B", std::make_shared<torch::nn::Module>())
                  ->register_parameter("weight", parameter_tensor({out, lora.rank}));
     lora_scale = lora.alpha / static_cast<double>(lora.rank);
+    lora_dropout = lora.dropout;
   }
 }
 
@@ -77,7 +78,17 @@ torch::Tensor ProjectionImpl::lora_update(const torch::Tensor& a, const torch::T
 }
 
 torch::Tensor ProjectionImpl::lora_update_of_input(const torch::Tensor& x) const {
-  return lora_update(projection(x, lora_a, {}));
+  return lora_update(projection(adapter_input(x), lora_a, {}));
+}
+
+torch::Tensor ProjectionImpl::adapter_input(const torch::Tensor& x, int64_t part, int64_t parts) const {
+  if (!drops_adapter_input()) return x;
+  // The mask scaled, as at::dropout makes it, drawn for the whole input in one layout.
+  auto whole = x.sizes().vec();
+  const int64_t width = whole.back();
+  whole.back() = width * parts;
+  const auto kept = at::dropout(at::ones(whole, x.options()), lora_dropout, /*train=*/true);
+  return x * (parts == 1 ? kept : kept.narrow(-1, part * width, width));
 }
 
 namespace {
@@ -162,6 +173,19 @@ std::vector<LoraWeights> column_lora(const std::vector<const ProjectionImpl*>& l
 ProjectedInput project_input(const LayerInput& in, const std::vector<ProjectionWeights>& ps, const TensorParallel& tp,
                              const std::vector<const ProjectionImpl*>& layers,
                              const std::vector<LoraWeights>& adapters) {
+  const bool drops = std::any_of(layers.begin(), layers.end(), [](const auto* l) { return l->drops_adapter_input(); });
+  if (drops) {
+    // Under lora_dropout each adapter reads its own dropped copy of the layer's input (as
+    // PEFT's adapters, each with its dropout, do), so A's products leave the shared pass:
+    // the input (normed here) made once for them, and kept by each for its gradient.
+    ProjectedInput p = project_all(in, ps, tp);
+    const auto x = enter_tp(in.norm ? in.norm->forward(in.x) : in.x, tp);
+    for (size_t i = 0; i < layers.size(); ++i)
+      if (layers[i]->adapted())
+        p.out[i] = p.out[i] +
+                   layers[i]->lora_update(projection(layers[i]->adapter_input(x), adapters[i].a, {}), adapters[i].b);
+    return p;
+  }
   std::vector<ProjectionWeights> all = ps;
   std::vector<size_t> lora_at(ps.size(), 0);  // where its A projection is in `all` (0: none)
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -210,7 +234,8 @@ torch::Tensor reduce_row_parallel(const torch::Tensor& y, const torch::Tensor& b
 torch::Tensor row_parallel_part(const torch::Tensor& x, const ProjectionImpl& layer, const TensorParallel& tp) {
   const auto y = projection(x, layer.weight, {});
   if (!layer.adapted()) return y;
-  return y + layer.lora_update(projection(x, layer.lora_a, {}), whole_on_every_rank(layer.lora_b, tp));
+  return y + layer.lora_update(projection(layer.adapter_input(x, tp.rank(), tp.size()), layer.lora_a, {}),
+                               whole_on_every_rank(layer.lora_b, tp));
 }
 
 // A row-parallel layer, added onto the residual stream where one is given.
@@ -224,7 +249,7 @@ torch::Tensor leave_tp(const torch::Tensor& x, const ProjectionImpl& layer, cons
 LoraShape lora_of(const ModelConfig& cfg, const std::string& name) {
   const auto targets = lora_target_names(cfg);
   if (std::find(targets.begin(), targets.end(), name) == targets.end()) return {};
-  return {cfg.lora_rank, cfg.lora_alpha};
+  return {cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout};
 }
 }  // namespace
 

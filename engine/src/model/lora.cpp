@@ -16,6 +16,7 @@ namespace tide {
 ModelConfig without_lora(const ModelConfig& m) {
   ModelConfig out = m;
   out.lora_rank = 0;
+  out.lora_dropout = 0;
   out.lora_targets.clear();
   return out;
 }
@@ -62,7 +63,7 @@ void write_peft_adapter(const std::string& dir, const ModelConfig& m, const Tens
       {"r", m.lora_rank},
       {"lora_alpha", m.lora_alpha},
       {"target_modules", lora_target_names(m)},
-      {"lora_dropout", 0.0},
+      {"lora_dropout", m.lora_dropout},
       {"bias", "none"},
       {"fan_in_fan_out", false},
       {"use_rslora", false},

@@ -407,7 +407,7 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   // Attention sees the whole sequence, also when the residual stream is split.
   const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
   const bool recompute = is_training() && torch::GradMode::is_enabled();
-  const bool blocks_draw = cfg_.dropout > 0 && is_training();
+  const bool blocks_draw = (cfg_.dropout > 0 || (cfg_.lora_rank > 0 && cfg_.lora_dropout > 0)) && is_training();
   // The chunk's blocks sit in `blocks` after those of the chunks before it.
   size_t at = 0;
   for (size_t c = 0; c < chunk; ++c) at += static_cast<size_t>(stage_.chunks[c].end - stage_.chunks[c].first);

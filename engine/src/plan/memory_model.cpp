@@ -53,6 +53,28 @@ double block_scores(const ModelConfig& m, const RankModel& r, const Shape& x, do
   return scores * (x.s + (m.dropout > 0 ? x.s + 1 : 0));
 }
 
+// LoRA's saved tensors of one block and micro-batch (layers.cpp): each adapter's B keeps
+// A's product, `rank` wide. Without dropout the column-parallel layers' A products come
+// out of the normed pass, which keeps no input, and an adapted down projection's A keeps
+// the MLP's product, which the frozen projection alone makes again (glu_down); under
+// lora_dropout every A keeps its dropped copy of its input and the scaled mask.
+double lora_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
+  double bytes = 0;
+  for (const auto& name : lora_target_names(m)) {
+    const bool row = projection_split(m, name, 1) == ProjectionSplit::Row;
+    const bool mlp_out = name == "down_proj" || name == "dense_4h_to_h";
+    const double in = !row      ? static_cast<double>(r.dim)
+                      : mlp_out ? static_cast<double>(r.ffn)
+                                : static_cast<double>(r.heads * r.head_dim);
+    bytes += x.N * static_cast<double>(m.lora_rank) * x.s;
+    if (m.lora_dropout > 0)
+      bytes += 2 * x.N * in * x.s;
+    else if (name == "down_proj" && gated_mlp(m))
+      bytes += x.N * in * x.s;
+  }
+  return bytes;
+}
+
 // Autograd's saved tensors of one block and micro-batch, run without recomputation; the
 // block `windowed` where its window is shorter than the sequence.
 double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, bool windowed) {
@@ -94,6 +116,7 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, boo
   // Post-norms (Gemma 2 and 3) keep their inputs, attention's and the MLP's outputs
   // (this rank's part of the sequence), and one fp32 statistic a row.
   if (m.post_norms) bytes += 2 * x.Nn * (D * x.s + 4);
+  if (m.lora_rank > 0) bytes += lora_saved(m, r, x);
   return bytes;
 }
 

@@ -38,6 +38,8 @@ std::optional<std::string> why_steps_run_uncaptured(const RunConfig& cfg, const 
   if (!facts.optimizer_on_device) return std::string("the optimizer reads its gate on the host");
   if (cfg.model.dropout > 0)
     return fmt::format("model.dropout = {}: dropout's random masks are not captured", cfg.model.dropout);
+  if (cfg.model.lora_rank > 0 && cfg.model.lora_dropout > 0)
+    return fmt::format("model.lora_dropout = {}: dropout's random masks are not captured", cfg.model.lora_dropout);
   if (facts.anomaly_policy) return std::string("the recipe's on_anomaly policy judges each step before its update");
   if (facts.loss_tap) return std::string("a loss tap reads each micro-batch's loss on the host");
   return std::nullopt;

@@ -108,6 +108,11 @@ struct ModelConfig {
   // of checkpoint.init_from). 0: every parameter trains.
   int64_t lora_rank = 0;
   double lora_alpha = 16.0;
+  // Dropout on each adapter's input while training (PEFT's lora_dropout): A reads x with
+  // each element dropped with this probability, the rest scaled by 1 / (1 - p); the
+  // frozen projection reads x whole. Masks come from the run's generators, as
+  // model.dropout's do. 0: none.
+  double lora_dropout = 0.0;
   // The projections that take an adapter, by their Hugging Face module names (q_proj,
   // k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj; BLOOM's query_key_value,
   // dense, dense_h_to_4h, dense_4h_to_h). Empty: every projection of the blocks (PEFT's

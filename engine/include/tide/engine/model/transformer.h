@@ -54,6 +54,7 @@ TORCH_MODULE(Norm);
 struct LoraShape {
   int64_t rank = 0;
   double alpha = 0;
+  double dropout = 0;  // on the adapter's input, while training
 };
 
 // A linear layer's weight [out, in] and optional bias [out], allocated and not
@@ -74,12 +75,22 @@ class ProjectionImpl : public torch::nn::Module {
   torch::Tensor lora_update(const torch::Tensor& a, const torch::Tensor& b = {}) const;
   // The adapter's update of the output from the projection's input x.
   torch::Tensor lora_update_of_input(const torch::Tensor& x) const;
+  // Whether A reads its input with elements dropped (model.lora_dropout, while training).
+  bool drops_adapter_input() const { return adapted() && lora_dropout > 0 && is_training(); }
+  // What A reads of the layer's input x: x, or under drops_adapter_input x with each
+  // element dropped with probability lora_dropout and the rest scaled by 1 / (1 - p), as
+  // PEFT's lora_dropout does. x may be part `part` of `parts` equal parts of the input's
+  // last dimension (a row-parallel layer's columns): the mask is drawn for the whole
+  // input and this part's columns kept, so that tensor-parallel ranks, whose generators
+  // draw in step, draw one process's mask.
+  torch::Tensor adapter_input(const torch::Tensor& x, int64_t part = 0, int64_t parts = 1) const;
 
   torch::Tensor weight, bias;
   // LoRA's A [rank, in] and B [out, rank], parameters `lora_A.weight` and `lora_B.weight`
   // (PEFT's names); undefined without an adapter.
   torch::Tensor lora_a, lora_b;
   double lora_scale = 0;  // lora_alpha / rank
+  double lora_dropout = 0;
 };
 TORCH_MODULE(Projection);
 
