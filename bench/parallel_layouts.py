@@ -1,7 +1,7 @@
 """Parallel layouts side by side on one machine, same model, same global batch: one
 process, data parallel, ZeRO-1/2/3 (and ZeRO-3 with optimizer offload), tensor parallel
-(with and without sequence parallelism) and pipeline parallel (1F1B, and interleaved over
-two chunks per stage), each on 2 ranks.
+(with and without sequence parallelism), pipeline parallel (1F1B, and interleaved over
+two chunks per stage) and context parallel, each on 2 ranks.
 
 Prints tokens/s (and the ratio to one process); the bytes rank 0 sent per step against
 the layout's theoretical volume (psi parameters, N ranks, a micro-batches per rank,
@@ -18,6 +18,10 @@ S = 4 B T D bytes of one micro-batch's activations, L blocks):
                                          gathered again in backward)
   pp (stage 0) a (2V - 1) S             (its activations to the next stage, V chunks; with
                                          V > 1 also V - 1 chunks' input gradients back)
+  cp           8 psi (N-1)/N + a L 2 KV (N-1)/N  (the gradients' all-reduce over the cp
+                                         ranks, and per block the keys' and values' gather
+                                         forward and reduce-scatter backward, KV = 4 B T
+                                         2 K Hd bytes of one micro-batch's keys and values)
 model-state bytes per rank against fp32 AdamW theory where it is simple (dp, ZeRO), and
 peak resident memory of rank 0. On a 2-core machine the absolute speed-up is bounded; the
 communication and memory ratios are the point.
@@ -47,6 +51,7 @@ LAYOUTS = [
     ("tp2 + sequence par.", 2, {"parallel.tp": 2, "parallel.sequence_parallel": "true"}),
     ("pp2 (1f1b)", 2, {"parallel.pp": 2}),
     ("pp2 interleaved (v2)", 2, {"parallel.pp": 2, "parallel.virtual_stages": 2}),
+    ("cp2", 2, {"parallel.cp": 2}),
 ]
 
 
@@ -89,12 +94,13 @@ def main():
     sh = SHAPES[a.shape]
     for name, nproc, extra in LAYOUTS:
         tp, pp = int(extra.get("parallel.tp", 1)), int(extra.get("parallel.pp", 1))
+        cp = int(extra.get("parallel.cp", 1))
         if pp > 1:  # a pipeline needs micro-batches to overlap its stages
             extra = dict(extra, **{"parallel.micro_batches": 2})
         r = run(a.tide, a.shape, nproc, extra, a.steps, a.warmup, a.data)
         base = base or r["tps"]
         psi, n = r["psi"], nproc
-        dp = n // (tp * pp)
+        dp = n // (tp * pp * cp)
         micro = sh["batch"] // n if sh["batch"] % n == 0 else sh["batch"]  # as run() sets it
         if pp > 1:
             micro = sh["batch"] // (2 * dp)
@@ -109,6 +115,9 @@ def main():
             volume = micro_batches * (4 * sh["layers"] + 2) * 2 * act * (tp - 1) / tp
             if extra.get("parallel.sequence_parallel") == "true":
                 volume += micro_batches * 2 * sh["layers"] * act * (tp - 1) / tp
+        elif cp > 1:
+            kv = 4 * micro * sh["seq"] * 2 * (sh.get("kv") or sh["heads"]) * (sh["dim"] // sh["heads"])
+            volume = 8 * psi * (n - 1) / n + micro_batches * sh["layers"] * 2 * kv * (n - 1) / n
         elif pp > 1:
             v = int(extra.get("parallel.virtual_stages", 1))
             volume = micro_batches * (2 * v - 1) * act

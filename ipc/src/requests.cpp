@@ -365,7 +365,7 @@ json Requests::finish_submit(const PendingSubmit& s) {
   if (!is_safe_name(cfg.name))
     throw ProtocolError(ErrorCode::invalid_recipe,
                         fmt::format("name '{}' may hold only letters, digits, '.', '_' and '-' (64 at most)", cfg.name));
-  const int64_t layout = std::max<int64_t>(cfg.parallel.dp, 1) * cfg.parallel.tp * cfg.parallel.pp;
+  const int64_t layout = std::max<int64_t>(cfg.parallel.dp, 1) * cfg.parallel.cp * cfg.parallel.tp * cfg.parallel.pp;
   const int64_t workers = optional_int(s.body, "workers", layout, 1, 4096);
   // Under Slurm the cluster's size is the scheduler's to judge (a job no partition can
   // hold waits, and says why).
@@ -402,7 +402,8 @@ json Requests::finish_submit(const PendingSubmit& s) {
   r.max_restarts = cfg.supervise.max_restarts;
   r.heartbeat_timeout_s = cfg.supervise.heartbeat_timeout_s;
   r.total_steps = cfg.schedule.steps;
-  r.layout = {{"dp", workers / (cfg.parallel.tp * cfg.parallel.pp)},
+  r.layout = {{"dp", workers / (cfg.parallel.cp * cfg.parallel.tp * cfg.parallel.pp)},
+              {"cp", cfg.parallel.cp},
               {"tp", cfg.parallel.tp},
               {"pp", cfg.parallel.pp},
               {"zero", cfg.parallel.zero},

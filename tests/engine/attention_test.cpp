@@ -12,6 +12,7 @@
 #include "tide/engine/config.h"
 #include "tide/engine/model/attention_masks.h"
 #include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/context_parallel.h"
 #include "tide/engine/model/softcapped_attention.h"
 #include "tide/engine/model/transformer.h"
 #include "tide/engine/train/tensor_memory.h"
@@ -307,6 +308,22 @@ INSTANTIATE_TEST_SUITE_P(BothFamilies, AttentionKernel,
                            return std::string(info.param.family == Family::LLaMA ? "llama" : "bloom") +
                                   (info.param.attention_softcap > 0 ? "_softcapped" : "");
                          });
+
+TEST(ContextParallel, EachRankHoldsAnEarlyAndALateChunk) {
+  // 16 tokens over cp = 2: chunks of 4; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2,
+  // so each rank's queries see 4 + 16 and 8 + 12 keys: the same causal work.
+  const auto r0 = context_positions(16, 0, 2, torch::kCPU), r1 = context_positions(16, 1, 2, torch::kCPU);
+  EXPECT_TRUE(r0.equal(torch::tensor({0, 1, 2, 3, 12, 13, 14, 15}, torch::kLong)));
+  EXPECT_TRUE(r1.equal(torch::tensor({4, 5, 6, 7, 8, 9, 10, 11}, torch::kLong)));
+  // cp = 3 on 24 tokens: every position held exactly once.
+  std::vector<torch::Tensor> all;
+  for (int r = 0; r < 3; ++r) all.push_back(context_positions(24, r, 3, torch::kCPU));
+  EXPECT_TRUE(std::get<0>(torch::cat(all).sort()).equal(torch::arange(24, torch::kLong)));
+  EXPECT_THROW(context_positions(20, 0, 3, torch::kCPU), c10::Error);  // 20 tokens are not 6 equal chunks
+  // Without a group the slice is the tensor itself.
+  const auto x = torch::arange(32).view({2, 16});
+  EXPECT_TRUE(context_slice(x, 1, ContextParallel{}).equal(x));
+}
 
 }  // namespace
 }  // namespace tide

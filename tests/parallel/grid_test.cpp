@@ -32,7 +32,37 @@ TEST(Grid, TensorParallelNeighboursAreAdjacent) {
   EXPECT_EQ(g.tp_group(), (std::vector<int>{4, 5}));
   EXPECT_EQ(g.dp_group(), (std::vector<int>{5, 7}));
   EXPECT_EQ(g.pp_group(), (std::vector<int>{1, 5}));
-  EXPECT_EQ(g.dp_group_name(), "dp.tp1.pp1");
+  EXPECT_EQ(g.dp_group_name(), "dp.tp1.cp0.pp1");
+  EXPECT_EQ(g.replica_group(), g.dp_group());  // without context parallelism the replicas are the dp ranks
+}
+
+TEST(Grid, ContextParallelRanksSitBetweenTensorAndDataParallelOnes) {
+  // dp2 x cp2 x tp2 x pp2 = 16: rank = ((pp * dp + dp_rank) * cp + cp_rank) * tp + tp_rank.
+  for (int r = 0; r < 16; ++r) {
+    const Grid g(16, r, 0, 2, 2, 2);
+    EXPECT_EQ(g.dp(), 2);
+    EXPECT_EQ(g.rank_of(g.coords()), r);
+  }
+  const Grid g(16, 11, 2, 2, 2, 2);  // pp1 dp0 cp1 tp1
+  EXPECT_EQ(g.coords().pp, 1);
+  EXPECT_EQ(g.coords().dp, 0);
+  EXPECT_EQ(g.coords().cp, 1);
+  EXPECT_EQ(g.coords().tp, 1);
+  EXPECT_EQ(g.tp_group(), (std::vector<int>{10, 11}));
+  EXPECT_EQ(g.cp_group(), (std::vector<int>{9, 11}));
+  EXPECT_EQ(g.dp_group(), (std::vector<int>{11, 15}));
+  EXPECT_EQ(g.pp_group(), (std::vector<int>{3, 11}));
+  EXPECT_EQ(g.replica_group(), (std::vector<int>{9, 11, 13, 15}));
+  EXPECT_EQ(g.describe(), "dp2 x cp2 x tp2 x pp2 (rank 11 = dp0 cp1 tp1 pp1)");
+  try {
+    Grid(8, 0, 2, 2, 1, 3);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("dp x cp x tp x pp = 2 x 3 x 2 x 1 = 12 ranks, but the world has 8"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(Grid(8, 0, 0, 1, 1, 3), ConfigError);  // 8 ranks do not divide by cp = 3
 }
 
 }  // namespace

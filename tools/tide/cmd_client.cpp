@@ -158,7 +158,7 @@ void add_submit_command(CLI::App& app) {
   cmd->add_option("recipe", s->recipe, "Recipe file (sent as text), or a bundled name such as llama/llama-tiny")
       ->required();
   add_overrides(*cmd, s->overrides);
-  cmd->add_option("--workers", s->workers, "Worker processes (default: the recipe's dp x tp x pp)");
+  cmd->add_option("--workers", s->workers, "Worker processes (default: the recipe's dp x cp x tp x pp)");
   cmd->add_option("--priority", s->priority, "Higher runs first (-1000..1000)");
   cmd->add_option("--key", s->key, "Idempotency key: submitting the same key again returns the same run");
   cmd->add_flag("--watch", s->watch, "Follow the run until it ends");
@@ -342,10 +342,12 @@ void add_checkpoints_command(CLI::App& app) {
       }
       for (const auto& k : reply.at("checkpoints")) {
         const json l = k.value("layout", json::object());
-        std::printf("step %-8lld %s  tokens %lld  dp%d x tp%d x pp%d ZeRO-%d  %lld bytes%s\n",
+        const int cp = l.value("cp", 1);
+        std::printf("step %-8lld %s  tokens %lld  dp%d%s x tp%d x pp%d ZeRO-%d  %lld bytes%s\n",
                     static_cast<long long>(k.value("step", int64_t{0})), k.value("dir", "").c_str(),
-                    static_cast<long long>(k.value("tokens_seen", int64_t{0})), l.value("dp", 0), l.value("tp", 0),
-                    l.value("pp", 0), l.value("zero", 0), static_cast<long long>(k.value("bytes", int64_t{0})),
+                    static_cast<long long>(k.value("tokens_seen", int64_t{0})), l.value("dp", 0),
+                    cp > 1 ? (" x cp" + std::to_string(cp)).c_str() : "", l.value("tp", 0), l.value("pp", 0),
+                    l.value("zero", 0), static_cast<long long>(k.value("bytes", int64_t{0})),
                     k.contains("error") ? ("  " + k["error"].get<std::string>()).c_str() : "");
       }
     });

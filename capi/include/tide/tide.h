@@ -167,7 +167,7 @@ typedef struct tide_submit_options {
   const char *recipe_name; /* a bundled recipe of the engine: "llama/llama-tiny" */
   const char *const *overrides; /* "field=value", as tide --set */
   size_t overrides_count;
-  int32_t workers;               /* 0: the recipe's dp x tp x pp */
+  int32_t workers;               /* 0: the recipe's dp x cp x tp x pp */
   int32_t priority;              /* higher first; -1000..1000 */
   const char *idempotency_key;   /* NULL: none */
   const char *workdir;           /* relative recipe paths resolve here; NULL: this process's */
@@ -252,7 +252,7 @@ TIDE_API int tide_run_metrics(tide_engine *engine, const char *run_id, int64_t s
 /* ---- Checkpoints ------------------------------------------------------------------ */
 
 /* The run's committed checkpoints, oldest first, as a JSON array of objects: step, dir,
- * tokens_seen, layout {dp, tp, pp, zero, world}, files, bytes (docs/protocol.md,
+ * tokens_seen, layout {dp, cp, tp, pp, zero, world}, files, bytes (docs/protocol.md,
  * checkpoints). Paths are on the engine's machine. */
 TIDE_API int tide_run_checkpoints(tide_engine *engine, const char *run_id, char **json_out);
 

@@ -174,8 +174,9 @@ Checkpointer::Checkpointer(std::string root, CheckpointParts parts) : impl_(std:
   if (parts.dist) {
     m.rank = parts.dist->world->rank();
     m.world = parts.dist->world->size();
-    m.dp_rank = parts.dist->dp->rank();
-    m.dp = parts.dist->dp->size();
+    // ZeRO's shards are spread over the ranks that hold the same parameters: dp x cp.
+    m.dp_rank = parts.dist->replicas().rank();
+    m.dp = parts.dist->replicas().size();
     m.zero = static_cast<int>(parts.cfg->parallel.zero);
     if (m.world > 1) m.store = std::make_unique<StoreClient>(parts.dist->env, std::chrono::seconds(30));
   }
@@ -254,7 +255,8 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
         {"rng", "per rank: tensors rng|cpu and, on CUDA, rng|cuda in its file"},
         {"layout",
          {{"world", m.world},
-          {"dp", m.dp},
+          {"dp", d ? d->grid.dp() : 1},
+          {"cp", d ? d->grid.cp() : 1},
           {"tp", d ? d->tp->size() : 1},
           {"pp", d ? d->pp->size() : 1},
           {"virtual_stages", cfg.parallel.virtual_stages},
@@ -556,7 +558,9 @@ void Checkpointer::Impl::restore_rng(const json& manifest, const std::string& di
   const auto& layout = manifest.at("layout");
   const Distributed* d = parts.dist;
   // (Checkpoints from before interleaving name no virtual stages: they had one.)
-  if (layout.at("world") != world || layout.at("dp") != dp || layout.at("tp") != (d ? d->tp->size() : 1) ||
+  // (Checkpoints from before context parallelism name no cp: they had 1.)
+  if (layout.at("world") != world || layout.at("dp") != (d ? d->grid.dp() : 1) ||
+      layout.value("cp", 1) != (d ? d->grid.cp() : 1) || layout.at("tp") != (d ? d->tp->size() : 1) ||
       layout.at("pp") != (d ? d->pp->size() : 1) ||
       layout.value("virtual_stages", int64_t{1}) != parts.cfg->parallel.virtual_stages)
     return;

@@ -603,9 +603,15 @@ void add_anomaly_and_supervision_fields(std::vector<FieldSpec>& s) {
 
 void add_parallel_fields(std::vector<FieldSpec>& s) {
   // Parallel layout (parsed and validated now; used by the parallel engine).
-  s.push_back(integer("parallel.dp", 0, 1e6, kFixed, "Data-parallel degree; 0: world / (tp * pp).", REF(parallel.dp)));
+  s.push_back(
+      integer("parallel.dp", 0, 1e6, kFixed, "Data-parallel degree; 0: world / (cp * tp * pp).", REF(parallel.dp)));
   s.push_back(integer("parallel.tp", 1, 1e4, kFixed, "Tensor-parallel degree.", REF(parallel.tp)));
   s.push_back(integer("parallel.pp", 1, 1e4, kFixed, "Pipeline-parallel degree.", REF(parallel.pp)));
+  s.push_back(integer("parallel.cp", 1, 1e4, kFixed,
+                      "Context-parallel degree: each sequence is split over cp ranks (2 cp chunks, rank r holding "
+                      "chunks r and 2 cp - 1 - r), which all-gather keys and values in attention; activation memory "
+                      "per rank falls by cp. data.seq_len must divide into 2 cp chunks.",
+                      REF(parallel.cp)));
   s.push_back(integer("parallel.zero", 0, 3, kFixed, "ZeRO stage on the data-parallel axis.", REF(parallel.zero)));
   s.push_back(boolean("parallel.auto", kFixed,
                       "Let the planner choose the layout and micro-batch for the ranks the run gets (as `tide "
@@ -909,6 +915,7 @@ void validate(const RunConfig& c) {
     fail("parallel.tp", fmt::format("{} does not divide model.n_heads = {}", c.parallel.tp, m.n_heads));
   if (c.parallel.pp > m.n_layers)
     fail("parallel.pp", fmt::format("{} exceeds model.n_layers = {}", c.parallel.pp, m.n_layers));
+  check_context_parallel(c, c.parallel.cp);
 }
 
 std::vector<DataSource> data_sources(const DataConfig& d) {

@@ -25,6 +25,26 @@ void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_paral
                       fmt::format("data.seq_len = {} does not divide into tp = {} parts", seq_len, tp));
 }
 
+void check_context_parallel(const RunConfig& cfg, int64_t cp) {
+  if (cp <= 1) return;
+  const int64_t t = cfg.data.seq_len, tp = cfg.parallel.tp;
+  if (t % (2 * cp) != 0)
+    throw ConfigError("parallel.cp",
+                      fmt::format("{} cuts each sequence into 2 x cp = {} equal chunks, and data.seq_len "
+                                  "= {} does not divide into them",
+                                  cp, 2 * cp, t));
+  if (cfg.parallel.sequence_parallel && tp > 1 && (t / cp) % tp != 0)
+    throw ConfigError("parallel.sequence_parallel",
+                      fmt::format("each context-parallel rank's {} tokens (data.seq_len = {} over parallel.cp = {}) do "
+                                  "not divide into tp = {} parts",
+                                  t / cp, t, cp, tp));
+  if (cfg.parallel.auto_layout)
+    throw ConfigError("parallel.cp",
+                      fmt::format("{} is set with parallel.auto, and the planner chooses layouts without "
+                                  "context parallelism: set the layout by hand, or cp = 1",
+                                  cp));
+}
+
 namespace {
 // What interleaved 1F1B (parallel.virtual_stages > 1) asks of the rest of the layout.
 void check_interleaving(const RunConfig& cfg, int pp, int dp) {
@@ -47,8 +67,9 @@ void check_interleaving(const RunConfig& cfg, int pp, int dp) {
 
 void check_supported_layout(const RunConfig& cfg, int world) {
   const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
-                  static_cast<int>(cfg.parallel.pp));
-  check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len);
+                  static_cast<int>(cfg.parallel.pp), static_cast<int>(cfg.parallel.cp));
+  check_context_parallel(cfg, grid.cp());
+  check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len / grid.cp());
   const int64_t virtual_stages = cfg.parallel.virtual_stages;
   if (virtual_stages > 1 && grid.pp() == 1)
     throw ConfigError("parallel.virtual_stages",
@@ -83,8 +104,8 @@ int64_t micro_batch_size(const RunConfig& cfg, int dp) {
 
 BatchLayout batch_layout(const RunConfig& cfg, int world) {
   const Grid grid(world, 0, static_cast<int>(cfg.parallel.dp), static_cast<int>(cfg.parallel.tp),
-                  static_cast<int>(cfg.parallel.pp));
-  return {grid.dp(), micro_batch_size(cfg, grid.dp())};
+                  static_cast<int>(cfg.parallel.pp), static_cast<int>(cfg.parallel.cp));
+  return {grid.dp(), micro_batch_size(cfg, grid.dp()), grid.cp()};
 }
 
 void check_global_batch(int64_t global_batch, const BatchLayout& layout) {

@@ -19,7 +19,19 @@ at::Tensor rows_aligned(const at::Tensor& mask) {
   return out;
 }
 
-// The mask of one part, [1 or B n, 1 or H, R, S].
+// x [B, K, T, Hd] as the part's blocks of keys, [B n, K, S, Hd]: block i's keys start
+// `rows` after block i - 1's, so the blocks overlap by S - R keys (a copy; autograd sums
+// a key's gradient over the blocks that read it).
+at::Tensor stacked_keys(const at::Tensor& x, const WindowPart& p) {
+  const int64_t n = p.blocks, s = p.keys();
+  return x.narrow(2, p.keys_first, (n - 1) * p.rows + s)
+      .unfold(2, s, p.rows)      // [B, K, n, Hd, S]
+      .permute({0, 2, 1, 4, 3})  // [B, n, K, S, Hd]
+      .reshape({x.size(0) * n, x.size(1), s, x.size(3)});
+}
+
+}  // namespace
+
 at::Tensor part_mask(const WindowPart& p, int64_t window, const at::Tensor& documents, const at::Tensor& slopes,
                      const at::TensorOptions& options) {
   const int64_t n = p.blocks, r = p.rows, s = p.keys();
@@ -34,19 +46,6 @@ at::Tensor part_mask(const WindowPart& p, int64_t window, const at::Tensor& docu
   const auto bias = alibi_distances(slopes, r, s, options.device());  // [1, H, R, S]
   return rows_aligned(at::where(allowed, bias, at::scalar_tensor(kMaskedScore, bias.options())).to(options.dtype()));
 }
-
-// x [B, K, T, Hd] as the part's blocks of keys, [B n, K, S, Hd]: block i's keys start
-// `rows` after block i - 1's, so the blocks overlap by S - R keys (a copy; autograd sums
-// a key's gradient over the blocks that read it).
-at::Tensor stacked_keys(const at::Tensor& x, const WindowPart& p) {
-  const int64_t n = p.blocks, s = p.keys();
-  return x.narrow(2, p.keys_first, (n - 1) * p.rows + s)
-      .unfold(2, s, p.rows)      // [B, K, n, Hd, S]
-      .permute({0, 2, 1, 4, 3})  // [B, n, K, S, Hd]
-      .reshape({x.size(0) * n, x.size(1), s, x.size(3)});
-}
-
-}  // namespace
 
 at::Tensor allowed_keys(int64_t rows, int64_t keys, int64_t window, const at::Device& device) {
   // Query r sits at key keys - rows + r: it sees keys j <= that, and within the window

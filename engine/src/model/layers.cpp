@@ -13,6 +13,7 @@
 #include <torch/types.h>
 
 #include "tide/engine/model/compute_dtype.h"
+#include "tide/engine/model/context_parallel.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/softcapped_attention.h"
 #include "tide/engine/model/transformer.h"
@@ -350,7 +351,9 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
     return at::scaled_dot_product_attention(q, k, v, m, dropout, /*is_causal=*/!bias.defined(), scale, gqa);
   };
   // [B, H, T, Hd]
-  torch::Tensor ctx = mask.windowed ? windowed_attention(q, k, v, *mask.windowed, attend) : attend(q, k, v, mask.bias);
+  torch::Tensor ctx = mask.context    ? context_attention(q, k, v, *mask.context, attend)
+                      : mask.windowed ? windowed_attention(q, k, v, *mask.windowed, attend)
+                                      : attend(q, k, v, mask.bias);
   ctx = ctx.transpose(1, 2).reshape({q.size(0), q.size(2), h * hd});
   return leave_tp(ctx, *out, tp_, residual);  // [B, T, D]
 }

@@ -324,6 +324,23 @@ std::shared_ptr<const WindowedAttention> TransformerImpl::window_of(LayerAttenti
              std::make_shared<WindowedAttention>(windowed_attention_parts(t, window, rows, {}, alibi_slopes_, options));
 }
 
+std::shared_ptr<const ContextAttention> TransformerImpl::context_of(LayerAttention& kind, int64_t t,
+                                                                    const torch::TensorOptions& options,
+                                                                    const torch::Tensor& documents) {
+  const int64_t window = kind.window_for(t);
+  if (documents.defined())
+    return std::make_shared<ContextAttention>(
+        context_attention_chunks(cp_, t, window, documents, alibi_slopes_, options));
+  // Without documents every forward of a run asks for the same chunks. The second chunk
+  // sees keys before it: it has a mask, whose dtype and device are the chunks'.
+  auto& cache = kind.context_cache;
+  if (cache && cache->t == t && cache->chunks.back().part.mask.dtype() == options.dtype() &&
+      cache->chunks.back().part.mask.device() == options.device())
+    return cache;
+  return cache =
+             std::make_shared<ContextAttention>(context_attention_chunks(cp_, t, window, {}, alibi_slopes_, options));
+}
+
 TransformerImpl::BlockInputs TransformerImpl::block_inputs(LayerAttention& kind, const torch::Tensor& x, int64_t t,
                                                            const torch::Tensor& documents) {
   BlockInputs in;
@@ -332,7 +349,11 @@ TransformerImpl::BlockInputs TransformerImpl::block_inputs(LayerAttention& kind,
                 documents.sizes(), " for a batch of ", x.size(0), " sequences of ", t, " tokens");
   // RoPE and ALiBi see only position differences, the same within a document wherever
   // it sits in the row: the mask alone makes each document attend as if it came first.
-  if (kind.window_for(t) > 0) {
+  if (cp_.group) {
+    // This rank's chunks of the sequence, each over the keys it sees (window, documents
+    // and ALiBi in its mask).
+    in.mask.context = context_of(kind, t, x.options(), documents);
+  } else if (kind.window_for(t) > 0) {
     // A window shorter than the sequence: attended in parts that leave out what it does.
     in.mask.windowed = window_of(kind, t, x.options(), documents);
   } else {
@@ -361,16 +382,22 @@ TransformerImpl::BlockInputs TransformerImpl::block_inputs(LayerAttention& kind,
     kind.rope_cos = kind.rope_cos.to(x.device());
     kind.rope_sin = kind.rope_sin.to(x.device());
   }
-  in.cos = kind.rope_cos.narrow(0, 0, t).to(x.scalar_type());
-  in.sin = kind.rope_sin.narrow(0, 0, t).to(x.scalar_type());
+  if (in.mask.context) {  // the rows of this rank's positions
+    in.cos = kind.rope_cos.index_select(0, in.mask.context->positions).to(x.scalar_type());
+    in.sin = kind.rope_sin.index_select(0, in.mask.context->positions).to(x.scalar_type());
+  } else {
+    in.cos = kind.rope_cos.narrow(0, 0, t).to(x.scalar_type());
+    in.sin = kind.rope_sin.narrow(0, 0, t).to(x.scalar_type());
+  }
   return in;
 }
 
-torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens, const torch::Tensor& documents) {
-  const int64_t t = tokens.size(1);
+torch::Tensor TransformerImpl::embed(const torch::Tensor& whole_tokens, const torch::Tensor& documents) {
+  const int64_t t = whole_tokens.size(1);
   TORCH_CHECK(t <= cfg_.max_seq_len, "sequence of ", t, " tokens exceeds model.max_seq_len = ", cfg_.max_seq_len);
   if (units_) units_->before_forward(0);
-  torch::Tensor x;  // [B, T, D], or [B, T / tp, D] with sequence parallelism
+  const auto tokens = context_slice(whole_tokens, 1, cp_);  // this rank's (context parallelism)
+  torch::Tensor x;  // [B, L, D] (L = T / cp, this rank's tokens), or [B, L / tp, D] with sequence parallelism
   int64_t first_position = 0;
   if (tp_.size() > 1) {
     // Each rank looks up the tokens of its vocabulary slice; the sum over ranks has them all.
@@ -390,7 +417,12 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens, const torch::T
   if (pos_embeddings.defined()) {
     const auto table = tp_.sequence_parallel ? tp_.group->copy_to(pos_embeddings) : pos_embeddings;
     if (documents.defined())
-      x = x + torch::embedding(table, positions_in_documents(documents).narrow(1, first_position, x.size(1)));
+      x = x + torch::embedding(
+                  table, context_slice(positions_in_documents(documents), 1, cp_).narrow(1, first_position, x.size(1)));
+    else if (cp_.group)  // the rows of this rank's positions
+      x = x + torch::embedding(
+                  table,
+                  context_positions(t, cp_.rank(), cp_.size(), tokens.device()).narrow(0, first_position, x.size(1)));
     else
       x = x + table.narrow(0, first_position, x.size(1));
   }
@@ -404,8 +436,9 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   // Under bf16 compute the residual stream is bf16 (norm statistics stay fp32), as it is
   // in Megatron-Core and torchtitan: half the activation memory and traffic.
   x = in_compute_dtype(x);
-  // Attention sees the whole sequence, also when the residual stream is split.
-  const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size() : 1);
+  // Attention sees the whole sequence, also when the residual stream is split (along it
+  // over the tensor-parallel ranks, and over the context-parallel ones).
+  const int64_t t = x.size(1) * (tp_.sequence_parallel ? tp_.size() : 1) * cp_.size();
   const bool recompute = is_training() && torch::GradMode::is_enabled();
   const bool blocks_draw = (cfg_.dropout > 0 || (cfg_.lora_rank > 0 && cfg_.lora_dropout > 0)) && is_training();
   // The chunk's blocks sit in `blocks` after those of the chunks before it.
@@ -454,7 +487,8 @@ torch::Tensor TransformerImpl::normed_output(const torch::Tensor& x) {
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
-  TORCH_CHECK(tp_.size() == 1, "whole logits are not computed under tensor parallelism; use loss()");
+  TORCH_CHECK(tp_.size() == 1 && cp_.size() == 1,
+              "whole logits are not computed under tensor or context parallelism; use loss()");
   auto logits = logits_of(hidden(tokens));  // [B, T, V]
   if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
   return logits;
@@ -471,7 +505,8 @@ torch::Tensor TransformerImpl::loss(const torch::Tensor& tokens, const torch::Te
   return head_loss(hidden(tokens, documents), targets);
 }
 
-torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Tensor& targets) {
+torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Tensor& whole_targets) {
+  const auto targets = loss_targets(whole_targets);
   torch::Tensor loss;
   if (tp_.size() > 1) {
     // This rank's vocabulary slice for every position; the softmax spans ranks.

@@ -156,7 +156,7 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
   // the collective with a CommError that names it (seen under load in Comm.DeadPeer*).
   ::signal(SIGPIPE, SIG_IGN);
   Grid grid(env.world, env.rank, static_cast<int>(parallel.dp), static_cast<int>(parallel.tp),
-            static_cast<int>(parallel.pp));
+            static_cast<int>(parallel.pp), static_cast<int>(parallel.cp));
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(env.master_port);
   opts.isServer = env.rank == 0;
@@ -173,7 +173,7 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
   // How the peers reach this host (and how they name it when it is lost).
   const std::string address = local_address_toward(env.master_addr);
   auto d = std::make_unique<Distributed>(
-      Distributed{grid, env, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
+      Distributed{grid, env, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
   d->store = std::make_shared<Distributed::Store>(Distributed::Store{store});
   try {
     d->heartbeat = std::make_shared<Distributed::Heartbeat>(
@@ -201,6 +201,11 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
   d->dp = make_group(store, grid.dp_group_name(), grid.dp_group(), env.rank, env, timeout, nccl, address, hb);
   d->tp = make_group(store, grid.tp_group_name(), grid.tp_group(), env.rank, env, timeout, nccl, address, hb);
   d->pp = make_group(store, grid.pp_group_name(), grid.pp_group(), env.rank, env, timeout, nccl, address, hb);
+  if (grid.cp() > 1) {
+    d->cp = make_group(store, grid.cp_group_name(), grid.cp_group(), env.rank, env, timeout, nccl, address, hb);
+    d->dp_cp =
+        make_group(store, grid.replica_group_name(), grid.replica_group(), env.rank, env, timeout, nccl, address, hb);
+  }
   const auto stages = grid.pp_group();
   const int stage = grid.coords().pp;
   if (stage == 0 || stage == grid.pp() - 1) {

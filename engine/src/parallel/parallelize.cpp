@@ -33,6 +33,9 @@ Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineS
   if (dist && dist->tp->size() > 1)
     tp = TensorParallel{tensor_parallel_group(*dist->tp), cfg.parallel.sequence_parallel};
   Transformer model(cfg.model, tp, stage, ParameterStorage::Deferred);
+  // Context parallelism changes no parameter: each rank computes on its share of every
+  // sequence, its attention gathering keys and values from the others.
+  if (dist && dist->cp) model->set_context_parallel(ContextParallel{tensor_parallel_group(*dist->cp)});
   model->train();
   return model;
 }
@@ -66,7 +69,7 @@ void place_frozen(TransformerImpl& model, c10::Device device, uint64_t seed, at:
 FlatParameters::Options flat_layout(const RunConfig& cfg, Distributed* dist, const BatchLayout& batch,
                                     const Transformer& model, const PipelineStage& stage, c10::Device device) {
   FlatParameters::Options layout;
-  if (dist) layout = DataParallel::flat_options(cfg.parallel, static_cast<int>(batch.dp));
+  if (dist) layout = DataParallel::flat_options(cfg.parallel, static_cast<int>(batch.replicas()));
   layout.device = device;
   layout.initial_values = [model, seed = static_cast<uint64_t>(cfg.seed)](const std::string& name,
                                                                           const torch::Tensor& into, int64_t first) {
@@ -107,8 +110,10 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
     place_frozen(*out.model, device, static_cast<uint64_t>(cfg.seed), scalar_type_of(compute));
   }
   if (dist) {
+    // The dp x cp ranks hold the same parameters: they average their gradients (each cp
+    // rank's are of its share of the sequences) and share ZeRO's shards.
     out.data_parallel = std::make_unique<DataParallel>(
-        *dist->dp, *out.flat, cfg.parallel, compute, parameter_unit_layout(cfg.model),
+        dist->replicas(), *out.flat, cfg.parallel, compute, parameter_unit_layout(cfg.model),
         std::vector<Comm*>{dist->tp.get(), dist->pp.get()},
         [names = out.model->weights_read_in_compute_dtype()](const std::string& name) { return names.count(name) > 0; },
         out.frozen.get());
@@ -122,7 +127,7 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   if (compute != DType::Float32) out.optim->keep_working_copy(scalar_type_of(compute), out.flat->slots());
   if (pp > 1) {
     const auto& tp = out.model->tensor_parallel();
-    const int64_t t = cfg.data.seq_len / (tp.sequence_parallel ? tp.size() : 1);
+    const int64_t t = cfg.data.seq_len / out.model->context_parallel().size() / (tp.sequence_parallel ? tp.size() : 1);
     // Tied embeddings: the first and last stages' gradients are summed after backward
     // (LoRA freezes them: none to sum).
     Comm* tied = cfg.model.tie_embeddings && cfg.model.lora_rank == 0 ? dist->embedding.get() : nullptr;

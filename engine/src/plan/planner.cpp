@@ -163,6 +163,10 @@ LayoutPlan evaluate_layout(const RunConfig& cfg, const Cluster& cluster, const P
 
 PlanLayout layout_of(const RunConfig& cfg, int world) {
   check_supported_layout(cfg, world);
+  if (cfg.parallel.cp > 1)
+    throw ConfigError("parallel.cp", fmt::format("{}: the planner's memory and time models do not count context "
+                                                 "parallelism, so this layout is not estimated",
+                                                 cfg.parallel.cp));
   const BatchLayout batch = batch_layout(cfg, world);
   PlanLayout l;
   l.dp = static_cast<int>(batch.dp);

@@ -29,13 +29,15 @@ EvalLosses evaluate_losses(Transformer& model, const TokenSplit& split, int64_t 
                                   [&] { return model->loss(b.tokens.to(device), b.targets.to(device), documents); })
             .item<double>();
       },
-      split, seq_len, micro_batch, n_batches, first, step, contents);
+      [&](const at::Tensor& targets) { return model->loss_targets(targets); }, split, seq_len, micro_batch, n_batches,
+      first, step, contents);
   model->train(was_training);
   return losses;
 }
 
-EvalLosses sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split, int64_t seq_len,
-                           int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step,
+EvalLosses sum_eval_losses(const std::function<double(const Batch&)>& loss_of,
+                           const std::function<at::Tensor(const at::Tensor&)>& loss_targets, const TokenSplit& split,
+                           int64_t seq_len, int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step,
                            const BatchContents& contents) {
   torch::NoGradGuard no_grad;
   EvalLosses out;
@@ -47,7 +49,7 @@ EvalLosses sum_eval_losses(const std::function<double(const Batch&)>& loss_of, c
     const double loss = loss_of(b);
     if (i >= n_batches) continue;
     // The batch is on the host: counting its targets waits for nothing.
-    const auto counted = static_cast<double>(b.targets.ne(kUncountedTarget).sum().item<int64_t>());
+    const auto counted = static_cast<double>(loss_targets(b.targets).ne(kUncountedTarget).sum().item<int64_t>());
     out.weighted += loss * counted;
     out.counted += counted;
   }

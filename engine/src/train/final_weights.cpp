@@ -33,7 +33,7 @@ void gather_to_leader(const std::vector<TensorShape>& params, const TensorSource
   const int stage = dist ? dist->pp->rank() : 0;
   const bool leader = !dist || dist->world->rank() == 0;
   // Other replicas take part in their ZeRO-3 gathers only; a stage's first rank sends.
-  const bool first_replica = !dist || dist->dp->rank() == 0;
+  const bool first_replica = !dist || dist->replicas().rank() == 0;
   const bool sender = pp > 1 && stage > 0 && first_replica && dist->tp->rank() == 0;
   const auto stages = pp > 1 ? partition_stages(cfg.model, pp, cfg.data.seq_len, cfg.parallel.pipeline_stages,
                                                 cfg.parallel.virtual_stages, cfg.data.document_attention)

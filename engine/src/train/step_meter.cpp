@@ -62,7 +62,8 @@ double StepMeter::probe_matmul_peak() {
 std::vector<const Comm*> StepMeter::groups() const {
   std::vector<const Comm*> out;
   if (dist_)
-    for (const auto* c : {dist_->dp.get(), dist_->tp.get(), dist_->pp.get(), dist_->embedding.get()})
+    for (const auto* c : {dist_->dp.get(), dist_->tp.get(), dist_->pp.get(), dist_->cp.get(), dist_->dp_cp.get(),
+                          dist_->embedding.get()})
       if (c) out.push_back(c);
   return out;
 }

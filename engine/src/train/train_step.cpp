@@ -62,7 +62,7 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   loss = across_stages(loss);
   // Every rank gets the same global norm, so clipping and the skip decision agree.
   if (dp) {
-    loss = dp->sum(loss) / static_cast<double>(batch_.dp);
+    loss = dp->sum(loss) / static_cast<double>(batch_.replicas());
     out.grad_norm = dp->reduce_gradients();
   } else {
     torch::NoGradGuard no_grad;
@@ -98,15 +98,16 @@ void TrainStep::update(const UpdateGate& gate, const at::Tensor& grad_norm) {
 MicroBatchLosses TrainStep::shares_of(const std::vector<Batch>& batches) const {
   const auto n = static_cast<int64_t>(batches.size());
   if (!BatchContents::of(cfg_.data).uncounts_targets()) return MicroBatchLosses(n);
-  // Counted on the targets' device, summed over the data-parallel ranks there: no host
-  // read, and a captured step (CUDA graphs) counts each replay's batches afresh.
+  // Counted on the targets' device, summed over the data-parallel (and context-parallel)
+  // ranks there: no host read, and a captured step (CUDA graphs) counts each replay's
+  // batches afresh. Each rank counts the targets its loss is the mean of.
   std::vector<at::Tensor> counts;
   counts.reserve(batches.size());
-  for (const Batch& b : batches) counts.push_back(b.targets.ne(kUncountedTarget).sum());
+  for (const Batch& b : batches) counts.push_back(pm_.model->loss_targets(b.targets).ne(kUncountedTarget).sum());
   const auto counted = at::stack(counts);
   auto step_counted = counted.sum();
   if (pm_.data_parallel) step_counted = pm_.data_parallel->sum(step_counted);
-  return MicroBatchLosses(counted, step_counted, batch_.dp);
+  return MicroBatchLosses(counted, step_counted, batch_.replicas());
 }
 
 at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches, MicroBatchLosses& losses,
@@ -138,7 +139,8 @@ double TrainStep::validation_loss(const TokenSplit& split, int64_t batches) {
   EvalLosses losses;
   if (pm_.pipeline) {
     pm_.model->eval();
-    losses = sum_eval_losses([&](const Batch& b) { return pm_.pipeline->forward_loss(b); }, split, seq_len, micro,
+    losses = sum_eval_losses([&](const Batch& b) { return pm_.pipeline->forward_loss(b); },
+                             [&](const at::Tensor& t) { return pm_.model->loss_targets(t); }, split, seq_len, micro,
                              batches, dp_rank_, batch_.dp, contents);
     losses.weighted = across_stages(torch::tensor(losses.weighted, torch::kFloat64)).item<double>();
     pm_.model->train();

@@ -91,8 +91,8 @@ void describe(const Trainer::State& s, int threads) {
   }
   if (s.pm.frozen) {
     s.log->info("LoRA: ZeRO-3 shards the frozen base: {} of its {} elements on each of {} data-parallel ranks, in {}",
-                s.pm.frozen->shard_numel(static_cast<int>(s.batch.dp)), s.pm.frozen->numel(), s.batch.dp,
-                c10::toString(s.pm.data_parallel->frozen_shard().scalar_type()));
+                s.pm.frozen->shard_numel(static_cast<int>(s.batch.replicas())), s.pm.frozen->numel(),
+                s.batch.replicas(), c10::toString(s.pm.data_parallel->frozen_shard().scalar_type()));
   } else if (cfg.model.lora_rank > 0) {
     int64_t elements = 0, narrow = 0, bytes = 0;
     for (const auto& p : s.pm.model->parameters()) {
@@ -130,7 +130,7 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   s.hooks = std::move(hooks);
   s.dist = dist;
   s.leader = !dist || dist->world->rank() == 0;
-  s.dp_rank = dist ? dist->dp->rank() : 0;
+  s.dp_rank = dist ? dist->grid.coords().dp : 0;  // the batches it reads (its cp ranks read the same)
   s.batch = batch_layout(cfg, world);
   fs::create_directories(s.dir);
   if (s.leader) std::ofstream(s.dir / "config.json", std::ios::trunc) << config_to_json(s.cfg).dump(2) << "\n";
@@ -147,8 +147,10 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
   const int threads = configure_threads(cfg.threads);
   // Before the model exists: every tensor of the run is counted (peak_host_tensor_mb).
   count_host_tensor_memory();
-  // Dropout masks differ between data-parallel ranks, as they would between batches.
-  torch::manual_seed(static_cast<uint64_t>(cfg.seed) + 1000003ull * static_cast<uint64_t>(s.dp_rank));
+  // Dropout masks differ between data-parallel ranks, as they would between batches, and
+  // between the context-parallel ranks of one sequence, as they do along it.
+  torch::manual_seed(static_cast<uint64_t>(cfg.seed) +
+                     1000003ull * static_cast<uint64_t>(dist ? dist->replicas().rank() : 0));
   s.data = std::make_unique<TrainingData>(cfg.data);
   if (s.data->vocab_size() > cfg.model.vocab_size)
     throw ConfigError("model.vocab_size",

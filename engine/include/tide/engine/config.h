@@ -187,9 +187,11 @@ struct ParallelConfig {
   // schedule, activation checkpointing and the micro-batch for the world the run gets
   // (plan/plan.h, choose_layout); the global batch stays the recipe's.
   bool auto_layout = false;
-  int64_t dp = 0;  // 0: inferred as world / (tp * pp)
+  int64_t dp = 0;  // 0: inferred as world / (cp * tp * pp)
   int64_t tp = 1;
   int64_t pp = 1;
+  // Context parallelism: each sequence split over cp ranks (model/context_parallel.h).
+  int64_t cp = 1;
   int64_t zero = 0;
   bool offload_optimizer = false;
   int64_t micro_batches = 0;  // pipeline micro-batches; 0: from the batch config

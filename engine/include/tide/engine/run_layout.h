@@ -13,6 +13,11 @@ namespace tide {
 // key/value heads, MLP width, sequence length for sequence parallelism).
 void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_parallel, int64_t seq_len);
 
+// Throws ConfigError naming the field when context parallelism over cp ranks cannot cut
+// the run's sequences (data.seq_len into 2 cp chunks; with sequence parallelism each
+// rank's share into tp parts) or meets what it does not combine with (parallel.auto).
+void check_context_parallel(const RunConfig& cfg, int64_t cp);
+
 // Refuses, naming the fields, a layout this engine cannot run on `world` ranks (the
 // factors do not fit, the model cannot be cut, a combination not supported, a batch that
 // does not divide, a profiled rank outside the job).
@@ -22,11 +27,15 @@ void check_supported_layout(const RunConfig& cfg, int world);
 int64_t micro_batch_size(const RunConfig& cfg, int dp);
 
 // How a step's batch is cut, fixed when a job starts: dp ranks, each running
-// global_batch / (micro_batch * dp) micro-batches of micro_batch sequences. A live
-// batch.global_batch keeps the micro-batch and changes the accumulation.
+// global_batch / (micro_batch * dp) micro-batches of micro_batch sequences, each sequence
+// cut over cp ranks. A live batch.global_batch keeps the micro-batch and changes the
+// accumulation.
 struct BatchLayout {
   int64_t dp = 1;
   int64_t micro_batch = 1;
+  int64_t cp = 1;
+  // The ranks that hold the same parameters and average their gradients: dp x cp.
+  int64_t replicas() const { return dp * cp; }
 };
 BatchLayout batch_layout(const RunConfig& cfg, int world);
 

@@ -52,6 +52,12 @@ struct WindowPart {
   int64_t keys() const { return rows + first - keys_first; }
 };
 
+// The additive mask of part `p`, [1 or B n, 1 or H, R, S] in `options`' dtype: each query
+// sees the keys at or before it, with a window w > 0 only the w nearest; with `documents`
+// [B, T] only keys of its own document; with ALiBi's `slopes` [H] (undefined: none) its bias.
+at::Tensor part_mask(const WindowPart& p, int64_t window, const at::Tensor& documents, const at::Tensor& slopes,
+                     const at::TensorOptions& options);
+
 // A windowed layer's parts for a sequence of t tokens: the first `window` queries, then
 // blocks of `rows`, then the queries left (fewer than `rows`), in order.
 struct WindowedAttention {
@@ -76,13 +82,18 @@ using PartAttention =
 at::Tensor windowed_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const WindowedAttention& parts, const PartAttention& attend);
 
+struct ContextAttention;  // context_parallel.h
+
 // What a block's attention is told about the keys each query may see: `bias` for
 // attention over the whole sequence (undefined: causal; additive [1 or B, 1 or H, T, T];
 // or boolean, true where a query may look), or `windowed`, the parts of a window shorter
-// than the sequence. Shared by every block of a kind in a chunk.
+// than the sequence, or `context`, this rank's chunks of a sequence cut by context
+// parallelism (their keys gathered from every rank). Shared by every block of a kind in
+// a chunk.
 struct AttentionMask {
   at::Tensor bias;
   std::shared_ptr<const WindowedAttention> windowed;
+  std::shared_ptr<const ContextAttention> context;
   AttentionMask() = default;
   AttentionMask(at::Tensor dense) : bias(std::move(dense)) {}  // NOLINT: a dense mask is a mask
 };

@@ -16,6 +16,7 @@
 
 #include "tide/engine/config.h"
 #include "tide/engine/model/attention_masks.h"
+#include "tide/engine/model/context_parallel.h"
 #include "tide/engine/model/fused_ops.h"
 #include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/model/tensor_parallel.h"
@@ -230,6 +231,14 @@ class TransformerImpl : public torch::nn::Module {
   void initialise_parameter(const std::string& name, const torch::Tensor& into, uint64_t seed, int64_t first = 0) const;
 
   const TensorParallel& tensor_parallel() const { return tp_; }
+  // Context parallelism (context_parallel.h), applied by the parallelize step before any
+  // forward: loss() and stage_forward() are then given whole sequences, and this rank
+  // computes on its share of each.
+  void set_context_parallel(ContextParallel cp) { cp_ = std::move(cp); }
+  const ContextParallel& context_parallel() const { return cp_; }
+  // The targets [B, T] whose mean loss() returns on this rank: all of them, or under
+  // context parallelism this rank's share of the sequence, [B, T / cp].
+  torch::Tensor loss_targets(const torch::Tensor& targets) const { return context_slice(targets, 1, cp_); }
   TpSlice tp_slice(const std::string& name) const;
   // Every tensor-parallel rank calls it for the same parameter: the slices of all ranks
   // joined (padding dropped); a parameter every rank holds whole, itself.
@@ -272,6 +281,8 @@ class TransformerImpl : public torch::nn::Module {
     torch::Tensor bias_cache;          // the last bias made, reused while it fits
     // The last window's parts made without documents, reused while they fit.
     std::shared_ptr<const WindowedAttention> window_cache;
+    // The last context-parallel chunks made without documents, reused while they fit.
+    std::shared_ptr<const ContextAttention> context_cache;
     // The window where it leaves keys out of a sequence of t tokens, else 0.
     int64_t window_for(int64_t t) const { return window > 0 && t > window ? window : 0; }
   };
@@ -284,6 +295,10 @@ class TransformerImpl : public torch::nn::Module {
   std::shared_ptr<const WindowedAttention> window_of(LayerAttention& kind, int64_t t,
                                                      const torch::TensorOptions& options,
                                                      const torch::Tensor& documents);
+  std::shared_ptr<const ContextAttention> context_of(LayerAttention& kind, int64_t t,
+                                                     const torch::TensorOptions& options,
+                                                     const torch::Tensor& documents);
+  // `t`: the whole sequence's length, whatever part of it this rank holds.
   BlockInputs block_inputs(LayerAttention& kind, const torch::Tensor& x, int64_t t, const torch::Tensor& documents);
   torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& documents);
   // The blocks of one of the stage's chunks.
@@ -293,6 +308,7 @@ class TransformerImpl : public torch::nn::Module {
 
   ModelConfig cfg_;
   TensorParallel tp_;
+  ContextParallel cp_;
   PipelineStage stage_;
   int64_t vocab_first_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows
   ParameterUnits* units_ = nullptr;

@@ -19,6 +19,10 @@ struct Distributed {
   Grid grid;
   LaunchEnv env;  // where the rendezvous store is (StoreClient)
   std::unique_ptr<Comm> world, dp, tp, pp;
+  // The context-parallel ranks of this rank's sequences, and the dp x cp ranks that hold
+  // the same parameters (Grid::replica_group); both null without context parallelism,
+  // where the replicas are the dp ranks.
+  std::unique_ptr<Comm> cp, dp_cp;
   // Every rank again, over Gloo on the host whatever the device: the control plane (live
   // commands, anomaly decisions) meets at each step boundary, and on a GPU a broadcast
   // there through NCCL would make the host wait for the device's queued work. Null where
@@ -36,6 +40,8 @@ struct Distributed {
 
   // The group that carries control: `host`, or `world` without Gloo.
   Comm* control() const { return host ? host.get() : world.get(); }
+  // The ranks that reduce gradients together and shard ZeRO's state: dp x cp.
+  Comm& replicas() const { return dp_cp ? *dp_cp : *dp; }
 };
 
 // Rendezvous through a TCPStore hosted by rank 0 at MASTER_ADDR:MASTER_PORT, then one

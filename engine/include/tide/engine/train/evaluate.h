@@ -32,9 +32,11 @@ EvalLosses evaluate_losses(Transformer& model, const TokenSplit& split, int64_t 
                            int64_t n_batches, int64_t first, int64_t step, DType compute,
                            const BatchContents& contents);
 // The same with the loss of a batch computed by `loss_of` (a pipeline's forward: 0 on
-// the stages before the last, whose counts are the last's all the same).
-EvalLosses sum_eval_losses(const std::function<double(const Batch&)>& loss_of, const TokenSplit& split, int64_t seq_len,
-                           int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step,
+// the stages before the last, whose counts are the last's all the same), the mean over
+// the targets `loss_targets` keeps of a batch's (Transformer::loss_targets).
+EvalLosses sum_eval_losses(const std::function<double(const Batch&)>& loss_of,
+                           const std::function<at::Tensor(const at::Tensor&)>& loss_targets, const TokenSplit& split,
+                           int64_t seq_len, int64_t micro_batch, int64_t n_batches, int64_t first, int64_t step,
                            const BatchContents& contents);
 
 // Entropy (nats) of the split's unigram token distribution: the loss of a model that

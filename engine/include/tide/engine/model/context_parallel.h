@@ -1,0 +1,85 @@
+// Context parallelism as the model sees it: the sequence of every sample is split over cp
+// ranks, each holding 1 / cp of its tokens through the whole model, so activation memory
+// per rank falls with cp (long-context training; Megatron-Core's and torchtitan's
+// context parallelism).
+//
+// Causal attention makes late tokens cost more than early ones, so each rank holds two
+// chunks of the 2 cp equal chunks of a sequence: chunk r and chunk 2 cp - 1 - r (rank 0
+// the first and the last). Every rank then attends over the same number of scores.
+//
+// Attention all-gathers the keys and values of the whole sequence (one collective a
+// layer, both in one tensor) and each rank attends its own queries over the keys before
+// them; backward reduce-scatters the keys' and values' gradients. This is the all-gather
+// form of context parallelism (Llama 3's), not a ring: it sends the same bytes and keeps
+// a layer's whole keys and values for its backward, which a ring would not.
+//
+// Everything else in a block acts token by token, so it needs nothing: the weights are
+// replicated over the cp ranks, which therefore reduce their gradients together with the
+// data-parallel ranks (parallelize.h).
+//
+// Shape legend: B batch, T the whole sequence, L = T / cp this rank's tokens, c = T / (2
+// cp) a chunk, K key/value heads, H query heads, Hd head width.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "tide/engine/model/attention_masks.h"
+#include "tide/engine/model/tensor_parallel.h"
+
+namespace tide {
+
+struct ContextParallel {
+  // The collectives between the cp ranks (the same interface tensor parallelism's ranks
+  // join through); null: no context parallelism.
+  std::shared_ptr<TensorParallelGroup> group;
+
+  int rank() const { return group ? group->rank() : 0; }
+  int size() const { return group ? group->size() : 1; }
+};
+
+// [L] int64 on `device`: the positions in a sequence of t tokens of the tokens rank `rank`
+// of `size` holds, in the order it holds them (its first chunk, then its second).
+at::Tensor context_positions(int64_t t, int rank, int size, const at::Device& device);
+
+// x's entries along `dim` (of length T) that this rank holds: x itself without context
+// parallelism. Tokens, targets, positions, documents are cut by it.
+at::Tensor context_slice(const at::Tensor& x, int64_t dim, const ContextParallel& cp);
+
+// One chunk of this rank's queries: the rows [local_first, + part.rows) of its queries,
+// at positions [part.first, + part.rows), attend over the keys [part.keys_first, +
+// part.keys()) of the whole sequence (the queries their last rows, as attention_masks.h
+// places them). part.blocks is 1; part.mask is undefined where it is plain causal
+// attention (the rank's first chunk, rank 0's, sees no key before it).
+struct ContextChunk {
+  int64_t local_first = 0;
+  WindowPart part;
+};
+
+struct ContextAttention {
+  std::shared_ptr<TensorParallelGroup> group;
+  int64_t t = 0;                     // the whole sequence
+  at::Tensor positions;              // [L] int64: context_positions
+  at::Tensor order;                  // [T] int64: the gathered sequence, rank by rank, read in position order
+  std::vector<ContextChunk> chunks;  // this rank's two
+};
+
+// This rank's attention over a sequence of t tokens (2 cp divides t): each chunk's keys
+// are those before its last query, or with a window w > 0 the w before each query
+// (window_for's window: only where it leaves keys out); with `documents` [B, T] a query
+// sees only keys of its own document; with ALiBi's `slopes` [H] (undefined: none) the
+// masks carry its bias. Masks in `options`' dtype.
+ContextAttention context_attention_chunks(const ContextParallel& cp, int64_t t, int64_t window,
+                                          const at::Tensor& documents, const at::Tensor& slopes,
+                                          const at::TensorOptions& options);
+
+// q [B, H, L, Hd] and k, v [B, K, L, Hd] of this rank's tokens (RoPE applied): the keys
+// and values of every rank gathered, then each chunk attended through `attend`; returns
+// [B, H, L, Hd]. Gradients reach this rank's k and v summed over every rank's queries.
+at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const ContextAttention& context, const PartAttention& attend);
+
+}  // namespace tide

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Context parallelism with real worker processes on CPU (Gloo over loopback): each
+# sequence of 64 tokens cut over cp ranks (2 cp chunks, rank r holding chunks r and
+# 2 cp - 1 - r), keys and values gathered in every layer. Each layout reproduces one
+# process's losses (relative 1e-5) and final parameters (1e-5):
+#  - cp2 and cp4 for the LLaMA shape (RoPE at each token's own position, GQA), cp2 for
+#    the BLOOM shape (ALiBi's bias across chunks, tied embeddings);
+#  - with the other axes: dp2 x cp2 under ZeRO-1 (blocks recomputed in backward, their
+#    gathers again), cp2 under ZeRO-3 (shards over the dp x cp ranks), cp2 x tp2 with
+#    sequence parallelism, cp2 x pp2 (1F1B);
+#  - documents attended apart (data.document_attention) with learned positions that
+#    restart at each document, with ALiBi, and with a sliding window shorter than a chunk;
+#  - data.eod_mask_loss: each rank's share of the step's counted targets;
+#  - Gemma's architecture: soft-capped scores, windowed and full layers;
+#  - a cp2 checkpoint resumed by one process goes on as one process would;
+#  - layouts context parallelism cannot cut are refused naming the field.
+source "$(dirname "$0")/common.sh" "$1"
+
+echo "llama and bloom:"
+train llama llama-1
+train llama llama-cp2 --nproc 2 --set parallel.cp=2
+compare "$work/llama-1" "$work/llama-cp2" 0 || fail "cp2 differs from one process"
+train llama llama-cp4 --nproc 4 --set parallel.cp=4
+compare "$work/llama-1" "$work/llama-cp4" 0 || fail "cp4 differs from one process"
+grep -q "dp1 x cp4 x tp1 x pp1" "$work/llama-cp4/train.log" || fail "the cp4 run does not say its layout"
+train bloom bloom-1
+train bloom bloom-cp2 --nproc 2 --set parallel.cp=2
+compare "$work/bloom-1" "$work/bloom-cp2" 0 || fail "BLOOM cp2 differs from one process"
+
+echo "with the other axes:"
+train llama llama-dp2-cp2-zero1 --nproc 4 --set parallel.cp=2 --set parallel.zero=1 \
+  --set model.activation_checkpointing=true
+compare "$work/llama-1" "$work/llama-dp2-cp2-zero1" 0 || fail "dp2 x cp2 under ZeRO-1 differs from one process"
+train llama llama-cp2-zero3 --nproc 2 --set parallel.cp=2 --set parallel.zero=3 --set checkpoint.every=5
+compare "$work/llama-1" "$work/llama-cp2-zero3" 0 || fail "cp2 under ZeRO-3 differs from one process"
+train llama llama-cp2-tp2-sp --nproc 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+compare "$work/llama-1" "$work/llama-cp2-tp2-sp" 0 || fail "cp2 x tp2 with sequence parallelism differs from one process"
+train bloom bloom-cp2-pp2 --nproc 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.micro_batches=4
+compare "$work/bloom-1" "$work/bloom-cp2-pp2" 0 || fail "cp2 x pp2 differs from one process"
+
+echo "documents apart, windows, uncounted targets, Gemma:"
+# Gemma 2's and 3's pieces (tensor_parallel_test.sh says what each is): soft-capped
+# scores, a windowed layer with a RoPE base of its own before a full one.
+gemma=(--set model.head_dim=32 --set model.qk_norm=true --set model.mlp=geglu --set model.norm_zero_centered=true
+  --set model.embedding_scale=8 --set model.tie_embeddings=true --set model.post_norms=true
+  --set model.softmax_scale=0.125 --set model.attention_softcap=0.05 --set model.final_logit_softcap=0.5
+  --set model.sliding_window=16 --set "model.full_attention_layers=[1]" --set model.rope_local_theta=1000)
+for case in "doc-learned:llama:--set data.document_attention=true --set model.positions=learned" \
+            "doc-alibi:bloom:--set data.document_attention=true" \
+            "doc-window:llama:--set data.document_attention=true --set model.sliding_window=12" \
+            "eod:bloom:--set data.eod_mask_loss=true" \
+            "gemma:llama:${gemma[*]}"; do
+  name=${case%%:*}
+  rest=${case#*:}
+  shape=${rest%%:*}
+  read -r -a args <<< "${rest#*:}"
+  train $shape $shape-$name-1 "${args[@]}"
+  train $shape $shape-$name-cp2 --nproc 2 --set parallel.cp=2 "${args[@]}"
+  compare "$work/$shape-$name-1" "$work/$shape-$name-cp2" 0 || fail "$name: cp2 differs from one process"
+done
+losses_differ "$work/llama-doc-learned-1" "$work/llama-1" || fail "document attention changed nothing"
+
+echo "resume:"
+# The cp2 ZeRO-3 run's step-5 checkpoint (its shards spread over both cp ranks) resumed
+# by one process: steps 6-10 as one process trains them.
+mkdir -p "$work/llama-cp2-resumed/checkpoints"
+cp -r "$work/llama-cp2-zero3/checkpoints/step-00000005" "$work/llama-cp2-resumed/checkpoints/"
+head -5 "$work/llama-cp2-zero3/metrics.jsonl" > "$work/llama-cp2-resumed/metrics.jsonl"
+train llama llama-cp2-resumed --resume "$work/llama-cp2-resumed/checkpoints/step-00000005"
+grep -q "resumed from" "$work/llama-cp2-resumed/train.log" || fail "the cp2 checkpoint did not resume"
+compare "$work/llama-1" "$work/llama-cp2-resumed" 0 || fail "a cp2 checkpoint resumed by one process differs"
+"${TIDE_PYTHON:-python3}" - "$work/llama-cp2-zero3/checkpoints/step-00000005/manifest.json" <<'PY' ||
+import json, sys
+layout = json.load(open(sys.argv[1]))["layout"]
+assert (layout["world"], layout["dp"], layout["cp"], layout["zero"]) == (2, 1, 2, 3), layout
+PY
+  fail "the cp2 checkpoint's manifest does not record its layout"
+
+echo "refusals:"
+refused llama "parallel.cp" --nproc 3 --set parallel.cp=3
+refused llama "dp x cp x tp x pp = 2 x 2 x 1 x 1 = 4 ranks, but the world has 2" --nproc 2 --set parallel.cp=2 \
+  --set parallel.dp=2
+# 36 tokens: 18 a rank, which tp = 4 does not divide.
+refused llama "parallel.sequence_parallel" --nproc 8 --set parallel.cp=2 --set parallel.tp=4 \
+  --set parallel.sequence_parallel=true --set data.seq_len=36
+refused llama "parallel.cp" --nproc 2 --set parallel.cp=2 --set parallel.auto=true
+echo "context parallel: ok"
