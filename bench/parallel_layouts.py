@@ -25,7 +25,8 @@ S = 4 B T D bytes of one micro-batch's activations, L blocks):
 model-state bytes per rank against fp32 AdamW theory where it is simple (dp, ZeRO), and
 peak resident memory of rank 0. On a 2-core machine the absolute speed-up is bounded; the
 communication and memory ratios are the point.
-Usage: .venv/bin/python bench/parallel_layouts.py [--tide build/tools/tide] [--shape small|tiny]
+Usage: .venv/bin/python bench/parallel_layouts.py [--tide build/tools/tide] [--shape small|tiny|long]
+                                                  [--only "1 process" cp2 ...]
 """
 import argparse
 import json
@@ -84,6 +85,8 @@ def main():
     ap.add_argument("--shape", default="small", choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--only", nargs="+", metavar="LAYOUT", choices=[name for name, _, _ in LAYOUTS],
+                    help="run only these layouts (the first is the one the others are compared with)")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(a.data, "dataset.json")):
         sys.exit(f"bench: no dataset at {a.data}; run `make data` first")
@@ -92,7 +95,7 @@ def main():
           f"{'state MB':>9s} {'x theory':>8s} {'peak MB':>8s}")
     base = None
     sh = SHAPES[a.shape]
-    for name, nproc, extra in LAYOUTS:
+    for name, nproc, extra in [layout for layout in LAYOUTS if not a.only or layout[0] in a.only]:
         tp, pp = int(extra.get("parallel.tp", 1)), int(extra.get("parallel.pp", 1))
         cp = int(extra.get("parallel.cp", 1))
         if pp > 1:  # a pipeline needs micro-batches to overlap its stages

@@ -16,6 +16,8 @@ SHAPES = {
     # attends in blocks that leave out what the window does; PyTorch's attention takes no
     # window, so its peers pass the window's [T, T] mask.
     "window": dict(dim=256, layers=4, heads=4, kv=2, vocab=8192, seq=2048, batch=2, window=256),
+    # A long sequence, where activations outgrow the weights: what context parallelism is for.
+    "long": dict(dim=256, layers=4, heads=4, kv=2, vocab=8192, seq=8192, batch=2),
 }
 
 
