@@ -1,6 +1,6 @@
 """The planner against measurement: for every layout the suite trains (one process, dp
 with ZeRO 0-3, offload, tp with and without sequence parallelism, pp with 1F1B, GPipe and
-interleaved 1F1B, a 2-D mix, activation checkpointing on and off, bf16), `tide plan`
+interleaved 1F1B, context parallelism, 2-D mixes, activation checkpointing on and off, bf16), `tide plan`
 predicts rank 0's peak tensor memory and the step time; real runs of `tide train` measure
 them (the counted host tensor bytes, the median of the steps after the first).
 
@@ -90,6 +90,11 @@ LAYOUTS = [
     ("pp2 GPipe x4", 2, ["parallel.pp=2", "batch.micro_batch=4", "parallel.pipeline_schedule=gpipe"]),
     ("pp2 interleaved 1F1B x4", 2, ["parallel.pp=2", "batch.micro_batch=4", "parallel.virtual_stages=2"]),
     ("dp2 x tp2 ZeRO-1", 4, ["parallel.tp=2", "parallel.zero=1"]),
+    # Context parallelism: half of each sequence a rank, beside every block's gathered keys
+    # and values and the two chunks' masks (ALiBi's a row per head).
+    ("cp2", 2, ["parallel.cp=2"]),
+    ("BLOOM, cp2", 2, ["parallel.cp=2"], "bloom"),
+    ("dp2 x cp2 ZeRO-2, checkpointing", 4, ["parallel.cp=2", "parallel.zero=2", "model.activation_checkpointing=true"]),
     # bf16: one micro-batch casts each weight again in backward (no copies kept), ZeRO-3 too.
     # Their time holds since the calibration measures fused attention's own rate (on this
     # project's EPYC its bf16 kernel runs 1.1x its fp32 one, the GEMMs 4x) and the bf16

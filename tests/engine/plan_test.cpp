@@ -121,6 +121,65 @@ TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
   EXPECT_GT(no_sp.time.tp_comm, 0.0);
 }
 
+// Context parallelism: each rank holds half of each sequence's activations (and the keys
+// and values of the whole sequence), ZeRO shards over the dp x cp ranks, the keys and
+// values travel every block; the planner weighs it only where nothing fits without it.
+TEST(Plan, ContextParallelismSplitsActivationsAndIsWeighedWhereNothingElseFits) {
+  const RunConfig cfg = recipe("llama/llama-3-8b");
+  const Cluster cluster = h100(1, 8);
+  PlanLayout dp8;
+  dp8.dp = 8;
+  dp8.zero = 1;
+  dp8.micro_batch = 1;
+  dp8.micro_batches = 64;
+  PlanLayout cp2 = dp8;
+  cp2.dp = 4;
+  cp2.cp = 2;
+  cp2.micro_batches = 128;
+  const LayoutPlan whole = evaluate_layout(cfg, cluster, dp8), halves = evaluate_layout(cfg, cluster, cp2);
+  EXPECT_LT(halves.memory.activations, 0.6 * whole.memory.activations);
+  EXPECT_DOUBLE_EQ(halves.memory.optimizer, whole.memory.optimizer) << "ZeRO-1 shards over dp x cp = 8 ranks";
+  EXPECT_EQ(whole.time.cp_comm, 0.0);
+  EXPECT_GT(halves.time.cp_comm, 0.0);
+  EXPECT_EQ(halves.layout.describe(), "dp4 tp1 pp1 zero1 mb1x128 cp2");
+
+  // Asked for, only layouts of that cp; by default none where a layout without it fits.
+  PlanOptions two;
+  two.cp = 2;
+  const Plan asked = plan_layouts(cfg, cluster, two);
+  ASSERT_FALSE(asked.ranked.empty());
+  for (const auto& p : asked.ranked) EXPECT_EQ(p.layout.cp, 2);
+  for (const auto& p : plan_layouts(cfg, cluster).ranked) EXPECT_EQ(p.layout.cp, 1);
+
+  // One wide block of 3 heads on 2 H100s, 2 sequences of 8,192 tokens a step: neither
+  // tensor nor pipeline parallelism can cut it, data parallelism holds a whole sequence
+  // a rank, cp = 2 half of one. With less memory than any layout without cp needs, but
+  // enough for one with it, the plan ranks layouts of cp = 2 alone.
+  const RunConfig wide =
+      recipe("llama/llama-tiny",
+             {"model.vocab_size=256", "model.dim=3072", "model.n_layers=1", "model.n_heads=3", "model.n_kv_heads=3",
+              "model.max_seq_len=8192", "data.seq_len=8192", "batch.global_batch=2", "batch.micro_batch=1"});
+  PlanOptions one_sequence;
+  one_sequence.max_micro_batch = 1;
+  const auto least = [&](int cp) {
+    PlanOptions only = one_sequence;
+    only.cp = cp;
+    double most = 1e30;
+    for (const auto& p : plan_layouts(wide, h100(1, 2), only).ranked) most = std::min(most, p.memory.device);
+    return most;
+  };
+  const double without = least(1), with = least(2);
+  ASSERT_LT(with, without);
+  Cluster tight = h100(1, 2);
+  tight.device.memory_bytes = (with + without) / 2;
+  const Plan plan = plan_layouts(wide, tight, one_sequence);
+  ASSERT_FALSE(plan.ranked.empty());
+  for (const auto& p : plan.ranked) EXPECT_EQ(p.layout.cp, 2) << p.layout.describe();
+  // The choice reaches a run's overrides.
+  const LayoutChoice c = choose_layout(wide, tight, one_sequence);
+  EXPECT_NE(std::find(c.overrides.begin(), c.overrides.end(), "parallel.cp=2"), c.overrides.end());
+}
+
 // LoRA holds the frozen weights and the adapters' gradients and moments alone (sharded
 // under ZeRO-1/2 as the flat buffers are); under tensor parallelism a rank holds its
 // part of each adapter (a column layer's B, a row layer's A split); ZeRO-3 holds a piece

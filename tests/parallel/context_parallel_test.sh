@@ -83,5 +83,4 @@ refused llama "dp x cp x tp x pp = 2 x 2 x 1 x 1 = 4 ranks, but the world has 2"
 # 36 tokens: 18 a rank, which tp = 4 does not divide.
 refused llama "parallel.sequence_parallel" --nproc 8 --set parallel.cp=2 --set parallel.tp=4 \
   --set parallel.sequence_parallel=true --set data.seq_len=36
-refused llama "parallel.cp" --nproc 2 --set parallel.cp=2 --set parallel.auto=true
 echo "context parallel: ok"

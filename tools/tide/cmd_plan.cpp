@@ -19,7 +19,7 @@ namespace {
 struct PlanArgs {
   std::vector<std::string> recipe, overrides;
   std::string device = "cpu", calibration, attention;
-  int nodes = 1, per_node = 1, top = 10, tp = 0, pp = 0, zero = -1;
+  int nodes = 1, per_node = 1, top = 10, tp = 0, pp = 0, cp = 0, zero = -1;
   int64_t max_micro_batch = 64;
   double headroom = 0;
   bool json = false, calibrate = false, no_offload = false;
@@ -71,6 +71,10 @@ void add_plan_command(CLI::App& app) {
   plan->add_option("--top", a->top, "Layouts shown")->check(CLI::Range(1, 100000))->capture_default_str();
   plan->add_option("--tp", a->tp, "Only layouts with this tensor-parallel size")->check(CLI::Range(1, 1024));
   plan->add_option("--pp", a->pp, "Only layouts with this many pipeline stages")->check(CLI::Range(1, 1024));
+  plan->add_option("--cp", a->cp,
+                   "Only layouts with this context-parallel size (default: cp 1, or the smallest cp with which "
+                   "a layout fits where none without it does)")
+      ->check(CLI::Range(1, 1024));
   plan->add_option("--zero", a->zero, "Only layouts with this ZeRO stage")->check(CLI::Range(0, 3));
   plan->add_option("--max-micro-batch", a->max_micro_batch, "Largest micro-batch tried")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
@@ -106,6 +110,7 @@ void add_plan_command(CLI::App& app) {
     options.memory_headroom = a->headroom;
     if (a->tp > 0) options.tp = a->tp;
     if (a->pp > 0) options.pp = a->pp;
+    if (a->cp > 0) options.cp = a->cp;
     if (a->zero >= 0) options.zero = a->zero;
     Plan p = plan_layouts(r.config(), cluster, options);
     if (a->json) {

@@ -38,11 +38,6 @@ void check_context_parallel(const RunConfig& cfg, int64_t cp) {
                       fmt::format("each context-parallel rank's {} tokens (data.seq_len = {} over parallel.cp = {}) do "
                                   "not divide into tp = {} parts",
                                   t / cp, t, cp, tp));
-  if (cfg.parallel.auto_layout)
-    throw ConfigError("parallel.cp",
-                      fmt::format("{} is set with parallel.auto, and the planner chooses layouts without "
-                                  "context parallelism: set the layout by hand, or cp = 1",
-                                  cp));
 }
 
 namespace {

@@ -20,9 +20,13 @@
 //     logits (linear_cross_entropy.cpp), the micro-batches a pipeline schedule keeps in
 //     flight (pipeline.cpp);
 //   the temporaries of the backward step that makes the most at once.
-// Shape legend: B micro-batch, T sequence, Tn the residual stream's sequence on this rank
-// (T / tp with sequence parallelism), N = B*T, D dim, Hd head dim, F this rank's MLP
-// width, V this rank's vocabulary rows, s the compute dtype's bytes.
+//   context parallelism (context_parallel.h): each rank's share of the tokens, beside the
+//     keys and values of the whole sequence every block gathers and keeps, and the masks
+//     of its two chunks.
+// Shape legend: B micro-batch, T sequence, Q this rank's tokens of a sequence (T / cp),
+// Tn the residual stream's sequence on this rank (Q / tp with sequence parallelism),
+// N = B*Q, D dim, Hd head dim, F this rank's MLP width, V this rank's vocabulary rows, s
+// the compute dtype's bytes.
 #include <algorithm>
 #include <limits>
 #include <numeric>
@@ -39,7 +43,12 @@ namespace tide::plan {
 namespace {
 
 struct Shape {
-  double B, T, Tn, N, Nn, s;
+  double B, T, Q, Tn, N, Nn, s;
+  int cp = 1;
+  // The keys a query of a layer attending in full computes scores for: the sequence, or
+  // under context parallelism the mean over this rank's two chunks, each masked over the
+  // keys up to its last query: (2 cp + 1) T / (4 cp).
+  double keys() const { return cp > 1 ? (2.0 * cp + 1) * T / (4.0 * cp) : T; }
   bool fused_attention = true;
   bool gpu_kernels = false;  // tide's CUDA kernels run (a GPU, not the host)
 };
@@ -49,7 +58,7 @@ struct Shape {
 // dropout, the dropped copy and its one-byte mask.
 double block_scores(const ModelConfig& m, const RankModel& r, const Shape& x, double keys) {
   if (x.fused_attention) return 0;
-  const double scores = x.B * static_cast<double>(r.heads) * x.T * keys;
+  const double scores = x.B * static_cast<double>(r.heads) * x.Q * keys;
   return scores * (x.s + (m.dropout > 0 ? x.s + 1 : 0));
 }
 
@@ -99,15 +108,21 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, boo
   // A window shorter than the sequence is attended in parts (attention_masks.h): each block
   // of R queries keeps its own copy of the R + w keys and values it reads (w / R times
   // them beyond one), and the parts' outputs are kept by their calls beside the joined one.
-  double keys = x.T;  // a query's scores computed
-  if (windowed) {
+  double keys = x.keys();  // a query's scores computed
+  if (x.cp > 1) {
+    // Context parallelism: the gathered keys and values of the whole sequence, kept by
+    // both chunks' attention, and each chunk's output beside the joined one. A windowed
+    // chunk reads the keys its window reaches (about a chunk and a window).
+    bytes += x.B * x.T * 2 * K * hd * x.s + x.N * H * hd * x.s;
+    if (windowed) keys = std::min(keys, x.T / (2.0 * x.cp) + static_cast<double>(m.sliding_window));
+  } else if (windowed) {
     const double w = static_cast<double>(m.sliding_window);
     const double rows = static_cast<double>(window_block_rows(m.sliding_window));
     bytes += x.N * (2 * K * hd * w / rows + H * hd) * x.s;
     keys = rows + w;
   }
   if (x.fused_attention)
-    bytes += x.B * H * x.T * 4;  // its log-sum-exp per row
+    bytes += x.B * H * x.Q * 4;  // its log-sum-exp per row
   else
     bytes += block_scores(m, r, x, keys);
   // SwiGLU keeps the gate's and up's outputs, and the down projection recomputes their
@@ -135,7 +150,7 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, boo
 double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double incoming = x.Nn * D * x.s;
-  const double scores = x.fused_attention ? 0.0 : 2 * x.B * static_cast<double>(r.heads) * x.T * x.T * x.s;
+  const double scores = x.fused_attention ? 0.0 : 2 * x.B * static_cast<double>(r.heads) * x.Q * x.keys() * x.s;
   double extra = std::max(incoming + (gated_mlp(m) ? 3 : 1) * x.N * F * x.s + D * F * 4, incoming + scores);
   const double qkv = static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim);
   const double mlp_in = (gated_mlp(m) ? 2 : 1) * F;
@@ -144,6 +159,33 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
   extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,
                     incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4});
   return extra;
+}
+
+// Under context parallelism each kind of layer's masks are rank 0's two chunks' (c = T /
+// (2 cp) queries each; transformer.cpp: context_of): the first over its own c keys, the
+// last over the whole sequence (a window's kind: about a chunk and a window), once for
+// the run, or with documents apart once for each micro-batch in flight, B of them.
+// ALiBi's bias has a row per head.
+double context_masks(const ModelConfig& m, const Shape& x, double heads, const PipelineStage& stage,
+                     const std::vector<int64_t>& in_flight, bool documents) {
+  const double c = x.T / (2.0 * x.cp);
+  const double full = heads * c * (c + x.T) * x.s;
+  const double windowed = heads * c * (c + std::min(x.T, c + static_cast<double>(m.sliding_window))) * x.s;
+  const auto seq = static_cast<int64_t>(x.T);
+  bool any_full = false, any_windowed = false;
+  double bytes = 0;
+  for (size_t i = 0; i < stage.chunks.size(); ++i) {
+    const BlockRange& range = stage.chunks[i];
+    const int64_t end = range.end < 0 ? m.n_layers : range.end;
+    bool has_full = false, has_windowed = false;
+    for (int64_t layer = range.first; layer < end; ++layer)
+      (window_leaves_out_keys(m, layer, seq) ? has_windowed : has_full) = true;
+    any_full = any_full || has_full;
+    any_windowed = any_windowed || has_windowed;
+    if (documents)
+      bytes += static_cast<double>(in_flight[i]) * x.B * ((has_full ? full : 0) + (has_windowed ? windowed : 0));
+  }
+  return documents ? bytes : (any_full ? full : 0) + (any_windowed ? windowed : 0);
 }
 
 // The masks attention adds to its scores (transformer.cpp: bias_of, window_of,
@@ -159,6 +201,7 @@ double attention_masks(const ModelConfig& m, const RankModel& r, const Shape& x,
                        const std::vector<int64_t>& in_flight, bool documents) {
   const bool alibi = m.positions == PositionKind::ALiBi;
   const double heads = alibi ? static_cast<double>(r.heads) : 1.0;
+  if (x.cp > 1) return context_masks(m, x, heads, stage, in_flight, documents);
   const double whole = heads * x.T * x.T * x.s;
   const auto seq = static_cast<int64_t>(x.T);
   const double w = static_cast<double>(m.sliding_window);
@@ -290,10 +333,12 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
                          const PipelineStage& stage, int stage_index) {
   const ModelConfig& mc = cfg.model;
   const RankModel r = rank_model(mc, L.tp, stage);
-  const int64_t world = static_cast<int64_t>(L.dp) * L.tp * L.pp;
-  const int64_t pad = world > 1 ? L.dp : 1;  // FlatParameters::Options::pad_to
+  // The dp x cp ranks hold the same parameters: ZeRO shards over them all.
+  const int replicas = L.replicas();
+  const int64_t world = static_cast<int64_t>(replicas) * L.tp * L.pp;
+  const int64_t pad = world > 1 ? replicas : 1;  // FlatParameters::Options::pad_to
   const double P = static_cast<double>(r.padded_elements(pad));
-  const double piece = P / L.dp;
+  const double piece = P / replicas;
   const double unit0 = static_cast<double>(r.units(pad).front());
   const double block_unit = static_cast<double>(r.largest_block_unit(pad));
   const double head_unit = r.head_elements > 0 ? static_cast<double>(r.units(pad).back()) : 0.0;
@@ -321,10 +366,10 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
                                                               (mc.tie_embeddings ? 0 : r.head_matmul))
                                         : 0.0;
   if (mc.lora_rank > 0) {
-    const double owned_adapters = L.zero >= 1 ? adapters / L.dp : adapters;
+    const double owned_adapters = L.zero >= 1 ? adapters / replicas : adapters;
     m.parameters =
-        L.zero == 3 ? (P * (bf16 ? 2 : 4) + adapters * 4) / L.dp : 4 * (P + adapters) - 2 * frozen_in_compute;
-    m.gradients = (L.zero >= 2 ? adapters / L.dp : adapters) * 4;
+        L.zero == 3 ? (P * (bf16 ? 2 : 4) + adapters * 4) / replicas : 4 * (P + adapters) - 2 * frozen_in_compute;
+    m.gradients = (L.zero >= 2 ? adapters / replicas : adapters) * 4;
     if (L.offload)
       m.host = 4 * owned_adapters * 4;
     else
@@ -357,7 +402,8 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   // biases widened to fp32 beside it) and the next one arriving (in fp32, or in the
   // compute dtype from this rank's piece cast for it).
   const double block_widened = static_cast<double>(r.block_widened);
-  const double gathered_blocks = bf16 ? block_unit * (2 + 2 + 2.0 / L.dp) + 4 * block_widened : block_unit * (4 + 4);
+  const double gathered_blocks =
+      bf16 ? block_unit * (2 + 2 + 2.0 / replicas) + 4 * block_widened : block_unit * (4 + 4);
   if (L.zero == 3) m.gathered += (unit0_kept ? unit0 * 4 : 0) + gathered_blocks;
   if (L.zero >= 2 && L.micro_batches > 1) {
     // The last two units a micro-batch's backward reduce-scatters (block 0 and unit 0)
@@ -367,14 +413,16 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     const double staging = device.host ? 1.0 : 0.0;
     const double in_flight =
         mc.lora_rank > 0 ? adapters / static_cast<double>(std::max<int64_t>(r.blocks, 1)) : unit0 + block_unit;
-    m.gathered += in_flight * 4 * (1.0 + 1.0 / L.dp + staging);
+    m.gathered += in_flight * 4 * (1.0 + 1.0 / replicas + staging);
   }
 
   Shape x;
   x.B = static_cast<double>(L.micro_batch);
   x.T = static_cast<double>(cfg.data.seq_len);
-  x.Tn = L.sequence_parallel ? x.T / L.tp : x.T;
-  x.N = x.B * x.T;
+  x.cp = L.cp;
+  x.Q = x.T / L.cp;
+  x.Tn = L.sequence_parallel ? x.Q / L.tp : x.Q;
+  x.N = x.B * x.Q;
   x.Nn = x.B * x.Tn;
   x.s = bf16 ? 2.0 : 4.0;
   // Soft-capped attention (softcapped_attention.h) keeps what a fused kernel keeps, the
@@ -467,7 +515,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
       g.head_saved = h.saved;
       g.head_weight_gradient = static_cast<double>(r.vocab) * D * 4;
     }
-    g.dp = static_cast<double>(L.dp);
+    g.dp = static_cast<double>(replicas);
     g.staged = device.host;
     if (r.first) g.embedding_gradient = static_cast<double>(r.vocab) * D * 4;
     if (r.first && r.last && mc.tie_embeddings) g.tied_head_gradient = g.embedding_gradient;
@@ -491,10 +539,10 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   // bf16 and widened, both at once), then block 0's gather started beside it, before any
   // activation is made. Unit 0 kept for the step is counted in `gathered` already.
   if (L.zero == 3) {
-    const double arriving = bf16 ? 2 + 2.0 / L.dp : 0.0;
+    const double arriving = bf16 ? 2 + 2.0 / replicas : 0.0;
     const double start =
         unit0_kept ? unit0 * arriving
-                   : std::max(unit0 * (4 + (bf16 ? 2 : 0)), unit0 * 4 + block_unit * (bf16 ? 2 + 2.0 / L.dp : 4));
+                   : std::max(unit0 * (4 + (bf16 ? 2 : 0)), unit0 * 4 + block_unit * (bf16 ? 2 + 2.0 / replicas : 4));
     m.backward_transient = std::max(m.backward_transient, start - gathered_blocks - m.activations - m.loss);
   }
   if (L.pp > 1) {

@@ -19,6 +19,7 @@ namespace tide {
 
 std::string PlanLayout::describe() const {
   std::string s = fmt::format("dp{} tp{} pp{} zero{} mb{}x{}", dp, tp, pp, zero, micro_batch, micro_batches);
+  if (cp > 1) s += fmt::format(" cp{}", cp);
   if (pp > 1) s += " " + schedule;
   if (virtual_stages > 1) s += fmt::format(" v{}", virtual_stages);
   if (sequence_parallel) s += " sp";
@@ -31,6 +32,7 @@ void PlanLayout::apply_to(RunConfig& cfg) const {
   cfg.parallel.dp = dp;
   cfg.parallel.tp = tp;
   cfg.parallel.pp = pp;
+  cfg.parallel.cp = cp;
   cfg.parallel.zero = zero;
   cfg.parallel.offload_optimizer = offload;
   cfg.parallel.sequence_parallel = sequence_parallel;
@@ -163,15 +165,12 @@ LayoutPlan evaluate_layout(const RunConfig& cfg, const Cluster& cluster, const P
 
 PlanLayout layout_of(const RunConfig& cfg, int world) {
   check_supported_layout(cfg, world);
-  if (cfg.parallel.cp > 1)
-    throw ConfigError("parallel.cp", fmt::format("{}: the planner's memory and time models do not count context "
-                                                 "parallelism, so this layout is not estimated",
-                                                 cfg.parallel.cp));
   const BatchLayout batch = batch_layout(cfg, world);
   PlanLayout l;
   l.dp = static_cast<int>(batch.dp);
   l.tp = static_cast<int>(cfg.parallel.tp);
   l.pp = static_cast<int>(cfg.parallel.pp);
+  l.cp = static_cast<int>(batch.cp);
   l.zero = static_cast<int>(cfg.parallel.zero);
   l.offload = cfg.parallel.offload_optimizer;
   l.activation_checkpointing = cfg.model.activation_checkpointing;
@@ -203,92 +202,100 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
     plan.rejected.push_back(std::move(p));
   };
 
-  for (const int tp : divisors(world)) {
-    if (options.tp && tp != *options.tp) continue;
-    PlanLayout family;
-    family.tp = tp;
-    try {
-      check_tensor_parallel(m, tp, false, cfg.data.seq_len);
-    } catch (const ConfigError& e) {
-      family.dp = 0;
-      refuse(family, e.what());
-      continue;
-    }
-    for (const int pp : divisors(world / tp)) {
-      if (options.pp && pp != *options.pp) continue;
-      family.pp = pp;
-      family.dp = world / (tp * pp);
-      if (pp > m.n_layers) {
-        refuse(family, fmt::format("parallel.pp: {} stages for model.n_layers = {} blocks", pp, m.n_layers));
+  // Context parallelism (each sequence over cp ranks) costs a collective a block and a
+  // masked attention kernel, and saves activation memory alone: it is weighed only where
+  // no layout without it fits (the smallest cp that makes one fit), or where asked for.
+  for (const int cp : divisors(world)) {
+    if (options.cp ? cp != *options.cp : cp > 1 && !plan.ranked.empty()) continue;
+    if (cfg.data.seq_len % (2 * static_cast<int64_t>(cp)) != 0 && cp > 1) continue;
+    for (const int tp : divisors(world / cp)) {
+      if (options.tp && tp != *options.tp) continue;
+      PlanLayout family;
+      family.tp = tp;
+      family.cp = cp;
+      try {
+        check_tensor_parallel(m, tp, false, cfg.data.seq_len);
+      } catch (const ConfigError& e) {
+        family.dp = 0;
+        if (cp == 1) refuse(family, e.what());  // once, not again for each cp
         continue;
       }
-      if (global_batch % family.dp != 0) {
-        refuse(family,
-               fmt::format("batch.global_batch: {} sequences do not split over dp = {}", global_batch, family.dp));
-        continue;
-      }
-      const int64_t per_rank = global_batch / family.dp;
-      for (int zero = 0; zero <= 3; ++zero) {
-        if (options.zero && zero != *options.zero) continue;
-        if (zero > 0 && family.dp == 1 && !options.zero) continue;  // nothing to shard
-        if (pp > 1 && zero == 3) continue;
-        family.zero = zero;
-        LayoutPlan best_of_family;  // the fastest that fits, or the smallest that does not
-        bool any_fits = false;
-        double smallest = -1;
-        for (const bool offload : {false, true}) {
-          if (offload && !options.allow_offload) continue;
-          // Recomputation: none, every block, or the fewest first blocks of each chunk that
-          // fit where none does not and every block does.
-          for (const Recompute recompute : {Recompute::None, Recompute::All, Recompute::Fewest}) {
-            for (const bool sp : {false, true}) {
-              if (sp && (tp == 1 || cfg.data.seq_len % tp != 0)) continue;
-              for (const auto& [schedule, chunks] : pipeline_schedules(cfg, pp)) {
-                PlanLayout l = family;
-                l.offload = offload;
-                l.activation_checkpointing = recompute != Recompute::None;
-                l.sequence_parallel = sp;
-                l.schedule = schedule;
-                l.virtual_stages = chunks;
-                LayoutPlan fastest;
-                int64_t largest = 0;
-                bool fits = false;
-                for (const int mb : divisors(per_rank)) {
-                  if (mb > options.max_micro_batch) break;
-                  l.micro_batch = mb;
-                  l.micro_batches = per_rank / mb;
-                  if (!micro_batches_fit_schedule(l, per_rank, mb)) continue;
-                  l.recompute_blocks = 0;
-                  LayoutPlan p = evaluate_layout(cfg, cluster, l);
-                  p.fits = p.memory.device <= usable;
-                  if (recompute == Recompute::Fewest && p.fits && !recompute_fewer_blocks(cfg, cluster, usable, p))
-                    continue;
-                  if (!p.fits) {
-                    if (smallest < 0 || p.memory.device < smallest) {
-                      smallest = p.memory.device;
-                      if (!any_fits) {
-                        best_of_family = p;
-                        best_of_family.reason =
-                            fmt::format("does not fit: needs {} of {} at micro-batch {} ({})", gib(p.memory.device),
-                                        gib(usable), mb, largest_items(p.memory));
+      for (const int pp : divisors(world / (cp * tp))) {
+        if (options.pp && pp != *options.pp) continue;
+        family.pp = pp;
+        family.dp = world / (cp * tp * pp);
+        if (pp > m.n_layers) {
+          refuse(family, fmt::format("parallel.pp: {} stages for model.n_layers = {} blocks", pp, m.n_layers));
+          continue;
+        }
+        if (global_batch % family.dp != 0) {
+          refuse(family,
+                 fmt::format("batch.global_batch: {} sequences do not split over dp = {}", global_batch, family.dp));
+          continue;
+        }
+        const int64_t per_rank = global_batch / family.dp;
+        for (int zero = 0; zero <= 3; ++zero) {
+          if (options.zero && zero != *options.zero) continue;
+          if (zero > 0 && family.dp == 1 && !options.zero) continue;  // nothing to shard
+          if (pp > 1 && zero == 3) continue;
+          family.zero = zero;
+          LayoutPlan best_of_family;  // the fastest that fits, or the smallest that does not
+          bool any_fits = false;
+          double smallest = -1;
+          for (const bool offload : {false, true}) {
+            if (offload && !options.allow_offload) continue;
+            // Recomputation: none, every block, or the fewest first blocks of each chunk that
+            // fit where none does not and every block does.
+            for (const Recompute recompute : {Recompute::None, Recompute::All, Recompute::Fewest}) {
+              for (const bool sp : {false, true}) {
+                if (sp && (tp == 1 || (cfg.data.seq_len / cp) % tp != 0)) continue;
+                for (const auto& [schedule, chunks] : pipeline_schedules(cfg, pp)) {
+                  PlanLayout l = family;
+                  l.offload = offload;
+                  l.activation_checkpointing = recompute != Recompute::None;
+                  l.sequence_parallel = sp;
+                  l.schedule = schedule;
+                  l.virtual_stages = chunks;
+                  LayoutPlan fastest;
+                  int64_t largest = 0;
+                  bool fits = false;
+                  for (const int mb : divisors(per_rank)) {
+                    if (mb > options.max_micro_batch) break;
+                    l.micro_batch = mb;
+                    l.micro_batches = per_rank / mb;
+                    if (!micro_batches_fit_schedule(l, per_rank, mb)) continue;
+                    l.recompute_blocks = 0;
+                    LayoutPlan p = evaluate_layout(cfg, cluster, l);
+                    p.fits = p.memory.device <= usable;
+                    if (recompute == Recompute::Fewest && p.fits && !recompute_fewer_blocks(cfg, cluster, usable, p))
+                      continue;
+                    if (!p.fits) {
+                      if (smallest < 0 || p.memory.device < smallest) {
+                        smallest = p.memory.device;
+                        if (!any_fits) {
+                          best_of_family = p;
+                          best_of_family.reason =
+                              fmt::format("does not fit: needs {} of {} at micro-batch {} ({})", gib(p.memory.device),
+                                          gib(usable), mb, largest_items(p.memory));
+                        }
                       }
+                      break;  // larger micro-batches need more
                     }
-                    break;  // larger micro-batches need more
+                    largest = mb;
+                    if (!fits || p.time.step < fastest.time.step) fastest = p;
+                    fits = true;
                   }
-                  largest = mb;
-                  if (!fits || p.time.step < fastest.time.step) fastest = p;
-                  fits = true;
+                  if (!fits) continue;
+                  fastest.largest_micro_batch = largest;
+                  fastest.reason.clear();
+                  any_fits = true;
+                  plan.ranked.push_back(std::move(fastest));
                 }
-                if (!fits) continue;
-                fastest.largest_micro_batch = largest;
-                fastest.reason.clear();
-                any_fits = true;
-                plan.ranked.push_back(std::move(fastest));
               }
             }
           }
+          if (!any_fits && smallest >= 0) plan.rejected.push_back(std::move(best_of_family));
         }
-        if (!any_fits && smallest >= 0) plan.rejected.push_back(std::move(best_of_family));
       }
     }
   }
@@ -351,6 +358,7 @@ LayoutChoice choose_layout(const RunConfig& cfg, const Cluster& cluster, const P
                  fmt::format("parallel.dp={}", l.dp),
                  fmt::format("parallel.tp={}", l.tp),
                  fmt::format("parallel.pp={}", l.pp),
+                 fmt::format("parallel.cp={}", l.cp),
                  fmt::format("parallel.zero={}", l.zero),
                  fmt::format("parallel.offload_optimizer={}", l.offload),
                  fmt::format("parallel.sequence_parallel={}", l.sequence_parallel),

@@ -15,6 +15,11 @@
 //   data parallelism: gradient all-reduce (ZeRO-0) or reduce-scatter (1-3, every
 //     micro-batch for 2-3) overlapping the backward that produces it, the parameter
 //     all-gather after the update (ZeRO-1/2) or before each block (ZeRO-3, prefetched);
+//   context parallelism: each rank computes its 1 / cp of the tokens; attention masks
+//     each chunk (the matmul rate), over about (2 cp + 1) / (4 cp) of the keys a query;
+//     per block and micro-batch the keys and values of the whole sequence all-gathered
+//     forward (again where recomputed) and their gradients reduce-scattered backward, on
+//     the critical path; the gradients reduced over the dp x cp ranks;
 //   pipelines: one send and receive per micro-batch and direction, and the fill and drain
 //     bubble: the slowest stage works through every micro-batch while each other stage
 //     adds one micro-batch of its own time (fill before it, drain after it), (pp - 1)
@@ -85,7 +90,7 @@ double score_bytes(const ModelConfig& mc, double s, bool recompute) {
 // forward and backward, five passes over the logits; recomputation adds one forward's
 // writes.
 TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, double s, bool recompute,
-                           bool fused_attention, bool documents) {
+                           bool fused_attention, bool documents, int cp = 1) {
   const double blocks = static_cast<double>(r.blocks);
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double attn_width = static_cast<double>(r.heads * r.head_dim);
@@ -93,9 +98,15 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   c.matmul_flops = 6.0 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul));
   // Each block's keys as its kernel computes them (flops.h: a causal kernel without a mask
   // skips half; a mask makes it compute every score; a window's parts about R + w).
+  // Under context parallelism every chunk but rank 0's first is masked: a query's keys are
+  // its chunk's, (2 cp + 1) T / (4 cp) on average, or a window's chunk's about c + w.
+  const double context_keys = (2.0 * cp + 1) * T / (4.0 * cp);
   double keys = 0;
   for (const int64_t layer : r.layers)
-    keys += computed_keys(mc, layer, static_cast<int64_t>(T), documents, fused_attention);
+    keys += cp == 1 ? computed_keys(mc, layer, static_cast<int64_t>(T), documents, fused_attention)
+            : window_leaves_out_keys(mc, layer, static_cast<int64_t>(T))
+                ? std::min(context_keys, T / (2.0 * cp) + static_cast<double>(mc.sliding_window))
+                : context_keys;
   c.attention_flops = 12.0 * attn_width * keys * (mc.attention_softcap > 0 ? kSoftcapProducts : 1.0);
   double saved = D * (4 * 2 + 2 * s) + static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim) * s +
                  attn_width * s + (gated_mlp(mc) ? 4 : 2) * F * s;
@@ -139,28 +150,30 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   bool window_masks = false;
   for (int64_t layer = 0; layer < mc.n_layers; ++layer)
     window_masks = window_masks || window_leaves_out_keys(mc, layer, cfg.data.seq_len);
-  const bool probed_kernel = fused && mc.positions != PositionKind::ALiBi && !documents && !window_masks;
+  const bool probed_kernel = fused && mc.positions != PositionKind::ALiBi && !documents && !window_masks && L.cp == 1;
   const double attention_rate = measured_attention > 0 && probed_kernel ? measured_attention : matmul_rate;
   const double memory_rate = dev.memory_bandwidth * dev.bandwidth_efficiency;
   const int per_node = cluster.devices_per_node;
-  // Rank order (grid.h): tp fastest, then dp, then pp. A group whose span of ranks
-  // exceeds a node crosses the slower link.
+  // Rank order (grid.h): tp fastest, then cp, then dp, then pp. A group whose span of ranks
+  // exceeds a node crosses the slower link. Gradients are reduced over the dp x cp ranks.
+  const int replicas = L.replicas();
   const double tp_bw = L.tp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
-  const double dp_bw = L.tp * L.dp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
-  const double pp_bw = L.tp * L.dp * L.pp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
+  const double cp_bw = L.tp * L.cp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
+  const double dp_bw = L.tp * replicas <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
+  const double pp_bw = L.tp * replicas * L.pp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
   const double lat = dev.collective_latency;
 
   const double T = static_cast<double>(cfg.data.seq_len);
   const double B = static_cast<double>(L.micro_batch);
   const double M = static_cast<double>(L.micro_batches);
-  const double tokens_mb = B * T;  // per micro-batch and rank
+  const double tokens_mb = B * T / L.cp;  // per micro-batch and rank
 
   std::vector<PipelineStage> stages{PipelineStage{}};
   if (L.pp > 1)
     stages = partition_stages(mc, L.pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, L.virtual_stages,
                               cfg.data.document_attention);
-  const int64_t world = static_cast<int64_t>(L.dp) * L.tp * L.pp;
-  const int64_t pad = world > 1 ? L.dp : 1;
+  const int64_t world = static_cast<int64_t>(replicas) * L.tp * L.pp;
+  const int64_t pad = world > 1 ? replicas : 1;
 
   TimeEstimate worst;
   double worst_busy = -1, all_busy = 0;
@@ -169,7 +182,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     const double blocks = static_cast<double>(r.blocks);
     const double D = static_cast<double>(r.dim);
     TimeEstimate t;
-    const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused, documents);
+    const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused, documents, L.cp);
     t.compute = M * tokens_mb * (cost.matmul_flops / matmul_rate + cost.attention_flops / attention_rate);
     // Recomputation: one more forward of the recomputed blocks (attention's: a third of
     // its forward and backward).
@@ -182,8 +195,9 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     t.recompute = M * tokens_mb *
                   (2.0 * recomputed * static_cast<double>(r.block_matmul) / matmul_rate +
                    share * cost.attention_flops / 3.0 / attention_rate);
-    const double elementwise_bytes = (1 - share) * cost.elementwise_bytes +
-                                     share * stage_token_cost(mc, r, T, s, true, fused, documents).elementwise_bytes;
+    const double elementwise_bytes =
+        (1 - share) * cost.elementwise_bytes +
+        share * stage_token_cost(mc, r, T, s, true, fused, documents, L.cp).elementwise_bytes;
     t.elementwise = M * tokens_mb * elementwise_bytes / memory_rate +
                     M * (blocks * kOpsPerBlock * (1.0 + share / 3.0) + kOpsOutsideBlocks) * dev.op_overhead;
 
@@ -199,13 +213,20 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       if (stage.last) t.tp_comm += M * 2 * ring_seconds(tokens_mb * D * s, L.tp, 2.0, tp_bw, lat);
     }
 
+    if (L.cp > 1) {
+      // The keys and values of the whole sequence, gathered forward (and again for a
+      // recomputed block), their gradients reduce-scattered backward.
+      const double kv = B * T * 2 * static_cast<double>(r.kv_heads * r.head_dim) * s;
+      t.cp_comm = M * (2 * blocks + recomputed) * ring_seconds(kv, L.cp, 1.0, cp_bw, lat);
+    }
+
     // Data parallelism over the flat fp32 buffers. Embeddings tied across pipeline
     // stages (unit 0 of the first and last stage) are summed over the two stages after
     // backward, and reduced after that.
     const double P = static_cast<double>(r.padded_elements(pad));
     const double deferred = mc.tie_embeddings && L.pp > 1 ? static_cast<double>(r.units(pad).front()) : 0.0;
     const auto ring_of = [&](double elements, double factor) {
-      return elements > 0 ? ring_seconds(elements * 4, L.dp, factor, dp_bw, lat) : 0.0;
+      return elements > 0 ? ring_seconds(elements * 4, replicas, factor, dp_bw, lat) : 0.0;
     };
     double reduce = 0, after = 0, gather = 0;
     if (L.zero == 0) reduce = ring_of(P - deferred, 2.0), after = ring_of(deferred, 2.0);
@@ -238,7 +259,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       exposed += std::max(0.0, gather - overlap * (t.compute + t.recompute)) + gather / (2 * M * units);
     else
       exposed += gather;
-    t.dp_comm = L.dp > 1 ? exposed : 0.0;
+    t.dp_comm = replicas > 1 ? exposed : 0.0;
 
     if (L.pp > 1) {
       const double wire = bf16 ? 2.0 : 4.0;
@@ -246,7 +267,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       t.pp_comm = M * 2 * static_cast<double>(L.virtual_stages) * hop;  // each chunk's boundary
     }
 
-    const double owned = L.zero >= 1 ? P / L.dp : P;
+    const double owned = L.zero >= 1 ? P / replicas : P;
     t.optimizer = owned * 28 / memory_rate;
     if (L.offload) {
       const double host_bw = dev.host ? memory_rate : kHostAdamBandwidth;
@@ -256,7 +277,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       else
         t.optimizer += owned * 8 / memory_rate;
     }
-    const double busy = t.compute + t.recompute + t.elementwise + t.tp_comm + t.pp_comm;
+    const double busy = t.compute + t.recompute + t.elementwise + t.tp_comm + t.cp_comm + t.pp_comm;
     all_busy += busy;
     if (busy > worst_busy) {
       worst_busy = busy;
@@ -281,7 +302,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       worst.compute *= scale;
       worst.recompute *= scale;
       worst.elementwise *= scale;
-      worst_busy = worst.compute + worst.recompute + worst.elementwise + worst.tp_comm + worst.pp_comm;
+      worst_busy = worst.compute + worst.recompute + worst.elementwise + worst.tp_comm + worst.cp_comm + worst.pp_comm;
       const double busy_in_bubble = (others - 1) / (2 * others);
       worst.bubble *= busy_in_bubble + (1 - busy_in_bubble) / speedup;
     }

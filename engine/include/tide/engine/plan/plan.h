@@ -22,6 +22,7 @@ namespace tide {
 
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1;
+  int cp = 1;  // context parallelism: each sequence over cp ranks
   int zero = 0;
   bool offload = false;
   bool activation_checkpointing = false;
@@ -32,7 +33,8 @@ struct PlanLayout {
   int64_t micro_batch = 1;        // sequences per forward/backward on one rank
   int64_t micro_batches = 1;      // per rank and optimizer step (accumulation, or the pipeline's)
 
-  std::string describe() const;  // "dp8 tp1 pp1 zero1 mb2x4 ckpt" ("ckpt3": 3 blocks of each chunk)
+  std::string describe() const;  // "dp8 tp1 pp1 zero1 mb2x4 ckpt" ("ckpt3": 3 blocks of each chunk; " cp2" where set)
+  int replicas() const { return dp * cp; }  // the ranks that average gradients and shard ZeRO's state
   // Written into a run configuration: parallel.*, batch.micro_batch and the model's
   // activation checkpointing (the global batch stays the recipe's).
   void apply_to(RunConfig& cfg) const;
@@ -66,6 +68,7 @@ struct TimeEstimate {
   double recompute = 0;    // activation checkpointing's second forward
   double elementwise = 0;  // norms, activations, softmax, residuals: memory bound
   double tp_comm = 0;      // tensor-parallel all-reduces / sequence gathers (not hidden)
+  double cp_comm = 0;      // context parallelism's key/value gathers and their gradients' reduce-scatters
   double dp_comm = 0;      // gradient reduction, ZeRO gathers: what compute does not hide
   double pp_comm = 0;      // pipeline sends and receives
   double bubble = 0;       // the pipeline's idle fill and drain
@@ -90,6 +93,9 @@ struct PlanOptions {
   bool allow_offload = true;
   // Only layouts with these factors when set (tide plan --tp 8, parallel.auto with a fixed tp).
   std::optional<int> tp, pp, zero;
+  // Only layouts with this context-parallel size; unset: none (cp = 1) unless no layout
+  // without it fits, then the smallest cp with which one does.
+  std::optional<int> cp;
   double memory_headroom = 0.0;  // fraction of device memory kept free (0: use it all)
 };
 
