@@ -27,6 +27,15 @@ RunConfig recipe(const std::string& name, const std::vector<std::string>& overri
   return Recipe::load_file(std::string(TIDE_SOURCE_DIR) + "/recipes/" + name + ".lua", overrides).config();
 }
 
+// Data parallelism over `dp` ranks, one sequence a micro-batch, `micro_batches` a step.
+PlanLayout one_sequence_micro_batches(int dp, int64_t micro_batches) {
+  PlanLayout l;
+  l.dp = dp;
+  l.micro_batch = 1;
+  l.micro_batches = micro_batches;
+  return l;
+}
+
 Cluster h100(int nodes, int per_node) {
   Cluster c;
   c.device = find_device("h100-80");
@@ -89,10 +98,7 @@ TEST(Plan, OneProcessHoldsTheFlatBuffersAndAdamMoments) {
 TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
   const RunConfig cfg = recipe("llama/llama-3-8b");
   const Cluster cluster = h100(1, 8);
-  PlanLayout l;
-  l.dp = 8;
-  l.micro_batch = 1;
-  l.micro_batches = 64;
+  PlanLayout l = one_sequence_micro_batches(8, 64);
   std::vector<double> by_stage;
   for (int zero = 0; zero <= 3; ++zero) {
     l.zero = zero;
@@ -127,15 +133,11 @@ TEST(Plan, ShardingRecomputationAndOffloadMoveMemoryWhereTheEngineDoes) {
 TEST(Plan, ContextParallelismSplitsActivationsAndIsWeighedWhereNothingElseFits) {
   const RunConfig cfg = recipe("llama/llama-3-8b");
   const Cluster cluster = h100(1, 8);
-  PlanLayout dp8;
-  dp8.dp = 8;
+  PlanLayout dp8 = one_sequence_micro_batches(8, 64);
   dp8.zero = 1;
-  dp8.micro_batch = 1;
-  dp8.micro_batches = 64;
-  PlanLayout cp2 = dp8;
-  cp2.dp = 4;
+  PlanLayout cp2 = one_sequence_micro_batches(4, 128);
+  cp2.zero = 1;
   cp2.cp = 2;
-  cp2.micro_batches = 128;
   const LayoutPlan whole = evaluate_layout(cfg, cluster, dp8), halves = evaluate_layout(cfg, cluster, cp2);
   EXPECT_LT(halves.memory.activations, 0.6 * whole.memory.activations);
   EXPECT_DOUBLE_EQ(halves.memory.optimizer, whole.memory.optimizer) << "ZeRO-1 shards over dp x cp = 8 ranks";

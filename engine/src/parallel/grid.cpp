@@ -40,33 +40,17 @@ GridCoords Grid::coords_of(int rank) const {
 
 int Grid::rank_of(const GridCoords& c) const { return ((c.pp * dp_ + c.dp) * cp_ + c.cp) * tp_ + c.tp; }
 
-std::vector<int> Grid::dp_group() const {
+std::vector<int> Grid::group_along(int GridCoords::*axis, int size) const {
   std::vector<int> out;
   GridCoords c = coords();
-  for (c.dp = 0; c.dp < dp_; ++c.dp) out.push_back(rank_of(c));
+  for (c.*axis = 0; c.*axis < size; ++(c.*axis)) out.push_back(rank_of(c));
   return out;
 }
 
-std::vector<int> Grid::tp_group() const {
-  std::vector<int> out;
-  GridCoords c = coords();
-  for (c.tp = 0; c.tp < tp_; ++c.tp) out.push_back(rank_of(c));
-  return out;
-}
-
-std::vector<int> Grid::pp_group() const {
-  std::vector<int> out;
-  GridCoords c = coords();
-  for (c.pp = 0; c.pp < pp_; ++c.pp) out.push_back(rank_of(c));
-  return out;
-}
-
-std::vector<int> Grid::cp_group() const {
-  std::vector<int> out;
-  GridCoords c = coords();
-  for (c.cp = 0; c.cp < cp_; ++c.cp) out.push_back(rank_of(c));
-  return out;
-}
+std::vector<int> Grid::dp_group() const { return group_along(&GridCoords::dp, dp_); }
+std::vector<int> Grid::tp_group() const { return group_along(&GridCoords::tp, tp_); }
+std::vector<int> Grid::pp_group() const { return group_along(&GridCoords::pp, pp_); }
+std::vector<int> Grid::cp_group() const { return group_along(&GridCoords::cp, cp_); }
 
 std::vector<int> Grid::replica_group() const {
   std::vector<int> out;

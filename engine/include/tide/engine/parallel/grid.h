@@ -51,6 +51,9 @@ class Grid {
   std::string describe() const;  // "dp2 x tp1 x pp1 (rank 1 = dp1 tp0 pp0)", cp where above 1
 
  private:
+  // The ranks whose coordinates are this rank's but for `axis`, which runs [0, size).
+  std::vector<int> group_along(int GridCoords::*axis, int size) const;
+
   int world_, rank_, dp_, tp_, pp_, cp_;
 };
 
