@@ -13,9 +13,10 @@ a check. A run during which other processes kept cores busy says how many.
 Memory is exact arithmetic, the same on a quiet machine and a loaded one: with
 --check-memory a layout whose peak misses its prediction by more than 10% fails the run
 (the test parallel.plan_memory; the tolerance covers what the model leaves out: Gloo's
-and the allocator's own buffers, a few MiB of 100-220). That check runs MIN_STEPS steps a
-layout (the peak is reached in the first step or, tp2's, within the first four) and does
-not calibrate again at the end.
+and the allocator's own buffers, a few MiB of 100-220). That check runs CHECK_STEPS steps
+a layout (every layout's peak is reached in its first step, the one that makes the
+optimizer's state: the same figure after four, measured for each) and does not calibrate
+again at the end.
 
 Usage: .venv/bin/python bench/plan_vs_measured.py [--tide build/tools/tide] [--steps N]
        [--only TEXT] [--check-memory] [--table FILE]  (prints a Markdown table; FILE keeps it)
@@ -33,13 +34,14 @@ import time
 MEMORY_TOLERANCE = 0.10
 # A layout whose steps the planner predicts to take longer than this in all runs its fewer
 # steps (at least MIN_STEPS: the first, which is not timed, and three to take the median
-# of), and if MIN_STEPS of them would still not fit, micro-batches halved (the global batch
+# of; the memory check's CHECK_STEPS where it runs fewer), and if those would still not fit, micro-batches halved (the global batch
 # with them: as many micro-batches a step) until they do or hold one sequence. On a CPU
 # without bf16 instructions (an AVX2-only EPYC: bf16 products 35x slower than fp32's) a bf16
 # step of micro-batch 8 takes 17 s: 4 steps of micro-batch 8 took 70 s each, 6 of
 # micro-batch 2 about 30. The fp32 layouts' 8 steps take 7 to 13 s there.
 RUN_BUDGET_SECONDS = 30
 MIN_STEPS = 4
+CHECK_STEPS = 2
 
 # A LLaMA shape whose activations, logits and model state are all of the same order, so
 # that an error in any of them shows: 3.4 M parameters, 37 MiB of saved tensors per block
@@ -135,9 +137,9 @@ def as_sets(fields):
 
 
 class Bench:
-    def __init__(self, tide, work):
+    def __init__(self, tide, work, calibration):
         self.tide, self.work = tide, work
-        self.calibration = f"{work}/calibration.json"
+        self.calibration = calibration or f"{work}/calibration.json"
 
     def prepare_data(self):
         texts = [f for f in ("/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0")
@@ -145,8 +147,13 @@ class Bench:
         run([self.tide, "data", "prepare", *texts, "--out", f"{self.work}/ds", "--vocab-size", "4096",
              "--val-fraction", "0.05"])
 
-    def calibrate(self):
-        print(run([self.tide, "plan", "--calibrate", "--calibration", self.calibration]).strip(), flush=True)
+    def calibrate(self, path=None):
+        """Measures the machine into `path`, by default the calibration the plans read
+        (unless that file exists already)."""
+        if path is None and os.path.exists(self.calibration):
+            print(f"this machine as {self.calibration} measured it", flush=True)
+            return
+        print(run([self.tide, "plan", "--calibrate", "--calibration", path or self.calibration]).strip(), flush=True)
 
     def predict(self, name, nproc, recipe, fields):
         plan = json.loads(run([self.tide, "plan", recipe, "--nproc", str(nproc), "--calibration", self.calibration,
@@ -162,12 +169,13 @@ class Bench:
         own = self.predict(name, nproc, recipe, fields)
         micro = setting(fields, "batch.micro_batch", MICRO_BATCH)
         batch = setting(fields, "batch.global_batch", GLOBAL_BATCH)
-        while MIN_STEPS * own["time"]["step"] > RUN_BUDGET_SECONDS and micro > 1:
+        fewest = min(steps, MIN_STEPS)
+        while fewest * own["time"]["step"] > RUN_BUDGET_SECONDS and micro > 1:
             micro, batch = micro // 2, batch // 2
             fields = replace(fields, {"batch.micro_batch": micro, "batch.global_batch": batch})
             own = self.predict(name, nproc, recipe, fields)
         if steps * own["time"]["step"] > RUN_BUDGET_SECONDS:
-            steps = max(MIN_STEPS, int(RUN_BUDGET_SECONDS / own["time"]["step"]))
+            steps = max(fewest, int(RUN_BUDGET_SECONDS / own["time"]["step"]))
         return replace(fields, {"schedule.steps": steps}), own
 
     def measure(self, index, name, nproc, recipe, fields):
@@ -191,19 +199,22 @@ def main():
     ap.add_argument("--tide", default="build/tools/tide")
     ap.add_argument("--steps", type=int,
                     help=f"steps a layout runs (default {STEPS}, the bf16 layouts 2-3 times as many; "
-                         f"with --check-memory {MIN_STEPS})")
+                         f"with --check-memory {CHECK_STEPS})")
     ap.add_argument("--only", help="the layouts whose name contains this text (default: all)")
     ap.add_argument("--check-memory", action="store_true",
                     help=f"fail when a layout's peak memory misses its prediction by more than "
                          f"{100 * MEMORY_TOLERANCE:.0f}%%")
+    ap.add_argument("--calibration",
+                    help="the CPU's calibration to plan with: read where the file exists, else measured into it "
+                         "(default: measured afresh into a scratch file)")
     ap.add_argument("--table", help="also write the Markdown table to this file")
     args = ap.parse_args()
     if args.steps is None:
-        args.steps = MIN_STEPS if args.check_memory else STEPS
-    if args.steps < MIN_STEPS:
-        ap.error(f"--steps {args.steps}: at least {MIN_STEPS} (the first step is not timed)")
+        args.steps = CHECK_STEPS if args.check_memory else STEPS
+    if args.steps < 2:
+        ap.error(f"--steps {args.steps}: at least 2 (the first step is not timed)")
     work = tempfile.mkdtemp(prefix="tide-plan-")
-    bench = Bench(args.tide, work)
+    bench = Bench(args.tide, work, args.calibration)
     bench.prepare_data()
     bench.calibrate()
     chosen = [(i, layout) for i, layout in enumerate(LAYOUTS) if not args.only or args.only in layout[0]]
@@ -233,7 +244,7 @@ def main():
                             f"({100 * mem_err:+.1f}%)")
     if not args.check_memory:
         print("the machine again, after the runs:")
-        bench.calibrate()
+        bench.calibrate(f"{work}/after.json")
 
     lines = ["| layout | planner's name | memory predicted (MiB) | measured | error | step predicted (s) | "
              "measured | measured / predicted |",

@@ -3,10 +3,13 @@
 # with the runner-up, and every rank trains that layout (config.json records it) on 1, 2
 # and 4 processes; a model too large for the machine is refused before any worker starts,
 # with the shortfall; ranks that decide on their own need a stored calibration.
+# The calibration is XDG_CACHE_HOME's (ctest's cli.calibrate leaves it); run alone, the
+# test calibrates into its own.
 source "$(dirname "$0")/common.sh" "$1"
-export XDG_CACHE_HOME=$work/cache
-$tide plan --calibrate > "$work/calibrate.txt" 2>&1 || { cat "$work/calibrate.txt"; fail "tide plan --calibrate"; }
-test -s "$work/cache/tide/calibration-cpu.json" || fail "no calibration stored"
+if [[ ! -s ${XDG_CACHE_HOME:-/nonexistent}/tide/calibration-cpu.json ]]; then
+  export XDG_CACHE_HOME=$work/cache
+  $tide plan --calibrate > "$work/calibrate.txt" 2>&1 || { cat "$work/calibrate.txt"; fail "tide plan --calibrate"; }
+fi
 
 for n in 1 2 4; do
   $tide train "$work/llama.lua" --nproc $n --auto --run-dir "$work/auto-$n" --set schedule.steps=3 \
