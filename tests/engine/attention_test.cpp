@@ -9,8 +9,10 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/types.h>
 
+#include "cuda_skip.h"
 #include "tide/engine/config.h"
 #include "tide/engine/model/attention_masks.h"
+#include "tide/engine/model/chunk_attention.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/context_parallel.h"
 #include "tide/engine/model/softcapped_attention.h"
@@ -308,6 +310,65 @@ INSTANTIATE_TEST_SUITE_P(BothFamilies, AttentionKernel,
                            return std::string(info.param.family == Family::LLaMA ? "llama" : "bloom") +
                                   (info.param.attention_softcap > 0 ? "_softcapped" : "");
                          });
+
+// A context-parallel chunk (chunk_attention.h): c queries after P other keys, each seeing
+// every key up to its own, as two fused calls merged by log-sum-exp, against the formula
+// written out with the mask [c, P + c]; grouped and ungrouped keys, no key before the
+// chunk (one causal call), a single query. fp64: the same sums in another order, within
+// 1e-12. fp32: sums of at most P + c = 30 products of O(1) terms, rounded at u = 2^-24,
+// then the merge's few roundings: 30 u ~ 2e-6 a stage over a handful of stages, under
+// 1e-5. bf16: q, k, v, the probabilities, the parts' outputs and the merged output each
+// rounded at 2^-8 (fp32 sums and log-sum-exp between): 8 roundings, 8 x 2^-8.
+void expect_chunk_attention_matches(const torch::Device& device) {
+  torch::manual_seed(23);
+  const int64_t b = 2, h = 4, hd = 8;
+  const double scale = 1 / std::sqrt(8.0);
+  for (const int64_t kv : {int64_t{2}, int64_t{4}})
+    for (const auto& [c, before] : std::vector<std::pair<int64_t, int64_t>>{{6, 24}, {6, 0}, {1, 9}}) {
+      const auto q = torch::randn({b, h, c, hd}, torch::kFloat64), g = torch::randn({b, h, c, hd}, torch::kFloat64);
+      const auto k = torch::randn({b, kv, before + c, hd}, torch::kFloat64);
+      const auto v = torch::randn({b, kv, before + c, hd}, torch::kFloat64);
+      const auto allowed = torch::ones({c, before + c}, torch::kBool).tril(before);
+      const AttentionReference want = written_out(q, k, v, allowed, scale, 0, g);
+      const std::vector<std::pair<torch::ScalarType, double>> bounds =
+          device.is_cpu() ? std::vector<std::pair<torch::ScalarType, double>>{{torch::kFloat64, 1e-12},
+                                                                              {torch::kFloat32, 1e-5},
+                                                                              {torch::kBFloat16, 8.0 / 256}}
+                          : std::vector<std::pair<torch::ScalarType, double>>{{torch::kFloat32, 1e-5},
+                                                                              {torch::kBFloat16, 8.0 / 256}};
+      for (const auto& dtype_bound : bounds) {
+        const torch::ScalarType dtype = dtype_bound.first;  // captured below: not a structured binding
+        const double bound = dtype_bound.second;
+        SCOPED_TRACE(::testing::Message() << kv << " key heads, " << c << " queries after " << before << " keys, "
+                                          << c10::toString(dtype) << " on " << device);
+        const auto on = [&](const torch::Tensor& t) { return t.to(device, dtype).requires_grad_(); };
+        auto q1 = on(q), k1 = on(k), v1 = on(v);
+        ASSERT_TRUE(chunk_attention_supported(q1));
+        const auto out = chunk_attention(q1, k1, v1, scale);
+        ASSERT_EQ(out.scalar_type(), dtype);
+        const auto grads = torch::autograd::grad({out}, {q1, k1, v1}, {g.to(device, dtype)});
+        EXPECT_LT(relative_error(out.cpu(), want.out), bound);
+        EXPECT_LT(relative_error(grads[0].cpu(), want.dq), bound);
+        EXPECT_LT(relative_error(grads[1].cpu(), want.dk), bound);
+        EXPECT_LT(relative_error(grads[2].cpu(), want.dv), bound);
+      }
+    }
+}
+
+TEST(ChunkAttention, TwoFusedCallsGiveTheMaskedFormulaAndItsGradients) { expect_chunk_attention_matches(torch::kCPU); }
+
+TEST(ChunkAttention, CudaKernelsGiveTheMaskedFormulaAndItsGradients) {
+  SKIP_WITHOUT_CUDA();
+  expect_chunk_attention_matches(torch::Device(torch::kCUDA, 0));
+}
+
+// Refused by name: keys that do not end with the queries' own, heads that do not divide.
+TEST(ChunkAttention, RefusesKeysThatCannotHoldTheChunk) {
+  const auto q = torch::randn({1, 4, 6, 8});
+  EXPECT_THROW(chunk_attention(q, torch::randn({1, 2, 5, 8}), torch::randn({1, 2, 5, 8}), 1.0), c10::Error);
+  EXPECT_THROW(chunk_attention(q, torch::randn({1, 3, 9, 8}), torch::randn({1, 3, 9, 8}), 1.0), c10::Error);
+  EXPECT_FALSE(chunk_attention_supported(torch::zeros({1, 4, 6, 8}, torch::kInt64)));
+}
 
 TEST(ContextParallel, EachRankHoldsAnEarlyAndALateChunk) {
   // 16 tokens over cp = 2: chunks of 4; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2,

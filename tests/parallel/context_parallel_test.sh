@@ -12,6 +12,9 @@
 #    restart at each document, with ALiBi, and with a sliding window shorter than a chunk;
 #  - data.eod_mask_loss: each rank's share of the step's counted targets;
 #  - Gemma's architecture: soft-capped scores, windowed and full layers;
+#  - attention dropout (chunks attended with a mask, not chunk_attention's two calls): at
+#    p = 1e-9 nothing is dropped and the rest is scaled by 1 / (1 - p), so cp2 equals one
+#    process;
 #  - a cp2 checkpoint resumed by one process goes on as one process would;
 #  - layouts context parallelism cannot cut are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
@@ -38,7 +41,7 @@ compare "$work/llama-1" "$work/llama-cp2-tp2-sp" 0 || fail "cp2 x tp2 with seque
 train bloom bloom-cp2-pp2 --nproc 4 --set parallel.cp=2 --set parallel.pp=2 --set parallel.micro_batches=4
 compare "$work/bloom-1" "$work/bloom-cp2-pp2" 0 || fail "cp2 x pp2 differs from one process"
 
-echo "documents apart, windows, uncounted targets, Gemma:"
+echo "documents apart, windows, uncounted targets, dropout, Gemma:"
 # Gemma 2's and 3's pieces (tensor_parallel_test.sh says what each is): soft-capped
 # scores, a windowed layer with a RoPE base of its own before a full one.
 gemma=(--set model.head_dim=32 --set model.qk_norm=true --set model.mlp=geglu --set model.norm_zero_centered=true
@@ -49,6 +52,7 @@ for case in "doc-learned:llama:--set data.document_attention=true --set model.po
             "doc-alibi:bloom:--set data.document_attention=true" \
             "doc-window:llama:--set data.document_attention=true --set model.sliding_window=12" \
             "eod:bloom:--set data.eod_mask_loss=true" \
+            "dropout:llama:--set model.dropout=1e-9" \
             "gemma:llama:${gemma[*]}"; do
   name=${case%%:*}
   rest=${case#*:}

@@ -59,9 +59,9 @@ ContextAttention context_attention_chunks(const ContextParallel& cp, int64_t t, 
     // A window reaches back w - 1 keys from each query; its first query's reach is the
     // chunk's first key.
     p.keys_first = window > 0 ? std::max<int64_t>(0, p.first + 1 - window) : 0;
-    // Plain causal attention needs no mask: the kernel is told it is causal.
-    const bool plain =
-        p.keys() == p.rows && (window == 0 || window >= p.rows) && !documents.defined() && !slopes.defined();
+    // Plain causal attention needs no mask, its keys before the chunk neither: `attend`
+    // is told only that the queries are the keys' last (chunk_attention.h).
+    const bool plain = (window == 0 || window >= p.first + p.rows) && !documents.defined() && !slopes.defined();
     if (!plain) p.mask = part_mask(p, window, documents, slopes, opts);
     out.chunks.push_back(std::move(chunk));
   }

@@ -12,6 +12,7 @@
 #include <torch/nn/functional/normalization.h>
 #include <torch/types.h>
 
+#include "tide/engine/model/chunk_attention.h"
 #include "tide/engine/model/compute_dtype.h"
 #include "tide/engine/model/context_parallel.h"
 #include "tide/engine/model/fused_ops.h"
@@ -338,7 +339,9 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
   // tensor for all of a chunk's blocks of a kind) or boolean; a window shorter than the
   // sequence is attended in parts (attention_masks.h), one such call each.
   // Soft-capped scores (Gemma 2) take a path of their own (softcapped_attention.h): no
-  // such kernel takes a cap.
+  // such kernel takes a cap. A context-parallel chunk after other keys, causal and
+  // unmasked, is two fused calls (chunk_attention.h); under attention dropout, which
+  // those cannot draw again in backward, one call with a boolean mask.
   const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;
   const auto scale = cfg_.softmax_scale > 0 ? cfg_.softmax_scale : 1.0 / std::sqrt(static_cast<double>(hd));
   const double cap = cfg_.attention_softcap;
@@ -347,8 +350,13 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
                                    const at::Tensor& bias) {
     if (cap > 0) return softcapped_attention(q, k, v, bias, scale, cap, dropout);
     std::optional<at::Tensor> m;
-    if (bias.defined()) m = bias.scalar_type() == at::kBool ? bias : bias.to(q.scalar_type());  // same dtype: no copy
-    return at::scaled_dot_product_attention(q, k, v, m, dropout, /*is_causal=*/!bias.defined(), scale, gqa);
+    if (bias.defined()) {
+      m = bias.scalar_type() == at::kBool ? bias : bias.to(q.scalar_type());  // same dtype: no copy
+    } else if (k.size(2) > q.size(2)) {
+      if (dropout == 0 && chunk_attention_supported(q)) return chunk_attention(q, k, v, scale);
+      m = allowed_keys(q.size(2), k.size(2), 0, q.device());
+    }
+    return at::scaled_dot_product_attention(q, k, v, m, dropout, /*is_causal=*/!m, scale, gqa);
   };
   // [B, H, T, Hd]
   torch::Tensor ctx = mask.context    ? context_attention(q, k, v, *mask.context, attend)

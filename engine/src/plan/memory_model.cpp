@@ -165,12 +165,15 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
 // (2 cp) queries each; transformer.cpp: context_of): the first over its own c keys, the
 // last over the whole sequence (a window's kind: about a chunk and a window), once for
 // the run, or with documents apart once for each micro-batch in flight, B of them.
-// ALiBi's bias has a row per head.
+// ALiBi's bias has a row per head. A chunk that sees every key before it needs none
+// (chunk_attention.h): without ALiBi or documents, only a window shorter than the
+// sequence makes masks, the last chunk's, and the first's where it is shorter than c.
 double context_masks(const ModelConfig& m, const Shape& x, double heads, const PipelineStage& stage,
                      const std::vector<int64_t>& in_flight, bool documents) {
-  const double c = x.T / (2.0 * x.cp);
-  const double full = heads * c * (c + x.T) * x.s;
-  const double windowed = heads * c * (c + std::min(x.T, c + static_cast<double>(m.sliding_window))) * x.s;
+  const double c = x.T / (2.0 * x.cp), w = static_cast<double>(m.sliding_window);
+  const bool masked = documents || m.positions == PositionKind::ALiBi;
+  const double full = masked ? heads * c * (c + x.T) * x.s : 0;
+  const double windowed = heads * c * ((masked || w < c ? c : 0) + std::min(x.T, c + w)) * x.s;
   const auto seq = static_cast<int64_t>(x.T);
   bool any_full = false, any_windowed = false;
   double bytes = 0;

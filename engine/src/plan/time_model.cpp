@@ -15,8 +15,10 @@
 //   data parallelism: gradient all-reduce (ZeRO-0) or reduce-scatter (1-3, every
 //     micro-batch for 2-3) overlapping the backward that produces it, the parameter
 //     all-gather after the update (ZeRO-1/2) or before each block (ZeRO-3, prefetched);
-//   context parallelism: each rank computes its 1 / cp of the tokens; attention masks
-//     each chunk (the matmul rate), over about (2 cp + 1) / (4 cp) of the keys a query;
+//   context parallelism: each rank computes its 1 / cp of the tokens; causal attention
+//     half the keys a query, as without it (each chunk's keys before it unmasked, its
+//     own causally: chunk_attention.h); a mask (ALiBi, documents, a window) makes every
+//     chunk's attention compute (2 cp + 1) / (4 cp) of the keys a query, at the matmul rate;
 //     per block and micro-batch the keys and values of the whole sequence all-gathered
 //     forward (again where recomputed) and their gradients reduce-scattered backward, on
 //     the critical path; the gradients reduced over the dp x cp ranks;
@@ -98,15 +100,20 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   c.matmul_flops = 6.0 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul));
   // Each block's keys as its kernel computes them (flops.h: a causal kernel without a mask
   // skips half; a mask makes it compute every score; a window's parts about R + w).
-  // Under context parallelism every chunk but rank 0's first is masked: a query's keys are
-  // its chunk's, (2 cp + 1) T / (4 cp) on average, or a window's chunk's about c + w.
+  // Under context parallelism a chunk that sees every key before it is attended without
+  // a mask (chunk_attention.h): half the keys a query on average, as without cp. With
+  // ALiBi or documents every chunk but rank 0's first is masked: a query's keys are its
+  // chunk's, (2 cp + 1) T / (4 cp) on average, or a window's chunk's about c + w.
   const double context_keys = (2.0 * cp + 1) * T / (4.0 * cp);
+  const bool masked_chunks = documents || mc.positions == PositionKind::ALiBi;
   double keys = 0;
-  for (const int64_t layer : r.layers)
-    keys += cp == 1 ? computed_keys(mc, layer, static_cast<int64_t>(T), documents, fused_attention)
-            : window_leaves_out_keys(mc, layer, static_cast<int64_t>(T))
-                ? std::min(context_keys, T / (2.0 * cp) + static_cast<double>(mc.sliding_window))
-                : context_keys;
+  for (const int64_t layer : r.layers) {
+    const bool windowed = window_leaves_out_keys(mc, layer, static_cast<int64_t>(T));
+    keys += cp == 1 || (!masked_chunks && !windowed)
+                ? computed_keys(mc, layer, static_cast<int64_t>(T), documents, fused_attention)
+            : windowed ? std::min(context_keys, T / (2.0 * cp) + static_cast<double>(mc.sliding_window))
+                       : context_keys;
+  }
   c.attention_flops = 12.0 * attn_width * keys * (mc.attention_softcap > 0 ? kSoftcapProducts : 1.0);
   double saved = D * (4 * 2 + 2 * s) + static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim) * s +
                  attn_width * s + (gated_mlp(mc) ? 4 : 2) * F * s;
@@ -150,7 +157,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   bool window_masks = false;
   for (int64_t layer = 0; layer < mc.n_layers; ++layer)
     window_masks = window_masks || window_leaves_out_keys(mc, layer, cfg.data.seq_len);
-  const bool probed_kernel = fused && mc.positions != PositionKind::ALiBi && !documents && !window_masks && L.cp == 1;
+  const bool probed_kernel = fused && mc.positions != PositionKind::ALiBi && !documents && !window_masks;
   const double attention_rate = measured_attention > 0 && probed_kernel ? measured_attention : matmul_rate;
   const double memory_rate = dev.memory_bandwidth * dev.bandwidth_efficiency;
   const int per_node = cluster.devices_per_node;

@@ -45,7 +45,8 @@ at::Tensor alibi_distances(const at::Tensor& slopes, int64_t rows, int64_t keys,
 // One attention call of a windowed layer: `blocks` blocks of `rows` queries from query
 // `first` on, block i's keys [keys_first + i rows, + keys) with the queries their last
 // `rows` (keys = rows + first - keys_first). `mask` additive, [1 or B n, 1 or H, rows,
-// keys]; undefined where the part is plain causal attention (rows == keys).
+// keys]; undefined where the part is plain causal attention (each query sees every key
+// up to it: rows == keys, or a context-parallel chunk after other keys).
 struct WindowPart {
   int64_t first = 0, blocks = 1, rows = 0, keys_first = 0;
   at::Tensor mask;

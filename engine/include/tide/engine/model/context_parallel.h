@@ -52,8 +52,9 @@ at::Tensor context_slice(const at::Tensor& x, int64_t dim, const ContextParallel
 // One chunk of this rank's queries: the rows [local_first, + part.rows) of its queries,
 // at positions [part.first, + part.rows), attend over the keys [part.keys_first, +
 // part.keys()) of the whole sequence (the queries their last rows, as attention_masks.h
-// places them). part.blocks is 1; part.mask is undefined where it is plain causal
-// attention (the rank's first chunk, rank 0's, sees no key before it).
+// places them). part.blocks is 1; part.mask is undefined where the chunk attends
+// causally to every key up to it (no window, documents or ALiBi): `attend` then runs it
+// as chunk_attention.h does, without a mask.
 struct ContextChunk {
   int64_t local_first = 0;
   WindowPart part;
