@@ -716,5 +716,25 @@ TEST(Plan, DeviceFilesAreReadAndTheirFaultsNamed) {
   EXPECT_NE(e.find("not positive"), std::string::npos) << e;
 }
 
+// tide train's MFU peak on a calibrated CPU: the stored GEMM peak of ranks of its threads.
+TEST(Plan, StoredMatmulPeakIsTheCalibrationsForThoseThreads) {
+  const std::string path = ::testing::TempDir() + "/tide-calibration-peak.json";
+  DeviceSpec one = nominal_cpu_device(1), two = nominal_cpu_device(1);
+  one.fp32_flops = 90e9;
+  one.bf16_flops = 2.5e9;
+  two.fp32_flops = 150e9;
+  std::ofstream(path) << nlohmann::json{{"schema", "tide.calibration/1"},
+                                        {"cores", 2},
+                                        {"by_threads", {{"1", to_json(one)}, {"2", to_json(two)}}}}
+                             .dump();
+  EXPECT_EQ(stored_matmul_peak(path, 1, false), 90e9);
+  EXPECT_EQ(stored_matmul_peak(path, 1, true), 2.5e9);
+  EXPECT_EQ(stored_matmul_peak(path, 2, false), 150e9);
+  EXPECT_FALSE(stored_matmul_peak(path, 4, false));  // not calibrated for 4 threads
+  EXPECT_FALSE(stored_matmul_peak(path + ".absent", 1, false));
+  std::ofstream(path) << "{\"by_threads\": ";
+  EXPECT_ANY_THROW(stored_matmul_peak(path, 1, false));
+}
+
 }  // namespace
 }  // namespace tide

@@ -65,6 +65,18 @@ std::optional<DeviceSpec> stored_cpu_device(const std::string& path, int ranks) 
   return shared_cpu_device(device_from_json(by_threads.at(key)), ranks);
 }
 
+std::optional<double> stored_matmul_peak(const std::string& path, int threads, bool bf16) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  const auto j = nlohmann::json::parse(in);
+  const auto& by_threads = j.at("by_threads");
+  const std::string key = std::to_string(threads);
+  if (!by_threads.contains(key)) return std::nullopt;
+  const DeviceSpec d = device_from_json(by_threads.at(key));
+  const double peak = bf16 ? d.bf16_flops : d.fp32_flops;
+  return peak > 0 ? std::optional<double>(peak) : std::nullopt;
+}
+
 DeviceSpec nominal_cpu_device(int ranks) {
   ranks = std::max(1, ranks);
   const int threads = threads_per_rank(ranks);

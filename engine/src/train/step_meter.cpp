@@ -10,6 +10,7 @@
 #include "tide/engine/parallel/data_parallel.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/parallel/parallelize.h"
+#include "tide/engine/plan/cluster.h"
 #include "tide/engine/train/flops.h"
 #include "tide/engine/train/runtime.h"
 #include "tide/engine/train/tensor_memory.h"
@@ -44,8 +45,27 @@ StepMeter::StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed*
       world_(dist ? dist->world->size() : 1),
       flat_bytes_(pm.flat->numel() * static_cast<int64_t>(sizeof(float))),
       frozen_bytes_(held_frozen_bytes(pm)) {
+  const char* source = "given";
+  if (peak_ <= 0) {
+    peak_ = stored_cpu_peak();
+    source = peak_ > 0 ? "as tide plan --calibrate stored it" : "measured";
+  }
   if (peak_ <= 0) peak_ = probe_matmul_peak();
-  log_.info("matmul peak {:.1f} GFLOP/s; {:.3g} FLOPs per token", peak_ / 1e9, flops_per_token_);
+  log_.info("matmul peak {:.1f} GFLOP/s ({}); {:.3g} FLOPs per token", peak_ / 1e9, source, flops_per_token_);
+}
+
+double StepMeter::stored_cpu_peak() const {
+  // The probe takes about a second at every start (a 2048² product at every thread count
+  // it needs to reach its peak); a machine calibrated for ranks of this many threads has
+  // the figure. A corrupt calibration is the planner's to report: probed here.
+  if (!device_.is_cpu() || (compute_ != DType::Float32 && compute_ != DType::BFloat16)) return 0;
+  try {
+    return stored_matmul_peak(default_calibration_path(), at::get_num_threads(), compute_ == DType::BFloat16)
+        .value_or(0.0);
+  } catch (const std::exception& e) {
+    log_.warn("ignoring the calibration {}: {}", default_calibration_path(), e.what());
+    return 0;
+  }
 }
 
 double StepMeter::probe_matmul_peak() {

@@ -23,7 +23,8 @@ struct ParallelModel;
 
 class StepMeter {
  public:
-  // peak_flops > 0: the machine's matmul peak per rank, as given; 0: measured here.
+  // peak_flops > 0: the machine's matmul peak per rank, as given; 0: the stored
+  // calibration's for this rank's threads on a CPU, else measured here.
   StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed* dist, c10::Device device, double peak_flops,
             spdlog::logger& log);
 
@@ -51,6 +52,8 @@ class StepMeter {
   double comm_wait_seconds() const;
   // The matmul peak, measured with products whose memory the run's peaks leave out.
   double probe_matmul_peak();
+  // The peak `tide plan --calibrate` stored for a CPU rank of this many threads; 0: none.
+  double stored_cpu_peak() const;
 
   const ParallelModel& pm_;
   Distributed* dist_;

@@ -80,6 +80,10 @@ DeviceSpec device_from_file(const std::string& path);
 // none for that thread count; a corrupt file throws), or from nominal per-core figures.
 // (train/local_device.h probes the machine when nothing is stored.)
 std::optional<DeviceSpec> stored_cpu_device(const std::string& path, int ranks);
+// The matmul peak, fp32 or bf16, that the calibration stored at `path` measured for a
+// rank of `threads` threads (beside busy ranks on the other cores where it has one
+// thread): nullopt where none is stored (a corrupt file throws).
+std::optional<double> stored_matmul_peak(const std::string& path, int threads, bool bf16);
 // `d` measured with cores / ranks threads, as each of `ranks` processes sees it.
 DeviceSpec shared_cpu_device(DeviceSpec d, int ranks);
 DeviceSpec nominal_cpu_device(int ranks);
