@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The Hugging Face side of tide's parity tests (tests/engine/hf_reference_model_test.cpp).
 
-  hf_reference.py make DIR     random tiny LlamaForCausalLM and BloomForCausalLM (fixed seed),
+  hf_reference.py make DIR [NAME...]
+                               random tiny LlamaForCausalLM and BloomForCausalLM (fixed seed),
                                saved by transformers in DIR/llama and DIR/bloom (and the
                                LLaMA shape with RoPE scaling: DIR/llama3, Llama 3.1's
                                scaling, DIR/llama_linear and DIR/llama_yarn; MistralForCausalLM in
@@ -19,7 +20,8 @@
                                RoPE, in DIR/gemma3_mixed, and that language model in a
                                Gemma3ForConditionalGeneration with a vision tower, in
                                DIR/gemma3_multimodal; Qwen2 whose first layer attends in
-                               full and second over a window, DIR/qwen2_mixed),
+                               full and second over a window, DIR/qwen2_mixed; only the
+                               NAMEs given, where any are: all are drawn, in one order),
                                each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
                                [2, T, V] (fp32), greedy [N] (int64): transformers' greedy
@@ -59,7 +61,7 @@ def reference(model, input_ids):
             "greedy_margin": margin}
 
 
-def make(out):
+def make(out, names):
     torch.manual_seed(0)
     # initializer_range 0.2 (not HF's 0.02): logits far enough apart that greedy choices are
     # not near-ties that rounding could flip.
@@ -154,7 +156,14 @@ def make(out):
                     p.normal_(0, 0.2)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, 97, (2, 16), generator=g)
+    # Every model is drawn (each draw follows the ones before it: the seeds above chose
+    # continuations without near-ties), the named ones saved and run.
+    unknown = set(names) - set(models)
+    if unknown:
+        sys.exit(f"hf_reference.py make: no model {sorted(unknown)}; there are {sorted(models)}")
     for family, model in models.items():
+        if names and family not in names:
+            continue
         d = os.path.join(out, family)
         model.save_pretrained(d, safe_serialization=True)
         save_file(reference(model, input_ids), os.path.join(d, "reference.safetensors"))
@@ -166,8 +175,8 @@ def logits(hf_dir, out):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "make":
-        make(sys.argv[2])
+    if len(sys.argv) >= 3 and sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) == 4 and sys.argv[1] == "logits":
         logits(sys.argv[2], sys.argv[3])
     else:

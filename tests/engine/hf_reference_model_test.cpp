@@ -84,7 +84,7 @@ ModelConfig tiny_model(const std::string& name) {
 TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuation) {
   const fs::path root = fs::temp_directory_path() / ("tide_hf_reference_" + GetParam() + std::to_string(::getpid()));
   fs::remove_all(root);
-  run_hf_reference("make " + root.string());
+  run_hf_reference("make " + root.string() + " " + GetParam());
   const fs::path dir = root / GetParam();
   Transformer model = import_hf(dir.string());
   model->eval();
