@@ -53,27 +53,30 @@ std::string default_calibration_path() {
 
 int threads_per_rank(int ranks) { return std::max(1, local_cores() / std::max(1, ranks)); }
 
-std::optional<DeviceSpec> stored_cpu_device(const std::string& path, int ranks) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  ranks = std::max(1, ranks);
-  const int threads = threads_per_rank(ranks);
-  const auto j = nlohmann::json::parse(in);  // throws on a corrupt file: the caller says which
-  const auto& by_threads = j.at("by_threads");
-  const std::string key = std::to_string(threads);
-  if (!by_threads.contains(key)) return std::nullopt;
-  return shared_cpu_device(device_from_json(by_threads.at(key)), ranks);
-}
-
-std::optional<double> stored_matmul_peak(const std::string& path, int threads, bool bf16) {
+namespace {
+// The figures the calibration at `path` stored for a rank of `threads` threads, as
+// measured (not shared among ranks); nullopt where it holds none. Throws on a corrupt
+// file: the caller says which.
+std::optional<DeviceSpec> stored_figures(const std::string& path, int threads) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
   const auto j = nlohmann::json::parse(in);
   const auto& by_threads = j.at("by_threads");
   const std::string key = std::to_string(threads);
   if (!by_threads.contains(key)) return std::nullopt;
-  const DeviceSpec d = device_from_json(by_threads.at(key));
-  const double peak = bf16 ? d.bf16_flops : d.fp32_flops;
+  return device_from_json(by_threads.at(key));
+}
+}  // namespace
+
+std::optional<DeviceSpec> stored_cpu_device(const std::string& path, int ranks) {
+  ranks = std::max(1, ranks);
+  const auto d = stored_figures(path, threads_per_rank(ranks));
+  return d ? std::optional<DeviceSpec>(shared_cpu_device(*d, ranks)) : std::nullopt;
+}
+
+std::optional<double> stored_matmul_peak(const std::string& path, int threads, bool bf16) {
+  const auto d = stored_figures(path, threads);
+  const double peak = !d ? 0 : bf16 ? d->bf16_flops : d->fp32_flops;
   return peak > 0 ? std::optional<double>(peak) : std::nullopt;
 }
 

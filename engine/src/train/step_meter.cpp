@@ -48,9 +48,12 @@ StepMeter::StepMeter(const RunConfig& cfg, const ParallelModel& pm, Distributed*
   const char* source = "given";
   if (peak_ <= 0) {
     peak_ = stored_cpu_peak();
-    source = peak_ > 0 ? "as tide plan --calibrate stored it" : "measured";
+    source = "as tide plan --calibrate stored it";
   }
-  if (peak_ <= 0) peak_ = probe_matmul_peak();
+  if (peak_ <= 0) {
+    peak_ = probe_matmul_peak();
+    source = "measured";
+  }
   log_.info("matmul peak {:.1f} GFLOP/s ({}); {:.3g} FLOPs per token", peak_ / 1e9, source, flops_per_token_);
 }
 
