@@ -18,10 +18,12 @@ S = 4 B T D bytes of one micro-batch's activations, L blocks):
                                          gathered again in backward)
   pp (stage 0) a (2V - 1) S             (its activations to the next stage, V chunks; with
                                          V > 1 also V - 1 chunks' input gradients back)
-  cp           8 psi (N-1)/N + a L 2 KV (N-1)/N  (the gradients' all-reduce over the cp
+  cp           8 psi (N-1)/N + a L 3 KV (N-1)/N  (the gradients' all-reduce over the cp
                                          ranks, and per block the keys' and values' gather
-                                         forward and reduce-scatter backward, KV = 4 B T
-                                         2 K Hd bytes of one micro-batch's keys and values)
+                                         forward, again in backward, and their gradients'
+                                         reduce-scatter, KV = 4 B T 2 K Hd bytes of one
+                                         micro-batch's keys and values: LLaMA's causal
+                                         attention, unmasked_context_attention)
 model-state bytes per rank against fp32 AdamW theory where it is simple (dp, ZeRO), and
 peak resident memory of rank 0. On a 2-core machine the absolute speed-up is bounded; the
 communication and memory ratios are the point.
@@ -120,7 +122,7 @@ def main():
                 volume += micro_batches * 2 * sh["layers"] * act * (tp - 1) / tp
         elif cp > 1:
             kv = 4 * micro * sh["seq"] * 2 * (sh.get("kv") or sh["heads"]) * (sh["dim"] // sh["heads"])
-            volume = 8 * psi * (n - 1) / n + micro_batches * sh["layers"] * 2 * kv * (n - 1) / n
+            volume = 8 * psi * (n - 1) / n + micro_batches * sh["layers"] * 3 * kv * (n - 1) / n
         elif pp > 1:
             v = int(extra.get("parallel.virtual_stages", 1))
             volume = micro_batches * (2 * v - 1) * act

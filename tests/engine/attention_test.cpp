@@ -351,6 +351,16 @@ void expect_chunk_attention_matches(const torch::Device& device) {
         EXPECT_LT(relative_error(grads[0].cpu(), want.dq), bound);
         EXPECT_LT(relative_error(grads[1].cpu(), want.dk), bound);
         EXPECT_LT(relative_error(grads[2].cpu(), want.dv), bound);
+        // The same without autograd (context parallelism's node), also where no key comes
+        // before the chunk (one causal call, which chunk_attention leaves to SDPA).
+        const ChunkAttentionForward f = chunk_attention_forward(q1.detach(), k1.detach(), v1.detach(), scale);
+        const auto dk = torch::zeros_like(k1), dv = torch::zeros_like(v1);
+        const auto dq = chunk_attention_backward(g.to(device, dtype), q1.detach(), k1.detach(), v1.detach(), f.out,
+                                                 f.saved, f.sizes, scale, dk, dv);
+        EXPECT_LT(relative_error(f.out.cpu(), want.out), bound);
+        EXPECT_LT(relative_error(dq.cpu(), want.dq), bound);
+        EXPECT_LT(relative_error(dk.cpu(), want.dk), bound);
+        EXPECT_LT(relative_error(dv.cpu(), want.dv), bound);
       }
     }
 }

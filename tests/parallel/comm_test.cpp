@@ -6,14 +6,18 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <set>
 
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
 #include "../../engine/src/parallel/tensor_parallel_group.h"
+#include "tide/engine/model/chunk_attention.h"
+#include "tide/engine/model/context_parallel.h"
 #include "tide/engine/model/linear_cross_entropy.h"
 #include "tide/engine/parallel/comm.h"
 #include "tide/engine/parallel/distributed.h"
+#include "tide/engine/train/tensor_memory.h"
 #include "tide/ipc/worker_group.h"
 
 namespace tide {
@@ -153,6 +157,93 @@ TEST(Comm, VocabularyShardsOfTheLossEqualTheWholeVocabulary) {
         if (bad)
           std::fprintf(stderr, "rank %d: loss %.15g against %.15g\n", c.rank(), loss.item<double>(),
                        reference.item<double>());
+        return bad;
+      },
+      free_loopback_port());
+}
+
+// The host tensor bytes the autograd graph behind `out` keeps for its backward: what
+// releasing every node's saved tensors frees. Tensors held elsewhere too (the inputs,
+// `out` itself) free nothing. Counted this way rather than as the growth of live bytes
+// over a forward, which also sees the buffers of a collective that Gloo's worker thread
+// lets go of a moment after the collective completes.
+int64_t kept_by_graph(const torch::Tensor& out) {
+  std::vector<torch::autograd::Node*> todo{out.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  const int64_t before = host_tensor_bytes();
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    node->release_variables();
+    for (const auto& edge : node->next_edges()) todo.push_back(edge.function.get());
+  }
+  return before - host_tensor_bytes();
+}
+
+// Context parallelism's causal attention without masks: each of two ranks holds two of
+// the four chunks of a sequence of 32 tokens and gets the rows and the gradients of its
+// tokens that one attention over the whole sequence gives (grouped keys, fp64: the same
+// sums in another order, within 1e-12). Its node keeps this rank's keys and values, not
+// the gathered sequence's, which the masked path (context_attention through
+// chunk_attention) keeps.
+TEST(Comm, UnmaskedContextAttentionEqualsWholeSequenceAttentionKeepingOnlyItsOwnKeys) {
+  run_ranks(
+      2,
+      [](Distributed& d) {
+        count_host_tensor_memory();
+        const ContextParallel cp{tensor_parallel_group(*d.world)};
+        torch::manual_seed(5);  // the same sequence on every rank
+        const int64_t b = 2, h = 4, kv = 2, t = 32, hd = 16;
+        const double scale = 1 / std::sqrt(static_cast<double>(hd));
+        const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+        const auto q0 = torch::randn({b, h, t, hd}, f64), g0 = torch::randn({b, h, t, hd}, f64);
+        const auto k0 = torch::randn({b, kv, t, hd}, f64), v0 = torch::randn({b, kv, t, hd}, f64);
+        auto qr = q0.clone().requires_grad_(), kr = k0.clone().requires_grad_(), vr = v0.clone().requires_grad_();
+        const auto want = at::scaled_dot_product_attention(qr, kr, vr, {}, 0.0, true, scale, true);
+        (want * g0).sum().backward();
+
+        const ContextAttention context = context_attention_chunks(cp, t, 0, {}, {}, f64);
+        if (!context.unmasked()) return 10;
+        const auto pos = context.positions;
+        const auto mine = [&](const torch::Tensor& x) { return x.index_select(2, pos); };
+        const auto inputs = [&] {
+          return std::vector<torch::Tensor>{mine(q0).requires_grad_(), mine(k0).requires_grad_(),
+                                            mine(v0).requires_grad_()};
+        };
+        const int64_t local = t / 2, element = 8;
+        const int64_t own_keys = 2 * b * kv * local * hd * element;
+        const int64_t gathered = 2 * b * kv * t * hd * element;
+        // Beside q and its output, the node keeps this rank's keys and values stacked and,
+        // for each of the two chunks, the merged rows' log-sum-exp and each of its calls'.
+        const int64_t lse = b * h * (local / 2) * element;
+        int bad = 0;
+
+        auto x = inputs();
+        const auto out = unmasked_context_attention(x[0], x[1], x[2], context, scale);
+        (out * mine(g0)).sum().backward();
+        bad += !torch::allclose(out, mine(want), 1e-12, 1e-12);
+        bad += !torch::allclose(x[0].grad(), mine(qr.grad()), 1e-12, 1e-12);
+        bad += !torch::allclose(x[1].grad(), mine(kr.grad()), 1e-12, 1e-12);
+        bad += !torch::allclose(x[2].grad(), mine(vr.grad()), 1e-12, 1e-12);
+        x = inputs();
+        const int64_t kept = kept_by_graph(unmasked_context_attention(x[0], x[1], x[2], context, scale));
+        bad += kept > own_keys + 6 * lse;
+
+        // The masked path's nodes keep the gathered keys and values: the count sees them.
+        const auto masked = [&](const std::vector<torch::Tensor>& y) {
+          return context_attention(y[0], y[1], y[2], context,
+                                   [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor&) { return chunk_attention(q, k, v, scale); });
+        };
+        x = inputs();
+        bad += !torch::allclose(masked(x), mine(want), 1e-12, 1e-12);
+        const int64_t masked_kept = kept_by_graph(masked(inputs()));
+        bad += masked_kept < gathered;
+        if (bad)
+          std::fprintf(stderr, "rank %d: %d failed; kept %lld bytes (own keys %lld), masked %lld\n", d.world->rank(),
+                       bad, static_cast<long long>(kept), static_cast<long long>(own_keys),
+                       static_cast<long long>(masked_kept));
         return bad;
       },
       free_loopback_port());

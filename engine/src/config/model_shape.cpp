@@ -24,6 +24,11 @@ bool window_leaves_out_keys(const ModelConfig& m, int64_t layer, int64_t seq_len
   return attends_over_window(m, layer) && m.sliding_window < seq_len;
 }
 
+bool unmasked_context_layer(const ModelConfig& m, int64_t layer, int64_t seq_len, bool documents_apart) {
+  return !window_leaves_out_keys(m, layer, seq_len) && m.positions != PositionKind::ALiBi && !documents_apart &&
+         m.dropout == 0 && m.attention_softcap == 0;
+}
+
 int64_t window_block_rows(int64_t window) {
   // Half the window: each query computes 1.5 w scores (w of them needed). A quarter was
   // 9% faster again on the CPU (4096 tokens, w 512), but keeps every key and value five

@@ -1,7 +1,13 @@
 // Context parallelism's cut of a sequence and its attention (context_parallel.h).
 #include "tide/engine/model/context_parallel.h"
 
+#include <algorithm>
+
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
+
+#include "recompute.h"
+#include "tide/engine/model/chunk_attention.h"
 
 namespace tide {
 namespace {
@@ -15,7 +21,126 @@ int64_t chunk_length(int64_t t, int size) {
               " equal chunks");
   return t / chunks;
 }
+
+// Every rank's keys and values, `local` [2, B, K, L, Hd] on each, read in position
+// order: [2, B, K, T, Hd] (position chunk m is rank m's first for m < cp, rank 2 cp - 1 -
+// m's second after). One copy beside the collective's.
+at::Tensor gathered_in_order(const at::Tensor& local, const ContextAttention& context) {
+  const int size = context.group->size();
+  const int64_t c = local.size(3) / 2;
+  std::vector<int64_t> by_rank{size};
+  by_rank.insert(by_rank.end(), local.sizes().begin(), local.sizes().end());
+  const auto all = context.group->all_gather(local, "context-parallel keys and values").view(by_rank);
+  std::vector<at::Tensor> chunks;
+  for (int m = 0; m < 2 * size; ++m)
+    chunks.push_back(m < size ? all.select(0, m).narrow(3, 0, c) : all.select(0, 2 * size - 1 - m).narrow(3, c, c));
+  return at::cat(chunks, 3);
+}
+
+// gathered_in_order's backward: the gradients of the whole sequence's keys and values,
+// [2, B, K, T, Hd] on each rank, summed over the ranks into this rank's [2, B, K, L, Hd].
+at::Tensor scattered_from_order(const at::Tensor& grad, const ContextAttention& context) {
+  const int size = context.group->size();
+  const int64_t c = grad.size(3) / (2 * static_cast<int64_t>(size));
+  auto local = grad.sizes().vec();
+  local[3] = 2 * c;
+  std::vector<int64_t> sizes{size};
+  sizes.insert(sizes.end(), local.begin(), local.end());
+  auto by_rank = at::empty(sizes, grad.options());
+  for (int j = 0; j < size; ++j)
+    for (int which = 0; which < 2; ++which)
+      by_rank.select(0, j).narrow(3, which * c, c).copy_(grad.narrow(3, chunk_of(j, size, which) * c, c));
+  return context.group->reduce_scatter_sum(by_rank, "context-parallel key and value gradients").view(local);
+}
+
+void check_local(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextAttention& context) {
+  const int64_t local = context.positions.size(0);
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && q.size(2) == local && k.size(2) == local && v.sizes() == k.sizes(),
+              "context attention made for ", local, " tokens a rank given q ", q.sizes(), ", k ", k.sizes(), " and v ",
+              v.sizes());
+}
+
+struct ContextHolder : torch::CustomClassHolder {
+  explicit ContextHolder(ContextAttention c, double s = 0) : context(std::move(c)), scale(s) {}
+  ContextAttention context;
+  double scale;                             // unmasked_context_attention's softmax scale
+  std::vector<std::vector<int64_t>> sizes;  // each chunk's chunk_attention_forward sizes
+  size_t state_tensors = 0;                 // and the number of its saved tensors
+};
+
+// gathered_in_order with autograd: backward scatters the gradients (the masked path,
+// whose attention nodes keep the gathered keys and values).
+struct GatherInOrder : torch::autograd::Function<GatherInOrder> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& local,
+                            const c10::intrusive_ptr<ContextHolder>& holder) {
+    ctx->saved_data["context"] = c10::IValue::make_capsule(holder);
+    return gathered_in_order(local, holder->context);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto holder = c10::static_intrusive_pointer_cast<ContextHolder>(ctx->saved_data["context"].toCapsule());
+    return {scattered_from_order(grads[0], holder->context), at::Tensor()};
+  }
+};
+
+struct UnmaskedContextAttention : torch::autograd::Function<UnmaskedContextAttention> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const c10::intrusive_ptr<ContextHolder>& holder) {
+    const ContextAttention& context = holder->context;
+    const auto local = at::stack({k, v});
+    const auto all = gathered_in_order(local, context);
+    const auto keys = all.select(0, 0), values = all.select(0, 1);
+    std::vector<at::Tensor> outs, keep{q, local};
+    for (const ContextChunk& chunk : context.chunks) {
+      const int64_t seen = chunk.part.first + chunk.part.rows;  // the keys up to its last query
+      ChunkAttentionForward f =
+          chunk_attention_forward(q.narrow(2, chunk.local_first, chunk.part.rows), keys.narrow(2, 0, seen),
+                                  values.narrow(2, 0, seen), holder->scale);
+      outs.push_back(std::move(f.out));
+      keep.insert(keep.end(), f.saved.begin(), f.saved.end());
+      holder->state_tensors = f.saved.size();
+      holder->sizes.push_back(std::move(f.sizes));
+    }
+    auto out = at::cat(outs, 2);
+    keep.push_back(out);
+    if (recomputing_for_backward()) keep.push_back(all);
+    ctx->save_for_backward(keep);
+    ctx->saved_data["context"] = c10::IValue::make_capsule(holder);
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto holder = c10::static_intrusive_pointer_cast<ContextHolder>(ctx->saved_data["context"].toCapsule());
+    const ContextAttention& context = holder->context;
+    const auto s = ctx->get_saved_variables();
+    const size_t chunks = context.chunks.size(), states = 2 + chunks * holder->state_tensors;
+    const at::Tensor &q = s[0], &local = s[1], &out = s[states];
+    auto all = s.size() > states + 1 ? s[states + 1] : gathered_in_order(local, context);
+    auto keys = all.select(0, 0), values = all.select(0, 1);
+    auto grad_all = at::zeros_like(all);
+    std::vector<at::Tensor> grad_q;
+    for (size_t i = 0; i < chunks; ++i) {
+      const ContextChunk& chunk = context.chunks[i];
+      const int64_t first = chunk.local_first, rows = chunk.part.rows, seen = chunk.part.first + rows;
+      const auto first_state = s.begin() + static_cast<std::ptrdiff_t>(2 + i * holder->state_tensors);
+      const std::vector<at::Tensor> state(first_state,
+                                          first_state + static_cast<std::ptrdiff_t>(holder->state_tensors));
+      grad_q.push_back(chunk_attention_backward(
+          grads[0].narrow(2, first, rows), q.narrow(2, first, rows), keys.narrow(2, 0, seen), values.narrow(2, 0, seen),
+          out.narrow(2, first, rows), state, holder->sizes[i], holder->scale, grad_all.select(0, 0).narrow(2, 0, seen),
+          grad_all.select(0, 1).narrow(2, 0, seen)));
+    }
+    all = keys = values = at::Tensor();  // gone before the gradients are laid out by rank
+    const auto grad_local = scattered_from_order(grad_all, context);
+    return {at::cat(grad_q, 2), grad_local.select(0, 0), grad_local.select(0, 1), at::Tensor()};
+  }
+};
 }  // namespace
+
+bool ContextAttention::unmasked() const {
+  return std::all_of(chunks.begin(), chunks.end(), [](const ContextChunk& c) { return !c.part.mask.defined(); });
+}
 
 at::Tensor context_positions(int64_t t, int rank, int size, const at::Device& device) {
   const int64_t c = chunk_length(t, size);
@@ -42,13 +167,8 @@ ContextAttention context_attention_chunks(const ContextParallel& cp, int64_t t, 
   ContextAttention out;
   out.group = cp.group;
   out.t = t;
+  out.options = options;
   out.positions = context_positions(t, rank, size, options.device());
-  // The gathered sequence holds rank j's tokens at [2 c j, 2 c (j + 1)): its positions,
-  // inverted, read it in position order.
-  std::vector<at::Tensor> held;
-  for (int j = 0; j < size; ++j) held.push_back(context_positions(t, j, size, at::kCPU));
-  const auto gathered_positions = at::cat(held);
-  out.order = at::empty({t}, at::kLong).scatter_(0, gathered_positions, at::arange(t, at::kLong)).to(options.device());
   const auto opts = options.requires_grad(false);
   for (int which = 0; which < 2; ++which) {
     ContextChunk chunk;
@@ -70,15 +190,10 @@ ContextAttention context_attention_chunks(const ContextParallel& cp, int64_t t, 
 
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const ContextAttention& context, const PartAttention& attend) {
-  const int64_t local = context.positions.size(0), hd = k.size(3);
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && q.size(2) == local && k.size(2) == local && v.sizes() == k.sizes(),
-              "context attention made for ", local, " tokens a rank given q ", q.sizes(), ", k ", k.sizes(), " and v ",
-              v.sizes());
-  // Keys and values in one collective: [B, L, K, 2 Hd] gathered along time, read in
-  // position order, [B, K, T, 2 Hd].
-  const auto both = at::cat({k, v}, -1).transpose(1, 2);
-  const auto all = context.group->gather_sequence(both).index_select(1, context.order).transpose(1, 2);
-  const auto keys = all.narrow(-1, 0, hd), values = all.narrow(-1, hd, hd);
+  check_local(q, k, v, context);
+  // Keys and values in one collective, read in position order: [2, B, K, T, Hd].
+  const auto all = GatherInOrder::apply(at::stack({k, v}), c10::make_intrusive<ContextHolder>(context));
+  const auto keys = all.select(0, 0), values = all.select(0, 1);
   std::vector<at::Tensor> outs;
   outs.reserve(context.chunks.size());
   for (const ContextChunk& chunk : context.chunks) {
@@ -87,6 +202,13 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at:
                           values.narrow(2, p.keys_first, p.keys()), p.mask));
   }
   return at::cat(outs, 2);
+}
+
+at::Tensor unmasked_context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const ContextAttention& context, double scale) {
+  check_local(q, k, v, context);
+  TORCH_CHECK(context.unmasked(), "unmasked context attention given chunks with masks");
+  return UnmaskedContextAttention::apply(q, k, v, c10::make_intrusive<ContextHolder>(context, scale));
 }
 
 }  // namespace tide

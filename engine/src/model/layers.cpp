@@ -358,8 +358,13 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
     }
     return at::scaled_dot_product_attention(q, k, v, m, dropout, /*is_causal=*/!m, scale, gqa);
   };
+  // Context-parallel chunks all attended as chunk_attention does: one node that gathers
+  // the keys again in backward (context_parallel.h).
+  const bool unmasked_chunks =
+      mask.context && mask.context->unmasked() && cap == 0 && dropout == 0 && chunk_attention_supported(q);
   // [B, H, T, Hd]
-  torch::Tensor ctx = mask.context    ? context_attention(q, k, v, *mask.context, attend)
+  torch::Tensor ctx = unmasked_chunks ? unmasked_context_attention(q, k, v, *mask.context, scale)
+                      : mask.context  ? context_attention(q, k, v, *mask.context, attend)
                       : mask.windowed ? windowed_attention(q, k, v, *mask.windowed, attend)
                                       : attend(q, k, v, mask.bias);
   ctx = ctx.transpose(1, 2).reshape({q.size(0), q.size(2), h * hd});

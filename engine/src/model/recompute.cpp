@@ -10,6 +10,16 @@
 namespace tide {
 namespace {
 
+thread_local bool recomputing = false;
+
+struct RecomputingScope {
+  RecomputingScope() { recomputing = true; }
+  ~RecomputingScope() { recomputing = outer; }
+  RecomputingScope(const RecomputingScope&) = delete;
+  RecomputingScope& operator=(const RecomputingScope&) = delete;
+  const bool outer = recomputing;
+};
+
 struct FnHolder : torch::CustomClassHolder {
   FnHolder(BlockFn f, bool random) : fn(std::move(f)), draws_random(random) {}
   BlockFn fn;
@@ -50,6 +60,7 @@ struct Recompute : torch::autograd::Function<Recompute> {
     at::Tensor out;
     {
       torch::AutoGradMode enable(true);
+      const RecomputingScope scope;
       out = holder->autocast.run_uncached([&] { return holder->fn(x); });
     }
     if (holder->draws_random) restore_generators(rng_now, x.device());
@@ -59,6 +70,8 @@ struct Recompute : torch::autograd::Function<Recompute> {
 };
 
 }  // namespace
+
+bool recomputing_for_backward() { return recomputing; }
 
 at::Tensor recompute_in_backward(BlockFn fn, const at::Tensor& x, bool draws_random) {
   // An input that requires no gradient (the output of frozen embeddings under LoRA) would

@@ -15,4 +15,9 @@ using BlockFn = std::function<at::Tensor(const at::Tensor&)>;
 // generator states the forward started from.
 at::Tensor recompute_in_backward(BlockFn fn, const at::Tensor& x, bool draws_random);
 
+// Whether this thread is running a function again for its backward: the graph made now is
+// backpropagated at once, so a node gains nothing by keeping less and fetching it again
+// in backward (context_parallel.h's gathered keys).
+bool recomputing_for_backward();
+
 }  // namespace tide

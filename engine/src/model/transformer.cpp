@@ -331,11 +331,10 @@ std::shared_ptr<const ContextAttention> TransformerImpl::context_of(LayerAttenti
   if (documents.defined())
     return std::make_shared<ContextAttention>(
         context_attention_chunks(cp_, t, window, documents, alibi_slopes_, options));
-  // Without documents every forward of a run asks for the same chunks. The second chunk
-  // sees keys before it: it has a mask, whose dtype and device are the chunks'.
+  // Without documents every forward of a run asks for the same chunks.
   auto& cache = kind.context_cache;
-  if (cache && cache->t == t && cache->chunks.back().part.mask.dtype() == options.dtype() &&
-      cache->chunks.back().part.mask.device() == options.device())
+  if (cache && cache->t == t && cache->options.dtype() == options.dtype() &&
+      cache->options.device() == options.device())
     return cache;
   return cache =
              std::make_shared<ContextAttention>(context_attention_chunks(cp_, t, window, {}, alibi_slopes_, options));

@@ -113,6 +113,14 @@ class CommTensorParallelGroup : public TensorParallelGroup {
     comm_.all_gather(in, all, what);
     return all;
   }
+  at::Tensor reduce_scatter_sum(const at::Tensor& by_rank, const std::string& what) override {
+    const auto in = by_rank.contiguous().view({-1});
+    TORCH_CHECK(in.numel() % comm_.size() == 0, what, ": ", in.numel(), " elements do not split into ", comm_.size(),
+                " ranks' chunks");
+    auto out = torch::empty({in.numel() / comm_.size()}, in.options());
+    comm_.reduce_scatter_sum(in, out, what);
+    return out;
+  }
 
  private:
   Comm& comm_;

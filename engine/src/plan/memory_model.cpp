@@ -20,9 +20,10 @@
 //     logits (linear_cross_entropy.cpp), the micro-batches a pipeline schedule keeps in
 //     flight (pipeline.cpp);
 //   the temporaries of the backward step that makes the most at once.
-//   context parallelism (context_parallel.h): each rank's share of the tokens, beside the
-//     keys and values of the whole sequence every block gathers and keeps, and the masks
-//     of its two chunks.
+//   context parallelism (context_parallel.h): each rank's share of the tokens; a block
+//     attending without masks keeps its own keys and values and gathers the whole
+//     sequence's again in backward, a masked one keeps the gathered ones; the masks of
+//     its two chunks.
 // Shape legend: B micro-batch, T sequence, Q this rank's tokens of a sequence (T / cp),
 // Tn the residual stream's sequence on this rank (Q / tp with sequence parallelism),
 // N = B*Q, D dim, Hd head dim, F this rank's MLP width, V this rank's vocabulary rows, s
@@ -85,8 +86,9 @@ double lora_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
 }
 
 // Autograd's saved tensors of one block and micro-batch, run without recomputation; the
-// block `windowed` where its window is shorter than the sequence.
-double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, bool windowed) {
+// block `windowed` where its window is shorter than the sequence, `unmasked_context`
+// where context parallelism attends it without masks (unmasked_context_layer).
+double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, bool windowed, bool unmasked_context) {
   const double D = static_cast<double>(r.dim), hd = static_cast<double>(r.head_dim);
   const double H = static_cast<double>(r.heads), K = static_cast<double>(r.kv_heads);
   const double F = static_cast<double>(r.ffn);
@@ -109,7 +111,12 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, boo
   // of R queries keeps its own copy of the R + w keys and values it reads (w / R times
   // them beyond one), and the parts' outputs are kept by their calls beside the joined one.
   double keys = x.keys();  // a query's scores computed
-  if (x.cp > 1) {
+  if (x.cp > 1 && unmasked_context) {
+    // One node (unmasked_context_attention) keeps q, this rank's keys and values stacked
+    // (for the RoPE'd k and the view v, counted above), the joined output, and beside the
+    // merged rows' log-sum-exp each kernel call's own, two more a row.
+    bytes += 2 * x.B * H * x.Q * 4;
+  } else if (x.cp > 1) {
     // Context parallelism: the gathered keys and values of the whole sequence, kept by
     // both chunks' attention, and each chunk's output beside the joined one. A windowed
     // chunk reads the keys its window reaches (about a chunk and a window).
@@ -145,9 +152,15 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, boo
 //     and up, or q, k and v), the norm's output made again, the sum of the gradients
 //     that reach it and the one being added, and the norm's fp32 copy of its input where
 //     the statistics are not tide's CUDA kernel's.
+//   - context parallelism's node without masks (unmasked_context_attention): the
+//     gradients of the whole sequence's keys and values, a chunk's of the keys before it
+//     (at most the whole sequence's), the chunk's output, output gradient and query
+//     gradients, and the gathered keys and values, fetched again where the block was
+//     kept whole (`regathered`; a recomputed block's are among its saved tensors).
 // (Measured with the counting allocator: 13.2 MiB for B 8, T 256, D 256, F 704, when
 // SwiGLU kept its product and two were counted.)
-double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shape& x) {
+double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shape& x, bool unmasked_context,
+                            bool regathered) {
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double incoming = x.Nn * D * x.s;
   const double scores = x.fused_attention ? 0.0 : 2 * x.B * static_cast<double>(r.heads) * x.Q * x.keys() * x.s;
@@ -158,6 +171,11 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
   const double node = 3 * x.N * D * x.s + (fp32_copy ? x.Nn * D * 4 : 0);
   extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,
                     incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4});
+  if (unmasked_context) {
+    const double gathered = x.B * x.T * 2 * static_cast<double>(r.kv_heads * r.head_dim) * x.s;
+    extra = std::max(
+        extra, incoming + (regathered ? 3 : 2) * gathered + 2 * x.N * static_cast<double>(r.heads * r.head_dim) * x.s);
+  }
   return extra;
 }
 
@@ -438,10 +456,18 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   // Each of the stage's blocks' saved tensors, chunk after chunk (a windowed layer keeps
   // more than one attending in full); the most one keeps.
   std::vector<std::vector<double>> block_of(stage.chunks.size());
+  // Blocks attending through unmasked_context_attention: any, and any kept whole (which
+  // gathers the keys and values again in its backward).
+  bool unmasked_context = false, regathered = false;
   for (size_t c = 0; c < stage.chunks.size(); ++c) {
     const int64_t end = stage.chunks[c].end < 0 ? mc.n_layers : stage.chunks[c].end;
-    for (int64_t layer = stage.chunks[c].first; layer < end; ++layer)
-      block_of[c].push_back(block_saved(mc, r, x, window_leaves_out_keys(mc, layer, cfg.data.seq_len)));
+    for (int64_t layer = stage.chunks[c].first; layer < end; ++layer) {
+      const bool unmasked =
+          L.cp > 1 && unmasked_context_layer(mc, layer, cfg.data.seq_len, cfg.data.document_attention);
+      unmasked_context = unmasked_context || unmasked;
+      regathered = regathered || (unmasked && static_cast<double>(layer - stage.chunks[c].first) >= recomputed[c]);
+      block_of[c].push_back(block_saved(mc, r, x, window_leaves_out_keys(mc, layer, cfg.data.seq_len), unmasked));
+    }
   }
   out.per_block.clear();
   for (const auto& chunk : block_of) out.per_block.insert(out.per_block.end(), chunk.begin(), chunk.end());
@@ -495,8 +521,12 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   // The widest moment of one micro-batch beyond its saved tensors: the loss being made,
   // the head's backward, or a block's backward, by when the head's saved tensors are
   // gone.
-  double block_extra = block_backward_extra(mc, r, x);
-  if (all_recomputed > 0) block_extra += one_block;  // the recomputed block's own saved tensors
+  double block_extra = block_backward_extra(mc, r, x, unmasked_context, regathered);
+  // The recomputed block's own saved tensors; without masks under cp they include the
+  // keys and values it gathered, which a recomputed block keeps.
+  const double kept_gathered =
+      unmasked_context ? x.B * x.T * 2 * static_cast<double>(r.kv_heads * r.head_dim) * x.s : 0.0;
+  if (all_recomputed > 0) block_extra += one_block + kept_gathered;
   // ZeRO-2/3: beside it the gradient units' buffers and collectives, moment by moment
   // through backward (the head's saved tensors gone by then).
   double backward_extra = block_extra;

@@ -20,8 +20,9 @@
 //     own causally: chunk_attention.h); a mask (ALiBi, documents, a window) makes every
 //     chunk's attention compute (2 cp + 1) / (4 cp) of the keys a query, at the matmul rate;
 //     per block and micro-batch the keys and values of the whole sequence all-gathered
-//     forward (again where recomputed) and their gradients reduce-scattered backward, on
-//     the critical path; the gradients reduced over the dp x cp ranks;
+//     forward and again in backward (a masked block's: again only where recomputed) and
+//     their gradients reduce-scattered backward, on the critical path; the gradients
+//     reduced over the dp x cp ranks;
 //   pipelines: one send and receive per micro-batch and direction, and the fill and drain
 //     bubble: the slowest stage works through every micro-batch while each other stage
 //     adds one micro-batch of its own time (fill before it, drain after it), (pp - 1)
@@ -221,10 +222,16 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     }
 
     if (L.cp > 1) {
-      // The keys and values of the whole sequence, gathered forward (and again for a
-      // recomputed block), their gradients reduce-scattered backward.
+      // The keys and values of the whole sequence, gathered forward, their gradients
+      // reduce-scattered backward; gathered once more in backward, by the node of an
+      // unmasked block (which keeps the gathered ones where it is recomputed) or by a
+      // masked block's recomputation.
       const double kv = B * T * 2 * static_cast<double>(r.kv_heads * r.head_dim) * s;
-      t.cp_comm = M * (2 * blocks + recomputed) * ring_seconds(kv, L.cp, 1.0, cp_bw, lat);
+      double unmasked = 0;
+      for (const int64_t layer : r.layers)
+        unmasked += unmasked_context_layer(mc, layer, static_cast<int64_t>(T), documents) ? 1 : 0;
+      const double again = unmasked + recomputed * (blocks - unmasked) / std::max(blocks, 1.0);
+      t.cp_comm = M * (2 * blocks + again) * ring_seconds(kv, L.cp, 1.0, cp_bw, lat);
     }
 
     // Data parallelism over the flat fp32 buffers. Embeddings tied across pipeline

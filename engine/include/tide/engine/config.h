@@ -283,6 +283,11 @@ bool attends_over_window(const ModelConfig& m, int64_t layer);
 // Whether that window leaves keys out of a sequence of seq_len tokens (it is shorter):
 // only then does the layer attend in blocks that leave out what the window does.
 bool window_leaves_out_keys(const ModelConfig& m, int64_t layer, int64_t seq_len);
+// Whether context parallelism attends that layer's chunks without masks, in one node that
+// keeps only the rank's own keys and values for backward (model/context_parallel.h:
+// unmasked_context_attention): no window leaving keys out, no ALiBi, no documents apart,
+// no attention dropout, no soft cap.
+bool unmasked_context_layer(const ModelConfig& m, int64_t layer, int64_t seq_len, bool documents_apart);
 // The queries of a block of such a layer's attention (model/attention_masks.h): each block
 // of R reads the w keys before it and its own, R + w.
 int64_t window_block_rows(int64_t window);

@@ -22,6 +22,9 @@
 // keys before them, Hd head width.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 
 namespace tide {
@@ -32,5 +35,27 @@ bool chunk_attention_supported(const at::Tensor& q);
 // q [B, H, c, Hd], k and v [B, K, P + c, Hd]: query i sits at key P + i and sees the keys
 // at or before it; softmax(scale q k^T) v, [B, H, c, Hd]. Differentiable in q, k and v.
 at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
+
+// chunk_attention without autograd, for a node that keeps other tensors for its backward
+// than q, k and v (context_parallel.h: keys gathered again in backward). The forward's
+// output, and what its backward needs beside q, k, v and that output: `saved` (the
+// merged log-sum-exp and each kernel call's own state; entries may be undefined) and
+// `sizes` (the kernel and the calls' lengths). No keys before the chunk (k as long as
+// q) is one causal call.
+struct ChunkAttentionForward {
+  at::Tensor out;
+  std::vector<at::Tensor> saved;
+  std::vector<int64_t> sizes;
+};
+ChunkAttentionForward chunk_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              double scale);
+// Given the output's gradient, adds those of k and v into grad_k and grad_v (k's shape: a
+// node summing several chunks' gradients passes its own buffer's part) and returns q's;
+// `saved` and `sizes` as chunk_attention_forward returned them for these q, k and v, `out`
+// its output or a view of it.
+at::Tensor chunk_attention_backward(const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k,
+                                    const at::Tensor& v, const at::Tensor& out, const std::vector<at::Tensor>& saved,
+                                    const std::vector<int64_t>& sizes, double scale, const at::Tensor& grad_k,
+                                    const at::Tensor& grad_v);
 
 }  // namespace tide

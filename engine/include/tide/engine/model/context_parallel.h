@@ -10,8 +10,11 @@
 // Attention all-gathers the keys and values of the whole sequence (one collective a
 // layer, both in one tensor) and each rank attends its own queries over the keys before
 // them; backward reduce-scatters the keys' and values' gradients. This is the all-gather
-// form of context parallelism (Llama 3's), not a ring: it sends the same bytes and keeps
-// a layer's whole keys and values for its backward, which a ring would not.
+// form of context parallelism (Llama 3's), not a ring. Causal attention without a mask
+// (unmasked_context_attention) keeps only the rank's own keys and values for backward and
+// gathers them again there, as a ring sends them again in its backward: a layer keeps
+// its own tokens' worth, not the whole sequence's. A mask (ALiBi, documents apart, a
+// window) or attention dropout keeps the gathered ones.
 //
 // Everything else in a block acts token by token, so it needs nothing: the weights are
 // replicated over the cp ranks, which therefore reduce their gradients together with the
@@ -64,8 +67,11 @@ struct ContextAttention {
   std::shared_ptr<TensorParallelGroup> group;
   int64_t t = 0;                     // the whole sequence
   at::Tensor positions;              // [L] int64: context_positions
-  at::Tensor order;                  // [T] int64: the gathered sequence, rank by rank, read in position order
   std::vector<ContextChunk> chunks;  // this rank's two
+  at::TensorOptions options;         // the masks' dtype and device (where there are masks)
+
+  // No chunk has a mask: causal attention over every key before each query.
+  bool unmasked() const;
 };
 
 // This rank's attention over a sequence of t tokens (2 cp divides t): each chunk's keys
@@ -82,5 +88,14 @@ ContextAttention context_attention_chunks(const ContextParallel& cp, int64_t t, 
 // [B, H, L, Hd]. Gradients reach this rank's k and v summed over every rank's queries.
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const ContextAttention& context, const PartAttention& attend);
+
+// context_attention of unmasked chunks (context.unmasked()), each as chunk_attention.h
+// attends it (q's dtype and device have its kernels; no dropout, no soft cap), in one
+// autograd node that keeps q, this rank's keys and values, the output and the rows'
+// log-sum-exps, and gathers the keys and values again in backward. Inside a block
+// recomputed for its backward (activation checkpointing) it keeps the gathered ones: that
+// graph's backward follows at once.
+at::Tensor unmasked_context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const ContextAttention& context, double scale);
 
 }  // namespace tide

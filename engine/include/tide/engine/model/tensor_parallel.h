@@ -46,6 +46,9 @@ class TensorParallelGroup {
   // No autograd: every rank's `local` (n elements), rank j's at chunk j of the
   // size() * n result. `what` names the tensor in errors.
   virtual at::Tensor all_gather(const at::Tensor& local, const std::string& what) = 0;
+  // No autograd: `by_rank` (size() chunks of n elements) summed over the ranks, this
+  // rank's chunk of the sum, n elements (all_gather's counterpart).
+  virtual at::Tensor reduce_scatter_sum(const at::Tensor& by_rank, const std::string& what) = 0;
 };
 
 struct TensorParallel {
