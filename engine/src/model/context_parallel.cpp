@@ -90,18 +90,21 @@ struct UnmaskedContextAttention : torch::autograd::Function<UnmaskedContextAtten
     const auto local = at::stack({k, v});
     const auto all = gathered_in_order(local, context);
     const auto keys = all.select(0, 0), values = all.select(0, 1);
-    std::vector<at::Tensor> outs, keep{q, local};
+    // [B, H, L, Hd] over [B, L, H, Hd] memory, as the fused kernels lay out their outputs:
+    // the output projection reads it as [B, L, H Hd] without a copy, so the node and the
+    // projection keep one tensor.
+    const auto out = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
+    std::vector<at::Tensor> keep{q, local};
     for (const ContextChunk& chunk : context.chunks) {
       const int64_t seen = chunk.part.first + chunk.part.rows;  // the keys up to its last query
       ChunkAttentionForward f =
           chunk_attention_forward(q.narrow(2, chunk.local_first, chunk.part.rows), keys.narrow(2, 0, seen),
                                   values.narrow(2, 0, seen), holder->scale);
-      outs.push_back(std::move(f.out));
+      out.narrow(2, chunk.local_first, chunk.part.rows).copy_(f.out);
       keep.insert(keep.end(), f.saved.begin(), f.saved.end());
       holder->state_tensors = f.saved.size();
       holder->sizes.push_back(std::move(f.sizes));
     }
-    auto out = at::cat(outs, 2);
     keep.push_back(out);
     if (recomputing_for_backward()) keep.push_back(all);
     ctx->save_for_backward(keep);
