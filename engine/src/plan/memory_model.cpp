@@ -54,6 +54,12 @@ struct Shape {
   bool gpu_kernels = false;  // tide's CUDA kernels run (a GPU, not the host)
 };
 
+// The keys and values of a micro-batch's whole sequence, as context parallelism gathers
+// them for a block: [B, T, 2 K Hd].
+double gathered_keys_values(const RankModel& r, const Shape& x) {
+  return x.B * x.T * 2 * static_cast<double>(r.kv_heads * r.head_dim) * x.s;
+}
+
 // A materialised attention's T x `keys` tensors of one block and micro-batch: the
 // softmax's probabilities (kept for its backward and the product with V) and, under
 // dropout, the dropped copy and its one-byte mask.
@@ -120,7 +126,7 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, boo
     // Context parallelism: the gathered keys and values of the whole sequence, kept by
     // both chunks' attention, and each chunk's output beside the joined one. A windowed
     // chunk reads the keys its window reaches (about a chunk and a window).
-    bytes += x.B * x.T * 2 * K * hd * x.s + x.N * H * hd * x.s;
+    bytes += gathered_keys_values(r, x) + x.N * H * hd * x.s;
     if (windowed) keys = std::min(keys, x.T / (2.0 * x.cp) + static_cast<double>(m.sliding_window));
   } else if (windowed) {
     const double w = static_cast<double>(m.sliding_window);
@@ -172,7 +178,7 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
   extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,
                     incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4});
   if (unmasked_context) {
-    const double gathered = x.B * x.T * 2 * static_cast<double>(r.kv_heads * r.head_dim) * x.s;
+    const double gathered = gathered_keys_values(r, x);
     extra = std::max(
         extra, incoming + (regathered ? 3 : 2) * gathered + 2 * x.N * static_cast<double>(r.heads * r.head_dim) * x.s);
   }
@@ -524,8 +530,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   double block_extra = block_backward_extra(mc, r, x, unmasked_context, regathered);
   // The recomputed block's own saved tensors; without masks under cp they include the
   // keys and values it gathered, which a recomputed block keeps.
-  const double kept_gathered =
-      unmasked_context ? x.B * x.T * 2 * static_cast<double>(r.kv_heads * r.head_dim) * x.s : 0.0;
+  const double kept_gathered = unmasked_context ? gathered_keys_values(r, x) : 0.0;
   if (all_recomputed > 0) block_extra += one_block + kept_gathered;
   // ZeRO-2/3: beside it the gradient units' buffers and collectives, moment by moment
   // through backward (the head's saved tensors gone by then).
