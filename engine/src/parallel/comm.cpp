@@ -196,6 +196,23 @@ std::unique_ptr<PendingCollective> Comm::all_gather_async(const at::Tensor& inpu
                                        });
 }
 
+void Comm::all_to_all(const at::Tensor& input, at::Tensor& output, const std::string& what) {
+  const int n = size();
+  TORCH_CHECK(input.numel() == output.numel() && input.numel() % n == 0, "all_to_all (", what, "): input of ",
+              input.numel(), " elements and output of ", output.numel(), " do not split into ", n, " equal chunks");
+  if (n == 1) {
+    output.copy_(input.view_as(output));
+    return;
+  }
+  impl_->bytes_sent += nbytes(input) * (n - 1) / n;
+  auto in = impl_->staged(input.contiguous().view({-1}));
+  auto target = staging(output, in);
+  auto flat = target.view({-1});
+  std::vector<int64_t> equal_splits;  // empty: size() equal chunks each way
+  impl_->wait(impl_->pg->alltoall_base(flat, in, equal_splits, equal_splits), "all_to_all", what);
+  if (!target.is_same(output)) output.copy_(target.view_as(output));
+}
+
 std::unique_ptr<PendingCollective> Comm::send(const at::Tensor& t, int dst, int tag, const std::string& what) {
   TORCH_CHECK(t.is_contiguous(), "send: ", what, " is not contiguous");
   std::vector<at::Tensor> v{impl_->staged(t)};

@@ -121,6 +121,11 @@ class CommTensorParallelGroup : public TensorParallelGroup {
     comm_.reduce_scatter_sum(in, out, what);
     return out;
   }
+  at::Tensor all_to_all(const at::Tensor& by_rank, const std::string& what) override {
+    auto out = torch::empty(by_rank.sizes(), by_rank.options());
+    comm_.all_to_all(by_rank, out, what);
+    return out;
+  }
 
  private:
   Comm& comm_;

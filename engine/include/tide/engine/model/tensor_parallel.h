@@ -49,6 +49,9 @@ class TensorParallelGroup {
   // No autograd: `by_rank` (size() chunks of n elements) summed over the ranks, this
   // rank's chunk of the sum, n elements (all_gather's counterpart).
   virtual at::Tensor reduce_scatter_sum(const at::Tensor& by_rank, const std::string& what) = 0;
+  // No autograd: `by_rank` (size() chunks of n elements, chunk j for rank j) exchanged:
+  // chunk i of the result (its shape) is rank i's chunk for this rank.
+  virtual at::Tensor all_to_all(const at::Tensor& by_rank, const std::string& what) = 0;
 };
 
 struct TensorParallel {

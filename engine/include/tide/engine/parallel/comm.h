@@ -60,6 +60,9 @@ class Comm {
                                                               const std::string& what);
   std::unique_ptr<PendingCollective> all_gather_async(const at::Tensor& input, at::Tensor output,
                                                       const std::string& what);
+  // input: size() chunks of n elements, chunk j going to group rank j; output: size()
+  // chunks of n, chunk i from rank i (DeepSpeed-Ulysses' exchange of heads for tokens).
+  void all_to_all(const at::Tensor& input, at::Tensor& output, const std::string& what);
   void barrier(const std::string& what);
   // Point to point within the group (pipeline stages). A send completes in the
   // background: `t` must stay alive and untouched until wait(). recv blocks until `t`
