@@ -24,6 +24,10 @@ S = 4 B T D bytes of one micro-batch's activations, L blocks):
                                          reduce-scatter, KV = 4 B T 2 K Hd bytes of one
                                          micro-batch's keys and values: LLaMA's causal
                                          attention, unmasked_context_attention)
+  cp all-to-all 8 psi (N-1)/N + a L 2 X (N-1)/N  (per block q, k, v and the output
+                                         exchanged forward, their gradients backward,
+                                         X = 4 B (T/N) (2 H + 2 K') Hd, K' = K where N
+                                         divides it, else N)
 model-state bytes per rank against fp32 AdamW theory where it is simple (dp, ZeRO), and
 peak resident memory of rank 0. On a 2-core machine the absolute speed-up is bounded; the
 communication and memory ratios are the point.
@@ -55,6 +59,7 @@ LAYOUTS = [
     ("pp2 (1f1b)", 2, {"parallel.pp": 2}),
     ("pp2 interleaved (v2)", 2, {"parallel.pp": 2, "parallel.virtual_stages": 2}),
     ("cp2", 2, {"parallel.cp": 2}),
+    ("cp2 all-to-all", 2, {"parallel.cp": 2, "parallel.cp_comm": "all_to_all"}),
 ]
 
 
@@ -120,6 +125,11 @@ def main():
             volume = micro_batches * (4 * sh["layers"] + 2) * 2 * act * (tp - 1) / tp
             if extra.get("parallel.sequence_parallel") == "true":
                 volume += micro_batches * 2 * sh["layers"] * act * (tp - 1) / tp
+        elif cp > 1 and extra.get("parallel.cp_comm") == "all_to_all":
+            heads, kv_heads = sh["heads"], sh.get("kv") or sh["heads"]
+            received = kv_heads if kv_heads % n == 0 else n
+            exchanged = 4 * micro * sh["seq"] // n * (2 * heads + 2 * received) * (sh["dim"] // heads)
+            volume = 8 * psi * (n - 1) / n + micro_batches * sh["layers"] * 2 * exchanged * (n - 1) / n
         elif cp > 1:
             kv = 4 * micro * sh["seq"] * 2 * (sh.get("kv") or sh["heads"]) * (sh["dim"] // sh["heads"])
             volume = 8 * psi * (n - 1) / n + micro_batches * sh["layers"] * 3 * kv * (n - 1) / n

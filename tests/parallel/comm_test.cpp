@@ -249,5 +249,59 @@ TEST(Comm, UnmaskedContextAttentionEqualsWholeSequenceAttentionKeepingOnlyItsOwn
       free_loopback_port());
 }
 
+// The all-to-all form of context parallelism (DeepSpeed-Ulysses): each of two ranks holds
+// the two chunks of a sequence of 32 tokens; the first exchange gives it the whole
+// sequence's q, k and v of its share of the heads, exactly (moved, not computed); one
+// attention over them with those heads' bias (a per-head additive mask, as ALiBi's) and
+// the exchange back give the rows and gradients of its tokens that one attention over
+// the whole sequence gives (fp64: the same sums, within 1e-12). With one key/value head
+// both ranks read it, and its gradient is the sum of theirs.
+TEST(Comm, AllToAllContextAttentionEqualsWholeSequenceAttention) {
+  run_ranks(
+      2,
+      [](Distributed& d) {
+        const ContextParallel cp{tensor_parallel_group(*d.world), ContextComm::AllToAll};
+        const int rank = d.world->rank();
+        const int64_t b = 2, h = 4, t = 32, hd = 8;
+        const double scale = 1 / std::sqrt(static_cast<double>(hd));
+        const auto f64 = torch::TensorOptions().dtype(torch::kFloat64);
+        const auto pos = context_positions(t, rank, 2, torch::kCPU);
+        const auto mine = [&](const torch::Tensor& x) { return x.index_select(2, pos); };
+        int bad = 0;
+        for (const int64_t kv : {2, 1}) {
+          torch::manual_seed(6 + kv);  // the same sequence on every rank
+          const auto q0 = torch::randn({b, h, t, hd}, f64), g0 = torch::randn({b, h, t, hd}, f64);
+          const auto k0 = torch::randn({b, kv, t, hd}, f64), v0 = torch::randn({b, kv, t, hd}, f64);
+          const auto future = torch::ones({t, t}, torch::kBool).triu(1);
+          const auto bias = torch::randn({1, h, t, t}, f64).masked_fill(future, -INFINITY);
+          auto qr = q0.clone().requires_grad_(), kr = k0.clone().requires_grad_(), vr = v0.clone().requires_grad_();
+          const auto want = at::scaled_dot_product_attention(qr, kr, vr, bias, 0.0, false, scale, true);
+          (want * g0).sum().backward();
+
+          auto q = mine(q0).requires_grad_(), k = mine(k0).requires_grad_(), v = mine(v0).requires_grad_();
+          const auto whole = sequence_of_heads(q, k, v, cp);
+          const HeadShare sq = context_head_share(h, rank, 2), skv = context_head_share(kv, rank, 2);
+          bad += !torch::equal(whole.q, q0.narrow(1, sq.first, sq.count));
+          bad += !torch::equal(whole.k, k0.narrow(1, skv.first, skv.count));
+          bad += !torch::equal(whole.v, v0.narrow(1, skv.first, skv.count));
+          const auto attended =
+              at::scaled_dot_product_attention(whole.q, whole.k, whole.v, bias.narrow(1, sq.first, sq.count), 0.0,
+                                               false, scale, whole.k.size(1) != whole.q.size(1));
+          const auto out = tokens_of_heads(attended, cp);
+          (out * mine(g0)).sum().backward();
+          bad += !torch::allclose(out, mine(want), 1e-12, 1e-12);
+          bad += !torch::allclose(q.grad(), mine(qr.grad()), 1e-12, 1e-12);
+          bad += !torch::allclose(k.grad(), mine(kr.grad()), 1e-12, 1e-12);
+          bad += !torch::allclose(v.grad(), mine(vr.grad()), 1e-12, 1e-12);
+          if (bad) {
+            std::fprintf(stderr, "rank %d, %lld key/value heads: %d failed\n", rank, static_cast<long long>(kv), bad);
+            return bad;
+          }
+        }
+        return 0;
+      },
+      free_loopback_port());
+}
+
 }  // namespace
 }  // namespace tide

@@ -15,6 +15,8 @@
 #  - attention dropout (chunks attended with a mask, not chunk_attention's two calls): at
 #    p = 1e-9 nothing is dropped and the rest is scaled by 1 / (1 - p), so cp2 equals one
 #    process;
+#  - the all-to-all form (parallel.cp_comm = "all_to_all"): cp2, cp4 (key/value heads
+#    shared by two ranks), BLOOM, documents under a window, Gemma, cp2 x tp2;
 #  - a cp2 checkpoint resumed by one process goes on as one process would;
 #  - layouts context parallelism cannot cut are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
@@ -69,6 +71,28 @@ for case in "doc-learned:llama:--set data.document_attention=true --set model.po
 done
 losses_differ "$work/llama-doc-learned-1" "$work/llama-1" || fail "document attention changed nothing"
 
+echo "all-to-all (heads exchanged for tokens):"
+# parallel.cp_comm = "all_to_all": each rank attends the whole sequence for its share of
+# the heads. cp2 splits LLaMA's 2 key/value heads; cp4 gives each key/value head to the
+# two ranks whose query heads read it (their gradients summed); BLOOM's ranks each carry
+# their heads' ALiBi slopes; documents apart under a window, and Gemma's soft caps, run
+# one process' masks; under tp2 each tensor-parallel rank's 2 heads split over cp2.
+a2a=(--set parallel.cp_comm=all_to_all)
+train llama llama-a2a-cp2 --nproc 2 --set parallel.cp=2 "${a2a[@]}"
+compare "$work/llama-1" "$work/llama-a2a-cp2" 0 || fail "all-to-all cp2 differs from one process"
+grep -q "cp_comm.*all_to_all\|all_to_all" "$work/llama-a2a-cp2/train.log" || true
+train llama llama-a2a-cp4 --nproc 4 --set parallel.cp=4 "${a2a[@]}"
+compare "$work/llama-1" "$work/llama-a2a-cp4" 0 || fail "all-to-all cp4 (key/value heads shared) differs from one process"
+train bloom bloom-a2a-cp2 --nproc 2 --set parallel.cp=2 "${a2a[@]}"
+compare "$work/bloom-1" "$work/bloom-a2a-cp2" 0 || fail "BLOOM all-to-all cp2 differs from one process"
+train llama llama-doc-window-a2a --nproc 2 --set parallel.cp=2 "${a2a[@]}" --set data.document_attention=true \
+  --set model.sliding_window=12
+compare "$work/llama-doc-window-1" "$work/llama-doc-window-a2a" 0 || fail "all-to-all, documents and window differ"
+train llama llama-gemma-a2a --nproc 2 --set parallel.cp=2 "${a2a[@]}" "${gemma[@]}"
+compare "$work/llama-gemma-1" "$work/llama-gemma-a2a" 0 || fail "all-to-all, Gemma's pieces differ from one process"
+train llama llama-a2a-cp2-tp2 --nproc 4 --set parallel.cp=2 --set parallel.tp=2 "${a2a[@]}"
+compare "$work/llama-1" "$work/llama-a2a-cp2-tp2" 0 || fail "all-to-all cp2 x tp2 differs from one process"
+
 echo "resume:"
 # The cp2 ZeRO-3 run's step-5 checkpoint (its shards spread over both cp ranks) resumed
 # by one process: steps 6-10 as one process trains them.
@@ -92,4 +116,6 @@ refused llama "dp x cp x tp x pp = 2 x 2 x 1 x 1 = 4 ranks, but the world has 2"
 # 36 tokens: 18 a rank, which tp = 4 does not divide.
 refused llama "parallel.sequence_parallel" --nproc 8 --set parallel.cp=2 --set parallel.tp=4 \
   --set parallel.sequence_parallel=true --set data.seq_len=36
+# 4 query heads over cp = 8 ranks (16 tokens, 1 a chunk): all_gather would take it.
+refused llama "parallel.cp_comm" --nproc 8 --set parallel.cp=8 "${a2a[@]}" --set data.seq_len=16
 echo "context parallel: ok"

@@ -609,9 +609,17 @@ void add_parallel_fields(std::vector<FieldSpec>& s) {
   s.push_back(integer("parallel.pp", 1, 1e4, kFixed, "Pipeline-parallel degree.", REF(parallel.pp)));
   s.push_back(integer("parallel.cp", 1, 1e4, kFixed,
                       "Context-parallel degree: each sequence is split over cp ranks (2 cp chunks, rank r holding "
-                      "chunks r and 2 cp - 1 - r), which all-gather keys and values in attention; activation memory "
+                      "chunks r and 2 cp - 1 - r), joined in attention as parallel.cp_comm says; activation memory "
                       "per rank falls by cp. data.seq_len must divide into 2 cp chunks.",
                       REF(parallel.cp)));
+  s.push_back(choice<std::string>(
+      "parallel.cp_comm", {{"all_gather", "all_gather"}, {"all_to_all", "all_to_all"}}, kFixed,
+      "How context-parallel attention reaches the other ranks' tokens: all_gather (each rank gathers every "
+      "rank's keys and values: 2 K L Hd (cp - 1) values a layer) or all_to_all (DeepSpeed-Ulysses: heads "
+      "exchanged for tokens, attention over the whole sequence for 1 / cp of the heads: 2 (H + K) L Hd (cp - 1) "
+      "/ cp values, whatever cp). all_to_all needs the heads (per tensor-parallel rank) divisible by cp, and the "
+      "key/value heads too or cp by them.",
+      REF(parallel.cp_comm)));
   s.push_back(integer("parallel.zero", 0, 3, kFixed, "ZeRO stage on the data-parallel axis.", REF(parallel.zero)));
   s.push_back(boolean("parallel.auto", kFixed,
                       "Let the planner choose the layout and micro-batch for the ranks the run gets (as `tide "

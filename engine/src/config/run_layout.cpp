@@ -33,6 +33,18 @@ void check_context_parallel(const RunConfig& cfg, int64_t cp) {
                       fmt::format("{} cuts each sequence into 2 x cp = {} equal chunks, and data.seq_len "
                                   "= {} does not divide into them",
                                   cp, 2 * cp, t));
+  if (cfg.parallel.cp_comm == "all_to_all") {
+    const ModelConfig& m = cfg.model;
+    const int64_t heads = m.n_heads / tp, kv = resolved_kv_heads(m);
+    const int64_t kv_heads = kv % tp == 0 ? kv / tp : 1;  // fewer than tp: one held by each rank
+    if (heads % cp != 0 || (kv_heads % cp != 0 && cp % kv_heads != 0))
+      throw ConfigError("parallel.cp_comm",
+                        fmt::format("\"all_to_all\" splits each tensor-parallel rank's {} query and {} key/value "
+                                    "heads (model.n_heads = {}, n_kv_heads = {}, tp = {}) over cp = {} ranks: cp must "
+                                    "divide the query heads, and divide or be a multiple of the key/value heads; "
+                                    "\"all_gather\" takes any",
+                                    heads, kv_heads, m.n_heads, kv, tp, cp));
+  }
   if (cfg.parallel.sequence_parallel && tp > 1 && (t / cp) % tp != 0)
     throw ConfigError("parallel.sequence_parallel",
                       fmt::format("each context-parallel rank's {} tokens (data.seq_len = {} over parallel.cp = {}) do "

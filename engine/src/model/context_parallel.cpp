@@ -139,7 +139,152 @@ struct UnmaskedContextAttention : torch::autograd::Function<UnmaskedContextAtten
     return {at::cat(grad_q, 2), grad_local.select(0, 0), grad_local.select(0, 1), at::Tensor()};
   }
 };
+
+// The all-to-all form's exchanges. Each tensor of a list, [B, heads, ., Hd], travels in
+// one collective: [cp, B, Σ shares, L, Hd], chunk j for rank j.
+struct HeadExchange : torch::CustomClassHolder {
+  HeadExchange(std::shared_ptr<TensorParallelGroup> g, std::vector<int64_t> h)
+      : group(std::move(g)), heads(std::move(h)) {}
+  std::shared_ptr<TensorParallelGroup> group;
+  std::vector<int64_t> heads;  // each tensor's heads on this rank's tokens
+};
+
+// This rank's tokens of every head → the whole sequence of its share of the heads, each
+// [B, count, T, Hd] in position order.
+std::vector<at::Tensor> heads_from_tokens(const std::vector<at::Tensor>& xs, const HeadExchange& ex) {
+  const int n = ex.group->size(), me = ex.group->rank();
+  const int64_t b = xs[0].size(0), l = xs[0].size(2), hd = xs[0].size(3), c = l / 2;
+  int64_t width = 0;
+  for (const int64_t h : ex.heads) width += context_head_share(h, me, n).count;
+  auto send = at::empty({n, b, width, l, hd}, xs[0].options());
+  for (int j = 0; j < n; ++j) {
+    int64_t offset = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const HeadShare share = context_head_share(ex.heads[i], j, n);
+      send.select(0, j).narrow(1, offset, share.count).copy_(xs[i].narrow(1, share.first, share.count));
+      offset += share.count;
+    }
+  }
+  // [cp, B, width, L, Hd]: rank i's tokens of this rank's heads at i.
+  const auto received = ex.group->all_to_all(send, "context-parallel heads (all-to-all)");
+  send = at::Tensor();
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const int64_t count = context_head_share(ex.heads[i], me, n).count;
+    auto whole = at::empty({b, count, 2 * c * n, hd}, xs[0].options());
+    for (int m = 0; m < 2 * n; ++m) {  // position chunk m: rank m's first, or 2 cp - 1 - m's second
+      const int from = m < n ? m : 2 * n - 1 - m;
+      whole.narrow(2, m * c, c).copy_(received.select(0, from).narrow(1, offset, count).narrow(2, m < n ? 0 : c, c));
+    }
+    out.push_back(std::move(whole));
+    offset += count;
+  }
+  return out;
+}
+
+// heads_from_tokens' reverse: each [B, count, T, Hd] of this rank's share of the heads →
+// [B, heads, L, Hd] of its tokens, over [B, L, heads, Hd] memory. A head that several
+// ranks hold (fewer key/value heads than ranks) gets the sum of theirs: used for
+// gradients, where each rank's is a part.
+std::vector<at::Tensor> tokens_from_heads(const std::vector<at::Tensor>& xs, const HeadExchange& ex) {
+  const int n = ex.group->size();
+  const int64_t b = xs[0].size(0), hd = xs[0].size(3), c = xs[0].size(2) / (2 * static_cast<int64_t>(n)), l = 2 * c;
+  int64_t width = 0;
+  for (const auto& x : xs) width += x.size(1);
+  auto send = at::empty({n, b, width, l, hd}, xs[0].options());
+  for (int j = 0; j < n; ++j) {
+    int64_t offset = 0;
+    for (const auto& x : xs) {
+      for (int which = 0; which < 2; ++which)
+        send.select(0, j)
+            .narrow(1, offset, x.size(1))
+            .narrow(2, which * c, c)
+            .copy_(x.narrow(2, chunk_of(j, n, which) * c, c));
+      offset += x.size(1);
+    }
+  }
+  // [cp, B, width, L, Hd]: rank i's share of the heads for this rank's tokens at i.
+  const auto received = ex.group->all_to_all(send, "context-parallel tokens (all-to-all)");
+  send = at::Tensor();
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const int64_t heads = ex.heads[i], count = xs[i].size(1);
+    const auto part = received.narrow(2, offset, count);  // [cp, B, count, L, Hd]
+    at::Tensor whole;
+    if (heads % n == 0) {
+      whole = at::empty({b, l, heads, hd}, xs[i].options());
+      whole.view({b, l, n, count, hd}).permute({2, 0, 3, 1, 4}).copy_(part);
+    } else {
+      whole = at::zeros({b, l, heads, hd}, xs[i].options());
+      for (int j = 0; j < n; ++j)
+        whole.narrow(2, context_head_share(heads, j, n).first, count).add_(part.select(0, j).transpose(1, 2));
+    }
+    out.push_back(whole.transpose(1, 2));
+    offset += count;
+  }
+  return out;
+}
+
+struct SequenceOfHeads : torch::autograd::Function<SequenceOfHeads> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v,
+                                                const c10::intrusive_ptr<HeadExchange>& ex) {
+    ctx->saved_data["exchange"] = c10::IValue::make_capsule(ex);
+    return heads_from_tokens({q, k, v}, *ex);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto ex = c10::static_intrusive_pointer_cast<HeadExchange>(ctx->saved_data["exchange"].toCapsule());
+    auto g = tokens_from_heads({grads[0], grads[1], grads[2]}, *ex);
+    return {g[0], g[1], g[2], at::Tensor()};
+  }
+};
+
+struct TokensOfHeads : torch::autograd::Function<TokensOfHeads> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out,
+                            const c10::intrusive_ptr<HeadExchange>& ex) {
+    ctx->saved_data["exchange"] = c10::IValue::make_capsule(ex);
+    return tokens_from_heads({out}, *ex)[0];
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto ex = c10::static_intrusive_pointer_cast<HeadExchange>(ctx->saved_data["exchange"].toCapsule());
+    return {heads_from_tokens({grads[0]}, *ex)[0], at::Tensor()};
+  }
+};
 }  // namespace
+
+HeadShare context_head_share(int64_t heads, int rank, int size) {
+  TORCH_CHECK(heads % size == 0 || size % heads == 0, heads, " heads do not split over ", size,
+              " context-parallel ranks (the all-to-all form needs one to divide the other)");
+  return {rank * heads / size, heads % size == 0 ? heads / size : 1};
+}
+
+bool context_heads_fit(int64_t heads, int64_t kv_heads, int size) {
+  return heads % size == 0 && (kv_heads % size == 0 || size % kv_heads == 0);
+}
+
+SequenceHeads sequence_of_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const ContextParallel& cp) {
+  TORCH_CHECK(cp.by_heads(), "sequence_of_heads without all-to-all context parallelism");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(2) == k.size(2) && q.size(2) % 2 == 0 &&
+                  context_heads_fit(q.size(1), k.size(1), cp.size()),
+              "all-to-all context attention over ", cp.size(), " ranks given q ", q.sizes(), ", k ", k.sizes(),
+              " and v ", v.sizes());
+  auto ex = c10::make_intrusive<HeadExchange>(cp.group, std::vector<int64_t>{q.size(1), k.size(1), k.size(1)});
+  auto out = SequenceOfHeads::apply(q, k, v, ex);
+  return {out[0], out[1], out[2]};
+}
+
+at::Tensor tokens_of_heads(const at::Tensor& out, const ContextParallel& cp) {
+  TORCH_CHECK(cp.by_heads(), "tokens_of_heads without all-to-all context parallelism");
+  TORCH_CHECK(out.dim() == 4 && out.size(2) % (2 * static_cast<int64_t>(cp.size())) == 0,
+              "all-to-all context attention over ", cp.size(), " ranks given an output of ", out.sizes());
+  const auto ex = c10::make_intrusive<HeadExchange>(cp.group, std::vector<int64_t>{out.size(1) * cp.size()});
+  return TokensOfHeads::apply(out, ex);
+}
 
 bool ContextAttention::unmasked() const {
   return std::all_of(chunks.begin(), chunks.end(), [](const ContextChunk& c) { return !c.part.mask.defined(); });

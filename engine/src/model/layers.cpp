@@ -331,6 +331,13 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
     q = rotary(q, cos, sin);
     k = rotary(k, cos, sin);
   }
+  const int64_t batch = q.size(0), tokens = q.size(2);
+  if (mask.by_heads) {  // the whole sequence for this rank's share of the heads (context_parallel.h)
+    auto whole = sequence_of_heads(q, k, v, *mask.by_heads);
+    q = std::move(whole.q);
+    k = std::move(whole.k);
+    v = std::move(whole.v);
+  }
   // One kernel for scores, softmax and the weighted sum: flash / memory-efficient / cuDNN
   // on CUDA, the blocked flash kernel on the host (the math fallback where neither takes
   // the inputs). Grouped-query attention reads each key/value head for its H / K query
@@ -345,7 +352,7 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
   const double dropout = cfg_.dropout > 0 && is_training() ? cfg_.dropout : 0.0;
   const auto scale = cfg_.softmax_scale > 0 ? cfg_.softmax_scale : 1.0 / std::sqrt(static_cast<double>(hd));
   const double cap = cfg_.attention_softcap;
-  const bool gqa = k_heads != h;
+  const bool gqa = k.size(1) != q.size(1);
   const PartAttention attend = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& bias) {
     if (cap > 0) return softcapped_attention(q, k, v, bias, scale, cap, dropout);
@@ -367,7 +374,8 @@ torch::Tensor AttentionImpl::forward(const LayerInput& x, const AttentionMask& m
                       : mask.context  ? context_attention(q, k, v, *mask.context, attend)
                       : mask.windowed ? windowed_attention(q, k, v, *mask.windowed, attend)
                                       : attend(q, k, v, mask.bias);
-  ctx = ctx.transpose(1, 2).reshape({q.size(0), q.size(2), h * hd});
+  if (mask.by_heads) ctx = tokens_of_heads(ctx, *mask.by_heads);
+  ctx = ctx.transpose(1, 2).reshape({batch, tokens, h * hd});
   return leave_tp(ctx, *out, tp_, residual);  // [B, T, D]
 }
 

@@ -287,6 +287,16 @@ std::set<std::string> TransformerImpl::weights_read_in_compute_dtype() const {
   return out;
 }
 
+void TransformerImpl::set_context_parallel(ContextParallel cp) {
+  cp_ = std::move(cp);
+  // Split by heads, this rank attends with its share of them: ALiBi's masks carry those
+  // heads' slopes.
+  if (cp_.by_heads() && alibi_slopes_.defined()) {
+    const HeadShare share = context_head_share(alibi_slopes_.size(0), cp_.rank(), cp_.size());
+    alibi_slopes_ = alibi_slopes_.narrow(0, share.first, share.count);
+  }
+}
+
 torch::Tensor TransformerImpl::attention_bias(int64_t t, const torch::TensorOptions& options) {
   return bias_of(full_, t, options);
 }
@@ -348,7 +358,10 @@ TransformerImpl::BlockInputs TransformerImpl::block_inputs(LayerAttention& kind,
                 documents.sizes(), " for a batch of ", x.size(0), " sequences of ", t, " tokens");
   // RoPE and ALiBi see only position differences, the same within a document wherever
   // it sits in the row: the mask alone makes each document attend as if it came first.
-  if (cp_.group) {
+  // All-to-all context parallelism attends the whole sequence for a share of the heads:
+  // the masks of one process.
+  if (cp_.by_heads()) in.mask.by_heads = std::make_shared<const ContextParallel>(cp_);
+  if (cp_.group && !cp_.by_heads()) {
     // This rank's chunks of the sequence, each over the keys it sees (window, documents
     // and ALiBi in its mask).
     in.mask.context = context_of(kind, t, x.options(), documents);
@@ -381,9 +394,11 @@ TransformerImpl::BlockInputs TransformerImpl::block_inputs(LayerAttention& kind,
     kind.rope_cos = kind.rope_cos.to(x.device());
     kind.rope_sin = kind.rope_sin.to(x.device());
   }
-  if (in.mask.context) {  // the rows of this rank's positions
-    in.cos = kind.rope_cos.index_select(0, in.mask.context->positions).to(x.scalar_type());
-    in.sin = kind.rope_sin.index_select(0, in.mask.context->positions).to(x.scalar_type());
+  if (cp_.group) {  // the rows of this rank's positions
+    const auto positions =
+        in.mask.context ? in.mask.context->positions : context_positions(t, cp_.rank(), cp_.size(), x.device());
+    in.cos = kind.rope_cos.index_select(0, positions).to(x.scalar_type());
+    in.sin = kind.rope_sin.index_select(0, positions).to(x.scalar_type());
   } else {
     in.cos = kind.rope_cos.narrow(0, 0, t).to(x.scalar_type());
     in.sin = kind.rope_sin.narrow(0, 0, t).to(x.scalar_type());

@@ -34,8 +34,11 @@ Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineS
     tp = TensorParallel{tensor_parallel_group(*dist->tp), cfg.parallel.sequence_parallel};
   Transformer model(cfg.model, tp, stage, ParameterStorage::Deferred);
   // Context parallelism changes no parameter: each rank computes on its share of every
-  // sequence, its attention gathering keys and values from the others.
-  if (dist && dist->cp) model->set_context_parallel(ContextParallel{tensor_parallel_group(*dist->cp)});
+  // sequence, its attention joining the others' as parallel.cp_comm says.
+  if (dist && dist->cp)
+    model->set_context_parallel(ContextParallel{tensor_parallel_group(*dist->cp), cfg.parallel.cp_comm == "all_to_all"
+                                                                                      ? ContextComm::AllToAll
+                                                                                      : ContextComm::AllGather});
   model->train();
   return model;
 }

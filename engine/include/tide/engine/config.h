@@ -192,6 +192,9 @@ struct ParallelConfig {
   int64_t pp = 1;
   // Context parallelism: each sequence split over cp ranks (model/context_parallel.h).
   int64_t cp = 1;
+  // How its attention sees the other ranks' tokens: "all_gather" (their keys and values)
+  // or "all_to_all" (the whole sequence for 1 / cp of the heads; DeepSpeed-Ulysses).
+  std::string cp_comm = "all_gather";
   int64_t zero = 0;
   bool offload_optimizer = false;
   int64_t micro_batches = 0;  // pipeline micro-batches; 0: from the batch config

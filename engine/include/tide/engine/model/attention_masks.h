@@ -84,17 +84,21 @@ at::Tensor windowed_attention(const at::Tensor& q, const at::Tensor& k, const at
                               const WindowedAttention& parts, const PartAttention& attend);
 
 struct ContextAttention;  // context_parallel.h
+struct ContextParallel;
 
 // What a block's attention is told about the keys each query may see: `bias` for
 // attention over the whole sequence (undefined: causal; additive [1 or B, 1 or H, T, T];
 // or boolean, true where a query may look), or `windowed`, the parts of a window shorter
 // than the sequence, or `context`, this rank's chunks of a sequence cut by context
-// parallelism (their keys gathered from every rank). Shared by every block of a kind in
-// a chunk.
+// parallelism (their keys gathered from every rank). With `by_heads` (all-to-all context
+// parallelism) the block exchanges its tokens' q, k and v for the whole sequence's of its
+// share of the heads, which `bias` or `windowed` then describe, and exchanges the output
+// back. Shared by every block of a kind in a chunk.
 struct AttentionMask {
   at::Tensor bias;
   std::shared_ptr<const WindowedAttention> windowed;
   std::shared_ptr<const ContextAttention> context;
+  std::shared_ptr<const ContextParallel> by_heads;
   AttentionMask() = default;
   AttentionMask(at::Tensor dense) : bias(std::move(dense)) {}  // NOLINT: a dense mask is a mask
 };

@@ -16,6 +16,15 @@
 // its own tokens' worth, not the whole sequence's. A mask (ALiBi, documents apart, a
 // window) or attention dropout keeps the gathered ones.
 //
+// The all-to-all form (parallel.cp_comm = "all_to_all"; DeepSpeed-Ulysses, Megatron's
+// cp_comm_type "a2a") exchanges heads for tokens instead: one all-to-all gives each rank
+// the whole sequence's q, k and v for its 1 / cp of the heads, attention runs as in one
+// process (any mask, window, ALiBi for those heads, dropout, soft cap), and a second
+// all-to-all returns the output's heads for the rank's tokens. It sends (H + 2 K + H) L
+// Hd (cp - 1) / cp values a layer forward, whatever cp, where the all-gather form sends
+// 2 K L Hd (cp - 1); it needs H divisible by cp, and K too (or cp by K: the ranks whose
+// query heads read one key/value head all receive it).
+//
 // Everything else in a block acts token by token, so it needs nothing: the weights are
 // replicated over the cp ranks, which therefore reduce their gradients together with the
 // data-parallel ranks (parallelize.h).
@@ -35,14 +44,29 @@
 
 namespace tide {
 
+enum class ContextComm { AllGather, AllToAll };
+
 struct ContextParallel {
   // The collectives between the cp ranks (the same interface tensor parallelism's ranks
   // join through); null: no context parallelism.
   std::shared_ptr<TensorParallelGroup> group;
+  ContextComm comm = ContextComm::AllGather;
 
   int rank() const { return group ? group->rank() : 0; }
   int size() const { return group ? group->size() : 1; }
+  // Attention split by heads over the ranks (the all-to-all form).
+  bool by_heads() const { return group && comm == ContextComm::AllToAll; }
 };
+
+// The all-to-all form's share of `heads` (query or key/value heads of a layer on this
+// tensor-parallel rank) that rank `rank` of `size` attends with: the first and the count.
+// heads / size each where size divides them; else (size a multiple of heads) the one head
+// its query heads read. context_heads_fit says whether a layer's heads split either way.
+struct HeadShare {
+  int64_t first = 0, count = 0;
+};
+HeadShare context_head_share(int64_t heads, int rank, int size);
+bool context_heads_fit(int64_t heads, int64_t kv_heads, int size);
 
 // [L] int64 on `device`: the positions in a sequence of t tokens of the tokens rank `rank`
 // of `size` holds, in the order it holds them (its first chunk, then its second).
@@ -97,5 +121,21 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at:
 // graph's backward follows at once.
 at::Tensor unmasked_context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const ContextAttention& context, double scale);
+
+// The all-to-all form's first exchange: q [B, H, L, Hd] and k, v [B, K, L, Hd] of this
+// rank's tokens (RoPE applied) become the whole sequence's, in position order, for this
+// rank's share of the heads (context_head_share): [B, H / cp, T, Hd] and [B, K', T, Hd].
+// One collective; backward the reverse one (a key/value head's gradients summed over the
+// ranks that read it).
+struct SequenceHeads {
+  at::Tensor q, k, v;
+};
+SequenceHeads sequence_of_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const ContextParallel& cp);
+
+// The second: attention's output [B, H / cp, T, Hd] for this rank's heads becomes every
+// head's for this rank's tokens, [B, H, L, Hd] over [B, L, H, Hd] memory (the output
+// projection reads it as [B, L, H Hd] without a copy). Backward the reverse.
+at::Tensor tokens_of_heads(const at::Tensor& out, const ContextParallel& cp);
 
 }  // namespace tide

@@ -234,7 +234,7 @@ class TransformerImpl : public torch::nn::Module {
   // Context parallelism (context_parallel.h), applied by the parallelize step before any
   // forward: loss() and stage_forward() are then given whole sequences, and this rank
   // computes on its share of each.
-  void set_context_parallel(ContextParallel cp) { cp_ = std::move(cp); }
+  void set_context_parallel(ContextParallel cp);
   const ContextParallel& context_parallel() const { return cp_; }
   // The targets [B, T] whose mean loss() returns on this rank: all of them, or under
   // context parallelism this rank's share of the sequence, [B, T / cp].
