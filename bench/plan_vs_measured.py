@@ -96,6 +96,8 @@ LAYOUTS = [
     # and values and the two chunks' masks (ALiBi's a row per head).
     ("cp2", 2, ["parallel.cp=2"]),
     ("BLOOM, cp2", 2, ["parallel.cp=2"], "bloom"),
+    ("cp2 all-to-all", 2, ["parallel.cp=2", "parallel.cp_comm=all_to_all"]),
+    ("BLOOM, cp2 all-to-all", 2, ["parallel.cp=2", "parallel.cp_comm=all_to_all"], "bloom"),
     ("dp2 x cp2 ZeRO-2, checkpointing", 4, ["parallel.cp=2", "parallel.zero=2", "model.activation_checkpointing=true"]),
     # bf16: one micro-batch casts each weight again in backward (no copies kept), ZeRO-3 too.
     # Their time holds since the calibration measures fused attention's own rate (on this

@@ -182,6 +182,55 @@ TEST(Plan, ContextParallelismSplitsActivationsAndIsWeighedWhereNothingElseFits) 
   EXPECT_NE(std::find(c.overrides.begin(), c.overrides.end(), "parallel.cp=2"), c.overrides.end());
 }
 
+// The all-to-all form of context parallelism: per block and token of its own it sends
+// 2 (2 H + 2 K) Hd (cp - 1) / cp values where the all-gather form sends 6 K Hd (cp - 1):
+// for Llama 3 8B (H = 32, K = 8, Hd = 128) 10,240 against 6,144 at cp = 2, 17,920 against
+// 43,008 at cp = 8. A masked block (BLOOM's ALiBi) keeps no gathered keys and values: per
+// token of its own 5 H Hd (the exchanged q, k, v of its heads and the output twice)
+// where the all-gather form keeps 9 H Hd at cp = 2 (BLOOM's fused q, k, v, the output,
+// the gathered keys and values, the chunks' outputs). The plan weighs both forms; heads
+// that do not split over cp refuse the all-to-all form, naming it.
+TEST(Plan, AllToAllContextParallelismExchangesHeadsForTokens) {
+  const RunConfig cfg = recipe("llama/llama-3-8b");
+  const auto comm_seconds = [&](int cp, const std::string& form) {
+    PlanLayout l = one_sequence_micro_batches(64 / cp, 512 / (64 / cp));
+    l.cp = cp;
+    l.cp_comm = form;
+    return evaluate_layout(cfg, h100(8, 8), l).time.cp_comm;
+  };
+  EXPECT_GT(comm_seconds(2, "all_to_all"), comm_seconds(2, "all_gather"));
+  EXPECT_LT(comm_seconds(8, "all_to_all"), comm_seconds(8, "all_gather"));
+
+  const RunConfig bloom = recipe("bloom/bloom-7b1", {"data.seq_len=8192", "model.max_seq_len=8192"});
+  PlanLayout gathered = one_sequence_micro_batches(4, 128);
+  gathered.cp = 2;
+  PlanLayout exchanged = gathered;
+  exchanged.cp_comm = "all_to_all";
+  EXPECT_EQ(exchanged.describe(), "dp4 tp1 pp1 zero0 mb1x128 cp2 a2a");
+  const LayoutPlan g = evaluate_layout(bloom, h100(1, 8), gathered), x = evaluate_layout(bloom, h100(1, 8), exchanged);
+  const double per_head_token = 4096.0 * 2 * 4096;  // N H Hd s: 4,096 tokens a rank, H Hd = 4096, bf16
+  EXPECT_NEAR(g.memory.activations_by_block[0] - x.memory.activations_by_block[0], 4 * per_head_token,
+              0.01 * per_head_token);
+
+  PlanOptions two;
+  two.cp = 2;
+  const Plan asked = plan_layouts(cfg, h100(1, 8), two);
+  const auto forms = [](const std::vector<LayoutPlan>& plans, const std::string& form) {
+    return std::count_if(plans.begin(), plans.end(), [&](const LayoutPlan& p) { return p.layout.cp_comm == form; });
+  };
+  EXPECT_GT(forms(asked.ranked, "all_gather"), 0);
+  EXPECT_GT(forms(asked.ranked, "all_to_all"), 0);
+  // 3 heads do not split over 2 ranks: the all-gather form alone.
+  const RunConfig three = recipe("llama/llama-tiny", {"model.n_heads=3", "model.n_kv_heads=3", "model.dim=192"});
+  const Plan odd = plan_layouts(three, h100(1, 2), two);
+  EXPECT_GT(forms(odd.ranked, "all_gather"), 0);
+  EXPECT_EQ(forms(odd.ranked, "all_to_all"), 0);
+  const bool refused = std::any_of(odd.rejected.begin(), odd.rejected.end(), [](const LayoutPlan& p) {
+    return p.layout.cp_comm == "all_to_all" && p.reason.find("parallel.cp_comm") != std::string::npos;
+  });
+  EXPECT_TRUE(refused);
+}
+
 // LoRA holds the frozen weights and the adapters' gradients and moments alone (sharded
 // under ZeRO-1/2 as the flat buffers are); under tensor parallelism a rank holds its
 // part of each adapter (a column layer's B, a row layer's A split); ZeRO-3 holds a piece

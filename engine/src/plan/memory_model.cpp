@@ -23,7 +23,9 @@
 //   context parallelism (context_parallel.h): each rank's share of the tokens; a block
 //     attending without masks keeps its own keys and values and gathers the whole
 //     sequence's again in backward, a masked one keeps the gathered ones; the masks of
-//     its two chunks.
+//     its two chunks. The all-to-all form keeps the whole sequence's q, k and v of the
+//     rank's heads and the output twice (attention's and the projection's), and the masks
+//     of one process for its heads.
 // Shape legend: B micro-batch, T sequence, Q this rank's tokens of a sequence (T / cp),
 // Tn the residual stream's sequence on this rank (Q / tp with sequence parallelism),
 // N = B*Q, D dim, Hd head dim, F this rank's MLP width, V this rank's vocabulary rows, s
@@ -49,10 +51,20 @@ struct Shape {
   // The keys a query of a layer attending in full computes scores for: the sequence, or
   // under context parallelism the mean over this rank's two chunks, each masked over the
   // keys up to its last query: (2 cp + 1) T / (4 cp).
-  double keys() const { return cp > 1 ? (2.0 * cp + 1) * T / (4.0 * cp) : T; }
+  // The all-to-all form (by_heads) attends the whole sequence, as one process does.
+  double keys() const { return cp > 1 && !by_heads ? (2.0 * cp + 1) * T / (4.0 * cp) : T; }
+  bool by_heads = false;
   bool fused_attention = true;
   bool gpu_kernels = false;  // tide's CUDA kernels run (a GPU, not the host)
 };
+
+// The key/value heads' worth a token of this rank keeps in a block's attention: its K,
+// or under all-to-all context parallelism the whole sequence's heads of its share (K /
+// cp, or the one head several ranks receive), K' cp a token of its own.
+double kept_kv_heads(const RankModel& r, const Shape& x) {
+  if (!x.by_heads) return static_cast<double>(r.kv_heads);
+  return r.kv_heads % x.cp == 0 ? static_cast<double>(r.kv_heads) : static_cast<double>(x.cp);
+}
 
 // The keys and values of a micro-batch's whole sequence, as context parallelism gathers
 // them for a block: [B, T, 2 K Hd].
@@ -96,13 +108,19 @@ double lora_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
 // where context parallelism attends it without masks (unmasked_context_layer).
 double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, bool windowed, bool unmasked_context) {
   const double D = static_cast<double>(r.dim), hd = static_cast<double>(r.head_dim);
-  const double H = static_cast<double>(r.heads), K = static_cast<double>(r.kv_heads);
+  const double H = static_cast<double>(r.heads), K = kept_kv_heads(r, x);
   const double F = static_cast<double>(r.ffn);
   // A norm and the projections after it are one node (normed_projections), which keeps
   // the residual stream as it is (this rank's part of the sequence) and makes the norm's
   // output again in backward, gathered again under sequence parallelism.
   double bytes = 2 * x.Nn * D * x.s;
-  if (m.family == Family::BLOOM) {
+  if (x.by_heads) {
+    // All-to-all context parallelism: attention keeps the exchanged q, k and v (neither
+    // the RoPE'd ones of this rank's tokens nor BLOOM's fused output), and the output of
+    // its heads beside the projection's input, the output of its tokens.
+    bytes += x.N * (2 * H + 2 * K) * hd * x.s;
+    if (m.qk_norm) bytes += x.N * (H + static_cast<double>(r.kv_heads)) * (hd * x.s + 4);
+  } else if (m.family == Family::BLOOM) {
     bytes += x.N * 3 * H * hd * x.s;  // the fused q, k, v output, kept whole by their views
   } else {
     // q and k after RoPE (new tensors; the rotation itself keeps only cos and sin), v a
@@ -122,7 +140,7 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, boo
     // (for the RoPE'd k and the view v, counted above), the joined output, and beside the
     // merged rows' log-sum-exp each kernel call's own, two more a row.
     bytes += 2 * x.B * H * x.Q * 4;
-  } else if (x.cp > 1) {
+  } else if (x.cp > 1 && !x.by_heads) {
     // Context parallelism: the gathered keys and values of the whole sequence, kept by
     // both chunks' attention, and each chunk's output beside the joined one. A windowed
     // chunk reads the keys its window reaches (about a chunk and a window).
@@ -163,6 +181,8 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, boo
 //     (at most the whole sequence's), the chunk's output, output gradient and query
 //     gradients, and the gathered keys and values, fetched again where the block was
 //     kept whole (`regathered`; a recomputed block's are among its saved tensors).
+//   - all-to-all context parallelism's exchange of the gradients of q, k and v back to
+//     this rank's tokens: the gradients, the buffer sent and the one received.
 // (Measured with the counting allocator: 13.2 MiB for B 8, T 256, D 256, F 704, when
 // SwiGLU kept its product and two were counted.)
 double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shape& x, bool unmasked_context,
@@ -177,6 +197,11 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
   const double node = 3 * x.N * D * x.s + (fp32_copy ? x.Nn * D * 4 : 0);
   extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,
                     incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4});
+  if (x.by_heads) {
+    const double exchanged =
+        x.N * (static_cast<double>(r.heads) + 2 * kept_kv_heads(r, x)) * static_cast<double>(r.head_dim) * x.s;
+    extra = std::max(extra, incoming + 3 * exchanged);
+  }
   if (unmasked_context) {
     const double gathered = gathered_keys_values(r, x);
     extra = std::max(
@@ -227,8 +252,9 @@ double context_masks(const ModelConfig& m, const Shape& x, double heads, const P
 double attention_masks(const ModelConfig& m, const RankModel& r, const Shape& x, const PipelineStage& stage,
                        const std::vector<int64_t>& in_flight, bool documents) {
   const bool alibi = m.positions == PositionKind::ALiBi;
-  const double heads = alibi ? static_cast<double>(r.heads) : 1.0;
-  if (x.cp > 1) return context_masks(m, x, heads, stage, in_flight, documents);
+  // All-to-all context parallelism: one process' masks for this rank's share of the heads.
+  const double heads = alibi ? static_cast<double>(r.heads) / (x.by_heads ? x.cp : 1) : 1.0;
+  if (x.cp > 1 && !x.by_heads) return context_masks(m, x, heads, stage, in_flight, documents);
   const double whole = heads * x.T * x.T * x.s;
   const auto seq = static_cast<int64_t>(x.T);
   const double w = static_cast<double>(m.sliding_window);
@@ -447,6 +473,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   x.B = static_cast<double>(L.micro_batch);
   x.T = static_cast<double>(cfg.data.seq_len);
   x.cp = L.cp;
+  x.by_heads = L.cp > 1 && L.cp_comm == "all_to_all";
   x.Q = x.T / L.cp;
   x.Tn = L.sequence_parallel ? x.Q / L.tp : x.Q;
   x.N = x.B * x.Q;
@@ -469,7 +496,7 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
     const int64_t end = stage.chunks[c].end < 0 ? mc.n_layers : stage.chunks[c].end;
     for (int64_t layer = stage.chunks[c].first; layer < end; ++layer) {
       const bool unmasked =
-          L.cp > 1 && unmasked_context_layer(mc, layer, cfg.data.seq_len, cfg.data.document_attention);
+          L.cp > 1 && !x.by_heads && unmasked_context_layer(mc, layer, cfg.data.seq_len, cfg.data.document_attention);
       unmasked_context = unmasked_context || unmasked;
       regathered = regathered || (unmasked && static_cast<double>(layer - stage.chunks[c].first) >= recomputed[c]);
       block_of[c].push_back(block_saved(mc, r, x, window_leaves_out_keys(mc, layer, cfg.data.seq_len), unmasked));

@@ -15,6 +15,7 @@ nlohmann::json to_json(const PlanLayout& l) {
           {"tp", l.tp},
           {"pp", l.pp},
           {"cp", l.cp},
+          {"cp_comm", l.cp_comm},
           {"zero", l.zero},
           {"offload", l.offload},
           {"activation_checkpointing", l.activation_checkpointing},

@@ -19,7 +19,7 @@ namespace tide {
 
 std::string PlanLayout::describe() const {
   std::string s = fmt::format("dp{} tp{} pp{} zero{} mb{}x{}", dp, tp, pp, zero, micro_batch, micro_batches);
-  if (cp > 1) s += fmt::format(" cp{}", cp);
+  if (cp > 1) s += fmt::format(" cp{}{}", cp, cp_comm == "all_to_all" ? " a2a" : "");
   if (pp > 1) s += " " + schedule;
   if (virtual_stages > 1) s += fmt::format(" v{}", virtual_stages);
   if (sequence_parallel) s += " sp";
@@ -33,6 +33,7 @@ void PlanLayout::apply_to(RunConfig& cfg) const {
   cfg.parallel.tp = tp;
   cfg.parallel.pp = pp;
   cfg.parallel.cp = cp;
+  cfg.parallel.cp_comm = cp_comm;
   cfg.parallel.zero = zero;
   cfg.parallel.offload_optimizer = offload;
   cfg.parallel.sequence_parallel = sequence_parallel;
@@ -171,6 +172,7 @@ PlanLayout layout_of(const RunConfig& cfg, int world) {
   l.tp = static_cast<int>(cfg.parallel.tp);
   l.pp = static_cast<int>(cfg.parallel.pp);
   l.cp = static_cast<int>(batch.cp);
+  l.cp_comm = cfg.parallel.cp_comm;
   l.zero = static_cast<int>(cfg.parallel.zero);
   l.offload = cfg.parallel.offload_optimizer;
   l.activation_checkpointing = cfg.model.activation_checkpointing;
@@ -202,23 +204,43 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
     plan.rejected.push_back(std::move(p));
   };
 
-  // Context parallelism (each sequence over cp ranks) costs a collective a block and a
-  // masked attention kernel, and saves activation memory alone: it is weighed only where
-  // no layout without it fits (the smallest cp that makes one fit), or where asked for.
+  // Context parallelism (each sequence over cp ranks) costs collectives in every block
+  // and saves activation memory alone: it is weighed only where no layout with a smaller
+  // cp fits (the smallest cp that makes one fit), or where asked for; in both its forms,
+  // all-gather and all-to-all (where the heads split over cp).
+  std::vector<std::pair<int, std::string>> contexts;
   for (const int cp : divisors(world)) {
-    if (options.cp ? cp != *options.cp : cp > 1 && !plan.ranked.empty()) continue;
+    contexts.emplace_back(cp, "all_gather");
+    if (cp > 1) contexts.emplace_back(cp, "all_to_all");
+  }
+  for (const auto& [cp, cp_comm] : contexts) {
+    const bool smaller_cp_fits = std::any_of(plan.ranked.begin(), plan.ranked.end(),
+                                             [cp = cp](const LayoutPlan& p) { return p.layout.cp < cp; });
+    if (options.cp ? cp != *options.cp : cp > 1 && smaller_cp_fits) continue;
     if (cfg.data.seq_len % (2 * static_cast<int64_t>(cp)) != 0 && cp > 1) continue;
     for (const int tp : divisors(world / cp)) {
       if (options.tp && tp != *options.tp) continue;
       PlanLayout family;
       family.tp = tp;
       family.cp = cp;
+      family.cp_comm = cp_comm;
       try {
         check_tensor_parallel(m, tp, false, cfg.data.seq_len);
       } catch (const ConfigError& e) {
         family.dp = 0;
         if (cp == 1) refuse(family, e.what());  // once, not again for each cp
         continue;
+      }
+      if (cp_comm == "all_to_all") {
+        RunConfig split = cfg;
+        family.apply_to(split);
+        try {
+          check_context_parallel(split, cp);
+        } catch (const ConfigError& e) {
+          family.dp = 0;
+          refuse(family, e.what());
+          continue;
+        }
       }
       for (const int pp : divisors(world / (cp * tp))) {
         if (options.pp && pp != *options.pp) continue;
@@ -359,6 +381,7 @@ LayoutChoice choose_layout(const RunConfig& cfg, const Cluster& cluster, const P
                  fmt::format("parallel.tp={}", l.tp),
                  fmt::format("parallel.pp={}", l.pp),
                  fmt::format("parallel.cp={}", l.cp),
+                 fmt::format("parallel.cp_comm={}", l.cp_comm),
                  fmt::format("parallel.zero={}", l.zero),
                  fmt::format("parallel.offload_optimizer={}", l.offload),
                  fmt::format("parallel.sequence_parallel={}", l.sequence_parallel),

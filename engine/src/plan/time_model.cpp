@@ -21,7 +21,10 @@
 //     chunk's attention compute (2 cp + 1) / (4 cp) of the keys a query, at the matmul rate;
 //     per block and micro-batch the keys and values of the whole sequence all-gathered
 //     forward and again in backward (a masked block's: again only where recomputed) and
-//     their gradients reduce-scattered backward, on the critical path; the gradients
+//     their gradients reduce-scattered backward, on the critical path; the all-to-all
+//     form instead attends as one process does for its share of the heads, and exchanges
+//     q, k, v and the output forward, their gradients backward (and forward again where
+//     recomputed): (2 H + 2 K') Hd values a token of its own each way; the gradients
 //     reduced over the dp x cp ranks;
 //   pipelines: one send and receive per micro-batch and direction, and the fill and drain
 //     bubble: the slowest stage works through every micro-batch while each other stage
@@ -190,7 +193,10 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     const double blocks = static_cast<double>(r.blocks);
     const double D = static_cast<double>(r.dim);
     TimeEstimate t;
-    const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused, documents, L.cp);
+    // The all-to-all form attends the whole sequence for its heads: one process' keys.
+    const bool by_heads = L.cp > 1 && L.cp_comm == "all_to_all";
+    const int keys_cp = by_heads ? 1 : L.cp;
+    const TokenCost cost = stage_token_cost(mc, r, T, s, false, fused, documents, keys_cp);
     t.compute = M * tokens_mb * (cost.matmul_flops / matmul_rate + cost.attention_flops / attention_rate);
     // Recomputation: one more forward of the recomputed blocks (attention's: a third of
     // its forward and backward).
@@ -205,7 +211,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
                    share * cost.attention_flops / 3.0 / attention_rate);
     const double elementwise_bytes =
         (1 - share) * cost.elementwise_bytes +
-        share * stage_token_cost(mc, r, T, s, true, fused, documents, L.cp).elementwise_bytes;
+        share * stage_token_cost(mc, r, T, s, true, fused, documents, keys_cp).elementwise_bytes;
     t.elementwise = M * tokens_mb * elementwise_bytes / memory_rate +
                     M * (blocks * kOpsPerBlock * (1.0 + share / 3.0) + kOpsOutsideBlocks) * dev.op_overhead;
 
@@ -221,7 +227,17 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       if (stage.last) t.tp_comm += M * 2 * ring_seconds(tokens_mb * D * s, L.tp, 2.0, tp_bw, lat);
     }
 
-    if (L.cp > 1) {
+    if (by_heads) {
+      // q, k, v and the output exchanged forward (again where recomputed), their gradients
+      // backward: a token of this rank's (H + K' cp) Hd and H Hd values each way, K' the
+      // key/value heads each rank receives (K / cp, or one several ranks share).
+      const double kv_sent = r.kv_heads % L.cp == 0 ? static_cast<double>(r.kv_heads) : static_cast<double>(L.cp);
+      const double width = tokens_mb * static_cast<double>(r.head_dim) * s;
+      const double exchanges =
+          ring_seconds(width * (static_cast<double>(r.heads) + 2 * kv_sent), L.cp, 1.0, cp_bw, lat) +
+          ring_seconds(width * static_cast<double>(r.heads), L.cp, 1.0, cp_bw, lat);
+      t.cp_comm = M * (2 * blocks + recomputed) * exchanges;
+    } else if (L.cp > 1) {
       // The keys and values of the whole sequence, gathered forward, their gradients
       // reduce-scattered backward; gathered once more in backward, by the node of an
       // unmasked block (which keeps the gathered ones where it is recomputed) or by a

@@ -23,6 +23,7 @@ namespace tide {
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1;
   int cp = 1;  // context parallelism: each sequence over cp ranks
+  std::string cp_comm = "all_gather";  // its attention's collective (parallel.cp_comm)
   int zero = 0;
   bool offload = false;
   bool activation_checkpointing = false;
@@ -33,7 +34,9 @@ struct PlanLayout {
   int64_t micro_batch = 1;        // sequences per forward/backward on one rank
   int64_t micro_batches = 1;      // per rank and optimizer step (accumulation, or the pipeline's)
 
-  std::string describe() const;  // "dp8 tp1 pp1 zero1 mb2x4 ckpt" ("ckpt3": 3 blocks of each chunk; " cp2" where set)
+  // "dp8 tp1 pp1 zero1 mb2x4 ckpt" ("ckpt3": 3 blocks of each chunk; " cp2" where set,
+  // " cp2 a2a" in the all-to-all form)
+  std::string describe() const;
   int replicas() const { return dp * cp; }  // the ranks that average gradients and shard ZeRO's state
   // Written into a run configuration: parallel.*, batch.micro_batch and the model's
   // activation checkpointing (the global batch stays the recipe's).
