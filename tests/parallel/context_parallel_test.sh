@@ -16,7 +16,8 @@
 #    p = 1e-9 nothing is dropped and the rest is scaled by 1 / (1 - p), so cp2 equals one
 #    process;
 #  - the all-to-all form (parallel.cp_comm = "all_to_all"): cp2, cp4 (key/value heads
-#    shared by two ranks), BLOOM, documents under a window, Gemma, cp2 x tp2;
+#    shared by two ranks), BLOOM, documents under a window, Gemma, cp2 x tp2, dp2 x cp2
+#    under ZeRO-1 with blocks recomputed;
 #  - a cp2 checkpoint resumed by one process goes on as one process would;
 #  - layouts context parallelism cannot cut are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
@@ -92,6 +93,10 @@ train llama llama-gemma-a2a --nproc 2 --set parallel.cp=2 "${a2a[@]}" "${gemma[@
 compare "$work/llama-gemma-1" "$work/llama-gemma-a2a" 0 || fail "all-to-all, Gemma's pieces differ from one process"
 train llama llama-a2a-cp2-tp2 --nproc 4 --set parallel.cp=2 --set parallel.tp=2 "${a2a[@]}"
 compare "$work/llama-1" "$work/llama-a2a-cp2-tp2" 0 || fail "all-to-all cp2 x tp2 differs from one process"
+# Blocks recomputed in backward exchange again inside the recomputation.
+train llama llama-a2a-dp2-cp2-zero1 --nproc 4 --set parallel.cp=2 "${a2a[@]}" --set parallel.zero=1 \
+  --set model.activation_checkpointing=true
+compare "$work/llama-1" "$work/llama-a2a-dp2-cp2-zero1" 0 || fail "all-to-all dp2 x cp2 under ZeRO-1 differs"
 
 echo "resume:"
 # The cp2 ZeRO-3 run's step-5 checkpoint (its shards spread over both cp ranks) resumed
