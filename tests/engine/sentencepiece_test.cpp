@@ -6,12 +6,14 @@
 #include <sstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "command_output.h"
 #include "tide/engine/data/chat_template.h"
 #include "tide/engine/data/dataset_writer.h"
 #include "tide/engine/data/token_dataset.h"
 #include "tide/engine/data/tokenizer.h"
+#include "tide/engine/model/model_weights.h"
 
 namespace tide {
 namespace {
@@ -74,6 +76,36 @@ TEST_F(SentencePieceTest, IdsEqualSpmEncodeWithByteFallback) {
   EXPECT_EQ(t.token_text(1), "<s>");
   EXPECT_EQ(t.token_text(2), "</s>");
   for (const char* line : kLines) EXPECT_EQ(t.encode(line), reference("llama", line)) << line;
+}
+
+// A Hugging Face directory of Llama 2, Mistral or Gemma holds the SentencePiece model and
+// its conversion to tokenizer.json (BPE with byte fallback, which tide does not read):
+// the tokenizer found beside the weights is the model, which encodes as spm_encode does;
+// the conversion given by hand is refused naming the model to give instead.
+TEST_F(SentencePieceTest, BesideItsTokenizerJsonConversionTheModelIsTheOneRead) {
+  const fs::path repo = dir_ / "hf-repo";
+  fs::create_directories(repo);
+  fs::copy_file(dir_ / "llama.model", repo / "tokenizer.model", fs::copy_options::overwrite_existing);
+  const nlohmann::json converted = {
+      {"normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}, {"prepend", "\u2581"}}}}}},
+      {"model",
+       {{"type", "BPE"}, {"byte_fallback", true}, {"fuse_unk", true}, {"vocab", {{"<unk>", 0}}}, {"merges", {}}}}};
+  std::ofstream(repo / "tokenizer.json") << converted.dump();
+  EXPECT_EQ(tokenizer_beside(repo), (repo / "tokenizer.model").string());
+  const auto t = load_tokenizer(tokenizer_beside(repo));
+  EXPECT_EQ(t->encode(kLines[0]), reference("llama", kLines[0]));
+  try {
+    load_tokenizer((repo / "tokenizer.json").string());
+    ADD_FAILURE() << "a converted SentencePiece model was read as byte-level BPE";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.byte_fallback is true: a SentencePiece model converted"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("give that file instead"), std::string::npos) << e.what();
+  }
+  // Alone, a byte-level tokenizer.json is the one beside the weights.
+  fs::remove(repo / "tokenizer.model");
+  EXPECT_EQ(tokenizer_beside(repo), (repo / "tokenizer.json").string());
 }
 
 TEST_F(SentencePieceTest, IdsEqualSpmEncodeWithWhitespaceCollapsing) {

@@ -168,7 +168,13 @@ ByteLevelBpe ByteLevelBpe::from_json(const json& doc, const std::string& path) {
   for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(field) && !model[field].is_null() && model[field] != "")
       throw std::runtime_error(path + ": model." + field + " is not supported");
-  if (model.value("byte_fallback", false)) throw std::runtime_error(path + ": model.byte_fallback is not supported");
+  // Hugging Face's conversions of SentencePiece models (Llama 2, Mistral, Gemma) fall back
+  // to byte pieces; their repositories ship the model itself beside them.
+  if (model.value("byte_fallback", false))
+    throw std::runtime_error(path +
+                             ": model.byte_fallback is true: a SentencePiece model converted to tokenizer.json (Llama "
+                             "2, Mistral and Gemma ship theirs so), which tide reads as the tokenizer.model it came "
+                             "from: give that file instead");
   // Ids are int32 and index a table as long as the file has entries: each must lie in
   // [0, entries), so a file cannot ask for more memory than its own size.
   const size_t entries = model["vocab"].size() + doc.value("added_tokens", json::array()).size();

@@ -27,7 +27,7 @@ ModelConfig model_from_metadata(const std::string& file) {
 }  // namespace
 
 std::string tokenizer_beside(const std::filesystem::path& dir) {
-  for (const char* name : {"tokenizer.json", "tokenizer.model"})
+  for (const char* name : {"tokenizer.model", "tokenizer.json"})
     if (fs::exists(dir / name)) return (dir / name).string();
   return "";
 }

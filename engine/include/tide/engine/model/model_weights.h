@@ -23,7 +23,10 @@ struct ModelWeights {
 // Throws naming the path when it holds none of those.
 ModelWeights find_model_weights(const std::string& path);
 
-// tokenizer.json or tokenizer.model in `dir`; empty when neither exists.
+// tokenizer.json or tokenizer.model in `dir`; empty when neither exists. Where both do
+// (Hugging Face's Llama 2, Mistral and Gemma repositories), tokenizer.model: the
+// tokenizer.json is the SentencePiece model converted (byte fallback, ▁ for spaces),
+// which tide reads in its original form.
 std::string tokenizer_beside(const std::filesystem::path& dir);
 
 }  // namespace tide
