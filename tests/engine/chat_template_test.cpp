@@ -108,6 +108,14 @@ TEST(ChatTemplate, ATemplateWrittenBeforeContentPartsIsKnown) {
       "{%- endfor %}"
       "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}";
   EXPECT_EQ(chat_template_of_jinja(chatml_then), ChatTemplate::kChatMl);
+  // and as tide wrote it after content parts and before tool use (session 64).
+  const std::string chatml_parts =
+      "{%- macro text(content) %}{%- if content is string %}{{- content }}{%- else %}"
+      "{%- for part in content %}{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}"
+      "{%- endif %}{%- endmacro %}" +
+      chatml_then.substr(0, chatml_then.find("message['content']")) + "text(message['content'])" +
+      chatml_then.substr(chatml_then.find("message['content']") + std::string("message['content']").size());
+  EXPECT_EQ(chat_template_of_jinja(chatml_parts), ChatTemplate::kChatMl);
   EXPECT_EQ(chat_template_of_jinja(chat_template_jinja(ChatTemplate::kChatMl)), ChatTemplate::kChatMl);
   EXPECT_EQ(chat_template_of_jinja(chatml_then + " "), std::nullopt);
 }
@@ -152,8 +160,23 @@ TEST(FineTuningExamples, AConversationThatIsNotOneIsNamed) {
   EXPECT_EQ(error("{\"prompt\": \"a\"}"), "chat.jsonl:2: no \"messages\" (nor ShareGPT's \"conversations\")");
   EXPECT_EQ(error("{\"messages\": {}}"), "chat.jsonl:2: \"messages\" is object, not a list of messages");
   EXPECT_EQ(error("{\"messages\": [3]}"), "chat.jsonl:2: message 0 is number, not an object");
-  EXPECT_EQ(error("{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}"),
-            "chat.jsonl:2: message 0: role \"tool\" is none of system, user, assistant (ShareGPT's human, gpt)");
+  EXPECT_EQ(error("{\"messages\": [{\"role\": \"ipython\", \"content\": \"x\"}]}"),
+            "chat.jsonl:2: message 0: role \"ipython\" is none of system, user, assistant, tool (ShareGPT's human, "
+            "gpt)");
+  EXPECT_EQ(error(R"({"messages": [{"role": "user", "content": "x", "tool_calls": []}]})"),
+            "chat.jsonl:2: message 0: \"tool_calls\" in a message that is not the assistant's");
+  EXPECT_EQ(error(R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]})"),
+            "chat.jsonl:2: message 0 tool call 0: \"arguments\" is missing, not an object nor a string");
+  EXPECT_EQ(error(R"({"messages": [{"role": "assistant", "tool_calls": [{"arguments": {}}]}]})"),
+            "chat.jsonl:2: message 0 tool call 0: no \"name\" that is a string");
+  EXPECT_EQ(error(R"({"messages": [{"role": "assistant", "tool_calls": {}}]})"),
+            "chat.jsonl:2: message 0: \"tool_calls\" is object, not a list");
+  EXPECT_EQ(error(R"({"tools": {}, "messages": [{"role": "assistant", "content": "a"}]})"),
+            "chat.jsonl:2: \"tools\" is object, not a list");
+  EXPECT_EQ(error(R"({"tools": [1], "messages": [{"role": "assistant", "content": "a"}]})"),
+            "chat.jsonl:2: tool 0 is number, not an object");
+  EXPECT_EQ(error(R"({"messages": [{"role": "assistant", "content": null}]})"),
+            "chat.jsonl:2: message 0: \"content\" is null, not a string nor a list of parts");
   EXPECT_EQ(error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}"),
             "chat.jsonl:2: message 0 part 0: no \"text\"");
   EXPECT_EQ(
@@ -165,7 +188,7 @@ TEST(FineTuningExamples, AConversationThatIsNotOneIsNamed) {
             "chat.jsonl:2: message 0: \"content\" is number, not a string nor a list of parts");
   EXPECT_EQ(error("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
                   "\"content\": \"\"}]}"),
-            "chat.jsonl:2: no assistant message with content: the conversation would teach nothing");
+            "chat.jsonl:2: no assistant message with content or tool calls: the conversation would teach nothing");
   EXPECT_EQ(error("[1]"), "chat.jsonl:2: [1] is not an object {\"messages\": [...]}");
   EXPECT_NE(error("{\"messages\": [").find("chat.jsonl:2"), std::string::npos);  // not JSON
   // ShareGPT's form reads as OpenAI's.
@@ -178,6 +201,60 @@ TEST(FineTuningExamples, AConversationThatIsNotOneIsNamed) {
   EXPECT_EQ(c[0].messages[2].role, ChatRole::kAssistant);
   EXPECT_EQ(c[0].messages[2].content, "a");
   EXPECT_EQ(c[0].where, "chat.jsonl:1");
+}
+
+// Tool use in OpenAI's form: the functions' specifications and each call's arguments
+// written as Python's json.dumps writes them (keys in the order given, ", " and ": ",
+// text as it is), arguments given as a string kept as they are; chatml writes them as
+// Qwen 2.5 and 3 do, and the templates without tool use refuse them.
+TEST(FineTuningExamples, ToolCallsAndResultsAreReadAndChatMlWritesThem) {
+  const std::string line =
+      R"({"tools": [{"type": "function", "function": {"name": "add", "parameters": {"z": 1, "a": [true, null, 2.5]}}}],)"
+      R"( "messages": [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "2+2, caf\u00e9?"},)"
+      R"( {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function": {"name": "add",)"
+      R"( "arguments": {"y": 2, "x": "\u00e9\n"}}}, {"name": "mul", "arguments": "{\"a\":1}"}]},)"
+      R"( {"role": "tool", "content": "4"}, {"role": "tool", "content": "1"},)"
+      R"( {"role": "assistant", "content": "4", "tool_calls": [{"name": "f", "arguments": {}}]}]})";
+  const auto c = read_conversations(line, "tools.jsonl");
+  ASSERT_EQ(c.size(), 1u);
+  ASSERT_EQ(c[0].tools.size(), 1u);
+  EXPECT_EQ(c[0].tools[0],
+            R"({"type": "function", "function": {"name": "add", "parameters": {"z": 1, "a": [true, null, 2.5]}}})");
+  ASSERT_EQ(c[0].messages.size(), 6u);
+  const ChatMessage& calls = c[0].messages[2];
+  EXPECT_EQ(calls.content, "");
+  ASSERT_EQ(calls.tool_calls.size(), 2u);
+  EXPECT_EQ(calls.tool_calls[0].name, "add");
+  EXPECT_EQ(calls.tool_calls[0].arguments, "{\"y\": 2, \"x\": \"\xC3\xA9\\n\"}");
+  EXPECT_EQ(calls.tool_calls[1].arguments, "{\"a\":1}");
+  EXPECT_EQ(c[0].messages[3].role, ChatRole::kTool);
+
+  std::string counted, markup;
+  for (const auto& span : render_conversation(ChatTemplate::kChatMl, c[0]))
+    (span.counted ? counted : markup) += span.text;
+  EXPECT_EQ(counted,
+            "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"y\": 2, \"x\": \"\xC3\xA9\\n\"}}\n</tool_call>\n"
+            "<tool_call>\n{\"name\": \"mul\", \"arguments\": {\"a\":1}}\n</tool_call><|im_end|>"
+            "4\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call><|im_end|>");
+  EXPECT_EQ(markup,
+            "<|im_start|>system\nBe exact.\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+            "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n" +
+                c[0].tools[0] +
+                "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                "<args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\n2+2, caf\xC3\xA9?<|im_end|>\n"
+                "<|im_start|>assistant\n\n<|im_start|>user\n<tool_response>\n4\n</tool_response>\n<tool_response>\n1\n"
+                "</tool_response><|im_end|>\n<|im_start|>assistant\n\n");
+  for (const ChatTemplate t : {ChatTemplate::kLlama3, ChatTemplate::kGemma}) {
+    try {
+      render_conversation(t, c[0]);
+      ADD_FAILURE() << chat_template_name(t) << " wrote tool use";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), "tools.jsonl:1: tools, tool calls or tool messages, which the " +
+                                           chat_template_name(t) +
+                                           " template does not write (chatml does: Qwen 2.5 and 3, Hermes)");
+    }
+  }
 }
 
 // A token that crosses an edge between spans goes with the span after it; one that the
@@ -274,10 +351,14 @@ class ChatTemplateReference : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
-  // transformers' ids and masks for kConversations by the test's template of `t`, and
-  // its ids and last turns' prompts by tide's template as exported (`exported`).
-  static json reference(ChatTemplate t, const fs::path& tokenizer, const fs::path& exported) {
-    std::ofstream(dir_ / "conversations.json") << kConversations.dump();
+  // transformers' ids and masks for `lines` (conversations, one JSON object each) by the
+  // test's template of `t`, and its ids and last turns' prompts by tide's template as
+  // exported (`exported`).
+  static json reference(ChatTemplate t, const fs::path& tokenizer, const fs::path& exported,
+                        const std::vector<std::string>& lines) {
+    std::string array = "[";
+    for (const auto& line : lines) array += (array.size() > 1 ? "," : "") + line;
+    std::ofstream(dir_ / "conversations.json") << array << "]";
     const std::string cmd = std::string(TIDE_PYTHON) + " " + TIDE_SOURCE_DIR + "/tests/engine/hf_chat.py " +
                             chat_template_name(t) + " " + tokenizer.string() + " " + exported.string() + " < " +
                             (dir_ / "conversations.json").string() + " 2>&1";
@@ -290,7 +371,10 @@ class ChatTemplateReference : public ::testing::Test {
     return j;
   }
 
-  static void check(ChatTemplate t, const std::string& tokenizer_file) {
+  // kConversations, or conversations given as lines of a file.
+  static void check(ChatTemplate t, const std::string& tokenizer_file, std::vector<std::string> lines = {}) {
+    if (lines.empty())
+      for (const auto& m : kConversations) lines.push_back(json{{"messages", m}}.dump());
     const fs::path path = dir_ / tokenizer_file;
     const auto tok = load_tokenizer(path.string());
     EXPECT_EQ(chat_template_of(*tok), t) << tokenizer_file;
@@ -298,10 +382,10 @@ class ChatTemplateReference : public ::testing::Test {
     // prompt for a last turn is the conversation before it and the assistant's header.
     const fs::path jinja = dir_ / (chat_template_name(t) + ".jinja");
     std::ofstream(jinja) << chat_template_jinja(t);
-    const json ref = reference(t, path, jinja);
+    const json ref = reference(t, path, jinja, lines);
     ASSERT_TRUE(ref.contains("prompt_ids"));
-    for (size_t i = 0; i < kConversations.size(); ++i) {
-      const Conversation c = conversation(kConversations[i]);
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const Conversation c = read_conversations(lines[i], "test.jsonl").at(0);
       const CountedIds ours = encode_spans(*tok, render_conversation(t, c));
       EXPECT_EQ(ours.ids, ref["ids"][i].get<std::vector<int32_t>>()) << tokenizer_file << " conversation " << i;
       EXPECT_EQ(ours.counted, ref["masks"][i].get<std::vector<uint8_t>>()) << tokenizer_file << " conversation " << i;
@@ -326,6 +410,35 @@ TEST_F(ChatTemplateReference, ChatMlOnAVocabularyTideTrainedAsTransformersWrites
   check(ChatTemplate::kChatMl, "tide-chatml.json");
 }
 TEST_F(ChatTemplateReference, GemmaAsTransformersWritesIt) { check(ChatTemplate::kGemma, "tide-gemma.json"); }
+
+// Tool use (Qwen 2.5's and 3's format): the functions' specifications with their keys in
+// the order given, calls after content or alone, arguments as an object or a string,
+// consecutive results in one turn, a system message or none, text outside ASCII.
+TEST_F(ChatTemplateReference, ChatMlToolUseAsTransformersWritesIt) {
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "add", "description": "Adds.", "parameters": )"
+      R"({"type": "object", "properties": {"b": {"type": "number"}, "a": {"type": "number"}}, "required": ["b", "a"]}}},)"
+      R"( {"type": "function", "function": {"name": "caf\u00e9", "parameters": {}}}])";
+  const std::vector<std::string> lines = {
+      "{" + tools +
+          R"(, "messages": [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "2+2?"},)"
+          R"( {"role": "assistant", "content": null, "tool_calls": [{"type": "function", "function":)"
+          R"( {"name": "add", "arguments": {"b": 2, "a": 2.5}}}]}, {"role": "tool", "content": "4.5"},)"
+          R"( {"role": "assistant", "content": "It is 4.5."}]})",
+      "{" + tools +
+          R"(, "messages": [{"role": "user", "content": "Two calls"}, {"role": "assistant", "content":)"
+          R"( "Calling both.", "tool_calls": [{"name": "add", "arguments": "{\"a\": 1, \"b\": 2}"},)"
+          R"( {"name": "caf\u00e9", "arguments": {"x": [1, "\u00e9\n", null, true]}}]},)"
+          R"( {"role": "tool", "content": "3"}, {"role": "tool", "content": [{"type": "text", "text": "ok"}]},)"
+          R"( {"role": "assistant", "content": "Done"}]})",
+      // Tool results and calls without tools listed.
+      R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"name": "f",)"
+      R"( "arguments": {}}]}, {"role": "tool", "content": "r"}, {"role": "user", "content": "and?"},)"
+      R"( {"role": "assistant", "content": "a"}]})",
+  };
+  check(ChatTemplate::kChatMl, "hf-qwen2.json", lines);
+  check(ChatTemplate::kChatMl, "tide-chatml.json", lines);
+}
 
 }  // namespace
 }  // namespace tide

@@ -207,7 +207,15 @@ def fine_tuning_seeds(out):
                            {"role": "assistant", "content": "\n\n6 "}]},
              {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "<|im_end|>hello"}]},
              {"messages": [{"role": "user", "content": [{"type": "text", "text": "two"}, {"type": "text", "text": " parts"}]},
-                           {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]}]
+                           {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]},
+             # Tool use: the functions, calls with arguments as an object and as a string, results.
+             {"tools": [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}],
+              "messages": [{"role": "user", "content": "2 + 2?"},
+                           {"role": "assistant", "content": None, "tool_calls": [
+                               {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}},
+                               {"name": "add", "arguments": "{\"a\": 1}"}]},
+                           {"role": "tool", "content": "4"}, {"role": "tool", "content": "1"},
+                           {"role": "assistant", "content": "4"}]}]
     put(out, "fine_tuning_examples", "messages.jsonl", "".join(json.dumps(c) + "\n" for c in chats).encode())
 
 

@@ -109,9 +109,9 @@ void add_generate_commands(CLI::App& app) {
       const std::string tokenizer_path = g->tokenizer.empty() ? m.tokenizer_path : g->tokenizer;
       const ChatTemplate t = chat_template_for(g->chat_template, tokenizer_path);
       check_chat_tokens(t, *tok, tokenizer_path);
-      Conversation c{"--chat", {}};
-      if (!g->system.empty()) c.messages.push_back({ChatRole::kSystem, g->system});
-      c.messages.push_back({ChatRole::kUser, g->chat});
+      Conversation c{"--chat", {}, {}};
+      if (!g->system.empty()) c.messages.push_back({ChatRole::kSystem, g->system, {}});
+      c.messages.push_back({ChatRole::kUser, g->chat, {}});
       prompt_text.clear();
       for (const auto& span : render_conversation(t, c)) prompt_text += span.text;
       prompt_text += chat_generation_prompt(t);

@@ -1,5 +1,6 @@
 #include "tide/engine/data/chat_template.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -34,7 +35,22 @@ std::string trimmed(const std::string& s) {
 }
 
 const char* role_name(ChatRole r) {
-  return r == ChatRole::kSystem ? "system" : r == ChatRole::kUser ? "user" : "assistant";
+  switch (r) {
+    case ChatRole::kSystem: return "system";
+    case ChatRole::kUser: return "user";
+    case ChatRole::kAssistant: return "assistant";
+    case ChatRole::kTool: return "tool";
+  }
+  throw std::logic_error("unknown chat role");
+}
+
+// llama3's and gemma's templates as tide writes them have no tool use: a conversation with
+// tools, tool calls or tool messages is refused, naming the template that has it.
+void check_no_tools(const Conversation& c, const char* name) {
+  const auto uses_tools = [](const ChatMessage& m) { return m.role == ChatRole::kTool || !m.tool_calls.empty(); };
+  if (!c.tools.empty() || std::any_of(c.messages.begin(), c.messages.end(), uses_tools))
+    throw std::runtime_error(c.where + ": tools, tool calls or tool messages, which the " + name +
+                             " template does not write (chatml does: Qwen 2.5 and 3, Hermes)");
 }
 
 // What each template writes before a message of `role`: its turn marker, a special
@@ -59,18 +75,59 @@ void add_turn(std::vector<TextSpan>& out, ChatTemplate t, ChatRole role, std::st
 }
 
 std::vector<TextSpan> llama3(const Conversation& c) {
+  check_no_tools(c, "llama3");
   std::vector<TextSpan> out{{"<|begin_of_text|>", false}};
   for (const auto& m : c.messages) add_turn(out, ChatTemplate::kLlama3, m.role, trimmed(m.content), "<|eot_id|>");
   return out;
 }
 
+// Tool use as Qwen 2.5 and 3 write it (Hermes' format): the functions' specifications in
+// the system turn, after the system message where there is one; each call in <tool_call>
+// tags after what the assistant says; consecutive tool messages in one user turn, each in
+// <tool_response> tags. Unlike Qwen's, no default system message.
+constexpr const char* kToolsPreamble =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+    "function signatures within <tools></tools> XML tags:\n<tools>";
+constexpr const char* kToolsClosing =
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>";
+
 std::vector<TextSpan> chatml(const Conversation& c) {
   std::vector<TextSpan> out;
-  for (const auto& m : c.messages) add_turn(out, ChatTemplate::kChatMl, m.role, m.content, "<|im_end|>", "\n");
+  size_t first = 0;
+  if (!c.tools.empty()) {
+    std::string system;
+    if (!c.messages.empty() && c.messages[0].role == ChatRole::kSystem) {
+      system = c.messages[0].content + "\n\n";
+      first = 1;
+    }
+    system += kToolsPreamble;
+    for (const auto& tool : c.tools) system += "\n" + tool;
+    add_turn(out, ChatTemplate::kChatMl, ChatRole::kSystem, system + kToolsClosing, "<|im_end|>", "\n");
+  }
+  for (size_t i = first; i < c.messages.size(); ++i) {
+    const ChatMessage& m = c.messages[i];
+    if (m.role == ChatRole::kTool) {
+      const bool opens = i == 0 || c.messages[i - 1].role != ChatRole::kTool;
+      const bool closes = i + 1 == c.messages.size() || c.messages[i + 1].role != ChatRole::kTool;
+      if (opens) out.push_back({"<|im_start|>user", false, true});
+      out.push_back({"\n<tool_response>\n" + m.content + "\n</tool_response>" + (closes ? "<|im_end|>\n" : ""), false});
+      continue;
+    }
+    std::string said = m.content;
+    for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+      const ToolCall& call = m.tool_calls[k];
+      said += (k > 0 || !m.content.empty() ? "\n" : "") + std::string("<tool_call>\n{\"name\": \"") + call.name +
+              "\", \"arguments\": " + call.arguments + "}\n</tool_call>";
+    }
+    add_turn(out, ChatTemplate::kChatMl, m.role, said, "<|im_end|>", "\n");
+  }
   return out;
 }
 
 std::vector<TextSpan> gemma(const Conversation& c) {
+  check_no_tools(c, "gemma");
   std::vector<TextSpan> out{{"<bos>", false}};
   size_t first = 0;
   std::string system_prefix;
@@ -98,6 +155,9 @@ struct Known {
   const char* name;
   std::vector<std::string> tokens;  // the end-of-turn token last
   std::string jinja;  // what the functions above write, for engines that read Jinja
+  // The Jinja earlier versions of tide wrote for the same template, oldest first, which
+  // chat_template_of_jinja still knows (runs prepared then keep their template).
+  std::vector<std::string> earlier = {};
 };
 
 // What the exported templates read a message's content through: a string, or OpenAI's
@@ -124,10 +184,46 @@ const std::vector<Known>& known() {
        "chatml",
        {"<|im_start|>", "<|im_end|>"},
        kContentText +
-           std::string("{%- for message in messages %}"
-                       "{{- '<|im_start|>' + message['role'] + '\n' + text(message['content']) + '<|im_end|>' + '\n' }}"
-                       "{%- endfor %}"
-                       "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")},
+           std::string("{%- if tools %}"
+                       "{{- '<|im_start|>system\n' }}"
+                       "{%- if messages[0]['role'] == 'system' %}"
+                       "{{- text(messages[0]['content']) + '\n\n' }}{%- endif %}"
+                       "{{- '") +
+           kToolsPreamble +
+           "' }}"
+           "{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}"
+           "{{- '" +
+           kToolsClosing +
+           "<|im_end|>\n' }}"
+           "{%- endif %}"
+           "{%- for message in messages %}"
+           "{%- if message['role'] == 'system' and loop.first and tools %}"
+           "{%- elif message['role'] == 'tool' %}"
+           "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+           "{{- '\n<tool_response>\n' + text(message['content']) + '\n</tool_response>' }}"
+           "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
+           "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+           "{%- set content = text(message['content']) if message['content'] else '' %}"
+           "{{- '<|im_start|>assistant\n' + content }}"
+           "{%- for call in message['tool_calls'] %}"
+           "{%- set f = call['function'] if call['function'] is defined else call %}"
+           "{%- if not loop.first or content %}{{- '\n' }}{%- endif %}"
+           "{{- '<tool_call>\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' }}"
+           "{%- if f['arguments'] is string %}{{- f['arguments'] }}{%- else %}{{- f['arguments'] | tojson }}{%- endif "
+           "%}"
+           "{{- '}\n</tool_call>' }}"
+           "{%- endfor %}"
+           "{{- '<|im_end|>\n' }}"
+           "{%- else %}"
+           "{{- '<|im_start|>' + message['role'] + '\n' + text(message['content']) + '<|im_end|>' + '\n' }}"
+           "{%- endif %}"
+           "{%- endfor %}"
+           "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}",
+       {kContentText +
+        std::string("{%- for message in messages %}"
+                    "{{- '<|im_start|>' + message['role'] + '\n' + text(message['content']) + '<|im_end|>' + '\n' }}"
+                    "{%- endfor %}"
+                    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")}},
       {ChatTemplate::kGemma,
        "gemma",
        {"<bos>", "<start_of_turn>", "<end_of_turn>"},
@@ -220,8 +316,10 @@ std::string jinja_of_string_content(const std::string& jinja) {
 }  // namespace
 
 std::optional<ChatTemplate> chat_template_of_jinja(const std::string& jinja) {
-  for (const auto& k : known())
-    if (k.jinja == jinja || jinja_of_string_content(k.jinja) == jinja) return k.kind;
+  for (const auto& k : known()) {
+    if (k.jinja == jinja || std::find(k.earlier.begin(), k.earlier.end(), jinja) != k.earlier.end()) return k.kind;
+    if (jinja_of_string_content(k.earlier.empty() ? k.jinja : k.earlier.front()) == jinja) return k.kind;
+  }
   return std::nullopt;
 }
 

@@ -5,7 +5,9 @@
 //    <|end_header_id|>\n\n CONTENT (trimmed) <|eot_id|> (Llama 3, 3.1 without its
 //    default dated system message, 3.2, 3.3).
 //  - chatml: <|im_start|>ROLE\n CONTENT <|im_end|>\n (Qwen 2, 2.5, 3 without a default
-//    system message; SmolLM, Hermes and others).
+//    system message; SmolLM, Hermes and others), and tool use as Qwen 2.5 and 3 write it:
+//    the functions in the system turn, calls in <tool_call> tags, results in
+//    <tool_response> tags in a user turn. llama3 and gemma refuse tool use.
 //  - gemma: <bos>, then <start_of_turn>user|model\n CONTENT (trimmed) <end_of_turn>\n,
 //    a system message put before the first user message (Gemma 3's rule), and turns that
 //    alternate user, model as Gemma's templates require.
@@ -71,7 +73,7 @@ std::optional<std::string> chat_template_beside(const std::string& tokenizer_pat
 
 // The conversation as the template writes it, in spans that count or not. A conversation
 // the template cannot write (gemma: a system message after the first, turns that do not
-// alternate) throws std::runtime_error naming its line.
+// alternate; llama3 and gemma: tool use) throws std::runtime_error naming its line.
 std::vector<TextSpan> render_conversation(ChatTemplate t, const Conversation& conversation);
 
 }  // namespace tide
