@@ -18,6 +18,8 @@
 #  - the all-to-all form (parallel.cp_comm = "all_to_all"): cp2, cp4 (key/value heads
 #    shared by two ranks), BLOOM, documents under a window, Gemma, cp2 x tp2, dp2 x cp2
 #    under ZeRO-1 with blocks recomputed;
+#  - bf16 compute (LLaMA cp2 in both forms, BLOOM cp2) agrees with one process in bf16
+#    to bf16's resolution;
 #  - a cp2 checkpoint resumed by one process goes on as one process would;
 #  - layouts context parallelism cannot cut are refused naming the field.
 source "$(dirname "$0")/common.sh" "$1"
@@ -97,6 +99,20 @@ compare "$work/llama-1" "$work/llama-a2a-cp2-tp2" 0 || fail "all-to-all cp2 x tp
 train llama llama-a2a-dp2-cp2-zero1 --nproc 4 --set parallel.cp=2 "${a2a[@]}" --set parallel.zero=1 \
   --set model.activation_checkpointing=true
 compare "$work/llama-1" "$work/llama-a2a-dp2-cp2-zero1" 0 || fail "all-to-all dp2 x cp2 under ZeRO-1 differs"
+
+echo "bf16:"
+# bf16 compute: the chunks' node (LLaMA) and masked chunks (BLOOM's ALiBi) in bf16, keys
+# and values gathered and heads exchanged in bf16; each agrees with one process in bf16
+# to bf16's resolution (compare_half).
+bf16=(--set precision.compute=bf16)
+train llama llama-bf16-1 "${bf16[@]}"
+train llama llama-bf16-cp2 --nproc 2 --set parallel.cp=2 "${bf16[@]}"
+train llama llama-bf16-a2a-cp2 --nproc 2 --set parallel.cp=2 "${a2a[@]}" "${bf16[@]}"
+compare_half "$work/llama-bf16-1" "$work/llama-bf16-cp2" 8 || fail "bf16 cp2 differs from one process in bf16"
+compare_half "$work/llama-bf16-1" "$work/llama-bf16-a2a-cp2" 8 || fail "bf16 all-to-all cp2 differs"
+train bloom bloom-bf16-1 "${bf16[@]}"
+train bloom bloom-bf16-cp2 --nproc 2 --set parallel.cp=2 "${bf16[@]}"
+compare_half "$work/bloom-bf16-1" "$work/bloom-bf16-cp2" 8 || fail "BLOOM bf16 cp2 differs from one process in bf16"
 
 echo "resume:"
 # The cp2 ZeRO-3 run's step-5 checkpoint (its shards spread over both cp ranks) resumed
