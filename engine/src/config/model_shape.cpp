@@ -29,6 +29,12 @@ bool unmasked_context_layer(const ModelConfig& m, int64_t layer, int64_t seq_len
          m.dropout == 0 && m.attention_softcap == 0;
 }
 
+bool context_heads_split(int64_t heads, int64_t kv_heads, int64_t cp) {
+  return heads % cp == 0 && (kv_heads % cp == 0 || cp % kv_heads == 0);
+}
+
+int64_t context_kv_heads_exchanged(int64_t kv_heads, int64_t cp) { return kv_heads % cp == 0 ? kv_heads : cp; }
+
 int64_t window_block_rows(int64_t window) {
   // Half the window: each query computes 1.5 w scores (w of them needed). A quarter was
   // 9% faster again on the CPU (4096 tokens, w 512), but keeps every key and value five

@@ -37,7 +37,7 @@ void check_context_parallel(const RunConfig& cfg, int64_t cp) {
     const ModelConfig& m = cfg.model;
     const int64_t heads = m.n_heads / tp, kv = resolved_kv_heads(m);
     const int64_t kv_heads = kv % tp == 0 ? kv / tp : 1;  // fewer than tp: one held by each rank
-    if (heads % cp != 0 || (kv_heads % cp != 0 && cp % kv_heads != 0))
+    if (!context_heads_split(heads, kv_heads, cp))
       throw ConfigError("parallel.cp_comm",
                         fmt::format("\"all_to_all\" splits each tensor-parallel rank's {} query and {} key/value "
                                     "heads (model.n_heads = {}, n_kv_heads = {}, tp = {}) over cp = {} ranks: cp must "

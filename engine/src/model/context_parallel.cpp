@@ -7,6 +7,7 @@
 #include <torch/types.h>
 
 #include "recompute.h"
+#include "tide/engine/config.h"
 #include "tide/engine/model/chunk_attention.h"
 
 namespace tide {
@@ -22,34 +23,47 @@ int64_t chunk_length(int64_t t, int size) {
   return t / chunks;
 }
 
-// Every rank's keys and values, `local` [2, B, K, L, Hd] on each, read in position
-// order: [2, B, K, T, Hd] (position chunk m is rank m's first for m < cp, rank 2 cp - 1 -
-// m's second after). One copy beside the collective's.
-at::Tensor gathered_in_order(const at::Tensor& local, const ContextAttention& context) {
-  const int size = context.group->size();
-  const int64_t c = local.size(3) / 2;
-  std::vector<int64_t> by_rank{size};
-  by_rank.insert(by_rank.end(), local.sizes().begin(), local.sizes().end());
-  const auto all = context.group->all_gather(local, "context-parallel keys and values").view(by_rank);
+// `by_rank` [cp, ...]: each rank's tokens (its two chunks) along `dim` of its part, read
+// in position order along `dim` (position chunk m is rank m's first for m < cp, rank 2 cp
+// - 1 - m's second after). One copy.
+at::Tensor in_position_order(const at::Tensor& by_rank, int64_t dim) {
+  const auto size = static_cast<int>(by_rank.size(0));
+  const int64_t c = by_rank.size(dim + 1) / 2;
   std::vector<at::Tensor> chunks;
   for (int m = 0; m < 2 * size; ++m)
-    chunks.push_back(m < size ? all.select(0, m).narrow(3, 0, c) : all.select(0, 2 * size - 1 - m).narrow(3, c, c));
-  return at::cat(chunks, 3);
+    chunks.push_back(m < size ? by_rank.select(0, m).narrow(dim, 0, c)
+                              : by_rank.select(0, 2 * size - 1 - m).narrow(dim, c, c));
+  return at::cat(chunks, dim);
+}
+
+// in_position_order's reverse: `ordered`'s chunks along `dim` written into `by_rank` [cp,
+// ...], each rank's two at its index.
+void write_by_rank(const at::Tensor& by_rank, const at::Tensor& ordered, int64_t dim) {
+  const auto size = static_cast<int>(by_rank.size(0));
+  const int64_t c = by_rank.size(dim + 1) / 2;
+  for (int j = 0; j < size; ++j)
+    for (int which = 0; which < 2; ++which)
+      by_rank.select(0, j).narrow(dim, which * c, c).copy_(ordered.narrow(dim, chunk_of(j, size, which) * c, c));
+}
+
+// Every rank's keys and values, `local` [2, B, K, L, Hd] on each, read in position
+// order: [2, B, K, T, Hd]. One copy beside the collective's.
+at::Tensor gathered_in_order(const at::Tensor& local, const ContextAttention& context) {
+  std::vector<int64_t> by_rank{context.group->size()};
+  by_rank.insert(by_rank.end(), local.sizes().begin(), local.sizes().end());
+  return in_position_order(context.group->all_gather(local, "context-parallel keys and values").view(by_rank), 3);
 }
 
 // gathered_in_order's backward: the gradients of the whole sequence's keys and values,
 // [2, B, K, T, Hd] on each rank, summed over the ranks into this rank's [2, B, K, L, Hd].
 at::Tensor scattered_from_order(const at::Tensor& grad, const ContextAttention& context) {
   const int size = context.group->size();
-  const int64_t c = grad.size(3) / (2 * static_cast<int64_t>(size));
   auto local = grad.sizes().vec();
-  local[3] = 2 * c;
+  local[3] /= size;
   std::vector<int64_t> sizes{size};
   sizes.insert(sizes.end(), local.begin(), local.end());
   auto by_rank = at::empty(sizes, grad.options());
-  for (int j = 0; j < size; ++j)
-    for (int which = 0; which < 2; ++which)
-      by_rank.select(0, j).narrow(3, which * c, c).copy_(grad.narrow(3, chunk_of(j, size, which) * c, c));
+  write_by_rank(by_rank, grad, 3);
   return context.group->reduce_scatter_sum(by_rank, "context-parallel key and value gradients").view(local);
 }
 
@@ -153,7 +167,7 @@ struct HeadExchange : torch::CustomClassHolder {
 // [B, count, T, Hd] in position order.
 std::vector<at::Tensor> heads_from_tokens(const std::vector<at::Tensor>& xs, const HeadExchange& ex) {
   const int n = ex.group->size(), me = ex.group->rank();
-  const int64_t b = xs[0].size(0), l = xs[0].size(2), hd = xs[0].size(3), c = l / 2;
+  const int64_t b = xs[0].size(0), l = xs[0].size(2), hd = xs[0].size(3);
   int64_t width = 0;
   for (const int64_t h : ex.heads) width += context_head_share(h, me, n).count;
   auto send = at::empty({n, b, width, l, hd}, xs[0].options());
@@ -172,12 +186,7 @@ std::vector<at::Tensor> heads_from_tokens(const std::vector<at::Tensor>& xs, con
   int64_t offset = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
     const int64_t count = context_head_share(ex.heads[i], me, n).count;
-    auto whole = at::empty({b, count, 2 * c * n, hd}, xs[0].options());
-    for (int m = 0; m < 2 * n; ++m) {  // position chunk m: rank m's first, or 2 cp - 1 - m's second
-      const int from = m < n ? m : 2 * n - 1 - m;
-      whole.narrow(2, m * c, c).copy_(received.select(0, from).narrow(1, offset, count).narrow(2, m < n ? 0 : c, c));
-    }
-    out.push_back(std::move(whole));
+    out.push_back(in_position_order(received.narrow(2, offset, count), 2));
     offset += count;
   }
   return out;
@@ -189,20 +198,14 @@ std::vector<at::Tensor> heads_from_tokens(const std::vector<at::Tensor>& xs, con
 // gradients, where each rank's is a part.
 std::vector<at::Tensor> tokens_from_heads(const std::vector<at::Tensor>& xs, const HeadExchange& ex) {
   const int n = ex.group->size();
-  const int64_t b = xs[0].size(0), hd = xs[0].size(3), c = xs[0].size(2) / (2 * static_cast<int64_t>(n)), l = 2 * c;
+  const int64_t b = xs[0].size(0), hd = xs[0].size(3), l = xs[0].size(2) / n;
   int64_t width = 0;
   for (const auto& x : xs) width += x.size(1);
   auto send = at::empty({n, b, width, l, hd}, xs[0].options());
-  for (int j = 0; j < n; ++j) {
-    int64_t offset = 0;
-    for (const auto& x : xs) {
-      for (int which = 0; which < 2; ++which)
-        send.select(0, j)
-            .narrow(1, offset, x.size(1))
-            .narrow(2, which * c, c)
-            .copy_(x.narrow(2, chunk_of(j, n, which) * c, c));
-      offset += x.size(1);
-    }
+  int64_t sent = 0;
+  for (const auto& x : xs) {
+    write_by_rank(send.narrow(2, sent, x.size(1)), x, 2);
+    sent += x.size(1);
   }
   // [cp, B, width, L, Hd]: rank i's share of the heads for this rank's tokens at i.
   const auto received = ex.group->all_to_all(send, "context-parallel tokens (all-to-all)");
@@ -262,15 +265,11 @@ HeadShare context_head_share(int64_t heads, int rank, int size) {
   return {rank * heads / size, heads % size == 0 ? heads / size : 1};
 }
 
-bool context_heads_fit(int64_t heads, int64_t kv_heads, int size) {
-  return heads % size == 0 && (kv_heads % size == 0 || size % kv_heads == 0);
-}
-
 SequenceHeads sequence_of_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const ContextParallel& cp) {
   TORCH_CHECK(cp.by_heads(), "sequence_of_heads without all-to-all context parallelism");
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(2) == k.size(2) && q.size(2) % 2 == 0 &&
-                  context_heads_fit(q.size(1), k.size(1), cp.size()),
+                  context_heads_split(q.size(1), k.size(1), cp.size()),
               "all-to-all context attention over ", cp.size(), " ranks given q ", q.sizes(), ", k ", k.sizes(),
               " and v ", v.sizes());
   auto ex = c10::make_intrusive<HeadExchange>(cp.group, std::vector<int64_t>{q.size(1), k.size(1), k.size(1)});

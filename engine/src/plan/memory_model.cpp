@@ -62,8 +62,7 @@ struct Shape {
 // or under all-to-all context parallelism the whole sequence's heads of its share (K /
 // cp, or the one head several ranks receive), K' cp a token of its own.
 double kept_kv_heads(const RankModel& r, const Shape& x) {
-  if (!x.by_heads) return static_cast<double>(r.kv_heads);
-  return r.kv_heads % x.cp == 0 ? static_cast<double>(r.kv_heads) : static_cast<double>(x.cp);
+  return static_cast<double>(x.by_heads ? context_kv_heads_exchanged(r.kv_heads, x.cp) : r.kv_heads);
 }
 
 // The keys and values of a micro-batch's whole sequence, as context parallelism gathers

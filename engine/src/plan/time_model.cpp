@@ -231,7 +231,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       // q, k, v and the output exchanged forward (again where recomputed), their gradients
       // backward: a token of this rank's (H + K' cp) Hd and H Hd values each way, K' the
       // key/value heads each rank receives (K / cp, or one several ranks share).
-      const double kv_sent = r.kv_heads % L.cp == 0 ? static_cast<double>(r.kv_heads) : static_cast<double>(L.cp);
+      const auto kv_sent = static_cast<double>(context_kv_heads_exchanged(r.kv_heads, L.cp));
       const double width = tokens_mb * static_cast<double>(r.head_dim) * s;
       const double exchanges =
           ring_seconds(width * (static_cast<double>(r.heads) + 2 * kv_sent), L.cp, 1.0, cp_bw, lat) +

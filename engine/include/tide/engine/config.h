@@ -291,6 +291,14 @@ bool window_leaves_out_keys(const ModelConfig& m, int64_t layer, int64_t seq_len
 // unmasked_context_attention): no window leaving keys out, no ALiBi, no documents apart,
 // no attention dropout, no soft cap.
 bool unmasked_context_layer(const ModelConfig& m, int64_t layer, int64_t seq_len, bool documents_apart);
+// The all-to-all form of context parallelism (model/context_parallel.h) splits each
+// tensor-parallel rank's `heads` query and `kv_heads` key/value heads over cp ranks: cp
+// must divide the query heads, and divide the key/value heads or be a multiple of them
+// (each rank then receives the one its query heads read).
+bool context_heads_split(int64_t heads, int64_t kv_heads, int64_t cp);
+// The key/value heads a rank attends with in that form, times cp: what its exchange
+// carries for each token of its own (kv_heads, or cp where each rank receives one).
+int64_t context_kv_heads_exchanged(int64_t kv_heads, int64_t cp);
 // The queries of a block of such a layer's attention (model/attention_masks.h): each block
 // of R reads the w keys before it and its own, R + w.
 int64_t window_block_rows(int64_t window);

@@ -61,12 +61,11 @@ struct ContextParallel {
 // The all-to-all form's share of `heads` (query or key/value heads of a layer on this
 // tensor-parallel rank) that rank `rank` of `size` attends with: the first and the count.
 // heads / size each where size divides them; else (size a multiple of heads) the one head
-// its query heads read. context_heads_fit says whether a layer's heads split either way.
+// its query heads read (config.h: context_heads_split says whether a layer's heads split).
 struct HeadShare {
   int64_t first = 0, count = 0;
 };
 HeadShare context_head_share(int64_t heads, int rank, int size);
-bool context_heads_fit(int64_t heads, int64_t kv_heads, int size);
 
 // [L] int64 on `device`: the positions in a sequence of t tokens of the tokens rank `rank`
 // of `size` holds, in the order it holds them (its first chunk, then its second).
