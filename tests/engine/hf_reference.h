@@ -40,7 +40,9 @@ inline torch::Tensor read_named(const SafetensorsReader& f, const std::string& n
 inline double logit_tolerance(const ModelConfig& m, int64_t positions, const torch::Tensor& logits) {
   const double u = std::ldexp(1.0, -24);
   const double K = static_cast<double>(std::max({m.dim, resolved_ffn_dim(m), positions}));
-  const double D = 4.0 * static_cast<double>(m.n_layers) + 2.0;
+  // A mixture of experts sums its top-k experts' outputs too: k more roundings a layer.
+  const double D =
+      (4.0 + static_cast<double>(m.moe_experts > 0 ? m.moe_top_k : 0)) * static_cast<double>(m.n_layers) + 2.0;
   return D * K * u * std::sqrt(K) * logits.abs().max().item<double>();
 }
 

@@ -20,7 +20,9 @@
                                RoPE, in DIR/gemma3_mixed, and that language model in a
                                Gemma3ForConditionalGeneration with a vision tower, in
                                DIR/gemma3_multimodal; Qwen2 whose first layer attends in
-                               full and second over a window, DIR/qwen2_mixed; only the
+                               full and second over a window, DIR/qwen2_mixed;
+                               MixtralForCausalLM in DIR/mixtral and Qwen3MoeForCausalLM
+                               (unnormalised top-k probabilities) in DIR/qwen3_moe; only the
                                NAMEs given, where any are: all are drawn, in one order),
                                each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
@@ -40,8 +42,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, Gemma2Config, Gemma2ForCausalLM,
                           Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig, GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
-                          SiglipVisionConfig)
+                          MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, SiglipVisionConfig)
 
 NEW_TOKENS = 12
 
@@ -154,6 +156,20 @@ def make(out, names):
             for name, p in models[family].named_parameters():
                 if name.endswith("norm.weight"):
                     p.normal_(0, 0.2)
+    # Mixtures of experts, drawn after the rest: Mixtral (4 experts of 96, 2 a token, their
+    # probabilities normalised) and Qwen3-MoE (query/key norms, heads of 16, experts of 48,
+    # the softmax's probabilities as they are: norm_topk_prob false). Drawn last, so that
+    # every model before them keeps its draw. A router's near-tie between a token's k-th
+    # and next expert, which rounding could flip, would show as logits apart, not pass.
+    moe = dict(num_experts_per_tok=2, router_aux_loss_coef=0.01)
+    models["mixtral"] = MixtralForCausalLM(MixtralConfig(num_local_experts=4, sliding_window=None, **moe, **shape))
+    models["qwen3_moe"] = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        num_experts=4, moe_intermediate_size=48, norm_topk_prob=False, head_dim=16, decoder_sparse_step=1,
+        mlp_only_layers=[], **moe, **shape))
+    with torch.no_grad():
+        for name, p in models["qwen3_moe"].named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.normal_(1, 0.2)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, 97, (2, 16), generator=g)
     # Every model is drawn (each draw follows the ones before it: the seeds above chose

@@ -62,6 +62,15 @@ ModelConfig tiny_model(const std::string& name) {
     m.full_attention_layers = {1};
     m.attention_softcap = 1;
     m.final_logit_softcap = 3;
+  } else if (name == "mixtral") {
+    m = testing::tiny_moe();
+    m.ffn_dim = 96;
+  } else if (name == "qwen3_moe") {
+    m = testing::tiny_moe();
+    m.ffn_dim = 48;
+    m.head_dim = 16;
+    m.qk_norm = true;
+    m.moe_normalize_top_k = false;
   } else if (name == "gemma3") {
     m = testing::tiny_gemma3();
   } else if (name == "gemma3_window") {
@@ -104,6 +113,10 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
   EXPECT_EQ(model->config().rope_scaling, tiny_model(GetParam()).rope_scaling);
   EXPECT_EQ(model->config().attention_softcap, tiny_model(GetParam()).attention_softcap);
   EXPECT_EQ(model->config().final_logit_softcap, tiny_model(GetParam()).final_logit_softcap);
+  EXPECT_EQ(model->config().moe_experts, tiny_model(GetParam()).moe_experts);
+  EXPECT_EQ(model->config().moe_top_k, tiny_model(GetParam()).moe_top_k);
+  EXPECT_EQ(model->config().moe_normalize_top_k, tiny_model(GetParam()).moe_normalize_top_k);
+  EXPECT_EQ(resolved_ffn_dim(model->config()), resolved_ffn_dim(tiny_model(GetParam())));
   SafetensorsReader ref((dir / "reference.safetensors").string());
   const auto ids = read_named(ref, "input_ids"), expected = read_named(ref, "logits");
   torch::NoGradGuard no_grad;
@@ -172,7 +185,7 @@ INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
                          ::testing::Values("llama", "bloom", "llama3", "llama_linear", "llama_yarn", "mistral", "qwen2",
                                            "mistral_window", "qwen2_window", "mistral_wide_heads", "qwen3", "gemma",
                                            "gemma2", "gemma3", "gemma3_window", "gemma3_mixed", "gemma3_multimodal",
-                                           "qwen2_mixed"),
+                                           "qwen2_mixed", "mixtral", "qwen3_moe"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

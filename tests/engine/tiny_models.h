@@ -57,6 +57,16 @@ inline ModelConfig tiny_gemma3() {
   return m;
 }
 
+// A mixture of experts at tiny_llama's size (Mixtral's form): four SwiGLU experts of
+// width 24 a block, two chosen a token.
+inline ModelConfig tiny_moe() {
+  ModelConfig m = tiny_llama();
+  m.moe_experts = 4;
+  m.moe_top_k = 2;
+  m.ffn_dim = 24;
+  return m;
+}
+
 }  // namespace tide::testing
 
 namespace tide {

@@ -59,12 +59,19 @@ TEST(Recipes, PublishedParameterCountsAreExact) {
       {"bloom/bloom-560m.lua", 559'214'592},
       {"bloom/bloom-7b1.lua", 7'069'016'064},
       {"bloom/bloom-176b.lua", 176'247'271'424},
+      {"mixtral/mixtral-8x7b.lua", 46'702'792'704},
   };
   for (const auto& [file, count] : expected) {
     SCOPED_TRACE(file);
     const Recipe r = Recipe::load_file(recipe_path(file));
     EXPECT_EQ(parameter_count(r.config().model), count);
   }
+}
+
+TEST(Recipes, MixtralUsesTwoOfEightExpertsAToken) {
+  const Recipe r = Recipe::load_file(recipe_path("mixtral/mixtral-8x7b.lua"));
+  // Mistral AI's "12.9B active parameters".
+  EXPECT_EQ(parameter_count(r.config().model) - inactive_expert_parameter_count(r.config().model), 12'879'925'248);
 }
 
 TEST(Recipes, LlamaFfnRule) {

@@ -387,6 +387,22 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                               "MLP kind: swiglu down(silu(gate) * up) (LLaMA), geglu down(gelu(gate) * up) (Gemma), "
                               "gelu down(gelu(up)) (BLOOM); GELU is the tanh form.",
                               REF(model.mlp)));
+  s.push_back(integer("model.moe_experts", 0, 1024, kFixed,
+                      "> 0: each block's MLP is a mixture of this many experts of model.mlp's kind and model.ffn_dim's "
+                      "width (Mixtral, Qwen3-MoE); a router sends each token to model.moe_top_k of them. Dropless. "
+                      "0: one dense MLP.",
+                      REF(model.moe_experts)));
+  s.push_back(integer("model.moe_top_k", 1, 1024, kFixed, "Experts each token is sent to (model.moe_experts > 0).",
+                      REF(model.moe_top_k)));
+  s.push_back(boolean("model.moe_normalize_top_k", kFixed,
+                      "The chosen experts' router probabilities divided by their sum (Mixtral, Qwen3-MoE's "
+                      "norm_topk_prob); false: the softmax's values as they are (Qwen2-MoE, OLMoE).",
+                      REF(model.moe_normalize_top_k)));
+  s.push_back(number("model.moe_aux_loss", 0, 1e3, kFixed,
+                     "Load-balancing loss coefficient: each block adds coef * E * sum_e f_e P_e (Switch Transformer; "
+                     "Megatron-Core's moe_aux_loss_coeff; 1 at a perfect balance) to the gradients; the reported loss "
+                     "is the language model's, the balance is reported as moe_balance.",
+                     REF(model.moe_aux_loss)));
   s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));
   s.push_back(boolean("model.qkv_bias", kFixed,
                       "Biases on the query, key and value projections, none on the output's (Qwen2); "
@@ -864,6 +880,16 @@ void validate_model(const ModelConfig& m) {
         "model.rope_local_theta",
         fmt::format("{} is the RoPE base of the layers attending over model.sliding_window, and {}", m.rope_local_theta,
                     m.positions != PositionKind::RoPE ? "model.positions is not rope" : "model.sliding_window is 0"));
+  if (m.moe_experts > 0 && m.moe_top_k > m.moe_experts)
+    fail("model.moe_top_k",
+         fmt::format("{} experts a token is more than model.moe_experts = {}", m.moe_top_k, m.moe_experts));
+  if (m.moe_experts > 0 && m.family == Family::BLOOM)
+    fail("model.moe_experts",
+         fmt::format("{} experts: the bloom family has no mixture-of-experts form", m.moe_experts));
+  if (m.moe_experts > 0 && m.lora_rank > 0)
+    fail("model.lora_rank",
+         fmt::format("{}: LoRA adapters on a mixture of experts (model.moe_experts = {}) are not supported",
+                     m.lora_rank, m.moe_experts));
   if (m.recompute_blocks > 0 && !m.activation_checkpointing)
     fail("model.recompute_blocks",
          fmt::format("{} blocks to recompute need model.activation_checkpointing = true", m.recompute_blocks));

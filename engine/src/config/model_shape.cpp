@@ -125,8 +125,23 @@ int64_t lora_rank_parameter_count(const ModelConfig& m, int64_t tp, int64_t bloc
   return blocks * block;
 }
 
+namespace {
+// One MLP of the model's kind and width: a dense block's, or one expert's.
+int64_t mlp_parameter_count(const ModelConfig& m) {
+  const int64_t d = m.dim, f = resolved_ffn_dim(m);
+  int64_t mlp = gated_mlp(m) ? 3 * d * f : 2 * d * f;
+  if (m.mlp_bias) mlp += (gated_mlp(m) ? 2 * f : f) + d;
+  return mlp;
+}
+}  // namespace
+
+int64_t inactive_expert_parameter_count(const ModelConfig& m) {
+  if (m.moe_experts == 0) return 0;
+  return m.n_layers * (m.moe_experts - m.moe_top_k) * mlp_parameter_count(m);
+}
+
 int64_t parameter_count(const ModelConfig& m) {
-  const int64_t d = m.dim, v = m.vocab_size, f = resolved_ffn_dim(m);
+  const int64_t d = m.dim, v = m.vocab_size;
   const int64_t q = m.n_heads * head_dim(m), kv = resolved_kv_heads(m) * head_dim(m);
   const int64_t norm = m.norm == NormKind::LayerNorm ? 2 * d : d;
 
@@ -134,8 +149,8 @@ int64_t parameter_count(const ModelConfig& m) {
   if (m.attention_bias || m.qkv_bias) attention += q + 2 * kv;
   if (m.attention_bias) attention += d;
   if (m.qk_norm) attention += 2 * head_dim(m);
-  int64_t mlp = gated_mlp(m) ? 3 * d * f : 2 * d * f;
-  if (m.mlp_bias) mlp += (gated_mlp(m) ? 2 * f : f) + d;
+  int64_t mlp = mlp_parameter_count(m);
+  if (m.moe_experts > 0) mlp = m.moe_experts * (mlp + d);  // the experts and the router's rows
   const int64_t block = block_norms(m) * norm + attention + mlp;
 
   int64_t total = v * d + m.n_layers * block + norm;

@@ -105,21 +105,34 @@ json hf_config(const ModelConfig& m) {
     if (mistral)
       require(!m.attention_bias && !m.mlp_bias, "model.sliding_window",
               "a sliding window is Mistral's, whose projections have no biases");
-    const char* type = gemma3    ? "gemma3_text"
-                       : gemma2  ? "gemma2"
-                       : gemma   ? "gemma"
-                       : qwen3   ? "qwen3"
-                       : qwen2   ? "qwen2"
-                       : mistral ? "mistral"
-                                 : "llama";
+    // A mixture of experts: Qwen3-MoE with query/key norms, Mixtral without.
+    const bool moe = m.moe_experts > 0;
+    if (moe) {
+      require(!gemma, "model.moe_experts", "a mixture of GeGLU experts has no Hugging Face architecture");
+      if (!qwen3)
+        require(m.moe_normalize_top_k && !m.qkv_bias && !m.attention_bias && !m.mlp_bias, "model.moe_experts",
+                "a mixture of experts without query/key norms is Mixtral's, which normalises the chosen "
+                "probabilities and has no biases");
+    }
+    const char* type = moe && qwen3 ? "qwen3_moe"
+                       : moe        ? "mixtral"
+                       : gemma3     ? "gemma3_text"
+                       : gemma2     ? "gemma2"
+                       : gemma      ? "gemma"
+                       : qwen3      ? "qwen3"
+                       : qwen2      ? "qwen2"
+                       : mistral    ? "mistral"
+                                    : "llama";
     j = {{"architectures",
-          {gemma3    ? "Gemma3ForCausalLM"
-           : gemma2  ? "Gemma2ForCausalLM"
-           : gemma   ? "GemmaForCausalLM"
-           : qwen3   ? "Qwen3ForCausalLM"
-           : qwen2   ? "Qwen2ForCausalLM"
-           : mistral ? "MistralForCausalLM"
-                     : "LlamaForCausalLM"}},
+          {moe && qwen3 ? "Qwen3MoeForCausalLM"
+           : moe        ? "MixtralForCausalLM"
+           : gemma3     ? "Gemma3ForCausalLM"
+           : gemma2     ? "Gemma2ForCausalLM"
+           : gemma      ? "GemmaForCausalLM"
+           : qwen3      ? "Qwen3ForCausalLM"
+           : qwen2      ? "Qwen2ForCausalLM"
+           : mistral    ? "MistralForCausalLM"
+                        : "LlamaForCausalLM"}},
          {"model_type", type},
          {"hidden_size", m.dim},
          {"intermediate_size", resolved_ffn_dim(m)},
@@ -154,6 +167,21 @@ json hf_config(const ModelConfig& m) {
       j["final_logit_softcapping"] = cap(m.final_logit_softcap);
     }
     if (mistral) j["sliding_window"] = m.sliding_window;
+    if (moe) {
+      j["num_experts_per_tok"] = m.moe_top_k;
+      if (qwen3) {
+        j["num_experts"] = m.moe_experts;
+        j["moe_intermediate_size"] = resolved_ffn_dim(m);
+        j["norm_topk_prob"] = m.moe_normalize_top_k;
+        j["decoder_sparse_step"] = 1;
+        j["mlp_only_layers"] = json::array();
+      } else {
+        j["num_local_experts"] = m.moe_experts;
+        j.erase("attention_bias");
+        j.erase("mlp_bias");
+        if (!mistral) j["sliding_window"] = nullptr;
+      }
+    }
     if (qwen3 || qwen2) {
       j["use_sliding_window"] = m.sliding_window > 0;
       if (m.sliding_window > 0) {
@@ -446,6 +474,26 @@ void read_gemma3(const HfConfig& hf, ModelConfig& m) {
   const double local = hf.number("rope_local_base_freq", 10000.0);
   if (local != m.rope_theta || m.rope_scaling != RopeScaling::None) m.rope_local_theta = local;
 }
+
+// Mixtral's experts (every block's, their chosen probabilities normalised) or Qwen3-MoE's
+// (of moe_intermediate_size; norm_topk_prob says whether they are).
+void read_experts(const HfConfig& hf, ModelConfig& m, bool mixtral) {
+  m.moe_top_k = hf.integer({"num_experts_per_tok"}, 2);
+  if (mixtral) {
+    m.moe_experts = hf.integer({"num_local_experts"}, 8);
+    m.moe_normalize_top_k = true;
+    return;
+  }
+  m.moe_experts = hf.integer({"num_experts"}, 128);
+  m.ffn_dim = hf.integer({"moe_intermediate_size"});
+  m.moe_normalize_top_k = hf.boolean("norm_topk_prob", false);
+  if (const int64_t step = hf.integer({"decoder_sparse_step"}, 1); step != 1)
+    throw ConfigError("config.json decoder_sparse_step",
+                      fmt::format("{}: only every layer a mixture of experts (1) is supported", step));
+  if (const json* dense = hf.get("mlp_only_layers"); dense != nullptr && !(dense->is_array() && dense->empty()))
+    throw ConfigError("config.json mlp_only_layers",
+                      fmt::format("{}: dense layers among the experts' are not supported", dense->dump()));
+}
 }  // namespace
 
 ModelConfig model_config_from_hf(const json& config) {
@@ -469,7 +517,8 @@ ModelConfig model_config_from_hf(const json& config) {
   // with a sliding window (v0.1), Qwen2 with biases on q, k and v alone, Qwen3 with
   // query/key norms, Gemma with a GeGLU MLP, zero-centred norms and scaled embeddings.
   const bool gemma = type == "gemma" || type == "gemma2" || type == "gemma3_text";
-  if (type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || gemma) {
+  const bool mixtral = type == "mixtral", qwen3 = type == "qwen3" || type == "qwen3_moe";
+  if (type == "llama" || type == "mistral" || type == "qwen2" || qwen3 || mixtral || gemma) {
     m.family = Family::LLaMA;
     m.dim = hf.integer({"hidden_size"});
     m.ffn_dim = hf.integer({"intermediate_size"});
@@ -481,9 +530,9 @@ ModelConfig model_config_from_hf(const json& config) {
     m.rope_theta = hf.number("rope_theta", 10000.0);
     m.vocab_size = hf.integer({"vocab_size"});
     m.tie_embeddings = hf.boolean("tie_word_embeddings", false);
-    if (type == "qwen2" || type == "qwen3") {
+    if (type == "qwen2" || qwen3) {
       if (type == "qwen2") m.qkv_bias = true;
-      if (type == "qwen3") {
+      if (qwen3) {
         m.qk_norm = true;
         m.attention_bias = hf.boolean("attention_bias", false);
       }
@@ -493,7 +542,9 @@ ModelConfig model_config_from_hf(const json& config) {
       m.mlp_bias = hf.boolean("mlp_bias", false);
     }
     // Mistral v0.1's window; v0.3 and later have none.
-    if (type == "mistral" && hf.get("sliding_window") != nullptr) m.sliding_window = hf.integer({"sliding_window"});
+    if ((type == "mistral" || mixtral) && hf.get("sliding_window") != nullptr)
+      m.sliding_window = hf.integer({"sliding_window"});
+    if (mixtral || type == "qwen3_moe") read_experts(hf, m, mixtral);
     if (gemma) {
       read_gemma(hf, m);
     } else if (const std::string act = hf.get("hidden_act") != nullptr ? hf.string("hidden_act") : "silu";
@@ -533,7 +584,8 @@ ModelConfig model_config_from_hf(const json& config) {
   } else {
     throw ConfigError(
         "config.json model_type",
-        fmt::format("'{}' is not a supported family (llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, bloom)",
+        fmt::format("'{}' is not a supported family (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, "
+                    "gemma3_text, bloom)",
                     type));
   }
   m.init_std = hf.number("initializer_range", 0.02);
@@ -571,11 +623,45 @@ std::vector<std::string> hf_weight_files(const std::string& dir) {
   return {single.string()};
 }
 
+namespace {
+// Mixtral's names of a mixture of experts' parameters and tide's (Qwen-MoE's), the part
+// after "model.layers.<i>.": the router's, and an expert's projection after
+// "experts.<e>.".
+constexpr std::pair<const char*, const char*> kMixtralRouter{"block_sparse_moe.gate.", "mlp.gate."};
+constexpr std::pair<const char*, const char*> kMixtralExperts{"block_sparse_moe.experts.", "mlp.experts."};
+constexpr std::pair<const char*, const char*> kMixtralProjections[] = {
+    {"w1.", "gate_proj."}, {"w3.", "up_proj."}, {"w2.", "down_proj."}};
+
+// `name` with its MoE part renamed from one side (`from` 0: Mixtral, 1: tide) to the other.
+std::string mixtral_renamed(const std::string& name, int from) {
+  const auto side = [&](const std::pair<const char*, const char*>& p, int which) {
+    return std::string(which == 0 ? p.first : p.second);
+  };
+  if (const auto at = name.find(side(kMixtralRouter, from)); at != std::string::npos)
+    return name.substr(0, at) + side(kMixtralRouter, 1 - from) + name.substr(at + side(kMixtralRouter, from).size());
+  const auto at = name.find(side(kMixtralExperts, from));
+  if (at == std::string::npos) return name;
+  const auto index = at + side(kMixtralExperts, from).size();
+  const auto dot = name.find('.', index);
+  if (dot == std::string::npos) return name;
+  for (const auto& projection : kMixtralProjections)
+    if (name.compare(dot + 1, side(projection, from).size(), side(projection, from)) == 0)
+      return name.substr(0, at) + side(kMixtralExperts, 1 - from) + name.substr(index, dot + 1 - index) +
+             side(projection, 1 - from) + name.substr(dot + 1 + side(projection, from).size());
+  return name;
+}
+}  // namespace
+
+std::string hf_export_name(const ModelConfig& m, const std::string& name) {
+  return m.moe_experts > 0 && !m.qk_norm ? mixtral_renamed(name, 1) : name;
+}
+
 std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m, const json& config) {
   const std::string prefix = m.family == Family::BLOOM ? "transformer." : "";
   const bool multimodal = config.is_object() && config.value("model_type", "") == "gemma3";
-  return [prefix, multimodal, tied = m.tie_embeddings](const std::string& file_name) -> std::string {
-    std::string name = file_name;
+  const bool mixtral = config.is_object() && config.value("model_type", "") == "mixtral";
+  return [prefix, multimodal, mixtral, tied = m.tie_embeddings](const std::string& file_name) -> std::string {
+    std::string name = mixtral ? mixtral_renamed(file_name, 0) : file_name;
     if (multimodal) {
       // As transformers saves it (language_model.model.*, language_model.lm_head.*) and
       // as it names it in memory since 4.52 (model.language_model.*, lm_head.*).

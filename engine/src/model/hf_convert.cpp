@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <c10/util/accumulate.h>
 #include <fmt/format.h>
@@ -67,12 +68,20 @@ void export_hf(const std::string& dir, const ModelConfig& m, const std::vector<T
                const std::string& tokenizer_path) {
   fs::create_directories(dir);
   json config = hf_config(m);
+  // Written under Hugging Face's names where they differ from tide's (Mixtral's experts).
+  std::vector<TensorShape> named;
+  std::map<std::string, std::string> tide_name;
+  for (const auto& t : tensors) {
+    named.push_back({hf_export_name(m, t.name), t.shape});
+    tide_name[named.back().name] = t.name;
+  }
+  const TensorSource by_hf_name = [&](const std::string& name) { return source(tide_name.at(name)); };
   // What the weight files hold: transformers loads them as this dtype by default.
   config["torch_dtype"] = dtype == "BF16" ? "bfloat16" : dtype == "F16" ? "float16" : "float32";
   if (!tokenizer_path.empty()) export_tokenizer(dir, tokenizer_path, m.max_seq_len, config);
   write_json(fs::path(dir) / "config.json", config);
   if (max_shard_bytes <= 0) {
-    stream_weights((fs::path(dir) / "model.safetensors").string(), tensors, source, {{"format", "pt"}}, dtype);
+    stream_weights((fs::path(dir) / "model.safetensors").string(), named, by_hf_name, {{"format", "pt"}}, dtype);
     return;
   }
   // Greedy shards in parameter order, as transformers' save_pretrained does, planned from
@@ -80,7 +89,7 @@ void export_hf(const std::string& dir, const ModelConfig& m, const std::vector<T
   const auto width = static_cast<int64_t>(safetensors_dtype_size(dtype));
   std::vector<std::vector<TensorShape>> shards(1);
   int64_t in_shard = 0, total = 0;
-  for (const auto& t : tensors) {
+  for (const auto& t : named) {
     const int64_t bytes = width * c10::multiply_integers(t.shape);
     if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
       shards.emplace_back();
@@ -93,7 +102,7 @@ void export_hf(const std::string& dir, const ModelConfig& m, const std::vector<T
   json weight_map = json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-    stream_weights((fs::path(dir) / file).string(), shards[i], source, {{"format", "pt"}}, dtype);
+    stream_weights((fs::path(dir) / file).string(), shards[i], by_hf_name, {{"format", "pt"}}, dtype);
     for (const auto& t : shards[i]) weight_map[t.name] = file;
   }
   write_json(fs::path(dir) / "model.safetensors.index.json",

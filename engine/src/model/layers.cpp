@@ -418,15 +418,19 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout
   } else {
     mlp_norm = register_module("post_attention_layernorm", norm());
   }
-  mlp = register_module("mlp", Mlp(cfg, tp));
+  if (cfg.moe_experts > 0)
+    moe = register_module("mlp", Moe(cfg));
+  else
+    mlp = register_module("mlp", Mlp(cfg, tp));
   if (cfg.post_norms) mlp_out_norm = register_module("post_feedforward_layernorm", norm());
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const AttentionMask& mask, const torch::Tensor& cos,
-                                 const torch::Tensor& sin) {
+                                 const torch::Tensor& sin, const std::shared_ptr<MoePass>& moe_pass) {
   const bool dropout = dropout_ > 0 && is_training();
   if (!dropout && !attention_out_norm) {  // each layer adds its output onto the stream itself
     const auto h = attention(LayerInput(x, *input_norm, /*onto_residual=*/true), mask, cos, sin);
+    if (moe) return h + moe->forward(mlp_norm(h), moe_pass);
     return mlp(LayerInput(h, *mlp_norm, /*onto_residual=*/true));
   }
   // A post-norm, then dropout, fall between a layer's output and the stream.
@@ -435,7 +439,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, const AttentionMask& ma
     return dropout ? F::dropout(y, F::DropoutFuncOptions().p(dropout_)) : y;
   };
   const auto h = x + branch(attention(LayerInput(x, *input_norm), mask, cos, sin), attention_out_norm);
-  return h + branch(mlp(LayerInput(h, *mlp_norm)), mlp_out_norm);
+  return h + branch(moe ? moe->forward(mlp_norm(h), moe_pass) : mlp(LayerInput(h, *mlp_norm)), mlp_out_norm);
 }
 
 }  // namespace tide

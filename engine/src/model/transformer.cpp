@@ -8,6 +8,7 @@
 #include <torch/types.h>
 #include <xxhash.h>
 
+#include "model/moe_pass.h"
 #include "model/normal_draw.h"
 #include "model/tensor_storage.h"
 #include "recompute.h"
@@ -279,6 +280,9 @@ std::set<std::string> TransformerImpl::weights_read_in_compute_dtype() const {
       out.insert(item.key() + ".weight");
       if (p->adapted()) out.insert({item.key() + ".lora_A.weight", item.key() + ".lora_B.weight"});
     }
+  // The router reads its fp32 weight (moe_layer.cpp).
+  for (const auto& item : modules)
+    if (dynamic_cast<const MoeImpl*>(item.value().get())) out.erase(item.key() + ".gate.weight");
   for (const auto& item : modules)
     if (const auto* a = dynamic_cast<const AttentionImpl*>(item.value().get()); a && a->reads_key_value_whole()) {
       out.erase(item.key() + ".k_proj.weight");
@@ -460,6 +464,12 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   for (size_t c = 0; c < chunk; ++c) at += static_cast<size_t>(stage_.chunks[c].end - stage_.chunks[c].first);
   const BlockRange& range = stage_.chunks.at(chunk);
   const int64_t recomputed = recompute ? recomputed_blocks(cfg_, range) : 0;
+  // A training pass's blocks report to its loss (moe_pass.h).
+  std::shared_ptr<MoePass> pass;
+  if (cfg_.moe_experts > 0 && is_training() && torch::GradMode::is_enabled()) {
+    if (!moe_pass_) moe_pass_ = std::make_shared<MoePass>();
+    pass = moe_pass_;
+  }
   // Each kind's inputs made once for the chunk, and only for a kind its blocks have.
   std::optional<BlockInputs> full, windowed;
   for (int64_t i = range.first; i < range.end; ++i) {
@@ -471,10 +481,11 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
     const int unit = static_cast<int>(i + 1);
     if (units_) units_->before_forward(unit);
     if (i - range.first < recomputed) {
-      x = recompute_in_backward([block, in](const at::Tensor& y) { return block->forward(y, in.mask, in.cos, in.sin); },
-                                x, blocks_draw);
+      x = recompute_in_backward(
+          [block, in, pass](const at::Tensor& y) { return block->forward(y, in.mask, in.cos, in.sin, pass); }, x,
+          blocks_draw);
     } else {
-      x = block->forward(x, in.mask, in.cos, in.sin);
+      x = block->forward(x, in.mask, in.cos, in.sin, pass);
     }
     if (units_) x = units_->after_forward(unit, x);
   }
@@ -534,7 +545,23 @@ torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Te
                                 cfg_.final_logit_softcap);
   }
   if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
+  if (moe_pass_) {
+    if (moe_pass_->balance.defined()) {
+      moe_balance_ = moe_balance_.defined() ? moe_balance_ + moe_pass_->balance : moe_pass_->balance;
+      moe_balance_blocks_ += moe_pass_->blocks;
+    }
+    loss = tap_moe_loss(loss, moe_pass_);
+    moe_pass_.reset();
+  }
   return loss;
+}
+
+torch::Tensor TransformerImpl::take_moe_balance() {
+  if (!moe_balance_.defined()) return {};
+  const auto mean = moe_balance_ / static_cast<double>(moe_balance_blocks_);
+  moe_balance_ = torch::Tensor();
+  moe_balance_blocks_ = 0;
+  return mean;
 }
 
 }  // namespace tide

@@ -10,6 +10,7 @@ double train_flops_per_token(const ModelConfig& m, int64_t seq_len) {
   int64_t matmul_params = parameter_count(m) - m.vocab_size * m.dim;  // minus the lookup table
   if (m.tie_embeddings) matmul_params += m.vocab_size * m.dim;        // it is also the output projection
   if (m.positions == PositionKind::Learned) matmul_params -= m.max_seq_len * m.dim;
+  matmul_params -= inactive_expert_parameter_count(m);  // a token multiplies by its top k experts alone
   // Scores and the weighted sum: 12 FLOPs per layer, key and query width (n_heads *
   // head_dim, dim unless the model sets its own head width).
   const auto width = static_cast<double>(m.n_heads * head_dim(m));

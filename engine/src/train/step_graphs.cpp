@@ -40,6 +40,9 @@ std::optional<std::string> why_steps_run_uncaptured(const RunConfig& cfg, const 
     return fmt::format("model.dropout = {}: dropout's random masks are not captured", cfg.model.dropout);
   if (cfg.model.lora_rank > 0 && cfg.model.lora_dropout > 0)
     return fmt::format("model.lora_dropout = {}: dropout's random masks are not captured", cfg.model.lora_dropout);
+  if (cfg.model.moe_experts > 0)
+    return fmt::format("model.moe_experts = {}: dropless routing sizes each expert's batch on the host",
+                       cfg.model.moe_experts);
   if (facts.anomaly_policy) return std::string("the recipe's on_anomaly policy judges each step before its update");
   if (facts.loss_tap) return std::string("a loss tap reads each micro-batch's loss on the host");
   return std::nullopt;

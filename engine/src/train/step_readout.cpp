@@ -9,13 +9,15 @@ StepReadout::StepReadout(const StepValues& values, const at::Tensor& skip) {
   at::NoGradGuard no_grad;
   const auto scale =
       values.loss_scale.defined() ? values.loss_scale.to(at::kDouble) : at::zeros_like(skip, at::kDouble);
+  const auto balance = values.moe_balance.defined() ? values.moe_balance.to(at::kDouble).reshape({})
+                                                    : at::full_like(skip, -1.0, at::kDouble);
   const auto packed =
-      at::stack({values.loss.to(at::kDouble), values.grad_norm.to(at::kDouble), skip.to(at::kDouble), scale});
+      at::stack({values.loss.to(at::kDouble), values.grad_norm.to(at::kDouble), skip.to(at::kDouble), scale, balance});
   if (packed.is_cpu()) {
     host_ = packed;
     return;
   }
-  host_ = at::empty({4}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+  host_ = at::empty({packed.size(0)}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
   host_.copy_(packed, /*non_blocking=*/true);
   const c10::impl::VirtualGuardImpl device(packed.device().type());
   copied_.emplace(packed.device().type());
@@ -25,7 +27,9 @@ StepReadout::StepReadout(const StepValues& values, const at::Tensor& skip) {
 StepLoss StepReadout::read() const {
   if (copied_) copied_->synchronize();
   const double* v = host_.const_data_ptr<double>();
-  return {v[0], v[1], v[2] != 0.0, v[3]};
+  StepLoss out{v[0], v[1], v[2] != 0.0, v[3], std::nullopt};
+  if (v[4] >= 0) out.moe_balance = v[4];
+  return out;
 }
 
 }  // namespace tide

@@ -18,6 +18,7 @@ struct StepLoss {
   double grad_norm = 0;  // global, before clipping; the same on every rank
   bool skipped = false;  // the update was skipped (as the device decided)
   double loss_scale = 0;  // fp16: the scale the step's backward used; 0 otherwise
+  std::optional<double> moe_balance;  // model.moe_experts: StepValues::moe_balance
 };
 
 class StepReadout {
@@ -28,7 +29,7 @@ class StepReadout {
   StepLoss read() const;
 
  private:
-  at::Tensor host_;                   // loss, norm, skip, loss scale as fp64; pinned when copied from a GPU
+  at::Tensor host_;  // loss, norm, skip, loss scale, balance (-1: none) as fp64; pinned when copied from a GPU
   std::optional<c10::Event> copied_;  // recorded after the copy; none on the CPU
 };
 

@@ -129,6 +129,7 @@ void TensorBoardLog::write(const StepMetrics& m) {
   add("train/loss", m.loss);
   add("train/grad_norm", m.grad_norm);
   add("train/lr", m.lr);
+  if (m.moe_balance) add("train/moe_balance", *m.moe_balance);
   add("speed/tokens_per_second", m.tokens_per_second);
   add("speed/mfu", m.mfu);
   add("speed/step_seconds", m.step_seconds);

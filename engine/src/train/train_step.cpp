@@ -60,9 +60,11 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   at::Tensor loss = pm_.pipeline ? pm_.pipeline->train(batches, losses, out.loss_scale, before_backward, on_loss)
                                  : whole_model(batches, losses, out.loss_scale, before_backward, on_loss);
   loss = across_stages(loss);
+  out.moe_balance = pm_.model->take_moe_balance();
   // Every rank gets the same global norm, so clipping and the skip decision agree.
   if (dp) {
     loss = dp->sum(loss) / static_cast<double>(batch_.replicas());
+    if (out.moe_balance.defined()) out.moe_balance = dp->sum(out.moe_balance) / static_cast<double>(batch_.replicas());
     out.grad_norm = dp->reduce_gradients();
   } else {
     torch::NoGradGuard no_grad;

@@ -25,6 +25,9 @@ struct StepValues {
   at::Tensor loss;        // mean over the step's counted targets, all micro-batches and ranks
   at::Tensor grad_norm;   // global, before clipping (fp16: of the unscaled gradients)
   at::Tensor loss_scale;  // fp16: the scale the step's backward used (fp32); undefined otherwise
+  // model.moe_experts: the blocks' mean load balance (1 when balanced) over the step's
+  // micro-batches and ranks; undefined otherwise.
+  at::Tensor moe_balance;
 };
 
 class TrainStep {

@@ -86,6 +86,20 @@ struct ModelConfig {
   // final_logit_softcapping, 30), inside the loss's chunks.
   double final_logit_softcap = 0.0;
   MlpKind mlp = MlpKind::SwiGLU;
+  // > 0: each block's MLP is a mixture of this many experts (Mixtral, Qwen3-MoE), each an
+  // MLP of model.mlp's kind and ffn_dim's width; a router sends every token to
+  // moe_top_k of them and sums their outputs weighted by its probabilities. Dropless:
+  // every expert takes all the tokens routed to it. 0: one dense MLP.
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 2;
+  // The chosen experts' probabilities divided by their sum (Mixtral; Qwen3-MoE's
+  // norm_topk_prob); false: the softmax's own values (Qwen2-MoE, OLMoE).
+  bool moe_normalize_top_k = true;
+  // The load-balancing loss's coefficient: each block adds coef * E * sum_e f_e P_e
+  // (Switch Transformer; Megatron-Core's moe_aux_loss_coeff), f_e the share of the
+  // block's token choices that went to expert e, P_e its mean router probability; 1 at a
+  // perfect balance. Enters the gradients, not the reported loss.
+  double moe_aux_loss = 0.01;
   bool attention_bias = false;
   bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)
   bool qk_norm = false;   // RMSNorm over each head's query and key before RoPE (Qwen3)
@@ -314,6 +328,9 @@ std::vector<DataSource> data_sources(const DataConfig& d);
 
 // Exact parameter count without allocating weights, LoRA adapters included.
 int64_t parameter_count(const ModelConfig& m);
+// Under model.moe_experts: the experts' parameters a token does not pass through (each
+// goes through moe_top_k of a block's experts); 0 for a dense model.
+int64_t inactive_expert_parameter_count(const ModelConfig& m);
 // The parameters of the LoRA adapters alone (model.lora_rank): what trains under LoRA.
 int64_t lora_parameter_count(const ModelConfig& m);
 // The adapters' elements one rank of tensor-parallel size `tp` holds of `blocks` blocks.

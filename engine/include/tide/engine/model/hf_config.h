@@ -29,5 +29,10 @@ std::vector<std::string> hf_weight_files(const std::string& dir);
 // Gemma 3 (Gemma3ForConditionalGeneration: 4B and larger) keeps its language model under
 // "language_model." beside a vision tower and projector, which tide leaves out.
 std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m, const nlohmann::json& config);
+// The name an export writes tide's parameter under: tide's own, except for Mixtral (a
+// mixture of experts without query/key norms), whose router and experts are
+// `block_sparse_moe.gate` and `block_sparse_moe.experts.<e>.w1/w3/w2` (tide's, Qwen-MoE's:
+// `mlp.gate`, `mlp.experts.<e>.gate_proj/up_proj/down_proj`).
+std::string hf_export_name(const ModelConfig& m, const std::string& name);
 
 }  // namespace tide

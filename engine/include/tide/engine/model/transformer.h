@@ -159,18 +159,47 @@ class MlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+// What one training pass (a micro-batch's forward and backward) of a mixture-of-experts
+// model shares between its loss and its blocks (moe_layer.cpp).
+struct MoePass;
+
+// A mixture of experts in place of the MLP (model.moe_experts): the router, a linear map
+// [E, D] applied in fp32, gives each token a softmax over the E experts; the token goes
+// to its top k, and its output is theirs weighted by those probabilities (divided by
+// their sum under model.moe_normalize_top_k). Dropless: the tokens are grouped by expert
+// and each expert, an Mlp, takes all of its own. Parameters as Qwen2/3-MoE name them:
+// `mlp.gate.weight`, `mlp.experts.<e>.{gate,up,down}_proj.weight`.
+class MoeImpl : public torch::nn::Module {
+ public:
+  explicit MoeImpl(const ModelConfig& cfg);
+  // x [B, T, D], normed. Under `pass` (training) the block's load-balancing loss joins
+  // the gradients, weighted as the pass's loss is, and its value is added to the pass's.
+  torch::Tensor forward(const torch::Tensor& x, const std::shared_ptr<MoePass>& pass);
+
+  Projection gate{nullptr};
+  torch::nn::ModuleList experts{nullptr};
+
+ private:
+  int64_t top_k_;
+  bool normalize_;
+  double aux_coef_;
+};
+TORCH_MODULE(Moe);
+
 // Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)); with post-norms (Gemma 2 and
-// 3) x + norm(attn(norm(x))), then + norm(mlp(norm(x))).
+// 3) x + norm(attn(norm(x))), then + norm(mlp(norm(x))). The MLP is a mixture of experts
+// where the model has them.
 class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& cfg, const TensorParallel& tp);
   torch::Tensor forward(const torch::Tensor& x, const AttentionMask& mask, const torch::Tensor& cos,
-                        const torch::Tensor& sin);
+                        const torch::Tensor& sin, const std::shared_ptr<MoePass>& moe_pass = nullptr);
 
   Norm input_norm{nullptr}, mlp_norm{nullptr};
   Norm attention_out_norm{nullptr}, mlp_out_norm{nullptr};  // post-norms, where the model has them
   Attention attention{nullptr};
   Mlp mlp{nullptr};
+  Moe moe{nullptr};  // instead of mlp (model.moe_experts)
 
  private:
   double dropout_;
@@ -265,6 +294,11 @@ class TransformerImpl : public torch::nn::Module {
   // The owner must outlive the model's forward and backward passes.
   void set_parameter_units(ParameterUnits* units) { units_ = units; }
 
+  // Under model.moe_experts: the mean load balance (E sum_e f_e P_e, 1 when balanced) of
+  // the blocks over the training passes since the last call, an fp32 scalar on the
+  // device (not read here); undefined where none ran.
+  torch::Tensor take_moe_balance();
+
   // What a layer attending in full is given without documents apart: with ALiBi the
   // additive bias [1, H, T, T], -inf above the diagonal; undefined for plain causal
   // attention. In `options`' dtype, cached per length and dtype.
@@ -314,6 +348,10 @@ class TransformerImpl : public torch::nn::Module {
   ParameterUnits* units_ = nullptr;
   LayerAttention full_, windowed_;
   torch::Tensor alibi_slopes_;  // [H]
+  // The training pass in flight (model.moe_experts), from its blocks to its loss.
+  std::shared_ptr<MoePass> moe_pass_;
+  torch::Tensor moe_balance_;  // summed over the passes since take_moe_balance
+  int64_t moe_balance_blocks_ = 0;
 };
 TORCH_MODULE(Transformer);
 

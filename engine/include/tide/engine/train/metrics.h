@@ -38,6 +38,9 @@ struct StepMetrics {
   double eta_seconds = 0;
   bool skipped = false;  // non-finite gradients or an anomaly policy: the update was not applied
   double loss_scale = 0;                // fp16: the loss scale the step's backward used; 0 otherwise
+  // model.moe_experts: the blocks' mean load balance E sum_e f_e P_e over the step (1:
+  // every expert chosen as often as any, at the router's uniform probabilities).
+  std::optional<double> moe_balance;
   std::string anomaly, anomaly_action;  // "loss_spike", ... and what it triggered
   std::optional<double> val_loss;       // under a blend: the datasets' mean, weighted as they are drawn
   std::vector<std::pair<std::string, double>> val_losses;  // under a blend: each dataset's, by name

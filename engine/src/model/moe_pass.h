@@ -1,0 +1,25 @@
+// What a training pass of a mixture-of-experts model shares between its loss and its
+// blocks. Each block's load-balancing loss enters backward at the block's output (as
+// Megatron-Core's MoEAuxLossAutoScaler does), so it reaches the router also from blocks
+// recomputed in backward, whose forward built no graph; the weight it needs there, the
+// gradient the pass's loss was given (its micro-batch's share of the step times any fp16
+// loss scale), is recorded by the loss's own backward, which runs before any block's.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+
+namespace tide {
+
+struct MoePass {
+  at::Tensor loss_gradient;  // set by the loss's backward: a scalar on the device
+  at::Tensor balance;        // the blocks' balances summed (fp32, no gradient)
+  int64_t blocks = 0;
+};
+
+// `loss` as it is; its backward records the gradient it is given in `pass`.
+at::Tensor tap_moe_loss(const at::Tensor& loss, const std::shared_ptr<MoePass>& pass);
+
+}  // namespace tide

@@ -1,0 +1,166 @@
+// Mixture of experts (model.moe_experts): the routed output against a per-token sum, the
+// load-balancing loss's gradient against finite differences of the balance the model
+// reports, and recomputed blocks against kept ones.
+#include <cmath>
+
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include "recompute_pair.h"
+#include "tide/engine/model/transformer.h"
+#include "tiny_models.h"
+
+namespace tide {
+namespace {
+
+// One expert as Mixtral writes it: down(silu(gate x) * up x), x [D].
+torch::Tensor expert_of(MlpImpl& e, const torch::Tensor& x) {
+  return torch::mv(e.down->weight, torch::silu(torch::mv(e.gate->weight, x)) * torch::mv(e.up->weight, x));
+}
+
+void expect_routed_sum(bool normalize) {
+  ModelConfig cfg = testing::tiny_moe();
+  cfg.moe_normalize_top_k = normalize;
+  Transformer model(cfg);
+  model->reset_parameters(3);
+  model->to(torch::kFloat64);
+  auto& moe = *model->blocks->ptr<BlockImpl>(1)->moe;
+  torch::manual_seed(5);
+  const auto x = torch::randn({2, 7, cfg.dim}, torch::kFloat64);
+  torch::Tensor out;
+  {
+    torch::NoGradGuard no_grad;
+    out = moe.forward(x, nullptr);
+  }
+  ASSERT_EQ(out.sizes(), x.sizes());
+  const auto tokens = x.reshape({-1, cfg.dim});
+  for (int64_t n = 0; n < tokens.size(0); ++n) {
+    const auto p = torch::mv(moe.gate->weight, tokens[n]).softmax(0);
+    const auto sorted = std::get<1>(p.sort(0, /*descending=*/true));
+    double chosen = 0;
+    for (int64_t j = 0; j < cfg.moe_top_k; ++j) chosen += p[sorted[j].item<int64_t>()].item<double>();
+    auto want = torch::zeros({cfg.dim}, torch::kFloat64);
+    for (int64_t j = 0; j < cfg.moe_top_k; ++j) {
+      const int64_t e = sorted[j].item<int64_t>();
+      const double w = p[e].item<double>() / (normalize ? chosen : 1.0);
+      want += w * expert_of(moe.experts->at<MlpImpl>(static_cast<size_t>(e)), tokens[n]);
+    }
+    // fp64 sums of 24 and 32 products of values below 1: rounding far under 1e-12.
+    EXPECT_TRUE(torch::allclose(out.reshape({-1, cfg.dim})[n], want, 0, 1e-12)) << "token " << n;
+  }
+}
+
+TEST(MixtureOfExperts, OutputIsTheChosenExpertsWeightedByTheRouter) {
+  expect_routed_sum(true);
+  expect_routed_sum(false);
+}
+
+TEST(MixtureOfExperts, AnExpertNoTokenChoseGetsAZeroGradient) {
+  // Data-parallel ranks reduce a bucket once every parameter in it has its gradient: an
+  // expert unused on one rank must have one there too.
+  Transformer model(testing::tiny_moe());
+  model->reset_parameters(4);
+  auto& moe = *model->blocks->ptr<BlockImpl>(0)->moe;
+  const auto x = torch::randn({1, 1, 32});  // one token: 2 of the 4 experts chosen
+  moe.forward(x, nullptr).sum().backward();
+  int unused = 0;
+  for (size_t e = 0; e < moe.experts->size(); ++e) {
+    const auto g = moe.experts->at<MlpImpl>(e).up->weight.grad();
+    ASSERT_TRUE(g.defined()) << "expert " << e;
+    unused += g.abs().sum().item<double>() == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(unused, 2);
+}
+
+TEST(MixtureOfExperts, ParametersAreNamedAsQwenMoeAndCounted) {
+  const ModelConfig cfg = testing::tiny_moe();
+  Transformer model(cfg);
+  const auto params = model->named_parameters();
+  EXPECT_TRUE(params.contains("model.layers.0.mlp.gate.weight"));
+  EXPECT_EQ(params["model.layers.0.mlp.gate.weight"].sizes(), (std::vector<int64_t>{4, 32}));
+  EXPECT_EQ(params["model.layers.1.mlp.experts.3.down_proj.weight"].sizes(), (std::vector<int64_t>{32, 24}));
+  EXPECT_FALSE(params.contains("model.layers.0.mlp.up_proj.weight"));
+  int64_t total = 0;
+  for (const auto& p : params) total += p.value().numel();
+  EXPECT_EQ(total, parameter_count(cfg));
+  // Each token passes through 2 of the 4 experts of 3 * 32 * 24 weights, in each of 2 blocks.
+  EXPECT_EQ(inactive_expert_parameter_count(cfg), 2 * 2 * 3 * 32 * 24);
+  // The router reads its fp32 weight; the experts' projections their working copies.
+  const auto compute = model->weights_read_in_compute_dtype();
+  EXPECT_EQ(compute.count("model.layers.0.mlp.gate.weight"), 0u);
+  EXPECT_EQ(compute.count("model.layers.0.mlp.experts.2.up_proj.weight"), 1u);
+}
+
+// The blocks' balances summed, as one training forward reports them.
+double summed_balance(Transformer& model, const torch::Tensor& tokens, const torch::Tensor& targets) {
+  model->loss(tokens, targets);
+  return model->take_moe_balance().item<double>() * static_cast<double>(model->config().n_layers);
+}
+
+TEST(MixtureOfExperts, BalanceLossGradientIsItsCoefficientTimesTheLossGradient) {
+  ModelConfig cfg = testing::tiny_moe();
+  cfg.moe_aux_loss = 0.25;
+  ModelConfig without = cfg;
+  without.moe_aux_loss = 0;
+  Transformer model(cfg), plain(without);
+  for (Transformer* m : {&model, &plain}) {
+    (*m)->reset_parameters(11);
+    (*m)->to(torch::kFloat64);
+    (*m)->train();
+  }
+  torch::manual_seed(2);
+  const auto tokens = torch::randint(0, cfg.vocab_size, {2, 12}, torch::kInt64);
+  const auto targets = torch::randint(0, cfg.vocab_size, {2, 12}, torch::kInt64);
+  // Backward from 3 times the loss, as from a micro-batch's share times a loss scale: the
+  // balance's gradient is weighted alike.
+  const double scale = 3.0;
+  const auto loss = model->loss(tokens, targets);
+  const auto plain_loss = plain->loss(tokens, targets);
+  EXPECT_EQ(loss.item<double>(), plain_loss.item<double>());  // the reported loss is the language model's
+  (loss * scale).backward();
+  (plain_loss * scale).backward();
+  const auto balance = model->take_moe_balance();
+  ASSERT_TRUE(balance.defined());
+  EXPECT_GT(balance.item<double>(), 0.5);
+  plain->take_moe_balance();
+  // Layer 0's router, and a weight of layer 0's attention, which moves layer 1's router
+  // input: the balance's gradient reaches both.
+  const auto params = model->named_parameters();
+  for (const std::string name :
+       {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight", "model.layers.0.self_attn.q_proj.weight"}) {
+    const auto& weight = params[name];
+    const auto added = (weight.grad() - plain->named_parameters()[name].grad()).reshape({-1});
+    for (int64_t i : {0, 5, 17}) {
+      const double eps = 1e-6;
+      auto flat = weight.detach().view({-1});
+      const double kept = flat[i].item<double>();
+      flat[i].fill_(kept + eps);
+      const double up = summed_balance(model, tokens, targets);
+      flat[i].fill_(kept - eps);
+      const double down = summed_balance(model, tokens, targets);
+      flat[i].fill_(kept);
+      const double want = cfg.moe_aux_loss * scale * (up - down) / (2 * eps);
+      // A central difference of a smooth fp64 function (no token changes expert by a
+      // step of 1e-6): truncation ~eps^2, rounding ~1e-16 / eps; the gradients are ~1e-3.
+      EXPECT_NEAR(added[i].item<double>(), want, 1e-8 + 1e-5 * std::abs(want)) << name << "[" << i << "]";
+      EXPECT_NE(want, 0.0) << name << "[" << i << "]";
+    }
+  }
+}
+
+TEST(MixtureOfExperts, RecomputedBlocksGiveTheGradientsOfKeptOnes) {
+  const auto pair = testing::with_and_without_recompute(testing::tiny_moe(), torch::kCPU);
+  EXPECT_EQ(pair.plain_loss, pair.checkpointed_loss);
+  const auto kept = pair.plain->named_parameters();
+  int64_t compared = 0;
+  for (const auto& p : pair.checkpointed->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    // The same operations on the same values, in the same order: equal.
+    EXPECT_TRUE(torch::equal(p.value().grad(), kept[p.key()].grad())) << p.key();
+    ++compared;
+  }
+  EXPECT_GT(compared, 40);
+}
+
+}  // namespace
+}  // namespace tide
