@@ -94,7 +94,7 @@ TEST(MixtureOfExperts, ParametersAreNamedAsQwenMoeAndCounted) {
 // The blocks' balances summed, as one training forward reports them.
 double summed_balance(Transformer& model, const torch::Tensor& tokens, const torch::Tensor& targets) {
   model->loss(tokens, targets);
-  return model->take_moe_balance().item<double>() * static_cast<double>(model->config().n_layers);
+  return model->take_moe_balance().item<double>();
 }
 
 TEST(MixtureOfExperts, BalanceLossGradientIsItsCoefficientTimesTheLossGradient) {
@@ -121,7 +121,7 @@ TEST(MixtureOfExperts, BalanceLossGradientIsItsCoefficientTimesTheLossGradient) 
   (plain_loss * scale).backward();
   const auto balance = model->take_moe_balance();
   ASSERT_TRUE(balance.defined());
-  EXPECT_GT(balance.item<double>(), 0.5);
+  EXPECT_GT(balance.item<double>(), 1.0);  // two blocks' balances, each at least 1 / E
   plain->take_moe_balance();
   // Layer 0's router, and a weight of layer 0's attention, which moves layer 1's router
   // input: the balance's gradient reaches both.

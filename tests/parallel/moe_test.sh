@@ -6,8 +6,11 @@
 #    not the reported loss of the first step, which is the language model's alone;
 #  - dp2, ZeRO-1/2/3 x2 and ZeRO-3 x2 with every block recomputed reproduce one process's
 #    losses and final parameters (relative 1e-5), and ZeRO-1 plain dp's bit for bit;
+#  - pp2, and pp2 x dp2 under ZeRO-1, reproduce one process's losses and parameters, and
+#    so does interleaved 1F1B (four blocks, two chunks a stage); the balance reported is
+#    one process's (relative 1e-5);
 #  - a run resumed from its step-5 checkpoint ends with the uninterrupted run's bytes;
-#  - tensor, pipeline and context parallelism are refused naming model.moe_experts.
+#  - tensor and context parallelism are refused naming model.moe_experts.
 source "$(dirname "$0")/common.sh" "$1"
 
 write_recipe moe "tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 48, moe_experts = 4, moe_top_k = 2, max_seq_len = 64 }"
@@ -44,6 +47,24 @@ compare "$work/moe-dp2" "$work/moe-zero1" 1 || fail "MoE ZeRO-1 differs from pla
 train moe moe-zero3-ckpt --nproc 2 --set parallel.zero=3 --set model.activation_checkpointing=true
 compare "$work/moe-1" "$work/moe-zero3-ckpt" 0 || fail "MoE ZeRO-3 with recomputed blocks differs from one process"
 
+balance_matches() {  # balance_matches REFERENCE_RUN OTHER_RUN
+  "${TIDE_PYTHON:-python3}" - "$1" "$2" <<'PY'
+import json, sys
+a, b = ([json.loads(l)["moe_balance"] for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:3])
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+assert len(a) == len(b) == 10 and worst <= 1e-5, (worst, a, b)
+PY
+}
+train moe moe-pp2 --nproc 2 --set parallel.pp=2
+compare "$work/moe-1" "$work/moe-pp2" 0 || fail "MoE pp2 differs from one process"
+balance_matches "$work/moe-1" "$work/moe-pp2" || fail "MoE pp2 reports another balance"
+train moe moe-pp2-dp2 --nproc 4 --set parallel.pp=2 --set parallel.zero=1
+compare "$work/moe-1" "$work/moe-pp2-dp2" 0 || fail "MoE pp2 x dp2 ZeRO-1 differs from one process"
+balance_matches "$work/moe-1" "$work/moe-pp2-dp2" || fail "MoE pp2 x dp2 reports another balance"
+train moe moe4-1 --set model.n_layers=4
+train moe moe4-pp2v2 --nproc 2 --set model.n_layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2
+compare "$work/moe4-1" "$work/moe4-pp2v2" 0 || fail "MoE interleaved 1F1B differs from one process"
+
 mkdir -p "$work/moe-resumed/checkpoints"
 cp -r "$work/moe-1/checkpoints/step-00000005" "$work/moe-resumed/checkpoints/"
 train moe moe-resumed --resume "$work/moe-resumed/checkpoints/step-00000005"
@@ -53,6 +74,5 @@ cmp -s "$work/moe-1/model.safetensors" "$work/moe-resumed/model.safetensors" \
 echo "  moe-resumed: final weights the uninterrupted run's bytes"
 
 refused moe "model.moe_experts" --nproc 2 --set parallel.tp=2
-refused moe "model.moe_experts" --nproc 2 --set parallel.pp=2
 refused moe "model.moe_experts" --nproc 2 --set parallel.cp=2
-echo "  tp2, pp2 and cp2 refused naming model.moe_experts"
+echo "  tp2 and cp2 refused naming model.moe_experts"

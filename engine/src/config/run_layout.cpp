@@ -77,11 +77,11 @@ void check_supported_layout(const RunConfig& cfg, int world) {
                   static_cast<int>(cfg.parallel.pp), static_cast<int>(cfg.parallel.cp));
   check_context_parallel(cfg, grid.cp());
   check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len / grid.cp());
-  if (cfg.model.moe_experts > 0 && (grid.tp() > 1 || grid.pp() > 1 || grid.cp() > 1))
+  if (cfg.model.moe_experts > 0 && (grid.tp() > 1 || grid.cp() > 1))
     throw ConfigError("model.moe_experts",
-                      fmt::format("{} experts run data-parallel (any ZeRO stage) and not yet under tensor, pipeline or "
-                                  "context parallelism (tp = {}, pp = {}, cp = {})",
-                                  cfg.model.moe_experts, grid.tp(), grid.pp(), grid.cp()));
+                      fmt::format("{} experts run data-parallel (any ZeRO stage) and pipeline-parallel, not yet under "
+                                  "tensor or context parallelism (tp = {}, cp = {})",
+                                  cfg.model.moe_experts, grid.tp(), grid.cp()));
   const int64_t virtual_stages = cfg.parallel.virtual_stages;
   if (virtual_stages > 1 && grid.pp() == 1)
     throw ConfigError("parallel.virtual_stages",

@@ -24,6 +24,11 @@ at::Tensor MicroBatchLosses::part(const at::Tensor& loss, int64_t m) {
   return x;
 }
 
+at::Tensor MicroBatchLosses::share(int64_t m, c10::Device device) const {
+  if (shares_.defined()) return shares_[m];
+  return at::full({}, 1.0 / static_cast<double>(micro_batches_), at::TensorOptions().dtype(at::kDouble).device(device));
+}
+
 at::Tensor MicroBatchLosses::total(c10::Device device) const {
   if (!sum_.defined()) return at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
   return shares_.defined() ? sum_ : sum_ / static_cast<double>(micro_batches_);

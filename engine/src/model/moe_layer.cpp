@@ -105,7 +105,6 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   const auto balance = (share * probs.mean(0)).sum() * static_cast<double>(n_experts);
   if (!recomputing_for_backward()) {  // the first forward records it, a recomputation does not again
     pass->balance = pass->balance.defined() ? pass->balance + balance.detach() : balance.detach();
-    ++pass->blocks;
   }
   if (aux_coef_ == 0 || !torch::GradMode::is_enabled()) return out;
   return BalanceLossGradient::apply(out, balance, aux_coef_, c10::make_intrusive<PassHolder>(pass));

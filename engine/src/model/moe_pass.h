@@ -14,9 +14,10 @@
 namespace tide {
 
 struct MoePass {
-  at::Tensor loss_gradient;  // set by the loss's backward: a scalar on the device
-  at::Tensor balance;        // the blocks' balances summed (fp32, no gradient)
-  int64_t blocks = 0;
+  // A scalar on the device: set by the loss's backward, or before the pass where the loss
+  // is on another pipeline stage (TransformerImpl::set_moe_loss_gradient).
+  at::Tensor loss_gradient;
+  at::Tensor balance;  // the blocks' balances summed (no gradient)
 };
 
 // `loss` as it is; its backward records the gradient it is given in `pass`.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include <torch/types.h>
 #include <xxhash.h>
@@ -464,11 +465,12 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   for (size_t c = 0; c < chunk; ++c) at += static_cast<size_t>(stage_.chunks[c].end - stage_.chunks[c].first);
   const BlockRange& range = stage_.chunks.at(chunk);
   const int64_t recomputed = recompute ? recomputed_blocks(cfg_, range) : 0;
-  // A training pass's blocks report to its loss (moe_pass.h).
+  // A training pass's blocks report to its loss (moe_pass.h), one pass a call: a
+  // pipeline stage runs each micro-batch's chunk apart.
   std::shared_ptr<MoePass> pass;
   if (cfg_.moe_experts > 0 && is_training() && torch::GradMode::is_enabled()) {
-    if (!moe_pass_) moe_pass_ = std::make_shared<MoePass>();
-    pass = moe_pass_;
+    pass = moe_pass_ = std::make_shared<MoePass>();
+    pass->loss_gradient = moe_loss_gradient_;
   }
   // Each kind's inputs made once for the chunk, and only for a kind its blocks have.
   std::optional<BlockInputs> full, windowed;
@@ -489,6 +491,8 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
     }
     if (units_) x = units_->after_forward(unit, x);
   }
+  if (pass && pass->balance.defined())
+    moe_balance_ = moe_balance_.defined() ? moe_balance_ + pass->balance : pass->balance;
   return x;
 }
 
@@ -545,23 +549,11 @@ torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Te
                                 cfg_.final_logit_softcap);
   }
   if (units_ && !torch::GradMode::is_enabled()) units_->end_forward();
-  if (moe_pass_) {
-    if (moe_pass_->balance.defined()) {
-      moe_balance_ = moe_balance_.defined() ? moe_balance_ + moe_pass_->balance : moe_pass_->balance;
-      moe_balance_blocks_ += moe_pass_->blocks;
-    }
-    loss = tap_moe_loss(loss, moe_pass_);
-    moe_pass_.reset();
-  }
+  if (moe_pass_ && torch::GradMode::is_enabled()) loss = tap_moe_loss(loss, moe_pass_);
+  moe_pass_.reset();
   return loss;
 }
 
-torch::Tensor TransformerImpl::take_moe_balance() {
-  if (!moe_balance_.defined()) return {};
-  const auto mean = moe_balance_ / static_cast<double>(moe_balance_blocks_);
-  moe_balance_ = torch::Tensor();
-  moe_balance_blocks_ = 0;
-  return mean;
-}
+torch::Tensor TransformerImpl::take_moe_balance() { return std::exchange(moe_balance_, torch::Tensor()); }
 
 }  // namespace tide

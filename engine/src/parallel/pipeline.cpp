@@ -58,6 +58,11 @@ at::Tensor Pipeline::train(const std::vector<Batch>& batches, MicroBatchLosses& 
         pp_.recv(in, previous, forward_tag(virtual_stage - 1, m, n), fmt::format("activations of micro-batch {}", m));
         in.requires_grad_(true);
       }
+      // What this micro-batch's loss will be given in backward, wherever the loss is.
+      if (model_->config().moe_experts > 0) {
+        const auto share = losses.share(m, wire_.device());
+        model_->set_moe_loss_gradient(gradient_scale.defined() ? share * gradient_scale : share);
+      }
       auto out =
           with_compute_dtype(compute_, [&] { return model_->stage_forward(in, b.targets, op.chunk, b.documents); });
       if (last) {

@@ -60,7 +60,11 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   at::Tensor loss = pm_.pipeline ? pm_.pipeline->train(batches, losses, out.loss_scale, before_backward, on_loss)
                                  : whole_model(batches, losses, out.loss_scale, before_backward, on_loss);
   loss = across_stages(loss);
-  out.moe_balance = pm_.model->take_moe_balance();
+  if (cfg_.model.moe_experts > 0) {  // the mean over every block of every micro-batch
+    auto balance = pm_.model->take_moe_balance();
+    if (!balance.defined()) balance = torch::zeros({}, loss.options());
+    out.moe_balance = across_stages(balance.to(torch::kFloat64)) / static_cast<double>(cfg_.model.n_layers * accum);
+  }
   // Every rank gets the same global norm, so clipping and the skip decision agree.
   if (dp) {
     loss = dp->sum(loss) / static_cast<double>(batch_.replicas());

@@ -26,6 +26,9 @@ class MicroBatchLosses {
   // Micro-batch m's loss (a scalar, the mean over its counted targets) as its part of the
   // step's: what backward starts from (before a loss scale). Adds it to the sum, in fp64.
   at::Tensor part(const at::Tensor& loss, int64_t m);
+  // Micro-batch m's share of the step: what part() multiplies its loss by (fp64, on
+  // `device` where the shares are not counted).
+  at::Tensor share(int64_t m, c10::Device device) const;
   // This rank's sum of parts, an fp64 scalar (0 on `device` when nothing was added): the
   // step's loss is its mean over the data-parallel ranks. Not read here.
   at::Tensor total(c10::Device device) const;

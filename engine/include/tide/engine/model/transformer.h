@@ -294,10 +294,16 @@ class TransformerImpl : public torch::nn::Module {
   // The owner must outlive the model's forward and backward passes.
   void set_parameter_units(ParameterUnits* units) { units_ = units; }
 
-  // Under model.moe_experts: the mean load balance (E sum_e f_e P_e, 1 when balanced) of
-  // the blocks over the training passes since the last call, an fp32 scalar on the
+  // Under model.moe_experts: the load balances (E sum_e f_e P_e, 1 when balanced) of this
+  // rank's blocks summed over the training passes since the last call, a scalar on the
   // device (not read here); undefined where none ran.
   torch::Tensor take_moe_balance();
+  // Under model.moe_experts, for a pipeline stage whose pass ends in a loss on another
+  // rank: the gradient backward will give that loss (its micro-batch's share of the step
+  // times any fp16 loss scale), which weighs the blocks' load-balancing losses
+  // (moe_pass.h). Holds for the training passes that follow; a loss on this rank records
+  // its own.
+  void set_moe_loss_gradient(torch::Tensor gradient) { moe_loss_gradient_ = std::move(gradient); }
 
   // What a layer attending in full is given without documents apart: with ALiBi the
   // additive bias [1, H, T, T], -inf above the diagonal; undefined for plain causal
@@ -350,8 +356,8 @@ class TransformerImpl : public torch::nn::Module {
   torch::Tensor alibi_slopes_;  // [H]
   // The training pass in flight (model.moe_experts), from its blocks to its loss.
   std::shared_ptr<MoePass> moe_pass_;
-  torch::Tensor moe_balance_;  // summed over the passes since take_moe_balance
-  int64_t moe_balance_blocks_ = 0;
+  torch::Tensor moe_loss_gradient_;  // set_moe_loss_gradient
+  torch::Tensor moe_balance_;        // summed over the passes since take_moe_balance
 };
 TORCH_MODULE(Transformer);
 
