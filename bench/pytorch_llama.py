@@ -9,6 +9,11 @@ the best eager setup for a GPU. --window W lets a query see only the W nearest k
 the window's [T, T] mask (PyTorch's attention takes no window). --lora R trains LoRA
 adapters of rank R (lora_alpha 16, no dropout) on the seven projections of every block
 through PEFT (inject_adapter_in_model), every other weight frozen, as a PEFT user does.
+--experts E --top-k K --expert-ffn F makes every MLP a mixture of E SwiGLU experts of width
+F, K a token, written as transformers' Mixtral block is (a softmax router, the chosen
+probabilities normalised, a loop over the experts gathering each one's tokens), with the
+Switch load-balancing loss (0.01 E sum_e f_e P_e a block, summed) added to the loss, as
+tide's model.moe_aux_loss does.
 Run with .venv/bin/python (the PyTorch whose LibTorch tide links).
 """
 import argparse
@@ -73,27 +78,64 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(b, t, d))
 
 
-class Block(nn.Module):
-    def __init__(self, dim, n_heads, kv_heads, ffn, sdpa):
+class SwiGLU(nn.Module):
+    def __init__(self, dim, ffn):
         super().__init__()
-        self.input_layernorm = RMSNorm(dim)
-        self.self_attn = Attention(dim, n_heads, kv_heads, sdpa)
-        self.post_attention_layernorm = RMSNorm(dim)
         self.gate_proj = nn.Linear(dim, ffn, bias=False)
         self.up_proj = nn.Linear(dim, ffn, bias=False)
         self.down_proj = nn.Linear(ffn, dim, bias=False)
 
+    def forward(self, h):
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Experts(nn.Module):
+    """transformers' MixtralSparseMoeBlock, plus the block's Switch balance loss."""
+    def __init__(self, dim, ffn, experts, top_k):
+        super().__init__()
+        self.gate = nn.Linear(dim, experts, bias=False)
+        self.experts = nn.ModuleList([SwiGLU(dim, ffn) for _ in range(experts)])
+        self.top_k = top_k
+
+    def forward(self, h):
+        shape = h.shape
+        h = h.reshape(-1, shape[-1])
+        probs = F.softmax(self.gate(h), dim=1, dtype=torch.float)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(h.dtype)
+        out = torch.zeros_like(h)
+        mask = F.one_hot(chosen, num_classes=len(self.experts)).permute(2, 1, 0)  # [E, k, N]
+        for e, expert in enumerate(self.experts):
+            slot, token = torch.where(mask[e])
+            out.index_add_(0, token, (expert(h[token]) * weights[token, slot, None]).to(h.dtype))
+        share = mask.sum(dim=(1, 2)).float() / (h.shape[0] * self.top_k)
+        balance = len(self.experts) * (share * probs.mean(0)).sum()
+        return out.reshape(shape), balance
+
+
+class Block(nn.Module):
+    def __init__(self, dim, n_heads, kv_heads, ffn, sdpa, experts=0, top_k=2):
+        super().__init__()
+        self.input_layernorm = RMSNorm(dim)
+        self.self_attn = Attention(dim, n_heads, kv_heads, sdpa)
+        self.post_attention_layernorm = RMSNorm(dim)
+        self.mlp = Experts(dim, ffn, experts, top_k) if experts else SwiGLU(dim, ffn)
+
     def forward(self, x, cos, sin, mask):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
-        h = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        y = self.mlp(self.post_attention_layernorm(x))
+        if isinstance(y, tuple):
+            y, balance = y
+            self.balance = balance
+        return x + y
 
 
 class Llama(nn.Module):
-    def __init__(self, vocab, dim, layers, heads, kv_heads, ffn, seq, sdpa, window=0):
+    def __init__(self, vocab, dim, layers, heads, kv_heads, ffn, seq, sdpa, window=0, experts=0, top_k=2):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleList([Block(dim, heads, kv_heads, ffn, sdpa) for _ in range(layers)])
+        self.layers = nn.ModuleList([Block(dim, heads, kv_heads, ffn, sdpa, experts, top_k) for _ in range(layers)])
+        self.experts = experts
         self.norm = RMSNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         hd = dim // heads
@@ -125,7 +167,10 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         logits = self.lm_head(self.norm(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        if self.experts:
+            loss = loss + 0.01 * sum(layer.balance for layer in self.layers)
+        return loss
 
 
 def main():
@@ -148,6 +193,9 @@ def main():
     ap.add_argument("--sdpa", action="store_true", help="attention through F.scaled_dot_product_attention")
     ap.add_argument("--fused-adamw", action="store_true", help="torch.optim.AdamW(fused=True)")
     ap.add_argument("--lora", type=int, default=0, help="LoRA adapters of this rank through PEFT (0: full training)")
+    ap.add_argument("--experts", type=int, default=0, help="a mixture of this many experts in every block (0: none)")
+    ap.add_argument("--top-k", type=int, default=2, help="experts a token (with --experts)")
+    ap.add_argument("--expert-ffn", type=int, default=0, help="each expert's width (with --experts)")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the model (inductor); the warm-up steps take the compilation")
     a = ap.parse_args()
@@ -157,8 +205,9 @@ def main():
     torch.manual_seed(0)
     tokens = np.memmap(a.data, dtype=np.uint16, mode="r")
     rng = np.random.default_rng(0)
-    model = Llama(a.vocab, a.dim, a.layers, a.heads, a.kv_heads or a.heads, ffn_dim(a.dim, a.multiple_of), a.seq,
-                  a.sdpa, a.window).to(a.device)
+    ffn = a.expert_ffn if a.experts else ffn_dim(a.dim, a.multiple_of)
+    model = Llama(a.vocab, a.dim, a.layers, a.heads, a.kv_heads or a.heads, ffn, a.seq, a.sdpa, a.window,
+                  a.experts, a.top_k).to(a.device)
     if a.lora:
         from peft import LoraConfig, inject_adapter_in_model
         targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

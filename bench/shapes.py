@@ -18,6 +18,8 @@ SHAPES = {
     "window": dict(dim=256, layers=4, heads=4, kv=2, vocab=8192, seq=2048, batch=2, window=256),
     # A long sequence, where activations outgrow the weights: what context parallelism is for.
     "long": dict(dim=256, layers=4, heads=4, kv=2, vocab=8192, seq=8192, batch=2),
+    # recipes/mixtral/mixtral-tiny.lua: every MLP 8 SwiGLU experts of 256, 2 a token.
+    "moe": dict(dim=256, layers=4, heads=4, kv=2, vocab=8192, seq=256, batch=8, experts=8, top_k=2, expert_ffn=256),
 }
 
 

@@ -7,7 +7,10 @@ and torch.compile (inductor; the warm-up steps take the compilation). With --pre
 (tide's precision.compute = "bf16") the peers are eager fp32, eager bf16 autocast, the
 same with F.scaled_dot_product_attention and AdamW(fused=True), and that under
 torch.compile. --shape window trains with a sliding window of an eighth of the sequence and
-adds the peer that passes the window's mask to F.scaled_dot_product_attention. --lora R
+adds the peer that passes the window's mask to F.scaled_dot_product_attention. --shape moe
+trains mixtral-tiny's shape (8 experts of 256 a block, 2 a token) against transformers'
+Mixtral block written into the peer; MFU counts the router and the 2 experts a token uses.
+--lora R
 trains LoRA adapters of rank R (lora_alpha 16) on every block projection, the rest frozen:
 tide with model.lora_rank = R, each peer through PEFT (inject_adapter_in_model); MFU then
 counts 4 FLOPs a frozen matmul weight a token (no weight gradient) and 6 an adapter's.
@@ -62,7 +65,9 @@ def counted_keys(s):
 
 def flops_per_token(s, ffn, lora=0):
     d, kv_rows = s["dim"], s.get("kv", s["heads"]) * (s["dim"] // s["heads"])
-    matmul_params = s["layers"] * (2 * d * d + 2 * d * kv_rows + 3 * d * ffn) + s["vocab"] * d
+    # A mixture of experts: the router and the top k experts a token passes through.
+    mlp = s["top_k"] * 3 * d * s["expert_ffn"] + s["experts"] * d if s.get("experts") else 3 * d * ffn
+    matmul_params = s["layers"] * (2 * d * d + 2 * d * kv_rows + mlp) + s["vocab"] * d
     attention = 12 * s["layers"] * s["dim"] * counted_keys(s)
     if not lora:
         return 6 * matmul_params + attention
@@ -89,6 +94,8 @@ def run_tide(tide, s, steps, warmup, threads, data, device, precision, lora=0, c
         "device": device, "precision.compute": precision, "cuda_graphs": str(cuda_graphs).lower(),
         "model.lora_rank": lora,
     }
+    if s.get("experts"):
+        sets.update({"model.moe_experts": s["experts"], "model.moe_top_k": s["top_k"], "model.ffn_dim": s["expert_ffn"]})
     if profile_to:
         # With the inputs' shapes: the trace then says which operator, on what, launched
         # each kernel (a copy's source, say).
@@ -119,6 +126,8 @@ def run_torch(s, steps, warmup, threads, data, jemalloc, device, lora=0, compile
     for k in ("dim", "layers", "heads", "vocab", "seq", "batch"):
         cmd += [f"--{k}", str(s[k])]
     cmd += ["--kv-heads", str(s.get("kv", 0)), "--window", str(s.get("window", 0)), "--lora", str(lora), *flags]
+    if s.get("experts"):
+        cmd += ["--experts", str(s["experts"]), "--top-k", str(s["top_k"]), "--expert-ffn", str(s["expert_ffn"])]
     if compile:
         cmd.append("--compile")
     res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
@@ -129,7 +138,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tide", default=os.path.join(ROOT, "build", "tools", "tide"))
     ap.add_argument("--data", default=os.path.join(ROOT, "data", "kjv"))
-    ap.add_argument("--shape", default="all", choices=["tiny", "small", "gpu", "s1", "s2", "window", "all"])
+    ap.add_argument("--shape", default="all", choices=["tiny", "small", "gpu", "s1", "s2", "window", "moe", "all"])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: both on GPU 0 (tide with device=cuda)")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
@@ -161,6 +170,8 @@ def main():
         ffn = 256 * ((int(2 * 4 * s["dim"] / 3) + 255) // 256)
         fpt = flops_per_token(s, ffn, a.lora)
         window = f", window {s['window']}" if s.get("window") else ""
+        if s.get("experts"):
+            window += f", {s['experts']} experts of {s['expert_ffn']} ({s['top_k']} a token)"
         print(f"\n{name}: dim {s['dim']}, {s['layers']} layers, {s['heads']} heads ({s.get('kv', s['heads'])} kv), "
               f"vocab {s['vocab']}, seq {s['seq']}{window}, batch {s['batch']}; {steps} timed steps after {warmup}, "
               f"{a.precision}" + (f", LoRA rank {a.lora}" if a.lora else ""))

@@ -429,9 +429,46 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
   EXPECT_EQ(hf_error(as("llama", {{"hidden_act", "gelu"}})),
             "config.json hidden_act: 'gelu' is not silu, the SwiGLU MLP's");
   EXPECT_EQ(hf_error(as("falcon", nlohmann::json::object())),
-            "config.json model_type: 'falcon' is not a supported family (llama, mistral, qwen2, qwen3, gemma, gemma2, "
-            "gemma3_text, "
-            "bloom)");
+            "config.json model_type: 'falcon' is not a supported family (llama, mistral, mixtral, qwen2, qwen3, "
+            "qwen3_moe, gemma, gemma2, gemma3_text, bloom)");
+}
+
+TEST(HfConvert, MixturesOfExpertsReadAsMixtralAndQwen3MoeOrAreRefusedByName) {
+  nlohmann::json cfg = hf_config(tiny_llama());
+  cfg.erase("tide");
+  const auto as = [&](const std::string& type, const nlohmann::json& extra) {
+    nlohmann::json c = cfg;
+    c["model_type"] = type;
+    for (const auto& [k, v] : extra.items()) c[k] = v;
+    return c;
+  };
+  const ModelConfig mixtral = model_config_from_hf(as("mixtral", {{"num_local_experts", 8}}));
+  EXPECT_EQ(mixtral.moe_experts, 8);
+  EXPECT_EQ(mixtral.moe_top_k, 2);  // transformers' default num_experts_per_tok
+  EXPECT_TRUE(mixtral.moe_normalize_top_k);
+  EXPECT_EQ(hf_config(mixtral)["architectures"], nlohmann::json({"MixtralForCausalLM"}));
+  EXPECT_EQ(hf_config(mixtral)["num_local_experts"], 8);
+  EXPECT_EQ(hf_export_name(mixtral, "model.layers.3.mlp.experts.5.up_proj.weight"),
+            "model.layers.3.block_sparse_moe.experts.5.w3.weight");
+  EXPECT_EQ(hf_export_name(mixtral, "model.layers.3.mlp.gate.weight"), "model.layers.3.block_sparse_moe.gate.weight");
+  EXPECT_EQ(hf_parameter_name(mixtral, as("mixtral", {}))("model.layers.0.block_sparse_moe.experts.12.w2.weight"),
+            "model.layers.0.mlp.experts.12.down_proj.weight");
+  const ModelConfig qwen = model_config_from_hf(
+      as("qwen3_moe", {{"num_experts", 16}, {"num_experts_per_tok", 4}, {"moe_intermediate_size", 40}}));
+  EXPECT_EQ(qwen.moe_experts, 16);
+  EXPECT_EQ(qwen.moe_top_k, 4);
+  EXPECT_EQ(resolved_ffn_dim(qwen), 40);
+  EXPECT_FALSE(qwen.moe_normalize_top_k);  // Qwen3MoeConfig's default norm_topk_prob
+  EXPECT_TRUE(qwen.qk_norm);
+  EXPECT_EQ(hf_config(qwen)["model_type"], "qwen3_moe");
+  EXPECT_EQ(hf_export_name(qwen, "model.layers.3.mlp.gate.weight"), "model.layers.3.mlp.gate.weight");
+  EXPECT_EQ(hf_error(as("qwen3_moe", {{"moe_intermediate_size", 40}, {"mlp_only_layers", {1}}})),
+            "config.json mlp_only_layers: [1]: dense layers among the experts' are not supported");
+  EXPECT_EQ(hf_error(as("qwen3_moe", {{"moe_intermediate_size", 40}, {"decoder_sparse_step", 2}})),
+            "config.json decoder_sparse_step: 2: only every layer a mixture of experts (1) is supported");
+  ModelConfig unnormalised = mixtral;
+  unnormalised.moe_normalize_top_k = false;  // without query/key norms, only Mixtral's form exports
+  EXPECT_EQ(export_refusal(unnormalised), "model.moe_experts");
 }
 
 TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedByName) {
