@@ -9,8 +9,11 @@
 #  - pp2, and pp2 x dp2 under ZeRO-1, reproduce one process's losses and parameters, and
 #    so does interleaved 1F1B (four blocks, two chunks a stage); the balance reported is
 #    one process's (relative 1e-5);
+#  - tp2 (every expert's columns split), dp2 x tp2 under ZeRO-1 and tp2 x pp2 reproduce
+#    one process's losses, parameters and balance;
 #  - a run resumed from its step-5 checkpoint ends with the uninterrupted run's bytes;
-#  - tensor and context parallelism are refused naming model.moe_experts.
+#  - context parallelism is refused naming model.moe_experts, sequence parallelism naming
+#    parallel.sequence_parallel.
 source "$(dirname "$0")/common.sh" "$1"
 
 write_recipe moe "tide.models.llama { vocab_size = 300, dim = 64, n_layers = 2, n_heads = 4, n_kv_heads = 2, ffn_dim = 48, moe_experts = 4, moe_top_k = 2, max_seq_len = 64 }"
@@ -61,6 +64,13 @@ balance_matches "$work/moe-1" "$work/moe-pp2" || fail "MoE pp2 reports another b
 train moe moe-pp2-dp2 --nproc 4 --set parallel.pp=2 --set parallel.zero=1
 compare "$work/moe-1" "$work/moe-pp2-dp2" 0 || fail "MoE pp2 x dp2 ZeRO-1 differs from one process"
 balance_matches "$work/moe-1" "$work/moe-pp2-dp2" || fail "MoE pp2 x dp2 reports another balance"
+train moe moe-tp2 --nproc 2 --set parallel.tp=2
+compare "$work/moe-1" "$work/moe-tp2" 0 || fail "MoE tp2 differs from one process"
+balance_matches "$work/moe-1" "$work/moe-tp2" || fail "MoE tp2 reports another balance"
+train moe moe-dp2-tp2 --nproc 4 --set parallel.tp=2 --set parallel.zero=1
+compare "$work/moe-1" "$work/moe-dp2-tp2" 0 || fail "MoE dp2 x tp2 ZeRO-1 differs from one process"
+train moe moe-tp2-pp2 --nproc 4 --set parallel.tp=2 --set parallel.pp=2
+compare "$work/moe-1" "$work/moe-tp2-pp2" 0 || fail "MoE tp2 x pp2 differs from one process"
 train moe moe4-1 --set model.n_layers=4
 train moe moe4-pp2v2 --nproc 2 --set model.n_layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2
 compare "$work/moe4-1" "$work/moe4-pp2v2" 0 || fail "MoE interleaved 1F1B differs from one process"
@@ -73,6 +83,6 @@ cmp -s "$work/moe-1/model.safetensors" "$work/moe-resumed/model.safetensors" \
   || fail "the resumed MoE run's weights are not the uninterrupted run's bytes"
 echo "  moe-resumed: final weights the uninterrupted run's bytes"
 
-refused moe "model.moe_experts" --nproc 2 --set parallel.tp=2
 refused moe "model.moe_experts" --nproc 2 --set parallel.cp=2
-echo "  tp2 and cp2 refused naming model.moe_experts"
+refused moe "parallel.sequence_parallel" --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+echo "  cp2 refused naming model.moe_experts, tp2 with sequence parallelism naming parallel.sequence_parallel"

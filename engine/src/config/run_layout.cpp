@@ -77,11 +77,18 @@ void check_supported_layout(const RunConfig& cfg, int world) {
                   static_cast<int>(cfg.parallel.pp), static_cast<int>(cfg.parallel.cp));
   check_context_parallel(cfg, grid.cp());
   check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len / grid.cp());
-  if (cfg.model.moe_experts > 0 && (grid.tp() > 1 || grid.cp() > 1))
-    throw ConfigError("model.moe_experts",
-                      fmt::format("{} experts run data-parallel (any ZeRO stage) and pipeline-parallel, not yet under "
-                                  "tensor or context parallelism (tp = {}, cp = {})",
-                                  cfg.model.moe_experts, grid.tp(), grid.cp()));
+  if (cfg.model.moe_experts > 0 && grid.cp() > 1)
+    throw ConfigError("model.moe_experts", fmt::format("{} experts: not yet under context parallelism (cp = {})",
+                                                       cfg.model.moe_experts, grid.cp()));
+  if (cfg.model.moe_experts > 0 && grid.tp() > 1 && cfg.parallel.sequence_parallel)
+    throw ConfigError("parallel.sequence_parallel",
+                      fmt::format("a mixture of experts (model.moe_experts = {}) runs under tensor parallelism "
+                                  "without sequence parallelism (tp = {})",
+                                  cfg.model.moe_experts, grid.tp()));
+  if (cfg.model.moe_experts > 0 && grid.tp() > 1 && cfg.model.mlp_bias)
+    throw ConfigError("model.mlp_bias", fmt::format("experts with biases (model.moe_experts = {}) under tensor "
+                                                    "parallelism (tp = {}) are not supported",
+                                                    cfg.model.moe_experts, grid.tp()));
   const int64_t virtual_stages = cfg.parallel.virtual_stages;
   if (virtual_stages > 1 && grid.pp() == 1)
     throw ConfigError("parallel.virtual_stages",

@@ -404,6 +404,17 @@ torch::Tensor MlpImpl::forward(const LayerInput& x) {
   return leave_tp(torch::gelu(in.out[0], "tanh"), *down, tp_, in.residual);
 }
 
+torch::Tensor MlpImpl::forward_part(const torch::Tensor& x) {
+  const TensorParallel entered;  // the caller's input is summed over the ranks in backward
+  if (gate) {
+    const auto act = kind_ == MlpKind::GeGLU ? GateActivation::GeluTanh : GateActivation::Silu;
+    const auto in = project_input(x, {weights_of(gate), weights_of(up)}, entered, {gate.get(), up.get()});
+    return glu_down(in.out[0], in.out[1], down->weight, act);
+  }
+  const auto in = project_input(x, {weights_of(up)}, entered, {up.get()});
+  return projection(torch::gelu(in.out[0], "tanh"), down->weight, {});
+}
+
 BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {
   const auto sp = tp.sequence_parallel ? tp.group : nullptr;
   const auto norm = [&] { return Norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_zero_centered, sp); };
@@ -419,7 +430,7 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout
     mlp_norm = register_module("post_attention_layernorm", norm());
   }
   if (cfg.moe_experts > 0)
-    moe = register_module("mlp", Moe(cfg));
+    moe = register_module("mlp", Moe(cfg, tp));
   else
     mlp = register_module("mlp", Mlp(cfg, tp));
   if (cfg.post_norms) mlp_out_norm = register_module("post_feedforward_layernorm", norm());

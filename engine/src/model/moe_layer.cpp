@@ -37,7 +37,6 @@ struct BalanceLossGradient : torch::autograd::Function<BalanceLossGradient> {
                             double coef, c10::intrusive_ptr<PassHolder> holder) {
     ctx->saved_data["pass"] = c10::IValue::make_capsule(std::move(holder));
     ctx->saved_data["coef"] = coef;
-    ctx->saved_data["shape"] = balance.sizes().vec();
     ctx->saved_data["options"] = c10::IValue(balance.scalar_type());
     return out;
   }
@@ -57,13 +56,14 @@ at::Tensor tap_moe_loss(const at::Tensor& loss, const std::shared_ptr<MoePass>& 
   return LossGradientTap::apply(loss, c10::make_intrusive<PassHolder>(pass));
 }
 
-MoeImpl::MoeImpl(const ModelConfig& cfg)
-    : top_k_(cfg.moe_top_k), normalize_(cfg.moe_normalize_top_k), aux_coef_(cfg.moe_aux_loss) {
+MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp)
+    : top_k_(cfg.moe_top_k), normalize_(cfg.moe_normalize_top_k), aux_coef_(cfg.moe_aux_loss), tp_(tp) {
+  TORCH_CHECK(!tp_.group || !tp_.sequence_parallel, "a mixture of experts under sequence parallelism");
   gate = register_module("gate", Projection(cfg.dim, cfg.moe_experts, false));
   experts = register_module("experts", torch::nn::ModuleList());
   ModelConfig expert = cfg;
   expert.moe_experts = 0;
-  for (int64_t e = 0; e < cfg.moe_experts; ++e) experts->push_back(Mlp(expert, TensorParallel{}));
+  for (int64_t e = 0; e < cfg.moe_experts; ++e) experts->push_back(Mlp(expert, tp));
 }
 
 torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<MoePass>& pass) {
@@ -84,20 +84,29 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   // products by it (one wait for the device a block).
   const auto counts = per_expert.cpu();
   const auto* count = counts.data_ptr<int64_t>();
-  const auto routed = tokens.index_select(0, token_of);  // [N k, D]
+  // Under tensor parallelism each rank computes its columns' part of every expert's
+  // output: the experts' input gradient, and that of the weights that combine the parts,
+  // are parts too, summed over the ranks (copy_to); the router's own path is whole on
+  // every rank.
+  const bool parts = tp_.group != nullptr;
+  const auto routed = (parts ? tp_.group->copy_to(tokens) : tokens).index_select(0, token_of);  // [N k, D]
   std::vector<torch::Tensor> outputs;
   int64_t start = 0;
   for (int64_t e = 0; e < n_experts; ++e) {
     // An expert no token chose runs on no rows all the same: its weights are in the graph,
     // and backward gives them a gradient of 0, as on every other data-parallel rank,
     // whose gradient reductions wait for every parameter of a bucket.
-    outputs.push_back(experts->at<MlpImpl>(static_cast<size_t>(e)).forward(routed.narrow(0, start, count[e])));
+    auto& expert = experts->at<MlpImpl>(static_cast<size_t>(e));
+    const auto rows = routed.narrow(0, start, count[e]);
+    outputs.push_back(parts ? expert.forward_part(rows) : expert.forward(rows));
     start += count[e];
   }
   const auto expert_out = torch::cat(outputs);  // [N k, D]
-  const auto scaled =
-      expert_out * weights.reshape({-1}).index_select(0, order).to(expert_out.scalar_type()).unsqueeze(1);
-  auto out = torch::zeros({tokens.size(0), d}, scaled.options()).index_add(0, token_of, scaled).view(x.sizes());
+  auto combine = weights.reshape({-1}).index_select(0, order).to(expert_out.scalar_type()).unsqueeze(1);
+  if (parts) combine = tp_.group->copy_to(combine);
+  auto out = torch::zeros({tokens.size(0), d}, expert_out.options()).index_add(0, token_of, expert_out * combine);
+  if (parts) out = tp_.group->reduce_from(out);
+  out = out.view(x.sizes());
   if (!pass) return out;
   // Load balance: E sum_e f_e P_e, f_e the share of the choices expert e got (counted,
   // no gradient), P_e its mean probability; 1 where both are uniform.

@@ -150,6 +150,11 @@ class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(const ModelConfig& cfg, const TensorParallel& tp);
   torch::Tensor forward(const LayerInput& x);
+  // Under tensor parallelism, this rank's part of the output (its columns' product, before
+  // the sum over the ranks; no bias) of an input every rank holds whole and whose gradient
+  // the caller sums over them: a mixture's experts, whose parts are summed once, after
+  // their outputs are combined.
+  torch::Tensor forward_part(const torch::Tensor& x);
 
   Projection gate{nullptr}, up{nullptr}, down{nullptr};
 
@@ -168,10 +173,13 @@ struct MoePass;
 // to its top k, and its output is theirs weighted by those probabilities (divided by
 // their sum under model.moe_normalize_top_k). Dropless: the tokens are grouped by expert
 // and each expert, an Mlp, takes all of its own. Parameters as Qwen2/3-MoE name them:
-// `mlp.gate.weight`, `mlp.experts.<e>.{gate,up,down}_proj.weight`.
+// `mlp.gate.weight`, `mlp.experts.<e>.{gate,up,down}_proj.weight`. Under tensor
+// parallelism every rank routes alike and holds every expert's columns (gate and up split
+// by rows, down by columns, as a dense MLP's); the experts' combined parts are summed over
+// the ranks once.
 class MoeImpl : public torch::nn::Module {
  public:
-  explicit MoeImpl(const ModelConfig& cfg);
+  MoeImpl(const ModelConfig& cfg, const TensorParallel& tp);
   // x [B, T, D], normed. Under `pass` (training) the block's load-balancing loss joins
   // the gradients, weighted as the pass's loss is, and its value is added to the pass's.
   torch::Tensor forward(const torch::Tensor& x, const std::shared_ptr<MoePass>& pass);
@@ -183,6 +191,7 @@ class MoeImpl : public torch::nn::Module {
   int64_t top_k_;
   bool normalize_;
   double aux_coef_;
+  TensorParallel tp_;
 };
 TORCH_MODULE(Moe);
 
