@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include <fmt/format.h>
@@ -572,6 +573,20 @@ TEST(Plan, AutoLayoutChoosesTheFastestThatFitsAndSaysWhy) {
   } catch (const ConfigError& e) {
     EXPECT_EQ(e.field(), "parallel.auto");
     EXPECT_NE(std::string(e.what()).find("no layout of 2 ranks fits: the closest"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plan, AMixtureOfExpertsIsRefusedNamingItsField) {
+  // The memory and time models describe dense blocks: no plan is better than a wrong one.
+  for (const auto& run :
+       {std::function<void()>([] { plan_layouts(recipe("mixtral/mixtral-8x7b"), h100(4, 8)); }),
+        std::function<void()>([] { choose_layout(recipe("mixtral/mixtral-tiny"), fixed_host(2, 16)); })}) {
+    try {
+      run();
+      ADD_FAILURE() << "planned a mixture of experts";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.field(), "model.moe_experts") << e.what();
+    }
   }
 }
 

@@ -93,6 +93,7 @@ void add_plan_command(CLI::App& app) {
     }
     if (a->recipe.empty()) throw CLI::RequiredError("recipe");
     const Recipe r = Recipe::load_file(resolve_recipe_path(a->recipe.at(0)), a->overrides);
+    check_plannable(r.config().model);  // before a CPU is measured for nothing
     Cluster cluster;
     cluster.nodes = a->nodes;
     cluster.devices_per_node = a->per_node;

@@ -147,19 +147,15 @@ int64_t largest_fitting_micro_batch(const RunConfig& cfg, const Cluster& cluster
 
 }  // namespace
 
-namespace {
-// The memory and time models describe dense blocks.
-void check_modelled(const ModelConfig& m) {
+void check_plannable(const ModelConfig& m) {
   if (m.moe_experts > 0)
-    throw ConfigError("model.moe_experts",
-                      fmt::format("{} experts: the planner does not model a mixture of experts "
-                                  "yet; give the layout (parallel.dp, parallel.zero) in the recipe",
-                                  m.moe_experts));
+    throw ConfigError("model.moe_experts", fmt::format("{} experts: the planner does not model a mixture of experts "
+                                                       "yet; give the layout (parallel.dp, tp, pp, zero) in the recipe",
+                                                       m.moe_experts));
 }
-}  // namespace
 
 LayoutPlan evaluate_layout(const RunConfig& cfg, const Cluster& cluster, const PlanLayout& layout) {
-  check_modelled(cfg.model);
+  check_plannable(cfg.model);
   LayoutPlan p;
   p.layout = layout;
   const DType compute = plan::planned_compute_dtype(cfg, cluster.device);
@@ -198,7 +194,7 @@ PlanLayout layout_of(const RunConfig& cfg, int world) {
 }
 
 Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOptions& options) {
-  check_modelled(cfg.model);
+  check_plannable(cfg.model);
   Plan plan;
   plan.recipe = cfg.name;
   plan.cluster = cluster;

@@ -115,6 +115,10 @@ struct Plan {
 
 // Memory and time of one layout of `cfg` on `cluster` (the layout must be valid).
 LayoutPlan evaluate_layout(const RunConfig& cfg, const Cluster& cluster, const PlanLayout& layout);
+// Throws ConfigError naming the field where the memory and time models do not describe
+// the model (a mixture of experts: they describe dense blocks). evaluate_layout and
+// plan_layouts check it first; a caller may check before measuring a device.
+void check_plannable(const ModelConfig& m);
 
 // Every valid layout for cfg's model and global batch on the cluster, ranked.
 Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOptions& options = {});
