@@ -7,7 +7,10 @@
 #include <torch/types.h>
 
 #include "recompute_pair.h"
+#include "tide/engine/config_schema.h"
+#include "tide/engine/model/parameter_names.h"
 #include "tide/engine/model/transformer.h"
+#include "tide/engine/run_layout.h"
 #include "tiny_models.h"
 
 namespace tide {
@@ -43,7 +46,7 @@ void expect_routed_sum(bool normalize) {
     for (int64_t j = 0; j < cfg.moe_top_k; ++j) {
       const int64_t e = sorted[j].item<int64_t>();
       const double w = p[e].item<double>() / (normalize ? chosen : 1.0);
-      want += w * expert_of(moe.experts->at<MlpImpl>(static_cast<size_t>(e)), tokens[n]);
+      want += w * expert_of(*moe.experts[static_cast<size_t>(e)], tokens[n]);
     }
     // fp64 sums of 24 and 32 products of values below 1: rounding far under 1e-12.
     EXPECT_TRUE(torch::allclose(out.reshape({-1, cfg.dim})[n], want, 0, 1e-12)) << "token " << n;
@@ -64,8 +67,8 @@ TEST(MixtureOfExperts, AnExpertNoTokenChoseGetsAZeroGradient) {
   const auto x = torch::randn({1, 1, 32});  // one token: 2 of the 4 experts chosen
   moe.forward(x, nullptr).sum().backward();
   int unused = 0;
-  for (size_t e = 0; e < moe.experts->size(); ++e) {
-    const auto g = moe.experts->at<MlpImpl>(e).up->weight.grad();
+  for (size_t e = 0; e < moe.experts.size(); ++e) {
+    const auto g = moe.experts[e]->up->weight.grad();
     ASSERT_TRUE(g.defined()) << "expert " << e;
     unused += g.abs().sum().item<double>() == 0 ? 1 : 0;
   }
@@ -89,6 +92,47 @@ TEST(MixtureOfExperts, ParametersAreNamedAsQwenMoeAndCounted) {
   const auto compute = model->weights_read_in_compute_dtype();
   EXPECT_EQ(compute.count("model.layers.0.mlp.gate.weight"), 0u);
   EXPECT_EQ(compute.count("model.layers.0.mlp.experts.2.up_proj.weight"), 1u);
+}
+
+TEST(MixtureOfExperts, ExpertNamesSayTheirIndexAndNothingElseIsAnExpert) {
+  EXPECT_EQ(expert_index("model.layers.3.mlp.experts.12.up_proj.weight"), 12);
+  EXPECT_TRUE(is_expert_parameter("model.layers.0.mlp.experts.0.down_proj.weight"));
+  EXPECT_FALSE(is_expert_parameter("model.layers.0.mlp.gate.weight"));
+  EXPECT_FALSE(is_expert_parameter("model.layers.0.mlp.up_proj.weight"));
+  EXPECT_FALSE(is_expert_parameter("model.layers.0.mlp.experts.x.up_proj.weight"));
+}
+
+TEST(MixtureOfExperts, ExpertParallelismIsRefusedWhereItCannotSpreadTheExpertsNamingTheField) {
+  RunConfig cfg;
+  cfg.model = testing::tiny_moe();  // 4 experts
+  cfg.data.seq_len = 16;
+  cfg.batch.global_batch = 4;
+  cfg.batch.micro_batch = 1;
+  const auto refused = [](const RunConfig& c, int world, const std::string& words) {
+    try {
+      check_supported_layout(c, world);
+      ADD_FAILURE() << "accepted; expected a refusal of parallel.ep";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.field(), "parallel.ep") << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  cfg.parallel.ep = 2;
+  EXPECT_NO_THROW(check_supported_layout(cfg, 2));
+  EXPECT_NO_THROW(check_supported_layout(cfg, 4));  // two ranks hold each expert
+  refused(cfg, 1, "does not divide the data-parallel degree dp = 1");
+  RunConfig three = cfg;
+  three.parallel.ep = 3;
+  refused(three, 3, "3 does not divide model.moe_experts = 4");
+  RunConfig dense = cfg;
+  dense.model.moe_experts = 0;
+  refused(dense, 2, "the model has none");
+  try {  // caught before the world size is known
+    validate(dense);
+    ADD_FAILURE() << "a dense model under parallel.ep = 2 validated";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.field(), "parallel.ep") << e.what();
+  }
 }
 
 // The blocks' balances summed, as one training forward reports them.

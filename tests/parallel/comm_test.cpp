@@ -8,13 +8,16 @@
 #include <functional>
 #include <set>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
 #include "../../engine/src/parallel/tensor_parallel_group.h"
+#include "../engine/tiny_models.h"
 #include "tide/engine/model/chunk_attention.h"
 #include "tide/engine/model/context_parallel.h"
 #include "tide/engine/model/linear_cross_entropy.h"
+#include "tide/engine/model/transformer.h"
 #include "tide/engine/parallel/comm.h"
 #include "tide/engine/parallel/distributed.h"
 #include "tide/engine/train/tensor_memory.h"
@@ -299,6 +302,89 @@ TEST(Comm, AllToAllContextAttentionEqualsWholeSequenceAttention) {
           }
         }
         return 0;
+      },
+      free_loopback_port());
+}
+
+TEST(Comm, AllToAllRowsMovesUnevenChunksEmptyOnesIncluded) {
+  run_ranks(
+      3,
+      [](Distributed& d) {
+        Comm& c = *d.world;
+        const int r = c.rank(), n = c.size();
+        // Rank r sends r + j rows of [2, 2] to rank j (none from 0 to 0), each row filled
+        // with 100 r + j.
+        std::vector<int64_t> send, recv;
+        std::vector<torch::Tensor> chunks;
+        for (int j = 0; j < n; ++j) {
+          send.push_back(r + j);
+          recv.push_back(j + r);
+          chunks.push_back(torch::full({r + j, 2, 2}, 100.0 * r + j, torch::kFloat64));
+        }
+        const auto in = torch::cat(chunks);
+        auto out = torch::empty({r * n + n * (n - 1) / 2, 2, 2}, torch::kFloat64);
+        c.all_to_all_rows(in, out, send, recv, "test");
+        std::vector<torch::Tensor> want;
+        for (int i = 0; i < n; ++i) want.push_back(torch::full({i + r, 2, 2}, 100.0 * i + r, torch::kFloat64));
+        int bad = !torch::equal(out, torch::cat(want));
+        // A count that does not fit the tensors is refused, naming the operation.
+        try {
+          c.all_to_all_rows(in, out, {1, 1, 5}, recv, "wrong counts");  // 7 rows: no rank's input
+          ++bad;
+        } catch (const c10::Error& e) {
+          bad += std::string(e.what()).find("wrong counts") == std::string::npos;
+        }
+        return bad;
+      },
+      free_loopback_port());
+}
+
+// Expert parallelism: two ranks, each holding 2 of a block's 4 experts and exchanging
+// tokens, give each rank's tokens the output and input gradient of the whole layer, and
+// each expert the gradient of both ranks' tokens.
+TEST(Comm, ExpertParallelMixtureEqualsTheWholeLayerAndItsGradients) {
+  run_ranks(
+      2,
+      [](Distributed& d) {
+        const ModelConfig cfg = testing::tiny_moe();  // 4 experts, top 2
+        const int rank = d.world->rank();
+        Transformer whole(cfg);
+        Transformer spread(cfg, TensorParallel{}, PipelineStage{}, ParameterStorage::Initialised,
+                           ExpertParallel{tensor_parallel_group(*d.world)});
+        for (auto* m : {&whole, &spread}) {
+          (*m)->reset_parameters(3);
+          (*m)->to(torch::kFloat64);
+        }
+        auto& a = *whole->blocks->ptr<BlockImpl>(1)->moe;
+        auto& b = *spread->blocks->ptr<BlockImpl>(1)->moe;
+        int bad = 0;
+        bad += b.experts.size() != 2 || b.first_expert() != int64_t{2} * rank;
+        bad += spread->named_parameters().find(
+                   fmt::format("model.layers.1.mlp.experts.{}.up_proj.weight", 2 * (1 - rank))) != nullptr;
+        torch::manual_seed(11 + rank);
+        const auto x = torch::randn({2, 7, cfg.dim}, torch::kFloat64);
+        const auto w = torch::randn({2, 7, cfg.dim}, torch::kFloat64);
+        auto xa = x.clone().requires_grad_(), xb = x.clone().requires_grad_();
+        const auto ya = a.forward(xa, nullptr), yb = b.forward(xb, nullptr);
+        (ya * w).sum().backward();
+        (yb * w).sum().backward();
+        // fp64 sums of at most 48 products of values below 10: rounding far under 1e-12.
+        bad += !torch::allclose(yb, ya, 0, 1e-12);
+        bad += !torch::allclose(xb.grad(), xa.grad(), 0, 1e-12);
+        bad += !torch::allclose(b.gate->weight.grad(), a.gate->weight.grad(), 0, 1e-12);
+        // The whole layer's expert gradients summed over both ranks' tokens (every rank
+        // reduces all four experts', in one order).
+        for (auto& expert : a.experts)
+          for (auto* p : {&expert->gate, &expert->up, &expert->down})
+            d.world->all_reduce_sum((*p)->weight.mutable_grad(), "the whole layer's expert gradient");
+        for (size_t k = 0; k < b.experts.size(); ++k) {
+          auto& mine = *b.experts[k];
+          auto& both = *a.experts[static_cast<size_t>(b.first_expert()) + k];
+          for (auto [got, want] : {std::pair{mine.gate, both.gate}, {mine.up, both.up}, {mine.down, both.down}})
+            bad += !torch::allclose(got->weight.grad(), want->weight.grad(), 0, 1e-12);
+        }
+        if (bad) std::fprintf(stderr, "rank %d: %d failed\n", rank, bad);
+        return bad;
       },
       free_loopback_port());
 }

@@ -65,5 +65,19 @@ TEST(Grid, ContextParallelRanksSitBetweenTensorAndDataParallelOnes) {
   EXPECT_THROW(Grid(8, 0, 0, 1, 1, 3), ConfigError);  // 8 ranks do not divide by cp = 3
 }
 
+TEST(Grid, ExpertParallelGroupsSplitTheDataParallelRanks) {
+  // dp4 x tp2 = 8, ep2: dp ranks {0, 1} and {2, 3} spread the experts; {0, 2} and {1, 3}
+  // hold the same ones.
+  const Grid g(8, 5, 4, 2, 1);  // dp2 tp1
+  EXPECT_EQ(g.coords().dp, 2);
+  EXPECT_EQ(g.ep_group(2), (std::vector<int>{5, 7}));
+  EXPECT_EQ(g.expert_replica_group(2), (std::vector<int>{1, 5}));
+  EXPECT_EQ(g.ep_group(4), g.dp_group());
+  EXPECT_EQ(g.expert_replica_group(4), (std::vector<int>{5}));
+  EXPECT_EQ(g.ep_group_name(2), "ep1.tp1.cp0.pp0");
+  EXPECT_EQ(g.expert_replica_group_name(2), "edp0.tp1.cp0.pp0");
+  EXPECT_NE(Grid(8, 7, 4, 2, 1).ep_group_name(2), Grid(8, 3, 4, 2, 1).ep_group_name(2));
+}
+
 }  // namespace
 }  // namespace tide

@@ -121,6 +121,22 @@ struct Checkpointer::Impl {
     json frozen;    // this rank's fingerprints(), which rank 0 records for all
   };
 
+  // What this rank saves and restores: its parameters' layout and optimizer, the pieces of
+  // rank `rank` of the `ranks` that share them; under expert parallelism its experts' too.
+  struct Holding {
+    FlatParameters* flat;
+    AdamW* optim;
+    int rank, ranks;
+  };
+  std::vector<Holding> holdings() const {
+    std::vector<Holding> out{{parts.flat, parts.optim, dp_rank, dp}};
+    if (parts.expert_flat) {
+      const Comm& holders = *parts.dist->expert_replicas;
+      out.push_back({parts.expert_flat, parts.expert_optim, holders.rank(), holders.size()});
+    }
+    return out;
+  }
+
   void fail(const Snapshot& snap, const std::string& what) {
     spdlog::error("checkpoint: step {}: {}", snap.step, what);
     if (listener) listener(snap.step, "", what, seconds_since(snap.taken));
@@ -209,30 +225,33 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
   {
     // The pieces this rank owns, copied to host memory now: training may go on.
     torch::NoGradGuard no_grad;
-    auto& flat = *m.parts.flat;
-    auto& optim = *m.parts.optim;
-    for (const auto& p : pieces_of(flat, m.dp_rank, m.dp, m.zero)) {
-      if (!p.counted) continue;
-      const auto& slot = flat.slots()[p.slot];
-      const TpSlice tp = m.parts.model->tp_slice(slot.name);
-      auto global_shape = slot.shape;
-      if (tp.dim >= 0) global_shape[static_cast<size_t>(tp.dim)] = tp.valid;
-      for (int k = 0; k < 3; ++k) {
-        const auto& src = k == 0 ? optim.params() : moments(optim, k);
-        const int64_t at = k == 0 ? p.param_at : p.moment_at;
-        const std::string name = fmt::format("{}|{}|{}", slot.name, kKinds[k], p.begin);
-        // Asynchronous: a copy in host memory, since training goes on. Synchronous on the
-        // host: the buffers themselves, since training waits for the write.
-        auto values = src.narrow(0, at, p.end - p.begin);
-        if (m.parts.cfg->checkpoint.async || !values.is_cpu()) values = values.to(torch::kCPU).clone();
-        snap->entries.push_back({name, values,
-                                 {{"tensor", name},
-                                  {"param", slot.name},
-                                  {"kind", kKinds[k]},
-                                  {"range", {p.begin, p.end}},
-                                  {"local_shape", slot.shape},
-                                  {"global_shape", global_shape},
-                                  {"tp", tp_json(tp)}}});
+    for (const auto& held : m.holdings()) {
+      auto& flat = *held.flat;
+      auto& optim = *held.optim;
+      for (const auto& p : pieces_of(flat, held.rank, held.ranks, m.zero)) {
+        if (!p.counted) continue;
+        const auto& slot = flat.slots()[p.slot];
+        const TpSlice tp = m.parts.model->tp_slice(slot.name);
+        auto global_shape = slot.shape;
+        if (tp.dim >= 0) global_shape[static_cast<size_t>(tp.dim)] = tp.valid;
+        for (int k = 0; k < 3; ++k) {
+          const auto& src = k == 0 ? optim.params() : moments(optim, k);
+          const int64_t at = k == 0 ? p.param_at : p.moment_at;
+          const std::string name = fmt::format("{}|{}|{}", slot.name, kKinds[k], p.begin);
+          // Asynchronous: a copy in host memory, since training goes on. Synchronous on the
+          // host: the buffers themselves, since training waits for the write.
+          auto values = src.narrow(0, at, p.end - p.begin);
+          if (m.parts.cfg->checkpoint.async || !values.is_cpu()) values = values.to(torch::kCPU).clone();
+          snap->entries.push_back({name,
+                                   values,
+                                   {{"tensor", name},
+                                    {"param", slot.name},
+                                    {"kind", kKinds[k]},
+                                    {"range", {p.begin, p.end}},
+                                    {"local_shape", slot.shape},
+                                    {"global_shape", global_shape},
+                                    {"tp", tp_json(tp)}}});
+        }
       }
     }
     for (auto& g : save_generators(model_device(m.parts)))
@@ -259,6 +278,7 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
           {"cp", d ? d->grid.cp() : 1},
           {"tp", d ? d->tp->size() : 1},
           {"pp", d ? d->pp->size() : 1},
+          {"ep", cfg.parallel.ep},
           {"virtual_stages", cfg.parallel.virtual_stages},
           {"zero", m.zero}}},
         {"recipe", config_to_json(cfg)},
@@ -466,7 +486,7 @@ ResumeState Checkpointer::load(const std::string& dir) {
   state.loader_cursor = manifest.at("loader_cursor").get<int64_t>();
   state.loss_scale = read_loss_scale(manifest, dir);
   state.dir = dir;
-  impl_->parts.optim->restore(state.optimizer_steps);
+  for (const auto& held : impl_->holdings()) held.optim->restore(state.optimizer_steps);
   impl_->restore_rng(manifest, dir);
   spdlog::info("checkpoint: resumed from {} (step {})", dir, state.step);
   return state;
@@ -477,7 +497,7 @@ void Checkpointer::initialise(const std::function<at::Tensor(const std::string&)
   torch::NoGradGuard no_grad;
   impl_->restore_values([&](const std::string& name, int) { return whole_parameter(name); }, 1, source);
   impl_->restore_frozen(whole_parameter, source);
-  impl_->parts.optim->restore(0);
+  for (const auto& held : impl_->holdings()) held.optim->restore(0);
 }
 
 void Checkpointer::Impl::restore_frozen(const std::function<torch::Tensor(const std::string&)>& whole,
@@ -530,24 +550,26 @@ torch::Tensor Checkpointer::Impl::tensor_parallel_part(const torch::Tensor& glob
 
 void Checkpointer::Impl::restore_values(const std::function<torch::Tensor(const std::string&, int)>& whole, int kinds,
                                         const std::string& source) {
-  auto& flat = *parts.flat;
-  auto& optim = *parts.optim;
-  // Parameters: all local ones (ZeRO-3: this rank's pieces); moments: the optimizer's.
-  const auto param_pieces = zero == 3 ? pieces_of(flat, dp_rank, dp, 3) : pieces_of(flat, 0, 1, 0);
-  const auto moment_pieces = zero >= 1 ? pieces_of(flat, dp_rank, dp, zero) : pieces_of(flat, 0, 1, 0);
-  for (int k = 0; k < kinds; ++k) {
-    const auto& wanted = k == 0 ? param_pieces : moment_pieces;
-    std::map<size_t, std::vector<const Piece*>> by_slot;
-    for (const auto& p : wanted) by_slot[p.slot].push_back(&p);
-    for (const auto& [slot_index, list] : by_slot) {
-      const auto& slot = flat.slots()[slot_index];
-      const auto global = whole(slot.name, k);
-      if (!global.defined()) continue;  // initialise: not in the source (a LoRA adapter), kept as drawn
-      const auto values = tensor_parallel_part(global, slot.name, slot.shape, source).contiguous().view({-1});
-      torch::Tensor dst = k == 0 ? optim.params() : moments(optim, k);
-      for (const Piece* p : list) {
-        const int64_t at = k == 0 ? p->param_at : p->moment_at;
-        dst.narrow(0, at, p->end - p->begin).copy_(values.narrow(0, p->begin, p->end - p->begin));
+  for (const auto& held : holdings()) {
+    auto& flat = *held.flat;
+    auto& optim = *held.optim;
+    // Parameters: all local ones (ZeRO-3: this rank's pieces); moments: the optimizer's.
+    const auto param_pieces = zero == 3 ? pieces_of(flat, held.rank, held.ranks, 3) : pieces_of(flat, 0, 1, 0);
+    const auto moment_pieces = zero >= 1 ? pieces_of(flat, held.rank, held.ranks, zero) : pieces_of(flat, 0, 1, 0);
+    for (int k = 0; k < kinds; ++k) {
+      const auto& wanted = k == 0 ? param_pieces : moment_pieces;
+      std::map<size_t, std::vector<const Piece*>> by_slot;
+      for (const auto& p : wanted) by_slot[p.slot].push_back(&p);
+      for (const auto& [slot_index, list] : by_slot) {
+        const auto& slot = flat.slots()[slot_index];
+        const auto global = whole(slot.name, k);
+        if (!global.defined()) continue;  // initialise: not in the source (a LoRA adapter), kept as drawn
+        const auto values = tensor_parallel_part(global, slot.name, slot.shape, source).contiguous().view({-1});
+        torch::Tensor dst = k == 0 ? optim.params() : moments(optim, k);
+        for (const Piece* p : list) {
+          const int64_t at = k == 0 ? p->param_at : p->moment_at;
+          dst.narrow(0, at, p->end - p->begin).copy_(values.narrow(0, p->begin, p->end - p->begin));
+        }
       }
     }
   }

@@ -636,6 +636,13 @@ void add_parallel_fields(std::vector<FieldSpec>& s) {
       "/ cp values, whatever cp). all_to_all needs the heads (per tensor-parallel rank) divisible by cp, and the "
       "key/value heads too or cp by them.",
       REF(parallel.cp_comm)));
+  s.push_back(integer("parallel.ep", 1, 1e4, kFixed,
+                      "Expert-parallel degree (model.moe_experts): each block's experts are spread over ep "
+                      "consecutive data-parallel ranks (moe_experts / ep each), every token sent to the ranks of its "
+                      "experts and its outputs back (two all-to-alls a block, each way); the dp / ep ranks that hold "
+                      "the same experts reduce their gradients and share ZeRO's shards of them. Must divide dp and "
+                      "model.moe_experts.",
+                      REF(parallel.ep)));
   s.push_back(integer("parallel.zero", 0, 3, kFixed, "ZeRO stage on the data-parallel axis.", REF(parallel.zero)));
   s.push_back(boolean("parallel.auto", kFixed,
                       "Let the planner choose the layout and micro-batch for the ranks the run gets (as `tide "
@@ -950,6 +957,8 @@ void validate(const RunConfig& c) {
   if (c.parallel.pp > m.n_layers)
     fail("parallel.pp", fmt::format("{} exceeds model.n_layers = {}", c.parallel.pp, m.n_layers));
   check_context_parallel(c, c.parallel.cp);
+  // An inferred dp (0) is checked against ep at launch.
+  check_expert_parallel(c, c.parallel.dp > 0 ? c.parallel.dp : c.parallel.ep);
 }
 
 std::vector<DataSource> data_sources(const DataConfig& d) {

@@ -52,6 +52,22 @@ void check_context_parallel(const RunConfig& cfg, int64_t cp) {
                                   t / cp, t, cp, tp));
 }
 
+void check_expert_parallel(const RunConfig& cfg, int64_t dp) {
+  const int64_t ep = cfg.parallel.ep, experts = cfg.model.moe_experts;
+  if (ep <= 1) return;
+  if (experts == 0)
+    throw ConfigError("parallel.ep", fmt::format("{} spreads the experts of a mixture of experts, and the model has "
+                                                 "none (model.moe_experts = 0)",
+                                                 ep));
+  if (experts % ep != 0)
+    throw ConfigError("parallel.ep", fmt::format("{} does not divide model.moe_experts = {}", ep, experts));
+  if (dp % ep != 0)
+    throw ConfigError("parallel.ep",
+                      fmt::format("{} does not divide the data-parallel degree dp = {}: the experts are spread over ep "
+                                  "of the dp ranks",
+                                  ep, dp));
+}
+
 namespace {
 // What interleaved 1F1B (parallel.virtual_stages > 1) asks of the rest of the layout.
 void check_interleaving(const RunConfig& cfg, int pp, int dp) {
@@ -89,6 +105,7 @@ void check_supported_layout(const RunConfig& cfg, int world) {
     throw ConfigError("model.mlp_bias", fmt::format("experts with biases (model.moe_experts = {}) under tensor "
                                                     "parallelism (tp = {}) are not supported",
                                                     cfg.model.moe_experts, grid.tp()));
+  check_expert_parallel(cfg, grid.dp());
   const int64_t virtual_stages = cfg.parallel.virtual_stages;
   if (virtual_stages > 1 && grid.pp() == 1)
     throw ConfigError("parallel.virtual_stages",

@@ -415,7 +415,8 @@ torch::Tensor MlpImpl::forward_part(const torch::Tensor& x) {
   return projection(torch::gelu(in.out[0], "tanh"), down->weight, {});
 }
 
-BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout_(cfg.dropout) {
+BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertParallel& ep)
+    : dropout_(cfg.dropout) {
   const auto sp = tp.sequence_parallel ? tp.group : nullptr;
   const auto norm = [&] { return Norm(cfg.norm, cfg.dim, cfg.norm_eps, cfg.norm_zero_centered, sp); };
   // Registered in the order a forward uses them. With post-norms Hugging Face's Gemma 2
@@ -430,7 +431,7 @@ BlockImpl::BlockImpl(const ModelConfig& cfg, const TensorParallel& tp) : dropout
     mlp_norm = register_module("post_attention_layernorm", norm());
   }
   if (cfg.moe_experts > 0)
-    moe = register_module("mlp", Moe(cfg, tp));
+    moe = register_module("mlp", Moe(cfg, tp, ep));
   else
     mlp = register_module("mlp", Mlp(cfg, tp));
   if (cfg.post_norms) mlp_out_norm = register_module("post_feedforward_layernorm", norm());

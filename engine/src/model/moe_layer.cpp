@@ -50,24 +50,132 @@ struct BalanceLossGradient : torch::autograd::Function<BalanceLossGradient> {
     return {grads[0], g, at::Tensor(), at::Tensor()};
   }
 };
+struct GroupHolder : torch::CustomClassHolder {
+  explicit GroupHolder(std::shared_ptr<TensorParallelGroup> g) : group(std::move(g)) {}
+  std::shared_ptr<TensorParallelGroup> group;
+};
+
+// Rows exchanged between the expert-parallel ranks (send_rows[j] of them to rank j,
+// recv_rows[i] from rank i); backward sends their gradients back the way they came.
+struct ExchangeRows : torch::autograd::Function<ExchangeRows> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& rows,
+                            const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows,
+                            c10::intrusive_ptr<GroupHolder> holder, const char* what) {
+    auto out = holder->group->all_to_all_rows(rows.contiguous(), send_rows, recv_rows, what);
+    ctx->saved_data["send"] = send_rows;
+    ctx->saved_data["recv"] = recv_rows;
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(holder));
+    ctx->saved_data["what"] = std::string(what);
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto holder = c10::static_intrusive_pointer_cast<GroupHolder>(ctx->saved_data["group"].toCapsule());
+    const auto g = holder->group->all_to_all_rows(grads[0].contiguous(), ctx->saved_data["recv"].toIntVector(),
+                                                  ctx->saved_data["send"].toIntVector(),
+                                                  "gradients of " + ctx->saved_data["what"].toStringRef());
+    return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::vector<int64_t> sums_of_chunks(const int64_t* values, int64_t chunks, int64_t each) {
+  std::vector<int64_t> out(static_cast<size_t>(chunks), 0);
+  for (int64_t i = 0; i < chunks * each; ++i) out[static_cast<size_t>(i / each)] += values[i];
+  return out;
+}
 }  // namespace
 
 at::Tensor tap_moe_loss(const at::Tensor& loss, const std::shared_ptr<MoePass>& pass) {
   return LossGradientTap::apply(loss, c10::make_intrusive<PassHolder>(pass));
 }
 
-MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp)
-    : top_k_(cfg.moe_top_k), normalize_(cfg.moe_normalize_top_k), aux_coef_(cfg.moe_aux_loss), tp_(tp) {
+MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertParallel& ep)
+    : n_experts_(cfg.moe_experts),
+      top_k_(cfg.moe_top_k),
+      normalize_(cfg.moe_normalize_top_k),
+      aux_coef_(cfg.moe_aux_loss),
+      tp_(tp),
+      ep_(ep) {
   TORCH_CHECK(!tp_.group || !tp_.sequence_parallel, "a mixture of experts under sequence parallelism");
+  TORCH_CHECK(n_experts_ % ep_.size() == 0, n_experts_, " experts do not divide among ", ep_.size(),
+              " expert-parallel ranks");
   gate = register_module("gate", Projection(cfg.dim, cfg.moe_experts, false));
-  experts = register_module("experts", torch::nn::ModuleList());
+  // Named by their index in the block, whichever rank holds them (checkpoints and
+  // initial values go by the name).
+  auto held = register_module("experts", std::make_shared<torch::nn::Module>());
   ModelConfig expert = cfg;
   expert.moe_experts = 0;
-  for (int64_t e = 0; e < cfg.moe_experts; ++e) experts->push_back(Mlp(expert, tp));
+  const int64_t local = n_experts_ / ep_.size();
+  first_expert_ = ep_.rank() * local;
+  for (int64_t e = first_expert_; e < first_expert_ + local; ++e)
+    experts.emplace_back(held->register_module(std::to_string(e), Mlp(expert, tp)));
+}
+
+torch::Tensor MoeImpl::expert_forward(size_t local, const torch::Tensor& rows) {
+  // An expert no token chose runs on no rows all the same: its weights are in the graph,
+  // and backward gives them a gradient of 0, as on every other data-parallel rank,
+  // whose gradient reductions wait for every parameter of a bucket.
+  auto& expert = *experts.at(local);
+  return tp_.group ? expert.forward_part(rows) : expert.forward(rows);
+}
+
+torch::Tensor MoeImpl::experts_forward(const torch::Tensor& routed, const int64_t* count) {
+  std::vector<torch::Tensor> outputs;
+  if (!ep_.group) {
+    int64_t start = 0;
+    for (size_t e = 0; e < experts.size(); ++e) {
+      outputs.push_back(expert_forward(e, routed.narrow(0, start, count[e])));
+      start += count[e];
+    }
+    return torch::cat(outputs);
+  }
+  return dispatched_forward(routed, count);
+}
+
+torch::Tensor MoeImpl::dispatched_forward(const torch::Tensor& routed, const int64_t* count) {
+  const int64_t ranks = ep_.size(), local = static_cast<int64_t>(experts.size());
+  // What each rank sends this one for each of this rank's experts: chunk i of rank i's
+  // batch sizes.
+  const auto mine = torch::from_blob(const_cast<int64_t*>(count), {n_experts_}, torch::kInt64).clone();
+  const auto theirs = ep_.group->all_to_all(mine, "expert batch sizes").to(torch::kCPU);  // [ranks, local]
+  const int64_t* from = theirs.data_ptr<int64_t>();
+  const auto send_rows = sums_of_chunks(count, ranks, local);
+  const auto recv_rows = sums_of_chunks(from, ranks, local);
+  const auto holder = c10::make_intrusive<GroupHolder>(ep_.group);
+  // Arrived by source rank, each source's rows by expert: regrouped by expert (sources
+  // in order within each), computed, and put back in arrival order to return.
+  const auto arrived = ExchangeRows::apply(routed, send_rows, recv_rows, holder, "tokens sent to their experts");
+  std::vector<int64_t> by_expert, source_start(static_cast<size_t>(ranks), 0);
+  for (int64_t i = 1; i < ranks; ++i)
+    source_start[static_cast<size_t>(i)] =
+        source_start[static_cast<size_t>(i - 1)] + recv_rows[static_cast<size_t>(i - 1)];
+  by_expert.reserve(static_cast<size_t>(arrived.size(0)));
+  std::vector<int64_t> expert_rows(static_cast<size_t>(local), 0);
+  for (int64_t k = 0; k < local; ++k) {
+    for (int64_t i = 0; i < ranks; ++i) {
+      int64_t at = source_start[static_cast<size_t>(i)];
+      for (int64_t j = 0; j < k; ++j) at += from[i * local + j];
+      for (int64_t r = 0; r < from[i * local + k]; ++r) by_expert.push_back(at + r);
+      expert_rows[static_cast<size_t>(k)] += from[i * local + k];
+    }
+  }
+  std::vector<int64_t> arrival(by_expert.size());
+  for (size_t p = 0; p < by_expert.size(); ++p) arrival[static_cast<size_t>(by_expert[p])] = static_cast<int64_t>(p);
+  const auto index = [&](const std::vector<int64_t>& v) { return torch::tensor(v, torch::kInt64).to(routed.device()); };
+  const auto grouped = arrived.index_select(0, index(by_expert));
+  std::vector<torch::Tensor> outputs;
+  int64_t start = 0;
+  for (int64_t k = 0; k < local; ++k) {
+    outputs.push_back(
+        expert_forward(static_cast<size_t>(k), grouped.narrow(0, start, expert_rows[static_cast<size_t>(k)])));
+    start += expert_rows[static_cast<size_t>(k)];
+  }
+  const auto done = torch::cat(outputs).index_select(0, index(arrival));
+  return ExchangeRows::apply(done, recv_rows, send_rows, holder, "expert outputs sent back");
 }
 
 torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<MoePass>& pass) {
-  const int64_t d = x.size(-1), n_experts = static_cast<int64_t>(experts->size());
+  const int64_t d = x.size(-1);
   const auto tokens = x.reshape({-1, d});  // [N, D]
   // The router in fp32 (or wider) whatever the compute dtype: its choices are discrete,
   // and a rounding that flips one changes the expert a token gets.
@@ -79,29 +187,17 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   const auto choices = chosen.reshape({-1});  // [N k]
   const auto order = choices.argsort(/*stable=*/true);
   const auto token_of = order.div(top_k_, "floor");
-  const auto per_expert = choices.bincount(c10::nullopt, n_experts);  // [E]
+  const auto per_expert = choices.bincount(c10::nullopt, n_experts_);  // [E]
   // Each expert's batch size, read by the host: dropless routing sizes the experts'
   // products by it (one wait for the device a block).
   const auto counts = per_expert.cpu();
-  const auto* count = counts.data_ptr<int64_t>();
   // Under tensor parallelism each rank computes its columns' part of every expert's
   // output: the experts' input gradient, and that of the weights that combine the parts,
   // are parts too, summed over the ranks (copy_to); the router's own path is whole on
   // every rank.
   const bool parts = tp_.group != nullptr;
   const auto routed = (parts ? tp_.group->copy_to(tokens) : tokens).index_select(0, token_of);  // [N k, D]
-  std::vector<torch::Tensor> outputs;
-  int64_t start = 0;
-  for (int64_t e = 0; e < n_experts; ++e) {
-    // An expert no token chose runs on no rows all the same: its weights are in the graph,
-    // and backward gives them a gradient of 0, as on every other data-parallel rank,
-    // whose gradient reductions wait for every parameter of a bucket.
-    auto& expert = experts->at<MlpImpl>(static_cast<size_t>(e));
-    const auto rows = routed.narrow(0, start, count[e]);
-    outputs.push_back(parts ? expert.forward_part(rows) : expert.forward(rows));
-    start += count[e];
-  }
-  const auto expert_out = torch::cat(outputs);  // [N k, D]
+  const auto expert_out = experts_forward(routed, counts.data_ptr<int64_t>());                  // [N k, D]
   auto combine = weights.reshape({-1}).index_select(0, order).to(expert_out.scalar_type()).unsqueeze(1);
   if (parts) combine = tp_.group->copy_to(combine);
   auto out = torch::zeros({tokens.size(0), d}, expert_out.options()).index_add(0, token_of, expert_out * combine);
@@ -111,7 +207,7 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   // Load balance: E sum_e f_e P_e, f_e the share of the choices expert e got (counted,
   // no gradient), P_e its mean probability; 1 where both are uniform.
   const auto share = per_expert.to(router) / static_cast<double>(choices.size(0));
-  const auto balance = (share * probs.mean(0)).sum() * static_cast<double>(n_experts);
+  const auto balance = (share * probs.mean(0)).sum() * static_cast<double>(n_experts_);
   if (!recomputing_for_backward()) {  // the first forward records it, a recomputation does not again
     pass->balance = pass->balance.defined() ? pass->balance + balance.detach() : balance.detach();
   }

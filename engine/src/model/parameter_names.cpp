@@ -1,6 +1,8 @@
 #include "tide/engine/model/parameter_names.h"
 
+#include <cctype>
 #include <cstdlib>
+#include <string>
 
 namespace tide {
 
@@ -18,6 +20,17 @@ int block_unit(const std::string& name) {
 
 bool is_head_parameter(const std::string& name) {
   return name == "lm_head.weight" || name.rfind("model.norm.", 0) == 0 || name.rfind("transformer.ln_f.", 0) == 0;
+}
+
+int64_t expert_index(const std::string& name) {
+  static const std::string kExperts = ".mlp.experts.";
+  const auto at = name.find(kExperts);
+  if (at == std::string::npos) return -1;
+  const size_t first = at + kExperts.size();
+  size_t end = first;
+  while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+  if (end == first) return -1;
+  return std::stoll(name.substr(first, end - first));
 }
 
 bool ends_with(const std::string& name, const std::string& suffix) {

@@ -102,8 +102,8 @@ std::shared_ptr<torch::nn::Module> holder_of(const std::string& name, torch::Ten
 }  // namespace
 
 TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, PipelineStage stage,
-                                 ParameterStorage storage)
-    : cfg_(cfg), tp_(tp), stage_(stage) {
+                                 ParameterStorage storage, ExpertParallel ep)
+    : cfg_(cfg), tp_(std::move(tp)), ep_(std::move(ep)), stage_(std::move(stage)) {
   const bool deferred = storage == ParameterStorage::Deferred;
   std::optional<DeferredStorage> shapes_only;  // every parameter made without memory
   if (deferred) shapes_only.emplace();
@@ -137,7 +137,7 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
   auto layers = std::make_shared<torch::nn::Module>();
   for (const auto& c : stage_.chunks) {
     for (int64_t i = c.first; i < c.end; ++i) {
-      Block block(cfg, tp_);
+      Block block(cfg, tp_, ep_);
       blocks->push_back(block);
       layers->register_module(std::to_string(i), block);
     }

@@ -17,8 +17,8 @@ FlatParameters::FlatParameters(torch::nn::Module& model, const OptimConfig& opti
     // Frozen (LoRA's base weights): no gradient, no optimizer state, no share of the
     // collectives; the model's own tensor. Its unit is laid out all the same (empty where
     // it holds nothing else): units keep their indices. The other way round in a layout
-    // of the frozen ones.
-    if (item.value().requires_grad() == options.frozen) {
+    // of the frozen ones; likewise for what Options::takes leaves out.
+    if (item.value().requires_grad() == options.frozen || (options.takes && !options.takes(item.key()))) {
       if (options.unit_of) n_units = std::max(n_units, options.unit_of(item.key()) + 1);
       continue;
     }

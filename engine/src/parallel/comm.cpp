@@ -2,7 +2,9 @@
 
 #include <cstring>
 #include <functional>
+#include <numeric>
 
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <torch/types.h>
 
@@ -211,6 +213,39 @@ void Comm::all_to_all(const at::Tensor& input, at::Tensor& output, const std::st
   std::vector<int64_t> equal_splits;  // empty: size() equal chunks each way
   impl_->wait(impl_->pg->alltoall_base(flat, in, equal_splits, equal_splits), "all_to_all", what);
   if (!target.is_same(output)) output.copy_(target.view_as(output));
+}
+
+void Comm::all_to_all_rows(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& send_rows,
+                           const std::vector<int64_t>& recv_rows, const std::string& what) {
+  const auto n = static_cast<size_t>(size());
+  const auto sum = [](const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); };
+  TORCH_CHECK(send_rows.size() == n && recv_rows.size() == n, "all_to_all_rows (", what, "): ", send_rows.size(),
+              " send and ", recv_rows.size(), " receive counts for a group of ", n);
+  TORCH_CHECK(
+      input.dim() >= 1 && output.dim() >= 1 && input.size(0) == sum(send_rows) && output.size(0) == sum(recv_rows),
+      "all_to_all_rows (", what, "): ", input.dim() >= 1 ? input.size(0) : 0, " input and ",
+      output.dim() >= 1 ? output.size(0) : 0, " output rows, but the counts sum to ", sum(send_rows), " and ",
+      sum(recv_rows));
+  if (n == 1) {
+    output.copy_(input);
+    return;
+  }
+  // Flat, the chunks counted in elements: a side with no rows has no row size to infer.
+  const int64_t row = c10::multiply_integers(input.sizes().slice(1));
+  TORCH_CHECK(c10::multiply_integers(output.sizes().slice(1)) == row, "all_to_all_rows (", what, "): rows of ",
+              input.sizes().slice(1), " sent, of ", output.sizes().slice(1), " received");
+  impl_->bytes_sent +=
+      (sum(send_rows) - send_rows[static_cast<size_t>(rank())]) * row * static_cast<int64_t>(input.element_size());
+  auto in = impl_->staged(input.contiguous().view({-1}));
+  auto target = staging(output, in);
+  auto flat = target.view({-1});
+  std::vector<int64_t> out_splits, in_splits;
+  for (size_t j = 0; j < n; ++j) {
+    out_splits.push_back(recv_rows[j] * row);
+    in_splits.push_back(send_rows[j] * row);
+  }
+  impl_->wait(impl_->pg->alltoall_base(flat, in, out_splits, in_splits), "all_to_all", what);
+  if (!target.is_same(output)) output.copy_(target);
 }
 
 std::unique_ptr<PendingCollective> Comm::send(const at::Tensor& t, int dst, int tag, const std::string& what) {

@@ -67,11 +67,12 @@ FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, in
 }
 
 // Stage 3 under LoRA: the adapters and the frozen base, each sharded, told of the same
-// units. Their backward wrappers nest: both hear a unit's backward begin.
+// units (likewise a rank's experts beside the rest). Their backward wrappers nest: both
+// hear a unit's backward begin.
 struct DataParallel::BothUnits : ParameterUnits {
-  ShardedParameters& trained;
-  ShardedParameters& frozen;
-  BothUnits(ShardedParameters& t, ShardedParameters& f) : trained(t), frozen(f) {}
+  ParameterUnits& trained;
+  ParameterUnits& frozen;
+  BothUnits(ParameterUnits& t, ParameterUnits& f) : trained(t), frozen(f) {}
   void before_forward(int unit) override {
     trained.before_forward(unit);
     frozen.before_forward(unit);
@@ -143,13 +144,24 @@ DataParallel::DataParallel(Comm& dp, FlatParameters& flat, const ParallelConfig&
 }
 
 ParameterUnits* DataParallel::parameter_units() {
+  if (with_experts_) return with_experts_.get();
   if (both_units_) return both_units_.get();
   return params_.get();
+}
+
+void DataParallel::join_experts(std::unique_ptr<DataParallel> experts) {
+  experts_ = std::move(experts);
+  experts_->mean_over_ = dp_.size();
+  ParameterUnits* mine = parameter_units();
+  ParameterUnits* theirs = experts_->parameter_units();
+  TORCH_CHECK(!mine == !theirs, "the experts' reducer and the rest's shard parameters differently");
+  if (mine) with_experts_ = std::make_unique<BothUnits>(*mine, *theirs);
 }
 
 torch::Tensor DataParallel::frozen_shard() { return frozen_params_ ? frozen_params_->shard() : torch::Tensor(); }
 
 void DataParallel::begin_backward(bool last, const std::vector<int>& units) {
+  if (experts_) experts_->begin_backward(last, units);
   if (grads_) {
     grads_->begin_backward(last, units);
     return;
@@ -188,9 +200,16 @@ torch::Tensor DataParallel::model_parallel_sum(torch::Tensor norm2) {
 }
 
 torch::Tensor DataParallel::reduce_gradients() {
+  auto norm = reduce_own_gradients();
+  if (!experts_) return norm;
+  torch::NoGradGuard no_grad;
+  return (norm.square() + experts_->reduce_own_gradients().square()).sqrt();
+}
+
+torch::Tensor DataParallel::reduce_own_gradients() {
   torch::NoGradGuard no_grad;
   const int n_ranks = dp_.size();
-  const double inv = 1.0 / static_cast<double>(n_ranks);
+  const double inv = 1.0 / static_cast<double>(mean_over_ > 0 ? mean_over_ : n_ranks);
   if (!grads_) {
     auto& g = flat_.grad();
     if (buckets_ && buckets_->armed) {
@@ -238,7 +257,7 @@ torch::Tensor DataParallel::reduce_gradients() {
         dp_.all_reduce_sum(bucket, fmt::format("gradient bucket {}", k));
       }
     }
-    if (n_ranks > 1) g.mul_(inv);
+    if (inv != 1.0) g.mul_(inv);
     std::vector<torch::Tensor> parts;
     for (int j = 0; j < n_ranks; ++j) parts.push_back(squared_norm_of_pieces(j));
     return model_parallel_sum(torch::stack(parts).sum()).sqrt();
@@ -250,7 +269,7 @@ torch::Tensor DataParallel::reduce_gradients() {
     spdlog::info("data parallel: {} of {} gradient units reduce during backward", during_backward,
                  grads_->units_held());
   }
-  if (n_ranks > 1) scale_gradients(inv);
+  if (inv != 1.0) scale_gradients(inv);
   const auto mine = squared_norm_of_pieces(dp_.rank());
   auto parts = torch::zeros({n_ranks}, mine.options());
   parts[dp_.rank()].copy_(mine);
@@ -273,6 +292,7 @@ void DataParallel::scale_gradients(double factor) {
 }
 
 void DataParallel::zero_grad() {
+  if (experts_) experts_->zero_grad();
   torch::NoGradGuard no_grad;
   if (cfg_.zero >= 2)
     grads_->shard().zero_();
@@ -298,6 +318,7 @@ std::unique_ptr<AdamW> DataParallel::make_optimizer(const OptimConfig& optim, bo
 }
 
 void DataParallel::gather_parameters() {
+  if (experts_) experts_->gather_parameters();
   if (cfg_.zero < 1 || cfg_.zero > 2 || dp_.size() == 1) return;
   torch::NoGradGuard no_grad;
   auto& p = flat_.data();
@@ -321,10 +342,12 @@ void DataParallel::gather_parameters() {
 
 void DataParallel::hold_whole(int unit) {
   if (params_) params_->gather_exact(unit);
+  if (experts_) experts_->hold_whole(unit);
 }
 
 void DataParallel::release_whole(int unit) {
   if (params_) params_->release(unit);
+  if (experts_) experts_->release_whole(unit);
 }
 
 torch::Tensor DataParallel::sum(const torch::Tensor& x) {
@@ -338,19 +361,20 @@ double DataParallel::sum(double x) { return sum(torch::tensor(x, torch::kFloat64
 int64_t DataParallel::param_bytes() const {
   const auto numel = params_ ? params_->shard().numel() : flat_.numel();
   const auto frozen = frozen_params_ ? frozen_params_->shard().nbytes() : 0;
-  return numel * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(frozen);
+  return numel * static_cast<int64_t>(sizeof(float)) + static_cast<int64_t>(frozen) +
+         (experts_ ? experts_->param_bytes() : 0);
 }
 
 int64_t DataParallel::grad_bytes() const {
   const auto numel = cfg_.zero >= 2 ? grads_->shard().numel() : flat_.numel();
-  return numel * static_cast<int64_t>(sizeof(float));
+  return numel * static_cast<int64_t>(sizeof(float)) + (experts_ ? experts_->grad_bytes() : 0);
 }
 
 int64_t DataParallel::peak_transient_bytes() const {
   return (params_ ? params_->peak_gathered_bytes() : 0) + (frozen_params_ ? frozen_params_->peak_gathered_bytes() : 0) +
-         (grads_ ? grads_->peak_transient_bytes() : 0);
+         (grads_ ? grads_->peak_transient_bytes() : 0) + (experts_ ? experts_->peak_transient_bytes() : 0);
 }
 
-int64_t DataParallel::bytes_sent() const { return dp_.bytes_sent(); }
+int64_t DataParallel::bytes_sent() const { return dp_.bytes_sent() + (experts_ ? experts_->bytes_sent() : 0); }
 
 }  // namespace tide

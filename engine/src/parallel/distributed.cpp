@@ -172,8 +172,8 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
   }
   // How the peers reach this host (and how they name it when it is lost).
   const std::string address = local_address_toward(env.master_addr);
-  auto d = std::make_unique<Distributed>(
-      Distributed{grid, env, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
+  auto d = std::make_unique<Distributed>(Distributed{grid, env, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                     nullptr, nullptr, nullptr, nullptr, nullptr, nullptr});
   d->store = std::make_shared<Distributed::Store>(Distributed::Store{store});
   try {
     d->heartbeat = std::make_shared<Distributed::Heartbeat>(
@@ -205,6 +205,12 @@ std::unique_ptr<Distributed> init_distributed(const LaunchEnv& env, const Parall
     d->cp = make_group(store, grid.cp_group_name(), grid.cp_group(), env.rank, env, timeout, nccl, address, hb);
     d->dp_cp =
         make_group(store, grid.replica_group_name(), grid.replica_group(), env.rank, env, timeout, nccl, address, hb);
+  }
+  if (parallel.ep > 1) {
+    const int ep = static_cast<int>(parallel.ep);
+    d->ep = make_group(store, grid.ep_group_name(ep), grid.ep_group(ep), env.rank, env, timeout, nccl, address, hb);
+    d->expert_replicas = make_group(store, grid.expert_replica_group_name(ep), grid.expert_replica_group(ep), env.rank,
+                                    env, timeout, nccl, address, hb);
   }
   const auto stages = grid.pp_group();
   const int stage = grid.coords().pp;

@@ -60,6 +60,21 @@ std::vector<int> Grid::replica_group() const {
   return out;
 }
 
+std::vector<int> Grid::ep_group(int ep) const {
+  std::vector<int> out;
+  GridCoords c = coords();
+  const int first = c.dp / ep * ep;
+  for (c.dp = first; c.dp < first + ep; ++c.dp) out.push_back(rank_of(c));
+  return out;
+}
+
+std::vector<int> Grid::expert_replica_group(int ep) const {
+  std::vector<int> out;
+  GridCoords c = coords();
+  for (c.dp = c.dp % ep; c.dp < dp_; c.dp += ep) out.push_back(rank_of(c));
+  return out;
+}
+
 std::string Grid::dp_group_name() const {
   return fmt::format("dp.tp{}.cp{}.pp{}", coords().tp, coords().cp, coords().pp);
 }
@@ -71,6 +86,12 @@ std::string Grid::pp_group_name() const {
 }
 std::string Grid::cp_group_name() const {
   return fmt::format("cp.dp{}.tp{}.pp{}", coords().dp, coords().tp, coords().pp);
+}
+std::string Grid::ep_group_name(int ep) const {
+  return fmt::format("ep{}.tp{}.cp{}.pp{}", coords().dp / ep, coords().tp, coords().cp, coords().pp);
+}
+std::string Grid::expert_replica_group_name(int ep) const {
+  return fmt::format("edp{}.tp{}.cp{}.pp{}", coords().dp % ep, coords().tp, coords().cp, coords().pp);
 }
 std::string Grid::replica_group_name() const { return fmt::format("dpcp.tp{}.pp{}", coords().tp, coords().pp); }
 

@@ -32,7 +32,9 @@ Transformer build_model(const RunConfig& cfg, Distributed* dist, const PipelineS
   TensorParallel tp;
   if (dist && dist->tp->size() > 1)
     tp = TensorParallel{tensor_parallel_group(*dist->tp), cfg.parallel.sequence_parallel};
-  Transformer model(cfg.model, tp, stage, ParameterStorage::Deferred);
+  ExpertParallel ep;
+  if (dist && dist->ep) ep = ExpertParallel{tensor_parallel_group(*dist->ep)};
+  Transformer model(cfg.model, tp, stage, ParameterStorage::Deferred, ep);
   // Context parallelism changes no parameter: each rank computes on its share of every
   // sequence, its attention joining the others' as parallel.cp_comm says.
   if (dist && dist->cp)
@@ -101,7 +103,18 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
         partition_stages(cfg.model, pp, cfg.data.seq_len, cfg.parallel.pipeline_stages, cfg.parallel.virtual_stages,
                          cfg.data.document_attention)[static_cast<size_t>(dist->pp->rank())];
   out.model = build_model(cfg, dist, out.stage);
-  const auto layout = flat_layout(cfg, dist, batch, out.model, out.stage, device);
+  auto layout = flat_layout(cfg, dist, batch, out.model, out.stage, device);
+  // Expert parallelism: this rank's experts in buffers of their own, padded for the
+  // ranks that hold the same experts, which reduce and shard them.
+  const bool spread_experts = dist && dist->ep;
+  if (spread_experts) {
+    auto experts = layout;
+    const int holders = dist->expert_replicas->size();
+    experts.pad_to = DataParallel::flat_options(cfg.parallel, holders).pad_to;
+    experts.takes = is_expert_parameter;
+    layout.takes = [](const std::string& name) { return !is_expert_parameter(name); };
+    out.expert_flat = std::make_unique<FlatParameters>(*out.model, cfg.optimizer, experts);
+  }
   out.flat = std::make_unique<FlatParameters>(*out.model, cfg.optimizer, layout);
   const DType compute = resolve_compute_dtype(cfg.precision.compute, device);
   if (shards_frozen(cfg, dist)) {
@@ -120,6 +133,18 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
         std::vector<Comm*>{dist->tp.get(), dist->pp.get()},
         [names = out.model->weights_read_in_compute_dtype()](const std::string& name) { return names.count(name) > 0; },
         out.frozen.get());
+    if (spread_experts) {
+      // The tensor-parallel, pipeline and expert-parallel ranks hold the other experts'
+      // parts: the norm adds theirs.
+      auto experts = std::make_unique<DataParallel>(
+          *dist->expert_replicas, *out.expert_flat, cfg.parallel, compute, parameter_unit_layout(cfg.model),
+          std::vector<Comm*>{dist->tp.get(), dist->pp.get(), dist->ep.get()},
+          [names = out.model->weights_read_in_compute_dtype()](const std::string& name) {
+            return names.count(name) > 0;
+          });
+      out.expert_optim = experts->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
+      out.data_parallel->join_experts(std::move(experts));
+    }
     out.model->set_parameter_units(out.data_parallel->parameter_units());
     out.optim = out.data_parallel->make_optimizer(cfg.optimizer, cfg.parallel.offload_optimizer);
   } else {
@@ -127,7 +152,10 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
   }
   // Under bf16 (fp16) compute the optimizer writes the weights' working copy as it
   // updates them, where it updates them all: no cast in the step (compute_dtype.h).
-  if (compute != DType::Float32) out.optim->keep_working_copy(scalar_type_of(compute), out.flat->slots());
+  if (compute != DType::Float32) {
+    out.optim->keep_working_copy(scalar_type_of(compute), out.flat->slots());
+    if (out.expert_optim) out.expert_optim->keep_working_copy(scalar_type_of(compute), out.expert_flat->slots());
+  }
   if (pp > 1) {
     const auto& tp = out.model->tensor_parallel();
     const int64_t t = cfg.data.seq_len / out.model->context_parallel().size() / (tp.sequence_parallel ? tp.size() : 1);

@@ -1,5 +1,7 @@
 #include "tensor_parallel_group.h"
 
+#include <numeric>
+
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 
@@ -124,6 +126,14 @@ class CommTensorParallelGroup : public TensorParallelGroup {
   at::Tensor all_to_all(const at::Tensor& by_rank, const std::string& what) override {
     auto out = torch::empty(by_rank.sizes(), by_rank.options());
     comm_.all_to_all(by_rank, out, what);
+    return out;
+  }
+  at::Tensor all_to_all_rows(const at::Tensor& rows, const std::vector<int64_t>& send_rows,
+                             const std::vector<int64_t>& recv_rows, const std::string& what) override {
+    auto sizes = rows.sizes().vec();
+    sizes[0] = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
+    auto out = at::empty(sizes, rows.options());
+    comm_.all_to_all_rows(rows, out, send_rows, recv_rows, what);
     return out;
   }
 

@@ -41,16 +41,37 @@ void gather_to_leader(const std::vector<TensorShape>& params, const TensorSource
   const auto units = parameter_unit_layout(cfg.model);
   DataParallel* dp = pm.data_parallel.get();
   int held = -1;  // the unit held whole
-  int sent = 0;
+  int sent = 0, sent_experts = 0;
   std::vector<int> received(static_cast<size_t>(pp), 0);  // per stage, in its send order
+  // Expert parallelism: an expert's holders are the ranks of its expert-parallel rank
+  // among the first dp / ep replicas (dp coordinate = that rank); the first
+  // tensor-parallel one sends it to the leader directly, in the order of `params`.
+  const int64_t experts_per_rank = dist && dist->ep ? cfg.model.moe_experts / dist->ep->size() : 0;
+  std::map<int, int> received_experts;  // the leader's, per sending rank
   for (const auto& p : params) {
     const std::string& name = p.name;
     int owner = 0;
     while (!stage_owns(stages[static_cast<size_t>(owner)], name)) ++owner;
-    if (owner != stage) {
+    const int64_t expert = experts_per_rank > 0 ? expert_index(name) : -1;
+    int expert_sender = -1;  // the global rank that sends it, where that is not the stage's first replica
+    if (expert >= 0) {
+      GridCoords c;
+      c.dp = static_cast<int>(expert / experts_per_rank);
+      c.pp = owner;
+      expert_sender = dist->grid.rank_of(c);
+    }
+    if (owner != stage || (leader && expert_sender > 0)) {
       if (!leader) continue;
+      if (owner == stage && dp && units.unit_of(name) != held) {  // the leader takes part in its stage's gathers
+        if (held >= 0) dp->release_whole(held);
+        held = units.unit_of(name);
+        dp->hold_whole(held);
+      }
       auto buffer = torch::empty(p.shape, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-      dist->pp->recv(buffer, owner, received[static_cast<size_t>(owner)]++, "weights " + name);
+      if (expert_sender > 0)
+        dist->world->recv(buffer, expert_sender, received_experts[expert_sender]++, "weights " + name);
+      else
+        dist->pp->recv(buffer, owner, received[static_cast<size_t>(owner)]++, "weights " + name);
       take(name, buffer);
       continue;
     }
@@ -58,6 +79,15 @@ void gather_to_leader(const std::vector<TensorShape>& params, const TensorSource
       if (held >= 0) dp->release_whole(held);
       held = units.unit_of(name);
       dp->hold_whole(held);
+    }
+    if (expert >= 0) {
+      if (dist->grid.coords().dp != static_cast<int>(expert / experts_per_rank)) continue;
+      const auto t = whole(name);
+      if (leader)
+        take(name, t);
+      else if (dist->tp->rank() == 0)
+        dist->world->send(t.to(device).contiguous(), 0, sent_experts++, "weights " + name)->wait();
+      continue;
     }
     if (!first_replica) continue;
     const auto t = whole(name);

@@ -86,7 +86,7 @@ std::vector<const Comm*> StepMeter::groups() const {
   std::vector<const Comm*> out;
   if (dist_)
     for (const auto* c : {dist_->dp.get(), dist_->tp.get(), dist_->pp.get(), dist_->cp.get(), dist_->dp_cp.get(),
-                          dist_->embedding.get()})
+                          dist_->ep.get(), dist_->expert_replicas.get(), dist_->embedding.get()})
       if (c) out.push_back(c);
   return out;
 }
@@ -150,7 +150,7 @@ void StepMeter::finish_step(StepMetrics& m, int64_t tokens, int64_t steps_left, 
   const DataParallel* dp = pm_.data_parallel.get();
   m.param_bytes = (dp ? dp->param_bytes() : flat_bytes_) + frozen_bytes_;
   m.grad_bytes = dp ? dp->grad_bytes() : flat_bytes_;
-  m.optimizer_bytes = pm_.optim->state_bytes();
+  m.optimizer_bytes = pm_.optim->state_bytes() + (pm_.expert_optim ? pm_.expert_optim->state_bytes() : 0);
   if (dp) {
     m.transient_bytes = dp->peak_transient_bytes();
     m.comm_bytes = cost.comm_bytes;

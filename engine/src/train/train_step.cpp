@@ -89,6 +89,7 @@ void TrainStep::update(const UpdateGate& gate, const at::Tensor& grad_norm) {
   TORCH_CHECK(lr_.defined(), "TrainStep: update before set_lr");
   if (!scaler_.active()) {
     pm_.optim->step(lr_, gate);
+    if (pm_.expert_optim) pm_.expert_optim->step(lr_, gate);
   } else {
     // The gradients are the loss scale times the true ones: the clip factor divides it out.
     torch::NoGradGuard no_grad;
@@ -96,6 +97,7 @@ void TrainStep::update(const UpdateGate& gate, const at::Tensor& grad_norm) {
     const auto inverse = scaler_.scale().to(torch::kFloat64).reciprocal();
     unscaled.clip = gate.clip.defined() ? gate.clip * inverse : inverse;
     pm_.optim->step(lr_, unscaled);
+    if (pm_.expert_optim) pm_.expert_optim->step(lr_, unscaled);
     scaler_.update(grad_norm);
   }
   if (pm_.data_parallel) pm_.data_parallel->gather_parameters();

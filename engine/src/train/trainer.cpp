@@ -89,6 +89,15 @@ void describe(const Trainer::State& s, int threads) {
                                    s.data->dataset(i).dir(), s.data->dataset(i).split("train").size()));
     s.log->info("data blend: {}", fmt::join(shares, "; "));
   }
+  if (s.pm.expert_flat) {
+    const Comm& holders = *s.dist->expert_replicas;
+    const int64_t each = cfg.model.moe_experts / cfg.parallel.ep, first = s.dist->ep->rank() * each;
+    s.log->info(
+        "expert parallelism: experts [{}, {}) of each block's {} on this rank ({} elements in their buffer), "
+        "spread over ep = {}; {} rank{} hold the same and reduce their gradients",
+        first, first + each, cfg.model.moe_experts, s.pm.expert_flat->numel(), cfg.parallel.ep, holders.size(),
+        holders.size() == 1 ? "" : "s");
+  }
   if (s.pm.frozen) {
     s.log->info("LoRA: ZeRO-3 shards the frozen base: {} of its {} elements on each of {} data-parallel ranks, in {}",
                 s.pm.frozen->shard_numel(static_cast<int>(s.batch.replicas())), s.pm.frozen->numel(),
@@ -169,8 +178,9 @@ Trainer::Trainer(const RunConfig& cfg, std::string run_dir, TrainHooks hooks, Di
       static_cast<double>(held) / (1 << 20), peak, static_cast<double>(peak) / (1 << 20),
       s.device.is_cuda() ? fmt::format("; {} peak {:.1f} MiB", s.device.str(), peak_device_mb(s.device)) : "");
   s.checkpointer = std::make_unique<Checkpointer>(
-      (s.dir / "checkpoints").string(), CheckpointParts{&s.cfg, s.pm.model.get(), s.pm.flat.get(), s.pm.optim.get(),
-                                                        dist, s.pm.frozen.get(), s.pm.data_parallel.get()});
+      (s.dir / "checkpoints").string(),
+      CheckpointParts{&s.cfg, s.pm.model.get(), s.pm.flat.get(), s.pm.optim.get(), dist, s.pm.frozen.get(),
+                      s.pm.data_parallel.get(), s.pm.expert_flat.get(), s.pm.expert_optim.get()});
   if (s.leader && fs::exists(s.data->tokenizer_path())) copy_tokenizer(s.data->tokenizer_path(), s.dir);
   describe(s, threads);
 }

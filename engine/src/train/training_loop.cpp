@@ -295,7 +295,10 @@ TrainingLoop::Next TrainingLoop::settle(int64_t& step, bool step_end) {
 void TrainingLoop::apply(const std::vector<LiveEffect>& effects) {
   for (const LiveEffect effect : effects) {
     switch (effect) {
-      case LiveEffect::Optimizer: s_.pm.optim->config().weight_decay = cfg_.optimizer.weight_decay; break;
+      case LiveEffect::Optimizer:
+        s_.pm.optim->config().weight_decay = cfg_.optimizer.weight_decay;
+        if (s_.pm.expert_optim) s_.pm.expert_optim->config().weight_decay = cfg_.optimizer.weight_decay;
+        break;
       case LiveEffect::LogLevel: s_.log->set_level(spdlog::level::from_str(cfg_.log_level)); break;
       case LiveEffect::Anomaly: judge_.set_config(cfg_.anomaly); break;
       case LiveEffect::None:

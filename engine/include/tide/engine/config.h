@@ -209,6 +209,10 @@ struct ParallelConfig {
   // How its attention sees the other ranks' tokens: "all_gather" (their keys and values)
   // or "all_to_all" (the whole sequence for 1 / cp of the heads; DeepSpeed-Ulysses).
   std::string cp_comm = "all_gather";
+  // Expert parallelism (model.moe_experts): each block's experts spread over ep
+  // consecutive data-parallel ranks, which send each token to its experts' ranks and take
+  // the outputs back; the dp / ep ranks that hold the same experts reduce their gradients.
+  int64_t ep = 1;
   int64_t zero = 0;
   bool offload_optimizer = false;
   int64_t micro_batches = 0;  // pipeline micro-batches; 0: from the batch config

@@ -18,6 +18,10 @@ void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_paral
 // rank's share into tp parts) or meets what it does not combine with (parallel.auto).
 void check_context_parallel(const RunConfig& cfg, int64_t cp);
 
+// Throws ConfigError naming parallel.ep when expert parallelism over ep ranks cannot
+// spread the model's experts (no experts, ep dividing neither them nor dp).
+void check_expert_parallel(const RunConfig& cfg, int64_t dp);
+
 // Refuses, naming the fields, a layout this engine cannot run on `world` ranks (the
 // factors do not fit, the model cannot be cut, a combination not supported, a batch that
 // does not divide, a profiled rank outside the job).

@@ -60,6 +60,10 @@ struct CheckpointParts {
   // its frozen weights whole.
   const FlatParameters* frozen = nullptr;
   DataParallel* data_parallel = nullptr;
+  // Expert parallelism: this rank's experts' layout and optimizer (parallelize.h), whose
+  // pieces the ranks that hold the same experts share; null without.
+  FlatParameters* expert_flat = nullptr;
+  AdamW* expert_optim = nullptr;
 };
 
 class Checkpointer {

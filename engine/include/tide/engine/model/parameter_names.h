@@ -19,6 +19,13 @@ bool is_head_parameter(const std::string& parameter_name);
 // A LoRA adapter's matrix ("....q_proj.lora_A.weight", "....lora_B.weight").
 bool is_lora_parameter(const std::string& parameter_name);
 
+// The expert a parameter of a mixture of experts' experts belongs to, its index in the
+// block (5 for "model.layers.3.mlp.experts.5.up_proj.weight"); -1 for any other
+// parameter, the router ("....mlp.gate.weight") included. Expert parallelism spreads
+// the experts over ranks.
+int64_t expert_index(const std::string& parameter_name);
+inline bool is_expert_parameter(const std::string& parameter_name) { return expert_index(parameter_name) >= 0; }
+
 // Whether a name ends with `suffix` (".bias", ".lora_B.weight").
 bool ends_with(const std::string& name, const std::string& suffix);
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -52,12 +53,27 @@ class TensorParallelGroup {
   // No autograd: `by_rank` (size() chunks of n elements, chunk j for rank j) exchanged:
   // chunk i of the result (its shape) is rank i's chunk for this rank.
   virtual at::Tensor all_to_all(const at::Tensor& by_rank, const std::string& what) = 0;
+  // No autograd: `rows` cut into chunks of send_rows[j] rows (dim 0), chunk j for rank j,
+  // exchanged: the result is rank i's chunk for this rank (recv_rows[i] rows), in rank
+  // order (expert parallelism's dispatch).
+  virtual at::Tensor all_to_all_rows(const at::Tensor& rows, const std::vector<int64_t>& send_rows,
+                                     const std::vector<int64_t>& recv_rows, const std::string& what) = 0;
 };
 
 struct TensorParallel {
   std::shared_ptr<TensorParallelGroup> group;  // null: no tensor parallelism
   bool sequence_parallel = false;
 
+  int rank() const { return group ? group->rank() : 0; }
+  int size() const { return group ? group->size() : 1; }
+};
+
+// Expert parallelism as the model sees it (parallel.ep): each mixture-of-experts block
+// holds experts [rank * E / size, (rank + 1) * E / size) of its E, and sends every token
+// to the ranks of its chosen experts over `group` (the interface tensor parallelism's
+// ranks join through; parallel/parallelize.h builds it over the expert-parallel ranks).
+struct ExpertParallel {
+  std::shared_ptr<TensorParallelGroup> group;  // null: every expert on this rank
   int rank() const { return group ? group->rank() : 0; }
   int size() const { return group ? group->size() : 1; }
 };

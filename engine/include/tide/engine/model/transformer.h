@@ -176,22 +176,36 @@ struct MoePass;
 // `mlp.gate.weight`, `mlp.experts.<e>.{gate,up,down}_proj.weight`. Under tensor
 // parallelism every rank routes alike and holds every expert's columns (gate and up split
 // by rows, down by columns, as a dense MLP's); the experts' combined parts are summed over
-// the ranks once.
+// the ranks once. Under expert parallelism a rank holds its share of the experts (named
+// by their index in the whole block) and exchanges the routed tokens with the other
+// ranks' (two all-to-alls forward, two backward).
 class MoeImpl : public torch::nn::Module {
  public:
-  MoeImpl(const ModelConfig& cfg, const TensorParallel& tp);
+  MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertParallel& ep = {});
   // x [B, T, D], normed. Under `pass` (training) the block's load-balancing loss joins
   // the gradients, weighted as the pass's loss is, and its value is added to the pass's.
   torch::Tensor forward(const torch::Tensor& x, const std::shared_ptr<MoePass>& pass);
 
   Projection gate{nullptr};
-  torch::nn::ModuleList experts{nullptr};
+  // This rank's experts, in order: experts [first_expert(), first_expert() + size()).
+  std::vector<Mlp> experts;
+  int64_t first_expert() const { return first_expert_; }
 
  private:
-  int64_t top_k_;
+  // The chosen experts' outputs for `routed` [N k, D], the (token, choice) pairs grouped
+  // by expert (`count[e]` rows for expert e of the block's E), held here or under expert
+  // parallelism computed by the ranks that hold them.
+  torch::Tensor experts_forward(const torch::Tensor& routed, const int64_t* count);
+  torch::Tensor expert_forward(size_t local, const torch::Tensor& rows);
+  // experts_forward under expert parallelism: the rows sent to their experts' ranks, the
+  // rows that came here computed, the outputs sent back.
+  torch::Tensor dispatched_forward(const torch::Tensor& routed, const int64_t* count);
+
+  int64_t n_experts_, first_expert_ = 0, top_k_;
   bool normalize_;
   double aux_coef_;
   TensorParallel tp_;
+  ExpertParallel ep_;
 };
 TORCH_MODULE(Moe);
 
@@ -200,7 +214,7 @@ TORCH_MODULE(Moe);
 // where the model has them.
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const ModelConfig& cfg, const TensorParallel& tp);
+  BlockImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertParallel& ep = {});
   torch::Tensor forward(const torch::Tensor& x, const AttentionMask& mask, const torch::Tensor& cos,
                         const torch::Tensor& sin, const std::shared_ptr<MoePass>& moe_pass = nullptr);
 
@@ -235,8 +249,10 @@ enum class ParameterStorage {
 
 class TransformerImpl : public torch::nn::Module {
  public:
+  // Under expert parallelism (`ep`) the mixture-of-experts blocks hold this rank's share of
+  // their experts.
   explicit TransformerImpl(const ModelConfig& cfg, TensorParallel tp = {}, PipelineStage stage = {},
-                           ParameterStorage storage = ParameterStorage::Initialised);
+                           ParameterStorage storage = ParameterStorage::Initialised, ExpertParallel ep = {});
 
   // tokens [B, T] int64 → logits [B, T, V]. Not under tensor parallelism.
   torch::Tensor forward(const torch::Tensor& tokens);
@@ -269,6 +285,7 @@ class TransformerImpl : public torch::nn::Module {
   void initialise_parameter(const std::string& name, const torch::Tensor& into, uint64_t seed, int64_t first = 0) const;
 
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const ExpertParallel& expert_parallel() const { return ep_; }
   // Context parallelism (context_parallel.h), applied by the parallelize step before any
   // forward: loss() and stage_forward() are then given whole sequences, and this rank
   // computes on its share of each.
@@ -357,6 +374,7 @@ class TransformerImpl : public torch::nn::Module {
 
   ModelConfig cfg_;
   TensorParallel tp_;
+  ExpertParallel ep_;
   ContextParallel cp_;
   PipelineStage stage_;
   int64_t vocab_first_ = 0, vocab_local_ = 0;  // this rank's vocabulary rows

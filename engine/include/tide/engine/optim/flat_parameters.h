@@ -56,6 +56,10 @@ class FlatParameters {
     // False for a parameter that ranks of another model-parallel group hold as well
     // (norms under tensor parallelism): one of them counts it.
     std::function<bool(const std::string&)> counted;
+    // Which of the (trained, or frozen) parameters this layout holds; empty: all. Under
+    // expert parallelism a rank's experts are laid out apart from the rest, which other
+    // ranks reduce and shard them with.
+    std::function<bool(const std::string&)> takes;
     // Whether to allocate the whole parameter / gradient buffers and make parameters
     // and their .grad views of them (ZeRO-2 holds no whole gradient, ZeRO-3 neither).
     bool data = true, grad = true;

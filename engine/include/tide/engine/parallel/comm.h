@@ -63,6 +63,12 @@ class Comm {
   // input: size() chunks of n elements, chunk j going to group rank j; output: size()
   // chunks of n, chunk i from rank i (DeepSpeed-Ulysses' exchange of heads for tokens).
   void all_to_all(const at::Tensor& input, at::Tensor& output, const std::string& what);
+  // The same with uneven chunks of rows (dim 0): input's first send_rows[0] rows go to
+  // group rank 0, the next send_rows[1] to rank 1, ...; output gets recv_rows[i] rows
+  // from rank i, in rank order (each rank's send_rows[j] is rank j's recv_rows[it]:
+  // expert parallelism's dispatch of tokens to the ranks of their experts).
+  void all_to_all_rows(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& send_rows,
+                       const std::vector<int64_t>& recv_rows, const std::string& what);
   void barrier(const std::string& what);
   // Point to point within the group (pipeline stages). A send completes in the
   // background: `t` must stay alive and untouched until wait(). recv blocks until `t`

@@ -51,6 +51,15 @@ class DataParallel {
                const FlatParameters* frozen = nullptr);
   ~DataParallel();
 
+  // Expert parallelism: the reducer of this rank's experts (their own flat buffers, over
+  // the ranks that hold the same experts, the expert-parallel group among its
+  // model-parallel ones), driven with this one from now on: begin_backward, zero_grad,
+  // gather_parameters, hold_whole and release_whole reach both, reduce_gradients averages
+  // the experts' gradients over this group's `mean_over` ranks (each expert saw tokens of
+  // all of them) and returns the norm of both, parameter_units and the byte counts speak
+  // for both. Each keeps its own optimizer (make_optimizer).
+  void join_experts(std::unique_ptr<DataParallel> experts);
+
   // ZeRO-3: what the model must call around each unit (Transformer::set_parameter_units);
   // otherwise null.
   ParameterUnits* parameter_units();
@@ -103,7 +112,10 @@ class DataParallel {
   void scale_gradients(double factor);
   torch::Tensor squared_norm_of_pieces(int rank);
   torch::Tensor model_parallel_sum(torch::Tensor norm2);
+  torch::Tensor reduce_own_gradients();
   Comm& dp_;
+  int mean_over_ = 0;  // the ranks the gradients are a mean over; 0: the group's
+  std::unique_ptr<DataParallel> experts_;
   std::vector<Comm*> model_parallel_;
   FlatParameters& flat_;
   ParallelConfig cfg_;
@@ -112,6 +124,7 @@ class DataParallel {
   std::unique_ptr<ShardedParameters> params_;         // stage 3
   std::unique_ptr<ShardedParameters> frozen_params_;  // stage 3 under LoRA
   std::unique_ptr<BothUnits> both_units_;             // drives params_ and frozen_params_
+  std::unique_ptr<BothUnits> with_experts_;           // drives this one's units and experts_'
   std::unique_ptr<ShardedGradients> grads_;    // stages 1-3
   bool reported_overlap_ = false;
 };

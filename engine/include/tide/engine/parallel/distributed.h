@@ -23,6 +23,10 @@ struct Distributed {
   // the same parameters (Grid::replica_group); both null without context parallelism,
   // where the replicas are the dp ranks.
   std::unique_ptr<Comm> cp, dp_cp;
+  // Expert parallelism (parallel.ep > 1): the ranks this rank's experts are spread over,
+  // and the ranks that hold the same experts (Grid::ep_group, expert_replica_group); both
+  // null without.
+  std::unique_ptr<Comm> ep, expert_replicas;
   // Every rank again, over Gloo on the host whatever the device: the control plane (live
   // commands, anomaly decisions) meets at each step boundary, and on a GPU a broadcast
   // there through NCCL would make the host wait for the device's queued work. Null where

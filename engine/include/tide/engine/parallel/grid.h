@@ -41,12 +41,20 @@ class Grid {
   // stage): the dp x cp ranks, which reduce their gradients together (Megatron-Core's
   // data-parallel group with context parallelism), cp-fastest.
   std::vector<int> replica_group() const;
+  // Expert parallelism (parallel.ep) inside the dp axis, ep dividing dp: the ep
+  // consecutive dp ranks over which this rank's block experts are spread (dp rank d is
+  // expert-parallel rank d % ep), and the dp / ep ranks that hold the same experts as
+  // this one, which reduce their gradients together.
+  std::vector<int> ep_group(int ep) const;
+  std::vector<int> expert_replica_group(int ep) const;
   // A stable name for the group, used as its store prefix ("dp.tp0.cp0.pp1").
   std::string dp_group_name() const;
   std::string tp_group_name() const;
   std::string pp_group_name() const;
   std::string cp_group_name() const;
   std::string replica_group_name() const;
+  std::string ep_group_name(int ep) const;
+  std::string expert_replica_group_name(int ep) const;
 
   std::string describe() const;  // "dp2 x tp1 x pp1 (rank 1 = dp1 tp0 pp0)", cp where above 1
 

@@ -30,8 +30,13 @@ struct ParallelModel {
   // ZeRO-3 under LoRA: the frozen base's layout, which data_parallel shards; null: the
   // model holds its frozen weights whole.
   std::unique_ptr<FlatParameters> frozen;
+  // Expert parallelism (parallel.ep): this rank's experts, which `flat` and `optim` leave
+  // out, laid out and updated apart (data_parallel reduces them over the ranks that hold
+  // the same experts: DataParallel::join_experts); both null without.
+  std::unique_ptr<FlatParameters> expert_flat;
   std::unique_ptr<DataParallel> data_parallel;  // null in one process
   std::unique_ptr<AdamW> optim;
+  std::unique_ptr<AdamW> expert_optim;
   std::unique_ptr<Pipeline> pipeline;  // null when pp = 1
 
   ParallelModel();
