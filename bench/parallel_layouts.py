@@ -1,7 +1,8 @@
 """Parallel layouts side by side on one machine, same model, same global batch: one
 process, data parallel, ZeRO-1/2/3 (and ZeRO-3 with optimizer offload), tensor parallel
 (with and without sequence parallelism), pipeline parallel (1F1B, and interleaved over
-two chunks per stage) and context parallel, each on 2 ranks.
+two chunks per stage) and context parallel, each on 2 ranks; with --shape moe, expert
+parallel (ep2, and with ZeRO-1) instead of context and sequence parallel.
 
 Prints tokens/s (and the ratio to one process); the bytes rank 0 sent per step against
 the layout's theoretical volume (psi parameters, N ranks, a micro-batches per rank,
@@ -24,6 +25,10 @@ S = 4 B T D bytes of one micro-batch's activations, L blocks):
                                          reduce-scatter, KV = 4 B T 2 K Hd bytes of one
                                          micro-batch's keys and values: LLaMA's causal
                                          attention, unmasked_context_attention)
+  ep           8 (psi - psi_e) (N-1)/N + a L 4 k B T D 4 (N-1)/N  (the dense gradients'
+                                         all-reduce, and per block the routed rows (k a
+                                         token) out and back, forward and backward, if
+                                         routing is uniform; psi_e: the experts' parameters)
   cp all-to-all 8 psi (N-1)/N + a L 2 X (N-1)/N  (per block q, k, v and the output
                                          exchanged forward, their gradients backward,
                                          X = 4 B (T/N) (2 H + 2 K') Hd, K' = K where N
@@ -60,7 +65,19 @@ LAYOUTS = [
     ("pp2 interleaved (v2)", 2, {"parallel.pp": 2, "parallel.virtual_stages": 2}),
     ("cp2", 2, {"parallel.cp": 2}),
     ("cp2 all-to-all", 2, {"parallel.cp": 2, "parallel.cp_comm": "all_to_all"}),
+    # Mixture-of-experts shapes only (--shape moe): the experts spread over the ranks.
+    ("ep2", 2, {"parallel.ep": 2}),
+    ("ep2 + ZeRO-1", 2, {"parallel.ep": 2, "parallel.zero": 1}),
 ]
+
+
+def runs_on(shape, extra):
+    """Whether the layout applies to the shape: expert parallelism needs experts, and a
+    mixture of experts runs neither context nor sequence parallelism."""
+    experts = bool(SHAPES[shape].get("experts"))
+    if "parallel.ep" in extra:
+        return experts
+    return not experts or ("parallel.cp" not in extra and "parallel.sequence_parallel" not in extra)
 
 
 def run(tide, shape, nproc, extra, steps, warmup, data):
@@ -102,7 +119,8 @@ def main():
           f"{'state MB':>9s} {'x theory':>8s} {'peak MB':>8s}")
     base = None
     sh = SHAPES[a.shape]
-    for name, nproc, extra in [layout for layout in LAYOUTS if not a.only or layout[0] in a.only]:
+    chosen = [layout for layout in LAYOUTS if (not a.only or layout[0] in a.only) and runs_on(a.shape, layout[2])]
+    for name, nproc, extra in chosen:
         tp, pp = int(extra.get("parallel.tp", 1)), int(extra.get("parallel.pp", 1))
         cp = int(extra.get("parallel.cp", 1))
         if pp > 1:  # a pipeline needs micro-batches to overlap its stages
@@ -116,11 +134,21 @@ def main():
             micro = sh["batch"] // (2 * dp)
         micro_batches = sh["batch"] // (micro * dp)
         zero = int(extra.get("parallel.zero", 0))
+        ep = int(extra.get("parallel.ep", 1))
         outer = 2 * sh["vocab"] * sh["dim"] + sh["dim"]  # E + H: embedding, head, final norm
         block = (psi - outer) / sh["layers"]
         act = 4 * micro * sh["seq"] * sh["dim"]
+        # The experts' share of psi, which ep spreads: each rank holds psi_e / ep of them.
+        psi_e = sh["layers"] * sh["experts"] * 3 * sh["dim"] * sh["expert_ffn"] if sh.get("experts") else 0
         if n == 1:
             volume = 0
+        elif ep > 1:
+            # The dense parameters' gradients (the experts' have no other holder here), and
+            # per block and micro-batch k rows a token out and back, forward and backward,
+            # (N-1)/N of them to other ranks where routing is uniform (the measure shows
+            # how far it is not).
+            rows = micro_batches * sh["layers"] * 4 * sh["top_k"] * micro * sh["seq"]
+            volume = 8 * (psi - psi_e) * (n - 1) / n + rows * 4 * sh["dim"] * (n - 1) / n
         elif tp > 1:
             volume = micro_batches * (4 * sh["layers"] + 2) * 2 * act * (tp - 1) / tp
             if extra.get("parallel.sequence_parallel") == "true":
@@ -145,7 +173,8 @@ def main():
         offload = extra.get("parallel.offload_optimizer") == "true"
         theory = None
         if tp == 1 and pp == 1:
-            theory = [16 * psi, 8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n, 16 * psi / n][zero]
+            dense, held = psi - psi_e * (ep > 1), psi_e / ep * (ep > 1)  # the experts alone, unshared
+            theory = [16 * dense, 8 * dense + 8 * dense / n, 4 * dense + 12 * dense / n, 16 * dense / n][zero] + 16 * held
             if offload:
                 theory += 8 * psi / n  # the host master copy and gradient staging
         ratio = f"{r['comm'] / volume:6.3f}" if volume else f"{'-':>6s}"

@@ -23,6 +23,13 @@ SHAPES = {
 }
 
 
+def expert_sets(s):
+    """The recipe fields of a mixture-of-experts shape (none for a dense one)."""
+    if not s.get("experts"):
+        return {}
+    return {"model.moe_experts": s["experts"], "model.moe_top_k": s["top_k"], "model.ffn_dim": s["expert_ffn"]}
+
+
 def overrides(shape, data, steps, **more):
     """`--set` arguments for RECIPE: the shape, the data, `steps` steps without warmup or
     evaluation, plus `more` (dotted field names with "." written as "__")."""
@@ -34,6 +41,7 @@ def overrides(shape, data, steps, **more):
         "batch.micro_batch": s["batch"], "batch.global_batch": s["batch"], "schedule.steps": steps,
         "schedule.warmup_steps": 0, "eval.every": 0, "log_every": 1000,
         "model.sliding_window": s.get("window", 0),
+        **expert_sets(s),
     }
     sets.update({k.replace("__", "."): v for k, v in more.items()})
     return [arg for k, v in sets.items() for arg in ("--set", f"{k}={v}")]

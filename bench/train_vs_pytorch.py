@@ -32,7 +32,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-from shapes import SHAPES  # noqa: E402  (bench/ is the script directory)
+import shapes  # noqa: E402  (bench/ is the script directory)
+from shapes import SHAPES  # noqa: E402
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 JEMALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1,background_thread:false"
 
@@ -94,8 +95,7 @@ def run_tide(tide, s, steps, warmup, threads, data, device, precision, lora=0, c
         "device": device, "precision.compute": precision, "cuda_graphs": str(cuda_graphs).lower(),
         "model.lora_rank": lora,
     }
-    if s.get("experts"):
-        sets.update({"model.moe_experts": s["experts"], "model.moe_top_k": s["top_k"], "model.ffn_dim": s["expert_ffn"]})
+    sets.update(shapes.expert_sets(s))
     if profile_to:
         # With the inputs' shapes: the trace then says which operator, on what, launched
         # each kernel (a copy's source, say).

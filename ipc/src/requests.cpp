@@ -406,6 +406,7 @@ json Requests::finish_submit(const PendingSubmit& s) {
               {"cp", cfg.parallel.cp},
               {"tp", cfg.parallel.tp},
               {"pp", cfg.parallel.pp},
+              {"ep", cfg.parallel.ep},
               {"zero", cfg.parallel.zero},
               {"offload", cfg.parallel.offload_optimizer},
               {"device", cfg.device},

@@ -2,7 +2,9 @@
 -- with every block's MLP a mixture of 8 SwiGLU experts of width 14336, each token sent
 -- to 2 (Mistral AI's paper, Jiang et al. 2024; Hugging Face config.json of
 -- mistralai/Mixtral-8x7B-v0.1): 46.7B parameters, 12.9B of them used by each token.
--- Validates and reports its parameter count here; training it needs a GPU cluster.
+-- Validates and reports its parameter count here; training it needs a GPU cluster: each
+-- group of 8 data-parallel ranks holds one expert of every block a rank (parallel.ep, as
+-- Megatron-Core trains Mixtral), ZeRO-3 shards the rest, so dp must be a multiple of 8.
 return tide.recipe {
   name = "mixtral-8x7b",
   model = tide.models.llama {
@@ -24,5 +26,5 @@ return tide.recipe {
   schedule = { steps = 250000, warmup_steps = 2000, decay = "cosine", min_lr = 3e-5 },
   precision = { compute = "bf16" },
   checkpoint = { every = 1000, keep_last = 3 },
-  parallel = { zero = 3 },
+  parallel = { zero = 3, ep = 8 },
 }

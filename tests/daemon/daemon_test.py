@@ -1051,7 +1051,7 @@ def part_http():
     assert http("GET", f"{url}api/runs/{run}/metrics?limit=x")[0] == 400
     assert http("GET", f"{url}api/runs")[1]["runs"][0]["id"] == run
     layout = http("GET", f"{url}api/runs/{run}")[1]["run"]["layout"]
-    assert layout == {"dp": 2, "cp": 1, "tp": 1, "pp": 1, "zero": 0, "offload": False, "device": "cpu", "micro_batch": 2,
+    assert layout == {"dp": 2, "cp": 1, "tp": 1, "pp": 1, "ep": 1, "zero": 0, "offload": False, "device": "cpu", "micro_batch": 2,
                       "global_batch": 8, "seq_len": 64}, layout
     status, body = http("GET", f"{url}api/runs/{run}/recipe")
     assert status == 200 and body["recipe"] == recipe("web", 100000) and body["overrides"] == overrides, body

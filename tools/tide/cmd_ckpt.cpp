@@ -40,11 +40,12 @@ void add_checkpoint_command(CLI::App& app) {
       const auto m = read_manifest(c.path);
       const auto& l = m["layout"];
       const int64_t chunks = l.value("virtual_stages", int64_t{1}), cp = l.value("cp", int64_t{1});
-      std::cout << fmt::format("{}  step {}  tokens {}  layout dp{}{} x tp{} x pp{}{} ZeRO-{} ({} files)\n", c.path,
+      const int64_t ep = l.value("ep", int64_t{1});
+      std::cout << fmt::format("{}  step {}  tokens {}  layout dp{}{} x tp{} x pp{}{}{} ZeRO-{} ({} files)\n", c.path,
                                c.step, m["tokens_seen"].get<int64_t>(), l["dp"].get<int>(),
                                cp > 1 ? fmt::format(" x cp{}", cp) : "", l["tp"].get<int>(), l["pp"].get<int>(),
-                               chunks > 1 ? fmt::format(" (v{})", chunks) : "", l["zero"].get<int>(),
-                               m["files"].size());
+                               chunks > 1 ? fmt::format(" (v{})", chunks) : "", ep > 1 ? fmt::format(", ep{}", ep) : "",
+                               l["zero"].get<int>(), m["files"].size());
     }
   });
 

@@ -73,7 +73,8 @@ void describe(const Trainer::State& s, int threads) {
           : "",
       threads, cfg.batch.global_batch, cfg.data.seq_len, accumulation_steps(cfg.batch.global_batch, s.batch),
       s.batch.micro_batch,
-      s.dist ? fmt::format(" on each of {} ranks, {}, ZeRO-{}{}", s.batch.dp, s.dist->grid.describe(),
+      s.dist ? fmt::format(" on each of {} ranks, {}{}, ZeRO-{}{}", s.batch.dp, s.dist->grid.describe(),
+                           cfg.parallel.ep > 1 ? fmt::format(", experts over ep{}", cfg.parallel.ep) : "",
                            cfg.parallel.zero, cfg.parallel.offload_optimizer ? " with optimizer offload" : "")
              : "");
   s.log->info("{}", intro);
@@ -94,9 +95,10 @@ void describe(const Trainer::State& s, int threads) {
     const int64_t each = cfg.model.moe_experts / cfg.parallel.ep, first = s.dist->ep->rank() * each;
     s.log->info(
         "expert parallelism: experts [{}, {}) of each block's {} on this rank ({} elements in their buffer), "
-        "spread over ep = {}; {} rank{} hold the same and reduce their gradients",
-        first, first + each, cfg.model.moe_experts, s.pm.expert_flat->numel(), cfg.parallel.ep, holders.size(),
-        holders.size() == 1 ? "" : "s");
+        "spread over ep = {}; {}",
+        first, first + each, cfg.model.moe_experts, s.pm.expert_flat->numel(), cfg.parallel.ep,
+        holders.size() == 1 ? "no other rank holds them"
+                            : fmt::format("{} ranks hold them and reduce their gradients together", holders.size()));
   }
   if (s.pm.frozen) {
     s.log->info("LoRA: ZeRO-3 shards the frozen base: {} of its {} elements on each of {} data-parallel ranks, in {}",

@@ -73,6 +73,7 @@ export function layoutText(layout) {
   if (!layout || layout.dp === undefined) return "–";
   let text = `${layout.dp}×${layout.tp}×${layout.pp}`;
   if (layout.cp > 1) text += ` cp${layout.cp}`;
+  if (layout.ep > 1) text += ` ep${layout.ep}`;
   if (layout.zero) text += ` ZeRO-${layout.zero}${layout.offload ? "+offload" : ""}`;
   return `${text} ${layout.device || ""}`.trim();
 }
