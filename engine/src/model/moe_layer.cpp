@@ -50,6 +50,7 @@ struct BalanceLossGradient : torch::autograd::Function<BalanceLossGradient> {
     return {grads[0], g, at::Tensor(), at::Tensor()};
   }
 };
+
 struct GroupHolder : torch::CustomClassHolder {
   explicit GroupHolder(std::shared_ptr<TensorParallelGroup> g) : group(std::move(g)) {}
   std::shared_ptr<TensorParallelGroup> group;
