@@ -7,7 +7,8 @@
 #    ep2 x tp2: each reproduces one process's losses and final parameters (relative 1e-5)
 #    and reports its balance (relative 1e-5);
 #  - each rank holds only its experts (the log names them, and the rank's checkpoint
-#    file lists no other expert's pieces);
+#    file lists no other expert's pieces); the checkpoint exports the final weights the
+#    leader gathered from both ranks, byte for byte;
 #  - an ep2 run resumed from its step-5 checkpoint ends with the uninterrupted run's
 #    bytes; that checkpoint resumes on one process, and one process's under ep2 (1e-5);
 #  - a dense model, an ep dividing neither the experts nor dp are refused naming
@@ -46,6 +47,13 @@ for path in sorted(glob.glob(sys.argv[1] + "/rank-*.safetensors")):
     assert experts == want, (path, experts, want)
 print("  moe-ep2: rank 0's checkpoint file holds experts 0 and 1, rank 1's experts 2 and 3")
 PY
+# The leader gathered the final weights from both ranks' experts; the checkpoint's pieces
+# come from both rank files: the two exports are the same bytes.
+$tide ckpt export "$work/moe-ep2/checkpoints/step-00000010" --out "$work/ep2-ckpt-hf" 2> /dev/null
+$tide convert export "$work/moe-ep2" --out "$work/ep2-weights-hf" 2> /dev/null
+cmp -s "$work/ep2-ckpt-hf/model.safetensors" "$work/ep2-weights-hf/model.safetensors" \
+  || fail "export from the ep2 checkpoint differs from the export of the run's weights"
+echo "  moe-ep2: its checkpoint exports the run's final weights byte for byte"
 for z in 1 2 3; do
   train moe moe-ep2-zero$z --nproc 2 --set parallel.ep=2 --set parallel.zero=$z
   same_as_one moe-ep2-zero$z
