@@ -70,23 +70,23 @@ FlatParameters::Options DataParallel::flat_options(const ParallelConfig& cfg, in
 // units (likewise a rank's experts beside the rest). Their backward wrappers nest: both
 // hear a unit's backward begin.
 struct DataParallel::BothUnits : ParameterUnits {
-  ParameterUnits& trained;
-  ParameterUnits& frozen;
-  BothUnits(ParameterUnits& t, ParameterUnits& f) : trained(t), frozen(f) {}
+  ParameterUnits& first;
+  ParameterUnits& second;
+  BothUnits(ParameterUnits& a, ParameterUnits& b) : first(a), second(b) {}
   void before_forward(int unit) override {
-    trained.before_forward(unit);
-    frozen.before_forward(unit);
+    first.before_forward(unit);
+    second.before_forward(unit);
   }
   at::Tensor after_forward(int unit, const at::Tensor& y) override {
-    return frozen.after_forward(unit, trained.after_forward(unit, y));
+    return second.after_forward(unit, first.after_forward(unit, y));
   }
   void before_backward(int unit) override {
-    trained.before_backward(unit);
-    frozen.before_backward(unit);
+    first.before_backward(unit);
+    second.before_backward(unit);
   }
   void end_forward() override {
-    trained.end_forward();
-    frozen.end_forward();
+    first.end_forward();
+    second.end_forward();
   }
 };
 

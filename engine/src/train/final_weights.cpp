@@ -52,21 +52,22 @@ void gather_to_leader(const std::vector<TensorShape>& params, const TensorSource
     const std::string& name = p.name;
     int owner = 0;
     while (!stage_owns(stages[static_cast<size_t>(owner)], name)) ++owner;
+    if (owner == stage && dp && units.unit_of(name) != held) {  // every rank of the stage gathers
+      if (held >= 0) dp->release_whole(held);
+      held = units.unit_of(name);
+      dp->hold_whole(held);
+    }
     const int64_t expert = experts_per_rank > 0 ? expert_index(name) : -1;
-    int expert_sender = -1;  // the global rank that sends it, where that is not the stage's first replica
+    const int holder_dp = static_cast<int>(expert >= 0 ? expert / experts_per_rank : 0);
+    int expert_sender = -1;  // the global rank that sends an expert, the leader itself included
     if (expert >= 0) {
       GridCoords c;
-      c.dp = static_cast<int>(expert / experts_per_rank);
+      c.dp = holder_dp;
       c.pp = owner;
       expert_sender = dist->grid.rank_of(c);
     }
     if (owner != stage || (leader && expert_sender > 0)) {
       if (!leader) continue;
-      if (owner == stage && dp && units.unit_of(name) != held) {  // the leader takes part in its stage's gathers
-        if (held >= 0) dp->release_whole(held);
-        held = units.unit_of(name);
-        dp->hold_whole(held);
-      }
       auto buffer = torch::empty(p.shape, torch::TensorOptions().dtype(torch::kFloat32).device(device));
       if (expert_sender > 0)
         dist->world->recv(buffer, expert_sender, received_experts[expert_sender]++, "weights " + name);
@@ -75,13 +76,8 @@ void gather_to_leader(const std::vector<TensorShape>& params, const TensorSource
       take(name, buffer);
       continue;
     }
-    if (dp && units.unit_of(name) != held) {
-      if (held >= 0) dp->release_whole(held);
-      held = units.unit_of(name);
-      dp->hold_whole(held);
-    }
     if (expert >= 0) {
-      if (dist->grid.coords().dp != static_cast<int>(expert / experts_per_rank)) continue;
+      if (dist->grid.coords().dp != holder_dp) continue;
       const auto t = whole(name);
       if (leader)
         take(name, t);
