@@ -199,9 +199,14 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   const bool parts = tp_.group != nullptr;
   const auto routed = (parts ? tp_.group->copy_to(tokens) : tokens).index_select(0, token_of);  // [N k, D]
   const auto expert_out = experts_forward(routed, counts.data_ptr<int64_t>());                  // [N k, D]
-  auto combine = weights.reshape({-1}).index_select(0, order).to(expert_out.scalar_type()).unsqueeze(1);
+  // Back in token order, each token's k outputs weighted and summed: the product keeps
+  // the outputs once for backward (an index_add of the weighted rows would keep them
+  // twice, its source beside the product's input).
+  const auto position = torch::empty_like(order).scatter_(0, order, torch::arange(order.size(0), order.options()));
+  const auto by_token = expert_out.index_select(0, position).view({tokens.size(0), top_k_, d});
+  auto combine = weights.to(expert_out.scalar_type()).unsqueeze(-1);  // [N, k, 1]
   if (parts) combine = tp_.group->copy_to(combine);
-  auto out = torch::zeros({tokens.size(0), d}, expert_out.options()).index_add(0, token_of, expert_out * combine);
+  auto out = (by_token * combine).sum(1);
   if (parts) out = tp_.group->reduce_from(out);
   out = out.view(x.sizes());
   if (!pass) return out;
