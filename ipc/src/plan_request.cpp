@@ -53,6 +53,7 @@ PlanRequest parse_plan_request(const nlohmann::json& body, const std::function<D
   if (body.contains("tp")) r.options.tp = static_cast<int>(optional_int(body, "tp", 1, 1, 1024));
   if (body.contains("pp")) r.options.pp = static_cast<int>(optional_int(body, "pp", 1, 1, 1024));
   if (body.contains("cp")) r.options.cp = static_cast<int>(optional_int(body, "cp", 1, 1, 1024));
+  if (body.contains("ep")) r.options.ep = static_cast<int>(optional_int(body, "ep", 1, 1, 1024));
   if (body.contains("zero")) r.options.zero = static_cast<int>(optional_int(body, "zero", 0, 0, 3));
   r.options.max_micro_batch = optional_int(body, "max_micro_batch", r.options.max_micro_batch, 1, 1024);
   if (body.contains("offload"))

@@ -981,6 +981,9 @@ def part_plan():
     # This machine's CPU (the daemon's stored calibration, or nominal figures).
     tiny = conn.request("plan", {"recipe_name": "llama/llama-tiny", "cluster": {"device": "cpu", "devices_per_node": 2}})
     assert tiny["plan"]["cluster"]["device"]["host"] and tiny["plan"]["ranked"], tiny
+    # A mixture of experts, its experts over 8 ranks.
+    moe = conn.request("plan", {"recipe_name": "mixtral/mixtral-8x7b", "cluster": body["cluster"], "ep": 8})["plan"]
+    assert moe["ranked"] and all(r["layout"]["ep"] == 8 and r["time"]["ep_comm"] > 0 for r in moe["ranked"]), moe
     for extra, code, words in (
             ({"cluster": {"device": "tpu-v9"}}, "bad_request", "tpu-v9"),
             ({"cluster": {"device": "h100-80", "nodes": 0}}, "bad_request", "nodes"),
@@ -990,6 +993,7 @@ def part_plan():
             ({"attention": "sparse"}, "bad_request", "sparse"),
             ({"headroom": 2}, "bad_request", "headroom"),
             ({"zero": 4}, "bad_request", "zero"),
+            ({"ep": 0}, "bad_request", "ep"),
             ({"top": "many"}, "bad_request", "top"),
             ({"cluster": [1]}, "bad_request", "cluster"),
             ({"recipe_name": None, "recipe": "return tide.recipe {\n  model = 3,\n}"}, "invalid_recipe", "recipe:"),
@@ -999,7 +1003,7 @@ def part_plan():
         err = conn.request("plan", request, ok=False)
         assert err["code"] == code and words in err["message"], (extra, err)
         print(f"  {code}: {err['message'][:100]}")
-    assert conn.request("info")["requests"]["plan"] == 3 + 12
+    assert conn.request("info")["requests"]["plan"] == 4 + 13
     d.stop()
 
 

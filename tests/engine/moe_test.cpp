@@ -1,6 +1,7 @@
 // Mixture of experts (model.moe_experts): the routed output against a per-token sum, the
 // load-balancing loss's gradient against finite differences of the balance the model
-// reports, and recomputed blocks against kept ones.
+// reports, recomputed blocks against kept ones, and what a block keeps for backward
+// against what the planner counts.
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -10,7 +11,9 @@
 #include "tide/engine/config_schema.h"
 #include "tide/engine/model/parameter_names.h"
 #include "tide/engine/model/transformer.h"
+#include "tide/engine/plan/plan.h"
 #include "tide/engine/run_layout.h"
+#include "tide/engine/train/tensor_memory.h"
 #include "tiny_models.h"
 
 namespace tide {
@@ -204,6 +207,48 @@ TEST(MixtureOfExperts, RecomputedBlocksGiveTheGradientsOfKeptOnes) {
     ++compared;
   }
   EXPECT_GT(compared, 40);
+}
+
+// What a block keeps for backward (the graph's saved tensors, counted by the allocator:
+// what a forward of four blocks leaves alive beyond one of two, halved) is what the
+// planner's memory model counts for it (plan.h: activations_by_block), byte for byte
+// but the load balance's two vectors of E floats: the routed rows, the experts'
+// activations and their output kept once each (an index_add combining the weighted rows
+// would keep them twice). Without expert parallelism a block keeps as much however the
+// tokens are routed; top 2 and every expert a token.
+TEST(MixtureOfExperts, ABlockKeepsWhatThePlannerCounts) {
+  count_host_tensor_memory();
+  const int64_t b = 2, t = 64;
+  for (const int64_t top_k : {2, 4}) {
+    ModelConfig c = testing::tiny_moe();
+    c.moe_top_k = top_k;
+    c.max_seq_len = t;
+    const auto kept = [&](int64_t layers) {
+      ModelConfig deep = c;
+      deep.n_layers = layers;
+      torch::manual_seed(0);
+      Transformer m(deep);
+      const auto tokens = torch::randint(0, c.vocab_size, {b, t}, torch::kInt64);
+      const auto targets = torch::randint(0, c.vocab_size, {b, t}, torch::kInt64);
+      const int64_t before = host_tensor_bytes();
+      const auto loss = m->loss(tokens, targets);
+      return host_tensor_bytes() - before;
+    };
+    const double block = static_cast<double>(kept(4) - kept(2)) / 2;
+    RunConfig cfg;
+    cfg.model = c;
+    cfg.model.n_layers = 4;
+    cfg.data.seq_len = t;
+    Cluster host;
+    host.device.host = true;
+    host.device.memory_bytes = 1e12;
+    PlanLayout one;
+    one.micro_batch = b;
+    const auto planned = evaluate_layout(cfg, host, one).memory.activations_by_block;
+    ASSERT_EQ(planned.size(), 4u);
+    const double balance = 2.0 * static_cast<double>(c.moe_experts) * 4;
+    EXPECT_NEAR(block, planned[0], balance) << "top " << top_k << ": a block keeps " << block << " bytes";
+  }
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <fstream>
-#include <functional>
 #include <string>
 
 #include <fmt/format.h>
@@ -19,6 +18,7 @@
 #include "tide/engine/model/pipeline_stage.h"
 #include "tide/engine/plan/cluster.h"
 #include "tide/engine/plan/plan.h"
+#include "tide/engine/train/flops.h"
 #include "tide/scripting/recipe.h"
 
 namespace tide {
@@ -60,8 +60,8 @@ Cluster fixed_host(int ranks, double gib) {
 }
 
 TEST(Plan, RankModelAddsUpToTheModel) {
-  for (const char* name :
-       {"llama/llama-tiny", "llama/llama-2-70b", "llama/llama-3-8b", "bloom/bloom-560m", "bloom/bloom-tiny"}) {
+  for (const char* name : {"llama/llama-tiny", "llama/llama-2-70b", "llama/llama-3-8b", "bloom/bloom-560m",
+                           "bloom/bloom-tiny", "mixtral/mixtral-tiny", "mixtral/mixtral-8x7b"}) {
     const ModelConfig m = recipe(name).model;
     const auto whole = plan::rank_model(m, 1, PipelineStage{});
     EXPECT_EQ(whole.padded_elements(1), parameter_count(m)) << name;
@@ -78,6 +78,32 @@ TEST(Plan, RankModelAddsUpToTheModel) {
     const auto half = plan::rank_model(m, 2, PipelineStage{});
     EXPECT_EQ(2 * half.block_matmul, whole.block_matmul) << name;
   }
+}
+
+// A mixture of experts: ep ranks hold every expert once between them, in flat buffers
+// of their own; a token multiplies by the router and its top k experts, which is what
+// the model-FLOPs count charges it (norms aside).
+TEST(Plan, RankModelSpreadsTheExpertsOverTheExpertParallelRanks) {
+  const ModelConfig m = recipe("mixtral/mixtral-8x7b").model;
+  const auto whole = plan::rank_model(m, 1, PipelineStage{});
+  EXPECT_EQ(whole.experts, 8);
+  EXPECT_FALSE(whole.experts_apart);
+  EXPECT_TRUE(whole.expert_units(1).empty());
+  for (const int64_t ep : {2, 4, 8}) {
+    const auto r = plan::rank_model(m, 1, PipelineStage{}, ep);
+    EXPECT_EQ(r.experts, 8 / ep);
+    ASSERT_TRUE(r.experts_apart);
+    EXPECT_EQ(r.expert_units(1).front(), 0) << "unit 0 holds no expert";
+    EXPECT_EQ(r.padded_elements(1) + ep * r.expert_padded_elements(1), parameter_count(m)) << "ep" << ep;
+    // Padded for the ranks that hold the same experts.
+    EXPECT_EQ(r.expert_block_unit(3) % 3, 0);
+    EXPECT_GE(r.expert_block_unit(3), r.block_expert_elements());
+  }
+  const double matmul_per_token = 6.0 * static_cast<double>(m.n_layers * whole.block_token_weights + whole.head_matmul);
+  double attention = 0;
+  for (int64_t layer = 0; layer < m.n_layers; ++layer)
+    attention += 12.0 * static_cast<double>(m.n_heads * head_dim(m)) * counted_keys(m, layer, 4096);
+  EXPECT_NEAR(matmul_per_token + attention, train_flops_per_token(m, 4096), 1e-4 * train_flops_per_token(m, 4096));
 }
 
 TEST(Plan, OneProcessHoldsTheFlatBuffersAndAdamMoments) {
@@ -576,18 +602,77 @@ TEST(Plan, AutoLayoutChoosesTheFastestThatFitsAndSaysWhy) {
   }
 }
 
-TEST(Plan, AMixtureOfExpertsIsRefusedNamingItsField) {
-  // The memory and time models describe dense blocks: no plan is better than a wrong one.
-  for (const auto& run :
-       {std::function<void()>([] { plan_layouts(recipe("mixtral/mixtral-8x7b"), h100(4, 8)); }),
-        std::function<void()>([] { choose_layout(recipe("mixtral/mixtral-tiny"), fixed_host(2, 16)); })}) {
-    try {
-      run();
-      ADD_FAILURE() << "planned a mixture of experts";
-    } catch (const ConfigError& e) {
-      EXPECT_EQ(e.field(), "model.moe_experts") << e.what();
-    }
+// Expert parallelism: a rank holds E / ep experts, their state sharded over the dp / ep
+// ranks holding the same ones; the tokens travel to their experts and back, four
+// exchanges a block and micro-batch; the compute stays (routing is assumed even).
+TEST(Plan, ExpertParallelismHoldsAShareOfTheExpertsAndSendsTheTokens) {
+  const RunConfig cfg = recipe("mixtral/mixtral-8x7b");
+  const Cluster cluster = h100(2, 8);
+  PlanLayout l = one_sequence_micro_batches(16, 4);
+  l.zero = 1;
+  const LayoutPlan all = evaluate_layout(cfg, cluster, l);
+  l.ep = 8;
+  const LayoutPlan ep8 = evaluate_layout(cfg, cluster, l);
+  const auto r = plan::rank_model(cfg.model, 1, PipelineStage{}, 8);
+  // ZeRO-1 keeps whole fp32 parameters: the rest padded for 16 replicas, one expert a
+  // block padded for its 2 holders.
+  EXPECT_DOUBLE_EQ(ep8.memory.parameters,
+                   4.0 * static_cast<double>(r.padded_elements(16) + r.expert_padded_elements(2)));
+  EXPECT_LT(ep8.memory.parameters, all.memory.parameters / 3);
+  // The moments: the rest's over 16 ranks, the experts' over their 2 holders.
+  EXPECT_DOUBLE_EQ(ep8.memory.optimizer, 8.0 * (static_cast<double>(r.padded_elements(16)) / 16 +
+                                                static_cast<double>(r.expert_padded_elements(2)) / 2));
+  EXPECT_DOUBLE_EQ(ep8.time.compute, all.time.compute);
+  EXPECT_EQ(all.time.ep_comm, 0.0);
+  EXPECT_GT(ep8.time.ep_comm, 0.0);
+  EXPECT_LT(ep8.time.dp_comm_total, all.time.dp_comm_total / 3) << "experts reduced over 2 ranks, not 16";
+  // Recomputed blocks exchange their tokens again: 6 exchanges a block, not 4.
+  l.activation_checkpointing = true;
+  const LayoutPlan recomputing = evaluate_layout(cfg, cluster, l);
+  const double latencies = 4.0 * 32 * cluster.device.collective_latency;  // the batch sizes, once a forward
+  EXPECT_NEAR((recomputing.time.ep_comm - 2 * latencies) / (ep8.time.ep_comm - latencies), 1.5, 1e-9);
+  EXPECT_LT(recomputing.memory.activations, ep8.memory.activations / 5);
+  EXPECT_NE(ep8.layout.describe().find(" ep8"), std::string::npos) << ep8.layout.describe();
+}
+
+// The planner weighs every ep that divides dp and the experts, never context or
+// sequence parallelism (not supported with experts); the recipe's own ep is evaluated.
+TEST(Plan, AMixtureOfExpertsIsPlannedWithAndWithoutExpertParallelism) {
+  const RunConfig cfg = recipe("mixtral/mixtral-8x7b");
+  const Plan plan = plan_layouts(cfg, h100(4, 8));
+  ASSERT_FALSE(plan.ranked.empty());
+  bool spread = false;
+  for (const auto& p : plan.ranked) {
+    EXPECT_EQ(p.layout.cp, 1);
+    EXPECT_FALSE(p.layout.sequence_parallel);
+    EXPECT_EQ(p.layout.dp % p.layout.ep, 0) << p.layout.describe();
+    EXPECT_EQ(cfg.model.moe_experts % p.layout.ep, 0) << p.layout.describe();
+    spread = spread || p.layout.ep > 1;
+    EXPECT_GT(p.time.mfu, 0.0);
+    EXPECT_LT(p.time.mfu, 1.0);
   }
+  EXPECT_TRUE(spread);
+  ASSERT_TRUE(plan.recipe_layout.has_value());
+  EXPECT_EQ(plan.recipe_layout->layout.ep, 8);
+  EXPECT_GT(plan.recipe_layout->time.ep_comm, 0.0);
+  PlanOptions two;
+  two.cp = 2;
+  const Plan cp2 = plan_layouts(cfg, h100(4, 8), two);
+  EXPECT_TRUE(cp2.ranked.empty());
+  ASSERT_FALSE(cp2.rejected.empty());
+  EXPECT_NE(cp2.rejected.front().reason.find("not yet under context parallelism"), std::string::npos)
+      << cp2.rejected.front().reason;
+
+  // parallel.auto on two ranks gives a recipe the layout, ep included.
+  const RunConfig tiny = recipe("mixtral/mixtral-tiny");
+  PlanOptions spread_over_two;
+  spread_over_two.ep = 2;
+  const LayoutChoice c = choose_layout(tiny, fixed_host(2, 16), spread_over_two);
+  EXPECT_EQ(c.chosen.layout.ep, 2);
+  const RunConfig overridden =
+      Recipe::load_file(std::string(TIDE_SOURCE_DIR) + "/recipes/mixtral/mixtral-tiny.lua", c.overrides).config();
+  EXPECT_EQ(overridden.parallel.ep, 2);
+  EXPECT_EQ(layout_of(overridden, 2).describe(), c.chosen.layout.describe());
 }
 
 TEST(Plan, JsonCarriesTheItemisedFigures) {

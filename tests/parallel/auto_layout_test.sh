@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # parallel.auto with real worker processes: the launcher asks the planner, logs its choice
 # with the runner-up, and every rank trains that layout (config.json records it) on 1, 2
-# and 4 processes; a model too large for the machine is refused before any worker starts,
+# and 4 processes, and a mixture of experts on 2; a model too large for the machine is refused before any worker starts,
 # with the shortfall; ranks that decide on their own need a stored calibration.
 # The calibration is XDG_CACHE_HOME's (ctest's cli.calibrate leaves it); run alone, the
 # test calibrates into its own.
@@ -31,6 +31,23 @@ print(f"  {n} process(es): dp{dp} tp{p['tp']} pp{p['pp']} zero{p['zero']} micro-
       f"3 steps, loss {rows[-1]['loss']:.3f}")
 PY
 done
+
+# A mixture of experts: the planner weighs expert parallelism beside the rest, and both
+# ranks train the layout it chose, ep included.
+$tide train "$work/llama.lua" --nproc 2 --auto --run-dir "$work/auto-moe" --set schedule.steps=3 --set eval.every=0 \
+  --set model.moe_experts=4 --set model.moe_top_k=2 2> "$work/auto-moe.log" \
+  || { cat "$work/auto-moe.log"; fail "--auto with a mixture of experts"; }
+chosen=$(grep -o "parallel.auto chose [^:]* for 2 ranks" "$work/auto-moe.log") \
+  || { cat "$work/auto-moe.log"; fail "no choice logged (experts)"; }
+/usr/bin/python3 - "$work/auto-moe" "$chosen" <<'PY' || fail "the run's layout is not the planner's (experts)"
+import json, sys
+run, chosen = sys.argv[1], sys.argv[2]
+p = json.load(open(f"{run}/config.json"))["parallel"]
+assert p["ep"] in (1, 2) and (" ep2" in chosen) == (p["ep"] == 2), (p, chosen)
+rows = [json.loads(l) for l in open(f"{run}/metrics.jsonl")]
+assert len(rows) == 3 and all("moe_balance" in r for r in rows), rows[-1]
+print(f"  experts on 2 processes: {chosen}, ep{p['ep']}, loss {rows[-1]['loss']:.3f}")
+PY
 
 # Too large: a 70B model on this machine's two ranks.
 if $tide train "$work/llama.lua" --nproc 2 --auto --run-dir "$work/huge" --set model.dim=8192 --set model.n_layers=80 \

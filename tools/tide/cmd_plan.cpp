@@ -19,7 +19,7 @@ namespace {
 struct PlanArgs {
   std::vector<std::string> recipe, overrides;
   std::string device = "cpu", calibration, attention;
-  int nodes = 1, per_node = 1, top = 10, tp = 0, pp = 0, cp = 0, zero = -1;
+  int nodes = 1, per_node = 1, top = 10, tp = 0, pp = 0, cp = 0, ep = 0, zero = -1;
   int64_t max_micro_batch = 64;
   double headroom = 0;
   bool json = false, calibrate = false, no_offload = false;
@@ -75,6 +75,10 @@ void add_plan_command(CLI::App& app) {
                    "Only layouts with this context-parallel size (default: cp 1, or the smallest cp with which "
                    "a layout fits where none without it does)")
       ->check(CLI::Range(1, 1024));
+  plan->add_option("--ep", a->ep,
+                   "Only layouts with this expert-parallel size (a mixture of experts' experts over ep of the dp "
+                   "ranks)")
+      ->check(CLI::Range(1, 1024));
   plan->add_option("--zero", a->zero, "Only layouts with this ZeRO stage")->check(CLI::Range(0, 3));
   plan->add_option("--max-micro-batch", a->max_micro_batch, "Largest micro-batch tried")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
@@ -93,7 +97,6 @@ void add_plan_command(CLI::App& app) {
     }
     if (a->recipe.empty()) throw CLI::RequiredError("recipe");
     const Recipe r = Recipe::load_file(resolve_recipe_path(a->recipe.at(0)), a->overrides);
-    check_plannable(r.config().model);  // before a CPU is measured for nothing
     Cluster cluster;
     cluster.nodes = a->nodes;
     cluster.devices_per_node = a->per_node;
@@ -112,6 +115,7 @@ void add_plan_command(CLI::App& app) {
     if (a->tp > 0) options.tp = a->tp;
     if (a->pp > 0) options.pp = a->pp;
     if (a->cp > 0) options.cp = a->cp;
+    if (a->ep > 0) options.ep = a->ep;
     if (a->zero >= 0) options.zero = a->zero;
     Plan p = plan_layouts(r.config(), cluster, options);
     if (a->json) {

@@ -52,6 +52,23 @@ void check_context_parallel(const RunConfig& cfg, int64_t cp) {
                                   t / cp, t, cp, tp));
 }
 
+void check_mixture_of_experts(const RunConfig& cfg, int64_t cp, int64_t tp) {
+  const int64_t experts = cfg.model.moe_experts;
+  if (experts == 0) return;
+  if (cp > 1)
+    throw ConfigError("model.moe_experts",
+                      fmt::format("{} experts: not yet under context parallelism (cp = {})", experts, cp));
+  if (tp > 1 && cfg.parallel.sequence_parallel)
+    throw ConfigError("parallel.sequence_parallel",
+                      fmt::format("a mixture of experts (model.moe_experts = {}) runs under tensor parallelism "
+                                  "without sequence parallelism (tp = {})",
+                                  experts, tp));
+  if (tp > 1 && cfg.model.mlp_bias)
+    throw ConfigError("model.mlp_bias", fmt::format("experts with biases (model.moe_experts = {}) under tensor "
+                                                    "parallelism (tp = {}) are not supported",
+                                                    experts, tp));
+}
+
 void check_expert_parallel(const RunConfig& cfg, int64_t dp) {
   const int64_t ep = cfg.parallel.ep, experts = cfg.model.moe_experts;
   if (ep <= 1) return;
@@ -93,18 +110,7 @@ void check_supported_layout(const RunConfig& cfg, int world) {
                   static_cast<int>(cfg.parallel.pp), static_cast<int>(cfg.parallel.cp));
   check_context_parallel(cfg, grid.cp());
   check_tensor_parallel(cfg.model, grid.tp(), cfg.parallel.sequence_parallel, cfg.data.seq_len / grid.cp());
-  if (cfg.model.moe_experts > 0 && grid.cp() > 1)
-    throw ConfigError("model.moe_experts", fmt::format("{} experts: not yet under context parallelism (cp = {})",
-                                                       cfg.model.moe_experts, grid.cp()));
-  if (cfg.model.moe_experts > 0 && grid.tp() > 1 && cfg.parallel.sequence_parallel)
-    throw ConfigError("parallel.sequence_parallel",
-                      fmt::format("a mixture of experts (model.moe_experts = {}) runs under tensor parallelism "
-                                  "without sequence parallelism (tp = {})",
-                                  cfg.model.moe_experts, grid.tp()));
-  if (cfg.model.moe_experts > 0 && grid.tp() > 1 && cfg.model.mlp_bias)
-    throw ConfigError("model.mlp_bias", fmt::format("experts with biases (model.moe_experts = {}) under tensor "
-                                                    "parallelism (tp = {}) are not supported",
-                                                    cfg.model.moe_experts, grid.tp()));
+  check_mixture_of_experts(cfg, grid.cp(), grid.tp());
   check_expert_parallel(cfg, grid.dp());
   const int64_t virtual_stages = cfg.parallel.virtual_stages;
   if (virtual_stages > 1 && grid.pp() == 1)

@@ -102,6 +102,28 @@ double lora_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   return bytes;
 }
 
+// A mixture of experts' saved tensors of one block and micro-batch (moe_layer.cpp), its
+// tokens split evenly among the experts (routing at its balance):
+//   - the plain norm before it keeps its input in fp32 and a statistic a row;
+//   - the router its fp32 input (the norm's output, widened under bf16) and its
+//     probabilities, top-k the chosen experts' indices, normalising the weights and their
+//     sum;
+//   - the routed rows, each token once per choice, kept by their experts' projections
+//     (views of one tensor), each expert's gate and up outputs (an MLP's, above), the
+//     experts' output and the combining weights kept by their product;
+//   - the indices that route and combine (the choices' order and their tokens), and under
+//     expert parallelism those that regroup the arrived rows by expert and back.
+double moe_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
+  const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
+  const double E = static_cast<double>(m.moe_experts), k = static_cast<double>(r.top_k);
+  const double statistics = m.norm == NormKind::LayerNorm ? 2 : 1;
+  double bytes = x.N * (D * 4 + statistics * 4);
+  bytes += x.N * (D * 4 + E * 4 + k * 8 + (m.moe_normalize_top_k ? (k + 1) * 4 : 0));
+  bytes += x.N * k * (2 * D + 2 * F + 1) * x.s;
+  bytes += x.N * k * 8 * (r.experts_apart ? 4 : 2);
+  return bytes;
+}
+
 // Autograd's saved tensors of one block and micro-batch, run without recomputation; the
 // block `windowed` where its window is shorter than the sequence, `unmasked_context`
 // where context parallelism attends it without masks (unmasked_context_layer).
@@ -156,8 +178,12 @@ double block_saved(const ModelConfig& m, const RankModel& r, const Shape& x, boo
   else
     bytes += block_scores(m, r, x, keys);
   // SwiGLU keeps the gate's and up's outputs, and the down projection recomputes their
-  // product in backward (fused_ops.cpp, glu_down); GELU keeps its input and output.
-  bytes += 2 * x.N * F * x.s;
+  // product in backward (fused_ops.cpp, glu_down); GELU keeps its input and output. A
+  // mixture of experts instead keeps what moe_saved counts, its norm a plain one.
+  if (r.experts > 0)
+    bytes += moe_saved(m, r, x) - x.Nn * D * x.s;
+  else
+    bytes += 2 * x.N * F * x.s;
   // Post-norms (Gemma 2 and 3) keep their inputs, attention's and the MLP's outputs
   // (this rank's part of the sequence), and one fp32 statistic a row.
   if (m.post_norms) bytes += 2 * x.Nn * (D * x.s + 4);
@@ -189,13 +215,25 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double incoming = x.Nn * D * x.s;
   const double scores = x.fused_attention ? 0.0 : 2 * x.B * static_cast<double>(r.heads) * x.Q * x.keys() * x.s;
-  double extra = std::max(incoming + (gated_mlp(m) ? 3 : 1) * x.N * F * x.s + D * F * 4, incoming + scores);
   const double qkv = static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim);
   const double mlp_in = (gated_mlp(m) ? 2 : 1) * F;
   const bool fp32_copy = x.s < 4 && (!x.gpu_kernels || m.norm == NormKind::LayerNorm);
   const double node = 3 * x.N * D * x.s + (fp32_copy ? x.Nn * D * 4 : 0);
-  extra = std::max({extra, incoming + x.N * mlp_in * x.s + node + D * F * 4,
-                    incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4});
+  double extra = std::max(incoming + scores,
+                          incoming + x.N * qkv * x.s + node + D * static_cast<double>(r.heads * r.head_dim) * 4);
+  if (r.experts > 0) {
+    // A mixture of experts' widest moment: an expert's backward (its rows' MLP gradients
+    // and input gradient, a weight's gradient), beside the experts' output gradient, the
+    // routed rows' gradient summed so far and the next expert's part of it (autograd's
+    // slice backward makes each the routed rows' size).
+    const double rows = x.N * static_cast<double>(r.top_k);
+    const double expert_rows = rows / static_cast<double>(r.experts);
+    extra = std::max(extra,
+                     incoming + 3 * rows * D * x.s + expert_rows * ((gated_mlp(m) ? 3 : 1) * F + D) * x.s + D * F * 4);
+  } else {
+    extra = std::max({extra, incoming + (gated_mlp(m) ? 3 : 1) * x.N * F * x.s + D * F * 4,
+                      incoming + x.N * mlp_in * x.s + node + D * F * 4});
+  }
   if (x.by_heads) {
     const double exchanged =
         x.N * (static_cast<double>(r.heads) + 2 * kept_kv_heads(r, x)) * static_cast<double>(r.head_dim) * x.s;
@@ -384,15 +422,21 @@ struct StageMemory {
 StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const PlanLayout& L, DType compute,
                          const PipelineStage& stage, int stage_index) {
   const ModelConfig& mc = cfg.model;
-  const RankModel r = rank_model(mc, L.tp, stage);
-  // The dp x cp ranks hold the same parameters: ZeRO shards over them all.
+  const RankModel r = rank_model(mc, L.tp, stage, L.ep);
+  // The dp x cp ranks hold the same parameters: ZeRO shards over them all. Under expert
+  // parallelism a rank's experts are held by dp / ep of them, which shard those.
   const int replicas = L.replicas();
+  const int holders = replicas / L.ep;
   const int64_t world = static_cast<int64_t>(replicas) * L.tp * L.pp;
   const int64_t pad = world > 1 ? replicas : 1;  // FlatParameters::Options::pad_to
-  const double P = static_cast<double>(r.padded_elements(pad));
-  const double piece = P / replicas;
+  const double dense = static_cast<double>(r.padded_elements(pad));
+  const double experts = static_cast<double>(r.expert_padded_elements(holders));
+  const double P = dense + experts;
+  const double piece = dense / replicas + experts / holders;
   const double unit0 = static_cast<double>(r.units(pad).front());
-  const double block_unit = static_cast<double>(r.largest_block_unit(pad));
+  // A block's unit: its flat buffers' (the rest's, and its experts' where apart).
+  const double expert_unit = static_cast<double>(r.expert_block_unit(holders));
+  const double block_unit = static_cast<double>(r.largest_block_unit(pad)) + expert_unit;
   const double head_unit = r.head_elements > 0 ? static_cast<double>(r.units(pad).back()) : 0.0;
   // ZeRO-3 keeps unit 0 whole through a micro-batch only where it is read after the lookup.
   const bool unit0_kept = parameter_unit_layout(mc).embeddings_read_after_lookup();
@@ -452,10 +496,12 @@ StageMemory stage_memory(const RunConfig& cfg, const DeviceSpec& device, const P
   }
   // ZeRO-3's gathered blocks: the running one (fp32; bf16: held in bf16, its norms and
   // biases widened to fp32 beside it) and the next one arriving (in fp32, or in the
-  // compute dtype from this rank's piece cast for it).
+  // compute dtype from this rank's piece cast for it, a piece of the rest's unit or of
+  // its experts').
   const double block_widened = static_cast<double>(r.block_widened);
-  const double gathered_blocks =
-      bf16 ? block_unit * (2 + 2 + 2.0 / replicas) + 4 * block_widened : block_unit * (4 + 4);
+  const double gathered_blocks = bf16 ? block_unit * (2 + 2) + 2 * (block_unit - expert_unit) / replicas +
+                                            2 * expert_unit / holders + 4 * block_widened
+                                      : block_unit * (4 + 4);
   if (L.zero == 3) m.gathered += (unit0_kept ? unit0 * 4 : 0) + gathered_blocks;
   if (L.zero >= 2 && L.micro_batches > 1) {
     // The last two units a micro-batch's backward reduce-scatters (block 0 and unit 0)

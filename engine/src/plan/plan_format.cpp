@@ -16,6 +16,7 @@ nlohmann::json to_json(const PlanLayout& l) {
           {"pp", l.pp},
           {"cp", l.cp},
           {"cp_comm", l.cp_comm},
+          {"ep", l.ep},
           {"zero", l.zero},
           {"offload", l.offload},
           {"activation_checkpointing", l.activation_checkpointing},
@@ -53,6 +54,7 @@ nlohmann::json to_json(const TimeEstimate& t) {
           {"elementwise", t.elementwise},
           {"tp_comm", t.tp_comm},
           {"cp_comm", t.cp_comm},
+          {"ep_comm", t.ep_comm},
           {"dp_comm", t.dp_comm},
           {"pp_comm", t.pp_comm},
           {"bubble", t.bubble},
@@ -80,10 +82,11 @@ std::string itemised(const LayoutPlan& p) {
       gib(m.activations), gib(m.loss), gib(m.backward_transient), gib(m.communication), gib(m.runtime), gib(m.device));
   if (m.host > 0) out += fmt::format("; host (offload) {}", gib(m.host));
   out += fmt::format(
-      "\n  step time: compute {} | recompute {} | elementwise {} | tp comm {} | {}dp comm {} (of {}, the rest "
+      "\n  step time: compute {} | recompute {} | elementwise {} | tp comm {} | {}{}dp comm {} (of {}, the rest "
       "overlapped) | pp comm {} | bubble {} | optimizer {} = {}\n",
       seconds(t.compute), seconds(t.recompute), seconds(t.elementwise), seconds(t.tp_comm),
-      p.layout.cp > 1 ? fmt::format("cp comm {} | ", seconds(t.cp_comm)) : "", seconds(t.dp_comm),
+      p.layout.cp > 1 ? fmt::format("cp comm {} | ", seconds(t.cp_comm)) : "",
+      p.layout.ep > 1 ? fmt::format("ep comm {} | ", seconds(t.ep_comm)) : "", seconds(t.dp_comm),
       seconds(t.dp_comm_total), seconds(t.pp_comm), seconds(t.bubble), seconds(t.optimizer), seconds(t.step));
   out += fmt::format("  largest micro-batch that fits this layout: {}\n", p.largest_micro_batch);
   return out;

@@ -20,6 +20,7 @@ namespace tide {
 std::string PlanLayout::describe() const {
   std::string s = fmt::format("dp{} tp{} pp{} zero{} mb{}x{}", dp, tp, pp, zero, micro_batch, micro_batches);
   if (cp > 1) s += fmt::format(" cp{}{}", cp, cp_comm == "all_to_all" ? " a2a" : "");
+  if (ep > 1) s += fmt::format(" ep{}", ep);
   if (pp > 1) s += " " + schedule;
   if (virtual_stages > 1) s += fmt::format(" v{}", virtual_stages);
   if (sequence_parallel) s += " sp";
@@ -34,6 +35,7 @@ void PlanLayout::apply_to(RunConfig& cfg) const {
   cfg.parallel.pp = pp;
   cfg.parallel.cp = cp;
   cfg.parallel.cp_comm = cp_comm;
+  cfg.parallel.ep = ep;
   cfg.parallel.zero = zero;
   cfg.parallel.offload_optimizer = offload;
   cfg.parallel.sequence_parallel = sequence_parallel;
@@ -106,6 +108,16 @@ bool recompute_fewer_blocks(const RunConfig& cfg, const Cluster& cluster, double
   return true;
 }
 
+// The expert-parallel sizes to weigh over dp ranks: 1 (every rank holds every expert),
+// and for a mixture of experts each divisor of dp that divides its experts.
+std::vector<int> expert_parallel_sizes(const ModelConfig& m, int dp) {
+  std::vector<int> out{1};
+  if (m.moe_experts == 0) return out;
+  for (const int ep : divisors(dp))
+    if (ep > 1 && m.moe_experts % ep == 0) out.push_back(ep);
+  return out;
+}
+
 std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / (1024.0 * 1024.0 * 1024.0)); }
 
 // The largest items of a memory estimate, for a refusal.
@@ -147,15 +159,7 @@ int64_t largest_fitting_micro_batch(const RunConfig& cfg, const Cluster& cluster
 
 }  // namespace
 
-void check_plannable(const ModelConfig& m) {
-  if (m.moe_experts > 0)
-    throw ConfigError("model.moe_experts", fmt::format("{} experts: the planner does not model a mixture of experts "
-                                                       "yet; give the layout (parallel.dp, tp, pp, zero) in the recipe",
-                                                       m.moe_experts));
-}
-
 LayoutPlan evaluate_layout(const RunConfig& cfg, const Cluster& cluster, const PlanLayout& layout) {
-  check_plannable(cfg.model);
   LayoutPlan p;
   p.layout = layout;
   const DType compute = plan::planned_compute_dtype(cfg, cluster.device);
@@ -181,6 +185,7 @@ PlanLayout layout_of(const RunConfig& cfg, int world) {
   l.pp = static_cast<int>(cfg.parallel.pp);
   l.cp = static_cast<int>(batch.cp);
   l.cp_comm = cfg.parallel.cp_comm;
+  l.ep = static_cast<int>(cfg.parallel.ep);
   l.zero = static_cast<int>(cfg.parallel.zero);
   l.offload = cfg.parallel.offload_optimizer;
   l.activation_checkpointing = cfg.model.activation_checkpointing;
@@ -194,7 +199,6 @@ PlanLayout layout_of(const RunConfig& cfg, int world) {
 }
 
 Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOptions& options) {
-  check_plannable(cfg.model);
   Plan plan;
   plan.recipe = cfg.name;
   plan.cluster = cluster;
@@ -240,6 +244,15 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
         if (cp == 1) refuse(family, e.what());  // once, not again for each cp
         continue;
       }
+      try {
+        RunConfig split = cfg;
+        split.parallel.sequence_parallel = false;  // weighed below, where it can run
+        check_mixture_of_experts(split, cp, tp);
+      } catch (const ConfigError& e) {
+        family.dp = 0;
+        refuse(family, e.what());
+        continue;
+      }
       if (cp_comm == "all_to_all") {
         RunConfig split = cfg;
         family.apply_to(split);
@@ -265,10 +278,15 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
           continue;
         }
         const int64_t per_rank = global_batch / family.dp;
-        for (int zero = 0; zero <= 3; ++zero) {
+        std::vector<std::pair<int, int>> shardings;  // (ep, ZeRO stage)
+        for (const int ep : expert_parallel_sizes(m, family.dp))
+          for (int zero = 0; zero <= 3; ++zero) shardings.emplace_back(ep, zero);
+        for (const auto& [ep, zero] : shardings) {
+          if (options.ep && ep != *options.ep) continue;
           if (options.zero && zero != *options.zero) continue;
           if (zero > 0 && family.dp == 1 && !options.zero) continue;  // nothing to shard
           if (pp > 1 && zero == 3) continue;
+          family.ep = ep;
           family.zero = zero;
           LayoutPlan best_of_family;  // the fastest that fits, or the smallest that does not
           bool any_fits = false;
@@ -279,7 +297,7 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
             // fit where none does not and every block does.
             for (const Recompute recompute : {Recompute::None, Recompute::All, Recompute::Fewest}) {
               for (const bool sp : {false, true}) {
-                if (sp && (tp == 1 || (cfg.data.seq_len / cp) % tp != 0)) continue;
+                if (sp && (tp == 1 || (cfg.data.seq_len / cp) % tp != 0 || m.moe_experts > 0)) continue;
                 for (const auto& [schedule, chunks] : pipeline_schedules(cfg, pp)) {
                   PlanLayout l = family;
                   l.offload = offload;
@@ -391,6 +409,7 @@ LayoutChoice choose_layout(const RunConfig& cfg, const Cluster& cluster, const P
                  fmt::format("parallel.pp={}", l.pp),
                  fmt::format("parallel.cp={}", l.cp),
                  fmt::format("parallel.cp_comm={}", l.cp_comm),
+                 fmt::format("parallel.ep={}", l.ep),
                  fmt::format("parallel.zero={}", l.zero),
                  fmt::format("parallel.offload_optimizer={}", l.offload),
                  fmt::format("parallel.sequence_parallel={}", l.sequence_parallel),

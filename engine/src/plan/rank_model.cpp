@@ -11,9 +11,26 @@ int64_t padded(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
 std::vector<int64_t> RankModel::units(int64_t pad_to) const {
   std::vector<int64_t> out{padded(outside_elements, pad_to)};
-  for (int64_t b = 0; b < blocks; ++b) out.push_back(padded(block_elements, pad_to));
+  const int64_t block = block_elements - (experts_apart ? block_expert_elements() : 0);
+  for (int64_t b = 0; b < blocks; ++b) out.push_back(padded(block, pad_to));
   if (head_elements > 0) out.push_back(padded(head_elements, pad_to));
   return out;
+}
+
+std::vector<int64_t> RankModel::expert_units(int64_t pad_to) const {
+  if (!experts_apart) return {};
+  std::vector<int64_t> out{0};
+  for (int64_t b = 0; b < blocks; ++b) out.push_back(padded(block_expert_elements(), pad_to));
+  return out;
+}
+
+int64_t RankModel::expert_padded_elements(int64_t pad_to) const {
+  const auto all = expert_units(pad_to);
+  return std::accumulate(all.begin(), all.end(), int64_t{0});
+}
+
+int64_t RankModel::expert_block_unit(int64_t pad_to) const {
+  return experts_apart && blocks > 0 ? padded(block_expert_elements(), pad_to) : 0;
 }
 
 int64_t RankModel::padded_elements(int64_t pad_to) const {
@@ -21,9 +38,9 @@ int64_t RankModel::padded_elements(int64_t pad_to) const {
   return std::accumulate(all.begin(), all.end(), int64_t{0});
 }
 
-int64_t RankModel::largest_block_unit(int64_t pad_to) const { return blocks > 0 ? padded(block_elements, pad_to) : 0; }
+int64_t RankModel::largest_block_unit(int64_t pad_to) const { return blocks > 0 ? units(pad_to)[1] : 0; }
 
-RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stage) {
+RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stage, int64_t ep) {
   RankModel r;
   const int64_t d = m.dim, hd = head_dim(m), kv = resolved_kv_heads(m);
   r.dim = d;
@@ -57,8 +74,21 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   const int64_t mlp_matrices = gated_mlp(m) ? 3 : 2;
   const int64_t mlp_matmul = mlp_matrices * d * r.ffn;
   const int64_t mlp = mlp_matmul + (m.mlp_bias ? (mlp_matrices - 1) * r.ffn + d : 0);
-  r.block_matmul = attention_matmul + mlp_matmul;
-  r.block_elements = block_norms(m) * norm + attention + mlp;
+  if (m.moe_experts > 0) {  // the block's MLP is E of them beside a router
+    r.experts = m.moe_experts / ep;
+    r.top_k = m.moe_top_k;
+    r.expert_elements = mlp;
+    r.expert_matmul = mlp_matmul;
+    r.router = d * m.moe_experts;
+    r.experts_apart = ep > 1;
+    r.block_matmul = attention_matmul + r.experts * mlp_matmul;
+    r.block_token_weights = attention_matmul + r.router + r.top_k * mlp_matmul;
+    r.block_elements = block_norms(m) * norm + attention + r.router + r.experts * mlp;
+  } else {
+    r.block_matmul = attention_matmul + mlp_matmul;
+    r.block_token_weights = r.block_matmul;
+    r.block_elements = block_norms(m) * norm + attention + mlp;
+  }
   r.block_widened = r.block_elements - r.block_matmul + kv_whole;
 
   // Unit 0 (transformer.cpp, parameter_names.h): the embedding on the first stage (and

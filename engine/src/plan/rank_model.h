@@ -21,8 +21,11 @@ struct RankModel {
   int64_t blocks = 0;    // blocks of this stage
   std::vector<int64_t> layers;  // their places in the model (from 0), for what each attends to
   bool first = true, last = true;
-  int64_t block_elements = 0;    // parameters of one block on this rank
+  int64_t block_elements = 0;    // parameters of one block on this rank (its experts included)
   int64_t block_matmul = 0;      // of which matmul weights
+  // The weights a token of this rank is multiplied by in one block: the matmul weights,
+  // and under a mixture of experts the router's and its top k experts' instead of all.
+  int64_t block_token_weights = 0;
   // Of a block's elements, those ZeRO-3 gathered in bf16 widens to fp32: all but the
   // weights read only as their working copy (transformer.h: weights_read_in_compute_dtype),
   // so norms, biases, and key/value weights held whole under tensor parallelism.
@@ -30,14 +33,32 @@ struct RankModel {
   int64_t outside_elements = 0;  // unit 0: the embeddings, and (tied) the final norm
   int64_t head_elements = 0;     // the head's own unit (untied, last stage): final norm and head
   int64_t head_matmul = 0;       // the output projection's weight (last stage), tied or not
+  // A mixture of experts (model.moe_experts; moe_layer.cpp): each block's router, whole
+  // on every rank and read in fp32, and this rank's experts, E / ep of them, each split
+  // over tp as a dense MLP is. Under expert parallelism (ep > 1) the experts sit in flat
+  // buffers of their own (parallelize.cpp), a unit per block: expert_units.
+  int64_t experts = 0;          // this rank's experts in a block
+  int64_t top_k = 0;            // the experts a token goes through
+  int64_t expert_elements = 0;  // one expert's elements on this rank
+  int64_t expert_matmul = 0;    // of which matmul weights
+  int64_t router = 0;           // the router's weight
+  bool experts_apart = false;   // ep > 1
+
+  int64_t block_expert_elements() const { return experts * expert_elements; }
 
   // Elements of each flat-buffer unit, each padded to a multiple of pad_to (FlatParameters):
-  // unit 0 first, then this stage's blocks, then the head's own unit where there is one.
+  // unit 0 first, then this stage's blocks (without their experts where they are apart),
+  // then the head's own unit where there is one.
   std::vector<int64_t> units(int64_t pad_to) const;
   int64_t padded_elements(int64_t pad_to) const;
   int64_t largest_block_unit(int64_t pad_to) const;
+  // The experts' own flat buffer where they are apart (else empty): an empty unit 0, then
+  // each block's experts, padded to a multiple of pad_to (the ranks holding the same experts).
+  std::vector<int64_t> expert_units(int64_t pad_to) const;
+  int64_t expert_padded_elements(int64_t pad_to) const;
+  int64_t expert_block_unit(int64_t pad_to) const;
 };
 
-RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stage);
+RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stage, int64_t ep = 1);
 
 }  // namespace tide::plan

@@ -26,6 +26,11 @@
 //     q, k, v and the output forward, their gradients backward (and forward again where
 //     recomputed): (2 H + 2 K') Hd values a token of its own each way; the gradients
 //     reduced over the dp x cp ranks;
+//   a mixture of experts: a token multiplies by the router and its top k experts alone
+//     (evenly routed, every rank's experts take as many rows); the routing's own ops
+//     and each expert's; under expert parallelism the routed rows sent to their experts'
+//     ranks and back, forward and backward (and forward again where recomputed), on the
+//     critical path; the experts' gradients reduced over the dp / ep ranks that hold them;
 //   pipelines: one send and receive per micro-batch and direction, and the fill and drain
 //     bubble: the slowest stage works through every micro-batch while each other stage
 //     adds one micro-batch of its own time (fill before it, drain after it), (pp - 1)
@@ -62,6 +67,9 @@ constexpr double kHostAdamBandwidth = 20e9;
 // norms, projections, RoPE, attention, SwiGLU, residuals; twice that backward), and the
 // embedding, head and loss.
 constexpr double kOpsPerBlock = 120, kOpsOutsideBlocks = 30;
+// A mixture of experts' routing (router, softmax, top-k, sort, counts, gathers, the
+// combining sum, the balance; forward and backward), and each expert's MLP.
+constexpr double kOpsPerRouting = 60, kOpsPerExpert = 24;
 
 // Soft-capped attention reads a block's keys up to its last query (computed_keys: about
 // half of them, as a causal kernel does) and makes the scores again in backward: 7
@@ -101,7 +109,7 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double attn_width = static_cast<double>(r.heads * r.head_dim);
   TokenCost c;
-  c.matmul_flops = 6.0 * (blocks * static_cast<double>(r.block_matmul) + static_cast<double>(r.head_matmul));
+  c.matmul_flops = 6.0 * (blocks * static_cast<double>(r.block_token_weights) + static_cast<double>(r.head_matmul));
   // Each block's keys as its kernel computes them (flops.h: a causal kernel without a mask
   // skips half; a mask makes it compute every score; a window's parts about R + w).
   // Under context parallelism a chunk that sees every key before it is attended without
@@ -119,8 +127,15 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
                        : context_keys;
   }
   c.attention_flops = 12.0 * attn_width * keys * (mc.attention_softcap > 0 ? kSoftcapProducts : 1.0);
-  double saved = D * (4 * 2 + 2 * s) + static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim) * s +
-                 attn_width * s + (gated_mlp(mc) ? 4 : 2) * F * s;
+  double saved =
+      D * (4 * 2 + 2 * s) + static_cast<double>((r.heads + 2 * r.kv_heads) * r.head_dim) * s + attn_width * s;
+  // A mixture of experts: each of the top k experts' MLP on its copy of the token, the
+  // copy gathered and its output combined, the router's fp32 input and probabilities.
+  if (r.experts > 0)
+    saved += static_cast<double>(r.top_k) * ((gated_mlp(mc) ? 4 : 2) * F + 2 * D) * s +
+             (D + static_cast<double>(mc.moe_experts)) * 4;
+  else
+    saved += (gated_mlp(mc) ? 4 : 2) * F * s;
   if (mc.post_norms) saved += 2 * D * 2 * s;  // each post-norm's input and output
   if (mc.positions == PositionKind::ALiBi) saved += 2.0 * static_cast<double>(r.heads) * T * s / 4.0;
   c.elementwise_bytes = 4.0 * blocks * saved;
@@ -168,8 +183,11 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   // Rank order (grid.h): tp fastest, then cp, then dp, then pp. A group whose span of ranks
   // exceeds a node crosses the slower link. Gradients are reduced over the dp x cp ranks.
   const int replicas = L.replicas();
+  const int holders = replicas / L.ep;
   const double tp_bw = L.tp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
   const double cp_bw = L.tp * L.cp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
+  // The expert-parallel group: ep consecutive dp ranks.
+  const double ep_bw = L.tp * L.cp * L.ep <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
   const double dp_bw = L.tp * replicas <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
   const double pp_bw = L.tp * replicas * L.pp <= per_node ? dev.intra_node_bandwidth : dev.inter_node_bandwidth;
   const double lat = dev.collective_latency;
@@ -189,7 +207,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
   TimeEstimate worst;
   double worst_busy = -1, all_busy = 0;
   for (const auto& stage : stages) {
-    const RankModel r = rank_model(mc, L.tp, stage);
+    const RankModel r = rank_model(mc, L.tp, stage, L.ep);
     const double blocks = static_cast<double>(r.blocks);
     const double D = static_cast<double>(r.dim);
     TimeEstimate t;
@@ -207,13 +225,15 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
     for (const auto& range : stage.chunks) recomputed += static_cast<double>(recomputed_blocks(checkpointed, range));
     const double share = blocks > 0 ? recomputed / blocks : 0.0;
     t.recompute = M * tokens_mb *
-                  (2.0 * recomputed * static_cast<double>(r.block_matmul) / matmul_rate +
+                  (2.0 * recomputed * static_cast<double>(r.block_token_weights) / matmul_rate +
                    share * cost.attention_flops / 3.0 / attention_rate);
     const double elementwise_bytes =
         (1 - share) * cost.elementwise_bytes +
         share * stage_token_cost(mc, r, T, s, true, fused, documents, keys_cp).elementwise_bytes;
+    const double ops_per_block =
+        kOpsPerBlock + (r.experts > 0 ? kOpsPerRouting + static_cast<double>(r.experts) * kOpsPerExpert : 0.0);
     t.elementwise = M * tokens_mb * elementwise_bytes / memory_rate +
-                    M * (blocks * kOpsPerBlock * (1.0 + share / 3.0) + kOpsOutsideBlocks) * dev.op_overhead;
+                    M * (blocks * ops_per_block * (1.0 + share / 3.0) + kOpsOutsideBlocks) * dev.op_overhead;
 
     if (L.tp > 1) {
       const double per_collective = tokens_mb * D * s;
@@ -250,20 +270,33 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       t.cp_comm = M * (2 * blocks + again) * ring_seconds(kv, L.cp, 1.0, cp_bw, lat);
     }
 
+    if (L.ep > 1) {
+      // Each block's routed rows (k a token) to their experts' ranks and back, forward and
+      // backward, and forward again where recomputed; before each forward the experts'
+      // batch sizes (one message's latency).
+      const double rows = tokens_mb * static_cast<double>(r.top_k) * D * s;
+      t.ep_comm =
+          M * ((4 * blocks + 2 * recomputed) * ring_seconds(rows, L.ep, 1.0, ep_bw, lat) + (blocks + recomputed) * lat);
+    }
+
     // Data parallelism over the flat fp32 buffers. Embeddings tied across pipeline
     // stages (unit 0 of the first and last stage) are summed over the two stages after
     // backward, and reduced after that.
+    // A rank's experts, apart under ep, are reduced and sharded over the dp / ep ranks
+    // that hold them, beside the rest.
     const double P = static_cast<double>(r.padded_elements(pad));
+    const double Pe = static_cast<double>(r.expert_padded_elements(holders));
     const double deferred = mc.tie_embeddings && L.pp > 1 ? static_cast<double>(r.units(pad).front()) : 0.0;
-    const auto ring_of = [&](double elements, double factor) {
-      return elements > 0 ? ring_seconds(elements * 4, replicas, factor, dp_bw, lat) : 0.0;
+    const auto ring_of = [&](double elements, double experts, double factor) {
+      return (elements > 0 ? ring_seconds(elements * 4, replicas, factor, dp_bw, lat) : 0.0) +
+             (experts > 0 ? ring_seconds(experts * 4, holders, factor, dp_bw, lat) : 0.0);
     };
     double reduce = 0, after = 0, gather = 0;
-    if (L.zero == 0) reduce = ring_of(P - deferred, 2.0), after = ring_of(deferred, 2.0);
-    if (L.zero == 1) reduce = ring_of(P - deferred, 1.0), after = ring_of(deferred, 1.0);
-    if (L.zero >= 2) reduce = M * ring_of(P - deferred, 1.0), after = ring_of(deferred, 1.0);
-    if (L.zero == 1 || L.zero == 2) gather = ring_of(P, 1.0);
-    if (L.zero == 3) gather = 2 * M * ring_of(bf16 ? P / 2 : P, 1.0);  // bf16 compute: gathered in bf16
+    if (L.zero == 0) reduce = ring_of(P - deferred, Pe, 2.0), after = ring_of(deferred, 0, 2.0);
+    if (L.zero == 1) reduce = ring_of(P - deferred, Pe, 1.0), after = ring_of(deferred, 0, 1.0);
+    if (L.zero >= 2) reduce = M * ring_of(P - deferred, Pe, 1.0), after = ring_of(deferred, 0, 1.0);
+    if (L.zero == 1 || L.zero == 2) gather = ring_of(P, Pe, 1.0);
+    if (L.zero == 3) gather = 2 * M * (bf16 ? ring_of(P / 2, Pe / 2, 1.0) : ring_of(P, Pe, 1.0));  // bf16: in bf16
     t.dp_comm_total = reduce + after + gather;
     // A unit's reduction starts once its last backward pass has produced its gradients
     // (ZeRO-0/1: the last micro-batch's; 2-3: each pass's) and runs under the backward
@@ -297,7 +330,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       t.pp_comm = M * 2 * static_cast<double>(L.virtual_stages) * hop;  // each chunk's boundary
     }
 
-    const double owned = L.zero >= 1 ? P / replicas : P;
+    const double owned = L.zero >= 1 ? P / replicas + Pe / holders : P + Pe;
     t.optimizer = owned * 28 / memory_rate;
     if (L.offload) {
       const double host_bw = dev.host ? memory_rate : kHostAdamBandwidth;
@@ -307,7 +340,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       else
         t.optimizer += owned * 8 / memory_rate;
     }
-    const double busy = t.compute + t.recompute + t.elementwise + t.tp_comm + t.cp_comm + t.pp_comm;
+    const double busy = t.compute + t.recompute + t.elementwise + t.tp_comm + t.cp_comm + t.ep_comm + t.pp_comm;
     all_busy += busy;
     if (busy > worst_busy) {
       worst_busy = busy;
@@ -332,7 +365,8 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       worst.compute *= scale;
       worst.recompute *= scale;
       worst.elementwise *= scale;
-      worst_busy = worst.compute + worst.recompute + worst.elementwise + worst.tp_comm + worst.cp_comm + worst.pp_comm;
+      worst_busy = worst.compute + worst.recompute + worst.elementwise + worst.tp_comm + worst.cp_comm + worst.ep_comm +
+                   worst.pp_comm;
       const double busy_in_bubble = (others - 1) / (2 * others);
       worst.bubble *= busy_in_bubble + (1 - busy_in_bubble) / speedup;
     }

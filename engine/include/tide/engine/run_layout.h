@@ -18,6 +18,10 @@ void check_tensor_parallel(const ModelConfig& m, int64_t tp, bool sequence_paral
 // rank's share into tp parts) or meets what it does not combine with (parallel.auto).
 void check_context_parallel(const RunConfig& cfg, int64_t cp);
 
+// Throws ConfigError naming the field where a mixture of experts meets what it does not
+// combine with: context parallelism, sequence parallelism, experts' biases under tp.
+void check_mixture_of_experts(const RunConfig& cfg, int64_t cp, int64_t tp);
+
 // Throws ConfigError naming parallel.ep when expert parallelism over ep ranks cannot
 // spread the model's experts (no experts, ep dividing neither them nor dp).
 void check_expert_parallel(const RunConfig& cfg, int64_t dp);

@@ -1,4 +1,4 @@
-// The planner: for a recipe on a cluster, every layout tide can run (dp x tp x pp, ZeRO
+// The planner: for a recipe on a cluster, every layout tide can run (dp x tp x pp, cp, ep, ZeRO
 // stage, optimizer offload, activation checkpointing, sequence parallelism, pipeline
 // schedule and micro-batch), the memory each rank needs and the time a step takes, both
 // itemised and both derived from tide's own code paths (what its flat buffers, ZeRO
@@ -24,6 +24,7 @@ struct PlanLayout {
   int dp = 1, tp = 1, pp = 1;
   int cp = 1;  // context parallelism: each sequence over cp ranks
   std::string cp_comm = "all_gather";  // its attention's collective (parallel.cp_comm)
+  int ep = 1;  // expert parallelism: a mixture of experts' experts spread over ep of the dp ranks
   int zero = 0;
   bool offload = false;
   bool activation_checkpointing = false;
@@ -35,7 +36,7 @@ struct PlanLayout {
   int64_t micro_batches = 1;      // per rank and optimizer step (accumulation, or the pipeline's)
 
   // "dp8 tp1 pp1 zero1 mb2x4 ckpt" ("ckpt3": 3 blocks of each chunk; " cp2" where set,
-  // " cp2 a2a" in the all-to-all form)
+  // " cp2 a2a" in the all-to-all form, " ep2" where set)
   std::string describe() const;
   int replicas() const { return dp * cp; }  // the ranks that average gradients and shard ZeRO's state
   // Written into a run configuration: parallel.*, batch.micro_batch and the model's
@@ -72,6 +73,7 @@ struct TimeEstimate {
   double elementwise = 0;  // norms, activations, softmax, residuals: memory bound
   double tp_comm = 0;      // tensor-parallel all-reduces / sequence gathers (not hidden)
   double cp_comm = 0;      // context parallelism's key/value gathers and their gradients' reduce-scatters
+  double ep_comm = 0;      // expert parallelism's exchanges of routed tokens and their gradients
   double dp_comm = 0;      // gradient reduction, ZeRO gathers: what compute does not hide
   double pp_comm = 0;      // pipeline sends and receives
   double bubble = 0;       // the pipeline's idle fill and drain
@@ -95,7 +97,7 @@ struct PlanOptions {
   int64_t max_micro_batch = 64;  // largest micro-batch tried
   bool allow_offload = true;
   // Only layouts with these factors when set (tide plan --tp 8, parallel.auto with a fixed tp).
-  std::optional<int> tp, pp, zero;
+  std::optional<int> tp, pp, zero, ep;
   // Only layouts with this context-parallel size; unset: none (cp = 1) unless no layout
   // without it fits, then the smallest cp with which one does.
   std::optional<int> cp;
@@ -115,11 +117,6 @@ struct Plan {
 
 // Memory and time of one layout of `cfg` on `cluster` (the layout must be valid).
 LayoutPlan evaluate_layout(const RunConfig& cfg, const Cluster& cluster, const PlanLayout& layout);
-// Throws ConfigError naming the field where the memory and time models do not describe
-// the model (a mixture of experts: they describe dense blocks). evaluate_layout and
-// plan_layouts check it first; a caller may check before measuring a device.
-void check_plannable(const ModelConfig& m);
-
 // Every valid layout for cfg's model and global batch on the cluster, ranked.
 Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOptions& options = {});
 
