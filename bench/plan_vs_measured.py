@@ -118,6 +118,9 @@ LAYOUTS = [
     ("MoE, dp2 ep2", 2, ["parallel.ep=2"], "moe"),
     ("MoE, dp2 ep2 ZeRO-3, bf16", 2, ["parallel.ep=2", "parallel.zero=3", "precision.compute=bf16"], "moe", 2),
     ("MoE, tp2", 2, ["parallel.tp=2"], "moe"),
+    # A gated shared expert of 512 beside the routed ones (Qwen2-MoE's form), in bf16.
+    ("MoE with a shared expert, bf16", 1, ["model.moe_shared_ffn_dim=512", "model.moe_shared_gate=true",
+                                           "precision.compute=bf16", "batch.global_batch=8"], "moe", 2),
     # The planner assumes even routing; the runs above route as the seed's initial router
     # does (under ep2 rank 0 received 0.74 to 1.44 of its even share of a block's rows:
     # their memory comes out 6-7% above the prediction). With every expert chosen for every

@@ -60,6 +60,17 @@ TEST(ConfigSchema, CrossFieldChecks) {
   EXPECT_EQ(config_from_json(json{{"model", {{"activation_checkpointing", true}, {"recompute_blocks", 2}}}})
                 .model.recompute_blocks,
             2);
+  // A shared expert stands beside routed ones, and its gate gates one.
+  for (const auto& [model, field] :
+       {std::pair{json{{"moe_shared_ffn_dim", 64}}, "model.moe_shared_ffn_dim"},
+        std::pair{json{{"moe_experts", 4}, {"moe_shared_gate", true}}, "model.moe_shared_gate"}}) {
+    try {
+      config_from_json(json{{"model", model}});
+      ADD_FAILURE() << model.dump();
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.field(), field) << e.what();
+    }
+  }
 }
 
 TEST(ConfigSchema, LayersAttendingInFullAreLayersOfTheModelUnderAWindow) {

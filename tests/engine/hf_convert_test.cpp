@@ -429,8 +429,8 @@ TEST(HfConvert, MistralAndQwen2ReadAsLlamaWithTheirWindowsOrAreRefusedByName) {
   EXPECT_EQ(hf_error(as("llama", {{"hidden_act", "gelu"}})),
             "config.json hidden_act: 'gelu' is not silu, the SwiGLU MLP's");
   EXPECT_EQ(hf_error(as("falcon", nlohmann::json::object())),
-            "config.json model_type: 'falcon' is not a supported family (llama, mistral, mixtral, qwen2, qwen3, "
-            "qwen3_moe, gemma, gemma2, gemma3_text, bloom)");
+            "config.json model_type: 'falcon' is not a supported family (llama, mistral, mixtral, qwen2, qwen2_moe, "
+            "qwen3, qwen3_moe, gemma, gemma2, gemma3_text, bloom)");
 }
 
 TEST(HfConvert, MixturesOfExpertsReadAsMixtralAndQwen3MoeOrAreRefusedByName) {
@@ -469,6 +469,25 @@ TEST(HfConvert, MixturesOfExpertsReadAsMixtralAndQwen3MoeOrAreRefusedByName) {
   ModelConfig unnormalised = mixtral;
   unnormalised.moe_normalize_top_k = false;  // without query/key norms, only Mixtral's form exports
   EXPECT_EQ(export_refusal(unnormalised), "model.moe_experts");
+
+  // Qwen2-MoE: a gated shared expert beside the routed ones, biases on q, k and v; named as
+  // tide names them.
+  const ModelConfig qwen2 = model_config_from_hf(
+      as("qwen2_moe", {{"num_experts", 8}, {"moe_intermediate_size", 40}, {"shared_expert_intermediate_size", 80}}));
+  EXPECT_EQ(qwen2.moe_experts, 8);
+  EXPECT_EQ(qwen2.moe_shared_ffn_dim, 80);
+  EXPECT_TRUE(qwen2.moe_shared_gate);
+  EXPECT_TRUE(qwen2.qkv_bias);  // Qwen2MoeConfig's default qkv_bias
+  EXPECT_FALSE(qwen2.qk_norm);
+  EXPECT_EQ(hf_config(qwen2)["architectures"], nlohmann::json({"Qwen2MoeForCausalLM"}));
+  EXPECT_EQ(hf_config(qwen2)["shared_expert_intermediate_size"], 80);
+  EXPECT_EQ(hf_export_name(qwen2, "model.layers.3.mlp.shared_expert_gate.weight"),
+            "model.layers.3.mlp.shared_expert_gate.weight");
+  EXPECT_EQ(hf_export_name(qwen2, "model.layers.3.mlp.experts.5.up_proj.weight"),
+            "model.layers.3.mlp.experts.5.up_proj.weight");
+  ModelConfig ungated = qwen2;
+  ungated.moe_shared_gate = false;  // DeepSeek's form: no Hugging Face architecture tide writes
+  EXPECT_EQ(export_refusal(ungated), "model.moe_shared_ffn_dim");
 }
 
 TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedByName) {

@@ -22,7 +22,9 @@
                                DIR/gemma3_multimodal; Qwen2 whose first layer attends in
                                full and second over a window, DIR/qwen2_mixed;
                                MixtralForCausalLM in DIR/mixtral and Qwen3MoeForCausalLM
-                               (unnormalised top-k probabilities) in DIR/qwen3_moe; only the
+                               (unnormalised top-k probabilities) in DIR/qwen3_moe;
+                               Qwen2MoeForCausalLM (a gated shared expert beside the routed
+                               ones, biases on q, k and v) in DIR/qwen2_moe; only the
                                NAMEs given, where any are: all are drawn, in one order),
                                each with
                                reference.safetensors: input_ids [2, T] (int64), their logits
@@ -43,7 +45,8 @@ from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, BloomConfig, BloomForCausalLM, Gemma2Config, Gemma2ForCausalLM,
                           Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma3TextConfig, GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, SiglipVisionConfig)
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM, SiglipVisionConfig)
 
 NEW_TOKENS = 12
 
@@ -170,6 +173,16 @@ def make(out, names):
         for name, p in models["qwen3_moe"].named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 p.normal_(1, 0.2)
+    # Qwen2-MoE, drawn after them: 4 experts of 48 and a shared expert of 64 whose output a
+    # sigmoid gates per token, the softmax's probabilities as they are, biases on q, k and v
+    # (drawn: they start at zero).
+    models["qwen2_moe"] = Qwen2MoeForCausalLM(Qwen2MoeConfig(
+        num_experts=4, moe_intermediate_size=48, shared_expert_intermediate_size=64, norm_topk_prob=False,
+        qkv_bias=True, decoder_sparse_step=1, mlp_only_layers=[], **moe, **shape))
+    with torch.no_grad():
+        for name, p in models["qwen2_moe"].named_parameters():
+            if name.endswith("_proj.bias"):
+                p.normal_(0, 0.2)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, 97, (2, 16), generator=g)
     # Every model is drawn (each draw follows the ones before it: the seeds above chose

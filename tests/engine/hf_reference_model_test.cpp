@@ -71,6 +71,13 @@ ModelConfig tiny_model(const std::string& name) {
     m.head_dim = 16;
     m.qk_norm = true;
     m.moe_normalize_top_k = false;
+  } else if (name == "qwen2_moe") {
+    m = testing::tiny_moe();
+    m.ffn_dim = 48;
+    m.qkv_bias = true;
+    m.moe_normalize_top_k = false;
+    m.moe_shared_ffn_dim = 64;
+    m.moe_shared_gate = true;
   } else if (name == "gemma3") {
     m = testing::tiny_gemma3();
   } else if (name == "gemma3_window") {
@@ -116,6 +123,8 @@ TEST_P(HfReference, ImportedCheckpointGivesTransformersLogitsAndGreedyContinuati
   EXPECT_EQ(model->config().moe_experts, tiny_model(GetParam()).moe_experts);
   EXPECT_EQ(model->config().moe_top_k, tiny_model(GetParam()).moe_top_k);
   EXPECT_EQ(model->config().moe_normalize_top_k, tiny_model(GetParam()).moe_normalize_top_k);
+  EXPECT_EQ(model->config().moe_shared_ffn_dim, tiny_model(GetParam()).moe_shared_ffn_dim);
+  EXPECT_EQ(model->config().moe_shared_gate, tiny_model(GetParam()).moe_shared_gate);
   EXPECT_EQ(resolved_ffn_dim(model->config()), resolved_ffn_dim(tiny_model(GetParam())));
   SafetensorsReader ref((dir / "reference.safetensors").string());
   const auto ids = read_named(ref, "input_ids"), expected = read_named(ref, "logits");
@@ -185,7 +194,7 @@ INSTANTIATE_TEST_SUITE_P(Transformers, HfReference,
                          ::testing::Values("llama", "bloom", "llama3", "llama_linear", "llama_yarn", "mistral", "qwen2",
                                            "mistral_window", "qwen2_window", "mistral_wide_heads", "qwen3", "gemma",
                                            "gemma2", "gemma3", "gemma3_window", "gemma3_mixed", "gemma3_multimodal",
-                                           "qwen2_mixed", "mixtral", "qwen3_moe"),
+                                           "qwen2_mixed", "mixtral", "qwen3_moe", "qwen2_moe"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

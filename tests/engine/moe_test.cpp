@@ -215,13 +215,17 @@ TEST(MixtureOfExperts, RecomputedBlocksGiveTheGradientsOfKeptOnes) {
 // but the load balance's two vectors of E floats: the routed rows, the experts'
 // activations and their output kept once each (an index_add combining the weighted rows
 // would keep them twice). Without expert parallelism a block keeps as much however the
-// tokens are routed; top 2 and every expert a token.
+// tokens are routed; top 2, every expert a token, and top 2 beside a gated shared expert.
 TEST(MixtureOfExperts, ABlockKeepsWhatThePlannerCounts) {
   count_host_tensor_memory();
   const int64_t b = 2, t = 64;
-  for (const int64_t top_k : {2, 4}) {
+  for (const int64_t top_k : {2, 4, -2}) {
     ModelConfig c = testing::tiny_moe();
-    c.moe_top_k = top_k;
+    c.moe_top_k = std::abs(top_k);
+    if (top_k < 0) {
+      c.moe_shared_ffn_dim = 40;
+      c.moe_shared_gate = true;
+    }
     c.max_seq_len = t;
     const auto kept = [&](int64_t layers) {
       ModelConfig deep = c;
@@ -247,7 +251,8 @@ TEST(MixtureOfExperts, ABlockKeepsWhatThePlannerCounts) {
     const auto planned = evaluate_layout(cfg, host, one).memory.activations_by_block;
     ASSERT_EQ(planned.size(), 4u);
     const double balance = 2.0 * static_cast<double>(c.moe_experts) * 4;
-    EXPECT_NEAR(block, planned[0], balance) << "top " << top_k << ": a block keeps " << block << " bytes";
+    EXPECT_NEAR(block, planned[0], balance)
+        << "top " << top_k << (top_k < 0 ? " and a shared expert" : "") << ": a block keeps " << block << " bytes";
   }
 }
 

@@ -11,6 +11,8 @@
 #    one process's (relative 1e-5);
 #  - tp2 (every expert's columns split), dp2 x tp2 under ZeRO-1 and tp2 x pp2 reproduce
 #    one process's losses, parameters and balance;
+#  - with a gated shared expert (Qwen2-MoE's form), tp2, ep2 and ZeRO-3 reproduce one
+#    process's losses and parameters;
 #  - a run resumed from its step-5 checkpoint ends with the uninterrupted run's bytes;
 #  - context parallelism is refused naming model.moe_experts, sequence parallelism naming
 #    parallel.sequence_parallel.
@@ -71,6 +73,14 @@ train moe moe-dp2-tp2 --nproc 4 --set parallel.tp=2 --set parallel.zero=1
 compare "$work/moe-1" "$work/moe-dp2-tp2" 0 || fail "MoE dp2 x tp2 ZeRO-1 differs from one process"
 train moe moe-tp2-pp2 --nproc 4 --set parallel.tp=2 --set parallel.pp=2
 compare "$work/moe-1" "$work/moe-tp2-pp2" 0 || fail "MoE tp2 x pp2 differs from one process"
+# A gated shared expert beside the routed ones (Qwen2-MoE's form): its columns split over
+# tp as a dense MLP's, held whole by both expert-parallel ranks, sharded by ZeRO-3.
+shared=(--set model.moe_shared_ffn_dim=32 --set model.moe_shared_gate=true)
+train moe moe-shared-1 "${shared[@]}"
+for layout in parallel.tp=2 parallel.ep=2 parallel.zero=3; do
+  train moe "moe-shared-${layout//[.=]/-}" --nproc 2 "${shared[@]}" --set "$layout"
+  compare "$work/moe-shared-1" "$work/moe-shared-${layout//[.=]/-}" 0 || fail "MoE with a shared expert, $layout, differs from one process"
+done
 train moe moe4-1 --set model.n_layers=4
 train moe moe4-pp2v2 --nproc 2 --set model.n_layers=4 --set parallel.pp=2 --set parallel.virtual_stages=2
 compare "$work/moe4-1" "$work/moe4-pp2v2" 0 || fail "MoE interleaved 1F1B differs from one process"

@@ -60,6 +60,7 @@ TEST(Recipes, PublishedParameterCountsAreExact) {
       {"bloom/bloom-7b1.lua", 7'069'016'064},
       {"bloom/bloom-176b.lua", 176'247'271'424},
       {"mixtral/mixtral-8x7b.lua", 46'702'792'704},
+      {"qwen/qwen1.5-moe-a2.7b.lua", 14'315'784'192},
   };
   for (const auto& [file, count] : expected) {
     SCOPED_TRACE(file);
@@ -72,6 +73,12 @@ TEST(Recipes, MixtralUsesTwoOfEightExpertsAToken) {
   const Recipe r = Recipe::load_file(recipe_path("mixtral/mixtral-8x7b.lua"));
   // Mistral AI's "12.9B active parameters".
   EXPECT_EQ(parameter_count(r.config().model) - inactive_expert_parameter_count(r.config().model), 12'879'925'248);
+}
+
+TEST(Recipes, QwenMoeUsesFourOfSixtyExpertsAndTheSharedOneAToken) {
+  const Recipe r = Recipe::load_file(recipe_path("qwen/qwen1.5-moe-a2.7b.lua"));
+  // Qwen's "2.7B activated": every parameter but 56 of each block's 60 experts.
+  EXPECT_EQ(parameter_count(r.config().model) - inactive_expert_parameter_count(r.config().model), 2'689'173'504);
 }
 
 TEST(Recipes, LlamaFfnRule) {

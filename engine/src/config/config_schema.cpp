@@ -403,6 +403,15 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                      "Megatron-Core's moe_aux_loss_coeff; 1 at a perfect balance) to the gradients; the reported loss "
                      "is the language model's, the balance is reported as moe_balance.",
                      REF(model.moe_aux_loss)));
+  s.push_back(integer("model.moe_shared_ffn_dim", 0, 1 << 20, kFixed,
+                      "> 0: a shared expert of this width beside the routed ones, every token through it and its "
+                      "output added to theirs (Qwen2-MoE's shared_expert_intermediate_size; DeepSeek's shared "
+                      "experts). 0: none.",
+                      REF(model.moe_shared_ffn_dim)));
+  s.push_back(boolean("model.moe_shared_gate", kFixed,
+                      "The shared expert's output scaled per token by sigmoid(w . x), w a learned [1, dim] "
+                      "(Qwen2-MoE's shared_expert_gate); false: added as it is (DeepSeek).",
+                      REF(model.moe_shared_gate)));
   s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));
   s.push_back(boolean("model.qkv_bias", kFixed,
                       "Biases on the query, key and value projections, none on the output's (Qwen2); "
@@ -890,6 +899,12 @@ void validate_model(const ModelConfig& m) {
   if (m.moe_experts > 0 && m.moe_top_k > m.moe_experts)
     fail("model.moe_top_k",
          fmt::format("{} experts a token is more than model.moe_experts = {}", m.moe_top_k, m.moe_experts));
+  if (m.moe_experts == 0 && m.moe_shared_ffn_dim > 0)
+    fail(
+        "model.moe_shared_ffn_dim",
+        fmt::format("{}: a shared expert stands beside routed ones, and model.moe_experts is 0", m.moe_shared_ffn_dim));
+  if (m.moe_shared_gate && m.moe_shared_ffn_dim == 0)
+    fail("model.moe_shared_gate", "true gates a shared expert, and model.moe_shared_ffn_dim is 0");
   if (m.moe_experts > 0 && m.family == Family::BLOOM)
     fail("model.moe_experts",
          fmt::format("{} experts: the bloom family has no mixture-of-experts form", m.moe_experts));

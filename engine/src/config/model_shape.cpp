@@ -126,9 +126,10 @@ int64_t lora_rank_parameter_count(const ModelConfig& m, int64_t tp, int64_t bloc
 }
 
 namespace {
-// One MLP of the model's kind and width: a dense block's, or one expert's.
-int64_t mlp_parameter_count(const ModelConfig& m) {
-  const int64_t d = m.dim, f = resolved_ffn_dim(m);
+// One MLP of the model's kind and width f: a dense block's, or one expert's (and a shared
+// expert's, of its own width).
+int64_t mlp_parameter_count(const ModelConfig& m, int64_t f) {
+  const int64_t d = m.dim;
   int64_t mlp = gated_mlp(m) ? 3 * d * f : 2 * d * f;
   if (m.mlp_bias) mlp += (gated_mlp(m) ? 2 * f : f) + d;
   return mlp;
@@ -137,7 +138,7 @@ int64_t mlp_parameter_count(const ModelConfig& m) {
 
 int64_t inactive_expert_parameter_count(const ModelConfig& m) {
   if (m.moe_experts == 0) return 0;
-  return m.n_layers * (m.moe_experts - m.moe_top_k) * mlp_parameter_count(m);
+  return m.n_layers * (m.moe_experts - m.moe_top_k) * mlp_parameter_count(m, resolved_ffn_dim(m));
 }
 
 int64_t parameter_count(const ModelConfig& m) {
@@ -149,8 +150,9 @@ int64_t parameter_count(const ModelConfig& m) {
   if (m.attention_bias || m.qkv_bias) attention += q + 2 * kv;
   if (m.attention_bias) attention += d;
   if (m.qk_norm) attention += 2 * head_dim(m);
-  int64_t mlp = mlp_parameter_count(m);
+  int64_t mlp = mlp_parameter_count(m, resolved_ffn_dim(m));
   if (m.moe_experts > 0) mlp = m.moe_experts * (mlp + d);  // the experts and the router's rows
+  if (m.moe_shared_ffn_dim > 0) mlp += mlp_parameter_count(m, m.moe_shared_ffn_dim) + (m.moe_shared_gate ? d : 0);
   const int64_t block = block_norms(m) * norm + attention + mlp;
 
   int64_t total = v * d + m.n_layers * block + norm;

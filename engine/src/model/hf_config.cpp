@@ -105,16 +105,28 @@ json hf_config(const ModelConfig& m) {
     if (mistral)
       require(!m.attention_bias && !m.mlp_bias, "model.sliding_window",
               "a sliding window is Mistral's, whose projections have no biases");
-    // A mixture of experts: Qwen3-MoE with query/key norms, Mixtral without.
+    // A mixture of experts: Qwen3-MoE with query/key norms, Qwen2-MoE with a gated shared
+    // expert, Mixtral with neither.
     const bool moe = m.moe_experts > 0;
+    const bool qwen2_moe = moe && m.moe_shared_ffn_dim > 0;
     if (moe) {
       require(!gemma, "model.moe_experts", "a mixture of GeGLU experts has no Hugging Face architecture");
-      if (!qwen3)
+      if (qwen2_moe) {
+        require(m.moe_shared_gate && !qwen3 && !m.attention_bias && !m.mlp_bias, "model.moe_shared_ffn_dim",
+                "a mixture of experts with a shared expert is Qwen2-MoE's, whose shared expert is gated and which "
+                "has no query/key norms and no biases but on q, k and v");
+        require(m.sliding_window == 0, "model.sliding_window",
+                "a sliding window is not exported with a shared expert (Qwen2-MoE)");
+        require(m.head_dim == 0 || m.head_dim * m.n_heads == m.dim, "model.head_dim",
+                "Qwen2-MoE's heads are model.dim / model.n_heads wide");
+      } else if (!qwen3) {
         require(m.moe_normalize_top_k && !m.qkv_bias && !m.attention_bias && !m.mlp_bias, "model.moe_experts",
-                "a mixture of experts without query/key norms is Mixtral's, which normalises the chosen "
-                "probabilities and has no biases");
+                "a mixture of experts without query/key norms or a shared expert is Mixtral's, which normalises the "
+                "chosen probabilities and has no biases");
+      }
     }
     const char* type = moe && qwen3 ? "qwen3_moe"
+                       : qwen2_moe  ? "qwen2_moe"
                        : moe        ? "mixtral"
                        : gemma3     ? "gemma3_text"
                        : gemma2     ? "gemma2"
@@ -125,6 +137,7 @@ json hf_config(const ModelConfig& m) {
                                     : "llama";
     j = {{"architectures",
           {moe && qwen3 ? "Qwen3MoeForCausalLM"
+           : qwen2_moe  ? "Qwen2MoeForCausalLM"
            : moe        ? "MixtralForCausalLM"
            : gemma3     ? "Gemma3ForCausalLM"
            : gemma2     ? "Gemma2ForCausalLM"
@@ -169,12 +182,20 @@ json hf_config(const ModelConfig& m) {
     if (mistral) j["sliding_window"] = m.sliding_window;
     if (moe) {
       j["num_experts_per_tok"] = m.moe_top_k;
-      if (qwen3) {
+      if (qwen3 || qwen2_moe) {
         j["num_experts"] = m.moe_experts;
         j["moe_intermediate_size"] = resolved_ffn_dim(m);
         j["norm_topk_prob"] = m.moe_normalize_top_k;
         j["decoder_sparse_step"] = 1;
         j["mlp_only_layers"] = json::array();
+        if (qwen2_moe) {
+          j["shared_expert_intermediate_size"] = m.moe_shared_ffn_dim;
+          j["qkv_bias"] = m.qkv_bias;
+          j["use_sliding_window"] = false;
+          j.erase("attention_bias");
+          j.erase("mlp_bias");
+          j.erase("head_dim");
+        }
       } else {
         j["num_local_experts"] = m.moe_experts;
         j.erase("attention_bias");
@@ -475,8 +496,9 @@ void read_gemma3(const HfConfig& hf, ModelConfig& m) {
   if (local != m.rope_theta || m.rope_scaling != RopeScaling::None) m.rope_local_theta = local;
 }
 
-// Mixtral's experts (every block's, their chosen probabilities normalised) or Qwen3-MoE's
-// (of moe_intermediate_size; norm_topk_prob says whether they are).
+// Mixtral's experts (every block's, their chosen probabilities normalised) or Qwen2- and
+// Qwen3-MoE's (of moe_intermediate_size; norm_topk_prob says whether they are; Qwen2-MoE's
+// beside a gated shared expert).
 void read_experts(const HfConfig& hf, ModelConfig& m, bool mixtral) {
   m.moe_top_k = hf.integer({"num_experts_per_tok"}, 2);
   if (mixtral) {
@@ -487,6 +509,10 @@ void read_experts(const HfConfig& hf, ModelConfig& m, bool mixtral) {
   m.moe_experts = hf.integer({"num_experts"}, 128);
   m.ffn_dim = hf.integer({"moe_intermediate_size"});
   m.moe_normalize_top_k = hf.boolean("norm_topk_prob", false);
+  if (hf.string("model_type") == "qwen2_moe") {
+    m.moe_shared_ffn_dim = hf.integer({"shared_expert_intermediate_size"});
+    m.moe_shared_gate = true;
+  }
   if (const int64_t step = hf.integer({"decoder_sparse_step"}, 1); step != 1)
     throw ConfigError("config.json decoder_sparse_step",
                       fmt::format("{}: only every layer a mixture of experts (1) is supported", step));
@@ -518,7 +544,8 @@ ModelConfig model_config_from_hf(const json& config) {
   // query/key norms, Gemma with a GeGLU MLP, zero-centred norms and scaled embeddings.
   const bool gemma = type == "gemma" || type == "gemma2" || type == "gemma3_text";
   const bool mixtral = type == "mixtral", qwen3 = type == "qwen3" || type == "qwen3_moe";
-  if (type == "llama" || type == "mistral" || type == "qwen2" || qwen3 || mixtral || gemma) {
+  const bool qwen2 = type == "qwen2" || type == "qwen2_moe";
+  if (type == "llama" || type == "mistral" || qwen2 || qwen3 || mixtral || gemma) {
     m.family = Family::LLaMA;
     m.dim = hf.integer({"hidden_size"});
     m.ffn_dim = hf.integer({"intermediate_size"});
@@ -530,8 +557,9 @@ ModelConfig model_config_from_hf(const json& config) {
     m.rope_theta = hf.number("rope_theta", 10000.0);
     m.vocab_size = hf.integer({"vocab_size"});
     m.tie_embeddings = hf.boolean("tie_word_embeddings", false);
-    if (type == "qwen2" || qwen3) {
+    if (qwen2 || qwen3) {
       if (type == "qwen2") m.qkv_bias = true;
+      if (type == "qwen2_moe") m.qkv_bias = hf.boolean("qkv_bias", true);
       if (qwen3) {
         m.qk_norm = true;
         m.attention_bias = hf.boolean("attention_bias", false);
@@ -544,7 +572,7 @@ ModelConfig model_config_from_hf(const json& config) {
     // Mistral v0.1's window; v0.3 and later have none.
     if ((type == "mistral" || mixtral) && hf.get("sliding_window") != nullptr)
       m.sliding_window = hf.integer({"sliding_window"});
-    if (mixtral || type == "qwen3_moe") read_experts(hf, m, mixtral);
+    if (mixtral || type == "qwen3_moe" || type == "qwen2_moe") read_experts(hf, m, mixtral);
     if (gemma) {
       read_gemma(hf, m);
     } else if (const std::string act = hf.get("hidden_act") != nullptr ? hf.string("hidden_act") : "silu";
@@ -584,8 +612,8 @@ ModelConfig model_config_from_hf(const json& config) {
   } else {
     throw ConfigError(
         "config.json model_type",
-        fmt::format("'{}' is not a supported family (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, "
-                    "gemma3_text, bloom)",
+        fmt::format("'{}' is not a supported family (llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, "
+                    "gemma, gemma2, gemma3_text, bloom)",
                     type));
   }
   m.init_std = hf.number("initializer_range", 0.02);
@@ -653,7 +681,7 @@ std::string mixtral_renamed(const std::string& name, int from) {
 }  // namespace
 
 std::string hf_export_name(const ModelConfig& m, const std::string& name) {
-  return m.moe_experts > 0 && !m.qk_norm ? mixtral_renamed(name, 1) : name;
+  return m.moe_experts > 0 && !m.qk_norm && m.moe_shared_ffn_dim == 0 ? mixtral_renamed(name, 1) : name;
 }
 
 std::function<std::string(const std::string&)> hf_parameter_name(const ModelConfig& m, const json& config) {

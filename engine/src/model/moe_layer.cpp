@@ -110,6 +110,12 @@ MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertP
   first_expert_ = ep_.rank() * local;
   for (int64_t e = first_expert_; e < first_expert_ + local; ++e)
     experts.emplace_back(held->register_module(std::to_string(e), Mlp(expert, tp)));
+  if (cfg.moe_shared_ffn_dim > 0) {
+    ModelConfig shared = expert;
+    shared.ffn_dim = cfg.moe_shared_ffn_dim;
+    shared_expert = register_module("shared_expert", Mlp(shared, tp));
+    if (cfg.moe_shared_gate) shared_expert_gate = register_module("shared_expert_gate", Projection(cfg.dim, 1, false));
+  }
 }
 
 torch::Tensor MoeImpl::expert_forward(size_t local, const torch::Tensor& rows) {
@@ -208,6 +214,13 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   if (parts) combine = tp_.group->copy_to(combine);
   auto out = (by_token * combine).sum(1);
   if (parts) out = tp_.group->reduce_from(out);
+  if (shared_expert) {
+    // Whole on every rank: the shared expert's MLP makes its own tensor-parallel exchange,
+    // and its gate, held whole, reads the whole tokens.
+    auto shared = shared_expert->forward(LayerInput(tokens));
+    if (shared_expert_gate) shared = shared * torch::sigmoid(shared_expert_gate->forward(tokens));
+    out = out + shared;
+  }
   out = out.view(x.sizes());
   if (!pass) return out;
   // Load balance: E sum_e f_e P_e, f_e the share of the choices expert e got (counted,

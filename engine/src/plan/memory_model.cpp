@@ -112,7 +112,9 @@ double lora_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
 //     (views of one tensor), each expert's gate and up outputs (an MLP's, above), the
 //     experts' output and the combining weights kept by their product;
 //   - the indices that route and combine (the choices' order and their tokens), and under
-//     expert parallelism those that regroup the arrived rows by expert and back.
+//     expert parallelism those that regroup the arrived rows by expert and back;
+//   - a shared expert's gate and up outputs, its input (the norm's output: under fp32 the
+//     router's input already), and where gated its output and the gate's sigmoid.
 double moe_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double E = static_cast<double>(m.moe_experts), k = static_cast<double>(r.top_k);
@@ -121,6 +123,10 @@ double moe_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   bytes += x.N * (D * 4 + E * 4 + k * 8 + (m.moe_normalize_top_k ? (k + 1) * 4 : 0));
   bytes += x.N * k * (2 * D + 2 * F + 1) * x.s;
   bytes += x.N * k * 8 * (r.experts_apart ? 4 : 2);
+  if (r.shared_ffn > 0) {
+    bytes += x.N * (2 * static_cast<double>(r.shared_ffn) + (x.s < 4 ? D : 0)) * x.s;
+    if (m.moe_shared_gate) bytes += x.N * (D + 1) * x.s;
+  }
   return bytes;
 }
 
@@ -230,6 +236,9 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
     const double expert_rows = rows / static_cast<double>(r.experts);
     extra = std::max(extra,
                      incoming + 3 * rows * D * x.s + expert_rows * ((gated_mlp(m) ? 3 : 1) * F + D) * x.s + D * F * 4);
+    // The shared expert's backward: its MLP-wide gradients, as a dense MLP's.
+    const double S = static_cast<double>(r.shared_ffn);
+    if (S > 0) extra = std::max(extra, incoming + (gated_mlp(m) ? 3 : 1) * x.N * S * x.s + D * S * 4);
   } else {
     extra = std::max({extra, incoming + (gated_mlp(m) ? 3 : 1) * x.N * F * x.s + D * F * 4,
                       incoming + x.N * mlp_in * x.s + node + D * F * 4});

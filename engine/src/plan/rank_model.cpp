@@ -81,9 +81,13 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
     r.expert_matmul = mlp_matmul;
     r.router = d * m.moe_experts;
     r.experts_apart = ep > 1;
-    r.block_matmul = attention_matmul + r.experts * mlp_matmul;
-    r.block_token_weights = attention_matmul + r.router + r.top_k * mlp_matmul;
-    r.block_elements = block_norms(m) * norm + attention + r.router + r.experts * mlp;
+    // The shared expert (every token through it) and its gate, [1, D], a projection.
+    r.shared_ffn = m.moe_shared_ffn_dim / tp;
+    const int64_t shared_matmul = mlp_matrices * d * r.shared_ffn + (m.moe_shared_gate ? d : 0);
+    const int64_t shared = shared_matmul + (m.mlp_bias && r.shared_ffn > 0 ? (mlp_matrices - 1) * r.shared_ffn + d : 0);
+    r.block_matmul = attention_matmul + r.experts * mlp_matmul + shared_matmul;
+    r.block_token_weights = attention_matmul + r.router + r.top_k * mlp_matmul + shared_matmul;
+    r.block_elements = block_norms(m) * norm + attention + r.router + r.experts * mlp + shared;
   } else {
     r.block_matmul = attention_matmul + mlp_matmul;
     r.block_token_weights = r.block_matmul;

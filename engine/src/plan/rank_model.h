@@ -36,12 +36,14 @@ struct RankModel {
   // A mixture of experts (model.moe_experts; moe_layer.cpp): each block's router, whole
   // on every rank and read in fp32, and this rank's experts, E / ep of them, each split
   // over tp as a dense MLP is. Under expert parallelism (ep > 1) the experts sit in flat
-  // buffers of their own (parallelize.cpp), a unit per block: expert_units.
+  // buffers of their own (parallelize.cpp), a unit per block: expert_units. A shared
+  // expert (split over tp) and its gate are the rest's, as a dense MLP's.
   int64_t experts = 0;          // this rank's experts in a block
   int64_t top_k = 0;            // the experts a token goes through
   int64_t expert_elements = 0;  // one expert's elements on this rank
   int64_t expert_matmul = 0;    // of which matmul weights
   int64_t router = 0;           // the router's weight
+  int64_t shared_ffn = 0;       // the shared expert's width on this rank (model.moe_shared_ffn_dim / tp)
   bool experts_apart = false;   // ep > 1
 
   int64_t block_expert_elements() const { return experts * expert_elements; }

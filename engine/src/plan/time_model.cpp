@@ -133,7 +133,8 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   // copy gathered and its output combined, the router's fp32 input and probabilities.
   if (r.experts > 0)
     saved += static_cast<double>(r.top_k) * ((gated_mlp(mc) ? 4 : 2) * F + 2 * D) * s +
-             (D + static_cast<double>(mc.moe_experts)) * 4;
+             (D + static_cast<double>(mc.moe_experts)) * 4 +
+             (r.shared_ffn > 0 ? (gated_mlp(mc) ? 4 : 2) * static_cast<double>(r.shared_ffn) * s + D * s : 0.0);
   else
     saved += (gated_mlp(mc) ? 4 : 2) * F * s;
   if (mc.post_norms) saved += 2 * D * 2 * s;  // each post-norm's input and output
@@ -231,7 +232,9 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
         (1 - share) * cost.elementwise_bytes +
         share * stage_token_cost(mc, r, T, s, true, fused, documents, keys_cp).elementwise_bytes;
     const double ops_per_block =
-        kOpsPerBlock + (r.experts > 0 ? kOpsPerRouting + static_cast<double>(r.experts) * kOpsPerExpert : 0.0);
+        kOpsPerBlock +
+        (r.experts > 0 ? kOpsPerRouting + static_cast<double>(r.experts + (r.shared_ffn > 0 ? 1 : 0)) * kOpsPerExpert
+                       : 0.0);
     t.elementwise = M * tokens_mb * elementwise_bytes / memory_rate +
                     M * (blocks * ops_per_block * (1.0 + share / 3.0) + kOpsOutsideBlocks) * dev.op_overhead;
 

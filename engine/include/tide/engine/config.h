@@ -100,6 +100,13 @@ struct ModelConfig {
   // block's token choices that went to expert e, P_e its mean router probability; 1 at a
   // perfect balance. Enters the gradients, not the reported loss.
   double moe_aux_loss = 0.01;
+  // > 0: beside the routed experts, a shared expert of this width that every token goes
+  // through, its output added to theirs (Qwen2-MoE's shared_expert_intermediate_size;
+  // DeepSeek's shared experts, n_shared_experts x moe_intermediate_size wide). Under
+  // moe_shared_gate each token's shared output is scaled by sigmoid(w . x) (Qwen2-MoE's
+  // shared_expert_gate).
+  int64_t moe_shared_ffn_dim = 0;
+  bool moe_shared_gate = false;
   bool attention_bias = false;
   bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)
   bool qk_norm = false;   // RMSNorm over each head's query and key before RoPE (Qwen3)

@@ -178,7 +178,10 @@ struct MoePass;
 // by rows, down by columns, as a dense MLP's); the experts' combined parts are summed over
 // the ranks once. Under expert parallelism a rank holds its share of the experts (named
 // by their index in the whole block) and exchanges the routed tokens with the other
-// ranks' (two all-to-alls forward, two backward).
+// ranks' (two all-to-alls forward, two backward). A shared expert (model.moe_shared_ffn_dim)
+// takes every token beside them, split over tp as a dense MLP, held whole by every
+// expert-parallel rank (`mlp.shared_expert.*`; its gate `mlp.shared_expert_gate.weight`,
+// Qwen2-MoE's names).
 class MoeImpl : public torch::nn::Module {
  public:
   MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertParallel& ep = {});
@@ -190,6 +193,8 @@ class MoeImpl : public torch::nn::Module {
   // This rank's experts, in order: experts [first_expert(), first_expert() + size()).
   std::vector<Mlp> experts;
   int64_t first_expert() const { return first_expert_; }
+  Mlp shared_expert{nullptr};              // model.moe_shared_ffn_dim > 0
+  Projection shared_expert_gate{nullptr};  // model.moe_shared_gate: [1, D]
 
  private:
   // The chosen experts' outputs for `routed` [N k, D], the (token, choice) pairs grouped
