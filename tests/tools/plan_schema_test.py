@@ -1,6 +1,6 @@
 """`tide plan --json` against its documented schema (docs/plan.schema.json), validated
-by the jsonschema package: a large model on a GPU cluster, a small one on this CPU, one
-that fits nowhere (and exits non-zero, still printing a valid plan).
+by the jsonschema package: a large model on a GPU cluster, a small one on this CPU, a
+mixture of experts (expert parallelism weighed), one that fits nowhere (and exits non-zero, still printing a valid plan).
 
 Usage: plan_schema_test.py TIDE SOURCE_DIR
 """
@@ -18,6 +18,7 @@ validator = jsonschema.Draft202012Validator(schema)
 cases = [
     (["llama/llama-2-70b", "--nodes", "4", "--gpus-per-node", "8", "--device", "h100-80", "--top", "5"], 0),
     (["bloom/bloom-tiny", "--nproc", "2", "--top", "3"], 0),
+    (["qwen/qwen1.5-moe-a2.7b", "--nodes", "2", "--gpus-per-node", "8", "--device", "h100-80", "--top", "3"], 0),
     (["llama/llama-2-70b", "--device", "l40s", "--gpus-per-node", "2", "--no-offload"], 1),
 ]
 for args, expected in cases:

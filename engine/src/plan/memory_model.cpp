@@ -26,6 +26,9 @@
 //     its two chunks. The all-to-all form keeps the whole sequence's q, k and v of the
 //     rank's heads and the output twice (attention's and the projection's), and the masks
 //     of one process for its heads.
+//   a mixture of experts (moe_layer.cpp): what moe_saved counts in place of the MLP's, and
+//     under expert parallelism the rank's experts in flat buffers of their own, padded for
+//     and sharded over the dp / ep ranks that hold them (parallelize.cpp).
 // Shape legend: B micro-batch, T sequence, Q this rank's tokens of a sequence (T / cp),
 // Tn the residual stream's sequence on this rank (Q / tp with sequence parallelism),
 // N = B*Q, D dim, Hd head dim, F this rank's MLP width, V this rank's vocabulary rows, s

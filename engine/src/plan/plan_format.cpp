@@ -114,6 +114,7 @@ nlohmann::json to_json(const Plan& plan, size_t top) {
   nlohmann::json j = {{"schema", "tide.plan/1"},
                       {"recipe", plan.recipe},
                       {"parameters", plan.parameters},
+                      {"active_parameters", plan.active_parameters},
                       {"flops_per_token", plan.flops_per_token},
                       {"compute", dtype_name(plan.compute)},
                       {"cluster",
@@ -133,8 +134,11 @@ nlohmann::json to_json(const Plan& plan, size_t top) {
 
 std::string format_plan(const Plan& plan, int top) {
   const auto& c = plan.cluster;
-  std::string out = fmt::format("{}: {:.2f}B parameters, {} compute, on {} x {} {} ({}, {} GiB each)\n", plan.recipe,
-                                static_cast<double>(plan.parameters) / 1e9, dtype_name(plan.compute), c.nodes,
+  const std::string active = plan.active_parameters < plan.parameters
+                                 ? fmt::format(" ({:.2f}B a token)", static_cast<double>(plan.active_parameters) / 1e9)
+                                 : "";
+  std::string out = fmt::format("{}: {:.2f}B parameters{}, {} compute, on {} x {} {} ({}, {} GiB each)\n", plan.recipe,
+                                static_cast<double>(plan.parameters) / 1e9, active, dtype_name(plan.compute), c.nodes,
                                 c.devices_per_node, c.device.name, c.device.description, gib(c.device.memory_bytes));
   if (plan.ranked.empty()) {
     out += "no layout fits this cluster.\n";

@@ -203,6 +203,7 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
   plan.recipe = cfg.name;
   plan.cluster = cluster;
   plan.parameters = parameter_count(cfg.model);
+  plan.active_parameters = plan.parameters - inactive_expert_parameter_count(cfg.model);
   plan.flops_per_token = train_flops_per_token(cfg.model, cfg.data.seq_len);
   plan.compute = plan::planned_compute_dtype(cfg, cluster.device);
   const int world = cluster.world();

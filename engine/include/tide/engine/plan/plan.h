@@ -108,6 +108,7 @@ struct Plan {
   std::string recipe;
   Cluster cluster;
   int64_t parameters = 0;
+  int64_t active_parameters = 0;  // those a token is multiplied by (a mixture of experts: its top k)
   double flops_per_token = 0;
   DType compute = DType::Float32;           // the compute dtype the plan assumed
   std::vector<LayoutPlan> ranked;           // feasible, fastest first (ties: less memory)
