@@ -675,6 +675,21 @@ TEST(Plan, AMixtureOfExpertsIsPlannedWithAndWithoutExpertParallelism) {
       Recipe::load_file(std::string(TIDE_SOURCE_DIR) + "/recipes/mixtral/mixtral-tiny.lua", c.overrides).config();
   EXPECT_EQ(overridden.parallel.ep, 2);
   EXPECT_EQ(layout_of(overridden, 2).describe(), c.chosen.layout.describe());
+
+  // An ep that cannot spread the experts is refused with the engine's reason, never
+  // planned as nothing fitting.
+  for (const auto& [model, ep, words] :
+       {std::tuple{"mixtral/mixtral-tiny", 3, "parallel.ep: 3 does not divide model.moe_experts = 8"},
+        std::tuple{"llama/llama-tiny", 2,
+                   "parallel.ep: 2 spreads the experts of a mixture of experts, and the model "
+                   "has none"}}) {
+    PlanOptions asked;
+    asked.ep = ep;
+    const Plan refused = plan_layouts(recipe(model), fixed_host(2, 16), asked);
+    EXPECT_TRUE(refused.ranked.empty()) << model;
+    ASSERT_FALSE(refused.rejected.empty()) << model;
+    EXPECT_NE(refused.rejected.front().reason.find(words), std::string::npos) << refused.rejected.front().reason;
+  }
 }
 
 TEST(Plan, JsonCarriesTheItemisedFigures) {

@@ -279,6 +279,17 @@ Plan plan_layouts(const RunConfig& cfg, const Cluster& cluster, const PlanOption
           continue;
         }
         const int64_t per_rank = global_batch / family.dp;
+        if (options.ep) {  // asked for: refused with the engine's reason where it cannot spread the experts
+          RunConfig spread = cfg;
+          spread.parallel.ep = *options.ep;
+          try {
+            check_expert_parallel(spread, family.dp);
+          } catch (const ConfigError& e) {
+            family.ep = *options.ep;
+            refuse(family, e.what());
+            continue;
+          }
+        }
         std::vector<std::pair<int, int>> shardings;  // (ep, ZeRO stage)
         for (const int ep : expert_parallel_sizes(m, family.dp))
           for (int zero = 0; zero <= 3; ++zero) shardings.emplace_back(ep, zero);
