@@ -196,8 +196,19 @@ TEST(MixtureOfExperts, BalanceLossGradientIsItsCoefficientTimesTheLossGradient) 
 }
 
 TEST(MixtureOfExperts, RecomputedBlocksGiveTheGradientsOfKeptOnes) {
-  const auto pair = testing::with_and_without_recompute(testing::tiny_moe(), torch::kCPU);
+  auto pair = testing::with_and_without_recompute(testing::tiny_moe(), torch::kCPU);
   EXPECT_EQ(pair.plain_loss, pair.checkpointed_loss);
+  // Each layer's experts got each token's k choices once (moe_max_load's counts): a block
+  // recomputed in backward counts nothing again; both models route alike.
+  const auto plain = pair.plain->take_moe_loads(), checkpointed = pair.checkpointed->take_moe_loads();
+  ASSERT_TRUE(plain.defined() && checkpointed.defined());
+  const auto cfg = testing::tiny_moe();
+  ASSERT_EQ(plain.sizes(), (std::vector<int64_t>{cfg.n_layers, cfg.moe_experts}));
+  for (int64_t layer = 0; layer < cfg.n_layers; ++layer)
+    EXPECT_EQ(plain[layer].sum().item<double>(), static_cast<double>(int64_t{2} * 16 * cfg.moe_top_k))
+        << "layer " << layer;
+  EXPECT_TRUE(torch::equal(plain, checkpointed));
+  EXPECT_FALSE(pair.plain->take_moe_loads().defined()) << "taken: none left";
   const auto kept = pair.plain->named_parameters();
   int64_t compared = 0;
   for (const auto& p : pair.checkpointed->named_parameters()) {
@@ -212,7 +223,7 @@ TEST(MixtureOfExperts, RecomputedBlocksGiveTheGradientsOfKeptOnes) {
 // What a block keeps for backward (the graph's saved tensors, counted by the allocator:
 // what a forward of four blocks leaves alive beyond one of two, halved) is what the
 // planner's memory model counts for it (plan.h: activations_by_block), byte for byte
-// but the load balance's two vectors of E floats: the routed rows, the experts'
+// but the load balance's statistics (three vectors of E): the routed rows, the experts'
 // activations and their output kept once each (an index_add combining the weighted rows
 // would keep them twice). Without expert parallelism a block keeps as much however the
 // tokens are routed; top 2, every expert a token, and top 2 beside a gated shared expert.
@@ -250,7 +261,9 @@ TEST(MixtureOfExperts, ABlockKeepsWhatThePlannerCounts) {
     one.micro_batch = b;
     const auto planned = evaluate_layout(cfg, host, one).memory.activations_by_block;
     ASSERT_EQ(planned.size(), 4u);
-    const double balance = 2.0 * static_cast<double>(c.moe_experts) * 4;
+    // Not activations: the balance's two E-vectors of floats and the layer's row of the
+    // step's loads (moe_max_load), E doubles.
+    const double balance = 2.0 * static_cast<double>(c.moe_experts) * 4 + static_cast<double>(c.moe_experts) * 8;
     EXPECT_NEAR(block, planned[0], balance)
         << "top " << top_k << (top_k < 0 ? " and a shared expert" : "") << ": a block keeps " << block << " bytes";
   }

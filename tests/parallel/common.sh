@@ -96,6 +96,21 @@ print(f"  {other.rsplit('/', 1)[1]}: losses {'equal' if exact else 'within 1e-5'
 PY
 }
 
+balance_matches() {  # balance_matches REFERENCE_RUN OTHER_RUN: a mixture of experts' statistics
+  "${TIDE_PYTHON:-python3}" - "$1" "$2" <<'PY'
+import json, sys
+runs = [[json.loads(l) for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:3]]
+a, b = ([r["moe_balance"] for r in rows] for rows in runs)
+worst = max(abs(x - y) / x for x, y in zip(a, b))
+assert len(a) == len(b) == 10 and worst <= 1e-5, (worst, a, b)
+# The max load counts the whole batch's choices on every layout: one process's, but for
+# a choice a rounding apart flips, each moving it by 1 / the even share (256 rows in the
+# MoE tests' runs: 8 x 64 tokens, 2 choices, 4 experts); a few are allowed.
+a, b = ([r["moe_max_load"] for r in rows] for rows in runs)
+assert all(abs(x - y) <= 0.02 for x, y in zip(a, b)), (a, b)
+PY
+}
+
 # Two runs that must train differently: some step's loss differs by more than the 1e-5
 # relative that `compare` allows two layouts of one run (their summation orders apart).
 losses_differ() {  # losses_differ RUN_A RUN_B

@@ -93,6 +93,7 @@ at::Tensor tap_moe_loss(const at::Tensor& loss, const std::shared_ptr<MoePass>& 
 MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertParallel& ep)
     : n_experts_(cfg.moe_experts),
       top_k_(cfg.moe_top_k),
+      n_layers_(cfg.n_layers),
       normalize_(cfg.moe_normalize_top_k),
       aux_coef_(cfg.moe_aux_loss),
       tp_(tp),
@@ -229,6 +230,9 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   const auto balance = (share * probs.mean(0)).sum() * static_cast<double>(n_experts_);
   if (!recomputing_for_backward()) {  // the first forward records it, a recomputation does not again
     pass->balance = pass->balance.defined() ? pass->balance + balance.detach() : balance.detach();
+    if (!pass->loads.defined())
+      pass->loads = torch::zeros({n_layers_, n_experts_}, per_expert.options().dtype(torch::kFloat64));
+    pass->loads[pass->layer].add_(per_expert);
   }
   if (aux_coef_ == 0 || !torch::GradMode::is_enabled()) return out;
   return BalanceLossGradient::apply(out, balance, aux_coef_, c10::make_intrusive<PassHolder>(pass));

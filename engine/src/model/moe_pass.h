@@ -18,6 +18,11 @@ struct MoePass {
   // is on another pipeline stage (TransformerImpl::set_moe_loss_gradient).
   at::Tensor loss_gradient;
   at::Tensor balance;  // the blocks' balances summed (no gradient)
+  // The (token, choice) pairs each expert of each layer got, [n_layers, E] float64 (the
+  // layers of other pipeline stages 0); `layer` is the model layer whose block runs, set
+  // before each block's first forward (a recomputation records nothing).
+  at::Tensor loads;
+  int64_t layer = 0;
 };
 
 // `loss` as it is; its backward records the gradient it is given in `pass`.

@@ -482,6 +482,7 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
     const BlockInputs& in = *made;
     const int unit = static_cast<int>(i + 1);
     if (units_) units_->before_forward(unit);
+    if (pass) pass->layer = i;
     if (i - range.first < recomputed) {
       x = recompute_in_backward(
           [block, in, pass](const at::Tensor& y) { return block->forward(y, in.mask, in.cos, in.sin, pass); }, x,
@@ -493,6 +494,7 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   }
   if (pass && pass->balance.defined())
     moe_balance_ = moe_balance_.defined() ? moe_balance_ + pass->balance : pass->balance;
+  if (pass && pass->loads.defined()) moe_loads_ = moe_loads_.defined() ? moe_loads_ + pass->loads : pass->loads;
   return x;
 }
 
@@ -555,5 +557,6 @@ torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Te
 }
 
 torch::Tensor TransformerImpl::take_moe_balance() { return std::exchange(moe_balance_, torch::Tensor()); }
+torch::Tensor TransformerImpl::take_moe_loads() { return std::exchange(moe_loads_, torch::Tensor()); }
 
 }  // namespace tide

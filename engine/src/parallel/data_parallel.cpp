@@ -351,9 +351,9 @@ void DataParallel::release_whole(int unit) {
 }
 
 torch::Tensor DataParallel::sum(const torch::Tensor& x) {
-  auto t = x.to(torch::kFloat64).reshape({1}).clone();
+  auto t = x.to(torch::kFloat64).reshape({-1}).clone();
   dp_.all_reduce_sum(t, "loss");
-  return t.reshape({});
+  return t.view(x.sizes());
 }
 
 double DataParallel::sum(double x) { return sum(torch::tensor(x, torch::kFloat64)).item<double>(); }

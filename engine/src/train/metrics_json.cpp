@@ -33,6 +33,7 @@ nlohmann::json to_json(const StepMetrics& m) {
   if (m.skipped) j["skipped"] = true;
   if (m.loss_scale > 0) j["loss_scale"] = m.loss_scale;
   if (m.moe_balance) j["moe_balance"] = finite(*m.moe_balance);
+  if (m.moe_max_load) j["moe_max_load"] = finite(*m.moe_max_load);
   if (!m.anomaly.empty()) j["anomaly"] = {{"kind", m.anomaly}, {"action", m.anomaly_action}};
   if (m.val_loss) j["val_loss"] = finite(*m.val_loss);
   if (!m.val_losses.empty()) {

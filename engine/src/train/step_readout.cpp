@@ -11,8 +11,10 @@ StepReadout::StepReadout(const StepValues& values, const at::Tensor& skip) {
       values.loss_scale.defined() ? values.loss_scale.to(at::kDouble) : at::zeros_like(skip, at::kDouble);
   const auto balance = values.moe_balance.defined() ? values.moe_balance.to(at::kDouble).reshape({})
                                                     : at::full_like(skip, -1.0, at::kDouble);
-  const auto packed =
-      at::stack({values.loss.to(at::kDouble), values.grad_norm.to(at::kDouble), skip.to(at::kDouble), scale, balance});
+  const auto max_load = values.moe_max_load.defined() ? values.moe_max_load.to(at::kDouble).reshape({})
+                                                      : at::full_like(skip, -1.0, at::kDouble);
+  const auto packed = at::stack(
+      {values.loss.to(at::kDouble), values.grad_norm.to(at::kDouble), skip.to(at::kDouble), scale, balance, max_load});
   if (packed.is_cpu()) {
     host_ = packed;
     return;
@@ -27,8 +29,9 @@ StepReadout::StepReadout(const StepValues& values, const at::Tensor& skip) {
 StepLoss StepReadout::read() const {
   if (copied_) copied_->synchronize();
   const double* v = host_.const_data_ptr<double>();
-  StepLoss out{v[0], v[1], v[2] != 0.0, v[3], std::nullopt};
+  StepLoss out{v[0], v[1], v[2] != 0.0, v[3], std::nullopt, std::nullopt};
   if (v[4] >= 0) out.moe_balance = v[4];
+  if (v[5] >= 0) out.moe_max_load = v[5];
   return out;
 }
 

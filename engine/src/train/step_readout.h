@@ -18,7 +18,8 @@ struct StepLoss {
   double grad_norm = 0;  // global, before clipping; the same on every rank
   bool skipped = false;  // the update was skipped (as the device decided)
   double loss_scale = 0;  // fp16: the scale the step's backward used; 0 otherwise
-  std::optional<double> moe_balance;  // model.moe_experts: StepValues::moe_balance
+  std::optional<double> moe_balance;   // model.moe_experts: StepValues::moe_balance
+  std::optional<double> moe_max_load;  // model.moe_experts: StepValues::moe_max_load
 };
 
 class StepReadout {

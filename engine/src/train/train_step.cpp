@@ -64,15 +64,25 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
     auto balance = pm_.model->take_moe_balance();
     if (!balance.defined()) balance = torch::zeros({}, loss.options());
     out.moe_balance = across_stages(balance.to(torch::kFloat64)) / static_cast<double>(cfg_.model.n_layers * accum);
+    auto loads = pm_.model->take_moe_loads();
+    if (!loads.defined())
+      loads = torch::zeros({cfg_.model.n_layers, cfg_.model.moe_experts}, loss.options().dtype(torch::kFloat64));
+    out.moe_max_load = across_stages(loads);  // every layer's, each from its own stage
   }
   // Every rank gets the same global norm, so clipping and the skip decision agree.
   if (dp) {
     loss = dp->sum(loss) / static_cast<double>(batch_.replicas());
     if (out.moe_balance.defined()) out.moe_balance = dp->sum(out.moe_balance) / static_cast<double>(batch_.replicas());
+    if (out.moe_max_load.defined()) out.moe_max_load = dp->sum(out.moe_max_load);  // the whole batch's loads
     out.grad_norm = dp->reduce_gradients();
   } else {
     torch::NoGradGuard no_grad;
     out.grad_norm = pm_.flat->grad().norm().to(torch::kFloat64);
+  }
+  if (out.moe_max_load.defined()) {
+    torch::NoGradGuard no_grad;
+    const auto& loads = out.moe_max_load;
+    out.moe_max_load = (std::get<0>(loads.max(1)) / loads.mean(1).clamp_min(1e-30)).max();
   }
   out.loss = loss;
   if (scaler_.active()) out.grad_norm = out.grad_norm / out.loss_scale.to(torch::kFloat64);
@@ -136,9 +146,9 @@ at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches, MicroBatchL
 
 at::Tensor TrainStep::across_stages(const at::Tensor& x) {
   if (!pm_.pipeline) return x;
-  auto t = x.reshape({1}).clone();
+  auto t = x.reshape({-1}).clone();
   dist_->pp->all_reduce_sum(t, "loss");
-  return t.reshape({});
+  return t.view(x.sizes());
 }
 
 double TrainStep::validation_loss(const TokenSplit& split, int64_t batches) {

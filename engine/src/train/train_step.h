@@ -28,6 +28,9 @@ struct StepValues {
   // model.moe_experts: the blocks' mean load balance (1 when balanced) over the step's
   // micro-batches and ranks; undefined otherwise.
   at::Tensor moe_balance;
+  // model.moe_experts: the busiest expert's share of its block's (token, choice) pairs
+  // over the even share, in the worst block, over the step's whole batch (1: even).
+  at::Tensor moe_max_load;
 };
 
 class TrainStep {
@@ -61,7 +64,9 @@ class TrainStep {
   at::Tensor whole_model(const std::vector<Batch>& batches, MicroBatchLosses& losses, const at::Tensor& loss_scale,
                          const std::function<void(int64_t, int)>& before_backward,
                          const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss);
-  at::Tensor across_stages(const at::Tensor& x);  // the loss lives on the last pipeline stage
+  // Summed over the pipeline stages (the loss lives on the last; each stage's blocks
+  // report their own), any shape.
+  at::Tensor across_stages(const at::Tensor& x);
 
   ParallelModel& pm_;
   Distributed* dist_;

@@ -316,6 +316,7 @@ void TrainingLoop::measure(StepMetrics& m, const PendingStep& p, const StepLoss&
   m.grad_norm = loss.grad_norm;
   m.loss_scale = loss.loss_scale;
   m.moe_balance = loss.moe_balance;
+  m.moe_max_load = loss.moe_max_load;
   m.lr = p.lr;
   tokens_seen_ += p.tokens;
   m.tokens_seen = tokens_seen_;

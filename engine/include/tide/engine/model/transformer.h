@@ -206,7 +206,7 @@ class MoeImpl : public torch::nn::Module {
   // rows that came here computed, the outputs sent back.
   torch::Tensor dispatched_forward(const torch::Tensor& routed, const int64_t* count);
 
-  int64_t n_experts_, first_expert_ = 0, top_k_;
+  int64_t n_experts_, first_expert_ = 0, top_k_, n_layers_;
   bool normalize_;
   double aux_coef_;
   TensorParallel tp_;
@@ -329,6 +329,10 @@ class TransformerImpl : public torch::nn::Module {
   // rank's blocks summed over the training passes since the last call, a scalar on the
   // device (not read here); undefined where none ran.
   torch::Tensor take_moe_balance();
+  // Under model.moe_experts: the (token, choice) pairs each expert of each layer got over
+  // the training passes since the last call, [n_layers, E] float64 on the device (0 for
+  // other stages' layers); undefined where none ran.
+  torch::Tensor take_moe_loads();
   // Under model.moe_experts, for a pipeline stage whose pass ends in a loss on another
   // rank: the gradient backward will give that loss (its micro-batch's share of the step
   // times any fp16 loss scale), which weighs the blocks' load-balancing losses
@@ -390,6 +394,7 @@ class TransformerImpl : public torch::nn::Module {
   std::shared_ptr<MoePass> moe_pass_;
   torch::Tensor moe_loss_gradient_;  // set_moe_loss_gradient
   torch::Tensor moe_balance_;        // summed over the passes since take_moe_balance
+  torch::Tensor moe_loads_;          // summed over the passes since take_moe_loads
 };
 TORCH_MODULE(Transformer);
 

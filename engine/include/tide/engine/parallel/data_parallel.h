@@ -94,8 +94,8 @@ class DataParallel {
   void hold_whole(int unit);
   void release_whole(int unit);
 
-  // Sum of a scalar over the group (losses for reporting): on the scalar's device, or
-  // read on the host.
+  // Sum over the group of a scalar (losses for reporting) or of a tensor of statistics
+  // (elementwise, in fp64, its shape kept): on the device, or read on the host.
   torch::Tensor sum(const torch::Tensor& x);
   double sum(double x);
   // What this rank holds between steps (param_bytes: of the flat buffer, and under

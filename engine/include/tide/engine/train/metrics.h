@@ -41,6 +41,10 @@ struct StepMetrics {
   // model.moe_experts: the blocks' mean load balance E sum_e f_e P_e over the step (1:
   // every expert chosen as often as any, at the router's uniform probabilities).
   std::optional<double> moe_balance;
+  // model.moe_experts: the busiest expert's (token, choice) pairs over its block's even
+  // share, in the worst block, over the step's whole batch (1: even; E / k at most). Under
+  // expert parallelism the busiest rank holds at least its busiest expert's excess.
+  std::optional<double> moe_max_load;
   std::string anomaly, anomaly_action;  // "loss_spike", ... and what it triggered
   std::optional<double> val_loss;       // under a blend: the datasets' mean, weighted as they are drawn
   std::vector<std::pair<std::string, double>> val_losses;  // under a blend: each dataset's, by name
