@@ -56,6 +56,7 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   // unit: no step-long copies there; each layer casts in forward and again in backward.
   const WeightCastScope working_copy(cfg_.parallel.zero != 3);
   StepValues out;
+  at::Tensor moe_loads;  // [n_layers, E]: each expert's (token, choice) pairs this step
   if (scaler_.active()) out.loss_scale = scaler_.scale().clone();  // the update moves it in place
   at::Tensor loss = pm_.pipeline ? pm_.pipeline->train(batches, losses, out.loss_scale, before_backward, on_loss)
                                  : whole_model(batches, losses, out.loss_scale, before_backward, on_loss);
@@ -64,25 +65,24 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
     auto balance = pm_.model->take_moe_balance();
     if (!balance.defined()) balance = torch::zeros({}, loss.options());
     out.moe_balance = across_stages(balance.to(torch::kFloat64)) / static_cast<double>(cfg_.model.n_layers * accum);
-    auto loads = pm_.model->take_moe_loads();
-    if (!loads.defined())
-      loads = torch::zeros({cfg_.model.n_layers, cfg_.model.moe_experts}, loss.options().dtype(torch::kFloat64));
-    out.moe_max_load = across_stages(loads);  // every layer's, each from its own stage
+    moe_loads = pm_.model->take_moe_loads();
+    if (!moe_loads.defined())
+      moe_loads = torch::zeros({cfg_.model.n_layers, cfg_.model.moe_experts}, loss.options().dtype(torch::kFloat64));
+    moe_loads = across_stages(moe_loads);  // every layer's, each from its own stage
   }
   // Every rank gets the same global norm, so clipping and the skip decision agree.
   if (dp) {
     loss = dp->sum(loss) / static_cast<double>(batch_.replicas());
     if (out.moe_balance.defined()) out.moe_balance = dp->sum(out.moe_balance) / static_cast<double>(batch_.replicas());
-    if (out.moe_max_load.defined()) out.moe_max_load = dp->sum(out.moe_max_load);  // the whole batch's loads
+    if (moe_loads.defined()) moe_loads = dp->sum(moe_loads);  // the whole batch's
     out.grad_norm = dp->reduce_gradients();
   } else {
     torch::NoGradGuard no_grad;
     out.grad_norm = pm_.flat->grad().norm().to(torch::kFloat64);
   }
-  if (out.moe_max_load.defined()) {
+  if (moe_loads.defined()) {
     torch::NoGradGuard no_grad;
-    const auto& loads = out.moe_max_load;
-    out.moe_max_load = (std::get<0>(loads.max(1)) / loads.mean(1).clamp_min(1e-30)).max();
+    out.moe_max_load = (std::get<0>(moe_loads.max(1)) / moe_loads.mean(1).clamp_min(1e-30)).max();
   }
   out.loss = loss;
   if (scaler_.active()) out.grad_norm = out.grad_norm / out.loss_scale.to(torch::kFloat64);
