@@ -488,6 +488,44 @@ TEST(HfConvert, MixturesOfExpertsReadAsMixtralAndQwen3MoeOrAreRefusedByName) {
   ModelConfig ungated = qwen2;
   ungated.moe_shared_gate = false;  // DeepSeek's form: no Hugging Face architecture tide writes
   EXPECT_EQ(export_refusal(ungated), "model.moe_shared_ffn_dim");
+  // DeepSeek-V3's routing exports nowhere: the families tide writes route by a softmax,
+  // unbiased and unscaled.
+  EXPECT_EQ(export_refusal(mixtral, [](ModelConfig& m) { m.moe_router = MoeRouterScore::Sigmoid; }),
+            "model.moe_router");
+  EXPECT_EQ(export_refusal(qwen, [](ModelConfig& m) { m.moe_expert_bias = true; }), "model.moe_expert_bias");
+  EXPECT_EQ(export_refusal(qwen2, [](ModelConfig& m) { m.moe_routed_scale = 2.5; }), "model.moe_routed_scale");
+}
+
+TEST(HfConvert, RoutingBiasesTravelWithTheWeights) {
+  // A tide weights file carries the experts' routing biases (buffers, not parameters):
+  // load_model routes as the model that saved it did.
+  ModelConfig cfg = testing::tiny_moe();
+  cfg.moe_expert_bias = true;
+  Transformer m(cfg);
+  m->reset_parameters(2);
+  {
+    torch::NoGradGuard no_grad;
+    m->blocks->ptr<BlockImpl>(1)->moe->expert_bias.copy_(torch::tensor({0.25F, -0.5F, 0.0F, 0.125F}));
+  }
+  const auto dir = temp_dir("tide_bias");
+  fs::create_directories(dir);
+  save_model((dir / "model.safetensors").string(), m);
+  LoadedModel loaded = load_model((dir / "model.safetensors").string());
+  EXPECT_TRUE(torch::equal(loaded.model->blocks->ptr<BlockImpl>(1)->moe->expert_bias,
+                           torch::tensor({0.25F, -0.5F, 0.0F, 0.125F})));
+  expect_identical(m, loaded.model);
+  // Files of a model without them (a Mixtral import) do not fit one with them.
+  ModelConfig plain = cfg;
+  plain.moe_expert_bias = false;
+  Transformer without(plain);
+  try {
+    load_weights({(dir / "model.safetensors").string()}, *without);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.layers.0.mlp.expert_bias' has no parameter"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 TEST(HfConvert, GemmaReadsAsGeGluZeroCentredNormsAndScaledEmbeddingsOrIsRefusedByName) {

@@ -24,13 +24,27 @@ torch::Tensor expert_of(MlpImpl& e, const torch::Tensor& x) {
   return torch::mv(e.down->weight, torch::silu(torch::mv(e.gate->weight, x)) * torch::mv(e.up->weight, x));
 }
 
-void expect_routed_sum(bool normalize) {
+// How a router scores and weighs (model.moe_router, moe_normalize_top_k,
+// moe_routed_scale) and whether a bias steers its choices (model.moe_expert_bias).
+struct Routing {
+  bool normalize, sigmoid;
+  double scale;
+  bool bias;
+};
+
+void expect_routed_sum(const Routing& r) {
   ModelConfig cfg = testing::tiny_moe();
-  cfg.moe_normalize_top_k = normalize;
+  cfg.moe_normalize_top_k = r.normalize;
+  cfg.moe_router = r.sigmoid ? MoeRouterScore::Sigmoid : MoeRouterScore::Softmax;
+  cfg.moe_routed_scale = r.scale;
+  cfg.moe_expert_bias = r.bias;
   Transformer model(cfg);
   model->reset_parameters(3);
   model->to(torch::kFloat64);
   auto& moe = *model->blocks->ptr<BlockImpl>(1)->moe;
+  const auto bias =
+      r.bias ? torch::tensor({0.3, -0.3, 0.0, 0.05}, torch::kFloat64) : torch::zeros({4}, torch::kFloat64);
+  if (r.bias) moe.expert_bias.copy_(bias);
   torch::manual_seed(5);
   const auto x = torch::randn({2, 7, cfg.dim}, torch::kFloat64);
   torch::Tensor out;
@@ -40,25 +54,71 @@ void expect_routed_sum(bool normalize) {
   }
   ASSERT_EQ(out.sizes(), x.sizes());
   const auto tokens = x.reshape({-1, cfg.dim});
+  int steered = 0;  // tokens whose choice the bias changed
   for (int64_t n = 0; n < tokens.size(0); ++n) {
-    const auto p = torch::mv(moe.gate->weight, tokens[n]).softmax(0);
-    const auto sorted = std::get<1>(p.sort(0, /*descending=*/true));
+    const auto logits = torch::mv(moe.gate->weight, tokens[n]);
+    const auto p = r.sigmoid ? logits.sigmoid() : logits.softmax(0);
+    const auto sorted = std::get<1>((p + bias).sort(0, /*descending=*/true));
+    const auto unbiased = std::get<1>(p.sort(0, /*descending=*/true));
     double chosen = 0;
     for (int64_t j = 0; j < cfg.moe_top_k; ++j) chosen += p[sorted[j].item<int64_t>()].item<double>();
     auto want = torch::zeros({cfg.dim}, torch::kFloat64);
+    bool differs = false;
     for (int64_t j = 0; j < cfg.moe_top_k; ++j) {
       const int64_t e = sorted[j].item<int64_t>();
-      const double w = p[e].item<double>() / (normalize ? chosen : 1.0);
+      differs = differs || !unbiased.narrow(0, 0, cfg.moe_top_k).eq(e).any().item<bool>();
+      const double w = p[e].item<double>() / (r.normalize ? chosen : 1.0) * r.scale;
       want += w * expert_of(*moe.experts[static_cast<size_t>(e)], tokens[n]);
     }
-    // fp64 sums of 24 and 32 products of values below 1: rounding far under 1e-12.
-    EXPECT_TRUE(torch::allclose(out.reshape({-1, cfg.dim})[n], want, 0, 1e-12)) << "token " << n;
+    steered += differs ? 1 : 0;
+    // fp64 sums of 24 and 32 products of values below 1 (times the scale): rounding far
+    // under 1e-12.
+    EXPECT_TRUE(torch::allclose(out.reshape({-1, cfg.dim})[n], want, 0, 1e-12 * r.scale)) << "token " << n;
+  }
+  if (r.bias) {
+    EXPECT_GT(steered, 0) << "the bias changed no token's choice: the test shows nothing";
   }
 }
 
 TEST(MixtureOfExperts, OutputIsTheChosenExpertsWeightedByTheRouter) {
-  expect_routed_sum(true);
-  expect_routed_sum(false);
+  expect_routed_sum({true, false, 1.0, false});
+  expect_routed_sum({false, false, 1.0, false});
+}
+
+TEST(MixtureOfExperts, SigmoidScoresScaledAsDeepSeekV3Weighs) {
+  expect_routed_sum({true, true, 1.0, false});
+  expect_routed_sum({false, true, 2.5, false});
+}
+
+TEST(MixtureOfExperts, TheExpertBiasChoosesAndDoesNotWeigh) {
+  expect_routed_sum({true, false, 1.0, true});
+  expect_routed_sum({true, true, 2.5, true});
+}
+
+TEST(MixtureOfExperts, TheExpertBiasMovesTowardTheEvenLoadUnlessTheStepIsSkipped) {
+  ModelConfig cfg = testing::tiny_moe();
+  cfg.moe_expert_bias = true;
+  Transformer model(cfg);
+  auto& first = *model->blocks->ptr<BlockImpl>(0)->moe;
+  auto& second = *model->blocks->ptr<BlockImpl>(1)->moe;
+  ASSERT_TRUE(first.expert_bias.defined());
+  EXPECT_EQ(first.expert_bias.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(first.expert_bias.eq(0).all().item<bool>());
+  // Each block its own layer's row: the mean load is 5 in layer 0, 4 in layer 1.
+  const auto loads = torch::tensor({10.0, 2.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0}, torch::kFloat64).view({2, 4});
+  const auto taken = torch::zeros({}, torch::kBool), skipped = torch::ones({}, torch::kBool);
+  model->balance_expert_biases(loads, 0.01, taken);
+  EXPECT_TRUE(torch::equal(first.expert_bias, torch::tensor({-0.01F, 0.01F, 0.01F, 0.01F})));
+  EXPECT_TRUE(second.expert_bias.eq(0).all().item<bool>()) << "an even load moves no bias";
+  model->balance_expert_biases(loads, 0.01, skipped);
+  EXPECT_TRUE(torch::equal(first.expert_bias, torch::tensor({-0.01F, 0.01F, 0.01F, 0.01F})));
+  model->balance_expert_biases(loads, 0.01, taken);
+  EXPECT_TRUE(torch::equal(first.expert_bias, torch::tensor({-0.02F, 0.02F, 0.02F, 0.02F})));
+  // Not a parameter: the optimizer's buffers leave it out, weight files carry it.
+  EXPECT_FALSE(model->named_parameters().contains("model.layers.0.mlp.expert_bias"));
+  EXPECT_TRUE(model->named_buffers().contains("model.layers.0.mlp.expert_bias"));
+  EXPECT_TRUE(is_expert_bias("model.layers.0.mlp.expert_bias"));
+  EXPECT_FALSE(is_expert_parameter("model.layers.0.mlp.expert_bias"));
 }
 
 TEST(MixtureOfExperts, AnExpertNoTokenChoseGetsAZeroGradient) {

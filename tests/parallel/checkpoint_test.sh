@@ -15,16 +15,6 @@
 #  - export from a tp2 x pp2 checkpoint equals the export of the same run's weights.
 source "$(dirname "$0")/common.sh" "$1"
 
-resume_from_5() {  # resume_from_5 RECIPE FULL_RUN NEW_RUN [options]: steps 6-10 again from step 5
-  local recipe=$1 full=$2 new=$3
-  shift 3
-  mkdir -p "$work/$new/checkpoints"
-  cp -r "$work/$full/checkpoints/step-00000005" "$work/$new/checkpoints/"
-  head -5 "$work/$full/metrics.jsonl" > "$work/$new/metrics.jsonl"
-  train $recipe $new --resume "$work/$new/checkpoints/step-00000005" "$@"
-  grep -q "resumed from" "$work/$new/train.log" || fail "$new did not resume"
-}
-
 echo "exact resume:"
 for layout in "one:" "zero3:--nproc 2 --set parallel.zero=3" "tp2:--nproc 2 --set parallel.tp=2" \
               "pp2:--nproc 2 --set parallel.pp=2" \

@@ -96,6 +96,16 @@ print(f"  {other.rsplit('/', 1)[1]}: losses {'equal' if exact else 'within 1e-5'
 PY
 }
 
+resume_from_5() {  # resume_from_5 RECIPE FULL_RUN NEW_RUN [options]: steps 6-10 again from step 5
+  local recipe=$1 full=$2 new=$3
+  shift 3
+  mkdir -p "$work/$new/checkpoints"
+  cp -r "$work/$full/checkpoints/step-00000005" "$work/$new/checkpoints/"
+  head -5 "$work/$full/metrics.jsonl" > "$work/$new/metrics.jsonl"
+  train $recipe $new --resume "$work/$new/checkpoints/step-00000005" "$@"
+  grep -q "resumed from" "$work/$new/train.log" || fail "$new did not resume"
+}
+
 balance_matches() {  # balance_matches REFERENCE_RUN OTHER_RUN: a mixture of experts' statistics
   "${TIDE_PYTHON:-python3}" - "$1" "$2" <<'PY'
 import json, sys

@@ -16,6 +16,13 @@
 #  - every step reports the busiest expert's load over the even share (moe_max_load,
 #    worst block, whole batch), one process's on every layout but for flipped choices;
 #  - a run resumed from its step-5 checkpoint ends with the uninterrupted run's bytes;
+#  - auxiliary-loss-free balancing (DeepSeek-V3: sigmoid scores, routing biases moved by
+#    the step's loads, no balance loss): the final weights carry biases that are whole
+#    multiples of the rate, the busiest expert's load ends lower than without them, ep2
+#    and tp2 under ZeRO-3 and pp2 under ZeRO-1 reproduce one process's losses, weights
+#    and biases, and a
+#    resume from the step-5 checkpoint (which carries the biases) ends with the
+#    uninterrupted run's bytes, and under pp2 with its values;
 #  - context parallelism is refused naming model.moe_experts, sequence parallelism naming
 #    parallel.sequence_parallel.
 source "$(dirname "$0")/common.sh" "$1"
@@ -91,6 +98,49 @@ grep -q "resumed from" "$work/moe-resumed/train.log" || fail "moe-resumed did no
 cmp -s "$work/moe-1/model.safetensors" "$work/moe-resumed/model.safetensors" \
   || fail "the resumed MoE run's weights are not the uninterrupted run's bytes"
 echo "  moe-resumed: final weights the uninterrupted run's bytes"
+
+# Auxiliary-loss-free balancing at a rate that shows in ten steps (DeepSeek-V3's is 0.001
+# over hundreds of thousands).
+sigmoid=(--set model.moe_aux_loss=0 --set model.moe_router=sigmoid)
+bias=("${sigmoid[@]}" --set model.moe_expert_bias=true --set model.moe_bias_update_rate=0.02)
+train moe moe-sigmoid "${sigmoid[@]}"
+train moe moe-bias-1 "${bias[@]}" --set checkpoint.every=5
+"${TIDE_PYTHON:-python3}" - "$work/moe-sigmoid" "$work/moe-bias-1" <<'PY' || fail "auxiliary-loss-free balancing"
+import json, struct, sys
+import numpy as np
+
+def tensors(run):
+    with open(run + "/model.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    return {k: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]], dtype=np.float32)
+            for k, e in header.items() if k != "__metadata__"}
+
+plain, biased = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert not any(k.endswith("expert_bias") for k in plain), "a run without model.moe_expert_bias saved biases"
+b = np.stack([biased[f"model.layers.{i}.mlp.expert_bias"] for i in range(2)])
+steps = b / 0.02  # each step moved each bias by -1, 0 or +1 rates, in fp32
+assert np.all(np.abs(steps - np.round(steps)) < 1e-3), b
+assert np.all(np.abs(np.round(steps)) <= 10) and np.any(b != 0), b
+load = lambda run: [json.loads(l)["moe_max_load"] for l in open(run + "/metrics.jsonl")]
+a, c = load(sys.argv[1]), load(sys.argv[2])
+assert a[0] == c[0], ("the first step routes before any bias moved", a[0], c[0])
+assert np.mean(c[5:]) < np.mean(a[5:]), (a, c)
+print(f"  moe-bias-1: biases {np.round(steps).astype(int).tolist()} x 0.02; max load over steps 6-10 "
+      f"{np.mean(a[5:]):.3f} without, {np.mean(c[5:]):.3f} with")
+PY
+for layout in parallel.ep=2,parallel.zero=3 parallel.pp=2,parallel.zero=1 parallel.tp=2,parallel.zero=3; do
+  run="moe-bias-${layout//[.=,]/-}"
+  train moe "$run" --nproc 2 "${bias[@]}" --set "${layout%,*}" --set "${layout#*,}"
+  compare "$work/moe-bias-1" "$work/$run" 0 || fail "auxiliary-loss-free balancing, $layout, differs from one process"
+done
+resume_from_5 moe moe-bias-1 moe-bias-resumed "${bias[@]}"
+cmp -s "$work/moe-bias-1/model.safetensors" "$work/moe-bias-resumed/model.safetensors" \
+  || fail "the resumed run with routing biases does not end with the uninterrupted run's bytes"
+resume_from_5 moe moe-bias-1 moe-bias-resumed-pp2 --nproc 2 "${bias[@]}" --set parallel.pp=2
+compare "$work/moe-bias-1" "$work/moe-bias-resumed-pp2" 0 || fail "the routing biases resumed under pp2 differ"
+echo "  moe-bias: ep2 and tp2 under ZeRO-3, pp2 under ZeRO-1 as one process; resumed from step 5 the same bytes, under pp2 the same values"
 
 refused moe "model.moe_experts" --nproc 2 --set parallel.cp=2
 refused moe "parallel.sequence_parallel" --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true

@@ -137,6 +137,19 @@ struct Checkpointer::Impl {
     return out;
   }
 
+  bool saves_buffers() const { return dp_rank == 0 && (!parts.dist || parts.dist->tp->rank() == 0); }
+  // Each of the model's buffers from `whole` (by name); one it gives undefined keeps its
+  // values (initial weights without routing biases: they start at 0).
+  void restore_buffers(const std::function<torch::Tensor(const std::string&)>& whole, const std::string& source) {
+    for (const auto& item : parts.model->named_buffers()) {
+      const auto values = whole(item.key());
+      if (!values.defined()) continue;
+      TORCH_CHECK(values.numel() == item.value().numel(), source, ": ", item.key(), " has ", values.numel(),
+                  " values there, ", item.value().numel(), " in this model");
+      item.value().copy_(values.reshape(item.value().sizes()));
+    }
+  }
+
   void fail(const Snapshot& snap, const std::string& what) {
     spdlog::error("checkpoint: step {}: {}", snap.step, what);
     if (listener) listener(snap.step, "", what, seconds_since(snap.taken));
@@ -254,6 +267,22 @@ void Checkpointer::save(int64_t step, int64_t optimizer_steps, int64_t loader_cu
         }
       }
     }
+    // Buffers (the experts' routing biases) are whole on every rank of a stage, alike:
+    // its first data- and tensor-parallel rank saves them.
+    if (m.saves_buffers())
+      for (const auto& item : m.parts.model->named_buffers()) {
+        const auto& b = item.value();
+        const std::string name = fmt::format("{}|buffer|0", item.key());
+        snap->entries.push_back({name,
+                                 b.to(torch::kCPU, torch::kFloat32, false, /*copy=*/true).reshape({-1}),
+                                 {{"tensor", name},
+                                  {"param", item.key()},
+                                  {"kind", "buffer"},
+                                  {"range", {0, b.numel()}},
+                                  {"local_shape", b.sizes().vec()},
+                                  {"global_shape", b.sizes().vec()},
+                                  {"tp", tp_json(TpSlice{})}}});
+      }
     for (auto& g : save_generators(model_device(m.parts)))
       snap->entries.push_back({"rng|" + g.device, std::move(g.state), nullptr});
   }
@@ -480,6 +509,7 @@ ResumeState Checkpointer::load(const std::string& dir) {
                     "resume it with the checkpoint.init_from and model fields it was trained with"));
   const SavedPieces saved(dir, manifest);
   impl_->restore_values([&](const std::string& name, int k) { return saved.whole(name, kKinds[k]); }, 3, dir);
+  impl_->restore_buffers([&](const std::string& name) { return saved.whole(name, "buffer"); }, dir);
   ResumeState state;
   state.step = manifest.at("step").get<int64_t>();
   state.optimizer_steps = manifest.at("optimizer_steps").get<int64_t>();
@@ -497,6 +527,7 @@ void Checkpointer::initialise(const std::function<at::Tensor(const std::string&)
   torch::NoGradGuard no_grad;
   impl_->restore_values([&](const std::string& name, int) { return whole_parameter(name); }, 1, source);
   impl_->restore_frozen(whole_parameter, source);
+  impl_->restore_buffers(whole_parameter, source);
   for (const auto& held : impl_->holdings()) held.optim->restore(0);
 }
 

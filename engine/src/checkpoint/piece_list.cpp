@@ -41,8 +41,8 @@ class PieceReader {
     if (!p.entry) fail("names a tensor the file does not hold");
     p.param = text(meta, "param");
     p.kind = text(meta, "kind");
-    if (p.kind != "param" && p.kind != "exp_avg" && p.kind != "exp_avg_sq")
-      fail("has kind '" + p.kind + "' (param, exp_avg or exp_avg_sq)");
+    if (p.kind != "param" && p.kind != "exp_avg" && p.kind != "exp_avg_sq" && p.kind != "buffer")
+      fail("has kind '" + p.kind + "' (param, exp_avg, exp_avg_sq or buffer)");
     p.global_shape = shape(meta, "global_shape");
     p.local_shape = shape(meta, "local_shape");
     if (p.local_shape.size() != p.global_shape.size()) fail("has a local_shape of another rank than its global_shape");

@@ -14,7 +14,7 @@ namespace tide {
 struct SavedPiece {
   const SafetensorsReader* file = nullptr;
   const SafetensorsEntry* entry = nullptr;  // 1-D F32, range_end - range_begin values
-  std::string param, kind;                  // kind: "param", "exp_avg" or "exp_avg_sq"
+  std::string param, kind;                  // kind: "param", "exp_avg", "exp_avg_sq" or "buffer"
   std::vector<int64_t> global_shape, local_shape;
   int64_t tp_dim = -1, tp_first = 0, tp_length = 0, tp_valid = 0;
   int64_t range_begin = 0, range_end = 0;  // row-major elements of the local slice

@@ -412,6 +412,23 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                       "The shared expert's output scaled per token by sigmoid(w . x), w a learned [1, dim] "
                       "(Qwen2-MoE's shared_expert_gate); false: added as it is (DeepSeek).",
                       REF(model.moe_shared_gate)));
+  s.push_back(choice<MoeRouterScore>(
+      "model.moe_router", {{"softmax", MoeRouterScore::Softmax}, {"sigmoid", MoeRouterScore::Sigmoid}}, kFixed,
+      "The router's scores: softmax over the experts (Mixtral, Qwen-MoE) or each expert's sigmoid (DeepSeek-V3); "
+      "the chosen ones normalised as model.moe_normalize_top_k says.",
+      REF(model.moe_router)));
+  s.push_back(number("model.moe_routed_scale", 1e-6, 1e6, kFixed,
+                     "The chosen experts' weights times this (DeepSeek-V3's routed_scaling_factor, 2.5).",
+                     REF(model.moe_routed_scale)));
+  s.push_back(boolean("model.moe_expert_bias", kFixed,
+                      "Auxiliary-loss-free balancing (DeepSeek-V3): a bias per expert in each block "
+                      "(mlp.expert_bias), added to the scores to choose experts and not to weigh them, moved after "
+                      "each step by model.moe_bias_update_rate toward the even load. Saved with the weights.",
+                      REF(model.moe_expert_bias)));
+  s.push_back(number("model.moe_bias_update_rate", 0, 1e3, kFixed,
+                     "model.moe_expert_bias: after each optimizer step b_e += rate * sign(mean load - load_e), the "
+                     "loads those of the step's whole batch (DeepSeek-V3's gamma, 0.001; 0 holds the biases).",
+                     REF(model.moe_bias_update_rate)));
   s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));
   s.push_back(boolean("model.qkv_bias", kFixed,
                       "Biases on the query, key and value projections, none on the output's (Qwen2); "
@@ -905,6 +922,8 @@ void validate_model(const ModelConfig& m) {
         fmt::format("{}: a shared expert stands beside routed ones, and model.moe_experts is 0", m.moe_shared_ffn_dim));
   if (m.moe_shared_gate && m.moe_shared_ffn_dim == 0)
     fail("model.moe_shared_gate", "true gates a shared expert, and model.moe_shared_ffn_dim is 0");
+  if (m.moe_expert_bias && m.moe_experts == 0)
+    fail("model.moe_expert_bias", "true biases the choice of experts, and model.moe_experts is 0");
   if (m.moe_experts > 0 && m.family == Family::BLOOM)
     fail("model.moe_experts",
          fmt::format("{} experts: the bloom family has no mixture-of-experts form", m.moe_experts));

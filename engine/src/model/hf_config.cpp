@@ -111,6 +111,14 @@ json hf_config(const ModelConfig& m) {
     const bool qwen2_moe = moe && m.moe_shared_ffn_dim > 0;
     if (moe) {
       require(!gemma, "model.moe_experts", "a mixture of GeGLU experts has no Hugging Face architecture");
+      // DeepSeek-V3's routing has no exported form here (its attention is not tide's).
+      require(m.moe_router == MoeRouterScore::Softmax, "model.moe_router",
+              "the Hugging Face mixtures tide exports (Mixtral, Qwen-MoE) route by a softmax");
+      require(!m.moe_expert_bias, "model.moe_expert_bias",
+              "the Hugging Face mixtures tide exports have no routing biases, and leaving them out would route "
+              "otherwise");
+      require(m.moe_routed_scale == 1.0, "model.moe_routed_scale",
+              "the Hugging Face mixtures tide exports do not scale the chosen experts' weights");
       if (qwen2_moe) {
         require(m.moe_shared_gate && !qwen3 && !m.attention_bias && !m.mlp_bias, "model.moe_shared_ffn_dim",
                 "a mixture of experts with a shared expert is Qwen2-MoE's, whose shared expert is gated and which "

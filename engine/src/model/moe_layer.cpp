@@ -95,6 +95,8 @@ MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertP
       top_k_(cfg.moe_top_k),
       n_layers_(cfg.n_layers),
       normalize_(cfg.moe_normalize_top_k),
+      sigmoid_(cfg.moe_router == MoeRouterScore::Sigmoid),
+      routed_scale_(cfg.moe_routed_scale),
       aux_coef_(cfg.moe_aux_loss),
       tp_(tp),
       ep_(ep) {
@@ -102,6 +104,9 @@ MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertP
   TORCH_CHECK(n_experts_ % ep_.size() == 0, n_experts_, " experts do not divide among ", ep_.size(),
               " expert-parallel ranks");
   gate = register_module("gate", Projection(cfg.dim, cfg.moe_experts, false));
+  // Not trained by gradients: a buffer, which the flat parameter buffers leave out and
+  // weight files and checkpoints carry (parallelize places it on the model's device).
+  if (cfg.moe_expert_bias) expert_bias = register_buffer("expert_bias", torch::zeros({n_experts_}, torch::kFloat32));
   // Named by their index in the block, whichever rank holds them (checkpoints and
   // initial values go by the name).
   auto held = register_module("experts", std::make_shared<torch::nn::Module>());
@@ -188,9 +193,18 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   // The router in fp32 (or wider) whatever the compute dtype: its choices are discrete,
   // and a rounding that flips one changes the expert a token gets.
   const auto router = at::promote_types(tokens.scalar_type(), torch::kFloat32);
-  const auto probs = torch::linear(tokens.to(router), gate->weight.to(router)).softmax(-1);
-  auto [weights, chosen] = probs.topk(top_k_, -1);  // [N, k]
+  const auto logits = torch::linear(tokens.to(router), gate->weight.to(router));
+  const auto scores = sigmoid_ ? logits.sigmoid() : logits.softmax(-1);  // [N, E]
+  at::Tensor weights, chosen;                                            // [N, k]
+  if (expert_bias.defined()) {
+    // The bias steers the choice alone: the chosen experts weigh by their own scores.
+    chosen = std::get<1>((scores + expert_bias.to(router)).topk(top_k_, -1));
+    weights = scores.gather(-1, chosen);
+  } else {
+    std::tie(weights, chosen) = scores.topk(top_k_, -1);
+  }
   if (normalize_) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  if (routed_scale_ != 1.0) weights = weights * routed_scale_;
   // Every (token, choice) pair grouped by expert, in token order within each.
   const auto choices = chosen.reshape({-1});  // [N k]
   const auto order = choices.argsort(/*stable=*/true);
@@ -225,8 +239,10 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   out = out.view(x.sizes());
   if (!pass) return out;
   // Load balance: E sum_e f_e P_e, f_e the share of the choices expert e got (counted,
-  // no gradient), P_e its mean probability; 1 where both are uniform.
+  // no gradient), P_e its mean probability (sigmoid scores: each token's divided by
+  // their sum, as Megatron-Core does); 1 where both are uniform.
   const auto share = per_expert.to(router) / static_cast<double>(choices.size(0));
+  const auto probs = sigmoid_ ? scores / scores.sum(-1, /*keepdim=*/true) : scores;
   const auto balance = (share * probs.mean(0)).sum() * static_cast<double>(n_experts_);
   if (!recomputing_for_backward()) {  // the first forward records it, a recomputation does not again
     pass->balance = pass->balance.defined() ? pass->balance + balance.detach() : balance.detach();
@@ -236,6 +252,16 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   }
   if (aux_coef_ == 0 || !torch::GradMode::is_enabled()) return out;
   return BalanceLossGradient::apply(out, balance, aux_coef_, c10::make_intrusive<PassHolder>(pass));
+}
+
+void MoeImpl::balance_expert_bias(const torch::Tensor& load, double rate, const torch::Tensor& skip) {
+  TORCH_CHECK(expert_bias.defined(), "balance_expert_bias: the block has no expert bias (model.moe_expert_bias)");
+  torch::NoGradGuard no_grad;
+  const auto l = load.to(expert_bias.device(), torch::kFloat64);
+  // sign(0) = 0: an expert at the even load keeps its bias.
+  auto step = (l.mean() - l).sign() * rate;
+  if (skip.defined()) step = step * skip.to(step.device()).logical_not();
+  expert_bias.add_(step.to(torch::kFloat32));
 }
 
 }  // namespace tide

@@ -22,6 +22,8 @@ bool is_head_parameter(const std::string& name) {
   return name == "lm_head.weight" || name.rfind("model.norm.", 0) == 0 || name.rfind("transformer.ln_f.", 0) == 0;
 }
 
+bool is_expert_bias(const std::string& name) { return ends_with(name, ".mlp.expert_bias"); }
+
 int64_t expert_index(const std::string& name) {
   static const std::string kExperts = ".mlp.experts.";
   const auto at = name.find(kExperts);

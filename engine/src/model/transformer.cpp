@@ -174,7 +174,7 @@ TransformerImpl::TransformerImpl(const ModelConfig& cfg, TensorParallel tp, Pipe
 
 TpSlice TransformerImpl::tp_slice(const std::string& name) const {
   TpSlice out;
-  if (tp_.size() == 1) return out;
+  if (tp_.size() == 1 || is_expert_bias(name)) return out;
   if (ends_with(name, "embed_tokens.weight") || ends_with(name, "word_embeddings.weight") || name == "lm_head.weight")
     return {0, vocab_first_, vocab_local_, vocab_local_ * tp_.size(), cfg_.vocab_size};
   auto split = [&](int dim) {
@@ -200,6 +200,12 @@ TpSlice TransformerImpl::tp_slice(const std::string& name) const {
 
 torch::Tensor TransformerImpl::whole_parameter(const std::string& name) {
   torch::NoGradGuard no_grad;
+  if (is_expert_bias(name)) {  // a buffer, whole on every rank
+    const auto buffers = named_buffers();
+    const auto* held = buffers.find(name);
+    TORCH_CHECK(held, "no buffer ", name);
+    return *held;
+  }
   const auto params = named_parameters();
   const auto* local = params.find(name);
   TORCH_CHECK(local, "no parameter ", name);
@@ -558,5 +564,14 @@ torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Te
 
 torch::Tensor TransformerImpl::take_moe_balance() { return std::exchange(moe_balance_, torch::Tensor()); }
 torch::Tensor TransformerImpl::take_moe_loads() { return std::exchange(moe_loads_, torch::Tensor()); }
+
+void TransformerImpl::balance_expert_biases(const torch::Tensor& loads, double rate, const torch::Tensor& skip) {
+  size_t at = 0;  // the chunks' blocks in order, as forward_chunk runs them
+  for (const BlockRange& range : stage_.chunks)
+    for (int64_t i = range.first; i < range.end; ++i) {
+      const auto block = std::dynamic_pointer_cast<BlockImpl>(blocks->ptr(at++));
+      block->moe->balance_expert_bias(loads[i], rate, skip);
+    }
+}
 
 }  // namespace tide

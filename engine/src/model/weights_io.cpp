@@ -80,13 +80,24 @@ WrittenFile stream_weights(const std::string& path, const std::vector<TensorShap
   return out.commit();
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> weight_tensors(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value());
+  for (const auto& item : model.named_buffers()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
 void save_weights(const std::string& path, torch::nn::Module& model, const std::map<std::string, std::string>& metadata,
                   const std::string& dtype) {
-  const auto params = model.named_parameters();
+  const auto held = weight_tensors(model);
   std::vector<TensorShape> tensors;
-  for (const auto& item : params) tensors.push_back({item.key(), item.value().sizes().vec()});
+  std::map<std::string, torch::Tensor> by_name;
+  for (const auto& [name, t] : held) {
+    tensors.push_back({name, t.sizes().vec()});
+    by_name[name] = t;
+  }
   stream_weights(
-      path, tensors, [&](const std::string& name) { return params[name]; }, metadata, dtype);
+      path, tensors, [&](const std::string& name) { return by_name.at(name); }, metadata, dtype);
 }
 
 WeightFiles::WeightFiles(const std::vector<std::string>& files,
@@ -130,15 +141,15 @@ void load_weights(const std::vector<std::string>& files, torch::nn::Module& mode
   torch::NoGradGuard no_grad;
   const std::string what = files.size() == 1 ? files[0] : std::to_string(files.size()) + " files";
   const WeightFiles weights(files, rename, what);
-  auto params = model.named_parameters();
+  std::map<std::string, torch::Tensor> held;
+  for (auto& [name, t] : weight_tensors(model)) held[name] = t;
   for (const auto& name : weights.names()) {
-    auto* p = params.find(name);
-    if (!p) throw std::runtime_error(what + ": tensor '" + name + "' has no parameter in this model");
-    p->copy_(weights.read(name, p->sizes().vec()));
+    const auto it = held.find(name);
+    if (it == held.end()) throw std::runtime_error(what + ": tensor '" + name + "' has no parameter in this model");
+    it->second.copy_(weights.read(name, it->second.sizes().vec()));
   }
-  for (const auto& item : params)  // each tensor named a distinct parameter: only a missing one is left
-    if (!weights.holds(item.key()))
-      throw std::runtime_error(what + " holds no tensor for parameter '" + item.key() + "'");
+  for (const auto& [name, t] : held)  // each tensor named a distinct parameter: only a missing one is left
+    if (!weights.holds(name)) throw std::runtime_error(what + " holds no tensor for parameter '" + name + "'");
 }
 
 }  // namespace tide

@@ -116,6 +116,9 @@ ParallelModel parallelize(const RunConfig& cfg, Distributed* dist, const BatchLa
     out.expert_flat = std::make_unique<FlatParameters>(*out.model, cfg.optimizer, experts);
   }
   out.flat = std::make_unique<FlatParameters>(*out.model, cfg.optimizer, layout);
+  // The flat buffers placed the parameters; the model's state that trains without
+  // gradients (the experts' routing biases) goes to the device as it is.
+  for (auto& buffer : out.model->buffers()) buffer.set_data(buffer.to(device));
   const DType compute = resolve_compute_dtype(cfg.precision.compute, device);
   if (shards_frozen(cfg, dist)) {
     auto frozen = layout;

@@ -16,10 +16,12 @@ namespace tide {
 void load_initial_weights(const std::string& path, const ModelConfig& recipe, Checkpointer& checkpointer) {
   const ModelWeights weights = check_initial_weights(path, recipe);
   const WeightFiles files(weights.files, weights.parameter_name, path);
-  // Base weights hold no LoRA adapters: those keep their initial values (B = 0, no change).
+  // Base weights hold no LoRA adapters: those keep their initial values (B = 0, no change);
+  // weights of a model without routing biases (a Mixtral import) leave them at 0.
   checkpointer.initialise(
       [&](const std::string& name) {
-        return is_lora_parameter(name) && !files.holds(name) ? torch::Tensor() : files.read(name);
+        return (is_lora_parameter(name) || is_expert_bias(name)) && !files.holds(name) ? torch::Tensor()
+                                                                                       : files.read(name);
       },
       path);
   spdlog::info("initialised from {}: {} of its {} tensors read on this rank", path, files.reads(), files.size());

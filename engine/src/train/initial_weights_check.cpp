@@ -28,9 +28,14 @@ std::vector<std::string> architecture_differences(const ModelConfig& recipe, con
   };
   const auto a = fields(recipe), b = fields(weights);
   std::vector<std::string> keys{
-      "family",         "vocab_size",     "dim",      "n_layers",  "n_heads", "n_kv_heads",     "head_dim",
-      "ffn_dim",        "norm",           "norm_eps", "positions", "mlp",     "attention_bias", "mlp_bias",
-      "embedding_norm", "tie_embeddings", "qkv_bias", "qk_norm"};
+      "family",         "vocab_size",     "dim",      "n_layers",  "n_heads",    "n_kv_heads",     "head_dim",
+      "ffn_dim",        "norm",           "norm_eps", "positions", "mlp",        "attention_bias", "mlp_bias",
+      "embedding_norm", "tie_embeddings", "qkv_bias", "qk_norm",   "moe_experts"};
+  if (recipe.moe_experts > 0)
+    for (const char* key : {"moe_shared_ffn_dim", "moe_shared_gate", "moe_router"}) keys.emplace_back(key);
+  // Weights without routing biases start a run that has them at 0; weights with them
+  // route otherwise without them.
+  if (weights.moe_expert_bias) keys.emplace_back("moe_expert_bias");
   if (recipe.positions == PositionKind::RoPE) keys.emplace_back("rope_theta");
   if (recipe.positions == PositionKind::Learned) keys.emplace_back("max_seq_len");
   std::vector<std::string> out;

@@ -35,9 +35,9 @@ void save_model(const std::string& path, Transformer& model) {
 }
 
 std::vector<TensorShape> parameter_shapes(const ModelConfig& m) {
-  const Transformer shapes(m, TensorParallel{}, PipelineStage{}, ParameterStorage::Deferred);
+  Transformer shapes(m, TensorParallel{}, PipelineStage{}, ParameterStorage::Deferred);
   std::vector<TensorShape> out;
-  for (const auto& item : shapes->named_parameters()) out.push_back({item.key(), item.value().sizes().vec()});
+  for (const auto& [name, t] : weight_tensors(*shapes)) out.push_back({name, t.sizes().vec()});
   return out;
 }
 

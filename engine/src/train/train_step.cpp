@@ -82,6 +82,7 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   }
   if (moe_loads.defined()) {
     torch::NoGradGuard no_grad;
+    if (cfg_.model.moe_expert_bias) moe_loads_ = moe_loads;  // update() moves the biases by them
     out.moe_max_load = (std::get<0>(moe_loads.max(1)) / moe_loads.mean(1).clamp_min(1e-30)).max();
   }
   out.loss = loss;
@@ -110,6 +111,10 @@ void TrainStep::update(const UpdateGate& gate, const at::Tensor& grad_norm) {
     if (pm_.expert_optim) pm_.expert_optim->step(lr_, unscaled);
     scaler_.update(grad_norm);
   }
+  // The routing biases move with the weights, and stand still where the step is skipped.
+  if (moe_loads_.defined() && cfg_.model.moe_bias_update_rate > 0)
+    pm_.model->balance_expert_biases(moe_loads_, cfg_.model.moe_bias_update_rate, gate.skip);
+  moe_loads_ = at::Tensor();
   if (pm_.data_parallel) pm_.data_parallel->gather_parameters();
 }
 

@@ -79,6 +79,9 @@ class TrainStep {
   // stages are summed over the two stages after backward, and reduced after that.
   std::vector<std::vector<int>> backward_units_;
   at::Tensor lr_;  // fp64 scalar on the optimizer's device
+  // model.moe_expert_bias: the step's [n_layers, E] loads, the whole batch's, from
+  // forward_backward to update().
+  at::Tensor moe_loads_;
   LossScaler scaler_;
 };
 

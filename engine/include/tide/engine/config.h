@@ -15,6 +15,7 @@ enum class RopeScaling { None, Linear, Llama3, Yarn };
 // SwiGLU: down(silu(gate) * up); GeGLU: down(gelu_tanh(gate) * up) (Gemma); GELU:
 // down(gelu_tanh(up)) (BLOOM, GPT-2).
 enum class MlpKind { SwiGLU, GeGLU, GELU };
+enum class MoeRouterScore { Softmax, Sigmoid };
 // Parameter naming and fused-QKV layout of the Hugging Face family.
 enum class Family { LLaMA, BLOOM };
 enum class DecayKind { Constant, Cosine, Linear, Lua };
@@ -107,6 +108,21 @@ struct ModelConfig {
   // shared_expert_gate).
   int64_t moe_shared_ffn_dim = 0;
   bool moe_shared_gate = false;
+  // The router's scores: a softmax over the experts (Mixtral, Qwen-MoE) or each expert's
+  // sigmoid (DeepSeek-V3; Megatron-Core's moe_router_score_function), the chosen ones
+  // normalised as moe_normalize_top_k says.
+  MoeRouterScore moe_router = MoeRouterScore::Softmax;
+  // The chosen experts' weights times this (DeepSeek-V3's routed_scaling_factor, 2.5;
+  // Megatron-Core's moe_router_topk_scaling_factor).
+  double moe_routed_scale = 1.0;
+  // Auxiliary-loss-free balancing (DeepSeek-V3): each block holds a bias per expert,
+  // added to the scores to choose the experts and not to weigh them (its `mlp.expert_bias`,
+  // Megatron-Core's router.expert_bias), moved after each optimizer step by
+  // moe_bias_update_rate toward the even load: b_e += rate * sign(mean load - load_e),
+  // the loads those of the step's whole batch. Part of the model: saved with its weights
+  // and in checkpoints, and routing with it at inference.
+  bool moe_expert_bias = false;
+  double moe_bias_update_rate = 1e-3;
   bool attention_bias = false;
   bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)
   bool qk_norm = false;   // RMSNorm over each head's query and key before RoPE (Qwen3)

@@ -26,6 +26,10 @@ bool is_lora_parameter(const std::string& parameter_name);
 int64_t expert_index(const std::string& parameter_name);
 inline bool is_expert_parameter(const std::string& parameter_name) { return expert_index(parameter_name) >= 0; }
 
+// A block's routing biases ("....mlp.expert_bias", model.moe_expert_bias): a buffer,
+// not a parameter, which weight files and checkpoints carry beside the parameters.
+bool is_expert_bias(const std::string& name);
+
 // Whether a name ends with `suffix` (".bias", ".lora_B.weight").
 bool ends_with(const std::string& name, const std::string& suffix);
 

@@ -169,9 +169,11 @@ TORCH_MODULE(Mlp);
 struct MoePass;
 
 // A mixture of experts in place of the MLP (model.moe_experts): the router, a linear map
-// [E, D] applied in fp32, gives each token a softmax over the E experts; the token goes
-// to its top k, and its output is theirs weighted by those probabilities (divided by
-// their sum under model.moe_normalize_top_k). Dropless: the tokens are grouped by expert
+// [E, D] applied in fp32, gives each token a score per expert (a softmax over the E, or
+// each one's sigmoid: model.moe_router); the token goes to its top k (by score plus the
+// expert's bias under model.moe_expert_bias), and its output is theirs weighted by their
+// scores (divided by their sum under model.moe_normalize_top_k, times
+// model.moe_routed_scale). Dropless: the tokens are grouped by expert
 // and each expert, an Mlp, takes all of its own. Parameters as Qwen2/3-MoE name them:
 // `mlp.gate.weight`, `mlp.experts.<e>.{gate,up,down}_proj.weight`. Under tensor
 // parallelism every rank routes alike and holds every expert's columns (gate and up split
@@ -195,6 +197,12 @@ class MoeImpl : public torch::nn::Module {
   int64_t first_expert() const { return first_expert_; }
   Mlp shared_expert{nullptr};              // model.moe_shared_ffn_dim > 0
   Projection shared_expert_gate{nullptr};  // model.moe_shared_gate: [1, D]
+  // model.moe_expert_bias: [E] fp32, a buffer (`mlp.expert_bias`), whole on every rank.
+  torch::Tensor expert_bias;
+  // model.moe_expert_bias: b_e += rate * sign(mean(load) - load_e) for `load` [E] (any
+  // float dtype), unless `skip` (a bool scalar; undefined: never) is set. On the device,
+  // without waiting for it.
+  void balance_expert_bias(const torch::Tensor& load, double rate, const torch::Tensor& skip);
 
  private:
   // The chosen experts' outputs for `routed` [N k, D], the (token, choice) pairs grouped
@@ -207,7 +215,8 @@ class MoeImpl : public torch::nn::Module {
   torch::Tensor dispatched_forward(const torch::Tensor& routed, const int64_t* count);
 
   int64_t n_experts_, first_expert_ = 0, top_k_, n_layers_;
-  bool normalize_;
+  bool normalize_, sigmoid_;
+  double routed_scale_;
   double aux_coef_;
   TensorParallel tp_;
   ExpertParallel ep_;
@@ -333,6 +342,9 @@ class TransformerImpl : public torch::nn::Module {
   // the training passes since the last call, [n_layers, E] float64 on the device (0 for
   // other stages' layers); undefined where none ran.
   torch::Tensor take_moe_loads();
+  // Under model.moe_expert_bias: each of this rank's blocks moves its experts' biases by
+  // `loads` [n_layers, E], its layer's row (MoeImpl::balance_expert_bias).
+  void balance_expert_biases(const torch::Tensor& loads, double rate, const torch::Tensor& skip);
   // Under model.moe_experts, for a pipeline stage whose pass ends in a loss on another
   // rank: the gradient backward will give that loss (its micro-batch's share of the step
   // times any fp16 loss scale), which weighs the blocks' load-balancing losses

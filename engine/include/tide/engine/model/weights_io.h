@@ -30,6 +30,10 @@ using TensorSource = std::function<torch::Tensor(const std::string& name)>;
 WrittenFile stream_weights(const std::string& path, const std::vector<TensorShape>& tensors, const TensorSource& source,
                            const std::map<std::string, std::string>& metadata, const std::string& dtype);
 
+// What a weights file holds of `model`, in its order: every parameter, then every buffer
+// (state that trains without gradients: the experts' routing biases).
+std::vector<std::pair<std::string, torch::Tensor>> weight_tensors(torch::nn::Module& model);
+
 // One safetensors file with every parameter (fp32 unless dtype is "BF16" / "F16").
 void save_weights(const std::string& path, torch::nn::Module& model,
                   const std::map<std::string, std::string>& metadata = {}, const std::string& dtype = "F32");

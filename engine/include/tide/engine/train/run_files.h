@@ -28,8 +28,9 @@ struct LoadedModel {
 
 LoadedModel load_model(const std::string& path);
 
-// The parameters of a model of config `m` (one process's: no tensor or pipeline split),
-// in the model's order, as shapes: built with no memory, so any size costs nothing.
+// The tensors a weights file of a model of config `m` holds (one process's: no tensor or
+// pipeline split; weight_tensors: its parameters, then its buffers), in the model's order,
+// as shapes: built with no memory, so any size costs nothing.
 std::vector<TensorShape> parameter_shapes(const ModelConfig& m);
 
 // The weights at `from` (find_model_weights) written again one tensor at a time, so that a
