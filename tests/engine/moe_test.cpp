@@ -2,7 +2,10 @@
 // load-balancing loss's gradient against finite differences of the balance the model
 // reports, recomputed blocks against kept ones, and what a block keeps for backward
 // against what the planner counts.
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/types.h>
@@ -30,6 +33,7 @@ struct Routing {
   bool normalize, sigmoid;
   double scale;
   bool bias;
+  int64_t groups = 1, group_top_k = 1;  // model.moe_groups, model.moe_group_top_k
 };
 
 void expect_routed_sum(const Routing& r) {
@@ -38,6 +42,8 @@ void expect_routed_sum(const Routing& r) {
   cfg.moe_router = r.sigmoid ? MoeRouterScore::Sigmoid : MoeRouterScore::Softmax;
   cfg.moe_routed_scale = r.scale;
   cfg.moe_expert_bias = r.bias;
+  cfg.moe_groups = r.groups;
+  cfg.moe_group_top_k = r.group_top_k;
   Transformer model(cfg);
   model->reset_parameters(3);
   model->to(torch::kFloat64);
@@ -58,7 +64,19 @@ void expect_routed_sum(const Routing& r) {
   for (int64_t n = 0; n < tokens.size(0); ++n) {
     const auto logits = torch::mv(moe.gate->weight, tokens[n]);
     const auto p = r.sigmoid ? logits.sigmoid() : logits.softmax(0);
-    const auto sorted = std::get<1>((p + bias).sort(0, /*descending=*/true));
+    auto choice = p + bias;
+    if (r.groups > 1) {  // the experts outside the token's best groups left out
+      const int64_t size = cfg.moe_experts / r.groups;
+      std::vector<std::pair<double, int64_t>> group_scores;
+      for (int64_t g = 0; g < r.groups; ++g) {
+        const auto top = std::get<0>(choice.narrow(0, g * size, size).sort(0, /*descending=*/true));
+        group_scores.emplace_back(top.narrow(0, 0, cfg.moe_top_k / r.group_top_k).sum().item<double>(), g);
+      }
+      std::sort(group_scores.rbegin(), group_scores.rend());
+      for (int64_t j = r.group_top_k; j < r.groups; ++j)
+        choice.narrow(0, group_scores[static_cast<size_t>(j)].second * size, size).fill_(-1e300);
+    }
+    const auto sorted = std::get<1>(choice.sort(0, /*descending=*/true));
     const auto unbiased = std::get<1>(p.sort(0, /*descending=*/true));
     double chosen = 0;
     for (int64_t j = 0; j < cfg.moe_top_k; ++j) chosen += p[sorted[j].item<int64_t>()].item<double>();
@@ -75,8 +93,8 @@ void expect_routed_sum(const Routing& r) {
     // under 1e-12.
     EXPECT_TRUE(torch::allclose(out.reshape({-1, cfg.dim})[n], want, 0, 1e-12 * r.scale)) << "token " << n;
   }
-  if (r.bias) {
-    EXPECT_GT(steered, 0) << "the bias changed no token's choice: the test shows nothing";
+  if (r.bias || r.group_top_k < r.groups) {
+    EXPECT_GT(steered, 0) << "the bias or the groups changed no token's choice: the test shows nothing";
   }
 }
 
@@ -93,6 +111,40 @@ TEST(MixtureOfExperts, SigmoidScoresScaledAsDeepSeekV3Weighs) {
 TEST(MixtureOfExperts, TheExpertBiasChoosesAndDoesNotWeigh) {
   expect_routed_sum({true, false, 1.0, true});
   expect_routed_sum({true, true, 2.5, true});
+}
+
+TEST(MixtureOfExperts, GroupLimitedRoutingChoosesWithinTheBestGroups) {
+  // Two groups of two experts, top 2 from the best group: both of one group's experts.
+  expect_routed_sum({true, false, 1.0, false, 2, 1});
+  // DeepSeek-V3's form: sigmoid scores plus biases choose the groups and the experts.
+  expect_routed_sum({true, true, 2.5, true, 2, 1});
+  // Two groups of two, each token's best two: no limit, as without groups.
+  expect_routed_sum({true, false, 1.0, false, 2, 2});
+}
+
+TEST(MixtureOfExperts, GroupsThatCannotHoldTheChoicesAreRefusedNamingTheField) {
+  const auto refusal = [](int64_t groups, int64_t group_top_k) {
+    RunConfig cfg;
+    cfg.model = testing::tiny_moe();  // 4 experts, top 2
+    cfg.data.seq_len = cfg.model.max_seq_len;
+    cfg.model.moe_groups = groups;
+    cfg.model.moe_group_top_k = group_top_k;
+    try {
+      validate(cfg);
+    } catch (const ConfigError& e) {
+      return e.field() + ": " + e.what();
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refusal(2, 1), "");
+  EXPECT_NE(refusal(3, 1).find("model.moe_groups: 3 groups do not divide model.moe_experts = 4"), std::string::npos)
+      << refusal(3, 1);
+  EXPECT_NE(refusal(2, 3).find("model.moe_group_top_k: 3 groups a token is more than"), std::string::npos)
+      << refusal(2, 3);
+  // One expert a group, one group a token: fewer experts than the top 2.
+  EXPECT_NE(refusal(4, 1).find("model.moe_group_top_k: 1 groups of 1 experts hold fewer than model.moe_top_k = 2"),
+            std::string::npos)
+      << refusal(4, 1);
 }
 
 TEST(MixtureOfExperts, TheExpertBiasMovesTowardTheEvenLoadUnlessTheStepIsSkipped) {
@@ -198,17 +250,28 @@ TEST(MixtureOfExperts, ExpertParallelismIsRefusedWhereItCannotSpreadTheExpertsNa
   }
 }
 
-// The blocks' balances summed, as one training forward reports them.
-double summed_balance(Transformer& model, const torch::Tensor& tokens, const torch::Tensor& targets) {
+// One of a block's auxiliary losses: its coefficient in the config and the blocks'
+// statistic summed, as one training forward reports it.
+struct Auxiliary {
+  double ModelConfig::*coef;
+  torch::Tensor (TransformerImpl::*take)();
+};
+
+double summed_statistic(Transformer& model, const Auxiliary& aux, const torch::Tensor& tokens,
+                        const torch::Tensor& targets) {
   model->loss(tokens, targets);
-  return model->take_moe_balance().item<double>();
+  return ((*model).*aux.take)().item<double>();
 }
 
-TEST(MixtureOfExperts, BalanceLossGradientIsItsCoefficientTimesTheLossGradient) {
+// The gradients a model with the loss at `coef` gets beyond those of the same model
+// without it are coef times the gradient of the blocks' summed statistic, weighted as
+// the language model's loss is.
+void expect_coefficient_times_loss_gradient(const Auxiliary& aux, double coef) {
   ModelConfig cfg = testing::tiny_moe();
-  cfg.moe_aux_loss = 0.25;
+  cfg.moe_aux_loss = 0;
+  cfg.*aux.coef = coef;
   ModelConfig without = cfg;
-  without.moe_aux_loss = 0;
+  without.*aux.coef = 0;
   Transformer model(cfg), plain(without);
   for (Transformer* m : {&model, &plain}) {
     (*m)->reset_parameters(11);
@@ -219,19 +282,18 @@ TEST(MixtureOfExperts, BalanceLossGradientIsItsCoefficientTimesTheLossGradient) 
   const auto tokens = torch::randint(0, cfg.vocab_size, {2, 12}, torch::kInt64);
   const auto targets = torch::randint(0, cfg.vocab_size, {2, 12}, torch::kInt64);
   // Backward from 3 times the loss, as from a micro-batch's share times a loss scale: the
-  // balance's gradient is weighted alike.
+  // auxiliary loss's gradient is weighted alike.
   const double scale = 3.0;
   const auto loss = model->loss(tokens, targets);
   const auto plain_loss = plain->loss(tokens, targets);
   EXPECT_EQ(loss.item<double>(), plain_loss.item<double>());  // the reported loss is the language model's
   (loss * scale).backward();
   (plain_loss * scale).backward();
-  const auto balance = model->take_moe_balance();
-  ASSERT_TRUE(balance.defined());
-  EXPECT_GT(balance.item<double>(), 1.0);  // two blocks' balances, each at least 1 / E
-  plain->take_moe_balance();
+  const auto statistic = ((*model).*aux.take)();
+  ASSERT_TRUE(statistic.defined());
+  EXPECT_GT(statistic.item<double>(), 0.0);
   // Layer 0's router, and a weight of layer 0's attention, which moves layer 1's router
-  // input: the balance's gradient reaches both.
+  // input: the auxiliary loss's gradient reaches both.
   const auto params = model->named_parameters();
   for (const std::string name :
        {"model.layers.0.mlp.gate.weight", "model.layers.1.mlp.gate.weight", "model.layers.0.self_attn.q_proj.weight"}) {
@@ -242,17 +304,25 @@ TEST(MixtureOfExperts, BalanceLossGradientIsItsCoefficientTimesTheLossGradient) 
       auto flat = weight.detach().view({-1});
       const double kept = flat[i].item<double>();
       flat[i].fill_(kept + eps);
-      const double up = summed_balance(model, tokens, targets);
+      const double up = summed_statistic(model, aux, tokens, targets);
       flat[i].fill_(kept - eps);
-      const double down = summed_balance(model, tokens, targets);
+      const double down = summed_statistic(model, aux, tokens, targets);
       flat[i].fill_(kept);
-      const double want = cfg.moe_aux_loss * scale * (up - down) / (2 * eps);
+      const double want = coef * scale * (up - down) / (2 * eps);
       // A central difference of a smooth fp64 function (no token changes expert by a
       // step of 1e-6): truncation ~eps^2, rounding ~1e-16 / eps; the gradients are ~1e-3.
       EXPECT_NEAR(added[i].item<double>(), want, 1e-8 + 1e-5 * std::abs(want)) << name << "[" << i << "]";
       EXPECT_NE(want, 0.0) << name << "[" << i << "]";
     }
   }
+}
+
+TEST(MixtureOfExperts, BalanceLossGradientIsItsCoefficientTimesTheLossGradient) {
+  expect_coefficient_times_loss_gradient({&ModelConfig::moe_aux_loss, &TransformerImpl::take_moe_balance}, 0.25);
+}
+
+TEST(MixtureOfExperts, RouterZLossGradientIsItsCoefficientTimesTheLossGradient) {
+  expect_coefficient_times_loss_gradient({&ModelConfig::moe_z_loss, &TransformerImpl::take_moe_z}, 0.25);
 }
 
 TEST(MixtureOfExperts, RecomputedBlocksGiveTheGradientsOfKeptOnes) {
@@ -290,12 +360,21 @@ TEST(MixtureOfExperts, RecomputedBlocksGiveTheGradientsOfKeptOnes) {
 TEST(MixtureOfExperts, ABlockKeepsWhatThePlannerCounts) {
   count_host_tensor_memory();
   const int64_t b = 2, t = 64;
-  for (const int64_t top_k : {2, 4, -2}) {
+  // Top 2; top E; top 2 with a gated shared expert; DeepSeek-V3's routing (sigmoid scores,
+  // biases, groups, scaled) with a router z-loss.
+  for (const std::string variant : {"top 2", "top 4", "shared expert", "deepseek-v3 routing, z-loss"}) {
     ModelConfig c = testing::tiny_moe();
-    c.moe_top_k = std::abs(top_k);
-    if (top_k < 0) {
+    if (variant == "top 4") c.moe_top_k = 4;
+    if (variant == "shared expert") {
       c.moe_shared_ffn_dim = 40;
       c.moe_shared_gate = true;
+    }
+    if (variant == "deepseek-v3 routing, z-loss") {
+      c.moe_router = MoeRouterScore::Sigmoid;
+      c.moe_expert_bias = true;
+      c.moe_groups = 2;
+      c.moe_routed_scale = 2.5;
+      c.moe_z_loss = 1e-3;
     }
     c.max_seq_len = t;
     const auto kept = [&](int64_t layers) {
@@ -321,11 +400,10 @@ TEST(MixtureOfExperts, ABlockKeepsWhatThePlannerCounts) {
     one.micro_batch = b;
     const auto planned = evaluate_layout(cfg, host, one).memory.activations_by_block;
     ASSERT_EQ(planned.size(), 4u);
-    // Not activations: the balance's two E-vectors of floats and the layer's row of the
-    // step's loads (moe_max_load), E doubles.
-    const double balance = 2.0 * static_cast<double>(c.moe_experts) * 4 + static_cast<double>(c.moe_experts) * 8;
-    EXPECT_NEAR(block, planned[0], balance)
-        << "top " << top_k << (top_k < 0 ? " and a shared expert" : "") << ": a block keeps " << block << " bytes";
+    // Not activations: the balance's two E-vectors of floats, the layer's row of the
+    // step's loads (moe_max_load), E doubles, and the z statistic's float.
+    const double balance = 2.0 * static_cast<double>(c.moe_experts) * 4 + static_cast<double>(c.moe_experts) * 8 + 4;
+    EXPECT_NEAR(block, planned[0], balance) << variant << ": a block keeps " << block << " bytes";
   }
 }
 

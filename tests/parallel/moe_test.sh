@@ -17,7 +17,8 @@
 #    worst block, whole batch), one process's on every layout but for flipped choices;
 #  - a run resumed from its step-5 checkpoint ends with the uninterrupted run's bytes;
 #  - auxiliary-loss-free balancing (DeepSeek-V3: sigmoid scores, routing biases moved by
-#    the step's loads, no balance loss): the final weights carry biases that are whole
+#    the step's loads, no balance loss; group-limited routing; a router z-loss, reported
+#    as moe_z): the final weights carry biases that are whole
 #    multiples of the rate, the busiest expert's load ends lower than without them, ep2
 #    and tp2 under ZeRO-3 and pp2 under ZeRO-1 reproduce one process's losses, weights
 #    and biases, and a
@@ -100,8 +101,11 @@ cmp -s "$work/moe-1/model.safetensors" "$work/moe-resumed/model.safetensors" \
 echo "  moe-resumed: final weights the uninterrupted run's bytes"
 
 # Auxiliary-loss-free balancing at a rate that shows in ten steps (DeepSeek-V3's is 0.001
-# over hundreds of thousands).
-sigmoid=(--set model.moe_aux_loss=0 --set model.moe_router=sigmoid)
+# over hundreds of thousands), with DeepSeek-V3's group-limited routing (two groups of two
+# experts, one group a token: under ep2 each token's rows go to one rank) and a router
+# z-loss.
+sigmoid=(--set model.moe_aux_loss=0 --set model.moe_router=sigmoid --set model.moe_groups=2
+  --set model.moe_group_top_k=1 --set model.moe_z_loss=0.01)
 bias=("${sigmoid[@]}" --set model.moe_expert_bias=true --set model.moe_bias_update_rate=0.02)
 train moe moe-sigmoid "${sigmoid[@]}"
 train moe moe-bias-1 "${bias[@]}" --set checkpoint.every=5
@@ -127,8 +131,10 @@ load = lambda run: [json.loads(l)["moe_max_load"] for l in open(run + "/metrics.
 a, c = load(sys.argv[1]), load(sys.argv[2])
 assert a[0] == c[0], ("the first step routes before any bias moved", a[0], c[0])
 assert np.mean(c[5:]) < np.mean(a[5:]), (a, c)
+z = [json.loads(l)["moe_z"] for l in open(sys.argv[2] + "/metrics.jsonl")]
+assert len(z) == 10 and all(x > 0 for x in z), z
 print(f"  moe-bias-1: biases {np.round(steps).astype(int).tolist()} x 0.02; max load over steps 6-10 "
-      f"{np.mean(a[5:]):.3f} without, {np.mean(c[5:]):.3f} with")
+      f"{np.mean(a[5:]):.3f} without, {np.mean(c[5:]):.3f} with; router z {z[0]:.3f} -> {z[-1]:.3f}")
 PY
 for layout in parallel.ep=2,parallel.zero=3 parallel.pp=2,parallel.zero=1 parallel.tp=2,parallel.zero=3; do
   run="moe-bias-${layout//[.=,]/-}"

@@ -429,6 +429,18 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                      "model.moe_expert_bias: after each optimizer step b_e += rate * sign(mean load - load_e), the "
                      "loads those of the step's whole batch (DeepSeek-V3's gamma, 0.001; 0 holds the biases).",
                      REF(model.moe_bias_update_rate)));
+  s.push_back(integer("model.moe_groups", 1, 1024, kFixed,
+                      "Group-limited routing (DeepSeek-V3's n_group): the experts in this many equal groups, each "
+                      "token choosing within its model.moe_group_top_k best groups (by the sum of each group's top "
+                      "model.moe_top_k / model.moe_group_top_k scores). 1: no limit.",
+                      REF(model.moe_groups)));
+  s.push_back(integer("model.moe_group_top_k", 1, 1024, kFixed,
+                      "Groups each token chooses its experts from (DeepSeek-V3's topk_group), model.moe_groups > 1.",
+                      REF(model.moe_group_top_k)));
+  s.push_back(number("model.moe_z_loss", 0, 1e3, kFixed,
+                     "Router z-loss coefficient (ST-MoE; Megatron-Core's moe_z_loss_coeff): each block adds coef * "
+                     "mean(logsumexp(router logits)^2) to the gradients. 0: none.",
+                     REF(model.moe_z_loss)));
   s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));
   s.push_back(boolean("model.qkv_bias", kFixed,
                       "Biases on the query, key and value projections, none on the output's (Qwen2); "
@@ -924,6 +936,23 @@ void validate_model(const ModelConfig& m) {
     fail("model.moe_shared_gate", "true gates a shared expert, and model.moe_shared_ffn_dim is 0");
   if (m.moe_expert_bias && m.moe_experts == 0)
     fail("model.moe_expert_bias", "true biases the choice of experts, and model.moe_experts is 0");
+  if (m.moe_groups > 1) {
+    if (m.moe_experts == 0)
+      fail("model.moe_groups", fmt::format("{} groups of experts, and model.moe_experts is 0", m.moe_groups));
+    if (m.moe_experts % m.moe_groups != 0)
+      fail("model.moe_groups",
+           fmt::format("{} groups do not divide model.moe_experts = {}", m.moe_groups, m.moe_experts));
+    if (m.moe_group_top_k > m.moe_groups)
+      fail("model.moe_group_top_k",
+           fmt::format("{} groups a token is more than model.moe_groups = {}", m.moe_group_top_k, m.moe_groups));
+    if (m.moe_top_k % m.moe_group_top_k != 0)
+      fail("model.moe_group_top_k", fmt::format("{} groups do not divide model.moe_top_k = {} (each group is scored by "
+                                                "its top moe_top_k / moe_group_top_k)",
+                                                m.moe_group_top_k, m.moe_top_k));
+    if (m.moe_top_k > m.moe_group_top_k * (m.moe_experts / m.moe_groups))
+      fail("model.moe_group_top_k", fmt::format("{} groups of {} experts hold fewer than model.moe_top_k = {}",
+                                                m.moe_group_top_k, m.moe_experts / m.moe_groups, m.moe_top_k));
+  }
   if (m.moe_experts > 0 && m.family == Family::BLOOM)
     fail("model.moe_experts",
          fmt::format("{} experts: the bloom family has no mixture-of-experts form", m.moe_experts));

@@ -119,6 +119,8 @@ json hf_config(const ModelConfig& m) {
               "otherwise");
       require(m.moe_routed_scale == 1.0, "model.moe_routed_scale",
               "the Hugging Face mixtures tide exports do not scale the chosen experts' weights");
+      require(m.moe_groups == 1, "model.moe_groups",
+              "the Hugging Face mixtures tide exports choose among all the experts");
       if (qwen2_moe) {
         require(m.moe_shared_gate && !qwen3 && !m.attention_bias && !m.mlp_bias, "model.moe_shared_ffn_dim",
                 "a mixture of experts with a shared expert is Qwen2-MoE's, whose shared expert is gated and which "

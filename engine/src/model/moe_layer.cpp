@@ -1,3 +1,5 @@
+#include <limits>
+
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 
@@ -30,21 +32,22 @@ struct LossGradientTap : torch::autograd::Function<LossGradientTap> {
   }
 };
 
-// The block's output as it is; backward also gives the block's load-balancing loss the
-// gradient coef * the loss's.
-struct BalanceLossGradient : torch::autograd::Function<BalanceLossGradient> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out, const at::Tensor& balance,
+// The block's output as it is; backward also gives one of the block's auxiliary losses
+// (load balance, router z-loss) the gradient coef * the loss's.
+struct AuxiliaryLossGradient : torch::autograd::Function<AuxiliaryLossGradient> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out, const at::Tensor& loss,
                             double coef, c10::intrusive_ptr<PassHolder> holder) {
     ctx->saved_data["pass"] = c10::IValue::make_capsule(std::move(holder));
     ctx->saved_data["coef"] = coef;
-    ctx->saved_data["options"] = c10::IValue(balance.scalar_type());
+    ctx->saved_data["options"] = c10::IValue(loss.scalar_type());
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto pass = pass_of(ctx);
     const double coef = ctx->saved_data["coef"].toDouble();
-    // Without the tapped loss (a backward from something else) the balance adds nothing.
+    // Without the tapped loss (a backward from something else) the auxiliary loss adds
+    // nothing.
     at::Tensor g;
     if (pass->loss_gradient.defined()) g = pass->loss_gradient.to(ctx->saved_data["options"].toScalarType()).mul(coef);
     return {grads[0], g, at::Tensor(), at::Tensor()};
@@ -97,6 +100,9 @@ MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertP
       normalize_(cfg.moe_normalize_top_k),
       sigmoid_(cfg.moe_router == MoeRouterScore::Sigmoid),
       routed_scale_(cfg.moe_routed_scale),
+      groups_(cfg.moe_groups),
+      group_top_k_(cfg.moe_group_top_k),
+      z_coef_(cfg.moe_z_loss),
       aux_coef_(cfg.moe_aux_loss),
       tp_(tp),
       ep_(ep) {
@@ -196,9 +202,10 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   const auto logits = torch::linear(tokens.to(router), gate->weight.to(router));
   const auto scores = sigmoid_ ? logits.sigmoid() : logits.softmax(-1);  // [N, E]
   at::Tensor weights, chosen;                                            // [N, k]
-  if (expert_bias.defined()) {
-    // The bias steers the choice alone: the chosen experts weigh by their own scores.
-    chosen = std::get<1>((scores + expert_bias.to(router)).topk(top_k_, -1));
+  if (expert_bias.defined() || groups_ > 1) {
+    // The bias and the groups steer the choice alone: the chosen experts weigh by their
+    // own scores.
+    chosen = std::get<1>(choice_scores(scores.detach()).topk(top_k_, -1));
     weights = scores.gather(-1, chosen);
   } else {
     std::tie(weights, chosen) = scores.topk(top_k_, -1);
@@ -250,8 +257,28 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
       pass->loads = torch::zeros({n_layers_, n_experts_}, per_expert.options().dtype(torch::kFloat64));
     pass->loads[pass->layer].add_(per_expert);
   }
-  if (aux_coef_ == 0 || !torch::GradMode::is_enabled()) return out;
-  return BalanceLossGradient::apply(out, balance, aux_coef_, c10::make_intrusive<PassHolder>(pass));
+  if (!torch::GradMode::is_enabled()) return out;
+  if (aux_coef_ != 0)
+    out = AuxiliaryLossGradient::apply(out, balance, aux_coef_, c10::make_intrusive<PassHolder>(pass));
+  if (z_coef_ != 0) {
+    const auto z = torch::logsumexp(logits, -1).square().mean();
+    if (!recomputing_for_backward()) pass->z = pass->z.defined() ? pass->z + z.detach() : z.detach();
+    out = AuxiliaryLossGradient::apply(out, z, z_coef_, c10::make_intrusive<PassHolder>(pass));
+  }
+  return out;
+}
+
+torch::Tensor MoeImpl::choice_scores(const torch::Tensor& scores) const {
+  auto s = expert_bias.defined() ? scores + expert_bias.to(scores.scalar_type()) : scores;
+  if (groups_ == 1) return s;
+  // Each group scored by the sum of its top k / group_top_k, the experts outside the
+  // token's best group_top_k groups left out (-inf, as Megatron-Core masks them).
+  const auto grouped = s.view({s.size(0), groups_, n_experts_ / groups_});
+  const auto group_scores = std::get<0>(grouped.topk(top_k_ / group_top_k_, -1)).sum(-1);  // [N, G]
+  const auto best = std::get<1>(group_scores.topk(group_top_k_, -1));                      // [N, group_top_k]
+  const auto kept = torch::zeros_like(group_scores, torch::kBool).scatter_(1, best, true);
+  return grouped.masked_fill(kept.logical_not().unsqueeze(-1), -std::numeric_limits<double>::infinity())
+      .view({s.size(0), n_experts_});
 }
 
 void MoeImpl::balance_expert_bias(const torch::Tensor& load, double rate, const torch::Tensor& skip) {

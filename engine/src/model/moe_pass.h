@@ -18,6 +18,7 @@ struct MoePass {
   // is on another pipeline stage (TransformerImpl::set_moe_loss_gradient).
   at::Tensor loss_gradient;
   at::Tensor balance;  // the blocks' balances summed (no gradient)
+  at::Tensor z;        // model.moe_z_loss: the blocks' mean(logsumexp(logits)^2) summed (no gradient)
   // The (token, choice) pairs each expert of each layer got, [n_layers, E] float64 (the
   // layers of other pipeline stages 0); `layer` is the model layer whose block runs, set
   // before each block's first forward (a recomputation records nothing).

@@ -500,6 +500,7 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   }
   if (pass && pass->balance.defined())
     moe_balance_ = moe_balance_.defined() ? moe_balance_ + pass->balance : pass->balance;
+  if (pass && pass->z.defined()) moe_z_ = moe_z_.defined() ? moe_z_ + pass->z : pass->z;
   if (pass && pass->loads.defined()) moe_loads_ = moe_loads_.defined() ? moe_loads_ + pass->loads : pass->loads;
   return x;
 }
@@ -563,6 +564,7 @@ torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Te
 }
 
 torch::Tensor TransformerImpl::take_moe_balance() { return std::exchange(moe_balance_, torch::Tensor()); }
+torch::Tensor TransformerImpl::take_moe_z() { return std::exchange(moe_z_, torch::Tensor()); }
 torch::Tensor TransformerImpl::take_moe_loads() { return std::exchange(moe_loads_, torch::Tensor()); }
 
 void TransformerImpl::balance_expert_biases(const torch::Tensor& loads, double rate, const torch::Tensor& skip) {

@@ -117,7 +117,9 @@ double lora_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
 //   - the indices that route and combine (the choices' order and their tokens), and under
 //     expert parallelism those that regroup the arrived rows by expert and back;
 //   - a shared expert's gate and up outputs, its input (the norm's output: under fp32 the
-//     router's input already), and where gated its output and the gate's sigmoid.
+//     router's input already), and where gated its output and the gate's sigmoid;
+//   - sigmoid scores under a balance loss: each token's sum, which divides them into the
+//     balance's probabilities; a router z-loss: the logits and their logsumexp.
 double moe_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double D = static_cast<double>(r.dim), F = static_cast<double>(r.ffn);
   const double E = static_cast<double>(m.moe_experts), k = static_cast<double>(r.top_k);
@@ -130,6 +132,8 @@ double moe_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
     bytes += x.N * (2 * static_cast<double>(r.shared_ffn) + (x.s < 4 ? D : 0)) * x.s;
     if (m.moe_shared_gate) bytes += x.N * (D + 1) * x.s;
   }
+  if (m.moe_router == MoeRouterScore::Sigmoid && m.moe_aux_loss > 0) bytes += x.N * 4;
+  if (m.moe_z_loss > 0) bytes += x.N * (E + 1) * 4;
   return bytes;
 }
 

@@ -20,6 +20,7 @@ struct StepLoss {
   double loss_scale = 0;  // fp16: the scale the step's backward used; 0 otherwise
   std::optional<double> moe_balance;   // model.moe_experts: StepValues::moe_balance
   std::optional<double> moe_max_load;  // model.moe_experts: StepValues::moe_max_load
+  std::optional<double> moe_z;         // model.moe_z_loss: StepValues::moe_z
 };
 
 class StepReadout {

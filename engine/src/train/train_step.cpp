@@ -65,6 +65,11 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
     auto balance = pm_.model->take_moe_balance();
     if (!balance.defined()) balance = torch::zeros({}, loss.options());
     out.moe_balance = across_stages(balance.to(torch::kFloat64)) / static_cast<double>(cfg_.model.n_layers * accum);
+    if (cfg_.model.moe_z_loss > 0) {
+      auto z = pm_.model->take_moe_z();
+      if (!z.defined()) z = torch::zeros({}, loss.options());
+      out.moe_z = across_stages(z.to(torch::kFloat64)) / static_cast<double>(cfg_.model.n_layers * accum);
+    }
     moe_loads = pm_.model->take_moe_loads();
     if (!moe_loads.defined())
       moe_loads = torch::zeros({cfg_.model.n_layers, cfg_.model.moe_experts}, loss.options().dtype(torch::kFloat64));
@@ -74,6 +79,7 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   if (dp) {
     loss = dp->sum(loss) / static_cast<double>(batch_.replicas());
     if (out.moe_balance.defined()) out.moe_balance = dp->sum(out.moe_balance) / static_cast<double>(batch_.replicas());
+    if (out.moe_z.defined()) out.moe_z = dp->sum(out.moe_z) / static_cast<double>(batch_.replicas());
     if (moe_loads.defined()) moe_loads = dp->sum(moe_loads);  // the whole batch's
     out.grad_norm = dp->reduce_gradients();
   } else {

@@ -31,6 +31,9 @@ struct StepValues {
   // model.moe_experts: the busiest expert's share of its block's (token, choice) pairs
   // over the even share, in the worst block, over the step's whole batch (1: even).
   at::Tensor moe_max_load;
+  // model.moe_z_loss: the blocks' mean router z statistic, mean(logsumexp(logits)^2), over
+  // the step's micro-batches and ranks; undefined otherwise.
+  at::Tensor moe_z;
 };
 
 class TrainStep {

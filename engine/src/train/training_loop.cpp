@@ -317,6 +317,7 @@ void TrainingLoop::measure(StepMetrics& m, const PendingStep& p, const StepLoss&
   m.loss_scale = loss.loss_scale;
   m.moe_balance = loss.moe_balance;
   m.moe_max_load = loss.moe_max_load;
+  m.moe_z = loss.moe_z;
   m.lr = p.lr;
   tokens_seen_ += p.tokens;
   m.tokens_seen = tokens_seen_;

@@ -123,6 +123,17 @@ struct ModelConfig {
   // and in checkpoints, and routing with it at inference.
   bool moe_expert_bias = false;
   double moe_bias_update_rate = 1e-3;
+  // Group-limited routing (DeepSeek-V3's n_group / topk_group; Megatron-Core's
+  // moe_router_num_groups / moe_router_group_topk): the experts in moe_groups groups of
+  // equal size (spread over devices or hosts by expert parallelism), each token choosing
+  // among the moe_group_top_k groups whose top moe_top_k / moe_group_top_k scores (plus
+  // biases) sum highest. 1 group: no limit.
+  int64_t moe_groups = 1;
+  int64_t moe_group_top_k = 1;
+  // The router's z-loss coefficient (ST-MoE; Megatron-Core's moe_z_loss_coeff): each block
+  // adds coef * the mean over tokens of logsumexp(router logits)^2 to the gradients,
+  // keeping the logits small. 0: none.
+  double moe_z_loss = 0.0;
   bool attention_bias = false;
   bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)
   bool qk_norm = false;   // RMSNorm over each head's query and key before RoPE (Qwen3)

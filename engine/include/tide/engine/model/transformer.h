@@ -171,7 +171,8 @@ struct MoePass;
 // A mixture of experts in place of the MLP (model.moe_experts): the router, a linear map
 // [E, D] applied in fp32, gives each token a score per expert (a softmax over the E, or
 // each one's sigmoid: model.moe_router); the token goes to its top k (by score plus the
-// expert's bias under model.moe_expert_bias), and its output is theirs weighted by their
+// expert's bias under model.moe_expert_bias, within its best groups of experts under
+// model.moe_groups), and its output is theirs weighted by their
 // scores (divided by their sum under model.moe_normalize_top_k, times
 // model.moe_routed_scale). Dropless: the tokens are grouped by expert
 // and each expert, an Mlp, takes all of its own. Parameters as Qwen2/3-MoE name them:
@@ -213,10 +214,15 @@ class MoeImpl : public torch::nn::Module {
   // experts_forward under expert parallelism: the rows sent to their experts' ranks, the
   // rows that came here computed, the outputs sent back.
   torch::Tensor dispatched_forward(const torch::Tensor& routed, const int64_t* count);
+  // What the router chooses the top k by: `scores` [N, E] plus the experts' biases
+  // (model.moe_expert_bias), -inf outside each token's best groups (model.moe_groups).
+  torch::Tensor choice_scores(const torch::Tensor& scores) const;
 
   int64_t n_experts_, first_expert_ = 0, top_k_, n_layers_;
   bool normalize_, sigmoid_;
   double routed_scale_;
+  int64_t groups_, group_top_k_;
+  double z_coef_;
   double aux_coef_;
   TensorParallel tp_;
   ExpertParallel ep_;
@@ -338,6 +344,9 @@ class TransformerImpl : public torch::nn::Module {
   // rank's blocks summed over the training passes since the last call, a scalar on the
   // device (not read here); undefined where none ran.
   torch::Tensor take_moe_balance();
+  // Under model.moe_z_loss: the blocks' router z statistics (mean over tokens of
+  // logsumexp(logits)^2), summed as take_moe_balance's.
+  torch::Tensor take_moe_z();
   // Under model.moe_experts: the (token, choice) pairs each expert of each layer got over
   // the training passes since the last call, [n_layers, E] float64 on the device (0 for
   // other stages' layers); undefined where none ran.
@@ -406,6 +415,7 @@ class TransformerImpl : public torch::nn::Module {
   std::shared_ptr<MoePass> moe_pass_;
   torch::Tensor moe_loss_gradient_;  // set_moe_loss_gradient
   torch::Tensor moe_balance_;        // summed over the passes since take_moe_balance
+  torch::Tensor moe_z_;              // summed over the passes since take_moe_z
   torch::Tensor moe_loads_;          // summed over the passes since take_moe_loads
 };
 TORCH_MODULE(Transformer);

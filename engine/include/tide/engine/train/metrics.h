@@ -45,6 +45,9 @@ struct StepMetrics {
   // share, in the worst block, over the step's whole batch (1: even; E / k at most). Under
   // expert parallelism the busiest rank holds at least its busiest expert's excess.
   std::optional<double> moe_max_load;
+  // model.moe_z_loss: the blocks' mean router z statistic, mean(logsumexp(router logits)^2)
+  // (the z-loss before its coefficient).
+  std::optional<double> moe_z;
   std::string anomaly, anomaly_action;  // "loss_spike", ... and what it triggered
   std::optional<double> val_loss;       // under a blend: the datasets' mean, weighted as they are drawn
   std::vector<std::pair<std::string, double>> val_losses;  // under a blend: each dataset's, by name
