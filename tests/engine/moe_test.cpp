@@ -266,9 +266,11 @@ double summed_statistic(Transformer& model, const Auxiliary& aux, const torch::T
 // The gradients a model with the loss at `coef` gets beyond those of the same model
 // without it are coef times the gradient of the blocks' summed statistic, weighted as
 // the language model's loss is.
-void expect_coefficient_times_loss_gradient(const Auxiliary& aux, double coef) {
+void expect_coefficient_times_loss_gradient(const Auxiliary& aux, double coef,
+                                            MoeBalanceScope scope = MoeBalanceScope::MicroBatch) {
   ModelConfig cfg = testing::tiny_moe();
   cfg.moe_aux_loss = 0;
+  cfg.moe_balance_scope = scope;
   cfg.*aux.coef = coef;
   ModelConfig without = cfg;
   without.*aux.coef = 0;
@@ -319,6 +321,36 @@ void expect_coefficient_times_loss_gradient(const Auxiliary& aux, double coef) {
 
 TEST(MixtureOfExperts, BalanceLossGradientIsItsCoefficientTimesTheLossGradient) {
   expect_coefficient_times_loss_gradient({&ModelConfig::moe_aux_loss, &TransformerImpl::take_moe_balance}, 0.25);
+}
+
+TEST(MixtureOfExperts, SequenceWiseBalanceLossGradientIsItsCoefficientTimesTheLossGradient) {
+  expect_coefficient_times_loss_gradient({&ModelConfig::moe_aux_loss, &TransformerImpl::take_moe_balance}, 0.25,
+                                         MoeBalanceScope::Sequence);
+}
+
+TEST(MixtureOfExperts, ASequenceWiseBalanceIsTheMeanOfEachSequencesOwn) {
+  ModelConfig cfg = testing::tiny_moe();
+  cfg.moe_balance_scope = MoeBalanceScope::Sequence;
+  ModelConfig batch_wide = cfg;
+  batch_wide.moe_balance_scope = MoeBalanceScope::MicroBatch;
+  Transformer model(cfg), plain(batch_wide);
+  for (Transformer* m : {&model, &plain}) {
+    (*m)->reset_parameters(11);
+    (*m)->to(torch::kFloat64);
+    (*m)->train();
+  }
+  torch::manual_seed(4);
+  const auto tokens = torch::randint(0, cfg.vocab_size, {2, 12}, torch::kInt64);
+  const auto targets = torch::randint(0, cfg.vocab_size, {2, 12}, torch::kInt64);
+  const Auxiliary balance{&ModelConfig::moe_aux_loss, &TransformerImpl::take_moe_balance};
+  const double both = summed_statistic(model, balance, tokens, targets);
+  const double first = summed_statistic(model, balance, tokens.narrow(0, 0, 1), targets.narrow(0, 0, 1));
+  const double second = summed_statistic(model, balance, tokens.narrow(0, 1, 1), targets.narrow(0, 1, 1));
+  // fp64 sums of 24 terms near 1: rounding ~1e-15.
+  EXPECT_NEAR(both, (first + second) / 2, 1e-12);
+  // One sequence is the whole micro-batch; two routed apart are not.
+  EXPECT_NEAR(summed_statistic(plain, balance, tokens.narrow(0, 0, 1), targets.narrow(0, 0, 1)), first, 1e-12);
+  EXPECT_GT(std::abs(summed_statistic(plain, balance, tokens, targets) - both), 1e-6);
 }
 
 TEST(MixtureOfExperts, RouterZLossGradientIsItsCoefficientTimesTheLossGradient) {

@@ -11,8 +11,8 @@
 #    one process's (relative 1e-5);
 #  - tp2 (every expert's columns split), dp2 x tp2 under ZeRO-1 and tp2 x pp2 reproduce
 #    one process's losses, parameters and balance;
-#  - with a gated shared expert (Qwen2-MoE's form), tp2, ep2 and ZeRO-3 reproduce one
-#    process's losses, parameters and balance;
+#  - with a gated shared expert (Qwen2-MoE's form) and a sequence-wise balance loss, tp2,
+#    ep2 and ZeRO-3 reproduce one process's losses, parameters and balance;
 #  - every step reports the busiest expert's load over the even share (moe_max_load,
 #    worst block, whole batch), one process's on every layout but for flipped choices;
 #  - a run resumed from its step-5 checkpoint ends with the uninterrupted run's bytes;
@@ -81,7 +81,8 @@ train moe moe-tp2-pp2 --nproc 4 --set parallel.tp=2 --set parallel.pp=2
 compare "$work/moe-1" "$work/moe-tp2-pp2" 0 || fail "MoE tp2 x pp2 differs from one process"
 # A gated shared expert beside the routed ones (Qwen2-MoE's form): its columns split over
 # tp as a dense MLP's, held whole by both expert-parallel ranks, sharded by ZeRO-3.
-shared=(--set model.moe_shared_ffn_dim=32 --set model.moe_shared_gate=true)
+# Its balance loss sequence-wise (DeepSeek-V3's), which every layout takes alike.
+shared=(--set model.moe_shared_ffn_dim=32 --set model.moe_shared_gate=true --set model.moe_balance_scope=sequence)
 train moe moe-shared-1 "${shared[@]}"
 for layout in parallel.tp=2 parallel.ep=2 parallel.zero=3; do
   train moe "moe-shared-${layout//[.=]/-}" --nproc 2 "${shared[@]}" --set "$layout"

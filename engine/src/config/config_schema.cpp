@@ -403,6 +403,13 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                      "Megatron-Core's moe_aux_loss_coeff; 1 at a perfect balance) to the gradients; the reported loss "
                      "is the language model's, the balance is reported as moe_balance.",
                      REF(model.moe_aux_loss)));
+  s.push_back(choice<MoeBalanceScope>(
+      "model.moe_balance_scope",
+      {{"micro_batch", MoeBalanceScope::MicroBatch}, {"sequence", MoeBalanceScope::Sequence}}, kFixed,
+      "What the load balance (model.moe_aux_loss, moe_balance) is taken over: each micro-batch's tokens "
+      "(Megatron-Core's aux_loss), or each sequence's, averaged over the sequences (DeepSeek-V3's sequence-wise "
+      "balance loss; seq_aux_loss).",
+      REF(model.moe_balance_scope)));
   s.push_back(integer("model.moe_shared_ffn_dim", 0, 1 << 20, kFixed,
                       "> 0: a shared expert of this width beside the routed ones, every token through it and its "
                       "output added to theirs (Qwen2-MoE's shared_expert_intermediate_size; DeepSeek's shared "

@@ -99,6 +99,7 @@ MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertP
       n_layers_(cfg.n_layers),
       normalize_(cfg.moe_normalize_top_k),
       sigmoid_(cfg.moe_router == MoeRouterScore::Sigmoid),
+      per_sequence_(cfg.moe_balance_scope == MoeBalanceScope::Sequence),
       routed_scale_(cfg.moe_routed_scale),
       groups_(cfg.moe_groups),
       group_top_k_(cfg.moe_group_top_k),
@@ -248,9 +249,20 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   // Load balance: E sum_e f_e P_e, f_e the share of the choices expert e got (counted,
   // no gradient), P_e its mean probability (sigmoid scores: each token's divided by
   // their sum, as Megatron-Core does); 1 where both are uniform.
-  const auto share = per_expert.to(router) / static_cast<double>(choices.size(0));
   const auto probs = sigmoid_ ? scores / scores.sum(-1, /*keepdim=*/true) : scores;
-  const auto balance = (share * probs.mean(0)).sum() * static_cast<double>(n_experts_);
+  at::Tensor balance;
+  if (per_sequence_) {  // each sequence's balance, averaged over the micro-batch's
+    const int64_t sequences = x.size(0), positions = tokens.size(0) / sequences;
+    const auto counts = torch::zeros({sequences, n_experts_}, probs.options())
+                            .scatter_add_(1, chosen.view({sequences, positions * top_k_}),
+                                          torch::ones({sequences, positions * top_k_}, probs.options()));
+    const auto share = counts / static_cast<double>(positions * top_k_);
+    const auto mean_probs = probs.view({sequences, positions, n_experts_}).mean(1);
+    balance = (share * mean_probs).sum(-1).mean() * static_cast<double>(n_experts_);
+  } else {
+    const auto share = per_expert.to(router) / static_cast<double>(choices.size(0));
+    balance = (share * probs.mean(0)).sum() * static_cast<double>(n_experts_);
+  }
   if (!recomputing_for_backward()) {  // the first forward records it, a recomputation does not again
     pass->balance = pass->balance.defined() ? pass->balance + balance.detach() : balance.detach();
     if (!pass->loads.defined())

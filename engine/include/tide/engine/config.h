@@ -16,6 +16,9 @@ enum class RopeScaling { None, Linear, Llama3, Yarn };
 // down(gelu_tanh(up)) (BLOOM, GPT-2).
 enum class MlpKind { SwiGLU, GeGLU, GELU };
 enum class MoeRouterScore { Softmax, Sigmoid };
+// What a mixture of experts' load balance is taken over: each micro-batch's tokens on a
+// rank (Megatron-Core's aux_loss), or each sequence's, then averaged (seq_aux_loss).
+enum class MoeBalanceScope { MicroBatch, Sequence };
 // Parameter naming and fused-QKV layout of the Hugging Face family.
 enum class Family { LLaMA, BLOOM };
 enum class DecayKind { Constant, Cosine, Linear, Lua };
@@ -101,6 +104,10 @@ struct ModelConfig {
   // block's token choices that went to expert e, P_e its mean router probability; 1 at a
   // perfect balance. Enters the gradients, not the reported loss.
   double moe_aux_loss = 0.01;
+  // The tokens f_e and P_e are taken over: the micro-batch's (above), or each sequence's
+  // with the balances averaged over the sequences (DeepSeek-V3's complementary
+  // sequence-wise balance loss; Megatron-Core's seq_aux_loss). moe_balance reports it.
+  MoeBalanceScope moe_balance_scope = MoeBalanceScope::MicroBatch;
   // > 0: beside the routed experts, a shared expert of this width that every token goes
   // through, its output added to theirs (Qwen2-MoE's shared_expert_intermediate_size;
   // DeepSeek's shared experts, n_shared_experts x moe_intermediate_size wide). Under
