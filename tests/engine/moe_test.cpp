@@ -34,6 +34,8 @@ struct Routing {
   double scale;
   bool bias;
   int64_t groups = 1, group_top_k = 1;  // model.moe_groups, model.moe_group_top_k
+  double capacity_factor = 0;           // model.moe_capacity_factor (in training)
+  bool drop_by_position = false;        // model.moe_drop_policy
 };
 
 void expect_routed_sum(const Routing& r) {
@@ -44,6 +46,8 @@ void expect_routed_sum(const Routing& r) {
   cfg.moe_expert_bias = r.bias;
   cfg.moe_groups = r.groups;
   cfg.moe_group_top_k = r.group_top_k;
+  cfg.moe_capacity_factor = r.capacity_factor;
+  cfg.moe_drop_policy = r.drop_by_position ? MoeDropPolicy::Position : MoeDropPolicy::Probs;
   Transformer model(cfg);
   model->reset_parameters(3);
   model->to(torch::kFloat64);
@@ -61,6 +65,12 @@ void expect_routed_sum(const Routing& r) {
   ASSERT_EQ(out.sizes(), x.sizes());
   const auto tokens = x.reshape({-1, cfg.dim});
   int steered = 0;  // tokens whose choice the bias changed
+  // Every (token, choice) pair: its weight, and its expert's output for the token.
+  struct Pair {
+    int64_t token, index, expert;
+    double weight;
+  };
+  std::vector<Pair> pairs;
   for (int64_t n = 0; n < tokens.size(0); ++n) {
     const auto logits = torch::mv(moe.gate->weight, tokens[n]);
     const auto p = r.sigmoid ? logits.sigmoid() : logits.softmax(0);
@@ -80,18 +90,43 @@ void expect_routed_sum(const Routing& r) {
     const auto unbiased = std::get<1>(p.sort(0, /*descending=*/true));
     double chosen = 0;
     for (int64_t j = 0; j < cfg.moe_top_k; ++j) chosen += p[sorted[j].item<int64_t>()].item<double>();
-    auto want = torch::zeros({cfg.dim}, torch::kFloat64);
     bool differs = false;
     for (int64_t j = 0; j < cfg.moe_top_k; ++j) {
       const int64_t e = sorted[j].item<int64_t>();
       differs = differs || !unbiased.narrow(0, 0, cfg.moe_top_k).eq(e).any().item<bool>();
-      const double w = p[e].item<double>() / (r.normalize ? chosen : 1.0) * r.scale;
-      want += w * expert_of(*moe.experts[static_cast<size_t>(e)], tokens[n]);
+      pairs.push_back({n, n * cfg.moe_top_k + j, e, p[e].item<double>() / (r.normalize ? chosen : 1.0) * r.scale});
     }
     steered += differs ? 1 : 0;
+  }
+  // Under a capacity each expert keeps its first pairs: by token, or by weight (highest
+  // first, ties by token).
+  const auto n_pairs = static_cast<int64_t>(pairs.size());
+  const auto capacity =
+      r.capacity_factor > 0 ? static_cast<int64_t>(std::ceil(r.capacity_factor * n_pairs / 4.0)) : n_pairs;
+  std::stable_sort(pairs.begin(), pairs.end(), [&](const Pair& a, const Pair& b) {
+    if (a.expert != b.expert) return a.expert < b.expert;
+    return r.drop_by_position ? a.index < b.index : a.weight > b.weight;
+  });
+  std::vector<torch::Tensor> want(static_cast<size_t>(tokens.size(0)), torch::zeros({cfg.dim}, torch::kFloat64));
+  int64_t dropped = 0, taken = 0;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    taken = i > 0 && pairs[i].expert == pairs[i - 1].expert ? taken + 1 : 0;
+    if (taken >= capacity) {
+      ++dropped;
+      continue;
+    }
+    const Pair& q = pairs[i];
+    want[static_cast<size_t>(q.token)] =
+        want[static_cast<size_t>(q.token)] +
+        q.weight * expert_of(*moe.experts[static_cast<size_t>(q.expert)], tokens[q.token]);
+  }
+  for (int64_t n = 0; n < tokens.size(0); ++n)
     // fp64 sums of 24 and 32 products of values below 1 (times the scale): rounding far
     // under 1e-12.
-    EXPECT_TRUE(torch::allclose(out.reshape({-1, cfg.dim})[n], want, 0, 1e-12 * r.scale)) << "token " << n;
+    EXPECT_TRUE(torch::allclose(out.reshape({-1, cfg.dim})[n], want[static_cast<size_t>(n)], 0, 1e-12 * r.scale))
+        << "token " << n;
+  if (r.capacity_factor > 0) {
+    EXPECT_GT(dropped, 0) << "the capacity dropped nothing: the test shows nothing";
   }
   if (r.bias || r.group_top_k < r.groups) {
     EXPECT_GT(steered, 0) << "the bias or the groups changed no token's choice: the test shows nothing";
@@ -120,6 +155,25 @@ TEST(MixtureOfExperts, GroupLimitedRoutingChoosesWithinTheBestGroups) {
   expect_routed_sum({true, true, 2.5, true, 2, 1});
   // Two groups of two, each token's best two: no limit, as without groups.
   expect_routed_sum({true, false, 1.0, false, 2, 2});
+}
+
+TEST(MixtureOfExperts, ACapacityDropsEachExpertsPairsPastItInTrainingAlone) {
+  // 14 tokens, 28 pairs, 4 experts: a factor 0.5 keeps 4 pairs an expert.
+  expect_routed_sum({true, false, 1.0, false, 1, 1, 0.5, false});
+  expect_routed_sum({true, false, 1.0, false, 1, 1, 0.5, true});
+  expect_routed_sum({false, true, 2.5, true, 2, 1, 0.75, false});
+  // Evaluation drops nothing.
+  ModelConfig cfg = testing::tiny_moe();
+  cfg.moe_capacity_factor = 0.5;
+  Transformer capped(cfg), dropless(testing::tiny_moe());
+  capped->reset_parameters(3);
+  dropless->reset_parameters(3);
+  capped->eval();
+  dropless->eval();
+  torch::NoGradGuard no_grad;
+  const auto x = torch::randn({2, 7, cfg.dim});
+  EXPECT_TRUE(torch::equal(capped->blocks->ptr<BlockImpl>(1)->moe->forward(x, nullptr),
+                           dropless->blocks->ptr<BlockImpl>(1)->moe->forward(x, nullptr)));
 }
 
 TEST(MixtureOfExperts, GroupsThatCannotHoldTheChoicesAreRefusedNamingTheField) {

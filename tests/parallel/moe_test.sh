@@ -24,6 +24,8 @@
 #    and biases, and a
 #    resume from the step-5 checkpoint (which carries the biases) ends with the
 #    uninterrupted run's bytes, and under pp2 with its values;
+#  - a capacity factor of 0.5 moves the first loss (pairs are dropped), and ep2 reproduces
+#    one process's losses and parameters with it;
 #  - context parallelism is refused naming model.moe_experts, sequence parallelism naming
 #    parallel.sequence_parallel.
 source "$(dirname "$0")/common.sh" "$1"
@@ -148,6 +150,18 @@ cmp -s "$work/moe-bias-1/model.safetensors" "$work/moe-bias-resumed/model.safete
 resume_from_5 moe moe-bias-1 moe-bias-resumed-pp2 --nproc 2 "${bias[@]}" --set parallel.pp=2
 compare "$work/moe-bias-1" "$work/moe-bias-resumed-pp2" 0 || fail "the routing biases resumed under pp2 differ"
 echo "  moe-bias: ep2 and tp2 under ZeRO-3, pp2 under ZeRO-1 as one process; resumed from step 5 the same bytes, under pp2 the same values"
+
+# A capacity of half the even share: each rank drops its micro-batches' pairs past it, so
+# ep2 (each rank its own micro-batches, as one process has them) reproduces one process.
+train moe moe-cap-1 --set model.moe_capacity_factor=0.5
+train moe moe-cap-ep2 --nproc 2 --set model.moe_capacity_factor=0.5 --set parallel.ep=2
+compare "$work/moe-cap-1" "$work/moe-cap-ep2" 0 || fail "a capacity under ep2 differs from one process"
+"${TIDE_PYTHON:-python3}" - "$work/moe-1" "$work/moe-cap-1" <<'PY' || fail "the capacity factor"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:3])
+assert a[0] != b[0], ("half the even share drops pairs: the first loss moves", a[0], b[0])
+print(f"  moe-cap-1: first loss {b[0]:.4f}, dropless {a[0]:.4f}")
+PY
 
 refused moe "model.moe_experts" --nproc 2 --set parallel.cp=2
 refused moe "parallel.sequence_parallel" --nproc 2 --set parallel.tp=2 --set parallel.sequence_parallel=true

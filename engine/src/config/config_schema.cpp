@@ -448,6 +448,16 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                      "Router z-loss coefficient (ST-MoE; Megatron-Core's moe_z_loss_coeff): each block adds coef * "
                      "mean(logsumexp(router logits)^2) to the gradients. 0: none.",
                      REF(model.moe_z_loss)));
+  s.push_back(number("model.moe_capacity_factor", 0, 1e3, kFixed,
+                     "> 0: in training each expert takes at most ceil(factor * N k / E) of a micro-batch's N k "
+                     "(token, choice) pairs on a rank, the rest dropped as model.moe_drop_policy says (Megatron-Core's "
+                     "moe_expert_capacity_factor); evaluation and generation drop nothing. 0: dropless.",
+                     REF(model.moe_capacity_factor)));
+  s.push_back(choice<MoeDropPolicy>(
+      "model.moe_drop_policy", {{"probs", MoeDropPolicy::Probs}, {"position", MoeDropPolicy::Position}}, kFixed,
+      "Which pairs over an expert's capacity are dropped: those of the lowest router weights (probs) or of the "
+      "latest tokens (position).",
+      REF(model.moe_drop_policy)));
   s.push_back(boolean("model.attention_bias", kFixed, "Biases on attention projections.", REF(model.attention_bias)));
   s.push_back(boolean("model.qkv_bias", kFixed,
                       "Biases on the query, key and value projections, none on the output's (Qwen2); "
@@ -943,6 +953,9 @@ void validate_model(const ModelConfig& m) {
     fail("model.moe_shared_gate", "true gates a shared expert, and model.moe_shared_ffn_dim is 0");
   if (m.moe_expert_bias && m.moe_experts == 0)
     fail("model.moe_expert_bias", "true biases the choice of experts, and model.moe_experts is 0");
+  if (m.moe_capacity_factor > 0 && m.moe_experts == 0)
+    fail("model.moe_capacity_factor",
+         fmt::format("{} caps each expert's tokens, and model.moe_experts is 0", m.moe_capacity_factor));
   if (m.moe_groups > 1) {
     if (m.moe_experts == 0)
       fail("model.moe_groups", fmt::format("{} groups of experts, and model.moe_experts is 0", m.moe_groups));

@@ -1,4 +1,7 @@
+#include <algorithm>
+#include <cmath>
 #include <limits>
+#include <vector>
 
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
@@ -100,10 +103,12 @@ MoeImpl::MoeImpl(const ModelConfig& cfg, const TensorParallel& tp, const ExpertP
       normalize_(cfg.moe_normalize_top_k),
       sigmoid_(cfg.moe_router == MoeRouterScore::Sigmoid),
       per_sequence_(cfg.moe_balance_scope == MoeBalanceScope::Sequence),
+      drop_by_position_(cfg.moe_drop_policy == MoeDropPolicy::Position),
       routed_scale_(cfg.moe_routed_scale),
       groups_(cfg.moe_groups),
       group_top_k_(cfg.moe_group_top_k),
       z_coef_(cfg.moe_z_loss),
+      capacity_factor_(cfg.moe_capacity_factor),
       aux_coef_(cfg.moe_aux_loss),
       tp_(tp),
       ep_(ep) {
@@ -213,26 +218,54 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
   }
   if (normalize_) weights = weights / weights.sum(-1, /*keepdim=*/true);
   if (routed_scale_ != 1.0) weights = weights * routed_scale_;
-  // Every (token, choice) pair grouped by expert, in token order within each.
+  // Every (token, choice) pair grouped by expert, in token order within each (by weight,
+  // highest first, where a capacity drops the lowest).
   const auto choices = chosen.reshape({-1});  // [N k]
-  const auto order = choices.argsort(/*stable=*/true);
-  const auto token_of = order.div(top_k_, "floor");
-  const auto per_expert = choices.bincount(c10::nullopt, n_experts_);  // [E]
+  const int64_t pairs = choices.size(0);
+  const int64_t capacity = is_training() && capacity_factor_ > 0
+                               ? static_cast<int64_t>(std::ceil(capacity_factor_ * static_cast<double>(pairs) /
+                                                                static_cast<double>(n_experts_)))
+                               : pairs;
+  at::Tensor order;
+  if (capacity < pairs && !drop_by_position_) {
+    const auto by_weight = weights.detach().reshape({-1}).argsort(/*stable=*/true, 0, /*descending=*/true);
+    order = by_weight.index_select(0, choices.index_select(0, by_weight).argsort(/*stable=*/true));
+  } else {
+    order = choices.argsort(/*stable=*/true);
+  }
+  const auto per_expert = choices.bincount(c10::nullopt, n_experts_);  // [E], before any drop
   // Each expert's batch size, read by the host: dropless routing sizes the experts'
   // products by it (one wait for the device a block).
   const auto counts = per_expert.cpu();
+  at::Tensor kept;  // [N k] in the pairs' order, bool: where a capacity dropped some
+  const int64_t* count = counts.data_ptr<int64_t>();
+  std::vector<int64_t> capped;
+  if (capacity < *std::max_element(count, count + n_experts_)) {
+    // Each pair's place among its expert's (in `order`): those from `capacity` on drop.
+    const auto starts = per_expert.cumsum(0) - per_expert;
+    const auto rank = torch::arange(pairs, order.options()) - starts.index_select(0, choices.index_select(0, order));
+    const auto keep_sorted = rank < capacity;
+    kept = torch::empty_like(keep_sorted).scatter_(0, order, keep_sorted);
+    order = order.masked_select(keep_sorted);
+    for (int64_t e = 0; e < n_experts_; ++e) capped.push_back(std::min(count[e], capacity));
+    count = capped.data();
+  }
+  const auto token_of = order.div(top_k_, "floor");
   // Under tensor parallelism each rank computes its columns' part of every expert's
   // output: the experts' input gradient, and that of the weights that combine the parts,
   // are parts too, summed over the ranks (copy_to); the router's own path is whole on
   // every rank.
   const bool parts = tp_.group != nullptr;
   const auto routed = (parts ? tp_.group->copy_to(tokens) : tokens).index_select(0, token_of);  // [N k, D]
-  const auto expert_out = experts_forward(routed, counts.data_ptr<int64_t>());                  // [N k, D]
+  const auto expert_out = experts_forward(routed, count);                                       // [N k, D]
   // Back in token order, each token's k outputs weighted and summed: the product keeps
   // the outputs once for backward (an index_add of the weighted rows would keep them
-  // twice, its source beside the product's input).
-  const auto position = torch::empty_like(order).scatter_(0, order, torch::arange(order.size(0), order.options()));
+  // twice, its source beside the product's input). A dropped pair reads row 0 at weight
+  // 0: it adds nothing, and its weight and that row get no gradient from it.
+  const auto position = kept.defined() ? torch::zeros({pairs}, order.options()) : torch::empty_like(order);
+  position.scatter_(0, order, torch::arange(order.size(0), order.options()));
   const auto by_token = expert_out.index_select(0, position).view({tokens.size(0), top_k_, d});
+  if (kept.defined()) weights = weights * kept.view(weights.sizes());
   auto combine = weights.to(expert_out.scalar_type()).unsqueeze(-1);  // [N, k, 1]
   if (parts) combine = tp_.group->copy_to(combine);
   auto out = (by_token * combine).sum(1);

@@ -111,7 +111,8 @@ double lora_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
 //   - the router its fp32 input (the norm's output, widened under bf16) and its
 //     probabilities, top-k the chosen experts' indices, normalising the weights and their
 //     sum;
-//   - the routed rows, each token once per choice, kept by their experts' projections
+//   - the routed rows, each token once per choice it keeps (model.moe_capacity_factor),
+//     kept by their experts' projections
 //     (views of one tensor), each expert's gate and up outputs (an MLP's, above), the
 //     experts' output and the combining weights kept by their product;
 //   - the indices that route and combine (the choices' order and their tokens), and under
@@ -126,7 +127,7 @@ double moe_saved(const ModelConfig& m, const RankModel& r, const Shape& x) {
   const double statistics = m.norm == NormKind::LayerNorm ? 2 : 1;
   double bytes = x.N * (D * 4 + statistics * 4);
   bytes += x.N * (D * 4 + E * 4 + k * 8 + (m.moe_normalize_top_k ? (k + 1) * 4 : 0));
-  bytes += x.N * k * (2 * D + 2 * F + 1) * x.s;
+  bytes += x.N * (r.kept_choices * (2 * D + 2 * F) + k) * x.s;
   bytes += x.N * k * 8 * (r.experts_apart ? 4 : 2);
   if (r.shared_ffn > 0) {
     bytes += x.N * (2 * static_cast<double>(r.shared_ffn) + (x.s < 4 ? D : 0)) * x.s;
@@ -239,7 +240,7 @@ double block_backward_extra(const ModelConfig& m, const RankModel& r, const Shap
     // and input gradient, a weight's gradient), beside the experts' output gradient, the
     // routed rows' gradient summed so far and the next expert's part of it (autograd's
     // slice backward makes each the routed rows' size).
-    const double rows = x.N * static_cast<double>(r.top_k);
+    const double rows = x.N * r.kept_choices;
     const double expert_rows = rows / static_cast<double>(r.experts);
     extra = std::max(extra,
                      incoming + 3 * rows * D * x.s + expert_rows * ((gated_mlp(m) ? 3 : 1) * F + D) * x.s + D * F * 4);

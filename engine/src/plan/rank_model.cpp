@@ -1,6 +1,7 @@
 #include "rank_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace tide::plan {
@@ -77,6 +78,8 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
   if (m.moe_experts > 0) {  // the block's MLP is E of them beside a router
     r.experts = m.moe_experts / ep;
     r.top_k = m.moe_top_k;
+    r.kept_choices =
+        static_cast<double>(r.top_k) * (m.moe_capacity_factor > 0 ? std::min(1.0, m.moe_capacity_factor) : 1.0);
     r.expert_elements = mlp;
     r.expert_matmul = mlp_matmul;
     r.router = d * m.moe_experts;
@@ -86,7 +89,8 @@ RankModel rank_model(const ModelConfig& m, int64_t tp, const PipelineStage& stag
     const int64_t shared_matmul = mlp_matrices * d * r.shared_ffn + (m.moe_shared_gate ? d : 0);
     const int64_t shared = shared_matmul + (m.mlp_bias && r.shared_ffn > 0 ? (mlp_matrices - 1) * r.shared_ffn + d : 0);
     r.block_matmul = attention_matmul + r.experts * mlp_matmul + shared_matmul;
-    r.block_token_weights = attention_matmul + r.router + r.top_k * mlp_matmul + shared_matmul;
+    r.block_token_weights =
+        attention_matmul + r.router + std::llround(r.kept_choices * static_cast<double>(mlp_matmul)) + shared_matmul;
     r.block_elements = block_norms(m) * norm + attention + r.router + r.experts * mlp + shared;
   } else {
     r.block_matmul = attention_matmul + mlp_matmul;

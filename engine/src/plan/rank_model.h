@@ -40,6 +40,9 @@ struct RankModel {
   // expert (split over tp) and its gate are the rest's, as a dense MLP's.
   int64_t experts = 0;          // this rank's experts in a block
   int64_t top_k = 0;            // the experts a token goes through
+  // Those of its choices a token keeps on average at even routing: top_k, times
+  // model.moe_capacity_factor where a factor under 1 drops the rest.
+  double kept_choices = 0;
   int64_t expert_elements = 0;  // one expert's elements on this rank
   int64_t expert_matmul = 0;    // of which matmul weights
   int64_t router = 0;           // the router's weight

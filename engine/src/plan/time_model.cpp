@@ -132,7 +132,7 @@ TokenCost stage_token_cost(const ModelConfig& mc, const RankModel& r, double T, 
   // A mixture of experts: each of the top k experts' MLP on its copy of the token, the
   // copy gathered and its output combined, the router's fp32 input and probabilities.
   if (r.experts > 0)
-    saved += static_cast<double>(r.top_k) * ((gated_mlp(mc) ? 4 : 2) * F + 2 * D) * s +
+    saved += r.kept_choices * ((gated_mlp(mc) ? 4 : 2) * F + 2 * D) * s +
              (D + static_cast<double>(mc.moe_experts)) * 4 +
              (r.shared_ffn > 0 ? (gated_mlp(mc) ? 4 : 2) * static_cast<double>(r.shared_ffn) * s + D * s : 0.0);
   else
@@ -277,7 +277,7 @@ TimeEstimate estimate_time(const RunConfig& cfg, const Cluster& cluster, const P
       // Each block's routed rows (k a token) to their experts' ranks and back, forward and
       // backward, and forward again where recomputed; before each forward the experts'
       // batch sizes (one message's latency).
-      const double rows = tokens_mb * static_cast<double>(r.top_k) * D * s;
+      const double rows = tokens_mb * r.kept_choices * D * s;
       t.ep_comm =
           M * ((4 * blocks + 2 * recomputed) * ring_seconds(rows, L.ep, 1.0, ep_bw, lat) + (blocks + recomputed) * lat);
     }

@@ -19,6 +19,9 @@ enum class MoeRouterScore { Softmax, Sigmoid };
 // What a mixture of experts' load balance is taken over: each micro-batch's tokens on a
 // rank (Megatron-Core's aux_loss), or each sequence's, then averaged (seq_aux_loss).
 enum class MoeBalanceScope { MicroBatch, Sequence };
+// Which of an expert's (token, choice) pairs over its capacity are dropped: those of the
+// lowest router weights, or those of the latest tokens.
+enum class MoeDropPolicy { Probs, Position };
 // Parameter naming and fused-QKV layout of the Hugging Face family.
 enum class Family { LLaMA, BLOOM };
 enum class DecayKind { Constant, Cosine, Linear, Lua };
@@ -141,6 +144,13 @@ struct ModelConfig {
   // adds coef * the mean over tokens of logsumexp(router logits)^2 to the gradients,
   // keeping the logits small. 0: none.
   double moe_z_loss = 0.0;
+  // > 0: in training, each expert takes at most ceil(factor * N k / E) of a micro-batch's
+  // N k (token, choice) pairs on a rank (GShard, Switch Transformer; Megatron-Core's
+  // moe_expert_capacity_factor); the rest are dropped (the token keeps its residual and
+  // its other choices), as moe_drop_policy says. Evaluation and generation drop nothing.
+  // 0: dropless.
+  double moe_capacity_factor = 0.0;
+  MoeDropPolicy moe_drop_policy = MoeDropPolicy::Probs;
   bool attention_bias = false;
   bool qkv_bias = false;  // biases on the query, key and value projections alone (Qwen2)
   bool qk_norm = false;   // RMSNorm over each head's query and key before RoPE (Qwen3)

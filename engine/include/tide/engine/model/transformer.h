@@ -219,10 +219,10 @@ class MoeImpl : public torch::nn::Module {
   torch::Tensor choice_scores(const torch::Tensor& scores) const;
 
   int64_t n_experts_, first_expert_ = 0, top_k_, n_layers_;
-  bool normalize_, sigmoid_, per_sequence_;
+  bool normalize_, sigmoid_, per_sequence_, drop_by_position_;
   double routed_scale_;
   int64_t groups_, group_top_k_;
-  double z_coef_;
+  double z_coef_, capacity_factor_;
   double aux_coef_;
   TensorParallel tp_;
   ExpertParallel ep_;
