@@ -24,8 +24,8 @@
 #    and biases, and a
 #    resume from the step-5 checkpoint (which carries the biases) ends with the
 #    uninterrupted run's bytes, and under pp2 with its values;
-#  - a capacity factor of 0.5 moves the first loss (pairs are dropped), and ep2 reproduces
-#    one process's losses and parameters with it;
+#  - a capacity factor of 0.5 drops at least half the pairs (moe_dropped) and moves the
+#    first loss, and ep2 reproduces one process's losses, parameters and drops with it;
 #  - context parallelism is refused naming model.moe_experts, sequence parallelism naming
 #    parallel.sequence_parallel.
 source "$(dirname "$0")/common.sh" "$1"
@@ -156,11 +156,17 @@ echo "  moe-bias: ep2 and tp2 under ZeRO-3, pp2 under ZeRO-1 as one process; res
 train moe moe-cap-1 --set model.moe_capacity_factor=0.5
 train moe moe-cap-ep2 --nproc 2 --set model.moe_capacity_factor=0.5 --set parallel.ep=2
 compare "$work/moe-cap-1" "$work/moe-cap-ep2" 0 || fail "a capacity under ep2 differs from one process"
-"${TIDE_PYTHON:-python3}" - "$work/moe-1" "$work/moe-cap-1" <<'PY' || fail "the capacity factor"
+"${TIDE_PYTHON:-python3}" - "$work/moe-1" "$work/moe-cap-1" "$work/moe-cap-ep2" <<'PY' || fail "the capacity factor"
 import json, sys
-a, b = ([json.loads(l)["loss"] for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:3])
-assert a[0] != b[0], ("half the even share drops pairs: the first loss moves", a[0], b[0])
-print(f"  moe-cap-1: first loss {b[0]:.4f}, dropless {a[0]:.4f}")
+plain, capped, ep2 = ([json.loads(l) for l in open(run + "/metrics.jsonl")] for run in sys.argv[1:4])
+assert plain[0]["loss"] != capped[0]["loss"], ("half the even share drops pairs: the first loss moves", plain, capped)
+assert "moe_dropped" not in plain[0], "a dropless run reports drops"
+d = [r["moe_dropped"] for r in capped]
+# At half the even share at least half the pairs drop; the ranks' sum is one process's.
+assert all(0.5 <= x < 1 for x in d), d
+assert [r["moe_dropped"] for r in ep2] == d, ([r["moe_dropped"] for r in ep2], d)
+print(f"  moe-cap-1: first loss {capped[0]['loss']:.4f}, dropless {plain[0]['loss']:.4f}; "
+      f"dropped {d[0]:.1%} -> {d[-1]:.1%}, ep2 the same")
 PY
 
 refused moe "model.moe_experts" --nproc 2 --set parallel.cp=2

@@ -250,6 +250,10 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, const std::shared_ptr<Moe
     for (int64_t e = 0; e < n_experts_; ++e) capped.push_back(std::min(count[e], capacity));
     count = capped.data();
   }
+  if (pass && capacity_factor_ > 0 && !recomputing_for_backward()) {
+    pass->routed_pairs += pairs;
+    pass->dropped_pairs += pairs - order.size(0);
+  }
   const auto token_of = order.div(top_k_, "floor");
   // Under tensor parallelism each rank computes its columns' part of every expert's
   // output: the experts' input gradient, and that of the weights that combine the parts,

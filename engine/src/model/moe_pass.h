@@ -19,6 +19,8 @@ struct MoePass {
   at::Tensor loss_gradient;
   at::Tensor balance;  // the blocks' balances summed (no gradient)
   at::Tensor z;        // model.moe_z_loss: the blocks' mean(logsumexp(logits)^2) summed (no gradient)
+  // model.moe_capacity_factor: the blocks' (token, choice) pairs, and those dropped.
+  int64_t routed_pairs = 0, dropped_pairs = 0;
   // The (token, choice) pairs each expert of each layer got, [n_layers, E] float64 (the
   // layers of other pipeline stages 0); `layer` is the model layer whose block runs, set
   // before each block's first forward (a recomputation records nothing).

@@ -500,6 +500,10 @@ torch::Tensor TransformerImpl::run_blocks(torch::Tensor x, size_t chunk, const t
   }
   if (pass && pass->balance.defined())
     moe_balance_ = moe_balance_.defined() ? moe_balance_ + pass->balance : pass->balance;
+  if (pass) {
+    moe_routed_pairs_ += pass->routed_pairs;
+    moe_dropped_pairs_ += pass->dropped_pairs;
+  }
   if (pass && pass->z.defined()) moe_z_ = moe_z_.defined() ? moe_z_ + pass->z : pass->z;
   if (pass && pass->loads.defined()) moe_loads_ = moe_loads_.defined() ? moe_loads_ + pass->loads : pass->loads;
   return x;
@@ -565,6 +569,9 @@ torch::Tensor TransformerImpl::head_loss(const torch::Tensor& h, const torch::Te
 
 torch::Tensor TransformerImpl::take_moe_balance() { return std::exchange(moe_balance_, torch::Tensor()); }
 torch::Tensor TransformerImpl::take_moe_z() { return std::exchange(moe_z_, torch::Tensor()); }
+std::pair<int64_t, int64_t> TransformerImpl::take_moe_drops() {
+  return {std::exchange(moe_routed_pairs_, 0), std::exchange(moe_dropped_pairs_, 0)};
+}
 torch::Tensor TransformerImpl::take_moe_loads() { return std::exchange(moe_loads_, torch::Tensor()); }
 
 void TransformerImpl::balance_expert_biases(const torch::Tensor& loads, double rate, const torch::Tensor& skip) {

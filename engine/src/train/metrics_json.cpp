@@ -35,6 +35,7 @@ nlohmann::json to_json(const StepMetrics& m) {
   if (m.moe_balance) j["moe_balance"] = finite(*m.moe_balance);
   if (m.moe_max_load) j["moe_max_load"] = finite(*m.moe_max_load);
   if (m.moe_z) j["moe_z"] = finite(*m.moe_z);
+  if (m.moe_dropped) j["moe_dropped"] = finite(*m.moe_dropped);
   if (!m.anomaly.empty()) j["anomaly"] = {{"kind", m.anomaly}, {"action", m.anomaly_action}};
   if (m.val_loss) j["val_loss"] = finite(*m.val_loss);
   if (!m.val_losses.empty()) {

@@ -27,6 +27,7 @@ std::string ProgressLine::format(const StepMetrics& m) {
   if (m.moe_balance) s += fmt::format(" | balance {:.3f}", *m.moe_balance);
   if (m.moe_max_load) s += fmt::format(" | max load {:.2f}", *m.moe_max_load);
   if (m.moe_z) s += fmt::format(" | router z {:.3g}", *m.moe_z);
+  if (m.moe_dropped) s += fmt::format(" | dropped {:.1f}%", *m.moe_dropped * 100);
   if (m.loss_scale > 0) s += fmt::format(" | loss scale {:g}", m.loss_scale);
   if (m.skipped) s += m.loss_scale > 0 ? " | skipped (gradients overflowed fp16)" : " | skipped (non-finite gradients)";
   return s;

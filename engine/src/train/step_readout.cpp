@@ -15,8 +15,10 @@ StepReadout::StepReadout(const StepValues& values, const at::Tensor& skip) {
                                                       : at::full_like(skip, -1.0, at::kDouble);
   const auto z =
       values.moe_z.defined() ? values.moe_z.to(at::kDouble).reshape({}) : at::full_like(skip, -1.0, at::kDouble);
+  const auto dropped = values.moe_dropped.defined() ? values.moe_dropped.to(at::kDouble).reshape({})
+                                                    : at::full_like(skip, -1.0, at::kDouble);
   const auto packed = at::stack({values.loss.to(at::kDouble), values.grad_norm.to(at::kDouble), skip.to(at::kDouble),
-                                 scale, balance, max_load, z});
+                                 scale, balance, max_load, z, dropped});
   if (packed.is_cpu()) {
     host_ = packed;
     return;
@@ -31,10 +33,11 @@ StepReadout::StepReadout(const StepValues& values, const at::Tensor& skip) {
 StepLoss StepReadout::read() const {
   if (copied_) copied_->synchronize();
   const double* v = host_.const_data_ptr<double>();
-  StepLoss out{v[0], v[1], v[2] != 0.0, v[3], std::nullopt, std::nullopt, std::nullopt};
+  StepLoss out{v[0], v[1], v[2] != 0.0, v[3], std::nullopt, std::nullopt, std::nullopt, std::nullopt};
   if (v[4] >= 0) out.moe_balance = v[4];
   if (v[5] >= 0) out.moe_max_load = v[5];
   if (v[6] >= 0) out.moe_z = v[6];
+  if (v[7] >= 0) out.moe_dropped = v[7];
   return out;
 }
 

@@ -21,6 +21,7 @@ struct StepLoss {
   std::optional<double> moe_balance;   // model.moe_experts: StepValues::moe_balance
   std::optional<double> moe_max_load;  // model.moe_experts: StepValues::moe_max_load
   std::optional<double> moe_z;         // model.moe_z_loss: StepValues::moe_z
+  std::optional<double> moe_dropped;   // model.moe_capacity_factor: StepValues::moe_dropped
 };
 
 class StepReadout {

@@ -132,6 +132,7 @@ void TensorBoardLog::write(const StepMetrics& m) {
   if (m.moe_balance) add("train/moe_balance", *m.moe_balance);
   if (m.moe_max_load) add("train/moe_max_load", *m.moe_max_load);
   if (m.moe_z) add("train/moe_z", *m.moe_z);
+  if (m.moe_dropped) add("train/moe_dropped", *m.moe_dropped);
   add("speed/tokens_per_second", m.tokens_per_second);
   add("speed/mfu", m.mfu);
   add("speed/step_seconds", m.step_seconds);

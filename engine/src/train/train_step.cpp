@@ -70,6 +70,14 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
       if (!z.defined()) z = torch::zeros({}, loss.options());
       out.moe_z = across_stages(z.to(torch::kFloat64)) / static_cast<double>(cfg_.model.n_layers * accum);
     }
+    at::Tensor drops;  // [routed, dropped] pairs, summed over the stages and ranks below
+    if (cfg_.model.moe_capacity_factor > 0) {
+      const auto [routed, dropped] = pm_.model->take_moe_drops();
+      drops = across_stages(torch::tensor({static_cast<double>(routed), static_cast<double>(dropped)},
+                                          loss.options().dtype(torch::kFloat64)));
+      if (dp) drops = dp->sum(drops);
+      out.moe_dropped = drops[1] / drops[0].clamp_min(1);
+    }
     moe_loads = pm_.model->take_moe_loads();
     if (!moe_loads.defined())
       moe_loads = torch::zeros({cfg_.model.n_layers, cfg_.model.moe_experts}, loss.options().dtype(torch::kFloat64));

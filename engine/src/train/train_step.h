@@ -34,6 +34,9 @@ struct StepValues {
   // model.moe_z_loss: the blocks' mean router z statistic, mean(logsumexp(logits)^2), over
   // the step's micro-batches and ranks; undefined otherwise.
   at::Tensor moe_z;
+  // model.moe_capacity_factor: the share of the step's (token, choice) pairs the experts'
+  // capacity dropped, over every block, micro-batch and rank; undefined otherwise.
+  at::Tensor moe_dropped;
 };
 
 class TrainStep {

@@ -318,6 +318,7 @@ void TrainingLoop::measure(StepMetrics& m, const PendingStep& p, const StepLoss&
   m.moe_balance = loss.moe_balance;
   m.moe_max_load = loss.moe_max_load;
   m.moe_z = loss.moe_z;
+  m.moe_dropped = loss.moe_dropped;
   m.lr = p.lr;
   tokens_seen_ += p.tokens;
   m.tokens_seen = tokens_seen_;

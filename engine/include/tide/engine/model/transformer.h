@@ -347,6 +347,9 @@ class TransformerImpl : public torch::nn::Module {
   // Under model.moe_z_loss: the blocks' router z statistics (mean over tokens of
   // logsumexp(logits)^2), summed as take_moe_balance's.
   torch::Tensor take_moe_z();
+  // Under model.moe_capacity_factor: the (token, choice) pairs this rank's blocks routed
+  // in the training passes since the last call, and how many of them they dropped.
+  std::pair<int64_t, int64_t> take_moe_drops();
   // Under model.moe_experts: the (token, choice) pairs each expert of each layer got over
   // the training passes since the last call, [n_layers, E] float64 on the device (0 for
   // other stages' layers); undefined where none ran.
@@ -416,6 +419,7 @@ class TransformerImpl : public torch::nn::Module {
   torch::Tensor moe_loss_gradient_;  // set_moe_loss_gradient
   torch::Tensor moe_balance_;        // summed over the passes since take_moe_balance
   torch::Tensor moe_z_;              // summed over the passes since take_moe_z
+  int64_t moe_routed_pairs_ = 0, moe_dropped_pairs_ = 0;  // since take_moe_drops
   torch::Tensor moe_loads_;          // summed over the passes since take_moe_loads
 };
 TORCH_MODULE(Transformer);

@@ -48,6 +48,8 @@ struct StepMetrics {
   // model.moe_z_loss: the blocks' mean router z statistic, mean(logsumexp(router logits)^2)
   // (the z-loss before its coefficient).
   std::optional<double> moe_z;
+  // model.moe_capacity_factor: the share of the step's (token, choice) pairs dropped.
+  std::optional<double> moe_dropped;
   std::string anomaly, anomaly_action;  // "loss_spike", ... and what it triggered
   std::optional<double> val_loss;       // under a blend: the datasets' mean, weighted as they are drawn
   std::vector<std::pair<std::string, double>> val_losses;  // under a blend: each dataset's, by name
