@@ -387,11 +387,13 @@ void add_model_fields(std::vector<FieldSpec>& s) {
                               "MLP kind: swiglu down(silu(gate) * up) (LLaMA), geglu down(gelu(gate) * up) (Gemma), "
                               "gelu down(gelu(up)) (BLOOM); GELU is the tanh form.",
                               REF(model.mlp)));
-  s.push_back(integer("model.moe_experts", 0, 1024, kFixed,
-                      "> 0: each block's MLP is a mixture of this many experts of model.mlp's kind and model.ffn_dim's "
-                      "width (Mixtral, Qwen3-MoE); a router sends each token to model.moe_top_k of them. Dropless. "
-                      "0: one dense MLP.",
-                      REF(model.moe_experts)));
+  s.push_back(
+      integer("model.moe_experts", 0, 1024, kFixed,
+              "> 0: each block's MLP is a mixture of this many experts of model.mlp's kind and model.ffn_dim's "
+              "width (Mixtral, Qwen3-MoE); a router sends each token to model.moe_top_k of them. Dropless unless "
+              "model.moe_capacity_factor. "
+              "0: one dense MLP.",
+              REF(model.moe_experts)));
   s.push_back(integer("model.moe_top_k", 1, 1024, kFixed, "Experts each token is sent to (model.moe_experts > 0).",
                       REF(model.moe_top_k)));
   s.push_back(boolean("model.moe_normalize_top_k", kFixed,

@@ -95,8 +95,9 @@ struct ModelConfig {
   MlpKind mlp = MlpKind::SwiGLU;
   // > 0: each block's MLP is a mixture of this many experts (Mixtral, Qwen3-MoE), each an
   // MLP of model.mlp's kind and ffn_dim's width; a router sends every token to
-  // moe_top_k of them and sums their outputs weighted by its probabilities. Dropless:
-  // every expert takes all the tokens routed to it. 0: one dense MLP.
+  // moe_top_k of them and sums their outputs weighted by its probabilities. Dropless
+  // (unless moe_capacity_factor): every expert takes all the tokens routed to it. 0: one
+  // dense MLP.
   int64_t moe_experts = 0;
   int64_t moe_top_k = 2;
   // The chosen experts' probabilities divided by their sum (Mixtral; Qwen3-MoE's

@@ -174,8 +174,8 @@ struct MoePass;
 // expert's bias under model.moe_expert_bias, within its best groups of experts under
 // model.moe_groups), and its output is theirs weighted by their
 // scores (divided by their sum under model.moe_normalize_top_k, times
-// model.moe_routed_scale). Dropless: the tokens are grouped by expert
-// and each expert, an Mlp, takes all of its own. Parameters as Qwen2/3-MoE name them:
+// model.moe_routed_scale). Dropless (unless model.moe_capacity_factor, in training): the
+// tokens are grouped by expert and each expert, an Mlp, takes all of its own. Parameters as Qwen2/3-MoE name them:
 // `mlp.gate.weight`, `mlp.experts.<e>.{gate,up,down}_proj.weight`. Under tensor
 // parallelism every rank routes alike and holds every expert's columns (gate and up split
 // by rows, down by columns, as a dense MLP's); the experts' combined parts are summed over
