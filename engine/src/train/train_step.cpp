@@ -61,34 +61,10 @@ StepValues TrainStep::forward_backward(int64_t step, const std::vector<Batch>& b
   at::Tensor loss = pm_.pipeline ? pm_.pipeline->train(batches, losses, out.loss_scale, before_backward, on_loss)
                                  : whole_model(batches, losses, out.loss_scale, before_backward, on_loss);
   loss = across_stages(loss);
-  if (cfg_.model.moe_experts > 0) {  // the mean over every block of every micro-batch
-    auto balance = pm_.model->take_moe_balance();
-    if (!balance.defined()) balance = torch::zeros({}, loss.options());
-    out.moe_balance = across_stages(balance.to(torch::kFloat64)) / static_cast<double>(cfg_.model.n_layers * accum);
-    if (cfg_.model.moe_z_loss > 0) {
-      auto z = pm_.model->take_moe_z();
-      if (!z.defined()) z = torch::zeros({}, loss.options());
-      out.moe_z = across_stages(z.to(torch::kFloat64)) / static_cast<double>(cfg_.model.n_layers * accum);
-    }
-    at::Tensor drops;  // [routed, dropped] pairs, summed over the stages and ranks below
-    if (cfg_.model.moe_capacity_factor > 0) {
-      const auto [routed, dropped] = pm_.model->take_moe_drops();
-      drops = across_stages(torch::tensor({static_cast<double>(routed), static_cast<double>(dropped)},
-                                          loss.options().dtype(torch::kFloat64)));
-      if (dp) drops = dp->sum(drops);
-      out.moe_dropped = drops[1] / drops[0].clamp_min(1);
-    }
-    moe_loads = pm_.model->take_moe_loads();
-    if (!moe_loads.defined())
-      moe_loads = torch::zeros({cfg_.model.n_layers, cfg_.model.moe_experts}, loss.options().dtype(torch::kFloat64));
-    moe_loads = across_stages(moe_loads);  // every layer's, each from its own stage
-  }
+  if (cfg_.model.moe_experts > 0) moe_loads = sum_moe_statistics(out, accum, loss.options());
   // Every rank gets the same global norm, so clipping and the skip decision agree.
   if (dp) {
     loss = dp->sum(loss) / static_cast<double>(batch_.replicas());
-    if (out.moe_balance.defined()) out.moe_balance = dp->sum(out.moe_balance) / static_cast<double>(batch_.replicas());
-    if (out.moe_z.defined()) out.moe_z = dp->sum(out.moe_z) / static_cast<double>(batch_.replicas());
-    if (moe_loads.defined()) moe_loads = dp->sum(moe_loads);  // the whole batch's
     out.grad_norm = dp->reduce_gradients();
   } else {
     torch::NoGradGuard no_grad;
@@ -161,6 +137,29 @@ at::Tensor TrainStep::whole_model(const std::vector<Batch>& batches, MicroBatchL
     (loss_scale.defined() ? part * loss_scale : part).backward();
   }
   return losses.total(batches.front().tokens.device());
+}
+
+at::Tensor TrainStep::sum_moe_statistics(StepValues& out, int64_t accum, const at::TensorOptions& options) {
+  torch::NoGradGuard no_grad;
+  const auto f64 = options.dtype(torch::kFloat64);
+  const int64_t layers = cfg_.model.n_layers, experts = cfg_.model.moe_experts;
+  const auto flat = [&](const at::Tensor& t, int64_t n) {  // none ran here (another stage's blocks): zeros
+    return t.defined() ? t.to(torch::kFloat64).reshape({-1}) : torch::zeros({n}, f64);
+  };
+  const auto [routed, dropped] = pm_.model->take_moe_drops();
+  // [balance, z, routed pairs, dropped pairs, loads...]: one exchange over the stages and
+  // one over the data-parallel ranks for all of them.
+  auto packed = torch::cat({flat(pm_.model->take_moe_balance(), 1), flat(pm_.model->take_moe_z(), 1),
+                            torch::tensor({static_cast<double>(routed), static_cast<double>(dropped)}, f64),
+                            flat(pm_.model->take_moe_loads(), layers * experts)});
+  packed = across_stages(packed);
+  if (pm_.data_parallel) packed = pm_.data_parallel->sum(packed);
+  // The balance and z: means over every block of every micro-batch of every replica.
+  const auto blocks = static_cast<double>(layers * accum * batch_.replicas());
+  out.moe_balance = packed[0] / blocks;
+  if (cfg_.model.moe_z_loss > 0) out.moe_z = packed[1] / blocks;
+  if (cfg_.model.moe_capacity_factor > 0) out.moe_dropped = packed[3] / packed[2].clamp_min(1);
+  return packed.narrow(0, 4, layers * experts).view({layers, experts});
 }
 
 at::Tensor TrainStep::across_stages(const at::Tensor& x) {

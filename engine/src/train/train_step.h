@@ -70,6 +70,11 @@ class TrainStep {
   at::Tensor whole_model(const std::vector<Batch>& batches, MicroBatchLosses& losses, const at::Tensor& loss_scale,
                          const std::function<void(int64_t, int)>& before_backward,
                          const std::function<at::Tensor(int64_t, at::Tensor)>& on_loss);
+  // Under model.moe_experts: the step's statistics of the blocks (balance, z, pairs routed
+  // and dropped, loads) summed over the pipeline stages and the data-parallel ranks in one
+  // exchange of each; `out`'s means and shares set from them. Returns each expert's loads
+  // [n_layers, E] over the step's whole batch.
+  at::Tensor sum_moe_statistics(StepValues& out, int64_t accum, const at::TensorOptions& options);
   // Summed over the pipeline stages (the loss lives on the last; each stage's blocks
   // report their own), any shape.
   at::Tensor across_stages(const at::Tensor& x);
